@@ -1,0 +1,144 @@
+// The op table. Each op is declared once here; kernels/cpu/*.c (cpu_*) and kernels/cuda/*.cu
+// (cuda_*) implement it with the same signature, and kernels/dispatch.c routes op_* to the
+// backend the tensors live on. Layers (nn/) call only op_*.
+//
+// Conventions
+// - Tokens are channels-last: (B,H,W,C) is also a (B*H*W, C) matrix; ops that only need rows
+//   and a last dim read them from the tensor (rows = numel / last dim).
+// - Backward functions ACCUMULATE (+=) into every gradient they are given; a NULL gradient
+//   means "not needed" and is skipped. The tape zeroes activation gradients when it creates
+//   them and the optimizer zeroes parameter gradients, so fan-out (residuals) just works.
+// - Scalars that come back to the host (losses, norms) are written to 1-element fp32 tensors.
+#pragma once
+#include "ctx.h"
+
+typedef enum { GELU_ERF = 0, GELU_TANH = 1 } GeluKind;
+
+#define OP_DECL(name, ...)                 \
+    void op_##name(__VA_ARGS__);           \
+    void cpu_##name(__VA_ARGS__);          \
+    void cuda_##name(__VA_ARGS__);
+
+// ---- elementwise and memory -------------------------------------------------------------
+// y = 0
+OP_DECL(zero, Ctx *ctx, Tensor *y)
+// dst += src (same numel)
+OP_DECL(accumulate, Ctx *ctx, const Tensor *src, Tensor *dst)
+// y = a + b (same numel)
+OP_DECL(add_fwd, Ctx *ctx, const Tensor *a, const Tensor *b, Tensor *y)
+// y = s * x
+OP_DECL(scale_fwd, Ctx *ctx, const Tensor *x, float s, Tensor *y)
+// dx += s * dy
+OP_DECL(scale_bwd, Ctx *ctx, const Tensor *dy, float s, Tensor *dx)
+// Broadcast add over leading dims: x (R, P) + p (P) -> y (R, P)   (pos_embed: P = N*C)
+OP_DECL(add_bcast_fwd, Ctx *ctx, const Tensor *x, const Tensor *p, Tensor *y)
+// dx += dy; dp += sum over R of dy
+OP_DECL(add_bcast_bwd, Ctx *ctx, const Tensor *dy, Tensor *dx, Tensor *dp)
+// Layer scale: x (R, C) * g (C) -> y (R, C)
+OP_DECL(layer_scale_fwd, Ctx *ctx, const Tensor *x, const Tensor *g, Tensor *y)
+OP_DECL(layer_scale_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *g,
+        Tensor *dx, Tensor *dg)
+
+// ---- linear ------------------------------------------------------------------------------
+// x (N,K), w (M,K) in PyTorch's (out, in) layout, b (M) or NULL -> y (N,M) = x w^T + b
+OP_DECL(linear_fwd, Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y)
+// dx (N,K) += dy w; dw (M,K) += dy^T x; db (M) += sum_n dy
+OP_DECL(linear_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+        Tensor *dx, Tensor *dw, Tensor *db)
+
+// ---- normalization and activations ------------------------------------------------------------
+// LayerNorm over the last dim. x (N,C), w, b (C) -> y (N,C); saves mean, rstd (N) fp32.
+OP_DECL(layernorm_fwd, Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
+        Tensor *y, Tensor *mean, Tensor *rstd)
+OP_DECL(layernorm_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+        const Tensor *mean, const Tensor *rstd, Tensor *dx, Tensor *dw, Tensor *db)
+// GELU, exact (erf) or tanh approximation, elementwise.
+OP_DECL(gelu_fwd, Ctx *ctx, const Tensor *x, GeluKind kind, Tensor *y)
+OP_DECL(gelu_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, GeluKind kind, Tensor *dx)
+// Softmax over the last dim. x (N,C) -> y (N,C); backward from the saved output y.
+OP_DECL(softmax_fwd, Ctx *ctx, const Tensor *x, Tensor *y)
+OP_DECL(softmax_bwd, Ctx *ctx, const Tensor *dy, const Tensor *y, Tensor *dx)
+
+// ---- attention ----------------------------------------------------------------------------
+// Multi-head scaled dot-product attention, no mask, scale head_dim^-0.5.
+// qkv (B,N,3C): the last dim is timm's (3, heads, head_dim) = q | k | v.
+// out (B,N,C) with heads concatenated (head h at channels h*head_dim..).
+// lse (B,heads,N) fp32: log-sum-exp of each score row, saved for backward (which recomputes
+// the probabilities from q, k and lse, as flash attention does).
+OP_DECL(attention_fwd, Ctx *ctx, const Tensor *qkv, int heads, Tensor *out, Tensor *lse)
+OP_DECL(attention_bwd, Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Tensor *out,
+        const Tensor *lse, int heads, Tensor *dqkv)
+
+// ---- patch embedding and token layout --------------------------------------------------------
+// Conv p x p stride p with bias, via im2col: img (B,Cin,Hi,Wi) NCHW -> cols (B*H*W, Cin*p*p)
+// -> y (B,H,W,D), H = Hi/p, W = Wi/p. w (D, Cin*p*p) is PyTorch's (D,Cin,p,p) flattened.
+OP_DECL(patch_embed_fwd, Ctx *ctx, const Tensor *img, const Tensor *w, const Tensor *b,
+        int patch, Tensor *cols, Tensor *y)
+OP_DECL(patch_embed_bwd, Ctx *ctx, const Tensor *dy, const Tensor *cols, const Tensor *w,
+        int patch, Tensor *dimg, Tensor *dw, Tensor *db)
+// Prepend P prefix tokens shared by the batch: prefix (P,C), x (B,N,C) -> y (B,P+N,C)
+OP_DECL(concat_prefix_fwd, Ctx *ctx, const Tensor *prefix, const Tensor *x, Tensor *y)
+OP_DECL(concat_prefix_bwd, Ctx *ctx, const Tensor *dy, Tensor *dprefix, Tensor *dx)
+// Token slice: x (B,N,C) -> y (B,count,C) = x[:, start:start+count]
+OP_DECL(slice_tokens_fwd, Ctx *ctx, const Tensor *x, int start, Tensor *y)
+OP_DECL(slice_tokens_bwd, Ctx *ctx, const Tensor *dy, int start, Tensor *dx)
+// Mean over tokens: x (B,N,C) -> y (B,C)
+OP_DECL(mean_tokens_fwd, Ctx *ctx, const Tensor *x, Tensor *y)
+OP_DECL(mean_tokens_bwd, Ctx *ctx, const Tensor *dy, Tensor *dx)
+// Bilinear resize of a token grid, half-pixel centres (PyTorch interpolate, align_corners=False,
+// no antialias): x (B,H,W,C) -> y (B,H2,W2,C)
+OP_DECL(resize_bilinear_fwd, Ctx *ctx, const Tensor *x, Tensor *y)
+OP_DECL(resize_bilinear_bwd, Ctx *ctx, const Tensor *dy, Tensor *dx)
+
+// ---- losses (fp32 scalars) -----------------------------------------------------------------
+// Softmax cross-entropy with soft targets: logits (B,K), targets (B,K) rows summing to 1
+// (label smoothing and mixup build them) -> loss (1) = mean_b sum_k -t log softmax(logits);
+// probs (B,K) saved for backward.
+OP_DECL(cross_entropy_fwd, Ctx *ctx, const Tensor *logits, const Tensor *targets,
+        Tensor *loss, Tensor *probs)
+// dlogits += dloss * (probs - targets) / B
+OP_DECL(cross_entropy_bwd, Ctx *ctx, const Tensor *dloss, const Tensor *probs,
+        const Tensor *targets, Tensor *dlogits)
+// MSE: loss (1) = mean over all elements of (a - b)^2
+OP_DECL(mse_fwd, Ctx *ctx, const Tensor *a, const Tensor *b, Tensor *loss)
+OP_DECL(mse_bwd, Ctx *ctx, const Tensor *dloss, const Tensor *a, const Tensor *b,
+        Tensor *da, Tensor *db)
+// Token-wise softmax KL (DESIGN §6): s, t (N,C); P = softmax over C of each token;
+// loss (1) = mean over the N tokens of KL(P(s) || P(t)).
+OP_DECL(token_kl_fwd, Ctx *ctx, const Tensor *s, const Tensor *t, Tensor *loss)
+OP_DECL(token_kl_bwd, Ctx *ctx, const Tensor *dloss, const Tensor *s, const Tensor *t,
+        Tensor *ds, Tensor *dt)
+
+// ---- optimizer ------------------------------------------------------------------------------
+// sumsq (1) += sum of x^2 (fp32 accumulation; used for the global gradient norm)
+OP_DECL(sumsq, Ctx *ctx, const Tensor *x, Tensor *sumsq)
+// AdamW on one parameter (PyTorch semantics, decoupled decay):
+//   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
+//   p -= lr * (m / (1-b1^step) / (sqrt(v / (1-b2^step)) + eps) + wd * p)
+typedef struct AdamWArgs {
+    float lr, beta1, beta2, eps, weight_decay, grad_scale;
+    int step;   // 1-based
+} AdamWArgs;
+OP_DECL(adamw, Ctx *ctx, Tensor *param, const Tensor *grad, Tensor *m, Tensor *v,
+        const AdamWArgs *args)
+
+// ---- C-GSPN propagation (DESIGN §5 steps 3-5) ------------------------------------------------
+// xc (B,H,W,Cc) latent input. gates (B,H,W,G), per direction d in (TB, BT, LR, RL):
+//   per-channel (shared_w = 0): G = 20*Cc, block d at offset d*5*Cc holds
+//       lam (Cc) | u (Cc) | wt_{-1} (Cc) | wt_0 (Cc) | wt_{+1} (Cc)
+//   shared (shared_w = 1):      G = 4*(2*Cc+3), block d at offset d*(2*Cc+3) holds
+//       lam (Cc) | u (Cc) | wt_{-1} | wt_0 | wt_{+1}   (3 scalars shared by the Cc channels)
+// merge (4): m_d. yc (B,H,W,Cc) = sum_d m_d * u_d * h_d.
+// hidden (4,B,H,W,Cc) fp32 receives h_d for backward, or is NULL when the backend recomputes.
+OP_DECL(gspn_scan_fwd, Ctx *ctx, const Tensor *xc, const Tensor *gates, const Tensor *merge,
+        int shared_w, Tensor *yc, Tensor *hidden)
+// Accumulates dxc (B,H,W,Cc), dgates (B,H,W,G), dmerge (4).
+OP_DECL(gspn_scan_bwd, Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
+        const Tensor *merge, int shared_w, const Tensor *hidden,
+        Tensor *dxc, Tensor *dgates, Tensor *dmerge)
+
+// Copies between host and the tensor's device; n = t->numel elements of t's dtype.
+void tensor_upload(Ctx *ctx, Tensor *t, const void *host);
+void tensor_download(Ctx *ctx, const Tensor *t, void *host);
+// A host fp32 copy of any tensor (converts bf16); caller frees.
+float *tensor_to_host_f32(Ctx *ctx, const Tensor *t);

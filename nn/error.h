@@ -1,0 +1,24 @@
+// Errors a user can act on: every library and file call goes through these.
+#pragma once
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <errno.h>
+
+// Prints "cgspn: <message>" and "  hint: <hint>" (when hint is non-empty), then exits 1.
+void cg_fail(const char *file, int line, const char *hint, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 4, 5)));
+
+#define CG_FAIL(hint, ...) cg_fail(__FILE__, __LINE__, hint, __VA_ARGS__)
+
+// Checks a user-facing condition (never compiled out, unlike assert).
+#define CG_CHECK(cond, hint, ...) do { if (!(cond)) CG_FAIL(hint, __VA_ARGS__); } while (0)
+
+// Checks a libc call that returns NULL / nonzero on failure and sets errno.
+#define CG_CHECK_ERRNO(cond, what) \
+    do { if (!(cond)) CG_FAIL("", "%s: %s", what, strerror(errno)); } while (0)
+
+void *cg_malloc(size_t bytes);                 // exits with a message on failure
+void *cg_calloc(size_t n, size_t size);
+void *cg_realloc(void *p, size_t bytes);
+char *cg_strdup(const char *s);

@@ -1,0 +1,104 @@
+// Shared helpers for the CMocka tests: CPU tensors, seeded fills, finite-difference checks.
+#pragma once
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+#include "../nn/tensor.h"
+
+// Central differences in fp32 with this step: truncation error ~ eps^2 * f''' stays near 1e-4
+// for the smooth ops tested, round-off ~ 1e-7 * |L| / eps near 1e-5 for the small losses used.
+#define FD_EPS 1e-2f
+// Relative error ||analytic - numeric|| / ||numeric|| allowed per tensor. A wrong gradient
+// (missing term, transposed index, wrong scale) gives errors of order 1, far above this.
+#define GRAD_TOL 1e-2
+
+// A CPU fp32 tensor that owns its data (free with test_free). shape given as ints.
+static inline Tensor *test_tensor(int ndim, ...) {
+    int shape[TENSOR_MAX_DIMS];
+    va_list ap;
+    va_start(ap, ndim);
+    for (int i = 0; i < ndim; i++) shape[i] = va_arg(ap, int);
+    va_end(ap);
+    Tensor *t = calloc(1, sizeof(Tensor));
+    tensor_set_shape(t, ndim, shape);
+    t->data = calloc(t->numel ? t->numel : 1, sizeof(float));
+    t->dtype = DTYPE_F32;
+    t->device = DEVICE_CPU;
+    return t;
+}
+
+// A zeroed tensor of t's shape.
+static inline Tensor *test_like(const Tensor *t) {
+    Tensor *g = calloc(1, sizeof(Tensor));
+    *g = *t;
+    g->grad = NULL;
+    g->data = calloc(t->numel ? t->numel : 1, sizeof(float));
+    return g;
+}
+
+static inline void test_free(Tensor *t) {
+    if (!t) return;
+    free(t->data);
+    free(t);
+}
+
+static inline uint64_t test_rng_next(uint64_t *s) {   // splitmix64
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// Uniform in [lo, hi), reproducible from seed.
+static inline void test_fill(Tensor *t, uint64_t seed, float lo, float hi) {
+    float *p = t->data;
+    for (size_t i = 0; i < t->numel; i++)
+        p[i] = lo + (hi - lo) * (float)((test_rng_next(&seed) >> 40) * (1.0 / 16777216.0));
+}
+
+static inline double test_dot(const Tensor *a, const Tensor *b) {
+    double s = 0;
+    const float *x = a->data, *y = b->data;
+    for (size_t i = 0; i < a->numel; i++) s += (double)x[i] * y[i];
+    return s;
+}
+
+// Relative error ||a - b|| / max(||b||, 1e-12), over n floats.
+static inline double test_rel_err(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num) / fmax(sqrt(den), 1e-12);
+}
+
+// Finite-difference check of one input. `loss` runs the forward pass on the current inputs
+// and returns a scalar; `analytic` is dloss/dx already computed by the backward pass.
+// Perturbs every element of x (restoring it), prints and returns the relative error.
+typedef double (*TestLossFn)(void *user);
+static inline double test_gradcheck(const char *what, TestLossFn loss, void *user,
+                                    Tensor *x, const Tensor *analytic) {
+    float *p = x->data;
+    float *numeric = calloc(x->numel ? x->numel : 1, sizeof(float));
+    for (size_t i = 0; i < x->numel; i++) {
+        float keep = p[i];
+        p[i] = keep + FD_EPS;
+        double lp = loss(user);
+        p[i] = keep - FD_EPS;
+        double lm = loss(user);
+        p[i] = keep;
+        numeric[i] = (float)((lp - lm) / (2.0 * FD_EPS));
+    }
+    double err = test_rel_err(analytic->data, numeric, x->numel);
+    printf("    gradcheck %-28s rel err %.2e\n", what, err);
+    free(numeric);
+    return err;
+}

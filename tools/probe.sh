@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Detects optional toolchains by compiling and linking small probes (never by asking dpkg),
+# and writes the result as make variables to $1 (build/config.mk).
+set -u
+out=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cc=${CC:-gcc}
+{
+echo "# written by tools/probe.sh; delete to re-probe"
+# nvcc that can compile and link a kernel
+if command -v nvcc >/dev/null 2>&1; then
+    cat > "$tmp/p.cu" <<'CU'
+__global__ void k(float *x) { x[threadIdx.x] = 1.f; }
+int main() { k<<<1, 1>>>(nullptr); return 0; }
+CU
+    if nvcc -o "$tmp/p" "$tmp/p.cu" >/dev/null 2>&1; then
+        echo "HAVE_NVCC := 1"
+        echo "NVCC := $(command -v nvcc)"
+        cudahome=$(dirname "$(dirname "$(command -v nvcc)")")
+        echo "CUDA_HOME := $cudahome"
+        # compute capability of the GPU present (none on CI: fat binary instead)
+        cat > "$tmp/cc.cu" <<'CU'
+#include <cstdio>
+#include <cuda_runtime.h>
+int main() { cudaDeviceProp p; if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return 1;
+             printf("%d%d\n", p.major, p.minor); return 0; }
+CU
+        if nvcc -o "$tmp/cc" "$tmp/cc.cu" >/dev/null 2>&1 && sm=$("$tmp/cc" 2>/dev/null); then
+            echo "GPU_SM := $sm"
+        fi
+        # cuDNN, NCCL: header + link probes
+        printf '#include <cudnn.h>\nint main(){return (int)cudnnGetVersion()==0;}\n' > "$tmp/dnn.c"
+        "$cc" -I"$cudahome/include" "$tmp/dnn.c" -o "$tmp/dnn" -L"$cudahome/lib64" -lcudnn >/dev/null 2>&1 \
+            && echo "HAVE_CUDNN := 1"
+        printf '#include <nccl.h>\nint main(){int v; return ncclGetVersion(&v);}\n' > "$tmp/nccl.c"
+        "$cc" -I"$cudahome/include" "$tmp/nccl.c" -o "$tmp/nccl" -L"$cudahome/lib64" -lnccl >/dev/null 2>&1 \
+            && echo "HAVE_NCCL := 1"
+    fi
+fi
+# MPI through its compiler wrapper
+if command -v mpicc >/dev/null 2>&1; then
+    printf '#include <mpi.h>\nint main(int c,char**v){MPI_Init(&c,&v);MPI_Finalize();return 0;}\n' > "$tmp/mpi.c"
+    mpicc "$tmp/mpi.c" -o "$tmp/mpi" >/dev/null 2>&1 && echo "HAVE_MPI := 1" \
+        && echo "MPI_CFLAGS := $(mpicc --showme:compile 2>/dev/null)" \
+        && echo "MPI_LDFLAGS := $(mpicc --showme:link 2>/dev/null)"
+fi
+# CMocka (tests), found through pkg-config or a local unpacked copy (CMOCKA_ROOT)
+if [ -n "${CMOCKA_ROOT:-}" ]; then
+    echo "CMOCKA_CFLAGS := -I$CMOCKA_ROOT/usr/include"
+    echo "CMOCKA_LIBS := -L$CMOCKA_ROOT/usr/lib/x86_64-linux-gnu -Wl,-rpath,$CMOCKA_ROOT/usr/lib/x86_64-linux-gnu -lcmocka"
+elif pkg-config --exists cmocka 2>/dev/null; then
+    echo "CMOCKA_CFLAGS := $(pkg-config --cflags cmocka)"
+    echo "CMOCKA_LIBS := $(pkg-config --libs cmocka)"
+else
+    echo "CMOCKA_LIBS := -lcmocka"
+fi
+} > "$out"
