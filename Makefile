@@ -54,6 +54,8 @@ endif
 
 TESTS_C   := $(wildcard tests/test_*.c)
 TEST_BINS := $(TESTS_C:tests/%.c=$(BUILD)/tests/%)
+GPU_TESTS_C   := $(wildcard tests/gpu/test_*.c)
+GPU_TEST_BINS := $(GPU_TESTS_C:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 
 .PHONY: all deps test test-gpu demo bench clean
 all: cgspn
@@ -78,6 +80,11 @@ $(BUILD)/%.o: %.cu $(BUILD)/config.mk
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
+$(BUILD)/tests/gpu/%: tests/gpu/%.c tests/testlib.h $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(CMOCKA_CFLAGS) -c $< -o $@.o
+	$(LINK) $(LINKFLAGS) -o $@ $@.o $(LIB) $(CMOCKA_LIBS) $(LDLIBS)
+
 $(BUILD)/tests/%: tests/%.c tests/testlib.h $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CMOCKA_CFLAGS) -c $< -o $@.o
@@ -88,6 +95,16 @@ test: deps
 	@$(MAKE) --no-print-directory $(TEST_BINS) cgspn
 	@fail=0; for t in $(TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
 	 if [ $$fail -ne 0 ]; then echo "make test: FAILED"; exit 1; fi; echo "make test: all passed"
+
+# On the GPU machine: every CUDA op against the CPU reference.
+test-gpu:
+ifneq ($(CUDA_ON),1)
+	@echo "make test-gpu: no working nvcc found (see build/config.mk)"; exit 1
+else
+	@$(MAKE) --no-print-directory $(GPU_TEST_BINS) cgspn
+	@fail=0; for t in $(GPU_TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
+	 if [ $$fail -ne 0 ]; then echo "make test-gpu: FAILED"; exit 1; fi; echo "make test-gpu: all passed"
+endif
 
 demo: deps cgspn
 	@bash tools/demo.sh

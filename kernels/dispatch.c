@@ -3,10 +3,57 @@
 #include "../nn/error.h"
 
 #ifdef CGSPN_CUDA
+// CUDA kernels are weak references: an op whose kernel is not in this build fails by name
+// instead of breaking the link.
+#define OP_WEAK(name) extern __typeof__(cpu_##name) cuda_##name __attribute__((weak));
+OP_WEAK(zero)
+OP_WEAK(accumulate)
+OP_WEAK(add_fwd)
+OP_WEAK(scale_fwd)
+OP_WEAK(scale_bwd)
+OP_WEAK(add_bcast_fwd)
+OP_WEAK(add_bcast_bwd)
+OP_WEAK(layer_scale_fwd)
+OP_WEAK(layer_scale_bwd)
+OP_WEAK(linear_fwd)
+OP_WEAK(linear_bwd)
+OP_WEAK(layernorm_fwd)
+OP_WEAK(layernorm_bwd)
+OP_WEAK(gelu_fwd)
+OP_WEAK(gelu_bwd)
+OP_WEAK(softmax_fwd)
+OP_WEAK(softmax_bwd)
+OP_WEAK(attention_fwd)
+OP_WEAK(attention_bwd)
+OP_WEAK(patch_embed_fwd)
+OP_WEAK(patch_embed_bwd)
+OP_WEAK(concat_prefix_fwd)
+OP_WEAK(concat_prefix_bwd)
+OP_WEAK(slice_tokens_fwd)
+OP_WEAK(slice_tokens_bwd)
+OP_WEAK(mean_tokens_fwd)
+OP_WEAK(mean_tokens_bwd)
+OP_WEAK(resize_bilinear_fwd)
+OP_WEAK(resize_bilinear_bwd)
+OP_WEAK(cross_entropy_fwd)
+OP_WEAK(cross_entropy_bwd)
+OP_WEAK(mse_fwd)
+OP_WEAK(mse_bwd)
+OP_WEAK(token_kl_fwd)
+OP_WEAK(token_kl_bwd)
+OP_WEAK(sumsq)
+OP_WEAK(adamw)
+OP_WEAK(gspn_scan_fwd)
+OP_WEAK(gspn_scan_bwd)
 #define ROUTE(name, ...)                                                      \
     do {                                                                      \
-        if (ctx->device == DEVICE_CUDA) cuda_##name(__VA_ARGS__);             \
-        else cpu_##name(__VA_ARGS__);                                         \
+        if (ctx->device == DEVICE_CUDA) {                                     \
+            CG_CHECK(cuda_##name != NULL, "run with device = cpu",            \
+                     "op " #name " has no CUDA kernel in this build");        \
+            cuda_##name(__VA_ARGS__);                                         \
+        } else {                                                              \
+            cpu_##name(__VA_ARGS__);                                          \
+        }                                                                     \
     } while (0)
 #else
 #define ROUTE(name, ...)                                                      \
@@ -124,4 +171,39 @@ void op_gspn_scan_bwd(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tenso
                       const Tensor *merge, int shared_w, const Tensor *hidden,
                       Tensor *dxc, Tensor *dgates, Tensor *dmerge) {
     ROUTE(gspn_scan_bwd, ctx, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge);
+}
+
+#ifdef CGSPN_CUDA
+void cuda_tensor_upload(Ctx *ctx, Tensor *t, const void *host);
+void cuda_tensor_download(Ctx *ctx, const Tensor *t, void *host);
+#endif
+
+void tensor_upload(Ctx *ctx, Tensor *t, const void *host) {
+#ifdef CGSPN_CUDA
+    if (t->device == DEVICE_CUDA) { cuda_tensor_upload(ctx, t, host); return; }
+#endif
+    memcpy(t->data, host, tensor_bytes(t));
+}
+
+void tensor_download(Ctx *ctx, const Tensor *t, void *host) {
+#ifdef CGSPN_CUDA
+    if (t->device == DEVICE_CUDA) { cuda_tensor_download(ctx, t, host); return; }
+#endif
+    memcpy(host, t->data, tensor_bytes(t));
+}
+
+float *tensor_to_host_f32(Ctx *ctx, const Tensor *t) {
+    float *out = cg_malloc(t->numel * sizeof(float));
+    if (t->dtype == DTYPE_F32) {
+        tensor_download(ctx, t, out);
+        return out;
+    }
+    uint16_t *raw = cg_malloc(t->numel * sizeof(uint16_t));
+    tensor_download(ctx, t, raw);
+    for (size_t i = 0; i < t->numel; i++) {
+        uint32_t bits = (uint32_t)raw[i] << 16;
+        memcpy(&out[i], &bits, sizeof(float));
+    }
+    free(raw);
+    return out;
 }

@@ -12,6 +12,10 @@
 #pragma once
 #include "ctx.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum { GELU_ERF = 0, GELU_TANH = 1 } GeluKind;
 
 #define OP_DECL(name, ...)                 \
@@ -142,3 +146,7 @@ void tensor_upload(Ctx *ctx, Tensor *t, const void *host);
 void tensor_download(Ctx *ctx, const Tensor *t, void *host);
 // A host fp32 copy of any tensor (converts bf16); caller frees.
 float *tensor_to_host_f32(Ctx *ctx, const Tensor *t);
+
+#ifdef __cplusplus
+}
+#endif

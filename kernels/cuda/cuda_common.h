@@ -1,0 +1,57 @@
+// Shared by every .cu file: the CUDA context and the check macros (each names call, file, line).
+#pragma once
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cublasLt.h>
+#include "../ctx.h"
+#include "../../nn/error.h"
+
+#define CUDA_CHECK(call)                                                                     \
+    do {                                                                                     \
+        cudaError_t err_ = (call);                                                           \
+        if (err_ != cudaSuccess)                                                             \
+            cg_fail(__FILE__, __LINE__, "check the GPU is visible (nvidia-smi) and has memory", \
+                    "CUDA error %s in %s (%s:%d)", cudaGetErrorString(err_), #call, __FILE__, \
+                    __LINE__);                                                               \
+    } while (0)
+
+#define CUBLAS_CHECK(call)                                                                   \
+    do {                                                                                     \
+        cublasStatus_t st_ = (call);                                                         \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                    \
+            cg_fail(__FILE__, __LINE__, "", "cuBLAS error %d in %s (%s:%d)", (int)st_, #call, \
+                    __FILE__, __LINE__);                                                     \
+    } while (0)
+
+// Checks the last kernel launch (configuration errors); execution errors surface at the next sync.
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+#define CUDA_SIDE_STREAMS 4
+
+typedef struct CudaCtx {
+    int device;
+    int sm_count;
+    cudaStream_t stream;                       // the main stream every op runs on
+    cudaStream_t side[CUDA_SIDE_STREAMS];      // for concurrent work (the four scan directions)
+    cudaEvent_t fork, join[CUDA_SIDE_STREAMS];
+    cublasLtHandle_t lt;
+    void *workspace;                           // cuBLASLt workspace
+    size_t workspace_bytes;
+} CudaCtx;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+// A context on GPU `device` with its streams and handles; act_dtype as requested.
+Ctx cuda_ctx_create(int device, DType act_dtype);
+void cuda_ctx_destroy(Ctx *ctx);
+// Number of CUDA devices (0 when no driver or GPU).
+int cuda_device_count(void);
+void *cuda_malloc(size_t bytes);    // checked, names the size on failure
+void cuda_free(void *p);
+#ifdef __cplusplus
+}
+#endif
+
+static inline CudaCtx *cuda_ctx_of(Ctx *ctx) { return (CudaCtx *)ctx->cuda; }
+static inline cudaStream_t cuda_stream_of(Ctx *ctx) { return cuda_ctx_of(ctx)->stream; }

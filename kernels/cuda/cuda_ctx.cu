@@ -1,0 +1,76 @@
+// The CUDA context: device selection, streams, cuBLASLt handle, tensor copies.
+#include "cuda_common.h"
+#include "../ops.h"
+#include <stdlib.h>
+
+extern "C" int cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();   // clear the sticky "no driver" error
+        return 0;
+    }
+    return n;
+}
+
+extern "C" void *cuda_malloc(size_t bytes) {
+    void *p = NULL;
+    cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
+    if (err != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        cg_fail(__FILE__, __LINE__, "reduce batch_size, or use precision = bf16",
+                "cudaMalloc of %.2f GiB failed (%s); %.2f of %.2f GiB free", bytes / 1073741824.0,
+                cudaGetErrorString(err), free_b / 1073741824.0, total_b / 1073741824.0);
+    }
+    return p;
+}
+
+extern "C" void cuda_free(void *p) {
+    if (p) CUDA_CHECK(cudaFree(p));
+}
+
+extern "C" Ctx cuda_ctx_create(int device, DType act_dtype) {
+    CudaCtx *c = (CudaCtx *)cg_calloc(1, sizeof(CudaCtx));
+    c->device = device;
+    CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, device));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
+    for (int i = 0; i < CUDA_SIDE_STREAMS; i++) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&c->side[i], cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&c->join[i], cudaEventDisableTiming));
+    }
+    CUBLAS_CHECK(cublasLtCreate(&c->lt));
+    c->workspace_bytes = 32u << 20;
+    c->workspace = cuda_malloc(c->workspace_bytes);
+    Ctx ctx = {DEVICE_CUDA, act_dtype, 1, c};
+    return ctx;
+}
+
+extern "C" void cuda_ctx_destroy(Ctx *ctx) {
+    CudaCtx *c = cuda_ctx_of(ctx);
+    if (!c) return;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    cuda_free(c->workspace);
+    cublasLtDestroy(c->lt);
+    for (int i = 0; i < CUDA_SIDE_STREAMS; i++) {
+        cudaStreamDestroy(c->side[i]);
+        cudaEventDestroy(c->join[i]);
+    }
+    cudaEventDestroy(c->fork);
+    cudaStreamDestroy(c->stream);
+    free(c);
+    ctx->cuda = NULL;
+}
+
+extern "C" void cuda_tensor_upload(Ctx *ctx, Tensor *t, const void *host) {
+    CUDA_CHECK(cudaMemcpyAsync(t->data, host, tensor_bytes(t), cudaMemcpyHostToDevice,
+                               cuda_stream_of(ctx)));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream_of(ctx)));
+}
+
+extern "C" void cuda_tensor_download(Ctx *ctx, const Tensor *t, void *host) {
+    CUDA_CHECK(cudaMemcpyAsync(host, t->data, tensor_bytes(t), cudaMemcpyDeviceToHost,
+                               cuda_stream_of(ctx)));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream_of(ctx)));
+}
