@@ -174,6 +174,29 @@ void op_gspn_scan_bwd(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tenso
 }
 
 #ifdef CGSPN_CUDA
+void *cuda_malloc(size_t bytes);
+void cuda_free(void *p);
+#endif
+
+void *device_alloc(Ctx *ctx, size_t bytes) {
+#ifdef CGSPN_CUDA
+    if (ctx->device == DEVICE_CUDA) return cuda_malloc(bytes);
+#endif
+    void *p = NULL;
+    size_t rounded = (bytes + 63) / 64 * 64;
+    if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0)
+        CG_FAIL("reduce batch_size or model size", "out of host memory allocating %zu bytes", bytes);
+    return p;
+}
+
+void device_free(Ctx *ctx, void *p) {
+#ifdef CGSPN_CUDA
+    if (ctx->device == DEVICE_CUDA) { cuda_free(p); return; }
+#endif
+    free(p);
+}
+
+#ifdef CGSPN_CUDA
 void cuda_tensor_upload(Ctx *ctx, Tensor *t, const void *host);
 void cuda_tensor_download(Ctx *ctx, const Tensor *t, void *host);
 #endif

@@ -141,6 +141,10 @@ OP_DECL(gspn_scan_bwd, Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tens
         const Tensor *merge, int shared_w, const Tensor *hidden,
         Tensor *dxc, Tensor *dgates, Tensor *dmerge)
 
+// Memory on the context's device (64-byte aligned on the CPU); checked, never NULL.
+void *device_alloc(Ctx *ctx, size_t bytes);
+void device_free(Ctx *ctx, void *p);
+
 // Copies between host and the tensor's device; n = t->numel elements of t's dtype.
 void tensor_upload(Ctx *ctx, Tensor *t, const void *host);
 void tensor_download(Ctx *ctx, const Tensor *t, void *host);

@@ -1,0 +1,136 @@
+#include "encoder.h"
+#include "error.h"
+
+int encoder_block_is_attention(const EncoderConfig *cfg, int i) {
+    if (cfg->kind == ENCODER_VIT) return 1;
+    if (cfg->kind == ENCODER_CGSPN) return 0;
+    return cfg->attn_every > 0 && (i + 1) % cfg->attn_every == 0;
+}
+
+void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
+    memset(e, 0, sizeof(*e));
+    e->cfg = *cfg;
+    CG_CHECK(cfg->depth >= 1 && cfg->depth <= ENCODER_MAX_DEPTH, "", "depth %d not in [1, %d]",
+             cfg->depth, ENCODER_MAX_DEPTH);
+    CG_CHECK(cfg->patch > 0 && cfg->img_h % cfg->patch == 0 && cfg->img_w % cfg->patch == 0,
+             "set img_size to a multiple of patch", "image %dx%d with patch %d", cfg->img_h,
+             cfg->img_w, cfg->patch);
+    e->grid_h = cfg->img_h / cfg->patch;
+    e->grid_w = cfg->img_w / cfg->patch;
+    int C = cfg->width;
+    bool vit = cfg->kind == ENCODER_VIT;
+    e->prefix = vit && cfg->class_token ? 1 : 0;
+    CG_CHECK(vit || !cfg->class_token, "set class_token = 0 for C-GSPN and hybrid encoders",
+             "C-GSPN propagation runs on the token grid and has no class token");
+
+    // PyTorch's Conv2d default init (fan-in uniform) for the patch projection, as in timm.
+    e->patch_embed.w = params_add(t, "patch_embed.proj.weight", 2,
+                                  (int[]){C, cfg->in_chans * cfg->patch * cfg->patch},
+                                  INIT_FAN_IN_UNIFORM, 0, true);
+    e->patch_embed.b = params_add(t, "patch_embed.proj.bias", 1, (int[]){C}, INIT_FAN_IN_UNIFORM,
+                                  (float)(cfg->in_chans * cfg->patch * cfg->patch), false);
+    if (e->prefix)
+        e->cls_token = params_add(t, "cls_token", 2, (int[]){1, C}, INIT_TRUNC_NORMAL, 1e-6f, false);
+    if (vit && cfg->pos_embed)
+        e->pos_embed = params_add(t, "pos_embed", 2, (int[]){e->prefix + e->grid_h * e->grid_w, C},
+                                  INIT_TRUNC_NORMAL, 0.02f, false);
+    for (int i = 0; i < cfg->depth; i++) {
+        Block *b = &e->blocks[i];
+        char p[32], name[PARAM_NAME_MAX];   // "blocks.N" fits in 32
+        snprintf(p, sizeof(p), "blocks.%d", i);
+        snprintf(name, sizeof(name), "%s.norm1", p);
+        layernorm_register(&b->norm1, t, name, C, cfg->ln_eps);
+        b->is_attention = encoder_block_is_attention(cfg, i);
+        if (b->is_attention) {
+            snprintf(name, sizeof(name), "%s.attn", p);
+            attention_register(&b->attn, t, name, C, cfg->heads, cfg->qkv_bias);
+        } else {
+            snprintf(name, sizeof(name), "%s.gspn", p);
+            cgspn_layer_register(&b->gspn, t, name, C, cfg->gspn_latent, cfg->gspn_shared_w,
+                                 cfg->gspn_out_norm, cfg->ln_eps);
+        }
+        if (cfg->layer_scale_init > 0) {
+            snprintf(name, sizeof(name), "%s.ls1.gamma", p);
+            b->ls1 = params_add(t, name, 1, (int[]){C}, INIT_CONST, cfg->layer_scale_init, false);
+        }
+        snprintf(name, sizeof(name), "%s.norm2", p);
+        layernorm_register(&b->norm2, t, name, C, cfg->ln_eps);
+        snprintf(name, sizeof(name), "%s.mlp", p);
+        mlp_register(&b->mlp, t, name, C, cfg->mlp_hidden, cfg->gelu);
+        if (cfg->layer_scale_init > 0) {
+            snprintf(name, sizeof(name), "%s.ls2.gamma", p);
+            b->ls2 = params_add(t, name, 1, (int[]){C}, INIT_CONST, cfg->layer_scale_init, false);
+        }
+    }
+    layernorm_register(&e->norm, t, "norm", C, cfg->ln_eps);
+    if (cfg->num_classes > 0) linear_register(&e->head, t, "head", C, cfg->num_classes, true, 0.02f);
+}
+
+// x (B, prefix+H*W, C) -> (B, prefix+H*W, C); *pp receives the mixing-layer output.
+static Tensor *block_forward(Tape *t, const Encoder *e, const Block *b, Tensor *x, Tensor **pp) {
+    int B = x->shape[0], T = x->shape[1], C = x->shape[2];
+    Tensor *h = layernorm(t, &b->norm1, x);
+    Tensor *mix;
+    if (b->is_attention) {
+        mix = attention(t, &b->attn, h);
+    } else {
+        Tensor *grid = nn_view(t, h, 4, (int[]){B, e->grid_h, e->grid_w, C});
+        mix = nn_view(t, cgspn_layer(t, &b->gspn, grid), 3, (int[]){B, T, C});
+    }
+    if (pp) *pp = mix;
+    if (b->ls1) mix = nn_layer_scale(t, mix, b->ls1);
+    x = nn_add(t, x, mix);
+    Tensor *m = mlp(t, &b->mlp, layernorm(t, &b->norm2, x));
+    if (b->ls2) m = nn_layer_scale(t, m, b->ls2);
+    return nn_add(t, x, m);
+}
+
+Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *taps) {
+    const EncoderConfig *c = &e->cfg;
+    CG_CHECK(img->ndim == 4 && img->shape[1] == c->in_chans && img->shape[2] == c->img_h &&
+                 img->shape[3] == c->img_w,
+             "check img_size and in_chans", "images of shape (%d,%d,%d,%d), the encoder expects "
+             "(B,%d,%d,%d)", img->shape[0], img->shape[1], img->shape[2], img->shape[3],
+             c->in_chans, c->img_h, c->img_w);
+    int B = img->shape[0], N = e->grid_h * e->grid_w;
+    Tensor *x = nn_patch_embed(t, img, e->patch_embed.w, e->patch_embed.b, c->patch); // (B,H,W,C)
+    x = nn_view(t, x, 3, (int[]){B, N, c->width});
+    if (e->cls_token) x = nn_concat_prefix(t, e->cls_token, x);
+    if (e->pos_embed) x = nn_add_bcast(t, x, e->pos_embed);
+    for (int i = 0; i < c->depth; i++) {
+        x = block_forward(t, e, &e->blocks[i], x, taps ? &taps->pp[i] : NULL);
+        if (taps) taps->pb[i] = x;
+    }
+    return layernorm(t, &e->norm, x);
+}
+
+Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens) {
+    CG_CHECK(e->cfg.num_classes > 0, "set num_classes", "this encoder has no classification head");
+    Tensor *pooled;
+    if (e->cfg.avg_pool || !e->prefix) {
+        Tensor *patches = e->prefix ? nn_slice_tokens(t, tokens, e->prefix, tokens->shape[1] - e->prefix)
+                                    : tokens;
+        pooled = nn_mean_tokens(t, patches);                               // (B,C)
+    } else {
+        Tensor *cls = nn_slice_tokens(t, tokens, 0, 1);                    // (B,1,C)
+        pooled = nn_view(t, cls, 2, (int[]){tokens->shape[0], tokens->shape[2]});
+    }
+    return linear(t, &e->head, pooled);
+}
+
+double encoder_flops_per_image(const EncoderConfig *c) {
+    double N = (double)(c->img_h / c->patch) * (c->img_w / c->patch);
+    double T = N + (c->kind == ENCODER_VIT && c->class_token ? 1 : 0);
+    double C = c->width, macs = N * C * c->in_chans * c->patch * c->patch;
+    for (int i = 0; i < c->depth; i++) {
+        if (encoder_block_is_attention(c, i)) {
+            macs += T * C * 3 * C + 2 * T * T * C + T * C * C;
+        } else {
+            double Cc = c->gspn_latent, G = c->gspn_shared_w ? 4 * (2 * Cc + 3) : 20 * Cc;
+            macs += N * (C * Cc + Cc * G + Cc * C) + N * Cc * 4 * 4;   // projections + 4 scans
+        }
+        macs += 2 * T * C * c->mlp_hidden;
+    }
+    macs += C * c->num_classes;
+    return 2.0 * macs;   // FLOPs = 2 x multiply-accumulates
+}

@@ -1,0 +1,62 @@
+// Encoders of DESIGN §4: ViT (timm semantics), C-GSPN (no pos_embed, no class token) and the
+// hybrid (attention every k-th block). Tokens are channels-last: (B, prefix + H*W, C).
+#pragma once
+#include "layers.h"
+
+typedef enum { ENCODER_VIT = 0, ENCODER_CGSPN = 1, ENCODER_HYBRID = 2 } EncoderKind;
+
+#define ENCODER_MAX_DEPTH 64
+
+typedef struct EncoderConfig {
+    EncoderKind kind;
+    int img_h, img_w, in_chans, patch;
+    int width, depth, heads, mlp_hidden;
+    GeluKind gelu;
+    float ln_eps;
+    int class_token;          // ViT: prepend a learned class token
+    int pos_embed;            // ViT: learned absolute position embedding
+    int avg_pool;             // head on the mean of patch tokens (else on the class token)
+    float layer_scale_init;   // 0 = no layer scale
+    int qkv_bias;
+    int num_classes;          // 0 = no head (feature extractor, teacher)
+    int gspn_latent;          // C-GSPN latent channels Cc
+    int gspn_shared_w, gspn_out_norm;
+    int attn_every;           // hybrid: blocks attn_every, 2*attn_every, ... (1-based) attend
+} EncoderConfig;
+
+typedef struct Block {
+    LayerNorm norm1, norm2;
+    int is_attention;
+    Attention attn;
+    CgspnLayer gspn;
+    Mlp mlp;
+    Tensor *ls1, *ls2;        // layer scale gammas or NULL
+} Block;
+
+typedef struct Encoder {
+    EncoderConfig cfg;
+    int grid_h, grid_w, prefix;   // token grid and number of prefix (class) tokens
+    Linear patch_embed;           // (width, in_chans*patch*patch) = conv weight flattened
+    Tensor *cls_token;            // (1, width) or NULL
+    Tensor *pos_embed;            // (prefix + grid_h*grid_w, width) or NULL
+    Block blocks[ENCODER_MAX_DEPTH];
+    LayerNorm norm;
+    Linear head;
+} Encoder;
+
+// Per-block taps: PP = mixing-layer output before the residual add, PB = block output.
+typedef struct EncoderTaps {
+    Tensor *pp[ENCODER_MAX_DEPTH], *pb[ENCODER_MAX_DEPTH];
+} EncoderTaps;
+
+// Registers every parameter (timm names) in t; call params_alloc/params_initialize after.
+void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t);
+// img (B,in_chans,img_h,img_w) NCHW -> tokens after the final norm (B, prefix+H*W, C).
+// taps may be NULL.
+Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *taps);
+// Class token or mean of patch tokens of the normed tokens, then the head: (B, num_classes).
+Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens);
+// Whether block i (0-based) is an attention block for this encoder.
+int encoder_block_is_attention(const EncoderConfig *cfg, int i);
+// Multiply-accumulates of one image's forward pass (for MFU and logs).
+double encoder_flops_per_image(const EncoderConfig *cfg);

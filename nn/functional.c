@@ -1,0 +1,339 @@
+#include "functional.h"
+#include "error.h"
+
+// A record is the tensors the backward reads; `y` is always the op's output.
+#define NEED_GRAD(r) ((r)->y->grad != NULL)
+
+static Tensor *new_shaped(Tape *t, const Tensor *like, int last) {
+    int shape[TENSOR_MAX_DIMS];
+    memcpy(shape, like->shape, sizeof(shape));
+    shape[like->ndim - 1] = last;
+    return tape_tensor(t, like->ndim, shape, false);
+}
+
+// ---- linear ----
+typedef struct { Tensor *x, *w, *b, *y; } LinearRec;
+static void linear_backward(Tape *t, void *p) {
+    LinearRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    op_linear_bwd(t->ctx, r->y->grad, r->x, r->w, tape_grad(t, r->x), tape_grad(t, r->w),
+                  tape_grad(t, r->b));
+}
+Tensor *nn_linear(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
+    CG_CHECK(tensor_last(x) == w->shape[1], "", "linear: input width %d, weight expects %d",
+             tensor_last(x), w->shape[1]);
+    Tensor *y = new_shaped(t, x, w->shape[0]);
+    op_linear_fwd(t->ctx, x, w, b, y);
+    if (tape_track(t, y, x, w, b))
+        *(LinearRec *)tape_record(t, linear_backward, sizeof(LinearRec)) = (LinearRec){x, w, b, y};
+    return y;
+}
+
+// ---- layernorm ----
+typedef struct { Tensor *x, *w, *b, *mean, *rstd, *y; } LayerNormRec;
+static void layernorm_backward(Tape *t, void *p) {
+    LayerNormRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    op_layernorm_bwd(t->ctx, r->y->grad, r->x, r->w, r->mean, r->rstd, tape_grad(t, r->x),
+                     tape_grad(t, r->w), tape_grad(t, r->b));
+}
+Tensor *nn_layernorm(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps) {
+    Tensor *y = tape_tensor_like(t, x);
+    int rows[1] = {(int)tensor_rows(x)};
+    Tensor *mean = tape_tensor(t, 1, rows, true), *rstd = tape_tensor(t, 1, rows, true);
+    op_layernorm_fwd(t->ctx, x, w, b, eps, y, mean, rstd);
+    if (tape_track(t, y, x, w, b))
+        *(LayerNormRec *)tape_record(t, layernorm_backward, sizeof(LayerNormRec)) =
+            (LayerNormRec){x, w, b, mean, rstd, y};
+    return y;
+}
+
+// ---- gelu ----
+typedef struct { Tensor *x, *y; GeluKind kind; } GeluRec;
+static void gelu_backward(Tape *t, void *p) {
+    GeluRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    op_gelu_bwd(t->ctx, r->y->grad, r->x, r->kind, tape_grad(t, r->x));
+}
+Tensor *nn_gelu(Tape *t, Tensor *x, GeluKind kind) {
+    Tensor *y = tape_tensor_like(t, x);
+    op_gelu_fwd(t->ctx, x, kind, y);
+    if (tape_track(t, y, x, NULL, NULL))
+        *(GeluRec *)tape_record(t, gelu_backward, sizeof(GeluRec)) = (GeluRec){x, y, kind};
+    return y;
+}
+
+// ---- softmax ----
+typedef struct { Tensor *x, *y; } UnaryRec;
+static void softmax_backward(Tape *t, void *p) {
+    UnaryRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    op_softmax_bwd(t->ctx, r->y->grad, r->y, tape_grad(t, r->x));
+}
+Tensor *nn_softmax(Tape *t, Tensor *x) {
+    Tensor *y = tape_tensor_like(t, x);
+    op_softmax_fwd(t->ctx, x, y);
+    if (tape_track(t, y, x, NULL, NULL))
+        *(UnaryRec *)tape_record(t, softmax_backward, sizeof(UnaryRec)) = (UnaryRec){x, y};
+    return y;
+}
+
+// ---- attention ----
+typedef struct { Tensor *qkv, *lse, *y; int heads; } AttentionRec;
+static void attention_backward(Tape *t, void *p) {
+    AttentionRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    op_attention_bwd(t->ctx, r->y->grad, r->qkv, r->y, r->lse, r->heads, tape_grad(t, r->qkv));
+}
+Tensor *nn_attention(Tape *t, Tensor *qkv, int heads) {
+    CG_CHECK(qkv->ndim == 3 && qkv->shape[2] % (3 * heads) == 0, "",
+             "attention: qkv must be (B,N,3C) with C divisible by heads=%d", heads);
+    int B = qkv->shape[0], N = qkv->shape[1], C = qkv->shape[2] / 3;
+    Tensor *y = tape_tensor(t, 3, (int[]){B, N, C}, false);
+    Tensor *lse = tape_tensor(t, 3, (int[]){B, heads, N}, true);
+    op_attention_fwd(t->ctx, qkv, heads, y, lse);
+    if (tape_track(t, y, qkv, NULL, NULL))
+        *(AttentionRec *)tape_record(t, attention_backward, sizeof(AttentionRec)) =
+            (AttentionRec){qkv, lse, y, heads};
+    return y;
+}
+
+// ---- patch embed ----
+typedef struct { Tensor *img, *cols, *w, *b, *y; int patch; } PatchEmbedRec;
+static void patch_embed_backward(Tape *t, void *p) {
+    PatchEmbedRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    op_patch_embed_bwd(t->ctx, r->y->grad, r->cols, r->w, r->patch, tape_grad(t, r->img),
+                       tape_grad(t, r->w), tape_grad(t, r->b));
+}
+Tensor *nn_patch_embed(Tape *t, Tensor *img, Tensor *w, Tensor *b, int patch) {
+    CG_CHECK(img->ndim == 4, "", "patch embed expects images (B,C,H,W)");
+    int B = img->shape[0], Cin = img->shape[1], Hi = img->shape[2], Wi = img->shape[3];
+    CG_CHECK(Hi % patch == 0 && Wi % patch == 0, "set img_size to a multiple of patch",
+             "image %dx%d is not divisible by patch %d", Hi, Wi, patch);
+    CG_CHECK(w->shape[1] == Cin * patch * patch, "check in_chans and patch",
+             "patch embed weight expects %d inputs, images give %d x %d x %d", w->shape[1], Cin,
+             patch, patch);
+    int H = Hi / patch, W = Wi / patch, D = w->shape[0];
+    Tensor *cols = tape_tensor(t, 2, (int[]){B * H * W, Cin * patch * patch}, false);
+    Tensor *y = tape_tensor(t, 4, (int[]){B, H, W, D}, false);
+    op_patch_embed_fwd(t->ctx, img, w, b, patch, cols, y);
+    if (tape_track(t, y, img, w, b))
+        *(PatchEmbedRec *)tape_record(t, patch_embed_backward, sizeof(PatchEmbedRec)) =
+            (PatchEmbedRec){img, cols, w, b, y, patch};
+    return y;
+}
+
+// ---- add, scale, broadcast add, layer scale ----
+typedef struct { Tensor *a, *b, *y; } BinaryRec;
+static void add_backward(Tape *t, void *p) {
+    BinaryRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    Tensor *da = tape_grad(t, r->a), *db = tape_grad(t, r->b);
+    if (da) op_accumulate(t->ctx, r->y->grad, da);
+    if (db) op_accumulate(t->ctx, r->y->grad, db);
+}
+Tensor *nn_add(Tape *t, Tensor *a, Tensor *b) {
+    CG_CHECK(a->numel == b->numel, "", "add of %zu and %zu elements", a->numel, b->numel);
+    Tensor *y = tape_tensor_like(t, a);
+    op_add_fwd(t->ctx, a, b, y);
+    if (tape_track(t, y, a, b, NULL))
+        *(BinaryRec *)tape_record(t, add_backward, sizeof(BinaryRec)) = (BinaryRec){a, b, y};
+    return y;
+}
+
+typedef struct { Tensor *x, *y; float s; } ScaleRec;
+static void scale_backward(Tape *t, void *p) {
+    ScaleRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    Tensor *dx = tape_grad(t, r->x);
+    if (dx) op_scale_bwd(t->ctx, r->y->grad, r->s, dx);
+}
+Tensor *nn_scale(Tape *t, Tensor *x, float s) {
+    Tensor *y = tape_tensor_like(t, x);
+    op_scale_fwd(t->ctx, x, s, y);
+    if (tape_track(t, y, x, NULL, NULL))
+        *(ScaleRec *)tape_record(t, scale_backward, sizeof(ScaleRec)) = (ScaleRec){x, y, s};
+    return y;
+}
+
+static void add_bcast_backward(Tape *t, void *p) {
+    BinaryRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    op_add_bcast_bwd(t->ctx, r->y->grad, tape_grad(t, r->a), tape_grad(t, r->b));
+}
+Tensor *nn_add_bcast(Tape *t, Tensor *x, Tensor *p) {
+    CG_CHECK(x->numel % p->numel == 0, "", "broadcast add of %zu onto %zu elements", p->numel,
+             x->numel);
+    Tensor *y = tape_tensor_like(t, x);
+    op_add_bcast_fwd(t->ctx, x, p, y);
+    if (tape_track(t, y, x, p, NULL))
+        *(BinaryRec *)tape_record(t, add_bcast_backward, sizeof(BinaryRec)) = (BinaryRec){x, p, y};
+    return y;
+}
+
+static void layer_scale_backward(Tape *t, void *p) {
+    BinaryRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    op_layer_scale_bwd(t->ctx, r->y->grad, r->a, r->b, tape_grad(t, r->a), tape_grad(t, r->b));
+}
+Tensor *nn_layer_scale(Tape *t, Tensor *x, Tensor *g) {
+    Tensor *y = tape_tensor_like(t, x);
+    op_layer_scale_fwd(t->ctx, x, g, y);
+    if (tape_track(t, y, x, g, NULL))
+        *(BinaryRec *)tape_record(t, layer_scale_backward, sizeof(BinaryRec)) = (BinaryRec){x, g, y};
+    return y;
+}
+
+// ---- token layout ----
+static void concat_prefix_backward(Tape *t, void *p) {
+    BinaryRec *r = p;   // a = prefix, b = x
+    if (!NEED_GRAD(r)) return;
+    op_concat_prefix_bwd(t->ctx, r->y->grad, tape_grad(t, r->a), tape_grad(t, r->b));
+}
+Tensor *nn_concat_prefix(Tape *t, Tensor *prefix, Tensor *x) {
+    int B = x->shape[0], N = x->shape[1], C = x->shape[2], P = prefix->shape[0];
+    CG_CHECK(x->ndim == 3 && prefix->shape[prefix->ndim - 1] == C, "",
+             "prefix tokens of width %d onto tokens of width %d", tensor_last(prefix), C);
+    Tensor *y = tape_tensor(t, 3, (int[]){B, P + N, C}, false);
+    op_concat_prefix_fwd(t->ctx, prefix, x, y);
+    if (tape_track(t, y, prefix, x, NULL))
+        *(BinaryRec *)tape_record(t, concat_prefix_backward, sizeof(BinaryRec)) =
+            (BinaryRec){prefix, x, y};
+    return y;
+}
+
+typedef struct { Tensor *x, *y; int start; } SliceRec;
+static void slice_backward(Tape *t, void *p) {
+    SliceRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    Tensor *dx = tape_grad(t, r->x);
+    if (dx) op_slice_tokens_bwd(t->ctx, r->y->grad, r->start, dx);
+}
+Tensor *nn_slice_tokens(Tape *t, Tensor *x, int start, int count) {
+    CG_CHECK(x->ndim == 3 && start >= 0 && start + count <= x->shape[1], "",
+             "token slice [%d, %d) of %d tokens", start, start + count, x->shape[1]);
+    Tensor *y = tape_tensor(t, 3, (int[]){x->shape[0], count, x->shape[2]}, false);
+    op_slice_tokens_fwd(t->ctx, x, start, y);
+    if (tape_track(t, y, x, NULL, NULL))
+        *(SliceRec *)tape_record(t, slice_backward, sizeof(SliceRec)) = (SliceRec){x, y, start};
+    return y;
+}
+
+static void mean_tokens_backward(Tape *t, void *p) {
+    UnaryRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    Tensor *dx = tape_grad(t, r->x);
+    if (dx) op_mean_tokens_bwd(t->ctx, r->y->grad, dx);
+}
+Tensor *nn_mean_tokens(Tape *t, Tensor *x) {
+    CG_CHECK(x->ndim == 3, "", "mean over tokens expects (B,N,C)");
+    Tensor *y = tape_tensor(t, 2, (int[]){x->shape[0], x->shape[2]}, false);
+    op_mean_tokens_fwd(t->ctx, x, y);
+    if (tape_track(t, y, x, NULL, NULL))
+        *(UnaryRec *)tape_record(t, mean_tokens_backward, sizeof(UnaryRec)) = (UnaryRec){x, y};
+    return y;
+}
+
+static void resize_backward(Tape *t, void *p) {
+    UnaryRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    Tensor *dx = tape_grad(t, r->x);
+    if (dx) op_resize_bilinear_bwd(t->ctx, r->y->grad, dx);
+}
+Tensor *nn_resize_bilinear(Tape *t, Tensor *x, int h2, int w2) {
+    CG_CHECK(x->ndim == 4, "", "bilinear resize expects a token grid (B,H,W,C)");
+    Tensor *y = tape_tensor(t, 4, (int[]){x->shape[0], h2, w2, x->shape[3]}, false);
+    op_resize_bilinear_fwd(t->ctx, x, y);
+    if (tape_track(t, y, x, NULL, NULL))
+        *(UnaryRec *)tape_record(t, resize_backward, sizeof(UnaryRec)) = (UnaryRec){x, y};
+    return y;
+}
+
+static void view_backward(Tape *t, void *p) {
+    UnaryRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    Tensor *dx = tape_grad(t, r->x);
+    if (dx) op_accumulate(t->ctx, r->y->grad, dx);
+}
+Tensor *nn_view(Tape *t, Tensor *x, int ndim, const int *shape) {
+    Tensor *y = arena_host_alloc(t->arena, sizeof(Tensor));
+    *y = tensor_view(x, ndim, shape);
+    if (tape_track(t, y, x, NULL, NULL))
+        *(UnaryRec *)tape_record(t, view_backward, sizeof(UnaryRec)) = (UnaryRec){x, y};
+    return y;
+}
+
+// ---- losses ----
+typedef struct { Tensor *logits, *targets, *probs, *y; } CrossEntropyRec;
+static void cross_entropy_backward(Tape *t, void *p) {
+    CrossEntropyRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    Tensor *d = tape_grad(t, r->logits);
+    if (d) op_cross_entropy_bwd(t->ctx, r->y->grad, r->probs, r->targets, d);
+}
+Tensor *nn_cross_entropy(Tape *t, Tensor *logits, Tensor *targets) {
+    CG_CHECK(tensor_same_shape(logits, targets), "", "cross-entropy: logits and targets differ");
+    Tensor *loss = tape_tensor(t, 1, (int[]){1}, true);
+    Tensor *probs = tape_tensor(t, logits->ndim, logits->shape, true);
+    op_cross_entropy_fwd(t->ctx, logits, targets, loss, probs);
+    if (tape_track(t, loss, logits, NULL, NULL))
+        *(CrossEntropyRec *)tape_record(t, cross_entropy_backward, sizeof(CrossEntropyRec)) =
+            (CrossEntropyRec){logits, targets, probs, loss};
+    return loss;
+}
+
+static void mse_backward(Tape *t, void *p) {
+    BinaryRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    op_mse_bwd(t->ctx, r->y->grad, r->a, r->b, tape_grad(t, r->a), tape_grad(t, r->b));
+}
+Tensor *nn_mse(Tape *t, Tensor *a, Tensor *b) {
+    CG_CHECK(a->numel == b->numel, "", "MSE of %zu and %zu elements", a->numel, b->numel);
+    Tensor *loss = tape_tensor(t, 1, (int[]){1}, true);
+    op_mse_fwd(t->ctx, a, b, loss);
+    if (tape_track(t, loss, a, b, NULL))
+        *(BinaryRec *)tape_record(t, mse_backward, sizeof(BinaryRec)) = (BinaryRec){a, b, loss};
+    return loss;
+}
+
+static void token_kl_backward(Tape *t, void *p) {
+    BinaryRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    op_token_kl_bwd(t->ctx, r->y->grad, r->a, r->b, tape_grad(t, r->a), tape_grad(t, r->b));
+}
+Tensor *nn_token_kl(Tape *t, Tensor *s, Tensor *target) {
+    CG_CHECK(s->numel == target->numel && tensor_last(s) == tensor_last(target), "",
+             "KL between tensors of different shapes");
+    Tensor *loss = tape_tensor(t, 1, (int[]){1}, true);
+    op_token_kl_fwd(t->ctx, s, target, loss);
+    if (tape_track(t, loss, s, target, NULL))
+        *(BinaryRec *)tape_record(t, token_kl_backward, sizeof(BinaryRec)) =
+            (BinaryRec){s, target, loss};
+    return loss;
+}
+
+// ---- C-GSPN propagation ----
+typedef struct { Tensor *xc, *gates, *merge, *hidden, *y; int shared_w; } GspnRec;
+static void gspn_backward(Tape *t, void *p) {
+    GspnRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    op_gspn_scan_bwd(t->ctx, r->y->grad, r->xc, r->gates, r->merge, r->shared_w, r->hidden,
+                     tape_grad(t, r->xc), tape_grad(t, r->gates), tape_grad(t, r->merge));
+}
+Tensor *nn_gspn_scan(Tape *t, Tensor *xc, Tensor *gates, Tensor *merge, int shared_w) {
+    CG_CHECK(xc->ndim == 4, "", "C-GSPN propagation expects xc (B,H,W,Cc)");
+    int B = xc->shape[0], H = xc->shape[1], W = xc->shape[2], Cc = xc->shape[3];
+    int G = shared_w ? 4 * (2 * Cc + 3) : 20 * Cc;
+    CG_CHECK(tensor_last(gates) == G && gates->numel == (size_t)B * H * W * G, "",
+             "C-GSPN gates have width %d, expected %d for Cc=%d%s", tensor_last(gates), G, Cc,
+             shared_w ? " with shared weights" : "");
+    Tensor *y = tape_tensor_like(t, xc);
+    bool track = tape_track(t, y, xc, gates, merge);
+    Tensor *hidden = track ? tape_tensor(t, 5, (int[]){4, B, H, W, Cc}, true) : NULL;
+    op_gspn_scan_fwd(t->ctx, xc, gates, merge, shared_w, y, hidden);
+    if (track)
+        *(GspnRec *)tape_record(t, gspn_backward, sizeof(GspnRec)) =
+            (GspnRec){xc, gates, merge, hidden, y, shared_w};
+    return y;
+}

@@ -1,0 +1,27 @@
+// Differentiable ops: each runs op_*_fwd and, when a gradient is needed, records what its
+// backward needs on the tape. Shapes as in kernels/ops.h; outputs come from the step's arena.
+#pragma once
+#include "tape.h"
+#include "../kernels/ops.h"
+
+Tensor *nn_linear(Tape *t, Tensor *x, Tensor *w, Tensor *b);            // (..,K) -> (..,M)
+Tensor *nn_layernorm(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps);
+Tensor *nn_gelu(Tape *t, Tensor *x, GeluKind kind);
+Tensor *nn_softmax(Tape *t, Tensor *x);
+Tensor *nn_attention(Tape *t, Tensor *qkv, int heads);                   // (B,N,3C) -> (B,N,C)
+Tensor *nn_patch_embed(Tape *t, Tensor *img, Tensor *w, Tensor *b, int patch); // -> (B,H,W,D)
+Tensor *nn_add(Tape *t, Tensor *a, Tensor *b);
+Tensor *nn_scale(Tape *t, Tensor *x, float s);
+Tensor *nn_add_bcast(Tape *t, Tensor *x, Tensor *p);      // x (B, ...) + p (...) 
+Tensor *nn_layer_scale(Tape *t, Tensor *x, Tensor *g);
+Tensor *nn_concat_prefix(Tape *t, Tensor *prefix, Tensor *x);   // (P,C), (B,N,C) -> (B,P+N,C)
+Tensor *nn_slice_tokens(Tape *t, Tensor *x, int start, int count);
+Tensor *nn_mean_tokens(Tape *t, Tensor *x);                // (B,N,C) -> (B,C)
+Tensor *nn_resize_bilinear(Tape *t, Tensor *x, int h2, int w2); // (B,H,W,C) -> (B,h2,w2,C)
+// Same data, another shape of the same numel; the gradient flows through.
+Tensor *nn_view(Tape *t, Tensor *x, int ndim, const int *shape);
+Tensor *nn_cross_entropy(Tape *t, Tensor *logits, Tensor *targets);    // -> (1)
+Tensor *nn_mse(Tape *t, Tensor *a, Tensor *b);                         // -> (1)
+Tensor *nn_token_kl(Tape *t, Tensor *s, Tensor *target);               // -> (1)
+// C-GSPN propagation (DESIGN §5 steps 3-5): xc (B,H,W,Cc), gates (B,H,W,G), merge (4)
+Tensor *nn_gspn_scan(Tape *t, Tensor *xc, Tensor *gates, Tensor *merge, int shared_w);

@@ -1,0 +1,41 @@
+// Reverse-mode autodiff over a tape (DESIGN §3). A forward op with gradients enabled appends a
+// record (its backward function and what it saved); tape_backward walks the records in reverse
+// and each backward accumulates into the .grad of its inputs. With gradients disabled nothing
+// is recorded. Activations and records live in the arena, reset every step.
+#pragma once
+#include "arena.h"
+
+typedef struct Tape Tape;
+typedef void (*TapeBackwardFn)(Tape *t, void *record);
+
+typedef struct TapeEntry {
+    TapeBackwardFn backward;
+    void *record;
+} TapeEntry;
+
+struct Tape {
+    Ctx *ctx;
+    Arena *arena;
+    TapeEntry *entries;
+    int n, cap;
+    bool grad_enabled;
+};
+
+void tape_init(Tape *t, Ctx *ctx, Arena *arena);
+void tape_free(Tape *t);
+// Drops all records and resets the arena (every activation of the step is released).
+void tape_reset(Tape *t);
+// Returns the previous setting.
+bool tape_set_grad_enabled(Tape *t, bool enabled);
+
+// A new activation of the context's dtype (fp32 when f32) on the context's device.
+Tensor *tape_tensor(Tape *t, int ndim, const int *shape, bool f32);
+Tensor *tape_tensor_like(Tape *t, const Tensor *x);
+// Marks out as needing a gradient when recording and any input does; returns whether it does.
+bool tape_track(Tape *t, Tensor *out, const Tensor *a, const Tensor *b, const Tensor *c);
+// Appends a record of `bytes` zeroed host bytes for fn and returns it for the op to fill.
+void *tape_record(Tape *t, TapeBackwardFn fn, size_t bytes);
+// x's gradient (zeroed on first use) when x needs one, else NULL.
+Tensor *tape_grad(Tape *t, Tensor *x);
+// Seeds dloss = 1 (loss is a 1-element tensor) and runs every record backwards.
+void tape_backward(Tape *t, Tensor *loss);
