@@ -4,7 +4,7 @@ CC      ?= gcc
 CFLAGS  ?= -O3
 CFLAGS  += -std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -fopenmp -Wall -Wextra \
            -Wno-unused-parameter -MMD -MP
-LDLIBS  += -lz -lm -fopenmp
+LDLIBS  += -lz -lm
 BUILD   := build
 
 # Optional toolchains, detected by compiling probes (tools/probe.sh), cached in build/config.mk.
@@ -48,7 +48,7 @@ endif
 LINK      := $(NVCC) $(CUDA_ARCH) -Xcompiler -fopenmp
 LINKFLAGS := -Xlinker -rpath,$(CUDA_HOME)/lib64
 else
-LINK      := $(CC)
+LINK      := $(CC) -fopenmp
 LINKFLAGS :=
 endif
 

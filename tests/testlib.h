@@ -18,7 +18,7 @@
 // (missing term, transposed index, wrong scale) gives errors of order 1, far above this.
 #define GRAD_TOL 1e-2
 
-// A CPU fp32 tensor that owns its data (free with test_free). shape given as ints.
+// A CPU fp32 tensor that owns its data (free with test_tensor_free). shape given as ints.
 static inline Tensor *test_tensor(int ndim, ...) {
     int shape[TENSOR_MAX_DIMS];
     va_list ap;
@@ -42,7 +42,7 @@ static inline Tensor *test_like(const Tensor *t) {
     return g;
 }
 
-static inline void test_free(Tensor *t) {
+static inline void test_tensor_free(Tensor *t) {
     if (!t) return;
     free(t->data);
     free(t);

@@ -1,0 +1,34 @@
+// cgspn: one binary, one command per job (DESIGN §1).
+#include "classify.h"
+#include "../nn/error.h"
+
+typedef struct Command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} Command;
+
+static const Command kCommands[] = {
+    {"train", cmd_train, "classification training of a ViT, C-GSPN or hybrid encoder"},
+};
+#define N_COMMANDS (int)(sizeof(kCommands) / sizeof(kCommands[0]))
+
+static void usage(FILE *f) {
+    fprintf(f, "cgspn: C-GSPN vision encoders, trained and distilled from C/CUDA\n\n"
+               "usage: cgspn COMMAND CONFIG [--key=value ...]\n\ncommands:\n");
+    for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-10s %s\n", kCommands[i].name, kCommands[i].summary);
+    fprintf(f, "\n`cgspn COMMAND --help` lists every config key with its default.\n"
+               "Configs are key = value files (configs/*.cfg); --key=value overrides them.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return argc < 2 ? 1 : 0;
+    }
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (strcmp(argv[1], kCommands[i].name) == 0) return kCommands[i].run(argc, argv);
+    usage(stderr);
+    CG_FAIL("see the list of commands above", "unknown command '%s'", argv[1]);
+}

@@ -1,0 +1,21 @@
+// One optimizer step over the parameter table: global gradient norm, clipping, AdamW with
+// per-parameter decay, the warmup + cosine schedule; then gradients are zeroed.
+#pragma once
+#include "../nn/params.h"
+#include "../nn/schedule.h"
+#include "../nn/arena.h"
+
+typedef struct OptimizerConfig {
+    LrSchedule schedule;
+    float beta1, beta2, eps, weight_decay;
+    float grad_clip;          // 0 = no clipping
+} OptimizerConfig;
+
+typedef struct StepStats {
+    float lr, grad_norm;
+    int finite;               // 0 when the gradient norm is NaN/Inf (the step was not applied)
+} StepStats;
+
+// step is 0-based (the schedule's step); AdamW's bias correction uses step + 1.
+StepStats optimizer_step(ParamTable *t, Ctx *ctx, Arena *scratch, const OptimizerConfig *o,
+                         long step);
