@@ -1,0 +1,59 @@
+// CPU reference: optimizer ops (kernels/ops.h) — the sum of squares behind the global gradient
+// norm, and the AdamW update of one parameter tensor.
+#include <math.h>
+#include "../ops.h"
+#include "../../nn/error.h"
+
+// Elements per partial sum of sumsq; partials are added in index order (thread-count independent).
+#define SUMSQ_BLOCK 4096
+
+// sumsq (1) += sum of x^2. Summed in double, then added to the fp32 scalar.
+void cpu_sumsq(Ctx *ctx, const Tensor *x, Tensor *sumsq) {
+    CG_CHECK(sumsq->numel == 1, "", "op sumsq: the result holds 1 element, got %zu",
+             sumsq->numel);
+    const float *px = tensor_f32(x);
+    size_t n = x->numel, blocks = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+    double *part = cg_malloc((blocks ? blocks : 1) * sizeof(double));
+    #pragma omp parallel for
+    for (size_t blk = 0; blk < blocks; blk++) {
+        size_t end = (blk + 1) * SUMSQ_BLOCK < n ? (blk + 1) * SUMSQ_BLOCK : n;
+        double s = 0;
+        for (size_t i = blk * SUMSQ_BLOCK; i < end; i++) s += (double)px[i] * px[i];
+        part[blk] = s;
+    }
+    double total = 0;
+    for (size_t blk = 0; blk < blocks; blk++) total += part[blk];
+    tensor_f32(sumsq)[0] += (float)total;
+    free(part);
+}
+
+// AdamW, PyTorch semantics (torch.optim.AdamW, amsgrad=False, maximize=False):
+//   g = grad * grad_scale
+//   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+//   p -= lr * (m / (1 - b1^step) / (sqrt(v / (1 - b2^step)) + eps) + wd * p)
+// Written as PyTorch evaluates it: the decay p *= 1 - lr wd first (decoupled; it uses the old p
+// either way), then p -= (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps), eps outside the sqrt.
+void cpu_adamw(Ctx *ctx, Tensor *param, const Tensor *grad, Tensor *m, Tensor *v,
+               const AdamWArgs *args) {
+    CG_CHECK(grad->numel == param->numel && m->numel == param->numel &&
+             v->numel == param->numel, "",
+             "op adamw: param %zu, grad %zu, m %zu, v %zu elements", param->numel, grad->numel,
+             m->numel, v->numel);
+    CG_CHECK(args->step >= 1, "", "op adamw: step is 1-based, got %d", args->step);
+    const float b1 = args->beta1, b2 = args->beta2, eps = args->eps, scale = args->grad_scale;
+    const double bc1 = 1.0 - pow((double)b1, args->step);
+    const double bc2 = 1.0 - pow((double)b2, args->step);
+    const float step_size = (float)(args->lr / bc1);
+    const float bc2_sqrt = (float)sqrt(bc2);
+    const float decay = 1.0f - args->lr * args->weight_decay;
+    float *p = tensor_f32(param), *pm = tensor_f32(m), *pv = tensor_f32(v);
+    const float *pg = tensor_f32(grad);
+    #pragma omp parallel for
+    for (size_t i = 0; i < param->numel; i++) {
+        float g = pg[i] * scale;
+        pm[i] = b1 * pm[i] + (1.0f - b1) * g;
+        pv[i] = b2 * pv[i] + (1.0f - b2) * g * g;
+        float denom = sqrtf(pv[i]) / bc2_sqrt + eps;
+        p[i] = p[i] * decay - step_size * pm[i] / denom;
+    }
+}

@@ -1,0 +1,646 @@
+// CPU reference ops other than the dense ones: elementwise, token layout, bilinear resize,
+// losses. Each forward is compared with a naive double-precision reference (and, for resize,
+// cross-entropy and KL, with values known by hand), each backward with central finite
+// differences of loss = sum(y * r) for a fixed random r (for the loss ops, of the loss itself),
+// and every backward is called twice to prove it accumulates. Calls cpu_* directly.
+#include <omp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+// cmocka.h defines test_free(ptr) as a macro, which breaks testlib.h's test_free(Tensor *):
+// drop the macro before testlib.h declares the function (reported; testlib.h is shared).
+#undef test_free
+#include "testlib.h"
+#include "../kernels/ops.h"
+
+// fp32 op vs double reference: a handful of fp32 roundings (2^-24 ~ 6e-8 each) per output;
+// a wrong index or weight is off by 1e-2 or more.
+#define FWD_TOL 1e-5
+// Values worked out by hand (resize): weights are 1/4, 3/4, 1/2 or 2/3-ish, results are exact
+// or within a few fp32 ulps of numbers below 16.
+#define HAND_TOL 1e-5f
+// A backward run twice must give twice the first result; the second pass adds onto nonzero
+// values, so only rounding (relative ~1e-7) separates them.
+#define ACCUM_TOL 1e-6
+// dloss used by the loss backward tests: not 1, so a missing dloss factor shows.
+#define DLOSS 0.7f
+
+static Ctx cpu_ctx(void) {
+    return (Ctx){.device = DEVICE_CPU, .act_dtype = DTYPE_F32, .deterministic = 1};
+}
+
+static Tensor *test_clone(const Tensor *t) {
+    Tensor *c = test_like(t);
+    memcpy(c->data, t->data, t->numel * sizeof(float));
+    return c;
+}
+
+static Tensor *test_scalar(float v) {
+    Tensor *t = test_tensor(1, 1);
+    tensor_f32(t)[0] = v;
+    return t;
+}
+
+static void assert_close_ref(const char *what, const Tensor *got, const double *ref) {
+    float *r = malloc(got->numel * sizeof(float));
+    for (size_t i = 0; i < got->numel; i++) r[i] = (float)ref[i];
+    double err = test_rel_err(got->data, r, got->numel);
+    printf("    forward   %-28s rel err %.2e\n", what, err);
+    free(r);
+    assert_true(err < FWD_TOL);
+}
+
+static void assert_grad(const char *what, TestLossFn loss, void *user, Tensor *x,
+                        const Tensor *analytic) {
+    assert_true(test_gradcheck(what, loss, user, x, analytic) < GRAD_TOL);
+}
+
+// `twice` holds a gradient after two backward calls, `once` a copy after the first.
+static void assert_doubled(const Tensor *twice, const Tensor *once) {
+    Tensor *expect = test_clone(once);
+    for (size_t i = 0; i < expect->numel; i++) tensor_f32(expect)[i] *= 2.0f;
+    assert_true(test_rel_err(twice->data, expect->data, twice->numel) < ACCUM_TOL);
+    test_free(expect);
+}
+
+// ---- elementwise -------------------------------------------------------------------------------
+
+static void test_zero_accumulate_add_scale_match_reference(void **state) {
+    Ctx ctx = cpu_ctx();
+    Tensor *a = test_tensor(3, 2, 7, 6), *b = test_like(a), *y = test_like(a);
+    test_fill(a, 1, -1, 1);
+    test_fill(b, 2, -1, 1);
+    double *ref = malloc(a->numel * sizeof(double));
+    const float *pa = a->data, *pb = b->data;
+
+    cpu_add_fwd(&ctx, a, b, y);
+    for (size_t i = 0; i < a->numel; i++) ref[i] = (double)pa[i] + pb[i];
+    assert_close_ref("add", y, ref);
+
+    cpu_scale_fwd(&ctx, a, -1.5f, y);
+    for (size_t i = 0; i < a->numel; i++) ref[i] = -1.5 * pa[i];
+    assert_close_ref("scale", y, ref);
+
+    cpu_accumulate(&ctx, b, y);   // y = -1.5 a + b
+    for (size_t i = 0; i < a->numel; i++) ref[i] = -1.5 * pa[i] + pb[i];
+    assert_close_ref("accumulate", y, ref);
+
+    cpu_zero(&ctx, y);
+    for (size_t i = 0; i < y->numel; i++) assert_true(tensor_f32(y)[i] == 0.0f);
+    free(ref);
+    test_free(a); test_free(b); test_free(y);
+}
+
+typedef struct { Tensor *x, *y, *r; float s; } ScaleCase;
+static double scale_loss(void *u) {
+    ScaleCase *c = u;
+    Ctx ctx = cpu_ctx();
+    cpu_scale_fwd(&ctx, c->x, c->s, c->y);
+    return test_dot(c->y, c->r);
+}
+
+static void test_scale_backward_matches_finite_differences(void **state) {
+    Ctx ctx = cpu_ctx();
+    ScaleCase c = {test_tensor(3, 2, 7, 6), NULL, NULL, 0.37f};
+    c.y = test_like(c.x);
+    c.r = test_like(c.x);
+    test_fill(c.x, 3, -1, 1);
+    test_fill(c.r, 4, -1, 1);
+    Tensor *dx = test_like(c.x);
+    cpu_scale_bwd(&ctx, c.r, c.s, dx);
+    assert_grad("scale dx", scale_loss, &c, c.x, dx);
+    Tensor *once = test_clone(dx);
+    cpu_scale_bwd(&ctx, c.r, c.s, dx);
+    assert_doubled(dx, once);
+    cpu_scale_bwd(&ctx, c.r, c.s, NULL);   // NULL gradient: skipped
+    test_free(once); test_free(dx); test_free(c.x); test_free(c.y); test_free(c.r);
+}
+
+// x (2,7,6) + pos_embed p (7,6): R = 2 rows of P = 42.
+typedef struct { Tensor *x, *p, *y, *r; } BcastCase;
+static double bcast_loss(void *u) {
+    BcastCase *c = u;
+    Ctx ctx = cpu_ctx();
+    cpu_add_bcast_fwd(&ctx, c->x, c->p, c->y);
+    return test_dot(c->y, c->r);
+}
+
+static void test_add_bcast_matches_reference_and_finite_differences(void **state) {
+    Ctx ctx = cpu_ctx();
+    BcastCase c = {test_tensor(3, 2, 7, 6), test_tensor(2, 7, 6), NULL, NULL};
+    c.y = test_like(c.x);
+    c.r = test_like(c.x);
+    test_fill(c.x, 5, -1, 1);
+    test_fill(c.p, 6, -1, 1);
+    test_fill(c.r, 7, -1, 1);
+
+    bcast_loss(&c);
+    double ref[84];
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 42; i++)
+            ref[r * 42 + i] = (double)tensor_f32(c.x)[r * 42 + i] + tensor_f32(c.p)[i];
+    assert_close_ref("add_bcast", c.y, ref);
+
+    Tensor *dx = test_like(c.x), *dp = test_like(c.p);
+    cpu_add_bcast_bwd(&ctx, c.r, dx, dp);
+    assert_grad("add_bcast dx", bcast_loss, &c, c.x, dx);
+    assert_grad("add_bcast dp", bcast_loss, &c, c.p, dp);
+    Tensor *dx1 = test_clone(dx), *dp1 = test_clone(dp);
+    cpu_add_bcast_bwd(&ctx, c.r, dx, dp);
+    assert_doubled(dx, dx1);
+    assert_doubled(dp, dp1);
+    cpu_add_bcast_bwd(&ctx, c.r, NULL, dp);   // dx not needed
+    cpu_add_bcast_bwd(&ctx, c.r, dx, NULL);   // dp not needed
+    for (size_t i = 0; i < dp->numel; i++)
+        assert_float_equal(tensor_f32(dp)[i], 3.0f * tensor_f32(dp1)[i], 1e-5f);
+    test_free(dx); test_free(dp); test_free(dx1); test_free(dp1);
+    test_free(c.x); test_free(c.p); test_free(c.y); test_free(c.r);
+}
+
+// x (2,7,6) * gamma (6)
+typedef struct { Tensor *x, *g, *y, *r; } LayerScaleCase;
+static double layer_scale_loss(void *u) {
+    LayerScaleCase *c = u;
+    Ctx ctx = cpu_ctx();
+    cpu_layer_scale_fwd(&ctx, c->x, c->g, c->y);
+    return test_dot(c->y, c->r);
+}
+
+static void test_layer_scale_matches_reference_and_finite_differences(void **state) {
+    Ctx ctx = cpu_ctx();
+    LayerScaleCase c = {test_tensor(3, 2, 7, 6), test_tensor(1, 6), NULL, NULL};
+    c.y = test_like(c.x);
+    c.r = test_like(c.x);
+    test_fill(c.x, 8, -1, 1);
+    test_fill(c.g, 9, -1, 1);
+    test_fill(c.r, 10, -1, 1);
+
+    layer_scale_loss(&c);
+    double ref[84];
+    for (int i = 0; i < 84; i++) ref[i] = (double)tensor_f32(c.x)[i] * tensor_f32(c.g)[i % 6];
+    assert_close_ref("layer_scale", c.y, ref);
+
+    Tensor *dx = test_like(c.x), *dg = test_like(c.g);
+    cpu_layer_scale_bwd(&ctx, c.r, c.x, c.g, dx, dg);
+    assert_grad("layer_scale dx", layer_scale_loss, &c, c.x, dx);
+    assert_grad("layer_scale dg", layer_scale_loss, &c, c.g, dg);
+    Tensor *dx1 = test_clone(dx), *dg1 = test_clone(dg);
+    cpu_layer_scale_bwd(&ctx, c.r, c.x, c.g, dx, dg);
+    assert_doubled(dx, dx1);
+    assert_doubled(dg, dg1);
+    cpu_layer_scale_bwd(&ctx, c.r, c.x, c.g, NULL, NULL);
+    test_free(dx); test_free(dg); test_free(dx1); test_free(dg1);
+    test_free(c.x); test_free(c.g); test_free(c.y); test_free(c.r);
+}
+
+// ---- token layout ------------------------------------------------------------------------------
+
+// prefix (2,6) + x (2,7,6) -> y (2,9,6)
+typedef struct { Tensor *prefix, *x, *y, *r; } ConcatCase;
+static double concat_loss(void *u) {
+    ConcatCase *c = u;
+    Ctx ctx = cpu_ctx();
+    cpu_concat_prefix_fwd(&ctx, c->prefix, c->x, c->y);
+    return test_dot(c->y, c->r);
+}
+
+static void test_concat_prefix_matches_reference_and_finite_differences(void **state) {
+    Ctx ctx = cpu_ctx();
+    ConcatCase c = {test_tensor(2, 2, 6), test_tensor(3, 2, 7, 6), test_tensor(3, 2, 9, 6), NULL};
+    c.r = test_like(c.y);
+    test_fill(c.prefix, 11, -1, 1);
+    test_fill(c.x, 12, -1, 1);
+    test_fill(c.r, 13, -1, 1);
+
+    concat_loss(&c);
+    double ref[2 * 9 * 6];
+    for (int b = 0; b < 2; b++)
+        for (int n = 0; n < 9; n++)
+            for (int ch = 0; ch < 6; ch++)
+                ref[(b * 9 + n) * 6 + ch] = n < 2 ? tensor_f32(c.prefix)[n * 6 + ch]
+                                                  : tensor_f32(c.x)[(b * 7 + n - 2) * 6 + ch];
+    assert_close_ref("concat_prefix", c.y, ref);
+
+    Tensor *dp = test_like(c.prefix), *dx = test_like(c.x);
+    cpu_concat_prefix_bwd(&ctx, c.r, dp, dx);
+    assert_grad("concat_prefix dprefix", concat_loss, &c, c.prefix, dp);
+    assert_grad("concat_prefix dx", concat_loss, &c, c.x, dx);
+    Tensor *dp1 = test_clone(dp), *dx1 = test_clone(dx);
+    cpu_concat_prefix_bwd(&ctx, c.r, dp, dx);
+    assert_doubled(dp, dp1);
+    assert_doubled(dx, dx1);
+    // Either gradient alone: the prefix length comes from the other one.
+    cpu_concat_prefix_bwd(&ctx, c.r, NULL, dx);
+    cpu_concat_prefix_bwd(&ctx, c.r, dp, NULL);
+    for (size_t i = 0; i < dx->numel; i++)
+        assert_float_equal(tensor_f32(dx)[i], 3.0f * tensor_f32(dx1)[i], 1e-5f);
+    for (size_t i = 0; i < dp->numel; i++)
+        assert_float_equal(tensor_f32(dp)[i], 3.0f * tensor_f32(dp1)[i], 1e-5f);
+    test_free(dp); test_free(dx); test_free(dp1); test_free(dx1);
+    test_free(c.prefix); test_free(c.x); test_free(c.y); test_free(c.r);
+}
+
+// x (2,7,6)[:, 2:5] -> y (2,3,6)
+#define SLICE_START 2
+typedef struct { Tensor *x, *y, *r; } SliceCase;
+static double slice_loss(void *u) {
+    SliceCase *c = u;
+    Ctx ctx = cpu_ctx();
+    cpu_slice_tokens_fwd(&ctx, c->x, SLICE_START, c->y);
+    return test_dot(c->y, c->r);
+}
+
+static void test_slice_tokens_matches_reference_and_finite_differences(void **state) {
+    Ctx ctx = cpu_ctx();
+    SliceCase c = {test_tensor(3, 2, 7, 6), test_tensor(3, 2, 3, 6), NULL};
+    c.r = test_like(c.y);
+    test_fill(c.x, 14, -1, 1);
+    test_fill(c.r, 15, -1, 1);
+
+    slice_loss(&c);
+    double ref[2 * 3 * 6];
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < 18; i++) ref[b * 18 + i] = tensor_f32(c.x)[(b * 7 + SLICE_START) * 6 + i];
+    assert_close_ref("slice_tokens", c.y, ref);
+
+    Tensor *dx = test_like(c.x);
+    cpu_slice_tokens_bwd(&ctx, c.r, SLICE_START, dx);
+    assert_grad("slice_tokens dx", slice_loss, &c, c.x, dx);
+    Tensor *dx1 = test_clone(dx);
+    cpu_slice_tokens_bwd(&ctx, c.r, SLICE_START, dx);
+    assert_doubled(dx, dx1);
+    test_free(dx); test_free(dx1); test_free(c.x); test_free(c.y); test_free(c.r);
+}
+
+// x (2,7,6) -> y (2,6); also a (2,3,5,6) grid, whose 15 tokens are averaged the same way.
+typedef struct { Tensor *x, *y, *r; } MeanCase;
+static double mean_loss(void *u) {
+    MeanCase *c = u;
+    Ctx ctx = cpu_ctx();
+    cpu_mean_tokens_fwd(&ctx, c->x, c->y);
+    return test_dot(c->y, c->r);
+}
+
+static void check_mean_tokens(Tensor *x, const char *what) {
+    Ctx ctx = cpu_ctx();
+    int B = x->shape[0], C = tensor_last(x), N = (int)(x->numel / (size_t)(B * C));
+    MeanCase c = {x, test_tensor(2, B, C), NULL};
+    c.r = test_like(c.y);
+    test_fill(c.x, 16, -1, 1);
+    test_fill(c.r, 17, -1, 1);
+
+    mean_loss(&c);
+    double *ref = calloc((size_t)(B * C), sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int n = 0; n < N; n++)
+            for (int ch = 0; ch < C; ch++) ref[b * C + ch] += tensor_f32(x)[(b * N + n) * C + ch] / (double)N;
+    assert_close_ref(what, c.y, ref);
+    free(ref);
+
+    Tensor *dx = test_like(c.x);
+    cpu_mean_tokens_bwd(&ctx, c.r, dx);
+    assert_grad(what, mean_loss, &c, c.x, dx);
+    Tensor *dx1 = test_clone(dx);
+    cpu_mean_tokens_bwd(&ctx, c.r, dx);
+    assert_doubled(dx, dx1);
+    test_free(dx); test_free(dx1); test_free(c.y); test_free(c.r);
+}
+
+static void test_mean_tokens_matches_reference_and_finite_differences(void **state) {
+    Tensor *x = test_tensor(3, 2, 7, 6), *grid = test_tensor(4, 2, 3, 5, 6);
+    check_mean_tokens(x, "mean_tokens (B,N,C)");
+    check_mean_tokens(grid, "mean_tokens (B,H,W,C)");
+    test_free(x); test_free(grid);
+}
+
+// ---- bilinear resize -------------------------------------------------------------------------
+
+// Resizes a single-channel grid given as rows and compares with values known by hand.
+static void check_resize_by_hand(int H, int W, const float *in, int H2, int W2, const float *want) {
+    Ctx ctx = cpu_ctx();
+    Tensor *x = test_tensor(4, 1, H, W, 1), *y = test_tensor(4, 1, H2, W2, 1);
+    memcpy(x->data, in, (size_t)(H * W) * sizeof(float));
+    cpu_resize_bilinear_fwd(&ctx, x, y);
+    for (int i = 0; i < H2 * W2; i++) assert_float_equal(tensor_f32(y)[i], want[i], HAND_TOL);
+    test_free(x); test_free(y);
+}
+
+// Per axis, src = max((dst + 0.5) * in / out - 0.5, 0), i0 = floor(src), i1 = min(i0 + 1, in - 1).
+static void test_resize_forward_matches_pytorch_values_by_hand(void **state) {
+    // 2x2 -> 4x4 (scale 1/2): src = -0.25 -> 0, 0.25, 0.75, 1.25 (i0 = 1 = in-1: both taps row 1),
+    // so each axis maps (a, b) to (a, 3a/4 + b/4, a/4 + 3b/4, b). PyTorch prints the same.
+    const float in22[] = {1, 2, 3, 4};
+    const float up44[] = {1.0f, 1.25f, 1.75f, 2.0f,
+                          1.5f, 1.75f, 2.25f, 2.5f,
+                          2.5f, 2.75f, 3.25f, 3.5f,
+                          3.0f, 3.25f, 3.75f, 4.0f};
+    check_resize_by_hand(2, 2, in22, 4, 4, up44);
+    // 4x4 -> 2x2 (scale 2): src = 0.5, 2.5: each output is the mean of a 2x2 block.
+    const float in44[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const float down22[] = {2.5f, 4.5f, 10.5f, 12.5f};
+    check_resize_by_hand(4, 4, in44, 2, 2, down22);
+    // 1x3 -> 1x2, non-integer ratio 1.5 along W, H unchanged: src = 0.25, 1.75:
+    // (0, 4, 8) -> (0.75*0 + 0.25*4, 0.25*4 + 0.75*8) = (1, 7).
+    const float in13[] = {0, 4, 8};
+    const float down12[] = {1, 7};
+    check_resize_by_hand(1, 3, in13, 1, 2, down12);
+    // 2x1 -> 3x1, ratio 2/3: src = -1/6 -> 0, 0.5, 7/6 (i0 = 1 = in-1): (10, 20) -> (10, 15, 20).
+    const float in21[] = {10, 20};
+    const float up31[] = {10, 15, 20};
+    check_resize_by_hand(2, 1, in21, 3, 1, up31);
+    // Same size: a copy.
+    check_resize_by_hand(4, 4, in44, 4, 4, in44);
+}
+
+// Naive reference: one output element at a time, the PyTorch formula in double.
+static void ref_axis(int dst, int in, int out, int *i0, int *i1, double *l1) {
+    double src = ((double)dst + 0.5) * (double)in / (double)out - 0.5;
+    if (src < 0) src = 0;
+    *i0 = (int)floor(src);
+    if (*i0 > in - 1) *i0 = in - 1;
+    *i1 = *i0 + 1 < in ? *i0 + 1 : in - 1;
+    *l1 = src - *i0;
+}
+
+static double *ref_resize(const Tensor *x, int H2, int W2) {
+    int B = x->shape[0], H = x->shape[1], W = x->shape[2], C = x->shape[3];
+    const float *px = x->data;
+    double *y = malloc((size_t)B * H2 * W2 * C * sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int oh = 0; oh < H2; oh++)
+            for (int ow = 0; ow < W2; ow++)
+                for (int c = 0; c < C; c++) {
+                    int h0, h1, w0, w1;
+                    double lh, lw;
+                    ref_axis(oh, H, H2, &h0, &h1, &lh);
+                    ref_axis(ow, W, W2, &w0, &w1, &lw);
+#define X(h, w) ((double)px[(((size_t)b * H + (h)) * W + (w)) * C + c])
+                    y[(((size_t)b * H2 + oh) * W2 + ow) * C + c] =
+                        (1 - lh) * ((1 - lw) * X(h0, w0) + lw * X(h0, w1)) +
+                        lh * ((1 - lw) * X(h1, w0) + lw * X(h1, w1));
+#undef X
+                }
+    return y;
+}
+
+typedef struct { Tensor *x, *y, *r; } ResizeCase;
+static double resize_loss(void *u) {
+    ResizeCase *c = u;
+    Ctx ctx = cpu_ctx();
+    cpu_resize_bilinear_fwd(&ctx, c->x, c->y);
+    return test_dot(c->y, c->r);
+}
+
+static void check_resize(int B, int H, int W, int C, int H2, int W2, int gradcheck) {
+    Ctx ctx = cpu_ctx();
+    char what[64];
+    snprintf(what, sizeof what, "resize %dx%d->%dx%d", H, W, H2, W2);
+    ResizeCase c = {test_tensor(4, B, H, W, C), test_tensor(4, B, H2, W2, C), NULL};
+    c.r = test_like(c.y);
+    test_fill(c.x, 18, -1, 1);
+    test_fill(c.r, 19, -1, 1);
+
+    resize_loss(&c);
+    double *ref = ref_resize(c.x, H2, W2);
+    assert_close_ref(what, c.y, ref);
+    free(ref);
+
+    Tensor *dx = test_like(c.x);
+    cpu_resize_bilinear_bwd(&ctx, c.r, dx);
+    if (gradcheck) {
+        assert_grad(what, resize_loss, &c, c.x, dx);
+    } else {   // a linear op's backward is its adjoint: <resize(x), r> = <x, resize^T r>
+        double lhs = test_dot(c.y, c.r), rhs = test_dot(c.x, dx);
+        printf("    adjoint   %-28s rel err %.2e\n", what, fabs(lhs - rhs) / fabs(lhs));
+        assert_true(fabs(lhs - rhs) <= FWD_TOL * fabs(lhs));
+    }
+    Tensor *dx1 = test_clone(dx);
+    cpu_resize_bilinear_bwd(&ctx, c.r, dx);
+    assert_doubled(dx, dx1);
+    test_free(dx); test_free(dx1); test_free(c.x); test_free(c.y); test_free(c.r);
+}
+
+static void test_resize_matches_reference_and_finite_differences(void **state) {
+    check_resize(2, 3, 5, 4, 7, 4, 1);     // up along H, down along W
+    check_resize(2, 5, 5, 3, 3, 2, 1);     // down, H != W out
+    check_resize(1, 7, 7, 2, 10, 10, 1);   // non-integer up (7 -> 10)
+    check_resize(1, 27, 27, 3, 37, 37, 0); // the curriculum's 27 -> 37 (378 -> 518 px at p 14)
+    check_resize(2, 37, 27, 2, 27, 37, 0); // non-integer down along H, up along W
+    check_resize(1, 4, 6, 33, 4, 6, 1);    // same size, C over one backward channel block
+}
+
+// ---- losses ----------------------------------------------------------------------------------
+
+// logits (3,5) with soft targets (rows sum to 1).
+typedef struct { Tensor *logits, *targets, *loss, *probs; } CeCase;
+static double ce_loss(void *u) {
+    CeCase *c = u;
+    Ctx ctx = cpu_ctx();
+    cpu_cross_entropy_fwd(&ctx, c->logits, c->targets, c->loss, c->probs);
+    return DLOSS * tensor_f32(c->loss)[0];
+}
+
+static void test_cross_entropy_matches_reference_and_finite_differences(void **state) {
+    Ctx ctx = cpu_ctx();
+    enum { B = 3, K = 5 };
+    CeCase c = {test_tensor(2, B, K), test_tensor(2, B, K), test_scalar(0), test_tensor(2, B, K)};
+    test_fill(c.logits, 20, -3, 3);
+    test_fill(c.targets, 21, 0, 1);
+    float *t = c.targets->data, *x = c.logits->data;
+    for (int b = 0; b < B; b++) {
+        float s = 0;
+        for (int k = 0; k < K; k++) s += t[b * K + k];
+        for (int k = 0; k < K; k++) t[b * K + k] /= s;
+    }
+
+    ce_loss(&c);
+    double ref_loss = 0, ref_probs[B * K];
+    for (int b = 0; b < B; b++) {
+        double z = 0;
+        for (int k = 0; k < K; k++) z += exp(x[b * K + k]);
+        for (int k = 0; k < K; k++) {
+            ref_probs[b * K + k] = exp(x[b * K + k]) / z;
+            ref_loss -= t[b * K + k] * log(ref_probs[b * K + k]) / B;
+        }
+    }
+    assert_close_ref("cross_entropy loss", c.loss, &ref_loss);
+    assert_close_ref("cross_entropy probs", c.probs, ref_probs);
+
+    Tensor *dloss = test_scalar(DLOSS), *dx = test_like(c.logits);
+    cpu_cross_entropy_bwd(&ctx, dloss, c.probs, c.targets, dx);
+    assert_grad("cross_entropy dlogits", ce_loss, &c, c.logits, dx);
+    ce_loss(&c);   // probs back to the unperturbed logits
+    Tensor *dx1 = test_clone(dx);
+    cpu_cross_entropy_bwd(&ctx, dloss, c.probs, c.targets, dx);
+    assert_doubled(dx, dx1);
+    test_free(dloss); test_free(dx); test_free(dx1);
+    test_free(c.logits); test_free(c.targets); test_free(c.loss); test_free(c.probs);
+}
+
+static void test_cross_entropy_one_hot_is_minus_log_softmax_at_label(void **state) {
+    Ctx ctx = cpu_ctx();
+    enum { B = 2, K = 4 };
+    const int label[B] = {2, 0};
+    // Row 0: logits (0, 0, ln 2, 0): softmax at 2 = 2 / 5.  Row 1: (1000, 1000, 1000, 1000) —
+    // large enough to overflow exp without the max shift; softmax at 0 = 1 / 4.
+    const float logits[B * K] = {0, 0, (float)M_LN2, 0, 1000, 1000, 1000, 1000};
+    Tensor *x = test_tensor(2, B, K), *t = test_tensor(2, B, K), *loss = test_scalar(0),
+           *probs = test_tensor(2, B, K);
+    memcpy(x->data, logits, sizeof logits);
+    for (int b = 0; b < B; b++) tensor_f32(t)[b * K + label[b]] = 1.0f;
+    cpu_cross_entropy_fwd(&ctx, x, t, loss, probs);
+    double want = (-log(2.0 / 5.0) - log(1.0 / 4.0)) / 2.0;
+    assert_float_equal(tensor_f32(loss)[0], (float)want, 1e-6f);
+    assert_float_equal(tensor_f32(probs)[2], 0.4f, 1e-6f);
+    assert_float_equal(tensor_f32(probs)[K], 0.25f, 1e-6f);
+    test_free(x); test_free(t); test_free(loss); test_free(probs);
+}
+
+// MSE over (2,7,6)
+typedef struct { Tensor *a, *b, *loss; } MseCase;
+static double mse_loss(void *u) {
+    MseCase *c = u;
+    Ctx ctx = cpu_ctx();
+    cpu_mse_fwd(&ctx, c->a, c->b, c->loss);
+    return DLOSS * tensor_f32(c->loss)[0];
+}
+
+static void test_mse_matches_reference_and_finite_differences(void **state) {
+    Ctx ctx = cpu_ctx();
+    MseCase c = {test_tensor(3, 2, 7, 6), test_tensor(3, 2, 7, 6), test_scalar(0)};
+    test_fill(c.a, 22, -1, 1);
+    test_fill(c.b, 23, -1, 1);
+
+    mse_loss(&c);
+    double ref = 0;
+    for (size_t i = 0; i < c.a->numel; i++) {
+        double d = (double)tensor_f32(c.a)[i] - tensor_f32(c.b)[i];
+        ref += d * d / (double)c.a->numel;
+    }
+    assert_close_ref("mse loss", c.loss, &ref);
+
+    Tensor *dloss = test_scalar(DLOSS), *da = test_like(c.a), *db = test_like(c.b);
+    cpu_mse_bwd(&ctx, dloss, c.a, c.b, da, db);
+    assert_grad("mse da", mse_loss, &c, c.a, da);
+    assert_grad("mse db", mse_loss, &c, c.b, db);
+    Tensor *da1 = test_clone(da), *db1 = test_clone(db);
+    cpu_mse_bwd(&ctx, dloss, c.a, c.b, da, db);
+    assert_doubled(da, da1);
+    assert_doubled(db, db1);
+    cpu_mse_bwd(&ctx, dloss, c.a, c.b, da, NULL);   // the teacher side needs no gradient
+    test_free(dloss); test_free(da); test_free(db); test_free(da1); test_free(db1);
+    test_free(c.a); test_free(c.b); test_free(c.loss);
+}
+
+// Token KL over s, t (7,6)
+typedef struct { Tensor *s, *t, *loss; } KlCase;
+static double kl_loss(void *u) {
+    KlCase *c = u;
+    Ctx ctx = cpu_ctx();
+    cpu_token_kl_fwd(&ctx, c->s, c->t, c->loss);
+    return DLOSS * tensor_f32(c->loss)[0];
+}
+
+static void test_token_kl_matches_reference_and_finite_differences(void **state) {
+    Ctx ctx = cpu_ctx();
+    enum { N = 7, C = 6 };
+    KlCase c = {test_tensor(2, N, C), test_tensor(2, N, C), test_scalar(0)};
+    test_fill(c.s, 24, -2, 2);
+    test_fill(c.t, 25, -2, 2);
+
+    kl_loss(&c);
+    double ref = 0;
+    for (int n = 0; n < N; n++) {
+        double zs = 0, zt = 0;
+        const float *s = tensor_f32(c.s) + n * C, *t = tensor_f32(c.t) + n * C;
+        for (int k = 0; k < C; k++) { zs += exp(s[k]); zt += exp(t[k]); }
+        for (int k = 0; k < C; k++) {
+            double ps = exp(s[k]) / zs, pt = exp(t[k]) / zt;
+            ref += ps * log(ps / pt) / N;
+        }
+    }
+    assert_close_ref("token_kl loss", c.loss, &ref);
+
+    Tensor *dloss = test_scalar(DLOSS), *ds = test_like(c.s), *dt = test_like(c.t);
+    cpu_token_kl_bwd(&ctx, dloss, c.s, c.t, ds, dt);
+    assert_grad("token_kl ds", kl_loss, &c, c.s, ds);
+    assert_grad("token_kl dt", kl_loss, &c, c.t, dt);
+    Tensor *ds1 = test_clone(ds), *dt1 = test_clone(dt);
+    cpu_token_kl_bwd(&ctx, dloss, c.s, c.t, ds, dt);
+    assert_doubled(ds, ds1);
+    assert_doubled(dt, dt1);
+    cpu_token_kl_bwd(&ctx, dloss, c.s, c.t, ds, NULL);
+    test_free(dloss); test_free(ds); test_free(dt); test_free(ds1); test_free(dt1);
+    test_free(c.s); test_free(c.t); test_free(c.loss);
+}
+
+static void test_token_kl_is_zero_for_identical_inputs_and_positive_otherwise(void **state) {
+    Ctx ctx = cpu_ctx();
+    Tensor *s = test_tensor(2, 7, 6), *t = test_tensor(2, 7, 6), *loss = test_scalar(-1);
+    test_fill(s, 26, -3, 3);
+    memcpy(t->data, s->data, s->numel * sizeof(float));
+    cpu_token_kl_fwd(&ctx, s, t, loss);
+    assert_float_equal(tensor_f32(loss)[0], 0.0f, 1e-7f);
+    // Softmax ignores a per-token shift: still zero.
+    for (size_t i = 0; i < t->numel; i++) tensor_f32(t)[i] += 5.0f;
+    cpu_token_kl_fwd(&ctx, s, t, loss);
+    assert_float_equal(tensor_f32(loss)[0], 0.0f, 1e-6f);
+    test_fill(t, 27, -3, 3);
+    cpu_token_kl_fwd(&ctx, s, t, loss);
+    assert_true(tensor_f32(loss)[0] > 1e-3f);
+    test_free(s); test_free(t); test_free(loss);
+}
+
+// ---- determinism -------------------------------------------------------------------------------
+
+// Reductions must not depend on the thread count: 1 and 3 threads give identical bits.
+static void test_reductions_are_identical_for_any_thread_count(void **state) {
+    Ctx ctx = cpu_ctx();
+    Tensor *a = test_tensor(4, 2, 37, 27, 13), *b = test_like(a), *loss = test_scalar(0);
+    Tensor *g = test_tensor(4, 2, 27, 37, 13), *dx = test_like(a), *mean = test_tensor(2, 2, 13);
+    Tensor *dp = test_tensor(3, 37, 27, 13);
+    test_fill(a, 28, -1, 1);
+    test_fill(b, 29, -1, 1);
+    test_fill(g, 30, -1, 1);
+    float first[4] = {0};
+    int keep = omp_get_max_threads();
+    for (int run = 0; run < 2; run++) {
+        omp_set_num_threads(run == 0 ? 1 : 3);
+        memset(dx->data, 0, tensor_bytes(dx));
+        memset(dp->data, 0, tensor_bytes(dp));
+        cpu_mse_fwd(&ctx, a, b, loss);
+        cpu_resize_bilinear_bwd(&ctx, g, dx);
+        cpu_mean_tokens_fwd(&ctx, a, mean);
+        cpu_add_bcast_bwd(&ctx, a, NULL, dp);
+        float got[4] = {tensor_f32(loss)[0], (float)test_dot(dx, dx), (float)test_dot(mean, mean),
+                        (float)test_dot(dp, dp)};
+        if (run == 0) memcpy(first, got, sizeof got);
+        else assert_memory_equal(first, got, sizeof got);
+    }
+    omp_set_num_threads(keep);
+    test_free(a); test_free(b); test_free(loss); test_free(g); test_free(dx); test_free(mean);
+    test_free(dp);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_zero_accumulate_add_scale_match_reference),
+        cmocka_unit_test(test_scale_backward_matches_finite_differences),
+        cmocka_unit_test(test_add_bcast_matches_reference_and_finite_differences),
+        cmocka_unit_test(test_layer_scale_matches_reference_and_finite_differences),
+        cmocka_unit_test(test_concat_prefix_matches_reference_and_finite_differences),
+        cmocka_unit_test(test_slice_tokens_matches_reference_and_finite_differences),
+        cmocka_unit_test(test_mean_tokens_matches_reference_and_finite_differences),
+        cmocka_unit_test(test_resize_forward_matches_pytorch_values_by_hand),
+        cmocka_unit_test(test_resize_matches_reference_and_finite_differences),
+        cmocka_unit_test(test_cross_entropy_matches_reference_and_finite_differences),
+        cmocka_unit_test(test_cross_entropy_one_hot_is_minus_log_softmax_at_label),
+        cmocka_unit_test(test_mse_matches_reference_and_finite_differences),
+        cmocka_unit_test(test_token_kl_matches_reference_and_finite_differences),
+        cmocka_unit_test(test_token_kl_is_zero_for_identical_inputs_and_positive_otherwise),
+        cmocka_unit_test(test_reductions_are_identical_for_any_thread_count),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
