@@ -6,9 +6,6 @@
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
-// cmocka.h defines test_free(ptr) as a macro, which breaks testlib.h's test_free(Tensor *):
-// drop the macro before testlib.h declares the function (reported; testlib.h is shared).
-#undef test_free
 #include "testlib.h"
 #include "../kernels/ops.h"
 
@@ -85,12 +82,12 @@ static Problem *problem_new(int B, int H, int W, int Cc, int shared_w, int one_h
 }
 
 static void problem_free(Problem *p) {
-    test_free(p->xc);
-    test_free(p->gates);
-    test_free(p->merge);
-    test_free(p->yc);
-    test_free(p->hidden);
-    test_free(p->r);
+    test_tensor_free(p->xc);
+    test_tensor_free(p->gates);
+    test_tensor_free(p->merge);
+    test_tensor_free(p->yc);
+    test_tensor_free(p->hidden);
+    test_tensor_free(p->r);
     free(p);
 }
 
@@ -175,7 +172,7 @@ static void test_gspn_forward_matches_naive_reference(void **state) {
                 Tensor *yc2 = test_like(p->yc);
                 cpu_gspn_scan_fwd(&ctx, p->xc, p->gates, p->merge, shared, yc2, NULL);
                 assert_memory_equal(yc2->data, p->yc->data, p->yc->numel * sizeof(float));
-                test_free(yc2);
+                test_tensor_free(yc2);
                 free(yc);
                 free(hid);
                 problem_free(p);
@@ -257,10 +254,10 @@ static void test_gspn_tb_tiny_case_matches_hand_computed_values(void **state) {
             for (int slot = 0; slot < 5; slot++)
                 assert_float_equal(*gate_at(&dp, 0, n / 2, n % 2, d, slot, 0), 0.0f, 0.0f);
     }
-    test_free(dyc);
-    test_free(dxc);
-    test_free(dgates);
-    test_free(dmerge);
+    test_tensor_free(dyc);
+    test_tensor_free(dxc);
+    test_tensor_free(dgates);
+    test_tensor_free(dmerge);
     problem_free(p);
 }
 
@@ -308,9 +305,9 @@ static Grads grads_new(const Problem *p) {
 }
 
 static void grads_free(Grads g) {
-    test_free(g.dxc);
-    test_free(g.dgates);
-    test_free(g.dmerge);
+    test_tensor_free(g.dxc);
+    test_tensor_free(g.dgates);
+    test_tensor_free(g.dmerge);
 }
 
 // Forward (saving hidden unless use_hidden is 0), then backward of sum(yc * r) into g.

@@ -9,9 +9,6 @@
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
-// cmocka.h defines test_free(ptr) as a macro, which breaks testlib.h's test_free(Tensor *):
-// drop the macro before testlib.h declares the function (reported; testlib.h is shared).
-#undef test_free
 #include "testlib.h"
 #include "../kernels/ops.h"
 
@@ -62,7 +59,7 @@ static void assert_doubled(const Tensor *twice, const Tensor *once) {
     Tensor *expect = test_clone(once);
     for (size_t i = 0; i < expect->numel; i++) tensor_f32(expect)[i] *= 2.0f;
     assert_true(test_rel_err(twice->data, expect->data, twice->numel) < ACCUM_TOL);
-    test_free(expect);
+    test_tensor_free(expect);
 }
 
 // ---- elementwise -------------------------------------------------------------------------------
@@ -90,7 +87,7 @@ static void test_zero_accumulate_add_scale_match_reference(void **state) {
     cpu_zero(&ctx, y);
     for (size_t i = 0; i < y->numel; i++) assert_true(tensor_f32(y)[i] == 0.0f);
     free(ref);
-    test_free(a); test_free(b); test_free(y);
+    test_tensor_free(a); test_tensor_free(b); test_tensor_free(y);
 }
 
 typedef struct { Tensor *x, *y, *r; float s; } ScaleCase;
@@ -115,7 +112,7 @@ static void test_scale_backward_matches_finite_differences(void **state) {
     cpu_scale_bwd(&ctx, c.r, c.s, dx);
     assert_doubled(dx, once);
     cpu_scale_bwd(&ctx, c.r, c.s, NULL);   // NULL gradient: skipped
-    test_free(once); test_free(dx); test_free(c.x); test_free(c.y); test_free(c.r);
+    test_tensor_free(once); test_tensor_free(dx); test_tensor_free(c.x); test_tensor_free(c.y); test_tensor_free(c.r);
 }
 
 // x (2,7,6) + pos_embed p (7,6): R = 2 rows of P = 42.
@@ -155,8 +152,8 @@ static void test_add_bcast_matches_reference_and_finite_differences(void **state
     cpu_add_bcast_bwd(&ctx, c.r, dx, NULL);   // dp not needed
     for (size_t i = 0; i < dp->numel; i++)
         assert_float_equal(tensor_f32(dp)[i], 3.0f * tensor_f32(dp1)[i], 1e-5f);
-    test_free(dx); test_free(dp); test_free(dx1); test_free(dp1);
-    test_free(c.x); test_free(c.p); test_free(c.y); test_free(c.r);
+    test_tensor_free(dx); test_tensor_free(dp); test_tensor_free(dx1); test_tensor_free(dp1);
+    test_tensor_free(c.x); test_tensor_free(c.p); test_tensor_free(c.y); test_tensor_free(c.r);
 }
 
 // x (2,7,6) * gamma (6)
@@ -191,8 +188,8 @@ static void test_layer_scale_matches_reference_and_finite_differences(void **sta
     assert_doubled(dx, dx1);
     assert_doubled(dg, dg1);
     cpu_layer_scale_bwd(&ctx, c.r, c.x, c.g, NULL, NULL);
-    test_free(dx); test_free(dg); test_free(dx1); test_free(dg1);
-    test_free(c.x); test_free(c.g); test_free(c.y); test_free(c.r);
+    test_tensor_free(dx); test_tensor_free(dg); test_tensor_free(dx1); test_tensor_free(dg1);
+    test_tensor_free(c.x); test_tensor_free(c.g); test_tensor_free(c.y); test_tensor_free(c.r);
 }
 
 // ---- token layout ------------------------------------------------------------------------------
@@ -238,8 +235,8 @@ static void test_concat_prefix_matches_reference_and_finite_differences(void **s
         assert_float_equal(tensor_f32(dx)[i], 3.0f * tensor_f32(dx1)[i], 1e-5f);
     for (size_t i = 0; i < dp->numel; i++)
         assert_float_equal(tensor_f32(dp)[i], 3.0f * tensor_f32(dp1)[i], 1e-5f);
-    test_free(dp); test_free(dx); test_free(dp1); test_free(dx1);
-    test_free(c.prefix); test_free(c.x); test_free(c.y); test_free(c.r);
+    test_tensor_free(dp); test_tensor_free(dx); test_tensor_free(dp1); test_tensor_free(dx1);
+    test_tensor_free(c.prefix); test_tensor_free(c.x); test_tensor_free(c.y); test_tensor_free(c.r);
 }
 
 // x (2,7,6)[:, 2:5] -> y (2,3,6)
@@ -271,7 +268,7 @@ static void test_slice_tokens_matches_reference_and_finite_differences(void **st
     Tensor *dx1 = test_clone(dx);
     cpu_slice_tokens_bwd(&ctx, c.r, SLICE_START, dx);
     assert_doubled(dx, dx1);
-    test_free(dx); test_free(dx1); test_free(c.x); test_free(c.y); test_free(c.r);
+    test_tensor_free(dx); test_tensor_free(dx1); test_tensor_free(c.x); test_tensor_free(c.y); test_tensor_free(c.r);
 }
 
 // x (2,7,6) -> y (2,6); also a (2,3,5,6) grid, whose 15 tokens are averaged the same way.
@@ -305,14 +302,14 @@ static void check_mean_tokens(Tensor *x, const char *what) {
     Tensor *dx1 = test_clone(dx);
     cpu_mean_tokens_bwd(&ctx, c.r, dx);
     assert_doubled(dx, dx1);
-    test_free(dx); test_free(dx1); test_free(c.y); test_free(c.r);
+    test_tensor_free(dx); test_tensor_free(dx1); test_tensor_free(c.y); test_tensor_free(c.r);
 }
 
 static void test_mean_tokens_matches_reference_and_finite_differences(void **state) {
     Tensor *x = test_tensor(3, 2, 7, 6), *grid = test_tensor(4, 2, 3, 5, 6);
     check_mean_tokens(x, "mean_tokens (B,N,C)");
     check_mean_tokens(grid, "mean_tokens (B,H,W,C)");
-    test_free(x); test_free(grid);
+    test_tensor_free(x); test_tensor_free(grid);
 }
 
 // ---- bilinear resize -------------------------------------------------------------------------
@@ -324,7 +321,7 @@ static void check_resize_by_hand(int H, int W, const float *in, int H2, int W2, 
     memcpy(x->data, in, (size_t)(H * W) * sizeof(float));
     cpu_resize_bilinear_fwd(&ctx, x, y);
     for (int i = 0; i < H2 * W2; i++) assert_float_equal(tensor_f32(y)[i], want[i], HAND_TOL);
-    test_free(x); test_free(y);
+    test_tensor_free(x); test_tensor_free(y);
 }
 
 // Per axis, src = max((dst + 0.5) * in / out - 0.5, 0), i0 = floor(src), i1 = min(i0 + 1, in - 1).
@@ -419,7 +416,7 @@ static void check_resize(int B, int H, int W, int C, int H2, int W2, int gradche
     Tensor *dx1 = test_clone(dx);
     cpu_resize_bilinear_bwd(&ctx, c.r, dx);
     assert_doubled(dx, dx1);
-    test_free(dx); test_free(dx1); test_free(c.x); test_free(c.y); test_free(c.r);
+    test_tensor_free(dx); test_tensor_free(dx1); test_tensor_free(c.x); test_tensor_free(c.y); test_tensor_free(c.r);
 }
 
 static void test_resize_matches_reference_and_finite_differences(void **state) {
@@ -475,8 +472,8 @@ static void test_cross_entropy_matches_reference_and_finite_differences(void **s
     Tensor *dx1 = test_clone(dx);
     cpu_cross_entropy_bwd(&ctx, dloss, c.probs, c.targets, dx);
     assert_doubled(dx, dx1);
-    test_free(dloss); test_free(dx); test_free(dx1);
-    test_free(c.logits); test_free(c.targets); test_free(c.loss); test_free(c.probs);
+    test_tensor_free(dloss); test_tensor_free(dx); test_tensor_free(dx1);
+    test_tensor_free(c.logits); test_tensor_free(c.targets); test_tensor_free(c.loss); test_tensor_free(c.probs);
 }
 
 static void test_cross_entropy_one_hot_is_minus_log_softmax_at_label(void **state) {
@@ -495,7 +492,7 @@ static void test_cross_entropy_one_hot_is_minus_log_softmax_at_label(void **stat
     assert_float_equal(tensor_f32(loss)[0], (float)want, 1e-6f);
     assert_float_equal(tensor_f32(probs)[2], 0.4f, 1e-6f);
     assert_float_equal(tensor_f32(probs)[K], 0.25f, 1e-6f);
-    test_free(x); test_free(t); test_free(loss); test_free(probs);
+    test_tensor_free(x); test_tensor_free(t); test_tensor_free(loss); test_tensor_free(probs);
 }
 
 // MSE over (2,7,6)
@@ -530,8 +527,8 @@ static void test_mse_matches_reference_and_finite_differences(void **state) {
     assert_doubled(da, da1);
     assert_doubled(db, db1);
     cpu_mse_bwd(&ctx, dloss, c.a, c.b, da, NULL);   // the teacher side needs no gradient
-    test_free(dloss); test_free(da); test_free(db); test_free(da1); test_free(db1);
-    test_free(c.a); test_free(c.b); test_free(c.loss);
+    test_tensor_free(dloss); test_tensor_free(da); test_tensor_free(db); test_tensor_free(da1); test_tensor_free(db1);
+    test_tensor_free(c.a); test_tensor_free(c.b); test_tensor_free(c.loss);
 }
 
 // Token KL over s, t (7,6)
@@ -572,8 +569,8 @@ static void test_token_kl_matches_reference_and_finite_differences(void **state)
     assert_doubled(ds, ds1);
     assert_doubled(dt, dt1);
     cpu_token_kl_bwd(&ctx, dloss, c.s, c.t, ds, NULL);
-    test_free(dloss); test_free(ds); test_free(dt); test_free(ds1); test_free(dt1);
-    test_free(c.s); test_free(c.t); test_free(c.loss);
+    test_tensor_free(dloss); test_tensor_free(ds); test_tensor_free(dt); test_tensor_free(ds1); test_tensor_free(dt1);
+    test_tensor_free(c.s); test_tensor_free(c.t); test_tensor_free(c.loss);
 }
 
 static void test_token_kl_is_zero_for_identical_inputs_and_positive_otherwise(void **state) {
@@ -590,7 +587,7 @@ static void test_token_kl_is_zero_for_identical_inputs_and_positive_otherwise(vo
     test_fill(t, 27, -3, 3);
     cpu_token_kl_fwd(&ctx, s, t, loss);
     assert_true(tensor_f32(loss)[0] > 1e-3f);
-    test_free(s); test_free(t); test_free(loss);
+    test_tensor_free(s); test_tensor_free(t); test_tensor_free(loss);
 }
 
 // ---- determinism -------------------------------------------------------------------------------
@@ -620,8 +617,8 @@ static void test_reductions_are_identical_for_any_thread_count(void **state) {
         else assert_memory_equal(first, got, sizeof got);
     }
     omp_set_num_threads(keep);
-    test_free(a); test_free(b); test_free(loss); test_free(g); test_free(dx); test_free(mean);
-    test_free(dp);
+    test_tensor_free(a); test_tensor_free(b); test_tensor_free(loss); test_tensor_free(g); test_tensor_free(dx); test_tensor_free(mean);
+    test_tensor_free(dp);
 }
 
 int main(void) {

@@ -5,9 +5,6 @@
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
-// cmocka.h defines test_free(ptr) as a macro, which breaks testlib.h's test_free(Tensor *):
-// drop the macro before testlib.h declares the function (reported; testlib.h is shared).
-#undef test_free
 #include "testlib.h"
 #include "../kernels/ops.h"
 #include "../nn/schedule.h"
@@ -59,7 +56,7 @@ static void test_sumsq_adds_sum_of_squares(void **state) {
     for (size_t i = 0; i < big->numel; i++) ref += (double)tensor_f32(big)[i] * tensor_f32(big)[i];
     cpu_sumsq(&ctx, big, t);
     assert_true(fabs(tensor_f32(t)[0] - ref) <= SUMSQ_REL_TOL * ref);
-    test_free(x); test_free(s); test_free(big); test_free(t);
+    test_tensor_free(x); test_tensor_free(s); test_tensor_free(big); test_tensor_free(t);
 }
 
 // ---- AdamW ----------------------------------------------------------------------------------
@@ -94,7 +91,7 @@ static void test_adamw_first_step_matches_hand_computed_update(void **state) {
         assert_rel_close(tensor_f32(m)[i], want_m[i], MOMENT_REL_TOL);
         assert_rel_close(tensor_f32(v)[i], want_v[i], MOMENT_REL_TOL);
     }
-    test_free(p); test_free(g); test_free(m); test_free(v);
+    test_tensor_free(p); test_tensor_free(g); test_tensor_free(m); test_tensor_free(v);
 }
 
 static void test_adamw_second_step_applies_bias_correction(void **state) {
@@ -125,7 +122,7 @@ static void test_adamw_second_step_applies_bias_correction(void **state) {
         assert_rel_close(tensor_f32(m)[i], want_m[i], MOMENT_REL_TOL);
         assert_rel_close(tensor_f32(v)[i], want_v[i], MOMENT_REL_TOL);
     }
-    test_free(p); test_free(g); test_free(m); test_free(v);
+    test_tensor_free(p); test_tensor_free(g); test_tensor_free(m); test_tensor_free(v);
 }
 
 // ---- learning-rate schedule ------------------------------------------------------------------

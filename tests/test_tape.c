@@ -1,0 +1,190 @@
+// The tape end to end: encoders composed from the ops (patch embed -> blocks -> head -> CE)
+// gradient-checked against central finite differences for every parameter and the input.
+#include <cmocka.h>
+#include "testlib.h"
+#include "../nn/encoder.h"
+#include "../nn/error.h"
+
+typedef struct Net {
+    Ctx ctx;
+    Arena arena;
+    Tape tape;
+    ParamTable params;
+    Encoder enc;
+    Tensor *img, *targets;   // test-owned CPU tensors
+} Net;
+
+// Weights drawn from U(-0.5, 0.5) instead of the 0.02 init, so every gradient is O(0.1) and
+// finite-difference noise (~1e-5 absolute) stays far below GRAD_TOL.
+static void net_init(Net *n, const EncoderConfig *cfg, int batch) {
+    memset(n, 0, sizeof(*n));
+    n->ctx = ctx_cpu();
+    arena_init(&n->arena, &n->ctx, 1u << 20);
+    tape_init(&n->tape, &n->ctx, &n->arena);
+    params_init_table(&n->params);
+    encoder_register(&n->enc, cfg, &n->params);
+    params_alloc(&n->params, &n->ctx);
+    params_initialize(&n->params, &n->ctx, 7);
+    for (int i = 0; i < n->params.n; i++) {
+        Param *p = n->params.params[i];
+        bool merge = strstr(p->name, "merge") != NULL;
+        test_fill(&p->value, 100 + (uint64_t)i, merge ? 0.1f : -0.5f, 0.5f);
+    }
+    n->img = test_tensor(4, batch, cfg->in_chans, cfg->img_h, cfg->img_w);
+    test_fill(n->img, 11, -1, 1);
+    n->img->requires_grad = true;
+    n->targets = test_tensor(2, batch, cfg->num_classes);
+    float *t = n->targets->data;
+    for (int b = 0; b < batch; b++) t[b * cfg->num_classes + (b * 3) % cfg->num_classes] = 1.0f;
+}
+
+static void net_free(Net *n) {
+    tape_free(&n->tape);
+    arena_free(&n->arena);
+    params_free(&n->params, &n->ctx);
+    test_tensor_free(n->img);
+    test_tensor_free(n->targets);
+}
+
+static Tensor *net_loss(Net *n) {
+    tape_reset(&n->tape);
+    n->img->grad = NULL;
+    Tensor *tokens = encoder_forward(&n->tape, &n->enc, n->img, NULL);
+    return nn_cross_entropy(&n->tape, encoder_head(&n->tape, &n->enc, tokens), n->targets);
+}
+
+static double loss_value(void *user) {
+    Net *n = user;
+    bool old = tape_set_grad_enabled(&n->tape, false);
+    double v = tensor_f32(net_loss(n))[0];
+    tape_set_grad_enabled(&n->tape, old);
+    return v;
+}
+
+// Checks every parameter and the image; returns the worst relative error.
+static double check_all(Net *n) {
+    params_zero_grads(&n->params, &n->ctx);
+    tape_backward(&n->tape, net_loss(n));
+    Tensor *dimg = test_like(n->img);
+    memcpy(dimg->data, n->img->grad->data, tensor_bytes(dimg));
+    double worst = 0;
+    for (int i = 0; i < n->params.n; i++) {
+        Param *p = n->params.params[i];
+        Tensor *g = test_like(&p->grad);
+        memcpy(g->data, p->grad.data, tensor_bytes(g));
+        double err = test_gradcheck(p->name, loss_value, n, &p->value, g);
+        worst = fmax(worst, err);
+        test_tensor_free(g);
+    }
+    worst = fmax(worst, test_gradcheck("image", loss_value, n, n->img, dimg));
+    test_tensor_free(dimg);
+    return worst;
+}
+
+static EncoderConfig tiny(EncoderKind kind) {
+    EncoderConfig c = {.kind = kind, .img_h = 8, .img_w = 12, .in_chans = 2, .patch = 4,
+                       .width = 8, .depth = 2, .heads = 2, .mlp_hidden = 12, .gelu = GELU_ERF,
+                       .ln_eps = 1e-6f, .qkv_bias = 1, .num_classes = 5, .gspn_latent = 3,
+                       .gspn_out_norm = 1, .attn_every = 2};
+    if (kind == ENCODER_VIT) c.class_token = c.pos_embed = 1;
+    else c.avg_pool = 1;
+    return c;
+}
+
+static void test_vit_backward_matches_finite_differences(void **state) {
+    (void)state;
+    Net n;
+    EncoderConfig c = tiny(ENCODER_VIT);
+    c.gelu = GELU_TANH;
+    c.layer_scale_init = 0.5f;
+    net_init(&n, &c, 2);
+    assert_true(check_all(&n) < GRAD_TOL);
+    net_free(&n);
+}
+
+static void test_vit_avg_pool_backward_matches_finite_differences(void **state) {
+    (void)state;
+    Net n;
+    EncoderConfig c = tiny(ENCODER_VIT);
+    c.avg_pool = 1;
+    net_init(&n, &c, 2);
+    assert_true(check_all(&n) < GRAD_TOL);
+    net_free(&n);
+}
+
+static void test_cgspn_backward_matches_finite_differences(void **state) {
+    (void)state;
+    Net n;
+    EncoderConfig c = tiny(ENCODER_CGSPN);
+    net_init(&n, &c, 2);
+    assert_true(check_all(&n) < GRAD_TOL);
+    net_free(&n);
+}
+
+static void test_cgspn_shared_w_without_out_norm_backward_matches_finite_differences(void **state) {
+    (void)state;
+    Net n;
+    EncoderConfig c = tiny(ENCODER_CGSPN);
+    c.gspn_shared_w = 1;
+    c.gspn_out_norm = 0;
+    net_init(&n, &c, 2);
+    assert_true(check_all(&n) < GRAD_TOL);
+    net_free(&n);
+}
+
+static void test_hybrid_backward_matches_finite_differences(void **state) {
+    (void)state;
+    Net n;
+    EncoderConfig c = tiny(ENCODER_HYBRID);
+    net_init(&n, &c, 2);
+    assert_true(n.enc.blocks[1].is_attention && !n.enc.blocks[0].is_attention);
+    assert_true(check_all(&n) < GRAD_TOL);
+    net_free(&n);
+}
+
+// No-grad mode records nothing and gives the same loss.
+static void test_no_grad_records_nothing(void **state) {
+    (void)state;
+    Net n;
+    EncoderConfig c = tiny(ENCODER_VIT);
+    net_init(&n, &c, 2);
+    float with = tensor_f32(net_loss(&n))[0];
+    assert_true(n.tape.n > 0);
+    tape_set_grad_enabled(&n.tape, false);
+    float without = tensor_f32(net_loss(&n))[0];
+    assert_int_equal(n.tape.n, 0);
+    assert_true(with == without);
+    net_free(&n);
+}
+
+// Frozen parameters get no gradient; the others still do.
+static void test_frozen_parameters_get_no_gradient(void **state) {
+    (void)state;
+    Net n;
+    EncoderConfig c = tiny(ENCODER_CGSPN);
+    net_init(&n, &c, 2);
+    params_set_trainable(&n.params, NULL, false);
+    params_set_trainable(&n.params, "blocks.0.gspn", true);
+    params_zero_grads(&n.params, &n.ctx);
+    tape_backward(&n.tape, net_loss(&n));
+    for (int i = 0; i < n.params.n; i++) {
+        Param *p = n.params.params[i];
+        double s = test_dot(&p->grad, &p->grad);
+        if (p->trainable) assert_true(s > 0);
+        else assert_true(s == 0);
+    }
+    net_free(&n);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_vit_backward_matches_finite_differences),
+        cmocka_unit_test(test_vit_avg_pool_backward_matches_finite_differences),
+        cmocka_unit_test(test_cgspn_backward_matches_finite_differences),
+        cmocka_unit_test(test_cgspn_shared_w_without_out_norm_backward_matches_finite_differences),
+        cmocka_unit_test(test_hybrid_backward_matches_finite_differences),
+        cmocka_unit_test(test_no_grad_records_nothing),
+        cmocka_unit_test(test_frozen_parameters_get_no_gradient),
+    };
+    return cmocka_run_group_tests_name("tape", tests, NULL, NULL);
+}
