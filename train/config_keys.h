@@ -1,0 +1,51 @@
+// Every config key, once: X(type, name, default, "help").
+// type is int, float (C float), string (char[CONFIG_STR_MAX]) or bool (0, 1, true, false).
+// Lists (tap indices, curriculum resolutions) are string keys, parsed where they are used
+// (config_parse_int_list). Keys whose value is one of a few words also get a line in
+// kChoices (train/config.c), which validates them and lists the words in --help.
+// Adding a key is one line here; the Config field, parsing, printing and help follow.
+// No include guard: this file is included once per expansion of X.
+
+// model
+X(string, model,            "vit",     "encoder architecture")
+X(int,    img_size,         28,        "input image side in pixels (square images)")
+X(int,    in_chans,         1,         "input channels: 1 for Fashion-MNIST, 3 for RGB")
+X(int,    patch,            4,         "patch side in pixels; the token grid is img_size/patch")
+X(int,    width,            64,        "embedding width C of every block")
+X(int,    depth,            4,         "number of blocks")
+X(int,    heads,            4,         "attention heads; must divide width")
+X(int,    mlp_hidden,       128,       "hidden width of each block's MLP")
+X(string, gelu,             "erf",     "GELU in the MLP, exact or the tanh approximation")
+X(float,  ln_eps,           1e-6f,     "LayerNorm epsilon (timm ViT uses 1e-6)")
+X(bool,   class_token,      1,         "prepend a learned class token (ViT)")
+X(string, global_pool,      "token",   "head input, the class token or the mean of patch tokens")
+X(float,  layer_scale_init, 0.0f,      "initial LayerScale gamma; 0 = no LayerScale")
+X(int,    num_classes,      10,        "classifier outputs")
+
+// data
+X(string, dataset,          "fashion-mnist",                     "dataset name")
+X(string, data_dir,         "/usr/share/datasets/fashion-mnist", "folder holding the dataset files")
+X(int,    batch_size,       128,       "images per optimizer step (global, all ranks)")
+
+// schedule and optimizer (AdamW, warmup + cosine)
+X(int,    epochs,           3,         "passes over the training set (used when max_steps = 0)")
+X(int,    max_steps,        0,         "optimizer steps to run; 0 = from epochs")
+X(float,  lr,               1e-3f,     "peak learning rate, reached after warmup")
+X(float,  min_lr,           1e-5f,     "learning rate at the end of the cosine decay")
+X(int,    warmup_steps,     100,       "linear warmup steps from 0 to lr")
+X(float,  weight_decay,     0.05f,     "AdamW decoupled weight decay (not on biases, norms, 1-D params)")
+X(float,  beta1,            0.9f,      "AdamW first-moment decay")
+X(float,  beta2,            0.999f,    "AdamW second-moment decay")
+X(float,  adam_eps,         1e-8f,     "AdamW epsilon")
+X(float,  grad_clip,        1.0f,      "clip the global gradient norm to this; 0 = no clipping")
+X(float,  label_smoothing,  0.0f,      "cross-entropy label smoothing")
+X(int,    seed,             1,         "seed for initialization, data order and augmentation")
+
+// run
+X(int,    eval_every,       0,         "evaluate every N steps; 0 = at the end of each epoch")
+X(int,    log_every,        50,        "print a log line every N steps")
+X(int,    threads,          0,         "CPU threads (OpenMP); 0 = all cores")
+X(string, run_name,         "",        "run folder name under out_dir; empty = generated from time")
+X(string, out_dir,          "checkpoints", "folder for run folders (checkpoints, logs)")
+X(string, precision,        "fp32",    "activation precision")
+X(string, device,           "auto",    "where to run; auto picks cuda when a GPU is present")
