@@ -1,6 +1,5 @@
 // The tape end to end: encoders composed from the ops (patch embed -> blocks -> head -> CE)
 // gradient-checked against central finite differences for every parameter and the input.
-#include <cmocka.h>
 #include "testlib.h"
 #include "../nn/encoder.h"
 #include "../nn/error.h"

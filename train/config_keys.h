@@ -21,6 +21,12 @@ X(bool,   class_token,      1,         "prepend a learned class token (ViT)")
 X(string, global_pool,      "token",   "head input, the class token or the mean of patch tokens")
 X(float,  layer_scale_init, 0.0f,      "initial LayerScale gamma; 0 = no LayerScale")
 X(int,    num_classes,      10,        "classifier outputs")
+X(bool,   pos_embed,        1,         "learned absolute position embedding (ViT)")
+X(bool,   qkv_bias,         1,         "bias in the attention qkv projection")
+X(int,    gspn_latent,      16,        "C-GSPN latent channels Cc (width / compression)")
+X(bool,   gspn_shared_w,    0,         "C-GSPN: 3 propagation weights per position shared by all Cc channels")
+X(bool,   gspn_out_norm,    1,         "C-GSPN: LayerNorm over Cc after the 4-way merge")
+X(int,    attn_every,       0,         "hybrid: every k-th block (1-based) is an attention block")
 
 // data
 X(string, dataset,          "fashion-mnist",                     "dataset name")

@@ -24,7 +24,7 @@ static void mkdir_p(const char *path) {
 
 void runlog_open(RunLog *r, const Config *c, const char *command) {
     memset(r, 0, sizeof(*r));
-    char name[256];
+    char name[CONFIG_STR_MAX + 64];
     if (c->run_name[0]) {
         snprintf(name, sizeof(name), "%s", c->run_name);
     } else {
@@ -37,7 +37,7 @@ void runlog_open(RunLog *r, const Config *c, const char *command) {
     int len = snprintf(r->dir, sizeof(r->dir), "%s/%s", c->out_dir, name);
     CG_CHECK(len > 0 && (size_t)len < sizeof(r->dir), "use a shorter out_dir", "run path too long");
     mkdir_p(r->dir);
-    char path[1100];
+    char path[sizeof(r->dir) + 32];
     snprintf(path, sizeof(path), "%s/config.cfg", r->dir);
     CG_CHECK_ERRNO(config_save(c, path) == 0, path);
     snprintf(path, sizeof(path), "%s/metrics.jsonl", r->dir);
