@@ -1,0 +1,69 @@
+// CPU reference: linear layer y = x w^T + b (kernels/ops.h), on cpu_sgemm.
+// x (N,K) is any tensor with last dim K (rows N = numel / K); w (M,K) is PyTorch's (out, in).
+#include "../ops.h"
+#include "cpu_check.h"
+#include "gemm.h"
+
+// Columns per bias-gradient chunk (one cache line of a row): each chunk is one thread's and
+// sums its rows in order, so db does not depend on the thread count.
+enum { LINEAR_DB_CHUNK = 16 };
+
+// x (N,K), w (M,K), b (M) or NULL -> y (N,M) = x w^T + b
+void cpu_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y) {
+    cpu_check_f32("linear_fwd", "w", w);
+    CG_CHECK(w->ndim == 2, "", "op linear_fwd: w must be (out, in), got rank %d", w->ndim);
+    int M = w->shape[0], K = w->shape[1];
+    cpu_check_f32("linear_fwd", "x", x);
+    char xs[64], ws[64];
+    CG_CHECK(tensor_last(x) == K, "", "op linear_fwd: x %s has last dim %d, w %s takes %d inputs",
+             tensor_shape_str(x, xs, sizeof xs), tensor_last(x), tensor_shape_str(w, ws, sizeof ws), K);
+    size_t N = tensor_rows(x);
+    cpu_check_matrix("linear_fwd", "y", y, N, M);
+    if (b) cpu_check_numel("linear_fwd", "b", b, (size_t)M);
+
+    const float *px = tensor_f32(x), *pw = tensor_f32(w);
+    float *py = tensor_f32(y);
+    if (b) {   // y = b in every row, then y += x w^T
+        const float *pb = tensor_f32(b);
+        #pragma omp parallel for schedule(static)
+        for (size_t n = 0; n < N; n++) memcpy(py + n * M, pb, (size_t)M * sizeof(float));
+    }
+    cpu_sgemm(0, 1, (int)N, M, K, 1.0f, px, K, pw, K, b ? 1.0f : 0.0f, py, M);
+}
+
+// dx (N,K) += dy w; dw (M,K) += dy^T x; db (M) += sum_n dy
+void cpu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+                    Tensor *dx, Tensor *dw, Tensor *db) {
+    cpu_check_f32("linear_bwd", "w", w);
+    CG_CHECK(w->ndim == 2, "", "op linear_bwd: w must be (out, in), got rank %d", w->ndim);
+    int M = w->shape[0], K = w->shape[1];
+    cpu_check_f32("linear_bwd", "x", x);
+    CG_CHECK(tensor_last(x) == K, "", "op linear_bwd: x has last dim %d, w takes %d inputs",
+             tensor_last(x), K);
+    size_t N = tensor_rows(x);
+    cpu_check_matrix("linear_bwd", "dy", dy, N, M);
+    const float *pdy = tensor_f32(dy), *px = tensor_f32(x), *pw = tensor_f32(w);
+
+    if (dx) {   // (N,M) . (M,K)
+        cpu_check_same("linear_bwd", "dx", dx, "x", x);
+        cpu_sgemm(0, 0, (int)N, K, M, 1.0f, pdy, M, pw, K, 1.0f, tensor_f32(dx), K);
+    }
+    if (dw) {   // (M,N) . (N,K), dy read transposed
+        cpu_check_same("linear_bwd", "dw", dw, "w", w);
+        cpu_sgemm(1, 0, M, K, (int)N, 1.0f, pdy, M, px, K, 1.0f, tensor_f32(dw), K);
+    }
+    if (db) {   // column sums of dy, each over rows 0..N-1 in order, in double
+        cpu_check_numel("linear_bwd", "db", db, (size_t)M);
+        float *pdb = tensor_f32(db);
+        int chunks = (M + LINEAR_DB_CHUNK - 1) / LINEAR_DB_CHUNK;
+        #pragma omp parallel for schedule(static)
+        for (int ch = 0; ch < chunks; ch++) {
+            int m0 = ch * LINEAR_DB_CHUNK;
+            int m1 = m0 + LINEAR_DB_CHUNK < M ? m0 + LINEAR_DB_CHUNK : M;
+            double sum[LINEAR_DB_CHUNK] = {0};
+            for (size_t n = 0; n < N; n++)
+                for (int m = m0; m < m1; m++) sum[m - m0] += pdy[n * M + m];
+            for (int m = m0; m < m1; m++) pdb[m] += (float)sum[m - m0];
+        }
+    }
+}
