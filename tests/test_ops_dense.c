@@ -6,10 +6,6 @@
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
-#include <cmocka.h>
-// cmocka.h defines test_free as a macro (its leak-checking free), which breaks testlib.h's
-// test_free function; drop the macro before testlib.h declares it.
-#undef test_free
 #include "testlib.h"
 #include <omp.h>
 #include <sys/wait.h>
@@ -96,9 +92,9 @@ static void check_sgemm(int ta, int tb, int M, int N, int K, float alpha, float 
     assert_true(pad_ok);
     free(got);
     free(ref);
-    test_free(A);
-    test_free(B);
-    test_free(C);
+    test_tensor_free(A);
+    test_tensor_free(B);
+    test_tensor_free(C);
 }
 
 // Both micro-kernels: the one this CPU picks (AVX2 + FMA where present) and the baseline.
@@ -130,10 +126,10 @@ static void test_sgemm_is_deterministic_across_thread_counts(void **state) {
     cpu_sgemm(1, 0, M, N, K, 1.0f, f(A), M, f(B), N, 0.0f, f(C3), N);
     omp_set_num_threads(saved);
     assert_memory_equal(C1->data, C3->data, sizeof(float) * M * N);
-    test_free(A);
-    test_free(B);
-    test_free(C1);
-    test_free(C3);
+    test_tensor_free(A);
+    test_tensor_free(B);
+    test_tensor_free(C1);
+    test_tensor_free(C3);
 }
 
 // ---- linear -----------------------------------------------------------------------------------
@@ -154,11 +150,11 @@ static LinearCase linear_case(int rows, int K, int M, int with_bias, uint64_t se
 }
 
 static void linear_case_free(LinearCase *c) {
-    test_free(c->x);
-    test_free(c->w);
-    test_free(c->b);
-    test_free(c->y);
-    test_free(c->r);
+    test_tensor_free(c->x);
+    test_tensor_free(c->w);
+    test_tensor_free(c->b);
+    test_tensor_free(c->y);
+    test_tensor_free(c->r);
 }
 
 static double linear_loss(void *user) {
@@ -194,9 +190,9 @@ static void test_linear_backward_matches_finite_differences(void **state) {
     assert_true(test_gradcheck("linear dx", linear_loss, &c, c.x, dx) < GRAD_TOL);
     assert_true(test_gradcheck("linear dw", linear_loss, &c, c.w, dw) < GRAD_TOL);
     assert_true(test_gradcheck("linear db", linear_loss, &c, c.b, db) < GRAD_TOL);
-    test_free(dx);
-    test_free(dw);
-    test_free(db);
+    test_tensor_free(dx);
+    test_tensor_free(dw);
+    test_tensor_free(db);
     linear_case_free(&c);
 }
 
@@ -218,7 +214,7 @@ static void test_linear_backward_accumulates_and_skips_null_gradients(void **sta
     cpu_linear_bwd(&ctx, c.r, c.x, c.w, dx3, NULL, NULL);
     assert_memory_equal(dx3->data, dx1->data, sizeof(float) * dx1->numel);
     Tensor *t[] = {dx1, dw1, db1, dx2, dw2, db2, dw3, dx3};
-    for (size_t i = 0; i < sizeof t / sizeof *t; i++) test_free(t[i]);
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) test_tensor_free(t[i]);
     linear_case_free(&c);
 }
 
@@ -234,10 +230,10 @@ static void test_linear_backward_is_deterministic_across_thread_counts(void **st
     omp_set_num_threads(saved);
     assert_memory_equal(dw1->data, dw3->data, sizeof(float) * dw1->numel);
     assert_memory_equal(db1->data, db3->data, sizeof(float) * db1->numel);
-    test_free(dw1);
-    test_free(db1);
-    test_free(dw3);
-    test_free(db3);
+    test_tensor_free(dw1);
+    test_tensor_free(db1);
+    test_tensor_free(dw3);
+    test_tensor_free(db3);
     linear_case_free(&c);
 }
 
@@ -291,7 +287,7 @@ static LnCase ln_case(int N, int C, uint64_t seed) {
 
 static void ln_case_free(LnCase *c) {
     Tensor *t[] = {c->x, c->w, c->b, c->y, c->mean, c->rstd, c->r};
-    for (size_t i = 0; i < sizeof t / sizeof *t; i++) test_free(t[i]);
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) test_tensor_free(t[i]);
 }
 
 static double ln_loss(void *user) {
@@ -338,7 +334,7 @@ static void test_layernorm_backward_matches_finite_differences(void **state) {
     assert_doubled("layernorm dw", dw, dw2);
     assert_doubled("layernorm db", db, db2);
     Tensor *t[] = {dx, dw, db, dx2, dw2, db2};
-    for (size_t i = 0; i < sizeof t / sizeof *t; i++) test_free(t[i]);
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) test_tensor_free(t[i]);
     ln_case_free(&c);
 }
 
@@ -372,9 +368,9 @@ static void test_gelu_erf_and_tanh_match_known_values(void **state) {
         assert_float_equal(f(yt)[i], tanh_ref[i], 2e-7);
     }
     assert_true(fabs(f(ye)[0] - f(yt)[0]) > 1e-4);   // the kinds are really different
-    test_free(x);
-    test_free(ye);
-    test_free(yt);
+    test_tensor_free(x);
+    test_tensor_free(ye);
+    test_tensor_free(yt);
 }
 
 static void test_gelu_backward_matches_finite_differences(void **state) {
@@ -392,7 +388,7 @@ static void test_gelu_backward_matches_finite_differences(void **state) {
         assert_doubled(names[kind], dx, dx2);
         cpu_gelu_bwd(&ctx, c.r, c.x, c.kind, NULL);   // NULL gradient: nothing to do
         Tensor *t[] = {c.x, c.y, c.r, dx, dx2};
-        for (size_t i = 0; i < sizeof t / sizeof *t; i++) test_free(t[i]);
+        for (size_t i = 0; i < sizeof t / sizeof *t; i++) test_tensor_free(t[i]);
     }
 }
 
@@ -429,10 +425,10 @@ static void test_softmax_forward_matches_naive_and_is_stable(void **state) {
     for (size_t i = 0; i < ys->numel; i++) assert_true(isfinite(f(ys)[i]));
     // 1000 + x keeps ~5e-5 absolute precision of x in fp32, so compare at that level.
     assert_true(rel_err_d(f(ys), ref, (size_t)N * C) < 1e-3);
-    test_free(x);
-    test_free(y);
-    test_free(xs);
-    test_free(ys);
+    test_tensor_free(x);
+    test_tensor_free(y);
+    test_tensor_free(xs);
+    test_tensor_free(ys);
 }
 
 static void test_softmax_backward_matches_finite_differences(void **state) {
@@ -448,7 +444,7 @@ static void test_softmax_backward_matches_finite_differences(void **state) {
     for (int rep = 0; rep < 2; rep++) cpu_softmax_bwd(&ctx, c.r, c.y, dx2);
     assert_doubled("softmax dx", dx, dx2);
     Tensor *t[] = {c.x, c.y, c.r, dx, dx2};
-    for (size_t i = 0; i < sizeof t / sizeof *t; i++) test_free(t[i]);
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) test_tensor_free(t[i]);
 }
 
 // ---- attention --------------------------------------------------------------------------------
@@ -468,10 +464,10 @@ static AttnCase attn_case(int B, int N, int C, int heads, uint64_t seed) {
 }
 
 static void attn_case_free(AttnCase *c) {
-    test_free(c->qkv);
-    test_free(c->out);
-    test_free(c->lse);
-    test_free(c->r);
+    test_tensor_free(c->qkv);
+    test_tensor_free(c->out);
+    test_tensor_free(c->lse);
+    test_tensor_free(c->r);
 }
 
 static double attn_loss(void *user) {
@@ -544,8 +540,8 @@ static void check_attention_backward(int B, int N, int C, int heads, uint64_t se
     for (int rep = 0; rep < 2; rep++)
         cpu_attention_bwd(&ctx, c.r, c.qkv, c.out, c.lse, c.heads, dqkv2);
     assert_doubled(name, dqkv, dqkv2);
-    test_free(dqkv);
-    test_free(dqkv2);
+    test_tensor_free(dqkv);
+    test_tensor_free(dqkv2);
     attn_case_free(&c);
 }
 
@@ -575,7 +571,7 @@ static PatchCase patch_case(int B, int Cin, int Hi, int Wi, int p, int D, uint64
 
 static void patch_case_free(PatchCase *c) {
     Tensor *t[] = {c->img, c->w, c->b, c->cols, c->y, c->r};
-    for (size_t i = 0; i < sizeof t / sizeof *t; i++) test_free(t[i]);
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) test_tensor_free(t[i]);
 }
 
 static double patch_loss(void *user) {
@@ -633,7 +629,7 @@ static void test_patch_embed_backward_matches_finite_differences(void **state) {
     assert_memory_equal(dw3->data, dw->data, sizeof(float) * dw->numel);
     assert_memory_equal(db3->data, db->data, sizeof(float) * db->numel);
     Tensor *t[] = {dimg, dw, db, dimg2, dw2, db2, dw3, db3};
-    for (size_t i = 0; i < sizeof t / sizeof *t; i++) test_free(t[i]);
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) test_tensor_free(t[i]);
     patch_case_free(&c);
 }
 
