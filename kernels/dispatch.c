@@ -64,8 +64,6 @@ OP_WEAK(gspn_scan_bwd)
     } while (0)
 #endif
 
-Ctx ctx_cpu(void) { return (Ctx){.device = DEVICE_CPU, .act_dtype = DTYPE_F32, .deterministic = 1}; }
-
 void op_zero(Ctx *ctx, Tensor *y) { ROUTE(zero, ctx, y); }
 void op_accumulate(Ctx *ctx, const Tensor *src, Tensor *dst) { ROUTE(accumulate, ctx, src, dst); }
 void op_add_fwd(Ctx *ctx, const Tensor *a, const Tensor *b, Tensor *y) { ROUTE(add_fwd, ctx, a, b, y); }

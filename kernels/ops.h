@@ -52,6 +52,7 @@ OP_DECL(linear_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w
 
 // ---- normalization and activations ------------------------------------------------------------
 // LayerNorm over the last dim. x (N,C), w, b (C) -> y (N,C); saves mean, rstd (N) fp32.
+// w, b may be NULL (1 and 0); mean, rstd may be NULL in forward when no backward follows.
 OP_DECL(layernorm_fwd, Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
         Tensor *y, Tensor *mean, Tensor *rstd)
 OP_DECL(layernorm_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
@@ -65,7 +66,8 @@ OP_DECL(softmax_bwd, Ctx *ctx, const Tensor *dy, const Tensor *y, Tensor *dx)
 
 // ---- attention ----------------------------------------------------------------------------
 // Multi-head scaled dot-product attention, no mask, scale head_dim^-0.5.
-// qkv (B,N,3C): the last dim is timm's (3, heads, head_dim) = q | k | v.
+// qkv (B,N,3C): the last dim is timm's (3, heads, head_dim) = q | k | v (N = numel/(B*3C),
+// so a (B,H,W,3C) grid works too).
 // out (B,N,C) with heads concatenated (head h at channels h*head_dim..).
 // lse (B,heads,N) fp32: log-sum-exp of each score row, saved for backward (which recomputes
 // the probabilities from q, k and lse, as flash attention does).
@@ -75,7 +77,8 @@ OP_DECL(attention_bwd, Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Te
 
 // ---- patch embedding and token layout --------------------------------------------------------
 // Conv p x p stride p with bias, via im2col: img (B,Cin,Hi,Wi) NCHW -> cols (B*H*W, Cin*p*p)
-// -> y (B,H,W,D), H = Hi/p, W = Wi/p. w (D, Cin*p*p) is PyTorch's (D,Cin,p,p) flattened.
+// -> y (B,H,W,D), H = Hi/p, W = Wi/p. w (D, Cin*p*p) is PyTorch's (D,Cin,p,p) flattened
+// (a 4-D (D,Cin,p,p) tensor is accepted too).
 OP_DECL(patch_embed_fwd, Ctx *ctx, const Tensor *img, const Tensor *w, const Tensor *b,
         int patch, Tensor *cols, Tensor *y)
 OP_DECL(patch_embed_bwd, Ctx *ctx, const Tensor *dy, const Tensor *cols, const Tensor *w,
@@ -114,7 +117,7 @@ OP_DECL(token_kl_bwd, Ctx *ctx, const Tensor *dloss, const Tensor *s, const Tens
         Tensor *ds, Tensor *dt)
 
 // ---- optimizer ------------------------------------------------------------------------------
-// sumsq (1) += sum of x^2 (fp32 accumulation; used for the global gradient norm)
+// sumsq (1) += sum of x^2 (double accumulation on the CPU; used for the global gradient norm)
 OP_DECL(sumsq, Ctx *ctx, const Tensor *x, Tensor *sumsq)
 // AdamW on one parameter (PyTorch semantics, decoupled decay):
 //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2

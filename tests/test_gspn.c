@@ -26,9 +26,6 @@ enum { SLOT_LAM = 0, SLOT_U = 1, SLOT_WT = 2 };
 // to fp32 rounding (the kernel adds each gradient once; this only guards the comparison).
 #define ACC_TOL 1e-6
 
-static Ctx cpu_ctx(void) {
-    return (Ctx){.device = DEVICE_CPU, .act_dtype = DTYPE_F32, .deterministic = 1};
-}
 
 // One propagation problem: inputs, the output, and r, the weights of the test loss sum(yc * r).
 typedef struct Problem {
@@ -150,7 +147,7 @@ static double max_err(const float *got, const double *want, size_t n) {
 static const int SHAPES_FWD[][4] = {{2, 3, 5, 3}, {2, 4, 1, 2}, {2, 1, 6, 3}};
 
 static void test_gspn_forward_matches_naive_reference(void **state) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     for (size_t s = 0; s < sizeof SHAPES_FWD / sizeof SHAPES_FWD[0]; s++)
         for (int shared = 0; shared <= 1; shared++)
             for (int one_hot = -1; one_hot < DIRS; one_hot++) {
@@ -203,7 +200,7 @@ static void test_gspn_forward_matches_naive_reference(void **state) {
 //          dwt_0 = 0.75 * 0.25 * (1 - 0.8) / 1.25 = 0.03, dwt_{+1} = 0 (missing)
 //   row 0 weights multiply h[-1] = 0: dwt = 0.
 static void test_gspn_tb_tiny_case_matches_hand_computed_values(void **state) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     Problem *p = problem_new(1, 2, 2, 1, 0, TB, 7);
     const float xc[4] = {1, 2, 3, 4};
     memcpy(p->xc->data, xc, sizeof xc);
@@ -264,7 +261,7 @@ static void test_gspn_tb_tiny_case_matches_hand_computed_values(void **state) {
 // Rows of w sum to 1, so with xc = lam = u = 1 every scan counts the steps taken so far:
 // h_TB[i,j] = i+1, h_BT = H-i, h_LR = j+1, h_RL = W-j, whatever the raw weights are.
 static void test_gspn_constant_input_hidden_counts_scan_steps(void **state) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     for (int shared = 0; shared <= 1; shared++) {
         Problem *p = problem_new(2, 5, 4, 3, shared, -1, 31 + shared);
         for (size_t n = 0; n < p->xc->numel; n++) tensor_f32(p->xc)[n] = 1.0f;
@@ -293,7 +290,7 @@ static void test_gspn_constant_input_hidden_counts_scan_steps(void **state) {
 
 static double problem_loss(void *user) {
     Problem *p = user;
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     cpu_gspn_scan_fwd(&ctx, p->xc, p->gates, p->merge, p->shared_w, p->yc, NULL);
     return test_dot(p->yc, p->r);
 }
@@ -312,7 +309,7 @@ static void grads_free(Grads g) {
 
 // Forward (saving hidden unless use_hidden is 0), then backward of sum(yc * r) into g.
 static void problem_backward(Problem *p, int use_hidden, Grads g) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     Tensor *hidden = use_hidden ? p->hidden : NULL;
     cpu_gspn_scan_fwd(&ctx, p->xc, p->gates, p->merge, p->shared_w, p->yc, hidden);
     cpu_gspn_scan_bwd(&ctx, p->r, p->xc, p->gates, p->merge, p->shared_w, hidden,
@@ -360,7 +357,7 @@ static void test_gspn_backward_recompute_equals_saved_hidden(void **state) {
         assert_memory_equal(saved.dmerge->data, recomputed.dmerge->data, tensor_bytes(saved.dmerge));
 
         // A NULL gradient is skipped and leaves the others as they are.
-        Ctx ctx = cpu_ctx();
+        Ctx ctx = ctx_cpu();
         Grads one = grads_new(p);
         cpu_gspn_scan_bwd(&ctx, p->r, p->xc, p->gates, p->merge, shared, NULL, one.dxc, NULL, NULL);
         cpu_gspn_scan_bwd(&ctx, p->r, p->xc, p->gates, p->merge, shared, NULL, NULL, one.dgates, NULL);

@@ -20,9 +20,6 @@
 // values again, so only rounding of the sum (~1e-7 relative) may differ.
 #define ACCUM_TOL 1e-6
 
-static Ctx test_ctx(void) {   // ctx_cpu() lives in dispatch.c, which the tests do not link
-    return (Ctx){.device = DEVICE_CPU, .act_dtype = DTYPE_F32, .deterministic = 1};
-}
 
 static float *f(const Tensor *t) { return (float *)t->data; }
 
@@ -159,7 +156,7 @@ static void linear_case_free(LinearCase *c) {
 
 static double linear_loss(void *user) {
     LinearCase *c = user;
-    Ctx ctx = test_ctx();
+    Ctx ctx = ctx_cpu();
     cpu_linear_fwd(&ctx, c->x, c->w, c->b, c->y);
     return test_dot(c->y, c->r);
 }
@@ -184,7 +181,7 @@ static void test_linear_forward_matches_naive_matmul(void **state) {
 
 static void test_linear_backward_matches_finite_differences(void **state) {
     LinearCase c = linear_case(5, 7, 3, 1, 110);
-    Ctx ctx = test_ctx();
+    Ctx ctx = ctx_cpu();
     Tensor *dx = test_like(c.x), *dw = test_like(c.w), *db = test_like(c.b);
     cpu_linear_bwd(&ctx, c.r, c.x, c.w, dx, dw, db);
     assert_true(test_gradcheck("linear dx", linear_loss, &c, c.x, dx) < GRAD_TOL);
@@ -198,7 +195,7 @@ static void test_linear_backward_matches_finite_differences(void **state) {
 
 static void test_linear_backward_accumulates_and_skips_null_gradients(void **state) {
     LinearCase c = linear_case(5, 7, 3, 1, 120);
-    Ctx ctx = test_ctx();
+    Ctx ctx = ctx_cpu();
     Tensor *dx1 = test_like(c.x), *dw1 = test_like(c.w), *db1 = test_like(c.b);
     Tensor *dx2 = test_like(c.x), *dw2 = test_like(c.w), *db2 = test_like(c.b);
     cpu_linear_bwd(&ctx, c.r, c.x, c.w, dx1, dw1, db1);
@@ -220,7 +217,7 @@ static void test_linear_backward_accumulates_and_skips_null_gradients(void **sta
 
 static void test_linear_backward_is_deterministic_across_thread_counts(void **state) {
     LinearCase c = linear_case(777, 40, 37, 1, 130);
-    Ctx ctx = test_ctx();
+    Ctx ctx = ctx_cpu();
     Tensor *dw1 = test_like(c.w), *db1 = test_like(c.b), *dw3 = test_like(c.w), *db3 = test_like(c.b);
     int saved = omp_get_max_threads();
     omp_set_num_threads(1);
@@ -246,7 +243,7 @@ static void test_linear_rejects_mismatched_shapes_with_a_message(void **state) {
     assert_true(pid >= 0);
     if (pid == 0) {
         dup2(fds[1], 2);
-        Ctx ctx = test_ctx();
+        Ctx ctx = ctx_cpu();
         Tensor *x = test_tensor(2, 5, 7), *w = test_tensor(2, 3, 6), *y = test_tensor(2, 5, 3);
         cpu_linear_fwd(&ctx, x, w, NULL, y);   // 7 inputs against a weight taking 6
         _exit(0);
@@ -292,7 +289,7 @@ static void ln_case_free(LnCase *c) {
 
 static double ln_loss(void *user) {
     LnCase *c = user;
-    Ctx ctx = test_ctx();
+    Ctx ctx = ctx_cpu();
     cpu_layernorm_fwd(&ctx, c->x, c->w, c->b, LN_EPS, c->y, c->mean, c->rstd);
     return test_dot(c->y, c->r);
 }
@@ -319,7 +316,7 @@ static void test_layernorm_forward_matches_naive(void **state) {
 
 static void test_layernorm_backward_matches_finite_differences(void **state) {
     LnCase c = ln_case(5, 7, 210);
-    Ctx ctx = test_ctx();
+    Ctx ctx = ctx_cpu();
     ln_loss(&c);
     Tensor *dx = test_like(c.x), *dw = test_like(c.w), *db = test_like(c.b);
     cpu_layernorm_bwd(&ctx, c.r, c.x, c.w, c.mean, c.rstd, dx, dw, db);
@@ -347,7 +344,7 @@ typedef struct GeluCase {
 
 static double gelu_loss(void *user) {
     GeluCase *c = user;
-    Ctx ctx = test_ctx();
+    Ctx ctx = ctx_cpu();
     cpu_gelu_fwd(&ctx, c->x, c->kind, c->y);
     return test_dot(c->y, c->r);
 }
@@ -360,7 +357,7 @@ static void test_gelu_erf_and_tanh_match_known_values(void **state) {
     const double tanh_ref[] = {0.841191991, -0.158808009, -0.003637392, 1.954597694, 0.345714010};
     Tensor *x = test_tensor(1, 5), *ye = test_tensor(1, 5), *yt = test_tensor(1, 5);
     memcpy(x->data, xs, sizeof xs);
-    Ctx ctx = test_ctx();
+    Ctx ctx = ctx_cpu();
     cpu_gelu_fwd(&ctx, x, GELU_ERF, ye);
     cpu_gelu_fwd(&ctx, x, GELU_TANH, yt);
     for (int i = 0; i < 5; i++) {
@@ -380,7 +377,7 @@ static void test_gelu_backward_matches_finite_differences(void **state) {
                       .r = test_tensor(2, 3, 5), .kind = (GeluKind)kind};
         test_fill(c.x, 300 + kind, -3, 3);
         test_fill(c.r, 310 + kind, -1, 1);
-        Ctx ctx = test_ctx();
+        Ctx ctx = ctx_cpu();
         Tensor *dx = test_like(c.x), *dx2 = test_like(c.x);
         cpu_gelu_bwd(&ctx, c.r, c.x, c.kind, dx);
         assert_true(test_gradcheck(names[kind], gelu_loss, &c, c.x, dx) < GRAD_TOL);
@@ -400,7 +397,7 @@ typedef struct SoftmaxCase {
 
 static double softmax_loss(void *user) {
     SoftmaxCase *c = user;
-    Ctx ctx = test_ctx();
+    Ctx ctx = ctx_cpu();
     cpu_softmax_fwd(&ctx, c->x, c->y);
     return test_dot(c->y, c->r);
 }
@@ -416,7 +413,7 @@ static void test_softmax_forward_matches_naive_and_is_stable(void **state) {
         for (int k = 0; k < C; k++) s += exp(f(x)[n * C + k]);
         for (int k = 0; k < C; k++) ref[n * C + k] = exp(f(x)[n * C + k]) / s;
     }
-    Ctx ctx = test_ctx();
+    Ctx ctx = ctx_cpu();
     cpu_softmax_fwd(&ctx, x, y);
     assert_true(rel_err_d(f(y), ref, (size_t)N * C) < FWD_TOL);
     // Shifted by +1000 (exp overflows fp32 without the max subtraction): same probabilities.
@@ -435,7 +432,7 @@ static void test_softmax_backward_matches_finite_differences(void **state) {
     SoftmaxCase c = {.x = test_tensor(2, 4, 9), .y = test_tensor(2, 4, 9), .r = test_tensor(2, 4, 9)};
     test_fill(c.x, 410, -3, 3);
     test_fill(c.r, 411, -1, 1);
-    Ctx ctx = test_ctx();
+    Ctx ctx = ctx_cpu();
     softmax_loss(&c);
     Tensor *dx = test_like(c.x), *dx2 = test_like(c.x);
     cpu_softmax_bwd(&ctx, c.r, c.y, dx);
@@ -472,7 +469,7 @@ static void attn_case_free(AttnCase *c) {
 
 static double attn_loss(void *user) {
     AttnCase *c = user;
-    Ctx ctx = test_ctx();
+    Ctx ctx = ctx_cpu();
     cpu_attention_fwd(&ctx, c->qkv, c->heads, c->out, c->lse);
     return test_dot(c->out, c->r);
 }
@@ -529,7 +526,7 @@ static void test_attention_forward_matches_naive_softmax_attention(void **state)
 
 static void check_attention_backward(int B, int N, int C, int heads, uint64_t seed) {
     AttnCase c = attn_case(B, N, C, heads, seed);
-    Ctx ctx = test_ctx();
+    Ctx ctx = ctx_cpu();
     attn_loss(&c);
     Tensor *dqkv = test_like(c.qkv), *dqkv2 = test_like(c.qkv);
     cpu_attention_bwd(&ctx, c.r, c.qkv, c.out, c.lse, c.heads, dqkv);
@@ -576,7 +573,7 @@ static void patch_case_free(PatchCase *c) {
 
 static double patch_loss(void *user) {
     PatchCase *c = user;
-    Ctx ctx = test_ctx();
+    Ctx ctx = ctx_cpu();
     cpu_patch_embed_fwd(&ctx, c->img, c->w, c->b, c->p, c->cols, c->y);
     return test_dot(c->y, c->r);
 }
@@ -610,7 +607,7 @@ static void test_patch_embed_forward_matches_direct_convolution(void **state) {
 
 static void test_patch_embed_backward_matches_finite_differences(void **state) {
     PatchCase c = patch_case(2, 3, 8, 12, 4, 5, 610);
-    Ctx ctx = test_ctx();
+    Ctx ctx = ctx_cpu();
     patch_loss(&c);
     Tensor *dimg = test_like(c.img), *dw = test_like(c.w), *db = test_like(c.b);
     cpu_patch_embed_bwd(&ctx, c.r, c.cols, c.w, c.p, dimg, dw, db);

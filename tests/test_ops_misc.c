@@ -24,9 +24,6 @@
 // dloss used by the loss backward tests: not 1, so a missing dloss factor shows.
 #define DLOSS 0.7f
 
-static Ctx cpu_ctx(void) {
-    return (Ctx){.device = DEVICE_CPU, .act_dtype = DTYPE_F32, .deterministic = 1};
-}
 
 static Tensor *test_clone(const Tensor *t) {
     Tensor *c = test_like(t);
@@ -65,7 +62,7 @@ static void assert_doubled(const Tensor *twice, const Tensor *once) {
 // ---- elementwise -------------------------------------------------------------------------------
 
 static void test_zero_accumulate_add_scale_match_reference(void **state) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     Tensor *a = test_tensor(3, 2, 7, 6), *b = test_like(a), *y = test_like(a);
     test_fill(a, 1, -1, 1);
     test_fill(b, 2, -1, 1);
@@ -93,13 +90,13 @@ static void test_zero_accumulate_add_scale_match_reference(void **state) {
 typedef struct { Tensor *x, *y, *r; float s; } ScaleCase;
 static double scale_loss(void *u) {
     ScaleCase *c = u;
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     cpu_scale_fwd(&ctx, c->x, c->s, c->y);
     return test_dot(c->y, c->r);
 }
 
 static void test_scale_backward_matches_finite_differences(void **state) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     ScaleCase c = {test_tensor(3, 2, 7, 6), NULL, NULL, 0.37f};
     c.y = test_like(c.x);
     c.r = test_like(c.x);
@@ -119,13 +116,13 @@ static void test_scale_backward_matches_finite_differences(void **state) {
 typedef struct { Tensor *x, *p, *y, *r; } BcastCase;
 static double bcast_loss(void *u) {
     BcastCase *c = u;
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     cpu_add_bcast_fwd(&ctx, c->x, c->p, c->y);
     return test_dot(c->y, c->r);
 }
 
 static void test_add_bcast_matches_reference_and_finite_differences(void **state) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     BcastCase c = {test_tensor(3, 2, 7, 6), test_tensor(2, 7, 6), NULL, NULL};
     c.y = test_like(c.x);
     c.r = test_like(c.x);
@@ -160,13 +157,13 @@ static void test_add_bcast_matches_reference_and_finite_differences(void **state
 typedef struct { Tensor *x, *g, *y, *r; } LayerScaleCase;
 static double layer_scale_loss(void *u) {
     LayerScaleCase *c = u;
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     cpu_layer_scale_fwd(&ctx, c->x, c->g, c->y);
     return test_dot(c->y, c->r);
 }
 
 static void test_layer_scale_matches_reference_and_finite_differences(void **state) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     LayerScaleCase c = {test_tensor(3, 2, 7, 6), test_tensor(1, 6), NULL, NULL};
     c.y = test_like(c.x);
     c.r = test_like(c.x);
@@ -198,13 +195,13 @@ static void test_layer_scale_matches_reference_and_finite_differences(void **sta
 typedef struct { Tensor *prefix, *x, *y, *r; } ConcatCase;
 static double concat_loss(void *u) {
     ConcatCase *c = u;
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     cpu_concat_prefix_fwd(&ctx, c->prefix, c->x, c->y);
     return test_dot(c->y, c->r);
 }
 
 static void test_concat_prefix_matches_reference_and_finite_differences(void **state) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     ConcatCase c = {test_tensor(2, 2, 6), test_tensor(3, 2, 7, 6), test_tensor(3, 2, 9, 6), NULL};
     c.r = test_like(c.y);
     test_fill(c.prefix, 11, -1, 1);
@@ -244,13 +241,13 @@ static void test_concat_prefix_matches_reference_and_finite_differences(void **s
 typedef struct { Tensor *x, *y, *r; } SliceCase;
 static double slice_loss(void *u) {
     SliceCase *c = u;
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     cpu_slice_tokens_fwd(&ctx, c->x, SLICE_START, c->y);
     return test_dot(c->y, c->r);
 }
 
 static void test_slice_tokens_matches_reference_and_finite_differences(void **state) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     SliceCase c = {test_tensor(3, 2, 7, 6), test_tensor(3, 2, 3, 6), NULL};
     c.r = test_like(c.y);
     test_fill(c.x, 14, -1, 1);
@@ -275,13 +272,13 @@ static void test_slice_tokens_matches_reference_and_finite_differences(void **st
 typedef struct { Tensor *x, *y, *r; } MeanCase;
 static double mean_loss(void *u) {
     MeanCase *c = u;
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     cpu_mean_tokens_fwd(&ctx, c->x, c->y);
     return test_dot(c->y, c->r);
 }
 
 static void check_mean_tokens(Tensor *x, const char *what) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     int B = x->shape[0], C = tensor_last(x), N = (int)(x->numel / (size_t)(B * C));
     MeanCase c = {x, test_tensor(2, B, C), NULL};
     c.r = test_like(c.y);
@@ -316,7 +313,7 @@ static void test_mean_tokens_matches_reference_and_finite_differences(void **sta
 
 // Resizes a single-channel grid given as rows and compares with values known by hand.
 static void check_resize_by_hand(int H, int W, const float *in, int H2, int W2, const float *want) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     Tensor *x = test_tensor(4, 1, H, W, 1), *y = test_tensor(4, 1, H2, W2, 1);
     memcpy(x->data, in, (size_t)(H * W) * sizeof(float));
     cpu_resize_bilinear_fwd(&ctx, x, y);
@@ -385,13 +382,13 @@ static double *ref_resize(const Tensor *x, int H2, int W2) {
 typedef struct { Tensor *x, *y, *r; } ResizeCase;
 static double resize_loss(void *u) {
     ResizeCase *c = u;
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     cpu_resize_bilinear_fwd(&ctx, c->x, c->y);
     return test_dot(c->y, c->r);
 }
 
 static void check_resize(int B, int H, int W, int C, int H2, int W2, int gradcheck) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     char what[64];
     snprintf(what, sizeof what, "resize %dx%d->%dx%d", H, W, H2, W2);
     ResizeCase c = {test_tensor(4, B, H, W, C), test_tensor(4, B, H2, W2, C), NULL};
@@ -434,13 +431,13 @@ static void test_resize_matches_reference_and_finite_differences(void **state) {
 typedef struct { Tensor *logits, *targets, *loss, *probs; } CeCase;
 static double ce_loss(void *u) {
     CeCase *c = u;
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     cpu_cross_entropy_fwd(&ctx, c->logits, c->targets, c->loss, c->probs);
     return DLOSS * tensor_f32(c->loss)[0];
 }
 
 static void test_cross_entropy_matches_reference_and_finite_differences(void **state) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     enum { B = 3, K = 5 };
     CeCase c = {test_tensor(2, B, K), test_tensor(2, B, K), test_scalar(0), test_tensor(2, B, K)};
     test_fill(c.logits, 20, -3, 3);
@@ -477,7 +474,7 @@ static void test_cross_entropy_matches_reference_and_finite_differences(void **s
 }
 
 static void test_cross_entropy_one_hot_is_minus_log_softmax_at_label(void **state) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     enum { B = 2, K = 4 };
     const int label[B] = {2, 0};
     // Row 0: logits (0, 0, ln 2, 0): softmax at 2 = 2 / 5.  Row 1: (1000, 1000, 1000, 1000) —
@@ -499,13 +496,13 @@ static void test_cross_entropy_one_hot_is_minus_log_softmax_at_label(void **stat
 typedef struct { Tensor *a, *b, *loss; } MseCase;
 static double mse_loss(void *u) {
     MseCase *c = u;
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     cpu_mse_fwd(&ctx, c->a, c->b, c->loss);
     return DLOSS * tensor_f32(c->loss)[0];
 }
 
 static void test_mse_matches_reference_and_finite_differences(void **state) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     MseCase c = {test_tensor(3, 2, 7, 6), test_tensor(3, 2, 7, 6), test_scalar(0)};
     test_fill(c.a, 22, -1, 1);
     test_fill(c.b, 23, -1, 1);
@@ -535,13 +532,13 @@ static void test_mse_matches_reference_and_finite_differences(void **state) {
 typedef struct { Tensor *s, *t, *loss; } KlCase;
 static double kl_loss(void *u) {
     KlCase *c = u;
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     cpu_token_kl_fwd(&ctx, c->s, c->t, c->loss);
     return DLOSS * tensor_f32(c->loss)[0];
 }
 
 static void test_token_kl_matches_reference_and_finite_differences(void **state) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     enum { N = 7, C = 6 };
     KlCase c = {test_tensor(2, N, C), test_tensor(2, N, C), test_scalar(0)};
     test_fill(c.s, 24, -2, 2);
@@ -574,7 +571,7 @@ static void test_token_kl_matches_reference_and_finite_differences(void **state)
 }
 
 static void test_token_kl_is_zero_for_identical_inputs_and_positive_otherwise(void **state) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     Tensor *s = test_tensor(2, 7, 6), *t = test_tensor(2, 7, 6), *loss = test_scalar(-1);
     test_fill(s, 26, -3, 3);
     memcpy(t->data, s->data, s->numel * sizeof(float));
@@ -594,7 +591,7 @@ static void test_token_kl_is_zero_for_identical_inputs_and_positive_otherwise(vo
 
 // Reductions must not depend on the thread count: 1 and 3 threads give identical bits.
 static void test_reductions_are_identical_for_any_thread_count(void **state) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     Tensor *a = test_tensor(4, 2, 37, 27, 13), *b = test_like(a), *loss = test_scalar(0);
     Tensor *g = test_tensor(4, 2, 27, 37, 13), *dx = test_like(a), *mean = test_tensor(2, 2, 13);
     Tensor *dp = test_tensor(3, 37, 27, 13);

@@ -27,9 +27,6 @@ static void assert_rel_close(float got, float want, double rel) {
 // Sums of fp32 squares accumulated in double and rounded once to fp32.
 #define SUMSQ_REL_TOL 1e-6
 
-static Ctx cpu_ctx(void) {
-    return (Ctx){.device = DEVICE_CPU, .act_dtype = DTYPE_F32, .deterministic = 1};
-}
 
 static Tensor *vec(int n, const float *values) {
     Tensor *t = test_tensor(1, n);
@@ -40,7 +37,7 @@ static Tensor *vec(int n, const float *values) {
 // ---- sumsq ----------------------------------------------------------------------------------
 
 static void test_sumsq_adds_sum_of_squares(void **state) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     const float x4[] = {1, 2, 3, -4};   // 1 + 4 + 9 + 16 = 30
     const float start = 0.5f;
     Tensor *x = vec(4, x4), *s = vec(1, &start);
@@ -67,7 +64,7 @@ static const AdamWArgs ADAM = {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps 
                                .weight_decay = 0.01f, .grad_scale = 0.5f, .step = 1};
 
 static void test_adamw_first_step_matches_hand_computed_update(void **state) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     // p = (1, -2, 0.5, 0.25), grad = (0.2, -0.4, 0, 2e-8) -> g = (0.1, -0.2, 0, 1e-8).
     // Step 1 from m = v = 0:
     //   m = 0.1 g = (0.01, -0.02, 0, 1e-9),  v = 0.001 g^2 = (1e-5, 4e-5, 0, 1e-19)
@@ -95,7 +92,7 @@ static void test_adamw_first_step_matches_hand_computed_update(void **state) {
 }
 
 static void test_adamw_second_step_applies_bias_correction(void **state) {
-    Ctx ctx = cpu_ctx();
+    Ctx ctx = ctx_cpu();
     const float p0[] = {1.0f, -2.0f, 0.5f};
     const float grad1[] = {0.2f, -0.4f, 0.0f}, grad2[] = {0.6f, 0.2f, -0.4f};
     Tensor *p = vec(3, p0), *g = vec(3, grad1), *m = vec(3, NULL), *v = vec(3, NULL);
