@@ -157,9 +157,9 @@ void op_token_kl_bwd(Ctx *ctx, const Tensor *dloss, const Tensor *s, const Tenso
     ROUTE(token_kl_bwd, ctx, dloss, s, t, ds, dt);
 }
 void op_sumsq(Ctx *ctx, const Tensor *x, Tensor *sumsq) { ROUTE(sumsq, ctx, x, sumsq); }
-void op_adamw(Ctx *ctx, Tensor *param, const Tensor *grad, Tensor *m, Tensor *v,
+void op_adamw(Ctx *ctx, Tensor *param, Tensor *master, const Tensor *grad, Tensor *m, Tensor *v,
               const AdamWArgs *args) {
-    ROUTE(adamw, ctx, param, grad, m, v, args);
+    ROUTE(adamw, ctx, param, master, grad, m, v, args);
 }
 void op_gspn_scan_fwd(Ctx *ctx, const Tensor *xc, const Tensor *gates, const Tensor *merge,
                       int shared_w, Tensor *yc, Tensor *hidden) {

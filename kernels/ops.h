@@ -9,6 +9,10 @@
 //   means "not needed" and is skipped. The tape zeroes activation gradients when it creates
 //   them and the optimizer zeroes parameter gradients, so fan-out (residuals) just works.
 // - Scalars that come back to the host (losses, norms) are written to 1-element fp32 tensors.
+// - Precision: activations and their gradients are in ctx->act_dtype (fp32 on the CPU; bf16 or
+//   fp32 on the GPU); parameters are in act_dtype too, with fp32 master copies when that is
+//   bf16; parameter gradients, optimizer moments, LayerNorm statistics and losses are fp32.
+//   An op accepts any mix that follows these rules (e.g. linear_bwd: bf16 dy, x, w; fp32 dw).
 #pragma once
 #include "ctx.h"
 
@@ -122,12 +126,14 @@ OP_DECL(sumsq, Ctx *ctx, const Tensor *x, Tensor *sumsq)
 // AdamW on one parameter (PyTorch semantics, decoupled decay):
 //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
 //   p -= lr * (m / (1-b1^step) / (sqrt(v / (1-b2^step)) + eps) + wd * p)
+// master (fp32) holds the weights when param is bf16: the update is applied to master and
+// param receives it rounded; master is NULL when param is fp32.
 typedef struct AdamWArgs {
     float lr, beta1, beta2, eps, weight_decay, grad_scale;
     int step;   // 1-based
 } AdamWArgs;
-OP_DECL(adamw, Ctx *ctx, Tensor *param, const Tensor *grad, Tensor *m, Tensor *v,
-        const AdamWArgs *args)
+OP_DECL(adamw, Ctx *ctx, Tensor *param, Tensor *master, const Tensor *grad, Tensor *m,
+        Tensor *v, const AdamWArgs *args)
 
 // ---- C-GSPN propagation (DESIGN §5 steps 3-5) ------------------------------------------------
 // xc (B,H,W,Cc) latent input. gates (B,H,W,G), per direction d in (TB, BT, LR, RL):

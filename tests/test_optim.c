@@ -80,7 +80,7 @@ static void test_adamw_first_step_matches_hand_computed_update(void **state) {
     //     p3 = 0.25 - 0.1 * (0.5         + 0.0025) = 0.19975
     const float p0[] = {1.0f, -2.0f, 0.5f, 0.25f}, grad[] = {0.2f, -0.4f, 0.0f, 2e-8f};
     Tensor *p = vec(4, p0), *g = vec(4, grad), *m = vec(4, NULL), *v = vec(4, NULL);
-    cpu_adamw(&ctx, p, g, m, v, &ADAM);
+    cpu_adamw(&ctx, p, NULL, g, m, v, &ADAM);
     const float want_p[] = {0.89900001f, -1.898000005f, 0.4995f, 0.19975f};
     const float want_m[] = {0.01f, -0.02f, 0.0f, 1e-9f}, want_v[] = {1e-5f, 4e-5f, 0.0f, 1e-19f};
     for (int i = 0; i < 4; i++) {
@@ -97,10 +97,10 @@ static void test_adamw_second_step_applies_bias_correction(void **state) {
     const float grad1[] = {0.2f, -0.4f, 0.0f}, grad2[] = {0.6f, 0.2f, -0.4f};
     Tensor *p = vec(3, p0), *g = vec(3, grad1), *m = vec(3, NULL), *v = vec(3, NULL);
     AdamWArgs args = ADAM;
-    cpu_adamw(&ctx, p, g, m, v, &args);   // step 1 as above
+    cpu_adamw(&ctx, p, NULL, g, m, v, &args);   // step 1 as above
     memcpy(g->data, grad2, sizeof grad2);
     args.step = 2;
-    cpu_adamw(&ctx, p, g, m, v, &args);
+    cpu_adamw(&ctx, p, NULL, g, m, v, &args);
     // Step 2, g = 0.5 * grad2 = (0.3, 0.1, -0.2); bc1 = 1 - 0.81 = 0.19, bc2 = 1 - 0.998001 = 0.001999
     //  i=0: m = 0.9*0.01 + 0.1*0.3 = 0.039;   v = 0.999*1e-5 + 0.001*0.09 = 9.999e-5
     //       m/bc1 = 0.2052632, v/bc2 = 0.0500200, sqrt = 0.2236515, u = 0.9177811

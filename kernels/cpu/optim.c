@@ -33,8 +33,10 @@ void cpu_sumsq(Ctx *ctx, const Tensor *x, Tensor *sumsq) {
 //   p -= lr * (m / (1 - b1^step) / (sqrt(v / (1 - b2^step)) + eps) + wd * p)
 // Written as PyTorch evaluates it: the decay p *= 1 - lr wd first (decoupled; it uses the old p
 // either way), then p -= (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps), eps outside the sqrt.
-void cpu_adamw(Ctx *ctx, Tensor *param, const Tensor *grad, Tensor *m, Tensor *v,
-               const AdamWArgs *args) {
+void cpu_adamw(Ctx *ctx, Tensor *param, Tensor *master, const Tensor *grad, Tensor *m,
+               Tensor *v, const AdamWArgs *args) {
+    CG_CHECK(master == NULL && param->dtype == DTYPE_F32, "", "op adamw: the CPU backend keeps "
+             "fp32 parameters and takes no master copy");
     CG_CHECK(grad->numel == param->numel && m->numel == param->numel &&
              v->numel == param->numel, "",
              "op adamw: param %zu, grad %zu, m %zu, v %zu elements", param->numel, grad->numel,
