@@ -1,0 +1,86 @@
+// Helpers for the GPU tests: copies of CPU test tensors on the GPU (fp32 or bf16), results
+// back as fp32, and relative-error comparison against the CPU reference.
+#pragma once
+#include "../testlib.h"
+#include "../../kernels/ops.h"
+#include "../../kernels/cuda/cuda_common.h"
+
+// fp32 -> bf16 with round-to-nearest-even (as __float2bfloat16).
+static inline uint16_t gpu_test_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return (uint16_t)(u >> 16 | ((u & 0xffff) ? 0x40 : 0));
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float gpu_test_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// Rounds a CPU fp32 tensor's values to bf16 precision in place, so the CPU reference sees
+// exactly the inputs the bf16 GPU op sees.
+static inline void gpu_test_round_to_bf16(Tensor *t) {
+    float *p = t->data;
+    for (size_t i = 0; i < t->numel; i++) p[i] = gpu_test_bf16_to_f32(gpu_test_f32_to_bf16(p[i]));
+}
+
+// A GPU copy of a CPU fp32 tensor in dtype (values converted); free with gpu_test_free.
+static inline Tensor *gpu_test_upload(Ctx *ctx, const Tensor *host, DType dtype) {
+    Tensor *d = calloc(1, sizeof(Tensor));
+    *d = *host;
+    d->grad = NULL;
+    d->dtype = dtype;
+    d->device = DEVICE_CUDA;
+    d->data = cuda_malloc(tensor_bytes(d));
+    if (dtype == DTYPE_F32) {
+        tensor_upload(ctx, d, host->data);
+    } else {
+        uint16_t *tmp = malloc(host->numel * 2 + 2);
+        const float *p = host->data;
+        for (size_t i = 0; i < host->numel; i++) tmp[i] = gpu_test_f32_to_bf16(p[i]);
+        tensor_upload(ctx, d, tmp);
+        free(tmp);
+    }
+    return d;
+}
+
+// A zeroed GPU tensor of host's shape in dtype.
+static inline Tensor *gpu_test_zeros(Ctx *ctx, const Tensor *host, DType dtype) {
+    Tensor *d = calloc(1, sizeof(Tensor));
+    *d = *host;
+    d->grad = NULL;
+    d->dtype = dtype;
+    d->device = DEVICE_CUDA;
+    d->data = cuda_malloc(tensor_bytes(d));
+    op_zero(ctx, d);
+    return d;
+}
+
+static inline void gpu_test_free(Tensor *d) {
+    if (!d) return;
+    cuda_free(d->data);
+    free(d);
+}
+
+// Relative error ||gpu - cpu|| / ||cpu|| of a GPU tensor against a CPU fp32 one; printed.
+static inline double gpu_test_compare(Ctx *ctx, const char *what, const Tensor *gpu,
+                                      const Tensor *cpu) {
+    float *h = tensor_to_host_f32(ctx, gpu);
+    double err = test_rel_err(h, cpu->data, cpu->numel);
+    printf("    %-36s %s rel err %.2e\n", what, dtype_name(gpu->dtype), err);
+    free(h);
+    return err;
+}
+
+// Skips the calling test cleanly when no GPU is visible.
+#define GPU_TEST_REQUIRE_DEVICE()                                   \
+    do {                                                            \
+        if (cuda_device_count() == 0) {                             \
+            printf("    no CUDA device: skipped\n");                \
+            skip();                                                 \
+        }                                                           \
+    } while (0)
