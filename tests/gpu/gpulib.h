@@ -76,11 +76,10 @@ static inline double gpu_test_compare(Ctx *ctx, const char *what, const Tensor *
     return err;
 }
 
-// Skips the calling test cleanly when no GPU is visible.
-#define GPU_TEST_REQUIRE_DEVICE()                                   \
-    do {                                                            \
-        if (cuda_device_count() == 0) {                             \
-            printf("    no CUDA device: skipped\n");                \
-            skip();                                                 \
-        }                                                           \
+// Fails the calling test when no GPU is visible: make test-gpu is meant for a GPU machine,
+// and a GPU test that passes without one would prove nothing.
+#define GPU_TEST_REQUIRE_DEVICE()                                                        \
+    do {                                                                                 \
+        if (cuda_device_count() == 0) fail_msg("no CUDA device visible (make test-gpu "  \
+                                               "runs on a GPU machine)");                \
     } while (0)
