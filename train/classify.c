@@ -123,19 +123,17 @@ TrainResult classify_train(const Config *c, const FmnistSplit *train, const Fmni
         .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->adam_eps,
         .weight_decay = c->weight_decay, .grad_clip = c->grad_clip,
     };
-    RunLog log;
-    runlog_open(&log, c, "train");
-    snprintf(res.run_dir, sizeof res.run_dir, "%s", log.dir);
-
-    // Resume: weights, moments, step and the cursor from a checkpoint.
+    // Resume: weights, moments, step and the cursor from a checkpoint. Before the run folder is
+    // opened, so a refused resume leaves its config.cfg and logs as they were.
     long first = 0;
     double loss_sum = 0;
     int loss_n = 0;
-    char from[1024], err[4096];
-    int found = ckpt_resolve_err(c->resume, log.dir, from, sizeof from, err, sizeof err);
+    char run_dir[1024] = "", from[1024], err[4096];
+    if (c->run_name[0]) snprintf(run_dir, sizeof run_dir, "%s/%s", c->out_dir, c->run_name);
+    int found = ckpt_resolve_err(c->resume, run_dir, from, sizeof from, err, sizeof err);
     if (found < 0) CG_FAIL("", "%s", err);
     if (found == 0 && strcmp(c->resume, "auto") == 0)
-        printf("resume = auto: no complete checkpoint in %s yet; starting at step 0\n", log.dir);
+        printf("resume = auto: no complete checkpoint in %s yet; starting at step 0\n", run_dir);
     if (found == 1) {
         CkptState st;
         ckpt_load(from, c, &params, NULL, &ctx, &st);
@@ -153,6 +151,9 @@ TrainResult classify_train(const Config *c, const FmnistSplit *train, const Fmni
                    "with the new batch size\n", first);
         printf("resumed from %s at step %ld\n", from, first);
     }
+    RunLog log;
+    runlog_open(&log, c, "train");
+    snprintf(res.run_dir, sizeof res.run_dir, "%s", log.dir);
     printf("training: %ld steps (%ld per epoch), batch %d, lr %g, warmup %d\n", total,
            steps_per_epoch, c->batch_size, c->lr, c->warmup_steps);
 
