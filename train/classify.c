@@ -3,6 +3,7 @@
 #include "model_config.h"
 #include "optimizer.h"
 #include "runlog.h"
+#include "device.h"
 #include "../data/fmnist_batch.h"
 #include "../nn/error.h"
 #include "../nn/targets.h"
@@ -80,8 +81,8 @@ int cmd_train(int argc, char **argv) {
     CG_CHECK(strcmp(c.dataset, "fashion-mnist") == 0, "dataset = fashion-mnist",
              "dataset '%s' is not supported by this build", c.dataset);
 
-    Ctx ctx = ctx_cpu();
-    printf("device: cpu (%d threads)\n", omp_get_max_threads());
+    Ctx ctx = device_open(&c);
+    device_describe(&ctx, stdout);
     FmnistSplit train, test;
     load_split(c.data_dir, 1, &train);
     load_split(c.data_dir, 0, &test);
@@ -194,6 +195,7 @@ int cmd_train(int argc, char **argv) {
     arena_free(&arena);
     runlog_close(&log);
     params_free(&params, &ctx);
+    device_close(&ctx);
     fmnist_free(&train);
     fmnist_free(&test);
     return 0;

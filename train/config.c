@@ -35,7 +35,7 @@ static const struct { const char *key, *words; } kChoices[] = {
     {"model",       "vit|cgspn|hybrid"},
     {"gelu",        "erf|tanh"},
     {"global_pool", "token|avg"},
-    {"precision",   "fp32|bf16"},
+    {"precision",   "auto|fp32|bf16"},
     {"device",      "auto|cpu|cuda"},
 };
 
