@@ -14,6 +14,16 @@ void cg_fail(const char *file, int line, const char *hint, const char *fmt, ...)
     exit(1);
 }
 
+int cg_set_error(char *err, size_t n, const char *fmt, ...) {
+    if (err && n) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, n, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
 void *cg_malloc(size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
     if (!p) cg_fail(__FILE__, __LINE__, "reduce batch_size or model size",

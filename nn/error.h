@@ -22,6 +22,10 @@ void cg_fail(const char *file, int line, const char *hint, const char *fmt, ...)
 #define CG_CHECK_ERRNO(cond, what) \
     do { if (!(cond)) CG_FAIL("", "%s: %s", what, strerror(errno)); } while (0)
 
+// For the *_err variants of loaders (tests check messages without exiting): writes the
+// message into err (when err is non-NULL) and returns -1.
+int cg_set_error(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 void *cg_malloc(size_t bytes);                 // exits with a message on failure
 void *cg_calloc(size_t n, size_t size);
 void *cg_realloc(void *p, size_t bytes);
