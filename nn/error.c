@@ -1,7 +1,27 @@
 #include "error.h"
 #include <stdarg.h>
 
+static _Thread_local CgTrap *cg_trap;
+
+CgTrap *cg_trap_set(CgTrap *trap) {
+    CgTrap *previous = cg_trap;
+    cg_trap = trap;
+    return previous;
+}
+
 void cg_fail(const char *file, int line, const char *hint, const char *fmt, ...) {
+    if (cg_trap) {
+        CgTrap *trap = cg_trap;
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(trap->message, sizeof trap->message, fmt, ap);
+        va_end(ap);
+        const size_t room = sizeof trap->message;
+        const size_t used = n < 0 ? 0 : (size_t)n < room ? (size_t)n : room - 1;
+        if (hint && hint[0])
+            snprintf(trap->message + used, room - used, " (hint: %s)", hint);
+        longjmp(trap->env, 1);
+    }
     fflush(stdout);
     fprintf(stderr, "cgspn: ");
     va_list ap;

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
+#include <setjmp.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -12,6 +13,16 @@ extern "C" {
 // Prints "cgspn: <message>" and "  hint: <hint>" (when hint is non-empty), then exits 1.
 void cg_fail(const char *file, int line, const char *hint, const char *fmt, ...)
     __attribute__((noreturn, format(printf, 4, 5)));
+
+// Library use (kernels/cgspn_abi.c): a thread that installs a trap gets a longjmp to trap->env
+// with the message in trap->message instead of the process exiting. Only for code that holds
+// no locks and whose frames can be abandoned (memory they allocated leaks).
+typedef struct CgTrap {
+    jmp_buf env;
+    char message[512];
+} CgTrap;
+// Installs trap for the calling thread (NULL removes it); returns the one it replaces.
+CgTrap *cg_trap_set(CgTrap *trap);
 
 #define CG_FAIL(hint, ...) cg_fail(__FILE__, __LINE__, hint, __VA_ARGS__)
 
