@@ -124,7 +124,7 @@ clean-lib:
 
 # Every CPU test binary runs, even after a failure; the target fails if any did.
 test: deps
-	@$(MAKE) --no-print-directory $(TEST_BINS) cgspn
+	@$(MAKE) --no-print-directory $(TEST_BINS) cgspn lib
 	@fail=0; for t in $(TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
 	 if [ $$fail -ne 0 ]; then echo "make test: FAILED"; exit 1; fi; echo "make test: all passed"
 
@@ -133,8 +133,10 @@ test-gpu:
 ifneq ($(CUDA_ON),1)
 	@echo "make test-gpu: no working nvcc found (see build/config.mk)"; exit 1
 else
-	@$(MAKE) --no-print-directory $(GPU_TEST_BINS) cgspn
+	@$(MAKE) --no-print-directory $(GPU_TEST_BINS) cgspn lib
 	@fail=0; for t in $(GPU_TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
+	 echo "== tests/gpu/test_torch_wrapper.py (libcgspn.so through PyTorch)"; \
+	 python3 tests/gpu/test_torch_wrapper.py || fail=1; \
 	 if [ $$fail -ne 0 ]; then echo "make test-gpu: FAILED"; exit 1; fi; echo "make test-gpu: all passed"
 endif
 

@@ -149,22 +149,6 @@ static int scratch_oom(Scratch *s, const char *fn) {
     return fail(CGSPN_ERR_OUT_OF_MEMORY, "%s: out of host memory for workspace", fn);
 }
 
-static inline float bf16_to_f32(uint16_t v) {
-    uint32_t bits = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-// Round to nearest, ties to even; NaN stays NaN.
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
 // An fp32 copy of n bf16 values in the workspace (NULL when it could not be allocated).
 static float *scratch_widen(Scratch *s, const void *bf16, size_t n) {
     float *f = scratch_alloc(s, n * sizeof(float), 0);

@@ -159,9 +159,7 @@ void tensor_upload(Ctx *ctx, Tensor *t, const void *host);
 void tensor_download(Ctx *ctx, const Tensor *t, void *host);
 // Uploads fp32 host values into a tensor of any dtype (rounding to bf16 when needed).
 void tensor_upload_f32(Ctx *ctx, Tensor *t, const float *host);
-// fp32 <-> bf16 with round-to-nearest-even.
-uint16_t f32_to_bf16(float f);
-float bf16_to_f32(uint16_t h);
+
 // A host fp32 copy of any tensor (converts bf16); caller frees.
 float *tensor_to_host_f32(Ctx *ctx, const Tensor *t);
 

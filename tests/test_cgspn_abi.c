@@ -6,7 +6,6 @@
 #include <setjmp.h>
 #include <stdint.h>
 #include <pthread.h>
-#include <cmocka.h>
 #include "testlib.h"
 #include "../kernels/cgspn.h"
 #include "../kernels/ops.h"
