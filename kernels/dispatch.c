@@ -213,6 +213,17 @@ void tensor_download(Ctx *ctx, const Tensor *t, void *host) {
     memcpy(host, t->data, tensor_bytes(t));
 }
 
+void tensor_upload_f32(Ctx *ctx, Tensor *t, const float *host) {
+    if (t->dtype == DTYPE_F32) {
+        tensor_upload(ctx, t, host);
+        return;
+    }
+    uint16_t *tmp = cg_malloc(t->numel * sizeof(uint16_t));
+    for (size_t i = 0; i < t->numel; i++) tmp[i] = f32_to_bf16(host[i]);
+    tensor_upload(ctx, t, tmp);
+    free(tmp);
+}
+
 float *tensor_to_host_f32(Ctx *ctx, const Tensor *t) {
     float *out = cg_malloc(t->numel * sizeof(float));
     if (t->dtype == DTYPE_F32) {
@@ -221,10 +232,7 @@ float *tensor_to_host_f32(Ctx *ctx, const Tensor *t) {
     }
     uint16_t *raw = cg_malloc(t->numel * sizeof(uint16_t));
     tensor_download(ctx, t, raw);
-    for (size_t i = 0; i < t->numel; i++) {
-        uint32_t bits = (uint32_t)raw[i] << 16;
-        memcpy(&out[i], &bits, sizeof(float));
-    }
+    for (size_t i = 0; i < t->numel; i++) out[i] = bf16_to_f32(raw[i]);
     free(raw);
     return out;
 }

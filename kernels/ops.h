@@ -157,6 +157,9 @@ void device_free(Ctx *ctx, void *p);
 // Copies between host and the tensor's device; n = t->numel elements of t's dtype.
 void tensor_upload(Ctx *ctx, Tensor *t, const void *host);
 void tensor_download(Ctx *ctx, const Tensor *t, void *host);
+// Uploads fp32 host values into a tensor of any dtype (rounding to bf16 when needed).
+void tensor_upload_f32(Ctx *ctx, Tensor *t, const float *host);
+
 // A host fp32 copy of any tensor (converts bf16); caller frees.
 float *tensor_to_host_f32(Ctx *ctx, const Tensor *t);
 

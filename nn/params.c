@@ -31,29 +31,33 @@ Tensor *params_add(ParamTable *t, const char *name, int ndim, const int *shape, 
     return &p->value;
 }
 
-static Tensor bind(const Tensor *shape_of, void *base, size_t offset, Device dev) {
+static Tensor bind(const Tensor *shape_of, void *base, size_t offset, Device dev, DType dt) {
     Tensor x = *shape_of;
     x.grad = NULL;
-    x.dtype = DTYPE_F32;
+    x.dtype = dt;
     x.device = dev;
     x.requires_grad = false;
-    x.data = (float *)base + offset;
+    x.data = (char *)base + offset * dtype_size(dt);
     return x;
 }
 
 void params_alloc(ParamTable *t, Ctx *ctx) {
-    size_t bytes = (t->total ? t->total : 1) * sizeof(float);
+    size_t n = t->total ? t->total : 1, bytes = n * sizeof(float);
     t->device = ctx->device;
-    t->values = device_alloc(ctx, bytes);
+    t->dtype = ctx->act_dtype;
+    t->values = device_alloc(ctx, n * dtype_size(t->dtype));
     t->grads = device_alloc(ctx, bytes);
     t->m = device_alloc(ctx, bytes);
     t->v = device_alloc(ctx, bytes);
+    t->masters = t->dtype == DTYPE_F32 ? NULL : device_alloc(ctx, bytes);
     for (int i = 0; i < t->n; i++) {
         Param *p = t->params[i];
-        p->grad = bind(&p->value, t->grads, p->offset, ctx->device);
-        p->m = bind(&p->value, t->m, p->offset, ctx->device);
-        p->v = bind(&p->value, t->v, p->offset, ctx->device);
-        p->value.data = (float *)t->values + p->offset;
+        p->grad = bind(&p->value, t->grads, p->offset, ctx->device, DTYPE_F32);
+        p->m = bind(&p->value, t->m, p->offset, ctx->device, DTYPE_F32);
+        p->v = bind(&p->value, t->v, p->offset, ctx->device, DTYPE_F32);
+        if (t->masters) p->master = bind(&p->value, t->masters, p->offset, ctx->device, DTYPE_F32);
+        p->value.data = (char *)t->values + p->offset * dtype_size(t->dtype);
+        p->value.dtype = t->dtype;
         p->value.device = ctx->device;
         p->value.grad = &p->grad;
         p->value.requires_grad = p->trainable;
@@ -95,9 +99,14 @@ void params_initialize(ParamTable *t, Ctx *ctx, uint64_t seed) {
             }
             }
         }
-        tensor_upload(ctx, &p->value, host);
+        params_set_value(p, ctx, host);
         free(host);
     }
+}
+
+void params_set_value(Param *p, Ctx *ctx, const float *host) {
+    tensor_upload_f32(ctx, &p->value, host);
+    if (p->master.data) tensor_upload(ctx, &p->master, host);
 }
 
 static void zero_buffer(ParamTable *t, Ctx *ctx, void *buf) {
@@ -123,6 +132,7 @@ void params_free(ParamTable *t, Ctx *ctx) {
         device_free(ctx, t->grads);
         device_free(ctx, t->m);
         device_free(ctx, t->v);
+        if (t->masters) device_free(ctx, t->masters);
     }
     for (int i = 0; i < t->n; i++) free(t->params[i]);
     free(t->params);

@@ -1,6 +1,8 @@
 // The parameter table: every parameter's metadata (timm-style name, shape, trainable,
 // weight decay, init rule) and four persistent buffers, one allocation each: values,
-// gradients, AdamW first and second moments. Layers keep Tensor pointers into the table.
+// gradients, AdamW first and second moments (plus fp32 master weights when the values are
+// bf16). Layers keep Tensor pointers into the table. Values are in the context's activation
+// dtype; gradients, moments and masters are fp32 (kernels/ops.h, precision rules).
 #pragma once
 #include "tensor.h"
 #include "rng.h"
@@ -22,6 +24,7 @@ typedef struct Param {
     Tensor value;        // value.grad == &grad
     Tensor grad;
     Tensor m, v;         // AdamW moments, fp32
+    Tensor master;       // fp32 master weights when values are bf16 (master.data NULL otherwise)
     bool trainable;
     bool decay;          // weight decay applies (not to biases, norms, 1-D params, tokens)
     ParamInit init;
@@ -34,18 +37,21 @@ typedef struct ParamTable {
     int n, cap;
     size_t total;        // elements, including alignment padding
     Device device;
-    void *values, *grads, *m, *v;
+    DType dtype;         // of the values
+    void *values, *grads, *m, *v, *masters;   // masters NULL when dtype is fp32
 } ParamTable;
 
 void params_init_table(ParamTable *t);
 // Registers a parameter (before params_alloc). Returns its value tensor (data bound later).
 Tensor *params_add(ParamTable *t, const char *name, int ndim, const int *shape, ParamInit init,
                    float init_arg, bool decay);
-// Allocates the four buffers on ctx's device and binds every tensor into them.
+// Allocates the buffers on ctx's device (values in ctx->act_dtype) and binds every tensor.
 void params_alloc(ParamTable *t, Ctx *ctx);
 // Fills every parameter by its init rule; each parameter draws from its own stream of
 // (seed, name), so adding a parameter does not change the others' values.
 void params_initialize(ParamTable *t, Ctx *ctx, uint64_t seed);
+// Writes fp32 host values into a parameter (and its master copy).
+void params_set_value(Param *p, Ctx *ctx, const float *host);
 void params_zero_grads(ParamTable *t, Ctx *ctx);
 void params_zero_moments(ParamTable *t, Ctx *ctx);
 void params_free(ParamTable *t, Ctx *ctx);

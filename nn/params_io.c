@@ -5,17 +5,6 @@
 
 #define LIST_SHOWN 8   // names listed in a message before "... and K more"
 
-__attribute__((format(printf, 3, 4)))
-static int fail(char *err, size_t n, const char *fmt, ...) {
-    if (err && n) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, n, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 // Appends printf output to err (after what is there).
 __attribute__((format(printf, 3, 4)))
 static void append(char *err, size_t n, const char *fmt, ...) {
@@ -146,16 +135,16 @@ int params_load_safetensors_err(ParamTable *t, Ctx *ctx, const char *path, const
         }
         if (!params_shape_matches(&p->value, ft)) {
             shape_str(&p->value, b, sizeof b);
-            rc = fail(err, n, "%s: tensor %s has shape %s, the config expects %s\n"
+            rc = cg_set_error(err, n, "%s: tensor %s has shape %s, the config expects %s\n"
                       "  hint: the file was written for another model size; use the config it was "
                       "trained with", path, ft->name, st_shape_str(ft, a, sizeof a), b);
         } else if (ft->dtype != ST_F32 && ft->dtype != ST_BF16 && ft->dtype != ST_F16 && ft->dtype != ST_F64) {
-            rc = fail(err, n, "%s: tensor %s has dtype %s; parameters load from F32, BF16, F16 or "
+            rc = cg_set_error(err, n, "%s: tensor %s has dtype %s; parameters load from F32, BF16, F16 or "
                       "F64", path, ft->name, st_dtype_name(ft->dtype));
         }
     }
     if (rc == 0 && r->n_missing && !r->allow_missing) {
-        rc = fail(err, n, "%s: %d of %d parameters are not in the file: ", path, r->n_missing, t->n);
+        rc = cg_set_error(err, n, "%s: %d of %d parameters are not in the file: ", path, r->n_missing, t->n);
         for (int i = 0; i < r->n_missing && i < LIST_SHOWN; i++)
             append(err, n, "%s%s", i ? ", " : "", r->missing[i]);
         if (r->n_missing > LIST_SHOWN) append(err, n, ", ... and %d more", r->n_missing - LIST_SHOWN);
@@ -166,14 +155,7 @@ int params_load_safetensors_err(ParamTable *t, Ctx *ctx, const char *path, const
         if (!match[k]) continue;
         float *host = cg_malloc((p->value.numel ? p->value.numel : 1) * sizeof(float));
         rc = st_read_f32_err(&f, match[k], host, err, n);
-        if (rc == 0 && p->value.dtype == DTYPE_BF16) {
-            uint16_t *h16 = cg_malloc((p->value.numel ? p->value.numel : 1) * sizeof(uint16_t));
-            for (size_t i = 0; i < p->value.numel; i++) h16[i] = st_f32_to_bf16(host[i]);
-            tensor_upload(ctx, &p->value, h16);
-            free(h16);
-        } else if (rc == 0) {
-            tensor_upload(ctx, &p->value, host);
-        }
+        if (rc == 0) params_set_value(p, ctx, host);   // rounds to bf16 values; fp32 masters
         free(host);
         if (rc == 0) r->n_loaded++;
     }
@@ -195,7 +177,7 @@ typedef struct FetchParams { Ctx *ctx; const ParamTable *t; } FetchParams;
 static int fetch_param(void *user, int i, void *buf, size_t bytes, char *err, size_t n) {
     FetchParams *fp = user;
     const Tensor *v = &fp->t->params[i]->value;
-    if (bytes != tensor_bytes(v)) return fail(err, n, "parameter %s: size changed", fp->t->params[i]->name);
+    if (bytes != tensor_bytes(v)) return cg_set_error(err, n, "parameter %s: size changed", fp->t->params[i]->name);
     tensor_download(fp->ctx, v, buf);
     return 0;
 }

@@ -10,8 +10,9 @@
 //                                     into a 2-D parameter when D matches and C*p*p does.
 //                                     (Written 2-D: reshape to 4-D before timm's
 //                                     load_state_dict.)
-// Dtypes: F32, BF16, F16 and F64 tensors load into any parameter (converted); parameters are
-// written in their own dtype (F32, or BF16 for bf16 parameters).
+// Dtypes: F32, BF16, F16 and F64 tensors load into any parameter (converted; bf16 values are
+// rounded and their fp32 masters take the file's values); parameters are written in their own
+// dtype (F32, or BF16 for bf16 parameters; their masters go into checkpoints' state).
 #pragma once
 #include "params.h"
 #include "safetensors.h"

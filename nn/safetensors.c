@@ -1,5 +1,6 @@
 #include "safetensors.h"
 #include "error.h"
+#include "tensor.h"
 #include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
@@ -33,36 +34,9 @@ int st_dtype_parse(const char *s, StDType *out) {
     return -1;
 }
 
-// Writes the message into err (when there is one) and returns -1.
-__attribute__((format(printf, 3, 4)))
-static int fail(char *err, size_t n, const char *fmt, ...) {
-    if (err && n) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, n, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 #define HINT_CORRUPT "\n  hint: the file is truncated, corrupt or not a safetensors file"
 
 // ---- conversions ----------------------------------------------------------------------------
-
-float st_bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-uint16_t st_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);   // quiet NaN
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 float st_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
@@ -367,7 +341,7 @@ static int jtensor(Json *j, StTensor *t) {
                         for (int i = 0; i < ST_NUM_DTYPES && off < sizeof known; i++)
                             off += (size_t)snprintf(known + off, sizeof known - off, "%s%s",
                                                     i ? ", " : "", kDTypes[i].name);
-                        rc = fail(j->err, j->en, "%s: tensor '%s' has dtype '%s', which this reader "
+                        rc = cg_set_error(j->err, j->en, "%s: tensor '%s' has dtype '%s', which this reader "
                                   "does not know (known: %s)", j->path, t->name, dt, known);
                     }
                     free(dt);
@@ -504,18 +478,18 @@ static int validate(StFile *f, char *err, size_t en) {
         }
         size_t es = st_dtype_size(t->dtype);
         if (overflow || numel > SIZE_MAX / es)
-            return fail(err, en, "%s: tensor '%s' has shape %s, too many elements%s", f->path,
+            return cg_set_error(err, en, "%s: tensor '%s' has shape %s, too many elements%s", f->path,
                         t->name, st_shape_str(t, sh, sizeof sh), HINT_CORRUPT);
         t->numel = numel;
         if (t->begin > t->end)
-            return fail(err, en, "%s: tensor '%s' has data_offsets [%zu, %zu]: begin after end%s",
+            return cg_set_error(err, en, "%s: tensor '%s' has data_offsets [%zu, %zu]: begin after end%s",
                         f->path, t->name, t->begin, t->end, HINT_CORRUPT);
         if (t->end > f->data_size)
-            return fail(err, en, "%s: tensor '%s' has data_offsets [%zu, %zu], past the end of the "
+            return cg_set_error(err, en, "%s: tensor '%s' has data_offsets [%zu, %zu], past the end of the "
                         "data section (%zu bytes)%s", f->path, t->name, t->begin, t->end,
                         f->data_size, HINT_CORRUPT);
         if (t->end - t->begin != numel * es)
-            return fail(err, en, "%s: tensor '%s' has data_offsets [%zu, %zu] (%zu bytes), but dtype "
+            return cg_set_error(err, en, "%s: tensor '%s' has data_offsets [%zu, %zu] (%zu bytes), but dtype "
                         "%s and shape %s need %zu bytes%s", f->path, t->name, t->begin, t->end,
                         t->end - t->begin, st_dtype_name(t->dtype), st_shape_str(t, sh, sizeof sh),
                         numel * es, HINT_CORRUPT);
@@ -526,7 +500,7 @@ static int validate(StFile *f, char *err, size_t en) {
     qsort(order, (size_t)f->n, sizeof *order, cmp_name);
     for (int i = 1; i < f->n && rc == 0; i++)
         if (strcmp(order[i]->name, order[i - 1]->name) == 0)
-            rc = fail(err, en, "%s: tensor '%s' appears twice in the header%s", f->path,
+            rc = cg_set_error(err, en, "%s: tensor '%s' appears twice in the header%s", f->path,
                       order[i]->name, HINT_CORRUPT);
     qsort(order, (size_t)f->n, sizeof *order, cmp_begin);
     const StTensor *prev = NULL;   // the non-empty tensor reaching furthest so far
@@ -534,7 +508,7 @@ static int validate(StFile *f, char *err, size_t en) {
         const StTensor *t = order[i];
         if (t->begin == t->end) continue;
         if (prev && t->begin < prev->end)
-            rc = fail(err, en, "%s: tensors '%s' [%zu, %zu) and '%s' [%zu, %zu) overlap%s", f->path,
+            rc = cg_set_error(err, en, "%s: tensors '%s' [%zu, %zu) and '%s' [%zu, %zu) overlap%s", f->path,
                       prev->name, prev->begin, prev->end, t->name, t->begin, t->end, HINT_CORRUPT);
         if (!prev || t->end > prev->end) prev = t;
     }
@@ -551,24 +525,24 @@ int st_open_err(StFile *f, const char *path, char *err, size_t en) {
     if (fd < 0) {
         int e = errno;
         st_close(f);
-        return fail(err, en, "%s: %s", path, strerror(e));
+        return cg_set_error(err, en, "%s: %s", path, strerror(e));
     }
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         int e = errno;
         close(fd);
         st_close(f);
-        return fail(err, en, "%s: %s", path, strerror(e));
+        return cg_set_error(err, en, "%s: %s", path, strerror(e));
     }
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
         st_close(f);
-        return fail(err, en, "%s: not a regular file", path);
+        return cg_set_error(err, en, "%s: not a regular file", path);
     }
     f->file_size = (size_t)sb.st_size;
     if (f->file_size < 8) {
         close(fd);
-        int rc = fail(err, en, "%s: the file has %zu bytes; a safetensors file starts with an "
+        int rc = cg_set_error(err, en, "%s: the file has %zu bytes; a safetensors file starts with an "
                       "8-byte header length%s", path, f->file_size, HINT_CORRUPT);
         st_close(f);
         return rc;
@@ -578,17 +552,17 @@ int st_open_err(StFile *f, const char *path, char *err, size_t en) {
     close(fd);
     if (map == MAP_FAILED) {
         st_close(f);
-        return fail(err, en, "%s: mmap: %s", path, strerror(e));
+        return cg_set_error(err, en, "%s: mmap: %s", path, strerror(e));
     }
     f->map = map;
     uint64_t n;
     memcpy(&n, f->map, 8);
     if (n > ST_MAX_HEADER || n > f->file_size - 8) {
         if (n > ST_MAX_HEADER)
-            fail(err, en, "%s: the header length is %llu bytes, over the format's limit of %u%s",
+            cg_set_error(err, en, "%s: the header length is %llu bytes, over the format's limit of %u%s",
                  path, (unsigned long long)n, ST_MAX_HEADER, HINT_CORRUPT);
         else
-            fail(err, en, "%s: the header length is %llu bytes, but only %zu bytes follow the "
+            cg_set_error(err, en, "%s: the header length is %llu bytes, but only %zu bytes follow the "
                  "8-byte length%s", path, (unsigned long long)n, f->file_size - 8, HINT_CORRUPT);
         st_close(f);
         return -1;
@@ -649,7 +623,7 @@ int st_read_f32_err(const StFile *f, const StTensor *t, float *out, char *err, s
         for (size_t i = 0; i < t->numel; i++) {
             uint16_t h;
             memcpy(&h, src + 2 * i, 2);
-            out[i] = t->dtype == ST_BF16 ? st_bf16_to_f32(h) : st_f16_to_f32(h);
+            out[i] = t->dtype == ST_BF16 ? bf16_to_f32(h) : st_f16_to_f32(h);
         }
         return 0;
     case ST_F64:
@@ -660,7 +634,7 @@ int st_read_f32_err(const StFile *f, const StTensor *t, float *out, char *err, s
         }
         return 0;
     default:
-        return fail(err, en, "%s: tensor '%s' has dtype %s; expected a floating-point tensor "
+        return cg_set_error(err, en, "%s: tensor '%s' has dtype %s; expected a floating-point tensor "
                     "(F32, BF16, F16 or F64)", f->path, t->name, st_dtype_name(t->dtype));
     }
 }
@@ -714,7 +688,7 @@ static int write_all(int fd, const void *p, size_t n, const char *path, char *er
         ssize_t w = write(fd, c, n > (1u << 30) ? (1u << 30) : n);
         if (w < 0) {
             if (errno == EINTR) continue;
-            return fail(err, en, "%s: write: %s", path, strerror(errno));
+            return cg_set_error(err, en, "%s: write: %s", path, strerror(errno));
         }
         c += w;
         n -= (size_t)w;
@@ -750,20 +724,20 @@ int st_write_err(const char *path, const StWriteTensor *t, int n, const StMeta *
     // Check the tensors, then lay them out.
     for (int i = 0; i < n; i++) {
         if (!t[i].name || !t[i].name[0] || strcmp(t[i].name, "__metadata__") == 0)
-            return fail(err, en, "%s: tensor %d has no usable name", path, i);
+            return cg_set_error(err, en, "%s: tensor %d has no usable name", path, i);
         if (t[i].dtype >= ST_NUM_DTYPES || t[i].ndim < 0 || t[i].ndim > ST_MAX_DIMS)
-            return fail(err, en, "%s: tensor '%s': bad dtype or rank", path, t[i].name);
+            return cg_set_error(err, en, "%s: tensor '%s': bad dtype or rank", path, t[i].name);
         for (int d = 0; d < t[i].ndim; d++)
-            if (t[i].shape[d] < 0) return fail(err, en, "%s: tensor '%s': negative dimension", path, t[i].name);
+            if (t[i].shape[d] < 0) return cg_set_error(err, en, "%s: tensor '%s': negative dimension", path, t[i].name);
         if (!t[i].data && !fetch)
-            return fail(err, en, "%s: tensor '%s' has no data", path, t[i].name);
+            return cg_set_error(err, en, "%s: tensor '%s' has no data", path, t[i].name);
     }
     LayoutKey *keys = cg_malloc((size_t)(n ? n : 1) * sizeof(LayoutKey));
     for (int i = 0; i < n; i++) keys[i] = (LayoutKey){st_dtype_size(t[i].dtype), t[i].name, i};
     qsort(keys, (size_t)n, sizeof *keys, cmp_key_name);
     for (int i = 1; i < n; i++)
         if (strcmp(keys[i].name, keys[i - 1].name) == 0) {
-            int rc = fail(err, en, "%s: tensor '%s' given twice", path, keys[i].name);
+            int rc = cg_set_error(err, en, "%s: tensor '%s' given twice", path, keys[i].name);
             free(keys);
             return rc;
         }
@@ -808,12 +782,12 @@ int st_write_err(const char *path, const StWriteTensor *t, int n, const StMeta *
     char tmp[PATH_MAX];
     int rc = 0;
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
-        rc = fail(err, en, "%s: path too long", path);
+        rc = cg_set_error(err, en, "%s: path too long", path);
         goto done;
     }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-        rc = fail(err, en, "%s: %s", tmp, strerror(errno));
+        rc = cg_set_error(err, en, "%s: %s", tmp, strerror(errno));
         goto done;
     }
     uint64_t hl = h.len;
@@ -829,11 +803,11 @@ int st_write_err(const char *path, const StWriteTensor *t, int n, const StMeta *
         if (!rc && bytes[k]) rc = write_all(fd, src, bytes[k], tmp, err, en);
     }
     free(scratch);
-    if (!rc && fsync(fd) != 0) rc = fail(err, en, "%s: fsync: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && !rc) rc = fail(err, en, "%s: close: %s", tmp, strerror(errno));
-    if (!rc && rename(tmp, path) != 0) rc = fail(err, en, "%s: rename to %s: %s", tmp, path, strerror(errno));
+    if (!rc && fsync(fd) != 0) rc = cg_set_error(err, en, "%s: fsync: %s", tmp, strerror(errno));
+    if (close(fd) != 0 && !rc) rc = cg_set_error(err, en, "%s: close: %s", tmp, strerror(errno));
+    if (!rc && rename(tmp, path) != 0) rc = cg_set_error(err, en, "%s: rename to %s: %s", tmp, path, strerror(errno));
     if (rc) unlink(tmp);
-    else if (sync_parent_dir(path) != 0) rc = fail(err, en, "%s: fsync of its folder: %s", path, strerror(errno));
+    else if (sync_parent_dir(path) != 0) rc = cg_set_error(err, en, "%s: fsync of its folder: %s", path, strerror(errno));
 done:
     free(h.p);
     free(bytes);

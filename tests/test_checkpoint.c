@@ -1,12 +1,14 @@
-// Checkpoints (train/checkpoint.h): the training state round trip, which folders count as
-// complete, keep_last, refusing a resume that changes shapes, a write error (file size limit as a
-// stand-in for a full disk) and kill -9 at every stage of a write leaving the previous checkpoint
-// the newest complete one, and `cgspn train` resuming bit-exactly (losses and final weights).
+// Checkpoints (train/checkpoint.h): the training state round trip (fp32, and bf16 values with
+// fp32 masters), which folders count as complete, keep_last, refusing a resume that changes
+// shapes, a write error (file size limit as a stand-in for a full disk) and kill -9 at every
+// stage of a write leaving the previous checkpoint the newest complete one, and `cgspn train`
+// resuming bit-exactly (losses, log lines and final weights).
 #include "testlib.h"
 #include "../train/checkpoint.h"
 #include "../train/classify.h"
 #include "../train/model_config.h"
 #include "../nn/params_io.h"
+#include "../nn/safetensors.h"
 #include "../kernels/ops.h"
 #include <signal.h>
 #include <sys/resource.h>
@@ -16,18 +18,9 @@
 
 static char g_dir[256];   // a fresh temp folder per test
 
-static int setup_dir(void **state) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/cgspn_test_ckpt_XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
+static int setup_dir(void **state) { return test_make_temp_dir(g_dir, sizeof g_dir, "ckpt"); }
+static int teardown_dir(void **state) { return test_remove_dir(g_dir); }
 
-static int teardown_dir(void **state) {
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    return system(cmd);
-}
-
-// g_dir/name in one of a few rotating buffers (copy what must outlive the next calls).
 static const char *tmp_path(const char *name) {
     static char paths[8][512];
     static int next;
@@ -82,12 +75,14 @@ static Config tiny_config(int width) {
     return c;
 }
 
-// Parameters from seed, moments filled with seeded values (as if trained).
-static Model *model_new(const Config *c, uint64_t seed) {
+// Parameters from seed (values of dtype: bf16 ones get fp32 masters), moments filled with
+// seeded values (as if trained); masters moved off the bf16 grid, as training does.
+static Model *model_new_dtype(const Config *c, uint64_t seed, DType dtype) {
     Model *m = calloc(1, sizeof(Model));
     m->cfg = *c;
     EncoderConfig ec = encoder_config_from(c);
     m->ctx = ctx_cpu();
+    m->ctx.act_dtype = dtype;
     params_init_table(&m->t);
     encoder_register(&m->enc, &ec, &m->t);
     params_alloc(&m->t, &m->ctx);
@@ -98,25 +93,33 @@ static Model *model_new(const Config *c, uint64_t seed) {
         for (size_t k = 0; k < p->m.numel; k++) {
             tensor_f32(&p->m)[k] = (float)(test_rng_next(&s) >> 40) * 1e-7f - 0.8f;
             tensor_f32(&p->v)[k] = (float)(test_rng_next(&s) >> 40) * 1e-9f;
+            if (p->master.data) tensor_f32(&p->master)[k] += (float)(test_rng_next(&s) >> 40) * 1e-12f;
         }
     }
     return m;
 }
+
+static Model *model_new(const Config *c, uint64_t seed) { return model_new_dtype(c, seed, DTYPE_F32); }
 
 static void model_free(Model *m) {
     params_free(&m->t, &m->ctx);
     free(m);
 }
 
-// Every parameter's value, m and v bit for bit (the buffers' alignment padding is not state).
+static bool same_bytes(const Tensor *a, const Tensor *b) {
+    return a->dtype == b->dtype && a->numel == b->numel &&
+           memcmp(a->data, b->data, tensor_bytes(a)) == 0;
+}
+
+// Every parameter's value, m, v (and master) bit for bit (buffer padding is not state).
 static bool buffers_equal(const Model *a, const Model *b) {
     if (a->t.n != b->t.n) return false;
     for (int i = 0; i < a->t.n; i++) {
         const Param *p = a->t.params[i], *q = b->t.params[i];
-        size_t bytes = tensor_bytes(&p->value);
-        if (memcmp(p->value.data, q->value.data, bytes) || memcmp(p->m.data, q->m.data, bytes) ||
-            memcmp(p->v.data, q->v.data, bytes))
+        if (!same_bytes(&p->value, &q->value) || !same_bytes(&p->m, &q->m) || !same_bytes(&p->v, &q->v))
             return false;
+        if ((p->master.data != NULL) != (q->master.data != NULL)) return false;
+        if (p->master.data && !same_bytes(&p->master, &q->master)) return false;
     }
     return true;
 }
@@ -173,6 +176,35 @@ static void test_state_round_trip_restores_every_bit(void **state) {
     assert_int_equal(config_load_file_err(&back, want, err, sizeof err), 0);
     assert_int_equal(back.width, 16);
     model_free(a); model_free(b); model_free(ema); model_free(ema2);
+}
+
+static void test_bf16_parameters_save_bf16_weights_and_fp32_masters(void **state) {
+    Config c = tiny_config(16);
+    Model *a = model_new_dtype(&c, 1, DTYPE_BF16), *b = model_new_dtype(&c, 2, DTYPE_BF16);
+    Model *f32 = model_new(&c, 3);
+    char run[512], err[2048];
+    snprintf(run, sizeof run, "%s/run", g_dir);
+    save_step(run, a, 4, 0);
+    StFile f;
+    st_open(&f, tmp_path("run/step_00000004/model.safetensors"));
+    assert_int_equal(st_find(&f, "blocks.0.attn.qkv.weight")->dtype, ST_BF16);
+    st_close(&f);
+    st_open(&f, tmp_path("run/step_00000004/state.safetensors"));
+    assert_int_equal(st_find(&f, "master.blocks.0.attn.qkv.weight")->dtype, ST_F32);
+    assert_int_equal(st_find(&f, "m.blocks.0.attn.qkv.weight")->dtype, ST_F32);
+    st_close(&f);
+    CkptState s;
+    assert_false(buffers_equal(a, b));
+    assert_int_equal(ckpt_load_err(tmp_path("run/step_00000004"), &c, &b->t, NULL, &b->ctx, &s,
+                                   err, sizeof err), 0);
+    assert_true(buffers_equal(a, b));   // bf16 values, fp32 masters and moments: every bit
+    // An fp32 run resuming it takes the masters as its weights.
+    assert_int_equal(ckpt_load_err(tmp_path("run/step_00000004"), &c, &f32->t, NULL, &f32->ctx, &s,
+                                   err, sizeof err), 0);
+    for (int i = 0; i < a->t.n; i++)
+        assert_memory_equal(f32->t.params[i]->value.data, a->t.params[i]->master.data,
+                            tensor_bytes(&a->t.params[i]->master));
+    model_free(a); model_free(b); model_free(f32);
 }
 
 // ---- which folders count ---------------------------------------------------------------------
@@ -432,6 +464,7 @@ static Config train_config(const char *model, const char *run_name, long total) 
         c.class_token = 0;
         c.gspn_latent = 4;
     }
+    snprintf(c.device, sizeof c.device, "cpu");
     c.batch_size = 8;
     c.max_steps = (int)total;
     c.warmup_steps = 3;
@@ -526,6 +559,7 @@ static void test_cgspn_training_resumes_bit_exactly(void **state) { resume_is_bi
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_state_round_trip_restores_every_bit, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_bf16_parameters_save_bf16_weights_and_fp32_masters, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_find_latest_ignores_tmp_incomplete_and_other_names, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_keep_last_prunes_older_checkpoints, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_resume_with_changed_shapes_is_refused_with_both_configs, setup_dir, teardown_dir),

@@ -15,16 +15,8 @@
 
 static char g_dir[256];   // a fresh temp folder per test
 
-static int setup_dir(void **state) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/cgspn_test_st_XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown_dir(void **state) {
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    return system(cmd);
-}
+static int setup_dir(void **state) { return test_make_temp_dir(g_dir, sizeof g_dir, "st"); }
+static int teardown_dir(void **state) { return test_remove_dir(g_dir); }
 
 static const char *tmp_path(const char *name) {
     static char paths[8][512];
@@ -178,7 +170,7 @@ static void test_round_trip_f32_bits_and_bf16_conversion(void **state) {
     uint64_t seed = 7;
     for (int i = 0; i < N; i++) {
         x[i] = (float)((test_rng_next(&seed) >> 40) * (1.0 / 16777216.0) - 0.5) * 1e3f;
-        h[i] = st_f32_to_bf16(x[i]);
+        h[i] = f32_to_bf16(x[i]);
     }
     x[0] = -0.0f;
     x[1] = INFINITY;
@@ -196,7 +188,7 @@ static void test_round_trip_f32_bits_and_bf16_conversion(void **state) {
     assert_memory_equal(x, y, N * sizeof(float));   // bit for bit, NaN and -0 included
     assert_int_equal(st_read_f32_err(&f, st_find(&f, "w.bf16"), y, err, sizeof err), 0);
     for (int i = 3; i < N; i++) {
-        assert_true(y[i] == st_bf16_to_f32(h[i]));
+        assert_true(y[i] == bf16_to_f32(h[i]));
         assert_true(fabsf(y[i] - x[i]) <= BF16_REL_ERR * fabsf(x[i]));
     }
     st_close(&f);
@@ -204,14 +196,14 @@ static void test_round_trip_f32_bits_and_bf16_conversion(void **state) {
 }
 
 static void test_bf16_rounds_to_nearest_even_and_keeps_nan(void **state) {
-    assert_int_equal(st_f32_to_bf16(1.0f), 0x3f80);
-    assert_int_equal(st_f32_to_bf16(1.0f + ldexpf(1, -8)), 0x3f80);            // tie: even (down)
-    assert_int_equal(st_f32_to_bf16(1.0f + 3 * ldexpf(1, -8)), 0x3f82);        // tie: even (up)
-    assert_int_equal(st_f32_to_bf16(1.0f + ldexpf(1, -8) + ldexpf(1, -20)), 0x3f81);
-    assert_int_equal(st_f32_to_bf16(-2.0f), 0xc000);
-    assert_int_equal(st_f32_to_bf16(INFINITY), 0x7f80);
-    assert_true(isnan(st_bf16_to_f32(st_f32_to_bf16(NAN))));
-    assert_true(st_bf16_to_f32(0x3f80) == 1.0f);
+    assert_int_equal(f32_to_bf16(1.0f), 0x3f80);
+    assert_int_equal(f32_to_bf16(1.0f + ldexpf(1, -8)), 0x3f80);            // tie: even (down)
+    assert_int_equal(f32_to_bf16(1.0f + 3 * ldexpf(1, -8)), 0x3f82);        // tie: even (up)
+    assert_int_equal(f32_to_bf16(1.0f + ldexpf(1, -8) + ldexpf(1, -20)), 0x3f81);
+    assert_int_equal(f32_to_bf16(-2.0f), 0xc000);
+    assert_int_equal(f32_to_bf16(INFINITY), 0x7f80);
+    assert_true(isnan(bf16_to_f32(f32_to_bf16(NAN))));
+    assert_true(bf16_to_f32(0x3f80) == 1.0f);
 }
 
 static void test_f16_to_f32_covers_subnormals_inf_nan(void **state) {
@@ -451,7 +443,7 @@ static const char *write_openclip_style(const Model *a, bool with_2d_pos) {
         names[i] = malloc(strlen(p->name) + 16);
         sprintf(names[i], "visual.trunk.%s", p->name);
         data[i] = malloc(p->value.numel * 2 + 2);
-        for (size_t k = 0; k < p->value.numel; k++) data[i][k] = st_f32_to_bf16(tensor_f32(&p->value)[k]);
+        for (size_t k = 0; k < p->value.numel; k++) data[i][k] = f32_to_bf16(tensor_f32(&p->value)[k]);
         w[i] = (StWriteTensor){names[i], ST_BF16, 0, {0}, data[i]};
         w[i].ndim = params_file_shape(p, w[i].shape);
         if (strcmp(p->name, "patch_embed.proj.weight") == 0) {   // (D, C, p, p)
@@ -489,7 +481,7 @@ static void test_prefix_4d_conv_and_bf16_load_into_fp32_table(void **state) {
         for (int i = 0; i < a->t.n; i++) {
             const Tensor *x = &a->t.params[i]->value, *y = &b->t.params[i]->value;
             for (size_t k = 0; k < x->numel; k++)
-                assert_true(tensor_f32(y)[k] == st_bf16_to_f32(st_f32_to_bf16(tensor_f32(x)[k])));
+                assert_true(tensor_f32(y)[k] == bf16_to_f32(f32_to_bf16(tensor_f32(x)[k])));
         }
         load_report_free(&r);
         // Without the prefix nothing matches; the hint names the prefix to strip.

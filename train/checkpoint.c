@@ -22,17 +22,6 @@ static const char *const kModelKeys[] = {
 };
 
 __attribute__((format(printf, 3, 4)))
-static int fail(char *err, size_t n, const char *fmt, ...) {
-    if (err && n) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, n, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
-__attribute__((format(printf, 3, 4)))
 static void append(char *err, size_t n, const char *fmt, ...) {
     size_t len = strlen(err);
     if (len + 1 >= n) return;
@@ -71,14 +60,14 @@ static bool is_dir(const char *path) {
 
 static int mkdir_p_err(const char *path, char *err, size_t n) {
     char tmp[PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return fail(err, n, "%s: path too long", path);
+    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return cg_set_error(err, n, "%s: path too long", path);
     for (char *p = tmp + 1; *p; p++) {
         if (*p != '/') continue;
         *p = 0;
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return fail(err, n, "%s: %s", tmp, strerror(errno));
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return cg_set_error(err, n, "%s: %s", tmp, strerror(errno));
         *p = '/';
     }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return fail(err, n, "%s: %s", tmp, strerror(errno));
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return cg_set_error(err, n, "%s: %s", tmp, strerror(errno));
     return 0;
 }
 
@@ -167,7 +156,7 @@ typedef struct FetchState {
 
 static int fetch_tensor(void *user, int i, void *buf, size_t bytes, char *err, size_t n) {
     FetchState *fs = user;
-    if (!fs->src[i] || tensor_bytes(fs->src[i]) != bytes) return fail(err, n, "state tensor %d: no data", i);
+    if (!fs->src[i] || tensor_bytes(fs->src[i]) != bytes) return cg_set_error(err, n, "state tensor %d: no data", i);
     tensor_download(fs->ctx, fs->src[i], buf);
     return 0;
 }
@@ -185,7 +174,7 @@ static void state_tensor(StWriteTensor *w, const Tensor **src, int *k, const cha
 
 static int write_state(const char *path, const ParamTable *params, const ParamTable *ema, Ctx *ctx,
                        const CkptState *s, char *err, size_t n) {
-    int cap = 2 * params->n + (ema ? ema->n : 0) + 2, k = 0;
+    int cap = 3 * params->n + (ema ? ema->n : 0) + 2, k = 0;
     StWriteTensor *w = cg_calloc((size_t)cap, sizeof(StWriteTensor));
     const Tensor **src = cg_calloc((size_t)cap, sizeof(Tensor *));
     char **names = cg_calloc((size_t)cap, sizeof(char *));
@@ -198,6 +187,11 @@ static int write_state(const char *path, const ParamTable *params, const ParamTa
         names[k] = cg_malloc(len);
         snprintf(names[k], len, "v.%s", p->name);
         state_tensor(w, src, &k, names[k], &p->v);
+        if (p->master.data) {   // bf16 values: the fp32 weights the optimizer updates
+            names[k] = cg_malloc(len + 8);
+            snprintf(names[k], len + 8, "master.%s", p->name);
+            state_tensor(w, src, &k, names[k], &p->master);
+        }
     }
     for (int i = 0; ema && i < ema->n; i++) {
         const Param *p = ema->params[i];
@@ -225,13 +219,13 @@ static int write_state(const char *path, const ParamTable *params, const ParamTa
 // Writes a small text file and fsyncs it. text_cfg: the config (config_print), else the line.
 static int write_text(const char *path, const Config *cfg, const char *line, char *err, size_t n) {
     FILE *f = fopen(path, "w");
-    if (!f) return fail(err, n, "%s: %s", path, strerror(errno));
+    if (!f) return cg_set_error(err, n, "%s: %s", path, strerror(errno));
     if (cfg) config_print(cfg, f);
     else fputs(line, f);
     int bad = fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0;
     int e = errno;
     if (fclose(f) != 0 && !bad) bad = 1, e = errno;
-    return bad ? fail(err, n, "%s: write: %s", path, strerror(e)) : 0;
+    return bad ? cg_set_error(err, n, "%s: write: %s", path, strerror(e)) : 0;
 }
 
 static void hook(const CkptOptions *o, const char *path) {
@@ -280,14 +274,14 @@ int ckpt_save_err(const char *run_dir, const CkptOptions *o, const Config *c,
                   char *saved, size_t saved_n, char *err, size_t n) {
     char final[PATH_MAX], tmp[PATH_MAX + 8], old[PATH_MAX + 8], path[PATH_MAX + 64];
     if (s->n_rngs < 0 || s->n_rngs > CKPT_MAX_RNGS || s->cursor_bytes > CKPT_CURSOR_MAX)
-        return fail(err, n, "checkpoint state: %d RNGs / %zu cursor bytes exceed the limits (%d / %d)",
+        return cg_set_error(err, n, "checkpoint state: %d RNGs / %zu cursor bytes exceed the limits (%d / %d)",
                     s->n_rngs, s->cursor_bytes, CKPT_MAX_RNGS, CKPT_CURSOR_MAX);
     if (mkdir_p_err(run_dir, err, n) != 0) return -1;
     ckpt_dir_name(run_dir, s->step, final, sizeof final);
     snprintf(tmp, sizeof tmp, "%s.tmp", final);
     snprintf(old, sizeof old, "%s.old", final);
-    if (remove_tree(tmp) != 0) return fail(err, n, "%s: removing a stale copy: %s", tmp, strerror(errno));
-    if (mkdir(tmp, 0755) != 0) return fail(err, n, "%s: %s", tmp, strerror(errno));
+    if (remove_tree(tmp) != 0) return cg_set_error(err, n, "%s: removing a stale copy: %s", tmp, strerror(errno));
+    if (mkdir(tmp, 0755) != 0) return cg_set_error(err, n, "%s: %s", tmp, strerror(errno));
 
     char step[32];
     snprintf(step, sizeof step, "%ld", s->step);
@@ -311,16 +305,16 @@ int ckpt_save_err(const char *run_dir, const CkptOptions *o, const Config *c,
         snprintf(path, sizeof path, "%s/COMPLETE", tmp);
         rc = write_text(path, NULL, line, err, n);
     }
-    if (rc == 0 && fsync_dir(tmp) != 0) rc = fail(err, n, "%s: fsync: %s", tmp, strerror(errno));
+    if (rc == 0 && fsync_dir(tmp) != 0) rc = cg_set_error(err, n, "%s: fsync: %s", tmp, strerror(errno));
     if (rc == 0) hook(o, tmp);
     bool replaced = false;
     if (rc == 0 && is_dir(final)) {   // the same step again (a resumed run): swap it out
         if (remove_tree(old) != 0 || rename(final, old) != 0)
-            rc = fail(err, n, "%s: moving the previous copy aside: %s", final, strerror(errno));
+            rc = cg_set_error(err, n, "%s: moving the previous copy aside: %s", final, strerror(errno));
         else replaced = true;
     }
     if (rc == 0 && rename(tmp, final) != 0) {
-        rc = fail(err, n, "%s: rename to %s: %s", tmp, final, strerror(errno));
+        rc = cg_set_error(err, n, "%s: rename to %s: %s", tmp, final, strerror(errno));
         if (replaced) rename(old, final);
         replaced = false;
     }
@@ -331,7 +325,7 @@ int ckpt_save_err(const char *run_dir, const CkptOptions *o, const Config *c,
         return -1;
     }
     if (fsync_dir(run_dir) != 0)
-        return fail(err, n, "%s: fsync: %s", run_dir, strerror(errno));
+        return cg_set_error(err, n, "%s: fsync: %s", run_dir, strerror(errno));
     if (replaced) remove_tree(old);
     prune(run_dir, o ? o->keep_last : 0, s->step);
     if (saved) snprintf(saved, saved_n, "%s", final);
@@ -358,17 +352,17 @@ int ckpt_resolve_err(const char *resume, const char *run_dir, char *out, size_t 
         return 1;
     }
     if (!is_dir(resume))
-        return fail(err, n, "resume = %s: no such checkpoint folder\n  hint: resume takes auto, a "
+        return cg_set_error(err, n, "resume = %s: no such checkpoint folder\n  hint: resume takes auto, a "
                     "checkpoint folder (RUN/step_NNNNNNNN) or a run folder", resume);
     if (ckpt_find_latest(resume, out, out_n)) return 1;
     size_t len = strlen(resume);
     const char *base = strrchr(resume, '/');
     base = base && base[1] ? base + 1 : resume;
     if (parse_step_name(base) >= 0 || (len > 4 && strcmp(resume + len - 4, ".tmp") == 0))
-        return fail(err, n, "resume = %s: the checkpoint is incomplete (no COMPLETE marker: it was "
+        return cg_set_error(err, n, "resume = %s: the checkpoint is incomplete (no COMPLETE marker: it was "
                     "being written when the run stopped)\n  hint: resume from an earlier one; "
                     "resume = auto picks the newest complete checkpoint", resume);
-    return fail(err, n, "resume = %s: no complete checkpoint (step_NNNNNNNN/COMPLETE) in this "
+    return cg_set_error(err, n, "resume = %s: no complete checkpoint (step_NNNNNNNN/COMPLETE) in this "
                 "folder", resume);
 }
 
@@ -449,16 +443,16 @@ static int check_state_tensor(const StFile *f, const StTensor *st, const char *p
                               const char *name, const Tensor *t, char *err, size_t n) {
     char a[128], b[128];
     if (!st)
-        return fail(err, n, "%s: no tensor %s%s\n  hint: the state file is from another model or "
+        return cg_set_error(err, n, "%s: no tensor %s%s\n  hint: the state file is from another model or "
                     "corrupt", f->path, prefix, name);
     bool same = st->ndim == t->ndim && st->numel == t->numel;
     for (int d = 0; same && d < t->ndim; d++) same = st->shape[d] == t->shape[d];
     StDType want = t->dtype == DTYPE_BF16 ? ST_BF16 : ST_F32;
     if (!same)
-        return fail(err, n, "%s: tensor %s has shape %s, the config expects %s", f->path, st->name,
+        return cg_set_error(err, n, "%s: tensor %s has shape %s, the config expects %s", f->path, st->name,
                     st_shape_str(st, a, sizeof a), tensor_shape_str(t, b, sizeof b));
     if (st->dtype != want)
-        return fail(err, n, "%s: tensor %s has dtype %s, expected %s", f->path, st->name,
+        return cg_set_error(err, n, "%s: tensor %s has dtype %s, expected %s", f->path, st->name,
                     st_dtype_name(st->dtype), st_dtype_name(want));
     return 0;
 }
@@ -473,16 +467,30 @@ static int load_state(const char *path, ParamTable *params, ParamTable *ema, Ctx
     char *end = NULL;
     long stepv = step ? strtol(step, &end, 10) : -1;
     if (!format || strcmp(format, STATE_FORMAT) != 0 || !version || strcmp(version, STATE_VERSION) != 0)
-        rc = fail(err, n, "%s: not a cgspn training state (format %s, version %s; expected %s, %s)",
+        rc = cg_set_error(err, n, "%s: not a cgspn training state (format %s, version %s; expected %s, %s)",
                   path, format ? format : "absent", version ? version : "absent", STATE_FORMAT,
                   STATE_VERSION);
     else if (!step || *end || stepv < 0)
-        rc = fail(err, n, "%s: metadata step '%s' is not a step count", path, step ? step : "");
+        rc = cg_set_error(err, n, "%s: metadata step '%s' is not a step count", path, step ? step : "");
     for (int i = 0; i < params->n && rc == 0; i++) {
         Param *p = params->params[i];
         rc = check_state_tensor(&f, state_find(&f, "m.", p->name), "m.", p->name, &p->m, err, n);
         if (rc == 0)
             rc = check_state_tensor(&f, state_find(&f, "v.", p->name), "v.", p->name, &p->v, err, n);
+    }
+    // fp32 master weights: into the masters of a bf16 table; into the values of an fp32 one
+    // (more precise than the bf16 values in model.safetensors). A checkpoint of an fp32 run has
+    // none: bf16 masters then start from the weights just loaded.
+    bool has_master = params->n > 0 && state_find(&f, "master.", params->params[0]->name);
+    for (int i = 0; has_master && i < params->n && rc == 0; i++) {
+        Param *p = params->params[i];
+        const Tensor *into = p->master.data ? &p->master : &p->value;
+        Tensor want = *into;
+        want.dtype = DTYPE_F32;
+        rc = check_state_tensor(&f, state_find(&f, "master.", p->name), "master.", p->name, &want, err, n);
+        if (rc == 0 && into->dtype != DTYPE_F32)
+            rc = cg_set_error(err, n, "%s: parameter %s is %s; master weights load into fp32 tensors",
+                              path, p->name, dtype_name(into->dtype));
     }
     bool has_ema = ema && ema->n > 0 && state_find(&f, "ema.", ema->params[0]->name);
     for (int i = 0; has_ema && i < ema->n && rc == 0; i++) {
@@ -492,15 +500,20 @@ static int load_state(const char *path, ParamTable *params, ParamTable *ema, Ctx
     const StTensor *rng = st_find(&f, "rng"), *cursor = st_find(&f, "cursor");
     if (rc == 0 && (!rng || rng->dtype != ST_U64 || rng->ndim != 2 || rng->shape[1] != 4 ||
                     rng->shape[0] > CKPT_MAX_RNGS))
-        rc = fail(err, n, "%s: tensor rng is missing or not U64 (n <= %d, 4)", path, CKPT_MAX_RNGS);
+        rc = cg_set_error(err, n, "%s: tensor rng is missing or not U64 (n <= %d, 4)", path, CKPT_MAX_RNGS);
     if (rc == 0 && (!cursor || cursor->dtype != ST_U8 || cursor->ndim != 1 ||
                     cursor->shape[0] > CKPT_CURSOR_MAX))
-        rc = fail(err, n, "%s: tensor cursor is missing or not U8 (n <= %d)", path, CKPT_CURSOR_MAX);
+        rc = cg_set_error(err, n, "%s: tensor cursor is missing or not U8 (n <= %d)", path, CKPT_CURSOR_MAX);
     if (rc == 0) {   // everything checked: fill
         for (int i = 0; i < params->n; i++) {
             Param *p = params->params[i];
             tensor_upload(ctx, &p->m, st_data(&f, state_find(&f, "m.", p->name)));
             tensor_upload(ctx, &p->v, st_data(&f, state_find(&f, "v.", p->name)));
+        }
+        for (int i = 0; has_master && i < params->n; i++) {
+            Param *p = params->params[i];
+            tensor_upload(ctx, p->master.data ? &p->master : &p->value,
+                          st_data(&f, state_find(&f, "master.", p->name)));
         }
         for (int i = 0; has_ema && i < ema->n; i++)
             tensor_upload(ctx, &ema->params[i]->value, st_data(&f, state_find(&f, "ema.", ema->params[i]->name)));
@@ -521,7 +534,7 @@ int ckpt_load_err(const char *ckpt_dir, const Config *c, ParamTable *params, Par
     memset(s, 0, sizeof *s);
     snprintf(path, sizeof path, "%s/COMPLETE", ckpt_dir);
     if (!is_file(path))
-        return fail(err, n, "%s: not a complete checkpoint (no COMPLETE marker)\n  hint: it was "
+        return cg_set_error(err, n, "%s: not a complete checkpoint (no COMPLETE marker)\n  hint: it was "
                     "being written when the run stopped; resume from an earlier one (resume = auto "
                     "picks the newest complete checkpoint)", ckpt_dir);
     snprintf(path, sizeof path, "%s/model.safetensors", ckpt_dir);
@@ -532,7 +545,7 @@ int ckpt_load_err(const char *ckpt_dir, const Config *c, ParamTable *params, Par
         return -1;
     }
     if (r.n_extra) {
-        fail(err, n, "%s: %d tensors of the checkpoint are not parameters of this model: ", path,
+        cg_set_error(err, n, "%s: %d tensors of the checkpoint are not parameters of this model: ", path,
              r.n_extra);
         for (int i = 0; i < r.n_extra && i < LIST_SHOWN; i++) append(err, n, "%s%s", i ? ", " : "", r.extra[i]);
         if (r.n_extra > LIST_SHOWN) append(err, n, ", ... and %d more", r.n_extra - LIST_SHOWN);
@@ -547,7 +560,7 @@ int ckpt_load_err(const char *ckpt_dir, const Config *c, ParamTable *params, Par
     base = base && base[1] ? base + 1 : ckpt_dir;
     long named = parse_step_name(base);
     if (named >= 0 && named != s->step)
-        return fail(err, n, "%s: the state is of step %ld, the folder name says %ld", ckpt_dir,
+        return cg_set_error(err, n, "%s: the state is of step %ld, the folder name says %ld", ckpt_dir,
                     s->step, named);
     return 0;
 }

@@ -4,12 +4,11 @@
 //     model.safetensors   the weights, timm names and shapes (nn/params_io.h); loads in PyTorch
 //     state.safetensors   the training state, also safetensors (inspectable from Python):
 //                           m.NAME, v.NAME   AdamW moments, F32, the parameter's own shape
+//                           master.NAME      fp32 master weights (when the values are bf16)
 //                           ema.NAME         EMA weights (only when the trainer keeps them)
 //                           rng              U64 (n, 4): the trainer's RNG states (nn/rng.h)
 //                           cursor           U8 (bytes): the data cursor, opaque to this module
 //                         metadata: format = cgspn-train-state, version = 1, step
-//                         (fp32 master weights go in as master.NAME once bf16 parameters carry
-//                         them; the parameter table has none yet)
 //     config.cfg          the resolved config (config_print)
 //     COMPLETE            written last: "step 1200\n"
 //
@@ -70,7 +69,8 @@ int  ckpt_find_latest(const char *run_dir, char *out, size_t n);
 int  ckpt_resolve_err(const char *resume, const char *run_dir, char *out, size_t out_n,
                       char *err, size_t n);
 
-// Restores a checkpoint folder: weights into params, moments into params' m and v, EMA weights
+// Restores a checkpoint folder: weights into params, moments into params' m and v, master
+// weights into params' masters (into the values when the table is fp32), EMA weights
 // into ema (when non-NULL and the checkpoint has them: s->ema_loaded), and s. The parameter
 // table must describe the same model: a config that changes shapes is refused with a message
 // naming the tensor, both shapes and the model keys that differ from the checkpoint's

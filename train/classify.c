@@ -4,6 +4,7 @@
 #include "model_config.h"
 #include "optimizer.h"
 #include "runlog.h"
+#include "device.h"
 #include "../data/fmnist_batch.h"
 #include "../nn/error.h"
 #include "../nn/targets.h"
@@ -97,8 +98,8 @@ TrainResult classify_train(const Config *c, const FmnistSplit *train, const Fmni
     TrainOptions none = {0};
     if (!o) o = &none;
     TrainResult res = {0};
-    Ctx ctx = ctx_cpu();
-    printf("device: cpu (%d threads)\n", omp_get_max_threads());
+    Ctx ctx = device_open(c);
+    device_describe(&ctx, stdout);
     CG_CHECK(train->images.rows == c->img_size && train->images.cols == c->img_size && c->in_chans == 1,
              "Fashion-MNIST images are 28x28 with 1 channel: img_size = 28, in_chans = 1",
              "img_size %d / in_chans %d do not match the %dx%d grayscale dataset", c->img_size,
@@ -254,6 +255,7 @@ TrainResult classify_train(const Config *c, const FmnistSplit *train, const Fmni
     arena_free(&arena);
     runlog_close(&log);
     params_free(&params, &ctx);
+    device_close(&ctx);
     res.step = step;
     res.total = total;
     res.eval = ev;

@@ -56,5 +56,5 @@ X(string, out_dir,          "checkpoints", "folder for run folders (checkpoints,
 X(int,    ckpt_every,       0,         "write a checkpoint every N steps, and always at the end; 0 = only at the end")
 X(int,    keep_last,        3,         "complete checkpoints kept in the run folder, the newest; 0 = all")
 X(string, resume,           "",        "continue a run: empty = no; auto = the newest complete checkpoint of this run folder (none yet: start at step 0); or a checkpoint or run folder path")
-X(string, precision,        "fp32",    "activation precision")
+X(string, precision,        "auto",    "parameters/activations: bf16 (fp32 master weights, moments, reductions) or fp32; auto = bf16 on GPU, fp32 on CPU")
 X(string, device,           "auto",    "where to run; auto picks cuda when a GPU is present")

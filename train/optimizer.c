@@ -23,7 +23,7 @@ StepStats optimizer_step(ParamTable *t, Ctx *ctx, Arena *scratch, const Optimize
             if (!p->trainable) continue;
             AdamWArgs a = {s.lr, o->beta1, o->beta2, o->eps, p->decay ? o->weight_decay : 0.0f,
                            scale, (int)(step + 1)};
-            op_adamw(ctx, &p->value, NULL, &p->grad, &p->m, &p->v, &a);
+            op_adamw(ctx, &p->value, p->master.data ? &p->master : NULL, &p->grad, &p->m, &p->v, &a);
         }
     }
     params_zero_grads(t, ctx);

@@ -5,27 +5,11 @@
 #include "../../kernels/ops.h"
 #include "../../kernels/cuda/cuda_common.h"
 
-// fp32 -> bf16 with round-to-nearest-even (as __float2bfloat16).
-static inline uint16_t gpu_test_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7f800000u) == 0x7f800000u) return (uint16_t)(u >> 16 | ((u & 0xffff) ? 0x40 : 0));
-    u += 0x7fff + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
-
-static inline float gpu_test_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 // Rounds a CPU fp32 tensor's values to bf16 precision in place, so the CPU reference sees
 // exactly the inputs the bf16 GPU op sees.
 static inline void gpu_test_round_to_bf16(Tensor *t) {
     float *p = t->data;
-    for (size_t i = 0; i < t->numel; i++) p[i] = gpu_test_bf16_to_f32(gpu_test_f32_to_bf16(p[i]));
+    for (size_t i = 0; i < t->numel; i++) p[i] = bf16_to_f32(f32_to_bf16(p[i]));
 }
 
 // A GPU copy of a CPU fp32 tensor in dtype (values converted); free with gpu_test_free.
@@ -36,15 +20,7 @@ static inline Tensor *gpu_test_upload(Ctx *ctx, const Tensor *host, DType dtype)
     d->dtype = dtype;
     d->device = DEVICE_CUDA;
     d->data = cuda_malloc(tensor_bytes(d));
-    if (dtype == DTYPE_F32) {
-        tensor_upload(ctx, d, host->data);
-    } else {
-        uint16_t *tmp = malloc(host->numel * 2 + 2);
-        const float *p = host->data;
-        for (size_t i = 0; i < host->numel; i++) tmp[i] = gpu_test_f32_to_bf16(p[i]);
-        tensor_upload(ctx, d, tmp);
-        free(tmp);
-    }
+    tensor_upload_f32(ctx, d, host->data);
     return d;
 }
 

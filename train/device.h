@@ -1,0 +1,11 @@
+// The backend a command runs on, from the config keys `device` and `precision`.
+#pragma once
+#include "config.h"
+#include "../kernels/ctx.h"
+
+// device = auto picks the GPU when this build has CUDA and one is visible, else the CPU with
+// a one-line notice; precision = auto is bf16 on the GPU and fp32 on the CPU.
+Ctx device_open(const Config *c);
+void device_close(Ctx *ctx);
+// "cpu (2 threads, fp32)" / "cuda:0 NVIDIA H100 (bf16)"
+void device_describe(const Ctx *ctx, FILE *f);
