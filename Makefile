@@ -57,7 +57,7 @@ TEST_BINS := $(TESTS_C:tests/%.c=$(BUILD)/tests/%)
 GPU_TESTS_C   := $(wildcard tests/gpu/test_*.c)
 GPU_TEST_BINS := $(GPU_TESTS_C:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 
-.PHONY: all deps test test-gpu demo bench clean
+.PHONY: all deps test test-gpu demo bench bench-gemm clean
 all: cgspn
 
 deps:
@@ -105,6 +105,20 @@ else
 	@fail=0; for t in $(GPU_TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
 	 if [ $$fail -ne 0 ]; then echo "make test-gpu: FAILED"; exit 1; fi; echo "make test-gpu: all passed"
 endif
+
+# Until `cgspn bench gemm` exists: the bf16 GEMM benchmark alone (kernels/cuda/gemm_bench.cu).
+bench-gemm:
+ifneq ($(CUDA_ON),1)
+	@echo "make bench-gemm: no working nvcc found (see build/config.mk)"; exit 1
+else
+	@$(MAKE) --no-print-directory $(BUILD)/tools/bench_gemm_gpu
+	$(BUILD)/tools/bench_gemm_gpu
+endif
+
+$(BUILD)/tools/bench_gemm_gpu: tools/bench_gemm_gpu.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@.o
+	$(LINK) $(LINKFLAGS) -o $@ $@.o $(LIB) $(LDLIBS)
 
 demo: deps cgspn
 	@bash tools/demo.sh
