@@ -47,6 +47,12 @@ LDLIBS    += -lcudnn
 endif
 LINK      := $(NVCC) $(CUDA_ARCH) -Xcompiler -fopenmp
 LINKFLAGS := -Xlinker -rpath,$(CUDA_HOME)/lib64
+# dispatch.c reaches the CUDA kernels only through weak references, and a weak reference does
+# not pull a member out of an archive: every link names the CUDA objects itself.
+CUDA_OBJ  := $(SRC_CU:%.cu=$(BUILD)/%.o)
+# nvcc links, and takes a linker option as -Xlinker, not -Wl, (CMocka's rpath, tools/probe.sh).
+comma     := ,
+CMOCKA_LIBS := $(subst -Wl$(comma),-Xlinker ,$(CMOCKA_LIBS))
 else
 LINK      := $(CC) -fopenmp
 LINKFLAGS :=
@@ -70,7 +76,7 @@ $(LIB): $(OBJ)
 	ar rcs $@ $^
 
 cgspn: $(MAIN_O) $(LIB)
-	$(LINK) $(LINKFLAGS) -o $@ $(MAIN_O) $(LIB) $(LDLIBS)
+	$(LINK) $(LINKFLAGS) -o $@ $(MAIN_O) $(CUDA_OBJ) $(LIB) $(LDLIBS)
 
 $(BUILD)/%.o: %.c $(BUILD)/config.mk
 	@mkdir -p $(dir $@)
@@ -83,12 +89,12 @@ $(BUILD)/%.o: %.cu $(BUILD)/config.mk
 $(BUILD)/tests/gpu/%: tests/gpu/%.c tests/testlib.h $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CMOCKA_CFLAGS) -c $< -o $@.o
-	$(LINK) $(LINKFLAGS) -o $@ $@.o $(LIB) $(CMOCKA_LIBS) $(LDLIBS)
+	$(LINK) $(LINKFLAGS) -o $@ $@.o $(CUDA_OBJ) $(LIB) $(CMOCKA_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c tests/testlib.h $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CMOCKA_CFLAGS) -c $< -o $@.o
-	$(LINK) $(LINKFLAGS) -o $@ $@.o $(LIB) $(CMOCKA_LIBS) $(LDLIBS)
+	$(LINK) $(LINKFLAGS) -o $@ $@.o $(CUDA_OBJ) $(LIB) $(CMOCKA_LIBS) $(LDLIBS)
 
 # Every CPU test binary runs, even after a failure; the target fails if any did.
 test: deps
@@ -118,7 +124,7 @@ endif
 $(BUILD)/tools/bench_gemm_gpu: tools/bench_gemm_gpu.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@.o
-	$(LINK) $(LINKFLAGS) -o $@ $@.o $(LIB) $(LDLIBS)
+	$(LINK) $(LINKFLAGS) -o $@ $@.o $(CUDA_OBJ) $(LIB) $(LDLIBS)
 
 demo: deps cgspn
 	@bash tools/demo.sh
