@@ -20,8 +20,10 @@
 // bf16 tolerances (inputs rounded to bf16 on the CPU side too, so both compute from identical
 // values; the GPU accumulates in fp32):
 // - activations written in bf16 (y, pre, dx, dpre): one rounding to bf16, at most 2^-9 per element,
-//   ~1e-3 norm-wise; an unfused fallback rounds twice (pre, then gelu(pre) or + bias) -> 4e-3.
-#define BF16_ACT_TOL 4e-3
+//   ~1e-3 norm-wise on large tensors; an unfused fallback rounds twice (pre, then gelu(pre) or
+//   + bias), up to 2 * 2^-9 = 3.9e-3 per element, which a 15-element tensor can nearly reach
+//   norm-wise (3.7e-3 seen on the H200, linear_gelu_fwd y at N=5 K=7 M=3) -> 6e-3.
+#define BF16_ACT_TOL 6e-3
 // - parameter gradients (dw, db) in fp32 from bf16 products, which are exact in fp32: only the
 //   accumulation order differs (~1e-6); 1e-4 leaves room for tensor-core accumulation.
 #define BF16_PARAM_GRAD_TOL 1e-4

@@ -15,8 +15,9 @@
 // - cols: a copy of bf16-representable values: exact.
 #define BF16_COLS_TOL 0.0
 // - y and a bf16 dimg: one rounding to bf16 of an fp32-accumulated value (2^-9 per element at most);
-//   the bias fallback or the accumulation into dimg rounds once more -> 4e-3.
-#define BF16_ACT_TOL 4e-3
+//   the bias fallback or the accumulation into dimg rounds once more (2 * 2^-9 = 3.9e-3 worst
+//   case per element, 2.2e-3 seen on the H200) -> 6e-3, as in test_linear_gpu.c.
+#define BF16_ACT_TOL 6e-3
 // - dw, db and an fp32 dimg: fp32 sums of products that are exact in fp32; only the order differs.
 #define BF16_FP32_OUT_TOL 1e-4
 
