@@ -28,7 +28,7 @@ struct CudaGemmCache {
     int cap, count;
     long queries;      // heuristic queries made (one per key)
     long fused;        // launches with a non-default epilogue
-    int fused_off;     // cuda_gemm_set_fused_epilogues(ctx, 0)
+    unsigned fusion;   // CUDA_FUSE_* allowed (cuda_gemm_set_fusion)
     int log;           // CGSPN_GEMM_LOG=1: print each plan as it is built (stderr)
     void *scratch;     // cuda_gemm_scratch
     size_t scratch_bytes;
@@ -42,6 +42,7 @@ static CudaGemmCache *gemm_cache(Ctx *ctx) {
         c->gemm = (CudaGemmCache *)cg_calloc(1, sizeof(CudaGemmCache));
         c->gemm->cap = GEMM_CACHE_INITIAL;
         c->gemm->plans = (GemmPlan *)cg_calloc(GEMM_CACHE_INITIAL, sizeof(GemmPlan));
+        c->gemm->fusion = CUDA_FUSE_DEFAULT;
         const char *log = getenv("CGSPN_GEMM_LOG");
         c->gemm->log = log && log[0] == '1';
     }
@@ -76,6 +77,18 @@ static int epilogue_reads_bias(uint32_t e) {   // BIAS, *_BIAS, *_BGRAD, BGRADA,
            (e & CUBLASLT_EPILOGUE_BGRADB);
 }
 static int epilogue_has_aux(uint32_t e) { return (e & 128) != 0; }   // *_AUX, DRELU, DGELU
+
+// The CUDA_FUSE_* permissions an epilogue needs.
+static unsigned epilogue_fusion(uint32_t e) {
+    if (e == CUBLASLT_EPILOGUE_DEFAULT) return 0;
+    unsigned need = 0;
+    if (e & CUBLASLT_EPILOGUE_BIAS) need |= CUDA_FUSE_BIAS;
+    if ((e & 16) || (e & CUBLASLT_EPILOGUE_BGRADA) || (e & CUBLASLT_EPILOGUE_BGRADB))
+        need |= CUDA_FUSE_BIAS_GRAD;
+    if (e & CUBLASLT_EPILOGUE_GELU) need |= CUDA_FUSE_GELU;
+    if (e & 64) need |= CUDA_FUSE_DGELU;
+    return need;
+}
 
 static const char *dtype_str(cudaDataType_t t) {
     return t == CUDA_R_16BF ? "bf16" : t == CUDA_R_32F ? "fp32" : "?";
@@ -171,7 +184,8 @@ extern "C" int cuda_gemm_try(Ctx *ctx, const CudaGemm *g) {
     CudaCtx *c = cuda_ctx_of(ctx);
     CudaGemmCache *s = gemm_cache(ctx);
     uint32_t epi = g->epilogue ? (uint32_t)g->epilogue : (uint32_t)CUBLASLT_EPILOGUE_DEFAULT;
-    if (epi != CUBLASLT_EPILOGUE_DEFAULT && s->fused_off) return 0;
+    unsigned need = epilogue_fusion(epi);
+    if ((need & s->fusion) != need) return 0;
     if (epilogue_has_aux(epi) && g->ldaux % 8 != 0) return 0;   // cuBLASLt: aux ld % 8 == 0
     if (g->m == 0 || g->n == 0) return 1;
     CG_CHECK(g->k > 0, "", "cuda_gemm: a product over k = 0 (m=%d n=%d)", g->m, g->n);
@@ -232,7 +246,7 @@ extern "C" void cuda_gemm(Ctx *ctx, const CudaGemm *g, const char *what) {
     CG_FAIL("", "%s: cuBLASLt has no algorithm for %s", what, buf);
 }
 
-extern "C" void cuda_gemm_set_fused_epilogues(Ctx *ctx, int on) { gemm_cache(ctx)->fused_off = !on; }
+extern "C" void cuda_gemm_set_fusion(Ctx *ctx, unsigned mask) { gemm_cache(ctx)->fusion = mask; }
 
 extern "C" void *cuda_gemm_scratch(Ctx *ctx, size_t bytes) {
     CudaGemmCache *s = gemm_cache(ctx);
