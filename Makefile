@@ -47,6 +47,12 @@ LDLIBS    += -lcudnn
 endif
 LINK      := $(NVCC) $(CUDA_ARCH) -Xcompiler -fopenmp
 LINKFLAGS := -Xlinker -rpath,$(CUDA_HOME)/lib64
+# dispatch.c reaches the CUDA kernels only through weak references, and a weak reference does
+# not pull a member out of an archive: every link names the CUDA objects itself.
+CUDA_OBJ  := $(SRC_CU:%.cu=$(BUILD)/%.o)
+# nvcc links, and takes a linker option as -Xlinker, not -Wl, (CMocka's rpath, tools/probe.sh).
+comma     := ,
+CMOCKA_LIBS := $(subst -Wl$(comma),-Xlinker ,$(CMOCKA_LIBS))
 else
 LINK      := $(CC) -fopenmp
 LINKFLAGS :=
@@ -57,7 +63,7 @@ TEST_BINS := $(TESTS_C:tests/%.c=$(BUILD)/tests/%)
 GPU_TESTS_C   := $(wildcard tests/gpu/test_*.c)
 GPU_TEST_BINS := $(GPU_TESTS_C:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 
-.PHONY: all deps test test-gpu demo bench clean
+.PHONY: all deps test test-gpu demo bench bench-gemm clean
 all: cgspn
 
 deps:
@@ -70,7 +76,7 @@ $(LIB): $(OBJ)
 	ar rcs $@ $^
 
 cgspn: $(MAIN_O) $(LIB)
-	$(LINK) $(LINKFLAGS) -o $@ $(MAIN_O) $(LIB) $(LDLIBS)
+	$(LINK) $(LINKFLAGS) -o $@ $(MAIN_O) $(CUDA_OBJ) $(LIB) $(LDLIBS)
 
 $(BUILD)/%.o: %.c $(BUILD)/config.mk
 	@mkdir -p $(dir $@)
@@ -83,12 +89,12 @@ $(BUILD)/%.o: %.cu $(BUILD)/config.mk
 $(BUILD)/tests/gpu/%: tests/gpu/%.c tests/testlib.h $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CMOCKA_CFLAGS) -c $< -o $@.o
-	$(LINK) $(LINKFLAGS) -o $@ $@.o $(LIB) $(CMOCKA_LIBS) $(LDLIBS)
+	$(LINK) $(LINKFLAGS) -o $@ $@.o $(CUDA_OBJ) $(LIB) $(CMOCKA_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c tests/testlib.h $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CMOCKA_CFLAGS) -c $< -o $@.o
-	$(LINK) $(LINKFLAGS) -o $@ $@.o $(LIB) $(CMOCKA_LIBS) $(LDLIBS)
+	$(LINK) $(LINKFLAGS) -o $@ $@.o $(CUDA_OBJ) $(LIB) $(CMOCKA_LIBS) $(LDLIBS)
 
 # libcgspn.so: the C-GSPN scan behind the stable C ABI of kernels/cgspn.h (tools/cgspn_torch.py
 # loads it). Only the objects the ABI needs, compiled position-independent into build/pic/ with
@@ -139,6 +145,20 @@ else
 	 python3 tests/gpu/test_torch_wrapper.py || fail=1; \
 	 if [ $$fail -ne 0 ]; then echo "make test-gpu: FAILED"; exit 1; fi; echo "make test-gpu: all passed"
 endif
+
+# Until `cgspn bench gemm` exists: the bf16 GEMM benchmark alone (kernels/cuda/gemm_bench.cu).
+bench-gemm:
+ifneq ($(CUDA_ON),1)
+	@echo "make bench-gemm: no working nvcc found (see build/config.mk)"; exit 1
+else
+	@$(MAKE) --no-print-directory $(BUILD)/tools/bench_gemm_gpu
+	$(BUILD)/tools/bench_gemm_gpu
+endif
+
+$(BUILD)/tools/bench_gemm_gpu: tools/bench_gemm_gpu.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@.o
+	$(LINK) $(LINKFLAGS) -o $@ $@.o $(CUDA_OBJ) $(LIB) $(LDLIBS)
 
 demo: deps cgspn
 	@bash tools/demo.sh
