@@ -105,7 +105,7 @@ LIBSO_C    := kernels/cgspn_abi.c kernels/cpu/gspn_scan.c nn/error.c nn/tensor.c
 LIBSO_OBJ  := $(LIBSO_C:%.c=$(PIC_DIR)/%.o)
 LIBSO_LIBS := -lm
 ifeq ($(CUDA_ON),1)
-LIBSO_CU   := $(filter kernels/cuda/cuda_ctx.cu kernels/cuda/gspn_scan%.cu,$(SRC_CU))
+LIBSO_CU   := $(filter kernels/cuda/cuda_ctx.cu kernels/cuda/gemm.cu kernels/cuda/gspn_scan%.cu,$(SRC_CU))
 LIBSO_OBJ  += $(LIBSO_CU:%.cu=$(PIC_DIR)/%.o)
 LIBSO_LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
 endif
