@@ -1,5 +1,6 @@
 # cgspn — see README.md. `make` builds ./cgspn; `make test` runs the CMocka suite (CI);
 # `make demo` runs the Fashion-MNIST pipeline; `make test-gpu` / `make bench` need a GPU.
+SHELL   := /bin/bash
 CC      ?= gcc
 CFLAGS  ?= -O3
 CFLAGS  += -std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -fopenmp -Wall -Wextra \
@@ -63,7 +64,7 @@ TEST_BINS := $(TESTS_C:tests/%.c=$(BUILD)/tests/%)
 GPU_TESTS_C   := $(wildcard tests/gpu/test_*.c)
 GPU_TEST_BINS := $(GPU_TESTS_C:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 
-.PHONY: all deps test test-gpu demo bench bench-gemm clean
+.PHONY: all deps test test-gpu demo bench clean
 all: cgspn
 
 deps:
@@ -146,19 +147,15 @@ else
 	 if [ $$fail -ne 0 ]; then echo "make test-gpu: FAILED"; exit 1; fi; echo "make test-gpu: all passed"
 endif
 
-# Until `cgspn bench gemm` exists: the bf16 GEMM benchmark alone (kernels/cuda/gemm_bench.cu).
-bench-gemm:
+# Every benchmark on the GPU; the output (device and date first) is kept in build/bench.txt,
+# and tools/readme_bench.py copies it into README.md as produced.
+bench:
 ifneq ($(CUDA_ON),1)
-	@echo "make bench-gemm: no working nvcc found (see build/config.mk)"; exit 1
+	@echo "make bench: no working nvcc found (see build/config.mk)"; exit 1
 else
-	@$(MAKE) --no-print-directory $(BUILD)/tools/bench_gemm_gpu
-	$(BUILD)/tools/bench_gemm_gpu
+	@$(MAKE) --no-print-directory cgspn
+	set -o pipefail; ./cgspn bench all 2>&1 | tee $(BUILD)/bench.txt
 endif
-
-$(BUILD)/tools/bench_gemm_gpu: tools/bench_gemm_gpu.c $(LIB)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@.o
-	$(LINK) $(LINKFLAGS) -o $@ $@.o $(CUDA_OBJ) $(LIB) $(LDLIBS)
 
 demo: deps cgspn
 	@bash tools/demo.sh
