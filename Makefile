@@ -1,5 +1,6 @@
 # cgspn — see README.md. `make` builds ./cgspn; `make test` runs the CMocka suite (CI);
 # `make demo` runs the Fashion-MNIST pipeline; `make test-gpu` / `make bench` need a GPU.
+SHELL   := /bin/bash
 CC      ?= gcc
 CFLAGS  ?= -O3
 CFLAGS  += -std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -fopenmp -Wall -Wextra \
@@ -47,6 +48,12 @@ LDLIBS    += -lcudnn
 endif
 LINK      := $(NVCC) $(CUDA_ARCH) -Xcompiler -fopenmp
 LINKFLAGS := -Xlinker -rpath,$(CUDA_HOME)/lib64
+# dispatch.c reaches the CUDA kernels only through weak references, and a weak reference does
+# not pull a member out of an archive: every link names the CUDA objects itself.
+CUDA_OBJ  := $(SRC_CU:%.cu=$(BUILD)/%.o)
+# nvcc links, and takes a linker option as -Xlinker, not -Wl, (CMocka's rpath, tools/probe.sh).
+comma     := ,
+CMOCKA_LIBS := $(subst -Wl$(comma),-Xlinker ,$(CMOCKA_LIBS))
 else
 LINK      := $(CC) -fopenmp
 LINKFLAGS :=
@@ -70,7 +77,7 @@ $(LIB): $(OBJ)
 	ar rcs $@ $^
 
 cgspn: $(MAIN_O) $(LIB)
-	$(LINK) $(LINKFLAGS) -o $@ $(MAIN_O) $(LIB) $(LDLIBS)
+	$(LINK) $(LINKFLAGS) -o $@ $(MAIN_O) $(CUDA_OBJ) $(LIB) $(LDLIBS)
 
 $(BUILD)/%.o: %.c $(BUILD)/config.mk
 	@mkdir -p $(dir $@)
@@ -83,12 +90,12 @@ $(BUILD)/%.o: %.cu $(BUILD)/config.mk
 $(BUILD)/tests/gpu/%: tests/gpu/%.c tests/testlib.h $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CMOCKA_CFLAGS) -c $< -o $@.o
-	$(LINK) $(LINKFLAGS) -o $@ $@.o $(LIB) $(CMOCKA_LIBS) $(LDLIBS)
+	$(LINK) $(LINKFLAGS) -o $@ $@.o $(CUDA_OBJ) $(LIB) $(CMOCKA_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c tests/testlib.h $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CMOCKA_CFLAGS) -c $< -o $@.o
-	$(LINK) $(LINKFLAGS) -o $@ $@.o $(LIB) $(CMOCKA_LIBS) $(LDLIBS)
+	$(LINK) $(LINKFLAGS) -o $@ $@.o $(CUDA_OBJ) $(LIB) $(CMOCKA_LIBS) $(LDLIBS)
 
 # libcgspn.so: the C-GSPN scan behind the stable C ABI of kernels/cgspn.h (tools/cgspn_torch.py
 # loads it). Only the objects the ABI needs, compiled position-independent into build/pic/ with
@@ -99,7 +106,7 @@ LIBSO_C    := kernels/cgspn_abi.c kernels/cpu/gspn_scan.c nn/error.c nn/tensor.c
 LIBSO_OBJ  := $(LIBSO_C:%.c=$(PIC_DIR)/%.o)
 LIBSO_LIBS := -lm
 ifeq ($(CUDA_ON),1)
-LIBSO_CU   := $(filter kernels/cuda/cuda_ctx.cu kernels/cuda/gspn_scan%.cu,$(SRC_CU))
+LIBSO_CU   := $(filter kernels/cuda/cuda_ctx.cu kernels/cuda/gemm.cu kernels/cuda/gspn_scan%.cu,$(SRC_CU))
 LIBSO_OBJ  += $(LIBSO_CU:%.cu=$(PIC_DIR)/%.o)
 LIBSO_LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
 endif
@@ -138,6 +145,16 @@ else
 	 echo "== tests/gpu/test_torch_wrapper.py (libcgspn.so through PyTorch)"; \
 	 python3 tests/gpu/test_torch_wrapper.py || fail=1; \
 	 if [ $$fail -ne 0 ]; then echo "make test-gpu: FAILED"; exit 1; fi; echo "make test-gpu: all passed"
+endif
+
+# Every benchmark on the GPU; the output (device and date first) is kept in build/bench.txt,
+# and tools/readme_bench.py copies it into README.md as produced.
+bench:
+ifneq ($(CUDA_ON),1)
+	@echo "make bench: no working nvcc found (see build/config.mk)"; exit 1
+else
+	@$(MAKE) --no-print-directory cgspn
+	set -o pipefail; ./cgspn bench all 2>&1 | tee $(BUILD)/bench.txt
 endif
 
 demo: deps cgspn

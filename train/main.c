@@ -1,4 +1,5 @@
 // cgspn: one binary, one command per job (DESIGN §1).
+#include "bench.h"
 #include "classify.h"
 #include "../nn/error.h"
 
@@ -10,6 +11,7 @@ typedef struct Command {
 
 static const Command kCommands[] = {
     {"train", cmd_train, "classification training of a ViT, C-GSPN or hybrid encoder"},
+    {"bench", cmd_bench, "GPU benchmarks: kernels against the roofline, blocks, training steps"},
 };
 #define N_COMMANDS (int)(sizeof(kCommands) / sizeof(kCommands[0]))
 

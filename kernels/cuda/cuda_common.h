@@ -37,6 +37,7 @@ typedef struct CudaCtx {
     cublasLtHandle_t lt;
     void *workspace;                           // cuBLASLt workspace
     size_t workspace_bytes;
+    struct CudaGemmCache *gemm;                // cuBLASLt plans per shape (kernels/cuda/gemm.cu)
 } CudaCtx;
 
 #ifdef __cplusplus

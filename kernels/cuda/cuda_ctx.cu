@@ -1,5 +1,6 @@
 // The CUDA context: device selection, streams, cuBLASLt handle, tensor copies.
 #include "cuda_common.h"
+#include "cuda_gemm.h"
 #include "../ops.h"
 #include <stdlib.h>
 
@@ -51,6 +52,7 @@ extern "C" void cuda_ctx_destroy(Ctx *ctx) {
     CudaCtx *c = cuda_ctx_of(ctx);
     if (!c) return;
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    cuda_gemm_cache_destroy(c);
     cuda_free(c->workspace);
     cublasLtDestroy(c->lt);
     for (int i = 0; i < CUDA_SIDE_STREAMS; i++) {
