@@ -145,6 +145,8 @@ TrainResult classify_train(const Config *c, const FmnistSplit *train, const Fmni
         CG_CHECK(cur.version == CLASSIFY_CURSOR_VERSION, "", "%s: data cursor version %u, expected %d",
                  from, cur.version, CLASSIFY_CURSOR_VERSION);
         first = st.step;
+        CG_CHECK(first <= total, "raise max_steps / epochs, or resume an earlier checkpoint",
+                 "%s is at step %ld, past the %ld steps of this run", from, first, total);
         loss_sum = cur.loss_sum;
         loss_n = (int)cur.loss_n;
         if (cur.epoch * steps_per_epoch + cur.position != first)
