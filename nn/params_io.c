@@ -42,8 +42,9 @@ bool params_shape_matches(const Tensor *p, const StTensor *f) {
         for (int i = 0; a + i < p->ndim; i++) same &= (int64_t)p->shape[a + i] == f->shape[b + i];
         if (same) return true;
     }
-    // A conv weight (D, C, p, p) into its flattened (D, C*p*p) form (numel already equal).
-    return p->ndim == 2 && f->ndim == 4 && f->shape[0] == p->shape[0];
+    // A conv weight (D, C, p, p) and its flattened (D, C*p*p) form (numel already equal).
+    return ((p->ndim == 2 && f->ndim == 4) || (p->ndim == 4 && f->ndim == 2)) &&
+           f->shape[0] == p->shape[0];
 }
 
 static void shape_str(const Tensor *t, char *buf, size_t n) { tensor_shape_str(t, buf, n); }

@@ -6,10 +6,8 @@
 //   pos_embed, cls_token, reg_token   ours (N, C) and (1, C), timm's (1, N, C) and (1, 1, C):
 //                                     written with leading 1s up to 3 dims; leading 1s are
 //                                     ignored on load (both forms load).
-//   4-D conv weights (D, C, p, p)     ours 2-D (D, C*p*p), the same bytes: a 4-D tensor loads
-//                                     into a 2-D parameter when D matches and C*p*p does.
-//                                     (Written 2-D: reshape to 4-D before timm's
-//                                     load_state_dict.)
+//   conv weights                      ours are 4-D (D, C, p, p) like PyTorch's; a flattened
+//                                     2-D (D, C*p*p) tensor (the same bytes) also loads.
 // Dtypes: F32, BF16, F16 and F64 tensors load into any parameter (converted; bf16 values are
 // rounded and their fp32 masters take the file's values); parameters are written in their own
 // dtype (F32, or BF16 for bf16 parameters; their masters go into checkpoints' state).
