@@ -289,7 +289,7 @@ static void test_resume_with_changed_shapes_is_refused_with_both_configs(void **
     assert_int_equal(ckpt_load_err(dir, &c16, &b->t, NULL, &b->ctx, &s, err, sizeof err), -1);
     printf("    %s\n", err);
     assert_contains(err, "step_00000007/model.safetensors: tensor patch_embed.proj.weight has shape "
-                         "(32, 49), the config expects (16, 49)");
+                         "(32, 1, 7, 7), the config expects (16, 1, 7, 7)");
     assert_contains(err, "hint: resuming cannot change the model's shapes: the checkpoint was written "
                          "with width = 32, mlp_hidden = 64");
     assert_contains(err, "this run has width = 16, mlp_hidden = 32");

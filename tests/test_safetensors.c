@@ -395,8 +395,8 @@ static void test_shape_mismatch_names_tensor_and_both_shapes(void **state) {
     assert_int_equal(params_load_safetensors_err(&b->t, &b->ctx, path, NULL, NULL, err, sizeof err), -1);
     printf("    %s\n", err);
     char want[600];
-    snprintf(want, sizeof want, "%s: tensor patch_embed.proj.weight has shape (32, 49), the config "
-             "expects (16, 49)\n  hint: ", path);
+    snprintf(want, sizeof want, "%s: tensor patch_embed.proj.weight has shape (32, 1, 7, 7), the "
+             "config expects (16, 1, 7, 7)\n  hint: ", path);
     assert_contains(err, want);
     assert_true(tables_equal(&b->t, &keep->t));   // nothing changed on error
     model_free(a);
