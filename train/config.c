@@ -42,7 +42,7 @@ static const struct { const char *key, *words; } kChoices[] = {
 // Int keys with a lower bound: sizes are >= 1, counts >= 0.
 static const struct { const char *key; int min; } kIntMin[] = {
     {"img_size", 1}, {"in_chans", 1}, {"patch", 1}, {"width", 1}, {"depth", 1},
-    {"heads", 1}, {"mlp_hidden", 1}, {"num_classes", 1}, {"batch_size", 1},
+    {"heads", 1}, {"mlp_hidden", 1}, {"num_classes", 0}, {"batch_size", 1},
     {"epochs", 0}, {"max_steps", 0}, {"warmup_steps", 0}, {"eval_every", 0},
     {"log_every", 0}, {"threads", 0}, {"ckpt_every", 0}, {"keep_last", 0},
 };
