@@ -43,7 +43,9 @@ CFLAGS    += -DCGSPN_CUDA -I$(CUDA_HOME)/include
 OBJ       += $(SRC_CU:%.cu=$(BUILD)/%.o)
 LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas
 ifeq ($(HAVE_CUDNN),1)
-LDLIBS    += -lcudnn
+CUDNN_LIBS ?= -lcudnn
+NVCCFLAGS += -DCGSPN_HAVE_CUDNN $(CUDNN_CFLAGS)
+LDLIBS    += $(CUDNN_LIBS)
 endif
 LINK      := $(NVCC) $(CUDA_ARCH) -Xcompiler -fopenmp
 LINKFLAGS := -Xlinker -rpath,$(CUDA_HOME)/lib64

@@ -37,6 +37,7 @@ typedef struct CudaCtx {
     cublasLtHandle_t lt;
     void *workspace;                           // cuBLASLt workspace
     size_t workspace_bytes;
+    void *attn;                                // CudaAttnState (kernels/cuda/attention.cu), lazily
 } CudaCtx;
 
 #ifdef __cplusplus
@@ -49,6 +50,8 @@ void cuda_ctx_destroy(Ctx *ctx);
 int cuda_device_count(void);
 void *cuda_malloc(size_t bytes);    // checked, names the size on failure
 void cuda_free(void *p);
+// Frees the attention state (cuDNN handle, plans, workspace); cuda_ctx_destroy calls it.
+void cuda_attention_release(Ctx *ctx);
 #ifdef __cplusplus
 }
 #endif

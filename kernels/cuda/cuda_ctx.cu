@@ -51,6 +51,7 @@ extern "C" void cuda_ctx_destroy(Ctx *ctx) {
     CudaCtx *c = cuda_ctx_of(ctx);
     if (!c) return;
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    cuda_attention_release(ctx);
     cuda_free(c->workspace);
     cublasLtDestroy(c->lt);
     for (int i = 0; i < CUDA_SIDE_STREAMS; i++) {
