@@ -49,6 +49,9 @@ LDLIBS    += $(CUDNN_LIBS)
 endif
 LINK      := $(NVCC) $(CUDA_ARCH) -Xcompiler -fopenmp
 LINKFLAGS := -Xlinker -rpath,$(CUDA_HOME)/lib64
+# nvcc links, and takes a linker option as -Xlinker, not -Wl, (CMocka's rpath, tools/probe.sh).
+comma     := ,
+CMOCKA_LIBS := $(subst -Wl$(comma),-Xlinker ,$(CMOCKA_LIBS))
 else
 LINK      := $(CC) -fopenmp
 LINKFLAGS :=
