@@ -16,7 +16,8 @@
 //   composite: S = Q K^T; S *= scale; M = rowmax S; E = exp(S - M); Z = rowsum E;
 //              Stats = M + log Z; P = E / Z (bf16); O = P V -- the pattern cuDNN's frontend
 //              emits and the flash engine matches.
-// Backward graph (the frontend's composite SDPA backward, no mask or dropout):
+// Backward graphs (the frontend's composite SDPA backward, no mask or dropout; the unified
+// SDPA_BWD operation as a last resort):
 //   Dsum = rowsum(dO * O) (fp32, non-virtual, in the workspace);
 //   P = exp(scale Q K^T - Stats); dV = P^T dO; dS = P * (dO V^T - Dsum) * scale;
 //   dK = dS^T Q; dQ = dS K, through an fp32 dQ accumulator in the workspace (atomic adds:
@@ -27,6 +28,7 @@
 #include "attention_internal.h"
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef CGSPN_HAVE_CUDNN
@@ -53,10 +55,11 @@
 
 namespace {
 
-enum GraphKind { FWD_UNIFIED, FWD_COMPOSITE, BWD_DETERMINISTIC, BWD_ATOMIC, GRAPH_KINDS };
+enum GraphKind { FWD_UNIFIED, FWD_COMPOSITE, BWD_DETERMINISTIC, BWD_ATOMIC, BWD_UNIFIED, GRAPH_KINDS };
 const char *const KIND_NAME[GRAPH_KINDS] = {"unified SDPA forward", "composite SDPA forward",
-                                            "SDPA backward, deterministic dQ",
-                                            "SDPA backward, atomic dQ accumulator"};
+                                            "composite SDPA backward, deterministic dQ",
+                                            "composite SDPA backward, atomic dQ accumulator",
+                                            "unified SDPA backward"};
 
 // Tensor UIDs in the variant packs.
 enum : int64_t {
@@ -96,7 +99,7 @@ struct Builder {
         ops.clear();
     }
 
-    // A 4-D tensor (or the 1-element scalar of a by-value operand: dims = strides = {1}).
+    // A tensor of nd dims (4 but for scalars).
     cudnnBackendDescriptor_t tensor(int64_t uid, cudnnDataType_t dt, const int64_t *dims,
                                     const int64_t *strides, bool is_virtual, int nd = 4,
                                     bool by_value = false) {
@@ -120,9 +123,11 @@ struct Builder {
         CUDNN_TRY(*this, cudnnBackendFinalize(t));
         return t;
     }
-    cudnnBackendDescriptor_t scalar(int64_t uid) {
-        const int64_t one = 1;
-        return tensor(uid, CUDNN_DATA_FLOAT, &one, &one, false, 1, true);
+    // A by-value fp32 scalar (host memory, read at execute): rank 4 (all ones) as an operand of
+    // pointwise operations, which take operands of equal rank; rank 1 for the SDPA operations.
+    cudnnBackendDescriptor_t scalar(int64_t uid, int nd) {
+        const int64_t ones[4] = {1, 1, 1, 1};
+        return tensor(uid, CUDNN_DATA_FLOAT, ones, ones, false, nd, true);
     }
     // An fp32 (or dt) intermediate.
     cudnnBackendDescriptor_t virt(const int64_t *dims, const int64_t *strides,
@@ -366,7 +371,7 @@ void build_fwd_unified(Plan *p, const AttnDims &a) {
     auto v = b.tensor(UID_V, io, L.q_dim, L.q_str, false);
     auto o = b.tensor(UID_O, io, L.q_dim, L.o_str, false);
     auto stats = b.tensor(UID_STATS, CUDNN_DATA_FLOAT, L.st_dim, L.st_str, false);
-    auto scale = b.scalar(UID_SCALE);
+    auto scale = b.scalar(UID_SCALE, 1);
     auto op = b.make((cudnnBackendDescriptorType_t)CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR);
     const cudnnBackendAttributeName_t names[] = {
         CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, CUDNN_ATTR_OPERATION_SDPA_FWD_KDESC,
@@ -389,7 +394,7 @@ void build_fwd_composite(Plan *p, const AttnDims &a) {
     auto v = b.tensor(UID_V, io, L.q_dim, L.q_str, false);
     auto o = b.tensor(UID_O, io, L.q_dim, L.o_str, false);
     auto stats = b.tensor(UID_STATS, CUDNN_DATA_FLOAT, L.st_dim, L.st_str, false);
-    auto scale = b.scalar(UID_SCALE);
+    auto scale = b.scalar(UID_SCALE, 4);
 
     auto s = b.virt(L.s_dim, L.s_str);
     b.matmul(q, kt, s);                                   // S = Q K^T
@@ -425,8 +430,8 @@ void build_bwd(Plan *p, const AttnDims &a, bool deterministic) {
     auto dq = b.tensor(UID_DQ, io, L.q_dim, L.q_str, false);    // scratch laid out like qkv
     auto dk = b.tensor(UID_DK, io, L.q_dim, L.q_str, false);
     auto dv = b.tensor(UID_DV, io, L.q_dim, L.q_str, false);
-    auto scale = b.scalar(UID_SCALE);
-    auto one = b.scalar(UID_ONE);
+    auto scale = b.scalar(UID_SCALE, 4);
+    auto one = b.scalar(UID_ONE, 4);
     auto dsum = b.tensor(UID_DSUM, CUDNN_DATA_FLOAT, L.st_dim, L.st_str, false);
 
     // Dsum = rowsum(dO * O)
@@ -476,6 +481,37 @@ void build_bwd(Plan *p, const AttnDims &a, bool deterministic) {
     }
 }
 
+// One SDPA_BWD operation (cuDNN >= 9.13 headers; not used by cuDNN's frontend yet): the last
+// resort when the composite graphs are rejected.
+void build_bwd_unified(Plan *p, const AttnDims &a) {
+    Builder &b = p->b;
+    Layout L = layout_of(a);
+    const cudnnDataType_t io = CUDNN_DATA_BFLOAT16;
+    auto q = b.tensor(UID_Q, io, L.q_dim, L.q_str, false);
+    auto k = b.tensor(UID_K, io, L.q_dim, L.q_str, false);
+    auto v = b.tensor(UID_V, io, L.q_dim, L.q_str, false);
+    auto o = b.tensor(UID_O, io, L.q_dim, L.o_str, false);
+    auto dout = b.tensor(UID_DO, io, L.q_dim, L.o_str, false);
+    auto stats = b.tensor(UID_STATS, CUDNN_DATA_FLOAT, L.st_dim, L.st_str, false);
+    auto dq = b.tensor(UID_DQ, io, L.q_dim, L.q_str, false);
+    auto dk = b.tensor(UID_DK, io, L.q_dim, L.q_str, false);
+    auto dv = b.tensor(UID_DV, io, L.q_dim, L.q_str, false);
+    auto scale = b.scalar(UID_SCALE, 1);
+    auto op = b.make((cudnnBackendDescriptorType_t)CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR);
+    const cudnnBackendAttributeName_t names[] = {
+        CUDNN_ATTR_OPERATION_SDPA_BWD_QDESC,     CUDNN_ATTR_OPERATION_SDPA_BWD_KDESC,
+        CUDNN_ATTR_OPERATION_SDPA_BWD_VDESC,     CUDNN_ATTR_OPERATION_SDPA_BWD_ODESC,
+        CUDNN_ATTR_OPERATION_SDPA_BWD_DODDESC,   CUDNN_ATTR_OPERATION_SDPA_BWD_STATSDESC,
+        CUDNN_ATTR_OPERATION_SDPA_BWD_DQDESC,    CUDNN_ATTR_OPERATION_SDPA_BWD_DKDESC,
+        CUDNN_ATTR_OPERATION_SDPA_BWD_DVDESC,    CUDNN_ATTR_OPERATION_SDPA_BWD_SCALEDESC};
+    cudnnBackendDescriptor_t descs[] = {q, k, v, o, dout, stats, dq, dk, dv, scale};
+    for (int i = 0; i < 10; i++)
+        CUDNN_TRY(b, cudnnBackendSetAttribute(op, names[i], CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                              &descs[i]));
+    CUDNN_TRY(b, cudnnBackendFinalize(op));
+    b.ops.push_back(op);
+}
+
 // The cached plan for (a, kind), built on first use.
 Plan *plan_for(CudnnAttnCache *c, const AttnDims &a, GraphKind kind) {
     long long key[6] = {a.B, a.N, a.H, a.D, a.dtype, kind};
@@ -484,14 +520,15 @@ Plan *plan_for(CudnnAttnCache *c, const AttnDims &a, GraphKind kind) {
     Plan *p = new Plan;
     memcpy(p->key, key, sizeof key);
     p->scale = a.scale;
-    if (kind == FWD_UNIFIED && c->version < 91301) {
-        snprintf(p->note, sizeof p->note, "the unified SDPA operation needs cuDNN >= 9.13.1");
+    if ((kind == FWD_UNIFIED || kind == BWD_UNIFIED) && c->version < 91301) {
+        snprintf(p->note, sizeof p->note, "%s: needs cuDNN >= 9.13.1", KIND_NAME[kind]);
     } else {
         switch (kind) {
         case FWD_UNIFIED: build_fwd_unified(p, a); break;
         case FWD_COMPOSITE: build_fwd_composite(p, a); break;
         case BWD_DETERMINISTIC: build_bwd(p, a, true); break;
-        default: build_bwd(p, a, false); break;
+        case BWD_ATOMIC: build_bwd(p, a, false); break;
+        default: build_bwd_unified(p, a); break;
         }
         if (p->b.ok) finalize_plan(p, c->handle);
         p->supported = p->b.ok;
@@ -548,7 +585,10 @@ bool cudnn_attention_fwd(Ctx *ctx, const AttnDims &a, const void *qkv, void *out
         return false;
     }
     CUDNN_CHECK(cudnnSetStream(c->handle, cuda_stream_of(ctx)));
-    Plan *p = plan_for(c, a, FWD_UNIFIED);
+    // CGSPN_ATTN_FWD_GRAPH=composite skips the unified operation (to test or time the other).
+    const char *pick = getenv("CGSPN_ATTN_FWD_GRAPH");
+    const bool composite_only = pick && !strcmp(pick, "composite");
+    Plan *p = plan_for(c, a, composite_only ? FWD_COMPOSITE : FWD_UNIFIED);
     if (!p->supported) {
         Plan *alt = plan_for(c, a, FWD_COMPOSITE);
         if (!alt->supported) {
@@ -583,30 +623,35 @@ bool cudnn_attention_bwd(Ctx *ctx, const AttnDims &a, const void *dout, const vo
         return false;
     }
     CUDNN_CHECK(cudnnSetStream(c->handle, cuda_stream_of(ctx)));
-    // ctx->deterministic: the deterministic variant unless it fails or needs an outsized
-    // workspace; otherwise the atomic one (as cuDNN's frontend does by default).
-    GraphKind first = ctx->deterministic ? BWD_DETERMINISTIC : BWD_ATOMIC;
-    GraphKind second = ctx->deterministic ? BWD_ATOMIC : BWD_DETERMINISTIC;
-    Plan *p = plan_for(c, a, first);
-    char skipped[sizeof p->note + 8] = "";
-    if (p->supported && first == BWD_DETERMINISTIC && p->workspace > MAX_DETERMINISTIC_WORKSPACE)
-        snprintf(skipped, sizeof skipped, "; not the deterministic variant: its workspace is "
-                 "%.1f GiB", p->workspace / 1073741824.0);
-    else if (!p->supported)
-        snprintf(skipped, sizeof skipped, "; %s", p->note);
-    if (skipped[0]) {
-        Plan *alt = plan_for(c, a, second);
-        if (!alt->supported) {
-            snprintf(why, why_len, "cuDNN rejects the backward graphs: %s; %s", p->note,
-                     alt->note);
-            return false;
-        }
-        p = alt;
+    // ctx->deterministic: the deterministic composite variant unless cuDNN rejects it or it needs
+    // an outsized workspace; otherwise the atomic one first (as cuDNN's frontend does by
+    // default). The unified SDPA_BWD operation is the last resort.
+    const GraphKind det_order[] = {BWD_DETERMINISTIC, BWD_ATOMIC, BWD_UNIFIED};
+    const GraphKind fast_order[] = {BWD_ATOMIC, BWD_DETERMINISTIC, BWD_UNIFIED};
+    const GraphKind *order = ctx->deterministic ? det_order : fast_order;
+    Plan *p = NULL;
+    char skipped[1024] = "";
+    for (int i = 0; i < 3 && !p; i++) {
+        Plan *q = plan_for(c, a, order[i]);
+        size_t used = strlen(skipped);
+        if (!q->supported)
+            snprintf(skipped + used, sizeof skipped - used, "; %s", q->note);
+        else if (order[i] == BWD_DETERMINISTIC && q->workspace > MAX_DETERMINISTIC_WORKSPACE)
+            snprintf(skipped + used, sizeof skipped - used,
+                     "; not the deterministic variant: its workspace is %.1f GiB",
+                     q->workspace / 1073741824.0);
+        else
+            p = q;
     }
-    const bool atomic = p->key[5] == BWD_ATOMIC;
+    if (!p) {
+        snprintf(why, why_len, "cuDNN rejects the backward graphs%s", skipped);
+        return false;
+    }
+    const GraphKind kind = (GraphKind)p->key[5];
+    const bool composite = kind != BWD_UNIFIED, atomic = kind == BWD_ATOMIC;
     const size_t tokens = (size_t)a.B * a.N;
     const size_t scratch_bytes = align256(tokens * 3 * a.C * sizeof(__nv_bfloat16));
-    const size_t dsum_bytes = align256((size_t)a.B * a.H * a.N * sizeof(float));
+    const size_t dsum_bytes = composite ? align256((size_t)a.B * a.H * a.N * sizeof(float)) : 0;
     const size_t acc_bytes = atomic ? align256(tokens * a.C * sizeof(float)) : 0;
     char *ws = (char *)attn_workspace(ctx, scratch_bytes + dsum_bytes + acc_bytes +
                                                align256((size_t)p->workspace) + 256);
@@ -614,13 +659,15 @@ bool cudnn_attention_bwd(Ctx *ctx, const AttnDims &a, const void *dout, const vo
     char *cudnn_ws = acc + acc_bytes;
     if (atomic && c->version < 90600)   // older cuDNN leaves zeroing the accumulator to the caller
         CUDA_CHECK(cudaMemsetAsync(acc, 0, acc_bytes, cuda_stream_of(ctx)));
+    // The graph's non-virtual tensors: the unified operation has the first 10, the composite
+    // graphs add Dsum (and the dQ accumulator in the atomic variant).
     const size_t cb = (size_t)a.C * sizeof(__nv_bfloat16);
-    const int64_t uids[] = {UID_Q, UID_K, UID_V, UID_O, UID_DO, UID_STATS, UID_DQ, UID_DK,
-                            UID_DV, UID_SCALE, UID_ONE, UID_DSUM, UID_DQ_ACCUM};
+    const int64_t uids[] = {UID_Q,  UID_K,  UID_V,     UID_O,   UID_DO,   UID_STATS,   UID_DQ,
+                            UID_DK, UID_DV, UID_SCALE, UID_ONE, UID_DSUM, UID_DQ_ACCUM};
     void *data[] = {(void *)qkv, (void *)(elt + cb), (void *)(elt + 2 * cb), (void *)out,
                     (void *)dout, (void *)lse, scratch, scratch + cb, scratch + 2 * cb,
                     &p->scale, &p->one, dsum, acc};
-    execute(c, p, atomic ? 13 : 12, uids, data, cudnn_ws);
+    execute(c, p, !composite ? 10 : atomic ? 13 : 12, uids, data, cudnn_ws);
     attn_accumulate(cuda_stream_of(ctx), DTYPE_BF16, scratch, dqkv, tokens * 3 * a.C);
     *deterministic = p->deterministic && !atomic;
     char ver[32];
