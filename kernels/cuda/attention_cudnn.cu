@@ -364,6 +364,11 @@ Layout layout_of(const AttnDims &a) {
 
 void build_fwd_unified(Plan *p, const AttnDims &a) {
     Builder &b = p->b;
+#if CUDNN_VERSION < 91301
+    b.ok = false;
+    snprintf(b.err, sizeof b.err, "built against cuDNN headers older than 9.13.1");
+    (void)a;
+#else
     Layout L = layout_of(a);
     const cudnnDataType_t io = CUDNN_DATA_BFLOAT16;
     auto q = b.tensor(UID_Q, io, L.q_dim, L.q_str, false);
@@ -383,6 +388,7 @@ void build_fwd_unified(Plan *p, const AttnDims &a) {
                                               &descs[i]));
     CUDNN_TRY(b, cudnnBackendFinalize(op));
     b.ops.push_back(op);
+#endif
 }
 
 void build_fwd_composite(Plan *p, const AttnDims &a) {
@@ -416,7 +422,7 @@ void build_fwd_composite(Plan *p, const AttnDims &a) {
     b.matmul(prob, v, o);                                 // O = P V
 }
 
-void build_bwd(Plan *p, const AttnDims &a, bool deterministic) {
+void build_bwd(Plan *p, const AttnDims &a, bool deterministic, cudnnDataType_t k_view_type) {
     Builder &b = p->b;
     Layout L = layout_of(a);
     const cudnnDataType_t io = CUDNN_DATA_BFLOAT16;
@@ -467,8 +473,9 @@ void build_bwd(Plan *p, const AttnDims &a, bool deterministic) {
     auto ds_t = b.virt(L.s_dim, L.st_t_str, io);
     b.reshape(ds, ds_t);
     b.matmul(ds_t, q, dk);
-    // dQ = dS K
-    auto k = b.virt(L.q_dim, L.q_str, io);
+    // dQ = dS K (K as a view of K^T: fp32-typed, like every intermediate cuDNN's frontend leaves
+    // untyped, unlike P^T and dS^T, which it types as the inputs; plan_for retries with bf16)
+    auto k = b.virt(L.q_dim, L.q_str, k_view_type);
     b.reshape(kt, k);
     if (deterministic) {
         b.matmul(ds, k, dq);
@@ -481,10 +488,15 @@ void build_bwd(Plan *p, const AttnDims &a, bool deterministic) {
     }
 }
 
-// One SDPA_BWD operation (cuDNN >= 9.13 headers; not used by cuDNN's frontend yet): the last
-// resort when the composite graphs are rejected.
+// One SDPA_BWD operation (in cuDNN 9.19's headers, not in 9.14's; cuDNN's frontend does not use
+// it yet): the last resort when the composite graphs are rejected.
 void build_bwd_unified(Plan *p, const AttnDims &a) {
     Builder &b = p->b;
+#if CUDNN_VERSION < 91900
+    b.ok = false;
+    snprintf(b.err, sizeof b.err, "built against cuDNN headers older than 9.19");
+    (void)a;
+#else
     Layout L = layout_of(a);
     const cudnnDataType_t io = CUDNN_DATA_BFLOAT16;
     auto q = b.tensor(UID_Q, io, L.q_dim, L.q_str, false);
@@ -496,7 +508,7 @@ void build_bwd_unified(Plan *p, const AttnDims &a) {
     auto dq = b.tensor(UID_DQ, io, L.q_dim, L.q_str, false);
     auto dk = b.tensor(UID_DK, io, L.q_dim, L.q_str, false);
     auto dv = b.tensor(UID_DV, io, L.q_dim, L.q_str, false);
-    auto scale = b.scalar(UID_SCALE, 1);
+    auto scale = b.scalar(UID_SCALE, 4);
     auto op = b.make((cudnnBackendDescriptorType_t)CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR);
     const cudnnBackendAttributeName_t names[] = {
         CUDNN_ATTR_OPERATION_SDPA_BWD_QDESC,     CUDNN_ATTR_OPERATION_SDPA_BWD_KDESC,
@@ -510,6 +522,7 @@ void build_bwd_unified(Plan *p, const AttnDims &a) {
                                               &descs[i]));
     CUDNN_TRY(b, cudnnBackendFinalize(op));
     b.ops.push_back(op);
+#endif
 }
 
 // The cached plan for (a, kind), built on first use.
@@ -523,14 +536,30 @@ Plan *plan_for(CudnnAttnCache *c, const AttnDims &a, GraphKind kind) {
     if ((kind == FWD_UNIFIED || kind == BWD_UNIFIED) && c->version < 91301) {
         snprintf(p->note, sizeof p->note, "%s: needs cuDNN >= 9.13.1", KIND_NAME[kind]);
     } else {
-        switch (kind) {
-        case FWD_UNIFIED: build_fwd_unified(p, a); break;
-        case FWD_COMPOSITE: build_fwd_composite(p, a); break;
-        case BWD_DETERMINISTIC: build_bwd(p, a, true); break;
-        case BWD_ATOMIC: build_bwd(p, a, false); break;
-        default: build_bwd_unified(p, a); break;
+        auto attempt = [&](cudnnDataType_t k_view_type) {
+            switch (kind) {
+            case FWD_UNIFIED: build_fwd_unified(p, a); break;
+            case FWD_COMPOSITE: build_fwd_composite(p, a); break;
+            case BWD_DETERMINISTIC: build_bwd(p, a, true, k_view_type); break;
+            case BWD_ATOMIC: build_bwd(p, a, false, k_view_type); break;
+            default: build_bwd_unified(p, a); break;
+            }
+            if (p->b.ok) finalize_plan(p, c->handle);
+        };
+        attempt(CUDNN_DATA_FLOAT);
+        if (!p->b.ok && (kind == BWD_DETERMINISTIC || kind == BWD_ATOMIC)) {
+            char first[sizeof p->b.err];
+            snprintf(first, sizeof first, "%s", p->b.err);
+            p->b.release();
+            p->b = Builder();
+            attempt(CUDNN_DATA_BFLOAT16);
+            if (!p->b.ok) {
+                char second[sizeof p->b.err];
+                snprintf(second, sizeof second, "%s", p->b.err);
+                snprintf(p->b.err, sizeof p->b.err, "%.190s; with a bf16 K view: %.160s", first,
+                         second);
+            }
         }
-        if (p->b.ok) finalize_plan(p, c->handle);
         p->supported = p->b.ok;
         if (p->supported)
             snprintf(p->note, sizeof p->note, "%s, engine %lld%s, workspace %.1f MiB",
@@ -543,18 +572,24 @@ Plan *plan_for(CudnnAttnCache *c, const AttnDims &a, GraphKind kind) {
     return p;
 }
 
-void execute(CudnnAttnCache *c, Plan *p, int n, const int64_t *uids, void **ptrs, void *ws) {
-    cudnnBackendDescriptor_t pack = NULL;
-    CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack));
-    CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
-                                         CUDNN_TYPE_INT64, n, uids));
-    CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
-                                         CUDNN_TYPE_VOID_PTR, n, ptrs));
-    CUDNN_CHECK(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
-                                         CUDNN_TYPE_VOID_PTR, 1, &ws));
-    CUDNN_CHECK(cudnnBackendFinalize(pack));
-    CUDNN_CHECK(cudnnBackendExecute(c->handle, p->plan, pack));
-    CUDNN_CHECK(cudnnBackendDestroyDescriptor(pack));
+// Runs the plan on n tensors. A failure (the call, status and cuDNN's message) marks the plan
+// unsupported and returns false: the caller runs the fallback now, later calls another graph.
+bool execute(CudnnAttnCache *c, Plan *p, int n, const int64_t *uids, void **ptrs, void *ws) {
+    Builder run;
+    cudnnBackendDescriptor_t pack = run.make(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+    CUDNN_TRY(run, cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
+                                            CUDNN_TYPE_INT64, n, uids));
+    CUDNN_TRY(run, cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+                                            CUDNN_TYPE_VOID_PTR, n, ptrs));
+    CUDNN_TRY(run, cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
+                                            CUDNN_TYPE_VOID_PTR, 1, &ws));
+    CUDNN_TRY(run, cudnnBackendFinalize(pack));
+    CUDNN_TRY(run, cudnnBackendExecute(c->handle, p->plan, pack));
+    run.release();
+    if (run.ok) return true;
+    p->supported = false;
+    snprintf(p->note, sizeof p->note, "%s: %s", KIND_NAME[p->key[5]], run.err);
+    return false;
 }
 
 // Why cuDNN cannot take this call at all (NULL when it may).
@@ -601,7 +636,10 @@ bool cudnn_attention_fwd(Ctx *ctx, const AttnDims &a, const void *qkv, void *out
     const int64_t uids[] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE};
     void *data[] = {(void *)qkv, (void *)(elt + 2 * (size_t)a.C), (void *)(elt + 4 * (size_t)a.C),
                     out, lse, &p->scale};
-    execute(c, p, 6, uids, data, ws);
+    if (!execute(c, p, 6, uids, data, ws)) {
+        snprintf(why, why_len, "%s", p->note);
+        return false;
+    }
     char ver[32];
     snprintf(why, why_len, "%s fused flash attention (%s)", cudnn_attention_version(ver, sizeof ver),
              p->note);
@@ -667,7 +705,10 @@ bool cudnn_attention_bwd(Ctx *ctx, const AttnDims &a, const void *dout, const vo
     void *data[] = {(void *)qkv, (void *)(elt + cb), (void *)(elt + 2 * cb), (void *)out,
                     (void *)dout, (void *)lse, scratch, scratch + cb, scratch + 2 * cb,
                     &p->scale, &p->one, dsum, acc};
-    execute(c, p, !composite ? 10 : atomic ? 13 : 12, uids, data, cudnn_ws);
+    if (!execute(c, p, !composite ? 10 : atomic ? 13 : 12, uids, data, cudnn_ws)) {
+        snprintf(why, why_len, "%s", p->note);
+        return false;
+    }
     attn_accumulate(cuda_stream_of(ctx), DTYPE_BF16, scratch, dqkv, tokens * 3 * a.C);
     *deterministic = p->deterministic && !atomic;
     char ver[32];
