@@ -44,7 +44,9 @@ CFLAGS    += -DCGSPN_CUDA -I$(CUDA_HOME)/include
 OBJ       += $(SRC_CU:%.cu=$(BUILD)/%.o)
 LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas
 ifeq ($(HAVE_CUDNN),1)
-LDLIBS    += -lcudnn
+CUDNN_LIBS ?= -lcudnn
+NVCCFLAGS += -DCGSPN_HAVE_CUDNN $(CUDNN_CFLAGS)
+LDLIBS    += $(CUDNN_LIBS)
 endif
 LINK      := $(NVCC) $(CUDA_ARCH) -Xcompiler -fopenmp
 LINKFLAGS := -Xlinker -rpath,$(CUDA_HOME)/lib64
@@ -106,7 +108,7 @@ LIBSO_C    := kernels/cgspn_abi.c kernels/cpu/gspn_scan.c nn/error.c nn/tensor.c
 LIBSO_OBJ  := $(LIBSO_C:%.c=$(PIC_DIR)/%.o)
 LIBSO_LIBS := -lm
 ifeq ($(CUDA_ON),1)
-LIBSO_CU   := $(filter kernels/cuda/cuda_ctx.cu kernels/cuda/gemm.cu kernels/cuda/gspn_scan%.cu,$(SRC_CU))
+LIBSO_CU   := $(filter kernels/cuda/cuda_ctx.cu kernels/cuda/gspn_scan%.cu,$(SRC_CU))
 LIBSO_OBJ  += $(LIBSO_CU:%.cu=$(PIC_DIR)/%.o)
 LIBSO_LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
 endif

@@ -27,6 +27,10 @@
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 
 #define CUDA_SIDE_STREAMS 4
+#define CUDA_MAX_RELEASES 8
+
+struct Ctx;
+typedef void (*CudaRelease)(struct Ctx *ctx);
 
 typedef struct CudaCtx {
     int device;
@@ -38,6 +42,9 @@ typedef struct CudaCtx {
     void *workspace;                           // cuBLASLt workspace
     size_t workspace_bytes;
     struct CudaGemmCache *gemm;                // cuBLASLt plans per shape (kernels/cuda/gemm.cu)
+    void *attn;                                // CudaAttnState (kernels/cuda/attention.cu), lazily
+    CudaRelease releases[CUDA_MAX_RELEASES];   // modules' state to free in cuda_ctx_destroy
+    int n_releases;
 } CudaCtx;
 
 #ifdef __cplusplus
@@ -50,6 +57,9 @@ void cuda_ctx_destroy(Ctx *ctx);
 int cuda_device_count(void);
 void *cuda_malloc(size_t bytes);    // checked, names the size on failure
 void cuda_free(void *p);
+// A module that keeps lazily created state in the context registers its release function once;
+// cuda_ctx_destroy calls them in reverse order (so the context links without every module).
+void cuda_ctx_on_destroy(Ctx *ctx, CudaRelease release);
 #ifdef __cplusplus
 }
 #endif

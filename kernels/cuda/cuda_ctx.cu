@@ -1,6 +1,5 @@
 // The CUDA context: device selection, streams, cuBLASLt handle, tensor copies.
 #include "cuda_common.h"
-#include "cuda_gemm.h"
 #include "../ops.h"
 #include <stdlib.h>
 
@@ -48,11 +47,17 @@ extern "C" Ctx cuda_ctx_create(int device, DType act_dtype) {
     return ctx;
 }
 
+extern "C" void cuda_ctx_on_destroy(Ctx *ctx, CudaRelease release) {
+    CudaCtx *c = cuda_ctx_of(ctx);
+    CG_CHECK(c->n_releases < CUDA_MAX_RELEASES, "", "too many CUDA context release hooks");
+    c->releases[c->n_releases++] = release;
+}
+
 extern "C" void cuda_ctx_destroy(Ctx *ctx) {
     CudaCtx *c = cuda_ctx_of(ctx);
     if (!c) return;
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    cuda_gemm_cache_destroy(c);
+    for (int i = c->n_releases - 1; i >= 0; i--) c->releases[i](ctx);
     cuda_free(c->workspace);
     cublasLtDestroy(c->lt);
     for (int i = 0; i < CUDA_SIDE_STREAMS; i++) {

@@ -52,7 +52,7 @@ void cuda_gemm_set_fusion(Ctx *ctx, unsigned mask);
 // call (ops use it for bias-gradient vectors and column-sum partials on the main stream).
 void *cuda_gemm_scratch(Ctx *ctx, size_t bytes);
 // Frees the cache (called by cuda_ctx_destroy).
-void cuda_gemm_cache_destroy(CudaCtx *c);
+void cuda_gemm_cache_destroy(Ctx *ctx);
 // Cached plans (keys), heuristic queries made, and launches with a fused epilogue so far: tests
 // check the cache and report whether the fused paths ran on this GPU.
 void cuda_gemm_cache_stats(Ctx *ctx, int *plans, long *queries, long *fused_launches);

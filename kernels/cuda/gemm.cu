@@ -45,6 +45,7 @@ static CudaGemmCache *gemm_cache(Ctx *ctx) {
         c->gemm->fusion = CUDA_FUSE_DEFAULT;
         const char *log = getenv("CGSPN_GEMM_LOG");
         c->gemm->log = log && log[0] == '1';
+        cuda_ctx_on_destroy(ctx, cuda_gemm_cache_destroy);
     }
     return c->gemm;
 }
@@ -268,7 +269,8 @@ extern "C" void cuda_gemm_cache_stats(Ctx *ctx, int *plans, long *queries, long 
     *fused_launches = s->fused;
 }
 
-extern "C" void cuda_gemm_cache_destroy(CudaCtx *c) {
+extern "C" void cuda_gemm_cache_destroy(Ctx *ctx) {
+    CudaCtx *c = cuda_ctx_of(ctx);
     CudaGemmCache *s = c->gemm;
     if (!s) return;
     for (int i = 0; i < s->cap; i++)
