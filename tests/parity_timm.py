@@ -68,6 +68,7 @@ def run_one(key, precision, device, workdir, cgspn):
     if key == "vit_so14":
         kwargs["global_pool"] = ""   # drop the MAP head: compared up to the final norm
         kwargs["num_classes"] = 0
+        kwargs["act_layer"] = "gelu_tanh"   # SigLIP's GELU (DESIGN §4); timm's default is erf
     model = timm.create_model(timm_name, **kwargs).float().eval()
     with torch.no_grad():
         for n, p in model.named_parameters():
