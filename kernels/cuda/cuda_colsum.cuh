@@ -60,9 +60,6 @@ colsum_kernel(size_t R, size_t P, size_t rows_per_split, F f, float *partial, fl
     }
 }
 
-// out[c] += sum over s < splits of partial[s * P + c], in order (kernels/cuda/reduce.cu).
-void cuda_colsum_finish(Ctx *ctx, const float *partial, unsigned splits, size_t P, float *out);
-
 // Column sums of an (R, P) problem into fp32 out (P); vec as for launch_map (P a multiple of 8,
 // every pointer f touches 16-byte aligned).
 template <typename F>
@@ -81,5 +78,5 @@ void launch_colsum(Ctx *ctx, size_t R, size_t P, bool vec, const F &f, float *ou
         colsum_kernel<1><<<grid, block, 0, s>>>(R, P, pl.rows_per_split, f, partial, out);
     }
     CUDA_CHECK_LAUNCH();
-    if (pl.splits > 1) cuda_colsum_finish(ctx, partial, pl.splits, P, out);
+    if (pl.splits > 1) cuda_sum_partials(ctx, partial, pl.splits, P, P, out, nullptr);
 }

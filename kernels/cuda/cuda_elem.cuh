@@ -173,6 +173,12 @@ template <typename A> __device__ __forceinline__ A block_sum(A v) {
 void cuda_finish_sum(Ctx *ctx, const float *part, size_t n, double scale, float *out,
                      bool accumulate);
 
+// Host side: column sums of a (parts, width) fp32 partial matrix, in a fixed order, added to
+// out0[i] for i < n0 and to out1[i - n0] for the rest (either NULL: skipped).
+// kernels/cuda/reduce.cu.
+void cuda_sum_partials(Ctx *ctx, const float *part, unsigned parts, size_t width, size_t n0,
+                       float *out0, float *out1);
+
 // ---- launch shapes ----------------------------------------------------------------------------
 
 enum { ELEM_THREADS = 256 };

@@ -155,20 +155,123 @@ void cuda_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor
 }
 
 // ---- backward --------------------------------------------------------------------------------
+// Pass 1 sums g = dy w and g xhat over the row (warp butterfly); pass 2 writes
+// dx += rstd (g - mean_g - xhat mean_gx) and adds dy xhat, dy into this warp's dw, db sums.
+// Two kernels, by row length:
+// - cached (C a multiple of 8, C <= 1280, aligned): a lane keeps its packs of dy and x in
+//   registers between the passes and its dw, db sums in registers across all of its rows; at the
+//   end the block's warps add theirs into one shared slice, warp 0 first.
+// - general: pass 2 reads the row again; each warp sums into its own shared slice.
 
 // Channels of a warp's accumulator slice: C rounded up to whole rounds of 32 lanes x V.
 __host__ __device__ static inline int ln_acc_len(int C, int V) {
     return (C + 32 * V - 1) / (32 * V) * 32 * V;
 }
 
-// Where channel c lives in the slice: lane (c / V) % 32 of round c / (32 V), element c % V.
+// Where channel c lives in a slice: lane (c / V) % 32 of round c / (32 V), element c % V, laid
+// out by (round, element, lane) so the 32 lanes of a warp touch 32 consecutive words.
 template <int V> __device__ __forceinline__ int ln_acc_index(int c) {
     if (V == 1) return c;
     return ((c / (32 * V)) * V + c % V) * 32 + (c / V) % 32;
 }
 
+// Copies this block's (2, L) slice out as its partial (2, C) row.
+template <int V>
+__device__ __forceinline__ void ln_write_partial(const float *slice, int L, int C, float *partial) {
+    float *out = partial + (size_t)blockIdx.x * 2 * C;
+    for (int i = threadIdx.x; i < 2 * C; i += blockDim.x)
+        out[i] = slice[(i < C ? 0 : L) + ln_acc_index<V>(i < C ? i : i - C)];
+}
+
 // partial: (gridDim.x, 2, C) fp32, this block's dw | db, or NULL when neither is wanted.
-template <typename T, typename TP, int V, int NP>
+template <typename T, typename TP, int NP>
+__global__ void __launch_bounds__(LN_BWD_WARPS * 32)
+ln_bwd_cached_kernel(const T *__restrict__ dy, const T *__restrict__ x, const TP *__restrict__ w,
+                     const float *__restrict__ mean, const float *__restrict__ rstd,
+                     T *__restrict__ dx, float *__restrict__ partial, size_t N, int C) {
+    constexpr int V = 8, L = NP * 32 * V;
+    extern __shared__ float fold[];   // (2, L) when partial
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float aw[NP][V], ab[NP][V];
+    #pragma unroll
+    for (int k = 0; k < NP; k++)
+        #pragma unroll
+        for (int j = 0; j < V; j++) aw[k][j] = ab[k][j] = 0.0f;
+    Vec<T, V> cdy[NP], cx[NP];
+    size_t warps_total = (size_t)gridDim.x * LN_BWD_WARPS;
+    for (size_t row = (size_t)blockIdx.x * LN_BWD_WARPS + warp; row < N; row += warps_total) {
+        const T *dyr = dy + row * C, *xr = x + row * C;
+        float m = mean[row], r = rstd[row];
+        #pragma unroll
+        for (int k = 0; k < NP; k++) {
+            int c = (k * 32 + lane) * V;
+            if (c < C) {
+                cdy[k] = Vec<T, V>::load(dyr + c);
+                cx[k] = Vec<T, V>::load(xr + c);
+            }
+        }
+        float sg = 0.0f, sgx = 0.0f;
+        #pragma unroll
+        for (int k = 0; k < NP; k++) {
+            int c = (k * 32 + lane) * V;
+            if (c < C) {
+                float vw[V];
+                if (w) load_v<V>(w + c, vw);
+                #pragma unroll
+                for (int j = 0; j < V; j++) {
+                    float g = cdy[k].get(j) * (w ? vw[j] : 1.0f);
+                    sg += g;
+                    sgx += g * ((cx[k].get(j) - m) * r);
+                }
+            }
+        }
+        float mean_g = warp_sum(sg) / (float)C, mean_gx = warp_sum(sgx) / (float)C;
+        #pragma unroll
+        for (int k = 0; k < NP; k++) {
+            int c = (k * 32 + lane) * V;
+            if (c < C) {
+                float xhat[V];
+                #pragma unroll
+                for (int j = 0; j < V; j++) xhat[j] = (cx[k].get(j) - m) * r;
+                if (dx) {
+                    float vw[V], d[V];
+                    if (w) load_v<V>(w + c, vw);
+                    load_v<V>(dx + row * C + c, d);
+                    #pragma unroll
+                    for (int j = 0; j < V; j++) {
+                        float g = cdy[k].get(j) * (w ? vw[j] : 1.0f);
+                        d[j] += r * (g - mean_g - xhat[j] * mean_gx);
+                    }
+                    store_v<V>(dx + row * C + c, d);
+                }
+                #pragma unroll
+                for (int j = 0; j < V; j++) {
+                    aw[k][j] += cdy[k].get(j) * xhat[j];
+                    ab[k][j] += cdy[k].get(j);
+                }
+            }
+        }
+    }
+    if (!partial) return;
+    for (int wi = 0; wi < LN_BWD_WARPS; wi++) {   // warps in order into one slice
+        if (warp == wi) {
+            #pragma unroll
+            for (int k = 0; k < NP; k++) {
+                if ((k * 32 + lane) * V >= C) continue;
+                #pragma unroll
+                for (int j = 0; j < V; j++) {
+                    int a = (k * V + j) * 32 + lane;
+                    fold[a] = (wi ? fold[a] : 0.0f) + aw[k][j];
+                    fold[L + a] = (wi ? fold[L + a] : 0.0f) + ab[k][j];
+                }
+            }
+        }
+        __syncthreads();
+    }
+    ln_write_partial<V>(fold, L, C, partial);
+}
+
+template <typename T, typename TP, int V>
 __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
 ln_bwd_kernel(const T *__restrict__ dy, const T *__restrict__ x, const TP *__restrict__ w,
               const float *__restrict__ mean, const float *__restrict__ rstd, T *__restrict__ dx,
@@ -180,16 +283,15 @@ ln_bwd_kernel(const T *__restrict__ dy, const T *__restrict__ x, const TP *__res
         for (int i = lane; i < 2 * L; i += 32) acc_w[i] = 0.0f;
         __syncwarp();
     }
-    Vec<T, V> cdy[NP > 0 ? NP : 1], cx[NP > 0 ? NP : 1];
     size_t warps_total = (size_t)gridDim.x * LN_BWD_WARPS;
     for (size_t row = (size_t)blockIdx.x * LN_BWD_WARPS + warp; row < N; row += warps_total) {
         const T *dyr = dy + row * C, *xr = x + row * C;
         float m = mean[row], r = rstd[row];
-
-        // pass 1: sum of g = dy * w and of g * xhat
         float sg = 0.0f, sgx = 0.0f;
-        auto sums = [&](int c, const float *vdy, const float *vx) {
-            float vw[V];
+        for (int c = lane * V; c < C; c += 32 * V) {
+            float vdy[V], vx[V], vw[V];
+            load_v<V>(dyr + c, vdy);
+            load_v<V>(xr + c, vx);
             if (w) load_v<V>(w + c, vw);
             #pragma unroll
             for (int j = 0; j < V; j++) {
@@ -197,39 +299,12 @@ ln_bwd_kernel(const T *__restrict__ dy, const T *__restrict__ x, const TP *__res
                 sg += g;
                 sgx += g * ((vx[j] - m) * r);
             }
-        };
-        if constexpr (NP > 0) {
-            #pragma unroll
-            for (int k = 0; k < NP; k++) {
-                int c = (k * 32 + lane) * V;
-                if (c < C) {
-                    cdy[k] = Vec<T, V>::load(dyr + c);
-                    cx[k] = Vec<T, V>::load(xr + c);
-                }
-            }
-            #pragma unroll
-            for (int k = 0; k < NP; k++) {
-                int c = (k * 32 + lane) * V;
-                if (c < C) {
-                    float vdy[V], vx[V];
-                    #pragma unroll
-                    for (int j = 0; j < V; j++) { vdy[j] = cdy[k].get(j); vx[j] = cx[k].get(j); }
-                    sums(c, vdy, vx);
-                }
-            }
-        } else {
-            for (int c = lane * V; c < C; c += 32 * V) {
-                float vdy[V], vx[V];
-                load_v<V>(dyr + c, vdy);
-                load_v<V>(xr + c, vx);
-                sums(c, vdy, vx);
-            }
         }
         float mean_g = warp_sum(sg) / (float)C, mean_gx = warp_sum(sgx) / (float)C;
-
-        // pass 2: dx += rstd (g - mean_g - xhat mean_gx); dw += dy xhat; db += dy
-        auto apply = [&](int c, const float *vdy, const float *vx) {
-            float xhat[V];
+        for (int c = lane * V; c < C; c += 32 * V) {
+            float vdy[V], vx[V], xhat[V];
+            load_v<V>(dyr + c, vdy);
+            load_v<V>(xr + c, vx);
             #pragma unroll
             for (int j = 0; j < V; j++) xhat[j] = (vx[j] - m) * r;
             if (dx) {
@@ -251,61 +326,30 @@ ln_bwd_kernel(const T *__restrict__ dy, const T *__restrict__ x, const TP *__res
                     acc_b[a + 32 * j] += vdy[j];
                 }
             }
-        };
-        if constexpr (NP > 0) {
-            #pragma unroll
-            for (int k = 0; k < NP; k++) {
-                int c = (k * 32 + lane) * V;
-                if (c < C) {
-                    float vdy[V], vx[V];
-                    #pragma unroll
-                    for (int j = 0; j < V; j++) { vdy[j] = cdy[k].get(j); vx[j] = cx[k].get(j); }
-                    apply(c, vdy, vx);
-                }
-            }
-        } else {
-            for (int c = lane * V; c < C; c += 32 * V) {
-                float vdy[V], vx[V];
-                load_v<V>(dyr + c, vdy);
-                load_v<V>(xr + c, vx);
-                apply(c, vdy, vx);
-            }
         }
     }
     if (!partial) return;
     __syncthreads();
-    float *out = partial + (size_t)blockIdx.x * 2 * C;
-    for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) {
-        int a = (i < C ? 0 : L) + ln_acc_index<V>(i < C ? i : i - C);
-        float s = acc_all[a];
+    // warps in order into warp 0's slice, then out
+    for (int i = threadIdx.x; i < 2 * L; i += blockDim.x) {
+        float s = acc_all[i];
         #pragma unroll
-        for (int k = 1; k < LN_BWD_WARPS; k++) s += acc_all[(size_t)k * 2 * L + a];
-        out[i] = s;
+        for (int k = 1; k < LN_BWD_WARPS; k++) s += acc_all[(size_t)k * 2 * L + i];
+        acc_all[i] = s;
     }
+    __syncthreads();
+    ln_write_partial<V>(acc_all, L, C, partial);
 }
 
-// dw[c] += sum over blocks of partial[blk][0][c], db likewise from [1]; in order, in double.
-__global__ void ln_bwd_finish_kernel(const float *partial, unsigned blocks, int C, float *dw,
-                                     float *db) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= 2 * C) return;
-    double s = 0;
-    for (unsigned k = 0; k < blocks; k++) s += (double)partial[(size_t)k * 2 * C + i];
-    if (i < C) {
-        if (dw) dw[i] += (float)s;
-    } else if (db) {
-        db[i - C] += (float)s;
-    }
-}
-
-template <typename T, typename TP, int V, int NP>
-static void ln_bwd_launch(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
-                          const Tensor *mean, const Tensor *rstd, Tensor *dx, Tensor *dw,
-                          Tensor *db, size_t N, int C) {
-    auto kernel = ln_bwd_kernel<T, TP, V, NP>;
-    bool want_wb = dw || db;
-    size_t smem = want_wb ? (size_t)LN_BWD_WARPS * 2 * ln_acc_len(C, V) * sizeof(float) : 0;
+// Runs one of the kernels above on a grid that fills the GPU once (blocks per SM from the
+// occupancy), then adds the block partials in order into dw, db (kernels/cuda/reduce.cu).
+template <typename T, typename TP, typename K>
+static void ln_bwd_run(Ctx *ctx, K kernel, size_t smem, const Tensor *dy, const Tensor *x,
+                       const Tensor *w, const Tensor *mean, const Tensor *rstd, Tensor *dx,
+                       Tensor *dw, Tensor *db, size_t N, int C) {
     CudaCtx *c = cuda_ctx_of(ctx);
+    bool want_wb = dw || db;
+    if (!want_wb) smem = 0;
     if (smem > 48 * 1024) {
         int limit = 0;
         CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device));
@@ -324,11 +368,9 @@ static void ln_bwd_launch(Ctx *ctx, const Tensor *dy, const Tensor *x, const Ten
         (const T *)dy->data, (const T *)x->data, w ? (const TP *)w->data : nullptr,
         tensor_f32(mean), tensor_f32(rstd), dx ? (T *)dx->data : nullptr, partial, N, C);
     CUDA_CHECK_LAUNCH();
-    if (want_wb) {
-        ln_bwd_finish_kernel<<<(unsigned)ceil_div(2 * (size_t)C, 256), 256, 0, c->stream>>>(
-            partial, (unsigned)blocks, C, dw ? tensor_f32(dw) : nullptr, db ? tensor_f32(db) : nullptr);
-        CUDA_CHECK_LAUNCH();
-    }
+    if (want_wb)
+        cuda_sum_partials(ctx, partial, (unsigned)blocks, 2 * (size_t)C, (size_t)C,
+                          dw ? tensor_f32(dw) : nullptr, db ? tensor_f32(db) : nullptr);
 }
 
 void cuda_layernorm_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
@@ -358,14 +400,19 @@ void cuda_layernorm_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tenso
     if (N == 0) return;
     bool vec = C % 8 == 0 && aligned16(dy->data) && aligned16(x->data) &&
                (!w || aligned16(w->data)) && (!dx || aligned16(dx->data));
-    int np = vec ? ln_cached_packs(C) : 0;
     dispatch_dtype2(x->dtype, w ? w->dtype : x->dtype, [&](auto tx, auto tp) {
         using T = TAG_T(tx);
         using TP = TAG_T(tp);
-        if (!vec) ln_bwd_launch<T, TP, 1, 0>(ctx, dy, x, w, mean, rstd, dx, dw, db, N, C);
-        else if (np == 2) ln_bwd_launch<T, TP, 8, 2>(ctx, dy, x, w, mean, rstd, dx, dw, db, N, C);
-        else if (np == 5) ln_bwd_launch<T, TP, 8, 5>(ctx, dy, x, w, mean, rstd, dx, dw, db, N, C);
-        else if (np == 8) ln_bwd_launch<T, TP, 8, 8>(ctx, dy, x, w, mean, rstd, dx, dw, db, N, C);
-        else ln_bwd_launch<T, TP, 8, 0>(ctx, dy, x, w, mean, rstd, dx, dw, db, N, C);
+        auto run = [&](auto kernel, size_t smem) {
+            ln_bwd_run<T, TP>(ctx, kernel, smem, dy, x, w, mean, rstd, dx, dw, db, N, C);
+        };
+        if (vec && C <= 2 * 256)
+            run(ln_bwd_cached_kernel<T, TP, 2>, 2 * 2 * 256 * sizeof(float));
+        else if (vec && C <= 5 * 256)
+            run(ln_bwd_cached_kernel<T, TP, 5>, 2 * 5 * 256 * sizeof(float));
+        else if (vec)
+            run(ln_bwd_kernel<T, TP, 8>, (size_t)LN_BWD_WARPS * 2 * ln_acc_len(C, 8) * sizeof(float));
+        else
+            run(ln_bwd_kernel<T, TP, 1>, (size_t)LN_BWD_WARPS * 2 * ln_acc_len(C, 1) * sizeof(float));
     });
 }

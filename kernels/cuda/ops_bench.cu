@@ -113,6 +113,28 @@ int cuda_bench_ops(FILE *out) {
         ms = bench_ms(&ctx, 20, [&] { cuda_layernorm_bwd(&ctx, &dy, &x, &w, &mean, &rstd, &dx, NULL, NULL); });
         snprintf(what, sizeof what, "layernorm_bwd bf16 (%zu, %d) dx only", N, C);
         bench_line(out, what, ms, 4 * act + stats, copy_gbs);
+        ms = bench_ms(&ctx, 20, [&] { cuda_layer_scale_bwd(&ctx, &dy, &x, &w, &dx, &dw); });
+        snprintf(what, sizeof what, "layer_scale_bwd bf16 (%zu, %d) dx += , dg", N, C);
+        bench_line(out, what, ms, 4 * act, copy_gbs);
+        ms = bench_ms(&ctx, 20, [&] { cuda_softmax_fwd(&ctx, &x, &y); });
+        snprintf(what, sizeof what, "softmax_fwd bf16 (%zu, %d)", N, C);
+        bench_line(out, what, ms, 2 * act, copy_gbs);
+        {
+            // the curriculum's 2x: (32, 37, 37, C) <-> (32, 74, 74, C); dy is y's storage
+            Tensor small = x, big = dy;
+            int sshape[4] = {32, 37, 37, C}, bshape[4] = {32, 74, 74, C};
+            tensor_set_shape(&small, 4, sshape);
+            tensor_set_shape(&big, 4, bshape);
+            double bytes_small = (double)small.numel * 2, bytes_big = (double)big.numel * 2;
+            ms = bench_ms(&ctx, 20, [&] { cuda_resize_bilinear_fwd(&ctx, &small, &big); });
+            bench_line(out, "resize_bilinear_fwd bf16 37x37 -> 74x74, B=32, C=1152", ms,
+                       bytes_small + bytes_big, copy_gbs);
+            Tensor dsmall = dx;
+            tensor_set_shape(&dsmall, 4, sshape);
+            ms = bench_ms(&ctx, 20, [&] { cuda_resize_bilinear_bwd(&ctx, &big, &dsmall); });
+            bench_line(out, "resize_bilinear_bwd bf16 74x74 -> 37x37 (gather)", ms,
+                       bytes_big + 2 * bytes_small, copy_gbs);
+        }
         ms = bench_ms(&ctx, 20, [&] { cuda_gelu_fwd(&ctx, &x, GELU_TANH, &y); });
         snprintf(what, sizeof what, "gelu_fwd tanh bf16 (%zu, %d)", N, C);
         bench_line(out, what, ms, 2 * act, copy_gbs);

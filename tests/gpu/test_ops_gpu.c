@@ -708,6 +708,7 @@ static void test_reductions_are_bitwise_deterministic(void **state) {
         cuda_zero(&G, gdg);
         cuda_layer_scale_bwd(&G, gdy, gx, gw, NULL, gdg);
         assert_same_bits("layer_scale_bwd.dg", gdg, first);
+        cuda_zero(&G, gdg);
         cuda_add_bcast_bwd(&G, gdy, NULL, gdg);
         first = download_raw(gdg);
         cuda_zero(&G, gdg);
