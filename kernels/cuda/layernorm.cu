@@ -1,8 +1,8 @@
 // CUDA: LayerNorm over the last dim (kernels/ops.h; CPU reference kernels/cpu/layernorm.c).
 // x, y, dy, dx in the activation dtype, w and b in the parameter dtype (either may be NULL),
-// mean, rstd, dw, db fp32. One warp per row. When C is a multiple of 8, C <= 2048 and the
-// pointers are aligned, the row stays in registers between the passes (one read of x from
-// memory); otherwise the passes read the row again (from L1/L2).
+// mean, rstd, dw, db fp32. One warp per row. When C is a multiple of 8, the pointers are
+// aligned and C <= 2048 (forward) or 1280 (backward), the row stays in registers between the
+// passes (one read from memory); otherwise the passes read the row again (from L1/L2).
 //
 // Backward: every warp adds dy * xhat and dy for its rows into its own slice of shared memory
 // (its lanes own fixed channels, its rows come in order), the block adds its warps in order
@@ -156,12 +156,13 @@ void cuda_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor
 
 // ---- backward --------------------------------------------------------------------------------
 // Pass 1 sums g = dy w and g xhat over the row (warp butterfly); pass 2 writes
-// dx += rstd (g - mean_g - xhat mean_gx) and adds dy xhat, dy into this warp's dw, db sums.
-// Two kernels, by row length:
-// - cached (C a multiple of 8, C <= 1280, aligned): a lane keeps its packs of dy and x in
-//   registers between the passes and its dw, db sums in registers across all of its rows; at the
-//   end the block's warps add theirs into one shared slice, warp 0 first.
-// - general: pass 2 reads the row again; each warp sums into its own shared slice.
+// dx += rstd (g - mean_g - xhat mean_gx) and adds dy xhat, dy into the warp's dw, db sums, which
+// live in the warp's own slice of shared memory (its lanes own fixed channels, its rows come in
+// order). At the end the block adds its warps' slices in warp order. Two kernels, by row length:
+// - cached (C a multiple of 8, C <= 1280, aligned): a lane loads its packs of dy, x and dx for
+//   the row in one batch and keeps them in registers for both passes (one memory round trip per
+//   row);
+// - general: pass 2 reads the row again.
 
 // Channels of a warp's accumulator slice: C rounded up to whole rounds of 32 lanes x V.
 __host__ __device__ static inline int ln_acc_len(int C, int V) {
@@ -175,12 +176,21 @@ template <int V> __device__ __forceinline__ int ln_acc_index(int c) {
     return ((c / (32 * V)) * V + c % V) * 32 + (c / V) % 32;
 }
 
-// Copies this block's (2, L) slice out as its partial (2, C) row.
+// Adds the block's warp slices (LN_BWD_WARPS, 2, L) in warp order and writes the block's
+// partial (2, C) row. Called by every thread of the block.
 template <int V>
-__device__ __forceinline__ void ln_write_partial(const float *slice, int L, int C, float *partial) {
+__device__ __forceinline__ void ln_fold_warps(float *acc_all, int L, int C, float *partial) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < 2 * L; i += blockDim.x) {
+        float s = acc_all[i];
+        #pragma unroll
+        for (int k = 1; k < LN_BWD_WARPS; k++) s += acc_all[(size_t)k * 2 * L + i];
+        acc_all[i] = s;
+    }
+    __syncthreads();
     float *out = partial + (size_t)blockIdx.x * 2 * C;
     for (int i = threadIdx.x; i < 2 * C; i += blockDim.x)
-        out[i] = slice[(i < C ? 0 : L) + ln_acc_index<V>(i < C ? i : i - C)];
+        out[i] = acc_all[(i < C ? 0 : L) + ln_acc_index<V>(i < C ? i : i - C)];
 }
 
 // partial: (gridDim.x, 2, C) fp32, this block's dw | db, or NULL when neither is wanted.
@@ -190,17 +200,18 @@ ln_bwd_cached_kernel(const T *__restrict__ dy, const T *__restrict__ x, const TP
                      const float *__restrict__ mean, const float *__restrict__ rstd,
                      T *__restrict__ dx, float *__restrict__ partial, size_t N, int C) {
     constexpr int V = 8, L = NP * 32 * V;
-    extern __shared__ float fold[];   // (2, L) when partial
+    extern __shared__ float acc_all[];   // (LN_BWD_WARPS, 2, L) when partial
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float aw[NP][V], ab[NP][V];
-    #pragma unroll
-    for (int k = 0; k < NP; k++)
-        #pragma unroll
-        for (int j = 0; j < V; j++) aw[k][j] = ab[k][j] = 0.0f;
-    Vec<T, V> cdy[NP], cx[NP];
+    float *acc_w = acc_all + (size_t)warp * 2 * L, *acc_b = acc_w + L;
+    if (partial) {
+        for (int i = lane; i < 2 * L; i += 32) acc_w[i] = 0.0f;
+        __syncwarp();
+    }
+    Vec<T, V> cdy[NP], cx[NP], cdx[NP];
     size_t warps_total = (size_t)gridDim.x * LN_BWD_WARPS;
     for (size_t row = (size_t)blockIdx.x * LN_BWD_WARPS + warp; row < N; row += warps_total) {
         const T *dyr = dy + row * C, *xr = x + row * C;
+        T *dxr = dx ? dx + row * C : nullptr;
         float m = mean[row], r = rstd[row];
         #pragma unroll
         for (int k = 0; k < NP; k++) {
@@ -208,6 +219,7 @@ ln_bwd_cached_kernel(const T *__restrict__ dy, const T *__restrict__ x, const TP
             if (c < C) {
                 cdy[k] = Vec<T, V>::load(dyr + c);
                 cx[k] = Vec<T, V>::load(xr + c);
+                if (dxr) cdx[k] = Vec<T, V>::load(dxr + c);
             }
         }
         float sg = 0.0f, sgx = 0.0f;
@@ -233,42 +245,28 @@ ln_bwd_cached_kernel(const T *__restrict__ dy, const T *__restrict__ x, const TP
                 float xhat[V];
                 #pragma unroll
                 for (int j = 0; j < V; j++) xhat[j] = (cx[k].get(j) - m) * r;
-                if (dx) {
+                if (dxr) {
                     float vw[V], d[V];
                     if (w) load_v<V>(w + c, vw);
-                    load_v<V>(dx + row * C + c, d);
                     #pragma unroll
                     for (int j = 0; j < V; j++) {
                         float g = cdy[k].get(j) * (w ? vw[j] : 1.0f);
-                        d[j] += r * (g - mean_g - xhat[j] * mean_gx);
+                        d[j] = cdx[k].get(j) + r * (g - mean_g - xhat[j] * mean_gx);
                     }
-                    store_v<V>(dx + row * C + c, d);
+                    store_v<V>(dxr + c, d);
                 }
-                #pragma unroll
-                for (int j = 0; j < V; j++) {
-                    aw[k][j] += cdy[k].get(j) * xhat[j];
-                    ab[k][j] += cdy[k].get(j);
+                if (partial) {
+                    int a = (k * V) * 32 + lane;   // ln_acc_index<V>(c); element j at a + 32 j
+                    #pragma unroll
+                    for (int j = 0; j < V; j++) {
+                        acc_w[a + 32 * j] += cdy[k].get(j) * xhat[j];
+                        acc_b[a + 32 * j] += cdy[k].get(j);
+                    }
                 }
             }
         }
     }
-    if (!partial) return;
-    for (int wi = 0; wi < LN_BWD_WARPS; wi++) {   // warps in order into one slice
-        if (warp == wi) {
-            #pragma unroll
-            for (int k = 0; k < NP; k++) {
-                if ((k * 32 + lane) * V >= C) continue;
-                #pragma unroll
-                for (int j = 0; j < V; j++) {
-                    int a = (k * V + j) * 32 + lane;
-                    fold[a] = (wi ? fold[a] : 0.0f) + aw[k][j];
-                    fold[L + a] = (wi ? fold[L + a] : 0.0f) + ab[k][j];
-                }
-            }
-        }
-        __syncthreads();
-    }
-    ln_write_partial<V>(fold, L, C, partial);
+    if (partial) ln_fold_warps<V>(acc_all, L, C, partial);
 }
 
 template <typename T, typename TP, int V>
@@ -328,17 +326,7 @@ ln_bwd_kernel(const T *__restrict__ dy, const T *__restrict__ x, const TP *__res
             }
         }
     }
-    if (!partial) return;
-    __syncthreads();
-    // warps in order into warp 0's slice, then out
-    for (int i = threadIdx.x; i < 2 * L; i += blockDim.x) {
-        float s = acc_all[i];
-        #pragma unroll
-        for (int k = 1; k < LN_BWD_WARPS; k++) s += acc_all[(size_t)k * 2 * L + i];
-        acc_all[i] = s;
-    }
-    __syncthreads();
-    ln_write_partial<V>(acc_all, L, C, partial);
+    if (partial) ln_fold_warps<V>(acc_all, L, C, partial);
 }
 
 // Runs one of the kernels above on a grid that fills the GPU once (blocks per SM from the
@@ -407,9 +395,9 @@ void cuda_layernorm_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tenso
             ln_bwd_run<T, TP>(ctx, kernel, smem, dy, x, w, mean, rstd, dx, dw, db, N, C);
         };
         if (vec && C <= 2 * 256)
-            run(ln_bwd_cached_kernel<T, TP, 2>, 2 * 2 * 256 * sizeof(float));
+            run(ln_bwd_cached_kernel<T, TP, 2>, (size_t)LN_BWD_WARPS * 2 * 2 * 256 * sizeof(float));
         else if (vec && C <= 5 * 256)
-            run(ln_bwd_cached_kernel<T, TP, 5>, 2 * 5 * 256 * sizeof(float));
+            run(ln_bwd_cached_kernel<T, TP, 5>, (size_t)LN_BWD_WARPS * 2 * 5 * 256 * sizeof(float));
         else if (vec)
             run(ln_bwd_kernel<T, TP, 8>, (size_t)LN_BWD_WARPS * 2 * ln_acc_len(C, 8) * sizeof(float));
         else
