@@ -46,6 +46,8 @@ ifeq ($(HAVE_CUDNN),1)
 LDLIBS    += -lcudnn
 endif
 LINK      := $(NVCC) $(CUDA_ARCH) -Xcompiler -fopenmp
+# nvcc links: it takes OpenMP through -Xcompiler above and rejects a bare -fopenmp.
+LDLIBS    := $(filter-out -fopenmp,$(LDLIBS))
 LINKFLAGS := -Xlinker -rpath,$(CUDA_HOME)/lib64
 else
 LINK      := $(CC)
@@ -57,7 +59,7 @@ TEST_BINS := $(TESTS_C:tests/%.c=$(BUILD)/tests/%)
 GPU_TESTS_C   := $(wildcard tests/gpu/test_*.c)
 GPU_TEST_BINS := $(GPU_TESTS_C:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 
-.PHONY: all deps test test-gpu demo bench clean
+.PHONY: all deps test test-gpu demo bench bench-gspn clean
 all: cgspn
 
 deps:
@@ -105,6 +107,20 @@ else
 	@fail=0; for t in $(GPU_TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
 	 if [ $$fail -ne 0 ]; then echo "make test-gpu: FAILED"; exit 1; fi; echo "make test-gpu: all passed"
 endif
+
+# Until `cgspn bench gspn` exists: the C-GSPN scan benchmark alone (kernels/cuda/gspn_bench.cu).
+bench-gspn:
+ifneq ($(CUDA_ON),1)
+	@echo "make bench-gspn: no working nvcc found (see build/config.mk)"; exit 1
+else
+	@$(MAKE) --no-print-directory $(BUILD)/tools/bench_gspn
+	$(BUILD)/tools/bench_gspn
+endif
+
+$(BUILD)/tools/bench_gspn: tools/bench_gspn.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@.o
+	$(LINK) $(LINKFLAGS) -o $@ $@.o $(LIB) $(LDLIBS)
 
 demo: deps cgspn
 	@bash tools/demo.sh

@@ -5,6 +5,10 @@
 #include <string.h>
 #include <errno.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 // Prints "cgspn: <message>" and "  hint: <hint>" (when hint is non-empty), then exits 1.
 void cg_fail(const char *file, int line, const char *hint, const char *fmt, ...)
     __attribute__((noreturn, format(printf, 4, 5)));
@@ -22,3 +26,7 @@ void *cg_malloc(size_t bytes);                 // exits with a message on failur
 void *cg_calloc(size_t n, size_t size);
 void *cg_realloc(void *p, size_t bytes);
 char *cg_strdup(const char *s);
+
+#ifdef __cplusplus
+}
+#endif

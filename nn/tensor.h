@@ -5,6 +5,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define TENSOR_MAX_DIMS 5
 
 typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1 } DType;
@@ -38,3 +42,7 @@ bool tensor_same_shape(const Tensor *a, const Tensor *b);
 const char *tensor_shape_str(const Tensor *t, char *buf, size_t n);
 // A view of t with another shape of the same numel (no copy).
 Tensor tensor_view(const Tensor *t, int ndim, const int *shape);
+
+#ifdef __cplusplus
+}
+#endif
