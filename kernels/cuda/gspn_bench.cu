@@ -21,14 +21,16 @@
 #include <time.h>
 #include <vector>
 
-// kernels/cuda/gspn_scan.cu, with the tuning the default entry points fix (32, 16).
+// kernels/cuda/gspn_scan.cu, with the tuning the default entry points fix (32, 16, 0).
 extern "C" void cuda_gspn_scan_fwd_tuned(Ctx *ctx, const Tensor *xc, const Tensor *gates,
                                          const Tensor *merge, int shared_w, Tensor *yc,
-                                         Tensor *hidden, int cg_bytes, int vec_bytes);
+                                         Tensor *hidden, int cg_bytes, int vec_bytes,
+                                         int stages);
 extern "C" void cuda_gspn_scan_bwd_tuned(Ctx *ctx, const Tensor *dyc, const Tensor *xc,
                                          const Tensor *gates, const Tensor *merge, int shared_w,
                                          const Tensor *hidden, Tensor *dxc, Tensor *dgates,
-                                         Tensor *dmerge, int cg_bytes, int vec_bytes);
+                                         Tensor *dmerge, int cg_bytes, int vec_bytes,
+                                         int stages);
 
 namespace {
 
@@ -122,7 +124,7 @@ struct Result {
     double fwd_must, bwd_must, bwd_acc, fwd_moved, bwd_moved;   // bytes
 };
 
-Result run_config(Ctx *ctx, const Config &cf, int cg_bytes, int vec_bytes) {
+Result run_config(Ctx *ctx, const Config &cf, int cg_bytes, int vec_bytes, int stages) {
     const int G = cf.shared ? 4 * (2 * cf.Cc + 3) : 20 * cf.Cc;
     const int sx[4] = {cf.B, cf.H, cf.W, cf.Cc}, sg[4] = {cf.B, cf.H, cf.W, G};
     const int sh[5] = {4, cf.B, cf.H, cf.W, cf.Cc}, sm[1] = {4};
@@ -142,11 +144,11 @@ Result run_config(Ctx *ctx, const Config &cf, int cg_bytes, int vec_bytes) {
     Result r{};
     r.fwd_ms = time_ms(ctx, [&] {
         cuda_gspn_scan_fwd_tuned(ctx, &xc, &gates, &merge, cf.shared, &yc, &hidden, cg_bytes,
-                                 vec_bytes);
+                                 vec_bytes, stages);
     });
     r.bwd_ms = time_ms(ctx, [&] {
         cuda_gspn_scan_bwd_tuned(ctx, &dyc, &xc, &gates, &merge, cf.shared, &hidden, &dxc,
-                                 &dgates, &dmerge, cg_bytes, vec_bytes);
+                                 &dgates, &dmerge, cg_bytes, vec_bytes, stages);
     });
     CUDA_CHECK(cudaStreamSynchronize(cuda_stream_of(ctx)));
 
@@ -163,13 +165,14 @@ Result run_config(Ctx *ctx, const Config &cf, int cg_bytes, int vec_bytes) {
     return r;
 }
 
-void print_row(FILE *out, const Config &cf, int cg, int vec, const Result &r, double copy) {
+void print_row(FILE *out, const Config &cf, int cg, int vec, int stages, const Result &r,
+               double copy) {
     const double fg = r.fwd_must / (r.fwd_ms * 1e-3) / 1e9, bg = r.bwd_must / (r.bwd_ms * 1e-3) / 1e9;
     const double ba = r.bwd_acc / (r.bwd_ms * 1e-3) / 1e9;
     const double fm = r.fwd_moved / (r.fwd_ms * 1e-3) / 1e9, bm = r.bwd_moved / (r.bwd_ms * 1e-3) / 1e9;
     char cfg[96];
-    snprintf(cfg, sizeof cfg, "B=%d %dx%d Cc=%d %s %s cg=%d v=%d", cf.B, cf.H, cf.W, cf.Cc,
-             cf.dt == DTYPE_BF16 ? "bf16" : "fp32", cf.shared ? "shared" : "chan", cg, vec);
+    snprintf(cfg, sizeof cfg, "B=%d %dx%d Cc=%d %s %s cg=%d v=%d D=%d", cf.B, cf.H, cf.W, cf.Cc,
+             cf.dt == DTYPE_BF16 ? "bf16" : "fp32", cf.shared ? "shared" : "chan", cg, vec, stages);
     fprintf(out,
             "%-44s | fwd %8.3f ms %7.1f MB %6.0f GB/s %5.1f%% (moved %5.1f%%) | bwd %8.3f ms "
             "%7.1f MB %6.0f GB/s %5.1f%% (+= %5.1f%%, moved %5.1f%%)\n",
@@ -202,16 +205,18 @@ extern "C" int cuda_bench_gspn(FILE *out) {
         {32, 54, 54, 64, 0, DTYPE_BF16},  {32, 74, 74, 64, 0, DTYPE_BF16},
         {32, 147, 147, 64, 0, DTYPE_BF16}, {16, 1024, 1024, 8, 1, DTYPE_BF16},
     };
-    for (const Config &cf : main_cfgs) print_row(out, cf, 32, 16, run_config(&ctx, cf, 32, 16), copy);
+    for (const Config &cf : main_cfgs) print_row(out, cf, 32, 16, 0, run_config(&ctx, cf, 32, 16, 0), copy);
 
     // Tuning variants: cg = bytes of a token's channels one block owns (16 = half a sector,
-    // 32 = one sector, the default, 64 = two); v = bytes a thread loads at once.
-    fprintf(out, "tuning variants (cg bytes per block and token, v bytes per load):\n");
+    // 32 = one sector, the default, 64 = two); v = bytes a thread loads at once; D = stages of
+    // the cp.async pipeline (0 = chosen by occupancy, 1 = the simple, unpipelined kernels).
+    fprintf(out, "tuning variants (cg bytes per block and token, v bytes per load, D stages):\n");
     const Config var_cfgs[] = {{32, 74, 74, 64, 0, DTYPE_BF16}, {32, 147, 147, 64, 0, DTYPE_BF16}};
-    const int variants[][2] = {{16, 16}, {64, 16}, {32, 8}, {16, 8}};
+    const int variants[][3] = {{32, 16, 1}, {16, 16, 0}, {64, 16, 0}, {32, 8, 0},
+                               {16, 8, 0},  {32, 16, 2}, {32, 16, 3}, {16, 16, 3}};
     for (const Config &cf : var_cfgs)
         for (const auto &v : variants)
-            print_row(out, cf, v[0], v[1], run_config(&ctx, cf, v[0], v[1]), copy);
+            print_row(out, cf, v[0], v[1], v[2], run_config(&ctx, cf, v[0], v[1], v[2]), copy);
 
     cuda_ctx_destroy(&ctx);
     return 0;

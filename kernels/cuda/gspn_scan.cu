@@ -576,12 +576,330 @@ __global__ void gspn_dmerge_finalize_kernel(const double *__restrict__ dmpart, i
     }
 }
 
+// ---- pipelined scans (per-channel weights, 8- or 16-byte vectors) ------------------------------
+// The same scans with the loads of the next D-1 steps in flight: each thread copies its item's
+// inputs for step s+D-1 into a shared-memory stage with cp.async while it computes step s, so
+// the memory system always has D-1 steps of every block's traffic to work on (the simple kernels
+// above wait for each step's loads before computing it). One launch covers the four directions;
+// blockIdx.x = (image, channel group) * 4 + direction, so the four scans of one image slice run
+// side by side and xc / dyc, marked evict-last in L2, are read from DRAM about once instead of
+// four times. Streams read once (gates, hidden, dgates) are marked evict-first.
+__device__ __forceinline__ uint64_t l2_policy_evict_last() {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void *dst, const void *src, uint64_t policy) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(d),
+                     "l"(src), "l"(policy) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], %2, %3;\n" ::"r"(d),
+                     "l"(src), "n"(BYTES), "l"(policy) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// V elements of T staged in shared memory -> floats.
+template <typename T, int V>
+__device__ __forceinline__ void lds_v(const unsigned char *p, float (&o)[V]) {
+    constexpr int BYTES = V * (int)sizeof(T);
+    if constexpr (BYTES == 16) {
+        uint4 r = *reinterpret_cast<const uint4 *>(p);
+        uint32_t w[4] = {r.x, r.y, r.z, r.w};
+        unpack<T, V>(w, o);
+    } else {
+        uint2 r = *reinterpret_cast<const uint2 *>(p);
+        uint32_t w[2] = {r.x, r.y};
+        unpack<T, V>(w, o);
+    }
+}
+
+// The four directions' geometry; a block takes g[blockIdx.x & 3]. Shared-memory layout sizes
+// are the largest over the directions (H != W gives TB/BT and LR/RL different lane counts).
+struct ScanArgs {
+    DirGeom g[DIRS];
+    int items_max;       // staging slots per stage
+    int lanes_max;       // lanes + 2 halo lanes of the longer line
+    int lane_bytes;      // bytes of the per-lane state region (h or carries), 16-aligned
+};
+
+__device__ __forceinline__ DirGeom pick_dir(const ScanArgs &a, int d) {
+    return d == 0 ? a.g[0] : d == 1 ? a.g[1] : d == 2 ? a.g[2] : a.g[3];
+}
+
+// Forward. Stage slot q of item e: q = 0 xc, 1 lam, 2 u, 3..5 wt_{-1,0,+1}.
+template <typename T, int V, int D>
+__global__ void __launch_bounds__(SCAN_THREADS_MAX)
+gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
+                     float *__restrict__ hid, T *__restrict__ ypart, long long plane,
+                     ScanArgs a) {
+    constexpr int VB = V * (int)sizeof(T), NQ = 6;
+    const int d = blockIdx.x & 3;
+    const DirGeom g = pick_dir(a, d);
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    float *hbuf = reinterpret_cast<float *>(smem_raw);   // [2][N+2][CG]
+    unsigned char *stg = smem_raw + a.lane_bytes;          // [D][NQ][items_max][VB]
+    const int rowf = (g.N + 2) * g.CG;
+    for (int i = threadIdx.x; i < 2 * rowf; i += blockDim.x) hbuf[i] = 0.0f;
+
+    const int bg = blockIdx.x >> 2, b = bg / g.ngroups, c0 = (bg % g.ngroups) * g.CG;
+    const int e = threadIdx.x;
+    const bool active = e < g.items;
+    const int l = e / g.nvg, cl = (e % g.nvg) * V, c = c0 + cl;
+    const int Cc = g.Cc;
+    const long long tl = (long long)b * g.img_tokens + g.first + (long long)l * g.lstride;
+    const uint64_t keep = l2_policy_evict_last(), stream = l2_policy_evict_first();
+    if (hid) hid += d * plane;
+    if (ypart) ypart += d * plane;
+    auto slot = [&](int st, int q) {
+        return stg + ((size_t)(st * NQ + q) * a.items_max + e) * VB;
+    };
+    auto issue = [&](int s) {
+        if (active && s < g.L) {
+            const long long t = tl + (long long)s * g.sstride;
+            const T *gp = gates + t * g.G + g.goff + c;
+            const int st = s % D;
+            cp_async<VB>(slot(st, 0), xc + t * Cc + c, keep);
+#pragma unroll
+            for (int q = 0; q < 5; q++) cp_async<VB>(slot(st, 1 + q), gp + q * Cc, stream);
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int p = 0; p < D - 1; p++) issue(p);
+    __syncthreads();   // hbuf zeroed
+
+    for (int s = 0; s < g.L; s++) {
+        issue(s + D - 1);
+        cp_async_wait<D - 1>();   // this thread's copies of step s have landed
+        const float *prev = hbuf + (s & 1) * rowf;
+        float *cur = hbuf + ((s + 1) & 1) * rowf;
+        if (active) {
+            const int st = s % D;
+            const long long o = (tl + (long long)s * g.sstride) * Cc + c;
+            float x[V], lam[V], u[V], h[V];
+            lds_v<T, V>(slot(st, 0), x);
+            lds_v<T, V>(slot(st, 1), lam);
+            lds_v<T, V>(slot(st, 2), u);
+#pragma unroll
+            for (int i = 0; i < V; i++) h[i] = lam[i] * x[i];
+            if (s > 0) {
+                const bool has_m = l > 0, has_p = l < g.N - 1;
+                float wm[V], w0[V], wp[V], hm[V], h0[V], hp[V];
+                lds_v<T, V>(slot(st, 3), wm);
+                lds_v<T, V>(slot(st, 4), w0);
+                lds_v<T, V>(slot(st, 5), wp);
+                const float *pr = prev + (l + 1) * g.CG + cl;
+                ldf<V>(pr - g.CG, hm);
+                ldf<V>(pr, h0);
+                ldf<V>(pr + g.CG, hp);
+#pragma unroll
+                for (int i = 0; i < V; i++) {
+                    float aa[3], w[3];
+                    weights<T>(wm[i], w0[i], wp[i], has_m, has_p, aa, w);
+                    h[i] += w[0] * hm[i];
+                    h[i] += w[1] * h0[i];
+                    h[i] += w[2] * hp[i];
+                }
+            }
+            stf<V>(cur + (l + 1) * g.CG + cl, h);
+            if (hid) stf_stream<V>(hid + o, h);
+            if (ypart) {
+                float y[V];
+#pragma unroll
+                for (int i = 0; i < V; i++) y[i] = u[i] * h[i];
+                stv<T, V>(ypart + o, y);
+            }
+        }
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+}
+
+// Backward. Stage slots: q = 0 dyc, 1 xc, 2 lam, 3 u, 4..6 wt, 7..11 the old dgates of this
+// direction (lam, u, wt x3); then h[s-1] of the item (fp32, V floats) in its own array, read by
+// the item and its two neighbour lanes (visible to them after the step's barrier).
+template <typename T, int V, int D>
+__global__ void __launch_bounds__(SCAN_THREADS_MAX)
+gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
+                     const T *__restrict__ gates, const float *__restrict__ hid,
+                     const void *merge, int merge_bf16, T *__restrict__ dxpart,
+                     T *__restrict__ dgates, double *__restrict__ dmpart, long long plane,
+                     int nblk, ScanArgs a) {
+    constexpr int VB = V * (int)sizeof(T), NQ = 12, HB = V * 4;
+    const int d = blockIdx.x & 3;
+    const DirGeom g = pick_dir(a, d);
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int rowf = (g.N + 2) * g.CG;
+    float *cm = reinterpret_cast<float *>(smem_raw), *cp = cm + 2 * rowf, *c0s = cm + 4 * rowf;
+    unsigned char *stg = smem_raw + a.lane_bytes;                          // [D][NQ][items][VB]
+    unsigned char *hst = stg + (size_t)D * NQ * a.items_max * VB;          // [D][items][HB]
+    for (int i = threadIdx.x; i < 5 * rowf; i += blockDim.x) cm[i] = 0.0f;
+
+    const int bg = blockIdx.x >> 2, b = bg / g.ngroups, c0 = (bg % g.ngroups) * g.CG;
+    const int e = threadIdx.x;
+    const bool active = e < g.items;
+    const int l = e / g.nvg, cl = (e % g.nvg) * V, c = c0 + cl;
+    const bool has_m = l > 0, has_p = l < g.N - 1;
+    const int Cc = g.Cc;
+    const long long tl = (long long)b * g.img_tokens + g.first + (long long)l * g.lstride;
+    const uint64_t keep = l2_policy_evict_last(), stream = l2_policy_evict_first();
+    hid += d * plane;
+    if (dxpart) dxpart += d * plane;
+    const float m = load_param(merge, merge_bf16, d);
+    auto slot = [&](int st, int q) {
+        return stg + ((size_t)(st * NQ + q) * a.items_max + e) * VB;
+    };
+    auto hslot = [&](int st, int item) {
+        return reinterpret_cast<const float *>(hst + ((size_t)st * a.items_max + item) * HB);
+    };
+    auto issue = [&](int k) {
+        if (active && k < g.L) {
+            const int s = g.L - 1 - k, st = k % D;
+            const long long t = tl + (long long)s * g.sstride, o = t * Cc + c;
+            const T *gp = gates + t * g.G + g.goff + c;
+            cp_async<VB>(slot(st, 0), dyc + o, keep);
+            cp_async<VB>(slot(st, 1), xc + o, keep);
+#pragma unroll
+            for (int q = 0; q < 5; q++) cp_async<VB>(slot(st, 2 + q), gp + q * Cc, stream);
+            if (dgates) {
+                const T *dgp = dgates + t * g.G + g.goff + c;
+#pragma unroll
+                for (int q = 0; q < 5; q++) cp_async<VB>(slot(st, 7 + q), dgp + q * Cc, stream);
+            }
+            if (s > 0) {
+                const float *hp = hid + o - g.sstride * Cc;   // h[s-1] of this lane
+                unsigned char *dst = hst + ((size_t)st * a.items_max + e) * HB;
+#pragma unroll
+                for (int q = 0; q < HB / 16; q++) cp_async<16>(dst + 16 * q, hp + 4 * q, stream);
+            }
+        }
+        cp_async_commit();
+    };
+
+    float hc[V];   // h[s] of this item: the previous step's h[s-1]
+    if (active) ldf_ro<V>(hid + (tl + (long long)(g.L - 1) * g.sstride) * Cc + c, hc);
+#pragma unroll
+    for (int p = 0; p < D - 1; p++) issue(p);
+    cp_async_wait<D - 2>();
+    __syncthreads();   // carries zeroed, step 0's stage visible to the neighbours
+
+    double dm_acc = 0.0;
+    for (int k = 0; k < g.L; k++) {
+        const int s = g.L - 1 - k, st = k % D;
+        issue(k + D - 1);
+        const float *rm = cm + (k & 1) * rowf, *rp = cp + (k & 1) * rowf;
+        float *wm_s = cm + ((k + 1) & 1) * rowf, *wp_s = cp + ((k + 1) & 1) * rowf;
+        if (active) {
+            const long long o = (tl + (long long)s * g.sstride) * Cc + c;
+            const int si = (l + 1) * g.CG + cl;
+            float dy[V], x[V], lam[V], u[V], hm[V], h0[V], hp[V], wtm[V], wt0[V], wtp[V];
+            lds_v<T, V>(slot(st, 0), dy);
+            lds_v<T, V>(slot(st, 1), x);
+            lds_v<T, V>(slot(st, 2), lam);
+            lds_v<T, V>(slot(st, 3), u);
+#pragma unroll
+            for (int i = 0; i < V; i++) hm[i] = h0[i] = hp[i] = 0.0f;
+            if (s > 0) {
+                lds_v<T, V>(slot(st, 4), wtm);
+                lds_v<T, V>(slot(st, 5), wt0);
+                lds_v<T, V>(slot(st, 6), wtp);
+                ldf<V>(hslot(st, e), h0);
+                if (has_m) ldf<V>(hslot(st, e - g.nvg), hm);
+                if (has_p) ldf<V>(hslot(st, e + g.nvg), hp);
+            }
+            float crp[V], cr0[V], crm[V];
+            ldf<V>(rp + si - g.CG, crp);
+            ldf<V>(c0s + si, cr0);
+            ldf<V>(rm + si + g.CG, crm);
+
+            float dh[V], dlam[V], du[V], dx[V], nm[V], n0[V], np[V], dwt[3][V];
+#pragma unroll
+            for (int i = 0; i < V; i++) {
+                dm_acc += (double)u[i] * hc[i] * dy[i];
+                du[i] = m * hc[i] * dy[i];
+                dh[i] = crp[i] + cr0[i] + crm[i] + m * u[i] * dy[i];
+                dx[i] = lam[i] * dh[i];
+                dlam[i] = x[i] * dh[i];
+                dwt[0][i] = dwt[1][i] = dwt[2][i] = nm[i] = n0[i] = np[i] = 0.0f;
+                if (s > 0) {
+                    const float dw[3] = {dh[i] * hm[i], dh[i] * h0[i], dh[i] * hp[i]};
+                    float aa[3], w[3], gw[3];
+                    const float S = weights<T>(wtm[i], wt0[i], wtp[i], has_m, has_p, aa, w);
+                    weights_bwd(aa, w, S, dw, gw);
+                    dwt[0][i] = gw[0];
+                    dwt[1][i] = gw[1];
+                    dwt[2][i] = gw[2];
+                    nm[i] = w[0] * dh[i];
+                    n0[i] = w[1] * dh[i];
+                    np[i] = w[2] * dh[i];
+                }
+            }
+            if (dxpart) stv<T, V>(dxpart + o, dx);
+            if (dgates) {
+                T *dgp = dgates + (tl + (long long)s * g.sstride) * g.G + g.goff + c;
+                float ol[V], ou[V];
+                lds_v<T, V>(slot(st, 7), ol);
+                lds_v<T, V>(slot(st, 8), ou);
+#pragma unroll
+                for (int i = 0; i < V; i++) {
+                    ol[i] += dlam[i];
+                    ou[i] += du[i];
+                }
+                stv<T, V>(dgp, ol);
+                stv<T, V>(dgp + Cc, ou);
+                if (s > 0) {   // at s = 0, h[-1] = 0: the weights have no gradient
+#pragma unroll
+                    for (int q = 0; q < 3; q++) {
+                        float ow[V];
+                        lds_v<T, V>(slot(st, 9 + q), ow);
+#pragma unroll
+                        for (int i = 0; i < V; i++) ow[i] += dwt[q][i];
+                        stv<T, V>(dgp + (2 + q) * Cc, ow);
+                    }
+                }
+            }
+            if (s > 0) {
+                stf<V>(wm_s + si, nm);
+                stf<V>(wp_s + si, np);
+                stf<V>(c0s + si, n0);
+#pragma unroll
+                for (int i = 0; i < V; i++) hc[i] = h0[i];
+            }
+        }
+        cp_async_wait<D - 2>();   // step k+1's stage has landed (this thread's copies)
+        __syncthreads();          // ... and everyone's: the neighbours' h[s-2] are visible
+    }
+
+    if (dmpart) {
+        __shared__ double red[SCAN_THREADS_MAX / 32];
+        for (int off = 16; off > 0; off >>= 1) dm_acc += __shfl_xor_sync(0xffffffffu, dm_acc, off);
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = dm_acc;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            double sum = 0.0;
+            for (int w = 0; w < (int)(blockDim.x + 31) / 32; w++) sum += red[w];
+            dmpart[d * nblk + bg] = sum;
+        }
+    }
+}
+
 // ---- host side -----------------------------------------------------------------------------
 struct Plan {
     int B, H, W, Cc, G, block;
     bool shared, bf16;
     int V, CG, ngroups, nvg;
     long long plane;   // B*H*W*Cc
+    int stages;        // as Tuning::stages
 };
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
@@ -598,8 +916,10 @@ void check_dtype_like(const char *what, const Tensor *t, const Tensor *ref) {
 
 // Tuning (the benchmark sweeps it): cg_bytes = bytes of one token's channels a block owns with
 // per-channel weights (32 = one sector); vec_bytes = bytes a thread loads at once (16 or 8).
+// stages = cp.async pipeline depth of the pipelined kernels (0: the largest that keeps enough
+// blocks resident; 1: the simple kernels).
 struct Tuning {
-    int cg_bytes, vec_bytes;
+    int cg_bytes, vec_bytes, stages;
 };
 
 Plan make_plan(const Tensor *xc, const Tensor *gates, const Tensor *merge, int shared_w,
@@ -647,6 +967,7 @@ Plan make_plan(const Tensor *xc, const Tensor *gates, const Tensor *merge, int s
         p.CG = nvg * p.V;
     }
     p.ngroups = p.Cc / p.CG;
+    p.stages = tu.stages;
     return p;
 }
 
@@ -742,6 +1063,101 @@ void fwd_all(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid,
     for (int d = 0; d < DIRS; d++) CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->join[d], 0));
 }
 
+// ---- pipelined path: one launch for the four directions --------------------------------------
+ScanArgs scan_args(const Plan &p) {
+    ScanArgs a{};
+    int nmax = 0;
+    for (int d = 0; d < DIRS; d++) {
+        a.g[d] = dir_geom(p, d);
+        a.items_max = a.g[d].items > a.items_max ? a.g[d].items : a.items_max;
+        nmax = a.g[d].N > nmax ? a.g[d].N : nmax;
+    }
+    a.lanes_max = nmax + 2;
+    return a;
+}
+
+// Bytes of a pipelined block's per-lane state: h (2 rows) or the carries (5 rows).
+int lane_state_bytes(const Plan &p, const ScanArgs &a, bool bwd) {
+    return (int)(((size_t)(bwd ? 5 : 2) * a.lanes_max * p.CG * 4 + 15) / 16 * 16);
+}
+
+// Shared memory of a pipelined block: the per-lane state (h: 2 rows; carries: 5 rows) and D
+// stages of the items' inputs.
+size_t pipe_smem(const Plan &p, const ScanArgs &a, bool bwd, int D) {
+    const size_t vb = (size_t)p.V * (p.bf16 ? 2 : 4);
+    const size_t lane = (size_t)lane_state_bytes(p, a, bwd);
+    const size_t per_item = bwd ? 12 * vb + (size_t)p.V * 4 : 6 * vb;
+    return lane + (size_t)D * a.items_max * per_item;
+}
+
+// Pipeline depth: the deepest (<= 4) with which all blocks are resident at once, else the
+// deepest that keeps two blocks per SM, else 2 with one block per SM; 0 = take the simple path.
+int pipe_stages(const Plan &p, const ScanArgs &a, bool bwd, const CudaCtx *c) {
+    if (p.shared || p.V * (p.bf16 ? 2 : 4) < 8 || a.items_max > SCAN_THREADS_MAX || p.stages == 1)
+        return 0;
+    int dev = c->device, per_sm = 0, per_block = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    const auto fits = [&](int D, int k) {
+        const size_t sm = pipe_smem(p, a, bwd, D);
+        return sm <= (size_t)per_block && (size_t)k * (sm + 1024) <= (size_t)per_sm;
+    };
+    if (p.stages >= 2) return fits(p.stages, 1) ? p.stages : 0;
+    const int blocks = DIRS * p.B * p.ngroups;
+    const int want = (blocks + c->sm_count - 1) / c->sm_count;
+    for (int D = 4; D >= 2; D--)
+        if (fits(D, want)) return D;
+    for (int D = 4; D >= 2; D--)
+        if (fits(D, 2)) return D;
+    return fits(2, 1) ? 2 : 0;
+}
+
+template <typename K, typename... Args>
+void launch_pipe(K kernel, const Plan &p, const ScanArgs &a, size_t smem, cudaStream_t st,
+                 Args... args) {
+    set_smem(kernel, smem);
+    const int threads = (a.items_max + 31) / 32 * 32;
+    kernel<<<DIRS * p.B * p.ngroups, threads, smem, st>>>(args..., a);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int V>
+bool fwd_pipe(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, T *ypart) {
+    if constexpr (V * sizeof(T) < 8) {
+        return false;
+    } else {
+        ScanArgs a = scan_args(p);
+        const int D = pipe_stages(p, a, false, c);
+        if (!D) return false;
+        const size_t smem = pipe_smem(p, a, false, D);
+        a.lane_bytes = lane_state_bytes(p, a, false);
+        if (D == 2) launch_pipe(gspn_fwd_pipe_kernel<T, V, 2>, p, a, smem, c->stream, xc, gates, hid, ypart, p.plane);
+        else if (D == 3) launch_pipe(gspn_fwd_pipe_kernel<T, V, 3>, p, a, smem, c->stream, xc, gates, hid, ypart, p.plane);
+        else launch_pipe(gspn_fwd_pipe_kernel<T, V, 4>, p, a, smem, c->stream, xc, gates, hid, ypart, p.plane);
+        return true;
+    }
+}
+
+template <typename T, int V>
+bool bwd_pipe(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gates,
+              const float *hid, const void *merge, int merge_bf16, T *dxpart, T *dgates,
+              double *dmpart) {
+    if constexpr (V * sizeof(T) < 8) {
+        return false;
+    } else {
+        ScanArgs a = scan_args(p);
+        const int D = pipe_stages(p, a, true, c);
+        if (!D) return false;
+        const size_t smem = pipe_smem(p, a, true, D);
+        a.lane_bytes = lane_state_bytes(p, a, true);
+        const int nblk = p.B * p.ngroups;
+        if (D == 2) launch_pipe(gspn_bwd_pipe_kernel<T, V, 2>, p, a, smem, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
+        else if (D == 3) launch_pipe(gspn_bwd_pipe_kernel<T, V, 3>, p, a, smem, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
+        else launch_pipe(gspn_bwd_pipe_kernel<T, V, 4>, p, a, smem, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
+        return true;
+    }
+}
+
 // Scratch in the stream-ordered pool, kept by the pool between calls (no cudaMalloc per call).
 void *scratch_alloc(CudaCtx *c, size_t bytes) {
     cudaMemPool_t pool;
@@ -758,8 +1174,9 @@ void scan_fwd(Ctx *ctx, const Plan &p, const Tensor *xc, const Tensor *gates, co
               Tensor *yc, Tensor *hidden) {
     CudaCtx *c = cuda_ctx_of(ctx);
     T *ypart = static_cast<T *>(scratch_alloc(c, DIRS * (size_t)p.plane * sizeof(T)));
-    fwd_all<T, V, SH>(c, p, static_cast<const T *>(xc->data), static_cast<const T *>(gates->data),
-                      hidden ? tensor_f32(hidden) : nullptr, ypart);
+    const T *x = static_cast<const T *>(xc->data), *g = static_cast<const T *>(gates->data);
+    float *hid = hidden ? tensor_f32(hidden) : nullptr;
+    if (SH || !fwd_pipe<T, V>(c, p, x, g, hid, ypart)) fwd_all<T, V, SH>(c, p, x, g, hid, ypart);
     const long long nvec = p.plane / V;
     gspn_merge_kernel<T, V><<<ew_blocks(nvec, c), EW_THREADS, 0, c->stream>>>(
         ypart, p.plane, merge->data, merge->dtype == DTYPE_BF16, static_cast<T *>(yc->data));
@@ -782,18 +1199,22 @@ void scan_bwd(Ctx *ctx, const Plan &p, const Tensor *dyc, const Tensor *xc, cons
     double *dmpart = dmerge ? reinterpret_cast<double *>(scratch + part_bytes + hid_bytes) : nullptr;
     const T *x = static_cast<const T *>(xc->data), *g = static_cast<const T *>(gates->data);
 
-    if (!hidden) fwd_all<T, V, SH>(c, p, x, g, hid, nullptr);   // recompute h (main stream order)
-    CUDA_CHECK(cudaEventRecord(c->fork, c->stream));
-    for (int d = 0; d < DIRS; d++) {
-        CUDA_CHECK(cudaStreamWaitEvent(c->side[d], c->fork, 0));
-        launch_bwd_dir<T, V, SH>(dir_geom(p, d), p.B, static_cast<const T *>(dyc->data), x, g,
-                                 hid + d * p.plane, merge->data, merge->dtype == DTYPE_BF16,
-                                 dxpart ? dxpart + d * p.plane : nullptr,
-                                 dgates ? static_cast<T *>(dgates->data) : nullptr,
-                                 dmpart ? dmpart + d * nblk : nullptr, c->side[d]);
-        CUDA_CHECK(cudaEventRecord(c->join[d], c->side[d]));
+    if (!hidden && (SH || !fwd_pipe<T, V>(c, p, x, g, hid, nullptr)))   // recompute h
+        fwd_all<T, V, SH>(c, p, x, g, hid, nullptr);
+    const T *dy = static_cast<const T *>(dyc->data);
+    T *dg = dgates ? static_cast<T *>(dgates->data) : nullptr;
+    const int mbf = merge->dtype == DTYPE_BF16;
+    if (SH || !bwd_pipe<T, V>(c, p, dy, x, g, hid, merge->data, mbf, dxpart, dg, dmpart)) {
+        CUDA_CHECK(cudaEventRecord(c->fork, c->stream));
+        for (int d = 0; d < DIRS; d++) {
+            CUDA_CHECK(cudaStreamWaitEvent(c->side[d], c->fork, 0));
+            launch_bwd_dir<T, V, SH>(dir_geom(p, d), p.B, dy, x, g, hid + d * p.plane, merge->data,
+                                     mbf, dxpart ? dxpart + d * p.plane : nullptr, dg,
+                                     dmpart ? dmpart + d * nblk : nullptr, c->side[d]);
+            CUDA_CHECK(cudaEventRecord(c->join[d], c->side[d]));
+        }
+        for (int d = 0; d < DIRS; d++) CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->join[d], 0));
     }
-    for (int d = 0; d < DIRS; d++) CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->join[d], 0));
     if (dxc) {
         const long long nvec = p.plane / V;
         gspn_dx_finalize_kernel<T, V><<<ew_blocks(nvec, c), EW_THREADS, 0, c->stream>>>(
@@ -867,7 +1288,7 @@ void gspn_bwd_impl(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *
 }  // namespace
 
 // The default tuning: a block owns one 32-byte sector of each token's channels; 16-byte loads.
-static const Tuning GSPN_TUNING_DEFAULT = {32, 16};
+static const Tuning GSPN_TUNING_DEFAULT = {32, 16, 0};
 
 extern "C" void cuda_gspn_scan_fwd(Ctx *ctx, const Tensor *xc, const Tensor *gates,
                                    const Tensor *merge, int shared_w, Tensor *yc, Tensor *hidden) {
@@ -885,13 +1306,15 @@ extern "C" void cuda_gspn_scan_bwd(Ctx *ctx, const Tensor *dyc, const Tensor *xc
 // For the benchmark (kernels/cuda/gspn_bench.cu): the same ops with another tuning.
 extern "C" void cuda_gspn_scan_fwd_tuned(Ctx *ctx, const Tensor *xc, const Tensor *gates,
                                          const Tensor *merge, int shared_w, Tensor *yc,
-                                         Tensor *hidden, int cg_bytes, int vec_bytes) {
-    gspn_fwd_impl(ctx, xc, gates, merge, shared_w, yc, hidden, Tuning{cg_bytes, vec_bytes});
+                                         Tensor *hidden, int cg_bytes, int vec_bytes, int stages) {
+    gspn_fwd_impl(ctx, xc, gates, merge, shared_w, yc, hidden,
+                  Tuning{cg_bytes, vec_bytes, stages});
 }
 extern "C" void cuda_gspn_scan_bwd_tuned(Ctx *ctx, const Tensor *dyc, const Tensor *xc,
                                          const Tensor *gates, const Tensor *merge, int shared_w,
                                          const Tensor *hidden, Tensor *dxc, Tensor *dgates,
-                                         Tensor *dmerge, int cg_bytes, int vec_bytes) {
+                                         Tensor *dmerge, int cg_bytes, int vec_bytes,
+                                         int stages) {
     gspn_bwd_impl(ctx, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge,
-                  Tuning{cg_bytes, vec_bytes});
+                  Tuning{cg_bytes, vec_bytes, stages});
 }
