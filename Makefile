@@ -46,8 +46,11 @@ ifeq ($(HAVE_CUDNN),1)
 LDLIBS    += -lcudnn
 endif
 LINK      := $(NVCC) $(CUDA_ARCH) -Xcompiler -fopenmp
-# nvcc links: it takes OpenMP through -Xcompiler above and rejects a bare -fopenmp.
+# nvcc links: it takes OpenMP through -Xcompiler above and rejects a bare -fopenmp, and it
+# takes linker flags as -Xlinker a,b rather than gcc's -Wl,a,b (CMOCKA_LIBS from tools/probe.sh).
 LDLIBS    := $(filter-out -fopenmp,$(LDLIBS))
+comma     := ,
+CMOCKA_LIBS := $(subst -Wl$(comma),-Xlinker ,$(CMOCKA_LIBS))
 LINKFLAGS := -Xlinker -rpath,$(CUDA_HOME)/lib64
 else
 LINK      := $(CC)

@@ -582,27 +582,18 @@ __global__ void gspn_dmerge_finalize_kernel(const double *__restrict__ dmpart, i
 // the memory system always has D-1 steps of every block's traffic to work on (the simple kernels
 // above wait for each step's loads before computing it). One launch covers the four directions;
 // blockIdx.x = (image, channel group) * 4 + direction, so the four scans of one image slice run
-// side by side and xc / dyc, marked evict-last in L2, are read from DRAM about once instead of
-// four times. Streams read once (gates, hidden, dgates) are marked evict-first.
-__device__ __forceinline__ uint64_t l2_policy_evict_last() {
-    uint64_t p;
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-__device__ __forceinline__ uint64_t l2_policy_evict_first() {
-    uint64_t p;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
+// side by side and can share xc / dyc in L2 (the four read them at different steps).
+// No L2 cache-policy hints on cp.async: fractional policies there are miscompiled by ptxas before
+// 13.4.59 (triton-lang/triton#11660; this project's machines have 13.0) and faulted here with
+// "illegal instruction".
 template <int BYTES>
-__device__ __forceinline__ void cp_async(void *dst, const void *src, uint64_t policy) {
+__device__ __forceinline__ void cp_async(void *dst, const void *src) {
     const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
     if constexpr (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(d),
-                     "l"(src), "l"(policy) : "memory");
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
     else
-        asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], %2, %3;\n" ::"r"(d),
-                     "l"(src), "n"(BYTES), "l"(policy) : "memory");
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(d), "l"(src), "n"(BYTES)
+                     : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
@@ -657,7 +648,6 @@ gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
     const int l = e / g.nvg, cl = (e % g.nvg) * V, c = c0 + cl;
     const int Cc = g.Cc;
     const long long tl = (long long)b * g.img_tokens + g.first + (long long)l * g.lstride;
-    const uint64_t keep = l2_policy_evict_last(), stream = l2_policy_evict_first();
     if (hid) hid += d * plane;
     if (ypart) ypart += d * plane;
     auto slot = [&](int st, int q) {
@@ -668,9 +658,9 @@ gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
             const long long t = tl + (long long)s * g.sstride;
             const T *gp = gates + t * g.G + g.goff + c;
             const int st = s % D;
-            cp_async<VB>(slot(st, 0), xc + t * Cc + c, keep);
+            cp_async<VB>(slot(st, 0), xc + t * Cc + c);
 #pragma unroll
-            for (int q = 0; q < 5; q++) cp_async<VB>(slot(st, 1 + q), gp + q * Cc, stream);
+            for (int q = 0; q < 5; q++) cp_async<VB>(slot(st, 1 + q), gp + q * Cc);
         }
         cp_async_commit();
     };
@@ -752,7 +742,6 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
     const bool has_m = l > 0, has_p = l < g.N - 1;
     const int Cc = g.Cc;
     const long long tl = (long long)b * g.img_tokens + g.first + (long long)l * g.lstride;
-    const uint64_t keep = l2_policy_evict_last(), stream = l2_policy_evict_first();
     hid += d * plane;
     if (dxpart) dxpart += d * plane;
     const float m = load_param(merge, merge_bf16, d);
@@ -767,20 +756,20 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
             const int s = g.L - 1 - k, st = k % D;
             const long long t = tl + (long long)s * g.sstride, o = t * Cc + c;
             const T *gp = gates + t * g.G + g.goff + c;
-            cp_async<VB>(slot(st, 0), dyc + o, keep);
-            cp_async<VB>(slot(st, 1), xc + o, keep);
+            cp_async<VB>(slot(st, 0), dyc + o);
+            cp_async<VB>(slot(st, 1), xc + o);
 #pragma unroll
-            for (int q = 0; q < 5; q++) cp_async<VB>(slot(st, 2 + q), gp + q * Cc, stream);
+            for (int q = 0; q < 5; q++) cp_async<VB>(slot(st, 2 + q), gp + q * Cc);
             if (dgates) {
                 const T *dgp = dgates + t * g.G + g.goff + c;
 #pragma unroll
-                for (int q = 0; q < 5; q++) cp_async<VB>(slot(st, 7 + q), dgp + q * Cc, stream);
+                for (int q = 0; q < 5; q++) cp_async<VB>(slot(st, 7 + q), dgp + q * Cc);
             }
             if (s > 0) {
                 const float *hp = hid + o - g.sstride * Cc;   // h[s-1] of this lane
                 unsigned char *dst = hst + ((size_t)st * a.items_max + e) * HB;
 #pragma unroll
-                for (int q = 0; q < HB / 16; q++) cp_async<16>(dst + 16 * q, hp + 4 * q, stream);
+                for (int q = 0; q < HB / 16; q++) cp_async<16>(dst + 16 * q, hp + 4 * q);
             }
         }
         cp_async_commit();
