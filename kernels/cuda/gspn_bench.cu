@@ -21,20 +21,21 @@
 #include <time.h>
 #include <vector>
 
-// kernels/cuda/gspn_scan.cu, with the tuning the default entry points fix (32, 16, 0).
+// kernels/cuda/gspn_scan.cu, with the tuning the default entry points fix (32, 16, 0, 2).
 extern "C" void cuda_gspn_scan_fwd_tuned(Ctx *ctx, const Tensor *xc, const Tensor *gates,
                                          const Tensor *merge, int shared_w, Tensor *yc,
                                          Tensor *hidden, int cg_bytes, int vec_bytes,
-                                         int stages);
+                                         int stages, int prefetch);
 extern "C" void cuda_gspn_scan_bwd_tuned(Ctx *ctx, const Tensor *dyc, const Tensor *xc,
                                          const Tensor *gates, const Tensor *merge, int shared_w,
                                          const Tensor *hidden, Tensor *dxc, Tensor *dgates,
                                          Tensor *dmerge, int cg_bytes, int vec_bytes,
-                                         int stages);
+                                         int stages, int prefetch);
 
 namespace {
 
 constexpr int WARMUP = 3;
+
 constexpr int REPS = 25;   // median of these
 
 __device__ __forceinline__ uint64_t splitmix(uint64_t z) {
@@ -124,7 +125,12 @@ struct Result {
     double fwd_must, bwd_must, bwd_acc, fwd_moved, bwd_moved;   // bytes
 };
 
-Result run_config(Ctx *ctx, const Config &cf, int cg_bytes, int vec_bytes, int stages) {
+struct Tune {
+    int cg, vec, stages, prefetch;   // gspn_scan.cu's Tuning
+};
+const Tune DEFAULT_TUNE = {32, 16, 0, 2};
+
+Result run_config(Ctx *ctx, const Config &cf, const Tune &tu) {
     const int G = cf.shared ? 4 * (2 * cf.Cc + 3) : 20 * cf.Cc;
     const int sx[4] = {cf.B, cf.H, cf.W, cf.Cc}, sg[4] = {cf.B, cf.H, cf.W, G};
     const int sh[5] = {4, cf.B, cf.H, cf.W, cf.Cc}, sm[1] = {4};
@@ -143,12 +149,12 @@ Result run_config(Ctx *ctx, const Config &cf, int cg_bytes, int vec_bytes, int s
 
     Result r{};
     r.fwd_ms = time_ms(ctx, [&] {
-        cuda_gspn_scan_fwd_tuned(ctx, &xc, &gates, &merge, cf.shared, &yc, &hidden, cg_bytes,
-                                 vec_bytes, stages);
+        cuda_gspn_scan_fwd_tuned(ctx, &xc, &gates, &merge, cf.shared, &yc, &hidden, tu.cg, tu.vec,
+                                 tu.stages, tu.prefetch);
     });
     r.bwd_ms = time_ms(ctx, [&] {
         cuda_gspn_scan_bwd_tuned(ctx, &dyc, &xc, &gates, &merge, cf.shared, &hidden, &dxc,
-                                 &dgates, &dmerge, cg_bytes, vec_bytes, stages);
+                                 &dgates, &dmerge, tu.cg, tu.vec, tu.stages, tu.prefetch);
     });
     CUDA_CHECK(cudaStreamSynchronize(cuda_stream_of(ctx)));
 
@@ -165,14 +171,14 @@ Result run_config(Ctx *ctx, const Config &cf, int cg_bytes, int vec_bytes, int s
     return r;
 }
 
-void print_row(FILE *out, const Config &cf, int cg, int vec, int stages, const Result &r,
-               double copy) {
+void print_row(FILE *out, const Config &cf, const Tune &tu, const Result &r, double copy) {
     const double fg = r.fwd_must / (r.fwd_ms * 1e-3) / 1e9, bg = r.bwd_must / (r.bwd_ms * 1e-3) / 1e9;
     const double ba = r.bwd_acc / (r.bwd_ms * 1e-3) / 1e9;
     const double fm = r.fwd_moved / (r.fwd_ms * 1e-3) / 1e9, bm = r.bwd_moved / (r.bwd_ms * 1e-3) / 1e9;
     char cfg[96];
-    snprintf(cfg, sizeof cfg, "B=%d %dx%d Cc=%d %s %s cg=%d v=%d D=%d", cf.B, cf.H, cf.W, cf.Cc,
-             cf.dt == DTYPE_BF16 ? "bf16" : "fp32", cf.shared ? "shared" : "chan", cg, vec, stages);
+    snprintf(cfg, sizeof cfg, "B=%d %dx%d Cc=%d %s %s cg=%d v=%d D=%d P=%d", cf.B, cf.H, cf.W,
+             cf.Cc, cf.dt == DTYPE_BF16 ? "bf16" : "fp32", cf.shared ? "shared" : "chan", tu.cg,
+             tu.vec, tu.stages, tu.prefetch);
     fprintf(out,
             "%-44s | fwd %8.3f ms %7.1f MB %6.0f GB/s %5.1f%% (moved %5.1f%%) | bwd %8.3f ms "
             "%7.1f MB %6.0f GB/s %5.1f%% (+= %5.1f%%, moved %5.1f%%)\n",
@@ -205,18 +211,20 @@ extern "C" int cuda_bench_gspn(FILE *out) {
         {32, 54, 54, 64, 0, DTYPE_BF16},  {32, 74, 74, 64, 0, DTYPE_BF16},
         {32, 147, 147, 64, 0, DTYPE_BF16}, {16, 1024, 1024, 8, 1, DTYPE_BF16},
     };
-    for (const Config &cf : main_cfgs) print_row(out, cf, 32, 16, 0, run_config(&ctx, cf, 32, 16, 0), copy);
+    for (const Config &cf : main_cfgs) print_row(out, cf, DEFAULT_TUNE, run_config(&ctx, cf, DEFAULT_TUNE), copy);
 
     // Tuning variants: cg = bytes of a token's channels one block owns (16 = half a sector,
     // 32 = one sector, the default, 64 = two); v = bytes a thread loads at once; D = stages of
-    // the cp.async pipeline (0 = chosen by occupancy, 1 = the simple, unpipelined kernels).
-    fprintf(out, "tuning variants (cg bytes per block and token, v bytes per load, D stages):\n");
+    // the cp.async pipeline (0 = chosen by occupancy, 1 = the simple, unpipelined kernels);
+    // P = L2 prefetch distance in steps (0 = none).
+    fprintf(out, "tuning variants (cg bytes per block and token, v bytes per load, D stages, "
+                 "P prefetch steps):\n");
     const Config var_cfgs[] = {{32, 74, 74, 64, 0, DTYPE_BF16}, {32, 147, 147, 64, 0, DTYPE_BF16}};
-    const int variants[][3] = {{32, 16, 1}, {16, 16, 0}, {64, 16, 0}, {32, 8, 0},
-                               {16, 8, 0},  {32, 16, 2}, {32, 16, 3}, {16, 16, 3}};
+    const Tune variants[] = {{32, 16, 0, 0}, {32, 16, 0, 1}, {32, 16, 0, 4}, {32, 16, 2, 2},
+                             {32, 16, 3, 2}, {64, 16, 0, 2}, {16, 16, 0, 2}, {32, 8, 0, 2}};
     for (const Config &cf : var_cfgs)
         for (const auto &v : variants)
-            print_row(out, cf, v[0], v[1], v[2], run_config(&ctx, cf, v[0], v[1], v[2]), copy);
+            print_row(out, cf, v, run_config(&ctx, cf, v), copy);
 
     cuda_ctx_destroy(&ctx);
     return 0;

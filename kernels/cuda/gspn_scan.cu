@@ -595,6 +595,13 @@ __device__ __forceinline__ void cp_async(void *dst, const void *src) {
         asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(d), "l"(src), "n"(BYTES)
                      : "memory");
 }
+// L2 prefetch of `bytes` (a multiple of 16) at a 16-byte aligned address (sm_90 bulk copy engine;
+// nothing on older GPUs).
+__device__ __forceinline__ void l2_prefetch(const void *src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+#endif
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
@@ -621,7 +628,20 @@ struct ScanArgs {
     int items_max;       // staging slots per stage
     int lanes_max;       // lanes + 2 halo lanes of the longer line
     int lane_bytes;      // bytes of the per-lane state region (h or carries), 16-aligned
+    int prefetch;        // L2 prefetch distance in steps (0: none)
 };
+
+// L2 prefetch of step s's whole token rows (all Cc channels, not just this block's group), so
+// that DRAM is read in full lines once and the ngroups blocks of an image slice, which each read
+// a 32-byte piece of every row, hit L2. Block group grp prefetches lanes l = grp (mod ngroups),
+// one thread per lane. Rows: xc / dyc (Cc elements), the direction's gates and dgates
+// (5 Cc), hidden (Cc floats).
+template <typename T>
+__device__ __forceinline__ bool prefetch_lane(const DirGeom &g, const ScanArgs &a, int s, int l,
+                                              int e, int grp) {
+    return a.prefetch > 0 && s >= 0 && s < g.L && e < g.items && e % g.nvg == 0 &&
+           l % g.ngroups == grp;
+}
 
 __device__ __forceinline__ DirGeom pick_dir(const ScanArgs &a, int d) {
     return d == 0 ? a.g[0] : d == 1 ? a.g[1] : d == 2 ? a.g[2] : a.g[3];
@@ -668,7 +688,14 @@ gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
     for (int p = 0; p < D - 1; p++) issue(p);
     __syncthreads();   // hbuf zeroed
 
+    const int grp = bg % g.ngroups;
     for (int s = 0; s < g.L; s++) {
+        const int sp = s + D - 1 + a.prefetch;
+        if (prefetch_lane<T>(g, a, sp, l, e, grp)) {
+            const long long t = tl + (long long)sp * g.sstride;
+            l2_prefetch(xc + t * Cc, Cc * sizeof(T));
+            l2_prefetch(gates + t * g.G + g.goff, 5 * Cc * sizeof(T));
+        }
         issue(s + D - 1);
         cp_async_wait<D - 1>();   // this thread's copies of step s have landed
         const float *prev = hbuf + (s & 1) * rowf;
@@ -783,8 +810,18 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
     __syncthreads();   // carries zeroed, step 0's stage visible to the neighbours
 
     double dm_acc = 0.0;
+    const int grp = bg % g.ngroups;
     for (int k = 0; k < g.L; k++) {
         const int s = g.L - 1 - k, st = k % D;
+        const int kp = k + D - 1 + a.prefetch, sp = g.L - 1 - kp;
+        if (prefetch_lane<T>(g, a, sp, l, e, grp)) {
+            const long long t = tl + (long long)sp * g.sstride;
+            l2_prefetch(dyc + t * Cc, Cc * sizeof(T));
+            l2_prefetch(xc + t * Cc, Cc * sizeof(T));
+            l2_prefetch(gates + t * g.G + g.goff, 5 * Cc * sizeof(T));
+            if (dgates) l2_prefetch(dgates + t * g.G + g.goff, 5 * Cc * sizeof(T));
+            if (sp > 0) l2_prefetch(hid + (t - g.sstride) * Cc, Cc * 4);
+        }
         issue(k + D - 1);
         const float *rm = cm + (k & 1) * rowf, *rp = cp + (k & 1) * rowf;
         float *wm_s = cm + ((k + 1) & 1) * rowf, *wp_s = cp + ((k + 1) & 1) * rowf;
@@ -889,6 +926,7 @@ struct Plan {
     int V, CG, ngroups, nvg;
     long long plane;   // B*H*W*Cc
     int stages;        // as Tuning::stages
+    int prefetch;      // as Tuning::prefetch
 };
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
@@ -908,7 +946,7 @@ void check_dtype_like(const char *what, const Tensor *t, const Tensor *ref) {
 // stages = cp.async pipeline depth of the pipelined kernels (0: the largest that keeps enough
 // blocks resident; 1: the simple kernels).
 struct Tuning {
-    int cg_bytes, vec_bytes, stages;
+    int cg_bytes, vec_bytes, stages, prefetch;
 };
 
 Plan make_plan(const Tensor *xc, const Tensor *gates, const Tensor *merge, int shared_w,
@@ -957,6 +995,8 @@ Plan make_plan(const Tensor *xc, const Tensor *gates, const Tensor *merge, int s
     }
     p.ngroups = p.Cc / p.CG;
     p.stages = tu.stages;
+    // L2 prefetch needs 16-byte aligned rows.
+    p.prefetch = (p.Cc * esz) % 16 == 0 ? tu.prefetch : 0;
     return p;
 }
 
@@ -1062,6 +1102,7 @@ ScanArgs scan_args(const Plan &p) {
         nmax = a.g[d].N > nmax ? a.g[d].N : nmax;
     }
     a.lanes_max = nmax + 2;
+    a.prefetch = p.prefetch;
     return a;
 }
 
@@ -1277,7 +1318,7 @@ void gspn_bwd_impl(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *
 }  // namespace
 
 // The default tuning: a block owns one 32-byte sector of each token's channels; 16-byte loads.
-static const Tuning GSPN_TUNING_DEFAULT = {32, 16, 0};
+static const Tuning GSPN_TUNING_DEFAULT = {32, 16, 0, 2};
 
 extern "C" void cuda_gspn_scan_fwd(Ctx *ctx, const Tensor *xc, const Tensor *gates,
                                    const Tensor *merge, int shared_w, Tensor *yc, Tensor *hidden) {
@@ -1295,15 +1336,16 @@ extern "C" void cuda_gspn_scan_bwd(Ctx *ctx, const Tensor *dyc, const Tensor *xc
 // For the benchmark (kernels/cuda/gspn_bench.cu): the same ops with another tuning.
 extern "C" void cuda_gspn_scan_fwd_tuned(Ctx *ctx, const Tensor *xc, const Tensor *gates,
                                          const Tensor *merge, int shared_w, Tensor *yc,
-                                         Tensor *hidden, int cg_bytes, int vec_bytes, int stages) {
+                                         Tensor *hidden, int cg_bytes, int vec_bytes, int stages,
+                                         int prefetch) {
     gspn_fwd_impl(ctx, xc, gates, merge, shared_w, yc, hidden,
-                  Tuning{cg_bytes, vec_bytes, stages});
+                  Tuning{cg_bytes, vec_bytes, stages, prefetch});
 }
 extern "C" void cuda_gspn_scan_bwd_tuned(Ctx *ctx, const Tensor *dyc, const Tensor *xc,
                                          const Tensor *gates, const Tensor *merge, int shared_w,
                                          const Tensor *hidden, Tensor *dxc, Tensor *dgates,
                                          Tensor *dmerge, int cg_bytes, int vec_bytes,
-                                         int stages) {
+                                         int stages, int prefetch) {
     gspn_bwd_impl(ctx, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge,
-                  Tuning{cg_bytes, vec_bytes, stages});
+                  Tuning{cg_bytes, vec_bytes, stages, prefetch});
 }

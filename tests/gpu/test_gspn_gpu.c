@@ -16,18 +16,20 @@
 enum { DIRS = 4 };
 
 // kernels/cuda/gspn_scan.cu: the ops with another tuning (the benchmark sweeps these); the
-// default entry points use cg_bytes = 32, vec_bytes = 16, stages = 0.
+// default entry points use cg_bytes = 32, vec_bytes = 16, stages = 0, prefetch = 2.
 void cuda_gspn_scan_fwd_tuned(Ctx *ctx, const Tensor *xc, const Tensor *gates,
                               const Tensor *merge, int shared_w, Tensor *yc, Tensor *hidden,
-                              int cg_bytes, int vec_bytes, int stages);
+                              int cg_bytes, int vec_bytes, int stages, int prefetch);
 void cuda_gspn_scan_bwd_tuned(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
                               const Tensor *merge, int shared_w, const Tensor *hidden,
                               Tensor *dxc, Tensor *dgates, Tensor *dmerge, int cg_bytes,
-                              int vec_bytes, int stages);
-// (cg_bytes, vec_bytes, stages): stages 0 = the pipelined kernels at their chosen depth,
-// 1 = the simple kernels (also what shared weights and odd Cc use), 2..4 = a fixed depth.
-static const int TUNINGS[][3] = {{32, 16, 0}, {16, 16, 0}, {64, 16, 0}, {32, 8, 0}, {16, 8, 0},
-                                 {32, 16, 1}, {32, 8, 1},  {32, 16, 2}, {16, 8, 3}, {32, 16, 4}};
+                              int vec_bytes, int stages, int prefetch);
+// (cg_bytes, vec_bytes, stages, prefetch): stages 0 = the pipelined kernels at their chosen
+// depth, 1 = the simple kernels (also what shared weights and odd Cc use), 2..4 = a fixed depth;
+// prefetch = L2 prefetch distance (it cannot change results; run to cover its addressing).
+static const int TUNINGS[][4] = {{32, 16, 0, 2}, {16, 16, 0, 0}, {64, 16, 0, 3}, {32, 8, 0, 1},
+                                 {16, 8, 0, 2},  {32, 16, 1, 0}, {32, 8, 1, 0},  {32, 16, 2, 4},
+                                 {16, 8, 3, 0},  {32, 16, 4, 1}};
 
 // fp32: the GPU computes the same fp32 operations as the CPU in another order (FMA contraction,
 // fixed-order reductions in other groupings), ~1e-7 per operation on values of order 1 over
@@ -139,7 +141,8 @@ typedef struct Tols {
 // saved and with hidden recomputed (NULL). Returns the number of failed comparisons.
 static int check_case(Ctx *g, const Shape *s, int shared_w, DType dt, const Tols *tol,
                       uint64_t seed, int tuning) {
-    const int cgb = TUNINGS[tuning][0], vb = TUNINGS[tuning][1], st = TUNINGS[tuning][2];
+    const int cgb = TUNINGS[tuning][0], vb = TUNINGS[tuning][1], st = TUNINGS[tuning][2],
+              pf = TUNINGS[tuning][3];
     const int G = gate_width(s->Cc, shared_w);
     Tensor *xc = test_tensor(4, s->B, s->H, s->W, s->Cc);
     Tensor *gates = test_tensor(4, s->B, s->H, s->W, G);
@@ -176,11 +179,11 @@ static int check_case(Ctx *g, const Shape *s, int shared_w, DType dt, const Tols
         cuda_gspn_scan_bwd(g, gdy, gx, gg, gm, shared_w, gh, gdx, gdg, gdm);
         cuda_gspn_scan_bwd(g, gdy, gx, gg, gm, shared_w, NULL, gdx2, gdg2, gdm2);
     } else {
-        cuda_gspn_scan_fwd_tuned(g, gx, gg, gm, shared_w, gy, gh, cgb, vb, st);
-        cuda_gspn_scan_fwd_tuned(g, gx, gg, gm, shared_w, gy2, NULL, cgb, vb, st);
-        cuda_gspn_scan_bwd_tuned(g, gdy, gx, gg, gm, shared_w, gh, gdx, gdg, gdm, cgb, vb, st);
+        cuda_gspn_scan_fwd_tuned(g, gx, gg, gm, shared_w, gy, gh, cgb, vb, st, pf);
+        cuda_gspn_scan_fwd_tuned(g, gx, gg, gm, shared_w, gy2, NULL, cgb, vb, st, pf);
+        cuda_gspn_scan_bwd_tuned(g, gdy, gx, gg, gm, shared_w, gh, gdx, gdg, gdm, cgb, vb, st, pf);
         cuda_gspn_scan_bwd_tuned(g, gdy, gx, gg, gm, shared_w, NULL, gdx2, gdg2, gdm2, cgb, vb,
-                                 st);
+                                 st, pf);
     }
     CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -198,7 +201,7 @@ static int check_case(Ctx *g, const Shape *s, int shared_w, DType dt, const Tols
     int fails = 0;
     printf("    %dx%dx%dx%d %s %s", s->B, s->H, s->W, s->Cc, dtype_name(dt),
            shared_w ? "shared" : "per-channel");
-    if (tuning) printf(" cg=%d v=%d D=%d", cgb, vb, st);
+    if (tuning) printf(" cg=%d v=%d D=%d P=%d", cgb, vb, st, pf);
     printf(":");
     for (size_t i = 0; i < sizeof cmp / sizeof cmp[0]; i++) {
         const double e = err_vs(g, cmp[i].gpu, cmp[i].cpu);
