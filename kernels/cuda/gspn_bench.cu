@@ -21,16 +21,16 @@
 #include <time.h>
 #include <vector>
 
-// kernels/cuda/gspn_scan.cu, with the tuning the default entry points fix (32, 16, 0, 2).
+// kernels/cuda/gspn_scan.cu, with the tuning the default entry points fix (32, 16, 0, 1, 15).
 extern "C" void cuda_gspn_scan_fwd_tuned(Ctx *ctx, const Tensor *xc, const Tensor *gates,
                                          const Tensor *merge, int shared_w, Tensor *yc,
                                          Tensor *hidden, int cg_bytes, int vec_bytes,
-                                         int stages, int prefetch);
+                                         int stages, int prefetch, int dir_mask);
 extern "C" void cuda_gspn_scan_bwd_tuned(Ctx *ctx, const Tensor *dyc, const Tensor *xc,
                                          const Tensor *gates, const Tensor *merge, int shared_w,
                                          const Tensor *hidden, Tensor *dxc, Tensor *dgates,
                                          Tensor *dmerge, int cg_bytes, int vec_bytes,
-                                         int stages, int prefetch);
+                                         int stages, int prefetch, int dir_mask);
 
 namespace {
 
@@ -81,14 +81,19 @@ float median(std::vector<float> v) {
 
 // Median milliseconds of fn() over REPS runs after WARMUP, CUDA events on the main stream.
 template <typename F>
-float time_ms(Ctx *ctx, F fn) {
+float time_ms(Ctx *ctx, F fn, int reps = REPS) {
+    if (reps == 0) {   // one run, untimed (under a profiler)
+        fn();
+        CUDA_CHECK(cudaStreamSynchronize(cuda_stream_of(ctx)));
+        return 0.0f;
+    }
     cudaStream_t st = cuda_stream_of(ctx);
     cudaEvent_t a, b;
     CUDA_CHECK(cudaEventCreate(&a));
     CUDA_CHECK(cudaEventCreate(&b));
     for (int i = 0; i < WARMUP; i++) fn();
     std::vector<float> ms;
-    for (int i = 0; i < REPS; i++) {
+    for (int i = 0; i < reps; i++) {
         CUDA_CHECK(cudaEventRecord(a, st));
         fn();
         CUDA_CHECK(cudaEventRecord(b, st));
@@ -126,11 +131,11 @@ struct Result {
 };
 
 struct Tune {
-    int cg, vec, stages, prefetch;   // gspn_scan.cu's Tuning
+    int cg, vec, stages, prefetch, dirs;   // gspn_scan.cu's Tuning
 };
-const Tune DEFAULT_TUNE = {32, 16, 0, 2};
+const Tune DEFAULT_TUNE = {32, 16, 0, 1, 15};
 
-Result run_config(Ctx *ctx, const Config &cf, const Tune &tu) {
+Result run_config(Ctx *ctx, const Config &cf, const Tune &tu, int reps = REPS) {
     const int G = cf.shared ? 4 * (2 * cf.Cc + 3) : 20 * cf.Cc;
     const int sx[4] = {cf.B, cf.H, cf.W, cf.Cc}, sg[4] = {cf.B, cf.H, cf.W, G};
     const int sh[5] = {4, cf.B, cf.H, cf.W, cf.Cc}, sm[1] = {4};
@@ -150,12 +155,13 @@ Result run_config(Ctx *ctx, const Config &cf, const Tune &tu) {
     Result r{};
     r.fwd_ms = time_ms(ctx, [&] {
         cuda_gspn_scan_fwd_tuned(ctx, &xc, &gates, &merge, cf.shared, &yc, &hidden, tu.cg, tu.vec,
-                                 tu.stages, tu.prefetch);
-    });
+                                 tu.stages, tu.prefetch, tu.dirs);
+    }, reps);
     r.bwd_ms = time_ms(ctx, [&] {
         cuda_gspn_scan_bwd_tuned(ctx, &dyc, &xc, &gates, &merge, cf.shared, &hidden, &dxc,
-                                 &dgates, &dmerge, tu.cg, tu.vec, tu.stages, tu.prefetch);
-    });
+                                 &dgates, &dmerge, tu.cg, tu.vec, tu.stages, tu.prefetch,
+                                 tu.dirs);
+    }, reps);
     CUDA_CHECK(cudaStreamSynchronize(cuda_stream_of(ctx)));
 
     const double tok = (double)cf.B * cf.H * cf.W, e = cf.dt == DTYPE_BF16 ? 2 : 4;
@@ -176,9 +182,10 @@ void print_row(FILE *out, const Config &cf, const Tune &tu, const Result &r, dou
     const double ba = r.bwd_acc / (r.bwd_ms * 1e-3) / 1e9;
     const double fm = r.fwd_moved / (r.fwd_ms * 1e-3) / 1e9, bm = r.bwd_moved / (r.bwd_ms * 1e-3) / 1e9;
     char cfg[96];
-    snprintf(cfg, sizeof cfg, "B=%d %dx%d Cc=%d %s %s cg=%d v=%d D=%d P=%d", cf.B, cf.H, cf.W,
+    snprintf(cfg, sizeof cfg, "B=%d %dx%d Cc=%d %s %s cg=%d v=%d D=%d P=%d%s", cf.B, cf.H, cf.W,
              cf.Cc, cf.dt == DTYPE_BF16 ? "bf16" : "fp32", cf.shared ? "shared" : "chan", tu.cg,
-             tu.vec, tu.stages, tu.prefetch);
+             tu.vec, tu.stages, tu.prefetch,
+             tu.dirs == 3 ? " TB+BT" : tu.dirs == 12 ? " LR+RL" : tu.dirs == 15 ? "" : " dirs?");
     fprintf(out,
             "%-44s | fwd %8.3f ms %7.1f MB %6.0f GB/s %5.1f%% (moved %5.1f%%) | bwd %8.3f ms "
             "%7.1f MB %6.0f GB/s %5.1f%% (+= %5.1f%%, moved %5.1f%%)\n",
@@ -220,12 +227,27 @@ extern "C" int cuda_bench_gspn(FILE *out) {
     fprintf(out, "tuning variants (cg bytes per block and token, v bytes per load, D stages, "
                  "P prefetch steps):\n");
     const Config var_cfgs[] = {{32, 74, 74, 64, 0, DTYPE_BF16}, {32, 147, 147, 64, 0, DTYPE_BF16}};
-    const Tune variants[] = {{32, 16, 0, 0}, {32, 16, 0, 1}, {32, 16, 0, 4}, {32, 16, 2, 2},
-                             {32, 16, 3, 2}, {64, 16, 0, 2}, {16, 16, 0, 2}, {32, 8, 0, 2}};
+    // TB+BT / LR+RL: half the work (the bytes columns still count all four directions, so read
+    // them as a time comparison: rows are contiguous per step, columns stride by a row per token).
+    const Tune variants[] = {{32, 16, 0, 0, 15}, {32, 16, 0, 2, 15}, {64, 16, 0, 1, 15},
+                             {32, 8, 0, 1, 15},  {32, 16, 2, 1, 15}, {32, 16, 1, 0, 15},
+                             {32, 16, 0, 1, 3},  {32, 16, 0, 1, 12}};
     for (const Config &cf : var_cfgs)
         for (const auto &v : variants)
             print_row(out, cf, v, run_config(&ctx, cf, v), copy);
 
+    cuda_ctx_destroy(&ctx);
+    return 0;
+}
+
+extern "C" int cuda_bench_gspn_config(FILE *out, int B, int H, int W, int Cc, int shared, int cg,
+                                      int vec, int stages, int prefetch, int dirs, int reps) {
+    if (cuda_device_count() == 0) return 1;
+    Ctx ctx = cuda_ctx_create(0, DTYPE_BF16);
+    const Config cf = {B, H, W, Cc, shared, DTYPE_BF16};
+    const Tune tu = {cg, vec, stages, prefetch, dirs};
+    const Result r = run_config(&ctx, cf, tu, reps);
+    if (reps > 0) print_row(out, cf, tu, r, copy_gbs(&ctx));
     cuda_ctx_destroy(&ctx);
     return 0;
 }

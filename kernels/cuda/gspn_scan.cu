@@ -629,6 +629,7 @@ struct ScanArgs {
     int lanes_max;       // lanes + 2 halo lanes of the longer line
     int lane_bytes;      // bytes of the per-lane state region (h or carries), 16-aligned
     int prefetch;        // L2 prefetch distance in steps (0: none)
+    int dir_mask;        // directions to run (bit d); 15 except in the benchmark's diagnostics
 };
 
 // L2 prefetch of step s's whole token rows (all Cc channels, not just this block's group), so
@@ -655,6 +656,7 @@ gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
                      ScanArgs a) {
     constexpr int VB = V * (int)sizeof(T), NQ = 6;
     const int d = blockIdx.x & 3;
+    if (!((a.dir_mask >> d) & 1)) return;
     const DirGeom g = pick_dir(a, d);
     extern __shared__ __align__(16) unsigned char smem_raw[];
     float *hbuf = reinterpret_cast<float *>(smem_raw);   // [2][N+2][CG]
@@ -754,6 +756,7 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
                      int nblk, ScanArgs a) {
     constexpr int VB = V * (int)sizeof(T), NQ = 12, HB = V * 4;
     const int d = blockIdx.x & 3;
+    if (!((a.dir_mask >> d) & 1)) return;
     const DirGeom g = pick_dir(a, d);
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int rowf = (g.N + 2) * g.CG;
@@ -927,6 +930,7 @@ struct Plan {
     long long plane;   // B*H*W*Cc
     int stages;        // as Tuning::stages
     int prefetch;      // as Tuning::prefetch
+    int dir_mask;      // as Tuning::dir_mask
 };
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
@@ -947,6 +951,7 @@ void check_dtype_like(const char *what, const Tensor *t, const Tensor *ref) {
 // blocks resident; 1: the simple kernels).
 struct Tuning {
     int cg_bytes, vec_bytes, stages, prefetch;
+    int dir_mask;   // benchmark diagnostics only: run these directions of the pipelined kernels
 };
 
 Plan make_plan(const Tensor *xc, const Tensor *gates, const Tensor *merge, int shared_w,
@@ -997,6 +1002,7 @@ Plan make_plan(const Tensor *xc, const Tensor *gates, const Tensor *merge, int s
     p.stages = tu.stages;
     // L2 prefetch needs 16-byte aligned rows.
     p.prefetch = (p.Cc * esz) % 16 == 0 ? tu.prefetch : 0;
+    p.dir_mask = tu.dir_mask ? tu.dir_mask : 15;
     return p;
 }
 
@@ -1103,6 +1109,7 @@ ScanArgs scan_args(const Plan &p) {
     }
     a.lanes_max = nmax + 2;
     a.prefetch = p.prefetch;
+    a.dir_mask = p.dir_mask;
     return a;
 }
 
@@ -1318,7 +1325,7 @@ void gspn_bwd_impl(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *
 }  // namespace
 
 // The default tuning: a block owns one 32-byte sector of each token's channels; 16-byte loads.
-static const Tuning GSPN_TUNING_DEFAULT = {32, 16, 0, 2};
+static const Tuning GSPN_TUNING_DEFAULT = {32, 16, 0, 1, 15};
 
 extern "C" void cuda_gspn_scan_fwd(Ctx *ctx, const Tensor *xc, const Tensor *gates,
                                    const Tensor *merge, int shared_w, Tensor *yc, Tensor *hidden) {
@@ -1337,15 +1344,15 @@ extern "C" void cuda_gspn_scan_bwd(Ctx *ctx, const Tensor *dyc, const Tensor *xc
 extern "C" void cuda_gspn_scan_fwd_tuned(Ctx *ctx, const Tensor *xc, const Tensor *gates,
                                          const Tensor *merge, int shared_w, Tensor *yc,
                                          Tensor *hidden, int cg_bytes, int vec_bytes, int stages,
-                                         int prefetch) {
+                                         int prefetch, int dir_mask) {
     gspn_fwd_impl(ctx, xc, gates, merge, shared_w, yc, hidden,
-                  Tuning{cg_bytes, vec_bytes, stages, prefetch});
+                  Tuning{cg_bytes, vec_bytes, stages, prefetch, dir_mask});
 }
 extern "C" void cuda_gspn_scan_bwd_tuned(Ctx *ctx, const Tensor *dyc, const Tensor *xc,
                                          const Tensor *gates, const Tensor *merge, int shared_w,
                                          const Tensor *hidden, Tensor *dxc, Tensor *dgates,
                                          Tensor *dmerge, int cg_bytes, int vec_bytes,
-                                         int stages, int prefetch) {
+                                         int stages, int prefetch, int dir_mask) {
     gspn_bwd_impl(ctx, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge,
-                  Tuning{cg_bytes, vec_bytes, stages, prefetch});
+                  Tuning{cg_bytes, vec_bytes, stages, prefetch, dir_mask});
 }

@@ -16,14 +16,15 @@
 enum { DIRS = 4 };
 
 // kernels/cuda/gspn_scan.cu: the ops with another tuning (the benchmark sweeps these); the
-// default entry points use cg_bytes = 32, vec_bytes = 16, stages = 0, prefetch = 2.
+// default entry points use cg_bytes = 32, vec_bytes = 16, stages = 0, prefetch = 1 (dir_mask 15 = all four directions).
 void cuda_gspn_scan_fwd_tuned(Ctx *ctx, const Tensor *xc, const Tensor *gates,
                               const Tensor *merge, int shared_w, Tensor *yc, Tensor *hidden,
-                              int cg_bytes, int vec_bytes, int stages, int prefetch);
+                              int cg_bytes, int vec_bytes, int stages, int prefetch,
+                              int dir_mask);
 void cuda_gspn_scan_bwd_tuned(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
                               const Tensor *merge, int shared_w, const Tensor *hidden,
                               Tensor *dxc, Tensor *dgates, Tensor *dmerge, int cg_bytes,
-                              int vec_bytes, int stages, int prefetch);
+                              int vec_bytes, int stages, int prefetch, int dir_mask);
 // (cg_bytes, vec_bytes, stages, prefetch): stages 0 = the pipelined kernels at their chosen
 // depth, 1 = the simple kernels (also what shared weights and odd Cc use), 2..4 = a fixed depth;
 // prefetch = L2 prefetch distance (it cannot change results; run to cover its addressing).
@@ -179,11 +180,11 @@ static int check_case(Ctx *g, const Shape *s, int shared_w, DType dt, const Tols
         cuda_gspn_scan_bwd(g, gdy, gx, gg, gm, shared_w, gh, gdx, gdg, gdm);
         cuda_gspn_scan_bwd(g, gdy, gx, gg, gm, shared_w, NULL, gdx2, gdg2, gdm2);
     } else {
-        cuda_gspn_scan_fwd_tuned(g, gx, gg, gm, shared_w, gy, gh, cgb, vb, st, pf);
-        cuda_gspn_scan_fwd_tuned(g, gx, gg, gm, shared_w, gy2, NULL, cgb, vb, st, pf);
-        cuda_gspn_scan_bwd_tuned(g, gdy, gx, gg, gm, shared_w, gh, gdx, gdg, gdm, cgb, vb, st, pf);
+        cuda_gspn_scan_fwd_tuned(g, gx, gg, gm, shared_w, gy, gh, cgb, vb, st, pf, 15);
+        cuda_gspn_scan_fwd_tuned(g, gx, gg, gm, shared_w, gy2, NULL, cgb, vb, st, pf, 15);
+        cuda_gspn_scan_bwd_tuned(g, gdy, gx, gg, gm, shared_w, gh, gdx, gdg, gdm, cgb, vb, st, pf, 15);
         cuda_gspn_scan_bwd_tuned(g, gdy, gx, gg, gm, shared_w, NULL, gdx2, gdg2, gdm2, cgb, vb,
-                                 st, pf);
+                                 st, pf, 15);
     }
     CUDA_CHECK(cudaDeviceSynchronize());
 
