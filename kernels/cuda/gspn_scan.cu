@@ -45,6 +45,7 @@ constexpr int DIRS = 4;
 constexpr float S_MIN = 1e-7f;            // w_k = a_k / max(S, S_MIN), as the CPU reference
 constexpr int SCAN_THREADS_MAX = 512;     // threads per scan block (lanes beyond loop)
 constexpr int EW_THREADS = 256;           // elementwise kernels
+constexpr int BWD_PIPE_THREADS_MAX = 384; // the pipelined backward needs ~130 registers a thread
 
 // ---- loads and stores of V consecutive elements, converted to / from fp32 ----------------------
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
@@ -199,12 +200,19 @@ __device__ __forceinline__ void stf_stream(float *p, const float (&v)[V]) {
 }
 
 // ---- the weights (DESIGN §5 step 3) --------------------------------------------------------
-// fp32 activations use the accurate expf and division (the fp32 path is held to 1e-5 against the
-// CPU); bf16 ones the fast intrinsics, whose error is far below bf16 rounding.
+// fp32 activations use the accurate expf and IEEE division (the fp32 path is held to 1e-5 against
+// the CPU); bf16 ones the approximate exp2 / reciprocal units (~2 ulp, far below bf16 rounding of
+// the gates). The scans are instruction-bound when every reciprocal is the IEEE sequence (about a
+// dozen instructions; ncu: issue-active ~53%, "wait" stalls on top), so this matters.
+template <typename T>
+__device__ __forceinline__ float recip(float x) {
+    if constexpr (sizeof(T) == 4) return 1.0f / x;
+    else return __fdividef(1.0f, x);
+}
 template <typename T>
 __device__ __forceinline__ float sigmoid(float x) {
     if constexpr (sizeof(T) == 4) return 1.0f / (1.0f + expf(-x));
-    else return __frcp_rn(1.0f + __expf(-x));
+    else return __fdividef(1.0f, 1.0f + __expf(-x));
 }
 
 // a_k = sigmoid(wt_k) for neighbours that exist (else 0), S their sum, w_k = a_k / max(S, S_MIN).
@@ -215,22 +223,31 @@ __device__ __forceinline__ float weights(float wm, float w0, float wp, bool has_
     a[1] = sigmoid<T>(w0);
     a[2] = has_p ? sigmoid<T>(wp) : 0.0f;
     const float S = a[0] + a[1] + a[2];
-    const float inv = 1.0f / fmaxf(S, S_MIN);
+    const float inv = recip<T>(fmaxf(S, S_MIN));
 #pragma unroll
     for (int k = 0; k < 3; k++) w[k] = a[k] * inv;
     return S;
 }
 
-// dL/dwt from dL/dw through the normalization (as the CPU reference's weights_backward).
+// dL/dwt from dL/dw through the normalization (as the CPU reference's weights_backward). For
+// S > S_MIN the weights are a_k / S, so 1/S = w_k / a_k is already known: w_1 / a_1 (a_1, the
+// centre, always exists and is > 0). fp32 divides as the reference does.
+template <typename T>
 __device__ __forceinline__ void weights_bwd(const float (&a)[3], const float (&w)[3], float S,
                                             const float (&dw)[3], float (&dwt)[3]) {
     if (S > S_MIN) {
         const float mean = w[0] * dw[0] + w[1] * dw[1] + w[2] * dw[2];
+        if constexpr (sizeof(T) == 4) {
 #pragma unroll
-        for (int k = 0; k < 3; k++) dwt[k] = a[k] * (1.0f - a[k]) * (dw[k] - mean) / S;
+            for (int k = 0; k < 3; k++) dwt[k] = a[k] * (1.0f - a[k]) * (dw[k] - mean) / S;
+        } else {
+            const float invS = recip<T>(S);
+#pragma unroll
+            for (int k = 0; k < 3; k++) dwt[k] = a[k] * (1.0f - a[k]) * (dw[k] - mean) * invS;
+        }
     } else {
 #pragma unroll
-        for (int k = 0; k < 3; k++) dwt[k] = a[k] * (1.0f - a[k]) * dw[k] / S_MIN;
+        for (int k = 0; k < 3; k++) dwt[k] = a[k] * (1.0f - a[k]) * dw[k] * (1.0f / S_MIN);
     }
 }
 
@@ -466,7 +483,7 @@ gspn_bwd_dir_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
                     } else {
                         float a[3], w[3], gw[3];
                         const float S = weights<T>(wtm[i], wt0[i], wtp[i], has_m, has_p, a, w);
-                        weights_bwd(a, w, S, dw, gw);
+                        weights_bwd<T>(a, w, S, dw, gw);
                         dwt[0][i] = gw[0];
                         dwt[1][i] = gw[1];
                         dwt[2][i] = gw[2];
@@ -516,7 +533,7 @@ gspn_bwd_dir_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
             }
             if (SH && s > 0 && dgp) {
                 float gw[3];
-                weights_bwd(sa, sw, sS, dws, gw);
+                weights_bwd<T>(sa, sw, sS, dws, gw);
 #pragma unroll
                 for (int q = 0; q < 3; q++)
                     dgp[2 * Cc + q] = from_f32<T>(to_f32(dgp[2 * Cc + q]) + gw[q]);
@@ -637,11 +654,9 @@ struct ScanArgs {
 // a 32-byte piece of every row, hit L2. Block group grp prefetches lanes l = grp (mod ngroups),
 // one thread per lane. Rows: xc / dyc (Cc elements), the direction's gates and dgates
 // (5 Cc), hidden (Cc floats).
-template <typename T>
-__device__ __forceinline__ bool prefetch_lane(const DirGeom &g, const ScanArgs &a, int s, int l,
-                                              int e, int grp) {
-    return a.prefetch > 0 && s >= 0 && s < g.L && e < g.items && e % g.nvg == 0 &&
-           l % g.ngroups == grp;
+__device__ __forceinline__ bool prefetch_lane(const DirGeom &g, const ScanArgs &a, int l, int e,
+                                              int grp) {
+    return a.prefetch > 0 && e < g.items && e % g.nvg == 0 && l % g.ngroups == grp;
 }
 
 __device__ __forceinline__ DirGeom pick_dir(const ScanArgs &a, int d) {
@@ -690,10 +705,10 @@ gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
     for (int p = 0; p < D - 1; p++) issue(p);
     __syncthreads();   // hbuf zeroed
 
-    const int grp = bg % g.ngroups;
+    const bool pf = prefetch_lane(g, a, l, e, bg % g.ngroups);
     for (int s = 0; s < g.L; s++) {
         const int sp = s + D - 1 + a.prefetch;
-        if (prefetch_lane<T>(g, a, sp, l, e, grp)) {
+        if (pf && sp < g.L) {
             const long long t = tl + (long long)sp * g.sstride;
             l2_prefetch(xc + t * Cc, Cc * sizeof(T));
             l2_prefetch(gates + t * g.G + g.goff, 5 * Cc * sizeof(T));
@@ -748,7 +763,7 @@ gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
 // direction (lam, u, wt x3); then h[s-1] of the item (fp32, V floats) in its own array, read by
 // the item and its two neighbour lanes (visible to them after the step's barrier).
 template <typename T, int V, int D>
-__global__ void __launch_bounds__(SCAN_THREADS_MAX)
+__global__ void __launch_bounds__(BWD_PIPE_THREADS_MAX)
 gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
                      const T *__restrict__ gates, const float *__restrict__ hid,
                      const void *merge, int merge_bf16, T *__restrict__ dxpart,
@@ -760,10 +775,11 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
     const DirGeom g = pick_dir(a, d);
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int rowf = (g.N + 2) * g.CG;
-    float *cm = reinterpret_cast<float *>(smem_raw), *cp = cm + 2 * rowf, *c0s = cm + 4 * rowf;
+    // carries as the simple kernel's, except w_0 dh, which stays in a register (one item per thread)
+    float *cm = reinterpret_cast<float *>(smem_raw), *cp = cm + 2 * rowf;
     unsigned char *stg = smem_raw + a.lane_bytes;                          // [D][NQ][items][VB]
     unsigned char *hst = stg + (size_t)D * NQ * a.items_max * VB;          // [D][items][HB]
-    for (int i = threadIdx.x; i < 5 * rowf; i += blockDim.x) cm[i] = 0.0f;
+    for (int i = threadIdx.x; i < 4 * rowf; i += blockDim.x) cm[i] = 0.0f;
 
     const int bg = blockIdx.x >> 2, b = bg / g.ngroups, c0 = (bg % g.ngroups) * g.CG;
     const int e = threadIdx.x;
@@ -806,6 +822,9 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
     };
 
     float hc[V];   // h[s] of this item: the previous step's h[s-1]
+    float cr0[V];  // w_0 dh of this item at the previous step: its carry into this step
+#pragma unroll
+    for (int i = 0; i < V; i++) cr0[i] = 0.0f;
     if (active) ldf_ro<V>(hid + (tl + (long long)(g.L - 1) * g.sstride) * Cc + c, hc);
 #pragma unroll
     for (int p = 0; p < D - 1; p++) issue(p);
@@ -813,11 +832,11 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
     __syncthreads();   // carries zeroed, step 0's stage visible to the neighbours
 
     double dm_acc = 0.0;
-    const int grp = bg % g.ngroups;
+    const bool pf = prefetch_lane(g, a, l, e, bg % g.ngroups);
     for (int k = 0; k < g.L; k++) {
         const int s = g.L - 1 - k, st = k % D;
-        const int kp = k + D - 1 + a.prefetch, sp = g.L - 1 - kp;
-        if (prefetch_lane<T>(g, a, sp, l, e, grp)) {
+        const int sp = s - (D - 1 + a.prefetch);
+        if (pf && sp >= 0) {
             const long long t = tl + (long long)sp * g.sstride;
             l2_prefetch(dyc + t * Cc, Cc * sizeof(T));
             l2_prefetch(xc + t * Cc, Cc * sizeof(T));
@@ -846,9 +865,8 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
                 if (has_m) ldf<V>(hslot(st, e - g.nvg), hm);
                 if (has_p) ldf<V>(hslot(st, e + g.nvg), hp);
             }
-            float crp[V], cr0[V], crm[V];
+            float crp[V], crm[V];
             ldf<V>(rp + si - g.CG, crp);
-            ldf<V>(c0s + si, cr0);
             ldf<V>(rm + si + g.CG, crm);
 
             float dh[V], dlam[V], du[V], dx[V], nm[V], n0[V], np[V], dwt[3][V];
@@ -864,7 +882,7 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
                     const float dw[3] = {dh[i] * hm[i], dh[i] * h0[i], dh[i] * hp[i]};
                     float aa[3], w[3], gw[3];
                     const float S = weights<T>(wtm[i], wt0[i], wtp[i], has_m, has_p, aa, w);
-                    weights_bwd(aa, w, S, dw, gw);
+                    weights_bwd<T>(aa, w, S, dw, gw);
                     dwt[0][i] = gw[0];
                     dwt[1][i] = gw[1];
                     dwt[2][i] = gw[2];
@@ -900,9 +918,11 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
             if (s > 0) {
                 stf<V>(wm_s + si, nm);
                 stf<V>(wp_s + si, np);
-                stf<V>(c0s + si, n0);
 #pragma unroll
-                for (int i = 0; i < V; i++) hc[i] = h0[i];
+                for (int i = 0; i < V; i++) {
+                    cr0[i] = n0[i];
+                    hc[i] = h0[i];
+                }
             }
         }
         cp_async_wait<D - 2>();   // step k+1's stage has landed (this thread's copies)
@@ -1113,9 +1133,9 @@ ScanArgs scan_args(const Plan &p) {
     return a;
 }
 
-// Bytes of a pipelined block's per-lane state: h (2 rows) or the carries (5 rows).
+// Bytes of a pipelined block's per-lane state: h (2 rows) or the carries (4 rows).
 int lane_state_bytes(const Plan &p, const ScanArgs &a, bool bwd) {
-    return (int)(((size_t)(bwd ? 5 : 2) * a.lanes_max * p.CG * 4 + 15) / 16 * 16);
+    return (int)(((size_t)(bwd ? 4 : 2) * a.lanes_max * p.CG * 4 + 15) / 16 * 16);
 }
 
 // Shared memory of a pipelined block: the per-lane state (h: 2 rows; carries: 5 rows) and D
@@ -1130,7 +1150,8 @@ size_t pipe_smem(const Plan &p, const ScanArgs &a, bool bwd, int D) {
 // Pipeline depth: the deepest (<= 4) with which all blocks are resident at once, else the
 // deepest that keeps two blocks per SM, else 2 with one block per SM; 0 = take the simple path.
 int pipe_stages(const Plan &p, const ScanArgs &a, bool bwd, const CudaCtx *c) {
-    if (p.shared || p.V * (p.bf16 ? 2 : 4) < 8 || a.items_max > SCAN_THREADS_MAX || p.stages == 1)
+    if (p.shared || p.V * (p.bf16 ? 2 : 4) < 8 || p.stages == 1 ||
+        a.items_max > (bwd ? BWD_PIPE_THREADS_MAX : SCAN_THREADS_MAX))
         return 0;
     int dev = c->device, per_sm = 0, per_block = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
