@@ -21,7 +21,7 @@
 #include <time.h>
 #include <vector>
 
-// kernels/cuda/gspn_scan.cu, with the tuning the default entry points fix (32, 16, 0, 1, 15).
+// kernels/cuda/gspn_scan.cu, with the tuning the default entry points fix (0, 0, 0, 0, 15): auto.
 extern "C" void cuda_gspn_scan_fwd_tuned(Ctx *ctx, const Tensor *xc, const Tensor *gates,
                                          const Tensor *merge, int shared_w, Tensor *yc,
                                          Tensor *hidden, int cg_bytes, int vec_bytes,
@@ -133,7 +133,7 @@ struct Result {
 struct Tune {
     int cg, vec, stages, prefetch, dirs;   // gspn_scan.cu's Tuning
 };
-const Tune DEFAULT_TUNE = {32, 16, 0, 1, 15};
+const Tune DEFAULT_TUNE = {0, 0, 0, 0, 15};   // auto channel group and vectors
 
 Result run_config(Ctx *ctx, const Config &cf, const Tune &tu, int reps = REPS) {
     const int G = cf.shared ? 4 * (2 * cf.Cc + 3) : 20 * cf.Cc;
@@ -229,9 +229,9 @@ extern "C" int cuda_bench_gspn(FILE *out) {
     const Config var_cfgs[] = {{32, 74, 74, 64, 0, DTYPE_BF16}, {32, 147, 147, 64, 0, DTYPE_BF16}};
     // TB+BT / LR+RL: half the work (the bytes columns still count all four directions, so read
     // them as a time comparison: rows are contiguous per step, columns stride by a row per token).
-    const Tune variants[] = {{32, 16, 0, 0, 15}, {32, 16, 2, 1, 15}, {32, 16, 3, 1, 15},
-                             {64, 16, 0, 1, 15}, {32, 8, 0, 1, 15},  {32, 16, 1, 0, 15},
-                             {32, 16, 0, 1, 3}};
+    const Tune variants[] = {{64, 8, 0, 0, 15},  {32, 8, 0, 0, 15}, {64, 16, 0, 0, 15},
+                             {32, 16, 0, 0, 15}, {64, 8, 0, 1, 15}, {64, 8, 2, 0, 15},
+                             {32, 16, 1, 0, 15}, {64, 8, 0, 0, 3}};
     for (const Config &cf : var_cfgs)
         for (const auto &v : variants)
             print_row(out, cf, v, run_config(&ctx, cf, v), copy);

@@ -45,7 +45,16 @@ constexpr int DIRS = 4;
 constexpr float S_MIN = 1e-7f;            // w_k = a_k / max(S, S_MIN), as the CPU reference
 constexpr int SCAN_THREADS_MAX = 512;     // threads per scan block (lanes beyond loop)
 constexpr int EW_THREADS = 256;           // elementwise kernels
-constexpr int BWD_PIPE_THREADS_MAX = 384; // the pipelined backward needs ~130 registers a thread
+// Pipelined kernels: one item per thread, so a whole line must fit one block. Their register
+// needs set the bound: 16-byte vectors (8 bf16 channels a thread) ~80 (fwd) / ~155 (bwd);
+// 8-byte vectors (4 channels) ~56 / ~104, which allows bigger blocks.
+template <typename T, int V>
+struct PipeThreads {
+    static constexpr bool narrow = V * sizeof(T) == 8;
+    static constexpr int fwd = narrow ? 1024 : 512;
+    static constexpr int bwd = narrow ? 608 : 384;
+};
+constexpr int BWD_RED_WARPS = 32;         // block reduction slots (up to 1024 threads)
 
 // ---- loads and stores of V consecutive elements, converted to / from fp32 ----------------------
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
@@ -665,7 +674,7 @@ __device__ __forceinline__ DirGeom pick_dir(const ScanArgs &a, int d) {
 
 // Forward. Stage slot q of item e: q = 0 xc, 1 lam, 2 u, 3..5 wt_{-1,0,+1}.
 template <typename T, int V, int D>
-__global__ void __launch_bounds__(SCAN_THREADS_MAX)
+__global__ void __launch_bounds__(PipeThreads<T, V>::fwd)
 gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
                      float *__restrict__ hid, T *__restrict__ ypart, long long plane,
                      ScanArgs a) {
@@ -763,7 +772,7 @@ gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
 // direction (lam, u, wt x3); then h[s-1] of the item (fp32, V floats) in its own array, read by
 // the item and its two neighbour lanes (visible to them after the step's barrier).
 template <typename T, int V, int D>
-__global__ void __launch_bounds__(BWD_PIPE_THREADS_MAX)
+__global__ void __launch_bounds__(PipeThreads<T, V>::bwd)
 gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
                      const T *__restrict__ gates, const float *__restrict__ hid,
                      const void *merge, int merge_bf16, T *__restrict__ dxpart,
@@ -930,7 +939,7 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
     }
 
     if (dmpart) {
-        __shared__ double red[SCAN_THREADS_MAX / 32];
+        __shared__ double red[BWD_RED_WARPS];
         for (int off = 16; off > 0; off >>= 1) dm_acc += __shfl_xor_sync(0xffffffffu, dm_acc, off);
         if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = dm_acc;
         __syncthreads();
@@ -966,16 +975,38 @@ void check_dtype_like(const char *what, const Tensor *t, const Tensor *ref) {
 }
 
 // Tuning (the benchmark sweeps it): cg_bytes = bytes of one token's channels a block owns with
-// per-channel weights (32 = one sector); vec_bytes = bytes a thread loads at once (16 or 8).
-// stages = cp.async pipeline depth of the pipelined kernels (0: the largest that keeps enough
-// blocks resident; 1: the simple kernels).
+// per-channel weights (32 = one sector); vec_bytes = bytes a thread loads at once (16 or 8);
+// cg_bytes = 0 picks both (auto_tuning). stages = cp.async pipeline depth of the pipelined
+// kernels (0: the largest that keeps enough blocks resident; 1: the simple kernels).
 struct Tuning {
     int cg_bytes, vec_bytes, stages, prefetch;
     int dir_mask;   // benchmark diagnostics only: run these directions of the pipelined kernels
 };
 
+// Measured on an H200 (gspn_bench.cu; B=32, Cc=64, bf16): the scans are latency-bound per block,
+// so fewer channels a thread (8-byte vectors) and wider channel groups (64 bytes of a token per
+// block: fewer, fuller blocks and whole DRAM atoms) run faster, as long as a line still fits one
+// pipelined block. The widest group that fits wins; lines too long fall back to (32, 16).
+Tuning auto_tuning(Tuning tu, bool bf16, int Cc, int lanes, bool bwd) {
+    if (tu.cg_bytes != 0) return tu;
+    const int esz = bf16 ? 2 : 4, vb = bf16 ? 8 : 16;
+    const int limit = bwd ? (vb == 8 ? PipeThreads<__nv_bfloat16, 4>::bwd : PipeThreads<float, 4>::bwd)
+                          : (vb == 8 ? PipeThreads<__nv_bfloat16, 4>::fwd : PipeThreads<float, 4>::fwd);
+    for (int cgb : {64, 32}) {
+        const int cg = cgb < Cc * esz ? cgb : Cc * esz;
+        if ((long long)lanes * (cg / vb > 0 ? cg / vb : 1) <= limit) {
+            tu.cg_bytes = cgb;
+            tu.vec_bytes = vb;
+            return tu;
+        }
+    }
+    tu.cg_bytes = 32;
+    tu.vec_bytes = 16;
+    return tu;
+}
+
 Plan make_plan(const Tensor *xc, const Tensor *gates, const Tensor *merge, int shared_w,
-               Tuning tu, const void *const *ptrs, int nptrs) {
+               Tuning tu, bool bwd, const void *const *ptrs, int nptrs) {
     char a[64], b[64];
     CG_CHECK(xc->ndim == 4, "", "gspn_scan: xc must be (B, H, W, Cc), got %s",
              tensor_shape_str(xc, a, sizeof a));
@@ -1002,6 +1033,7 @@ Plan make_plan(const Tensor *xc, const Tensor *gates, const Tensor *merge, int s
     CG_CHECK(p.H <= 65535 && p.W <= 65535, "", "gspn_scan (CUDA): grid %dx%d too large", p.H, p.W);
 
     const int esz = p.bf16 ? 2 : 4;
+    tu = auto_tuning(tu, p.bf16, p.Cc, p.H > p.W ? p.H : p.W, bwd);
     const int vmax = (tu.vec_bytes == 8 && p.bf16 ? 8 : 16) / esz;
     bool al = true;
     for (int i = 0; i < nptrs; i++) al = al && (ptrs[i] == nullptr || aligned16(ptrs[i]));
@@ -1149,9 +1181,8 @@ size_t pipe_smem(const Plan &p, const ScanArgs &a, bool bwd, int D) {
 
 // Pipeline depth: the deepest (<= 4) with which all blocks are resident at once, else the
 // deepest that keeps two blocks per SM, else 2 with one block per SM; 0 = take the simple path.
-int pipe_stages(const Plan &p, const ScanArgs &a, bool bwd, const CudaCtx *c) {
-    if (p.shared || p.V * (p.bf16 ? 2 : 4) < 8 || p.stages == 1 ||
-        a.items_max > (bwd ? BWD_PIPE_THREADS_MAX : SCAN_THREADS_MAX))
+int pipe_stages(const Plan &p, const ScanArgs &a, bool bwd, int max_threads, const CudaCtx *c) {
+    if (p.shared || p.V * (p.bf16 ? 2 : 4) < 8 || p.stages == 1 || a.items_max > max_threads)
         return 0;
     int dev = c->device, per_sm = 0, per_block = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
@@ -1185,7 +1216,7 @@ bool fwd_pipe(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid
         return false;
     } else {
         ScanArgs a = scan_args(p);
-        const int D = pipe_stages(p, a, false, c);
+        const int D = pipe_stages(p, a, false, PipeThreads<T, V>::fwd, c);
         if (!D) return false;
         const size_t smem = pipe_smem(p, a, false, D);
         a.lane_bytes = lane_state_bytes(p, a, false);
@@ -1204,7 +1235,7 @@ bool bwd_pipe(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gat
         return false;
     } else {
         ScanArgs a = scan_args(p);
-        const int D = pipe_stages(p, a, true, c);
+        const int D = pipe_stages(p, a, true, PipeThreads<T, V>::bwd, c);
         if (!D) return false;
         const size_t smem = pipe_smem(p, a, true, D);
         a.lane_bytes = lane_state_bytes(p, a, true);
@@ -1316,7 +1347,7 @@ void gspn_fwd_impl(Ctx *ctx, const Tensor *xc, const Tensor *gates, const Tensor
                    int shared_w, Tensor *yc, Tensor *hidden, Tuning tu) {
     const void *ptrs[] = {xc->data, gates->data, yc ? yc->data : nullptr,
                           hidden ? hidden->data : nullptr};
-    const Plan p = make_plan(xc, gates, merge, shared_w, tu, ptrs, 4);
+    const Plan p = make_plan(xc, gates, merge, shared_w, tu, false, ptrs, 4);
     check_dtype_like("yc", yc, xc);
     CG_CHECK(!hidden || (hidden->numel == DIRS * (size_t)p.plane && hidden->dtype == DTYPE_F32 &&
                          hidden->device == DEVICE_CUDA),
@@ -1330,7 +1361,7 @@ void gspn_bwd_impl(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *
                    Tensor *dgates, Tensor *dmerge, Tuning tu) {
     const void *ptrs[] = {dyc->data, xc->data, gates->data, hidden ? hidden->data : nullptr,
                           dxc ? dxc->data : nullptr, dgates ? dgates->data : nullptr};
-    const Plan p = make_plan(xc, gates, merge, shared_w, tu, ptrs, 6);
+    const Plan p = make_plan(xc, gates, merge, shared_w, tu, true, ptrs, 6);
     check_dtype_like("dyc", dyc, xc);
     check_dtype_like("dxc", dxc, xc);
     check_dtype_like("dgates", dgates, gates);
@@ -1345,8 +1376,9 @@ void gspn_bwd_impl(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *
 
 }  // namespace
 
-// The default tuning: a block owns one 32-byte sector of each token's channels; 16-byte loads.
-static const Tuning GSPN_TUNING_DEFAULT = {32, 16, 0, 1, 15};
+// The default tuning: channel group and vector width by auto_tuning, pipeline depth by occupancy,
+// no L2 prefetch (it helped in some runs and hurt in others), all four directions.
+static const Tuning GSPN_TUNING_DEFAULT = {0, 0, 0, 0, 15};
 
 extern "C" void cuda_gspn_scan_fwd(Ctx *ctx, const Tensor *xc, const Tensor *gates,
                                    const Tensor *merge, int shared_w, Tensor *yc, Tensor *hidden) {

@@ -16,7 +16,8 @@
 enum { DIRS = 4 };
 
 // kernels/cuda/gspn_scan.cu: the ops with another tuning (the benchmark sweeps these); the
-// default entry points use cg_bytes = 32, vec_bytes = 16, stages = 0, prefetch = 1 (dir_mask 15 = all four directions).
+// default entry points use cg_bytes = 0 (auto), stages = 0, prefetch = 0 (dir_mask 15 = all four
+// directions).
 void cuda_gspn_scan_fwd_tuned(Ctx *ctx, const Tensor *xc, const Tensor *gates,
                               const Tensor *merge, int shared_w, Tensor *yc, Tensor *hidden,
                               int cg_bytes, int vec_bytes, int stages, int prefetch,
@@ -25,12 +26,12 @@ void cuda_gspn_scan_bwd_tuned(Ctx *ctx, const Tensor *dyc, const Tensor *xc, con
                               const Tensor *merge, int shared_w, const Tensor *hidden,
                               Tensor *dxc, Tensor *dgates, Tensor *dmerge, int cg_bytes,
                               int vec_bytes, int stages, int prefetch, int dir_mask);
-// (cg_bytes, vec_bytes, stages, prefetch): stages 0 = the pipelined kernels at their chosen
+// (cg_bytes, vec_bytes, stages, prefetch): cg_bytes 0 = chosen by the kernel; stages 0 = the pipelined kernels at their chosen
 // depth, 1 = the simple kernels (also what shared weights and odd Cc use), 2..4 = a fixed depth;
 // prefetch = L2 prefetch distance (it cannot change results; run to cover its addressing).
-static const int TUNINGS[][4] = {{32, 16, 0, 2}, {16, 16, 0, 0}, {64, 16, 0, 3}, {32, 8, 0, 1},
+static const int TUNINGS[][4] = {{0, 0, 0, 0},   {16, 16, 0, 0}, {64, 16, 0, 3}, {32, 8, 0, 1},
                                  {16, 8, 0, 2},  {32, 16, 1, 0}, {32, 8, 1, 0},  {32, 16, 2, 4},
-                                 {16, 8, 3, 0},  {32, 16, 4, 1}};
+                                 {16, 8, 3, 0},  {32, 16, 4, 1}, {64, 8, 0, 0},  {64, 8, 2, 1}};
 
 // fp32: the GPU computes the same fp32 operations as the CPU in another order (FMA contraction,
 // fixed-order reductions in other groupings), ~1e-7 per operation on values of order 1 over
@@ -263,7 +264,7 @@ static void test_gspn_gpu_latent_sizes_match_cpu(void **state) {
 // The other tunings (channels per block, load width) compute the same function.
 static void test_gspn_gpu_tunings_match_cpu(void **state) {
     if (!have_gpu()) skip();
-    const Shape shapes[] = {{2, 13, 37, 64}, {1, 6, 5, 24}, {2, 3, 9, 3}};
+    const Shape shapes[] = {{2, 13, 37, 64}, {1, 6, 5, 24}, {2, 3, 9, 3}, {1, 5, 150, 64}};
     const Tols fp32 = {FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL};
     const Tols bf16 = {BF16_YC_TOL, BF16_HIDDEN_TOL, BF16_GRAD_TOL, BF16_GRAD_TOL, BF16_DMERGE_TOL};
     const int ntun = (int)(sizeof TUNINGS / sizeof TUNINGS[0]);
@@ -271,7 +272,7 @@ static void test_gspn_gpu_tunings_match_cpu(void **state) {
     for (int dti = 0; dti < 2; dti++) {
         const DType dt = dti ? DTYPE_BF16 : DTYPE_F32;
         Ctx g = cuda_ctx_create(0, dt);
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 4; i++)
             for (int t = 1; t < ntun; t++)
                 fails += check_case(&g, &shapes[i], 0, dt, dti ? &bf16 : &fp32, 300 + 7 * i + t, t);
         cuda_ctx_destroy(&g);
