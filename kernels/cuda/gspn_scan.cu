@@ -1,24 +1,38 @@
 // C-GSPN propagation on the GPU (DESIGN §5 steps 3-5; contract in kernels/ops.h; the CPU
 // reference is kernels/cpu/gspn_scan.c).
 //
-// Forward, per direction d, one launch (the four on the context's side streams, concurrently):
-//   a block owns one image b and a group of CG channels for ALL lanes of a line (the W columns
-//   of a row for TB/BT, the H rows of a column for LR/RL) and loops over the steps of the scan.
-//   The previous step's h lives in shared memory ((N+2) x CG floats with a zero halo lane on each
-//   side, double buffered, so one barrier per step). Channels-last makes each token's CG channels
-//   one contiguous 32-byte run, so every load is a full sector; a thread moves 16 bytes at a time.
-//   The sigmoid and the row-stochastic normalization are computed in registers (the weights are
-//   never written), then h (fp32) goes to `hidden` and y_d = u_d * h_d (in the activation dtype)
-//   to a scratch slice. A second, elementwise kernel merges yc = sum_d m_d y_d in the fixed order
-//   TB, BT, LR, RL: no atomics, so yc is bitwise reproducible.
-// Backward, per direction, one launch: the reverse scan. dL/dh of step s gets m_d u dyc plus the
-//   transposed weights of step s+1, which each block keeps in shared memory (w_{-1} dh and
-//   w_{+1} dh of every lane, double buffered; w_0 dh stays with its owner). h of step s-1 comes
-//   from `hidden` (its lane and the two neighbours; the neighbours hit in L1). Gate gradients are
-//   added into dgates in place (each element has one owner: deterministic). dxc needs the sum of
-//   the four directions' lam_d dh_d: each direction writes its own slice and a final elementwise
-//   kernel adds them in the fixed order; dmerge is reduced per block (fp64) and the block partials
-//   summed in a fixed order by one warp per direction.
+// Work split (both passes): a block owns one image b and a group of CG channels for ALL lanes of a
+// line (the W columns of a row for TB/BT, the H rows of a column for LR/RL) and loops over the
+// steps of the scan; a line's lanes depend on each other through the neighbour weights, so a line
+// cannot be split across blocks without inter-block exchange. Channels-last makes each token's CG
+// channels one contiguous run (32 or 64 bytes), so loads are whole sectors.
+//
+// Two kernel families:
+// - pipelined (the fast path: per-channel weights, Cc a multiple of 4, 16-byte aligned data, a line
+//   of at most 1024 (fwd) / 608 (bwd) work items): ONE launch for the four directions,
+//   blockIdx.x = (image, channel group) * 4 + direction. Each thread owns one (lane, 4 or 8
+//   channels) item and copies that item's inputs for step s+D-1 into a shared-memory stage with
+//   cp.async while it computes step s. The backward also stages h[s-1], which the two neighbour
+//   lanes read after the step's barrier.
+// - simple (shared weights, odd Cc, longer lines, or stages = 1): one launch per direction on the
+//   context's side streams (concurrent), loads issued at the top of each step.
+// Forward step: h of the previous step lives in shared memory ((N+2) x CG floats with a zero halo
+//   lane each side, double buffered: one barrier per step); the sigmoid and row-stochastic
+//   normalization are computed in registers (the weights are never written); h (fp32) goes to
+//   `hidden` and y_d = u_d h_d (activation dtype) to a scratch slice. An elementwise kernel then
+//   merges yc = sum_d m_d y_d in the fixed order TB, BT, LR, RL: no atomics, yc is reproducible.
+// Backward step (reverse scan): dL/dh of step s is m_d u dyc plus the transposed weights of step
+//   s+1, which the block keeps in shared memory (w_{-1} dh and w_{+1} dh of every lane, double
+//   buffered; w_0 dh stays with its owner). Gate gradients are added into dgates in place (each
+//   element has one owner). dxc needs sum_d lam_d dh_d: each direction writes its own slice and an
+//   elementwise kernel adds them in the fixed order; dmerge is reduced per block in fp64 and the
+//   block partials summed in a fixed order, one warp per direction. Bitwise deterministic.
+//
+// The channel group and vector width are chosen per call (auto_tuning): measured on an H200, the
+// scans are latency-bound per block (a serial chain of steps, each a barrier, shared-memory
+// neighbour reads and the sigmoid / normalization), so fewer channels per thread and wider groups
+// win as long as a line fits one block. bf16 uses the approximate exp / reciprocal units: with
+// IEEE division everywhere the kernels were instruction-bound (ncu: issue ~53%).
 //
 // Bytes per element (one token-channel) for bf16 activations and per-channel weights, G = 20 Cc:
 //   what must move, forward:  xc 2 + gates 40 + yc 2 + hidden 16 (fp32, 4 directions)   =  60
@@ -30,7 +44,9 @@
 //     dxc_d 4x2 (write, then read) + dxc 4                                               = 172
 // The extra reads of xc / dyc (one per direction) and the y_d / dxc_d round trip are the price of
 // running the directions as separate scans without float atomics; the whole H x W plane of a
-// channel group would have to stay on chip to avoid them, which it does not at 74^2 and up.
+// channel group would have to stay on chip to avoid them, which it does not at 74^2 and up. So
+// even at the copy rate the forward reaches at most 60/82 = 73% and the backward 102/172 = 59%
+// (144/172 = 84% counting the += reads) of the copy bandwidth on the bytes that must move.
 //
 // hidden: the forward saves h (fp32) when given `hidden`; the backward recomputes it into scratch
 // when called with hidden == NULL (a second forward scan: 42 bytes read and 16 written per element
