@@ -49,13 +49,15 @@ NVCCFLAGS += -DCGSPN_HAVE_CUDNN $(CUDNN_CFLAGS)
 LDLIBS    += $(CUDNN_LIBS)
 endif
 LINK      := $(NVCC) $(CUDA_ARCH) -Xcompiler -fopenmp
+# nvcc links: it takes OpenMP through -Xcompiler above and rejects a bare -fopenmp, and it
+# takes linker flags as -Xlinker a,b rather than gcc's -Wl,a,b (CMOCKA_LIBS from tools/probe.sh).
+LDLIBS    := $(filter-out -fopenmp,$(LDLIBS))
+comma     := ,
+CMOCKA_LIBS := $(subst -Wl$(comma),-Xlinker ,$(CMOCKA_LIBS))
 LINKFLAGS := -Xlinker -rpath,$(CUDA_HOME)/lib64
 # dispatch.c reaches the CUDA kernels only through weak references, and a weak reference does
 # not pull a member out of an archive: every link names the CUDA objects itself.
 CUDA_OBJ  := $(SRC_CU:%.cu=$(BUILD)/%.o)
-# nvcc links, and takes a linker option as -Xlinker, not -Wl, (CMocka's rpath, tools/probe.sh).
-comma     := ,
-CMOCKA_LIBS := $(subst -Wl$(comma),-Xlinker ,$(CMOCKA_LIBS))
 else
 LINK      := $(CC) -fopenmp
 LINKFLAGS :=
@@ -66,7 +68,7 @@ TEST_BINS := $(TESTS_C:tests/%.c=$(BUILD)/tests/%)
 GPU_TESTS_C   := $(wildcard tests/gpu/test_*.c)
 GPU_TEST_BINS := $(GPU_TESTS_C:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 
-.PHONY: all deps test test-gpu demo bench clean
+.PHONY: all deps test test-gpu demo bench bench-gspn clean
 all: cgspn
 
 deps:

@@ -5,6 +5,7 @@
 #include <string.h>
 #ifdef CGSPN_CUDA
 #include "../kernels/cuda/gemm_bench.h"
+#include "../kernels/cuda/gspn_bench.h"
 #endif
 
 typedef struct Bench {
@@ -15,6 +16,7 @@ typedef struct Bench {
 
 static const Bench kBenches[] = {
 #ifdef CGSPN_CUDA
+    {"gspn", cuda_bench_gspn, "C-GSPN scan fwd/bwd in GB/s vs a device copy (latent 27^2..147^2, 1024^2)"},
     {"gemm", cuda_bench_gemm, "bf16 linear GEMMs (ViT-B/16, so14 MLP) in TFLOP/s vs the bf16 peak"},
 #endif
     {NULL, NULL, NULL},

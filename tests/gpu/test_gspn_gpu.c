@@ -1,0 +1,340 @@
+// C-GSPN propagation on the GPU (kernels/cuda/gspn_scan.cu) against the CPU reference
+// (kernels/cpu/gspn_scan.c): forward (yc, hidden) and backward (dxc, dgates, dmerge), fp32 and
+// bf16, per-channel and shared weights, on shapes that hit the edges of the kernels' tiling:
+// H != W, H = 1, W = 1, W not a multiple of 32, Cc in {1, 3, 64} (vector and scalar paths).
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+// cmocka.h defines test_free(ptr) as a macro, which breaks testlib.h's test_free(Tensor *).
+#undef test_free
+#include "../testlib.h"
+#include "../../kernels/ops.h"
+#include "../../kernels/cuda/cuda_common.h"
+
+enum { DIRS = 4 };
+
+// kernels/cuda/gspn_scan.cu: the ops with another tuning (the benchmark sweeps these); the
+// default entry points use cg_bytes = 0 (auto), stages = 0, prefetch = 0 (dir_mask 15 = all four
+// directions).
+void cuda_gspn_scan_fwd_tuned(Ctx *ctx, const Tensor *xc, const Tensor *gates,
+                              const Tensor *merge, int shared_w, Tensor *yc, Tensor *hidden,
+                              int cg_bytes, int vec_bytes, int stages, int prefetch,
+                              int dir_mask);
+void cuda_gspn_scan_bwd_tuned(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
+                              const Tensor *merge, int shared_w, const Tensor *hidden,
+                              Tensor *dxc, Tensor *dgates, Tensor *dmerge, int cg_bytes,
+                              int vec_bytes, int stages, int prefetch, int dir_mask);
+// (cg_bytes, vec_bytes, stages, prefetch): cg_bytes 0 = chosen by the kernel; stages 0 = the pipelined kernels at their chosen
+// depth, 1 = the simple kernels (also what shared weights and odd Cc use), 2..4 = a fixed depth;
+// prefetch = L2 prefetch distance (it cannot change results; run to cover its addressing).
+static const int TUNINGS[][4] = {{0, 0, 0, 0},   {16, 16, 0, 0}, {64, 16, 0, 3}, {32, 8, 0, 1},
+                                 {16, 8, 0, 2},  {32, 16, 1, 0}, {32, 8, 1, 0},  {32, 16, 2, 4},
+                                 {16, 8, 3, 0},  {32, 16, 4, 1}, {64, 8, 0, 0},  {64, 8, 2, 1}};
+
+// fp32: the GPU computes the same fp32 operations as the CPU in another order (FMA contraction,
+// fixed-order reductions in other groupings), ~1e-7 per operation on values of order 1 over
+// contractive scans; 1e-5 relative (norm-wise, per tensor) is far below what a wrong index,
+// neighbour or direction gives (order 1e-1 and up).
+#define FP32_TOL 1e-5
+// bf16 activations (inputs rounded to bf16 for both sides, so only the GPU's outputs differ):
+// - hidden is fp32 state computed from identical inputs: fp32-level agreement, but with the
+//   fast sigmoid (__expf, rcp) of the bf16 path: 1e-5 relative per weight -> 5e-5.
+#define BF16_HIDDEN_TOL 5e-5
+// - yc: each direction's y_d is rounded to bf16 (2^-9 relative) before the merge, then the sum
+//   once more: a few 2^-9 in the worst element, ~3e-3 norm-wise -> 1e-2.
+#define BF16_YC_TOL 1e-2
+// - dxc: lam_d dh_d rounded to bf16 per direction, then dxc (+=) rounded: as yc -> 1e-2.
+// - dgates: one rounding of (old + gradient) to bf16, plus the fast sigmoid: -> 1e-2.
+#define BF16_GRAD_TOL 1e-2
+// - dmerge stays fp32 (a parameter gradient), summed in fp64 from identical bf16 inputs and the
+//   fp32 h: fp32-level -> 5e-5 like hidden.
+#define BF16_DMERGE_TOL 5e-5
+
+typedef struct Shape {
+    int B, H, W, Cc;
+} Shape;
+
+static const Shape SHAPES[] = {
+    {2, 5, 37, 3},    // H != W, W not a multiple of 32, Cc = 3 (scalar path)
+    {1, 1, 33, 64},   // H = 1: TB/BT are one step, LR/RL have a single lane
+    {2, 7, 1, 1},     // W = 1, Cc = 1
+    {1, 9, 70, 64},   // W > 64 lanes, vector path (fp32 4-wide, bf16 8-wide)
+    {2, 23, 6, 64},   // H > W
+    {3, 12, 45, 8},   // Cc = 8: one 16-byte vector per token in bf16
+    {1, 1, 1, 3},     // a single token
+};
+#define NSHAPES ((int)(sizeof SHAPES / sizeof SHAPES[0]))
+
+static int gate_width(int Cc, int shared_w) { return shared_w ? 4 * (2 * Cc + 3) : 20 * Cc; }
+
+static uint16_t f32_to_bf16(float f) {   // round to nearest even (inputs are finite)
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// A GPU tensor of dtype dt with the CPU tensor's shape and values (rounded to bf16 if dt is).
+// For bf16 the CPU tensor is rounded in place, so both sides compute from the same inputs.
+static Tensor *gpu_from(Ctx *ctx, Tensor *cpu, DType dt) {
+    Tensor *g = calloc(1, sizeof(Tensor));
+    tensor_set_shape(g, cpu->ndim, cpu->shape);
+    g->dtype = dt;
+    g->device = DEVICE_CUDA;
+    g->data = cuda_malloc(tensor_bytes(g));
+    float *p = tensor_f32(cpu);
+    if (dt == DTYPE_BF16) {
+        uint16_t *h = malloc(cpu->numel * sizeof(uint16_t) + 2);
+        for (size_t i = 0; i < cpu->numel; i++) {
+            h[i] = f32_to_bf16(p[i]);
+            p[i] = bf16_to_f32(h[i]);
+        }
+        tensor_upload(ctx, g, h);
+        free(h);
+    } else {
+        tensor_upload(ctx, g, p);
+    }
+    return g;
+}
+
+// An uninitialised GPU tensor filled with NaN bytes, so an element the kernel forgets shows.
+static Tensor *gpu_poisoned(int ndim, const int *shape, DType dt) {
+    Tensor *g = calloc(1, sizeof(Tensor));
+    tensor_set_shape(g, ndim, shape);
+    g->dtype = dt;
+    g->device = DEVICE_CUDA;
+    g->data = cuda_malloc(tensor_bytes(g));
+    CUDA_CHECK(cudaMemset(g->data, 0xff, tensor_bytes(g)));
+    CUDA_CHECK(cudaDeviceSynchronize());   // the context's streams do not wait for stream 0
+    return g;
+}
+
+static void gpu_free(Tensor *g) {
+    if (!g) return;
+    cuda_free(g->data);
+    free(g);
+}
+
+// Relative error of a GPU tensor against a CPU one; NaN anywhere fails.
+static double err_vs(Ctx *ctx, const Tensor *gpu, const Tensor *cpu) {
+    float *h = tensor_to_host_f32(ctx, gpu);
+    double e = test_rel_err(h, tensor_f32(cpu), cpu->numel);
+    for (size_t i = 0; i < cpu->numel; i++)
+        if (isnan(h[i])) e = INFINITY;
+    free(h);
+    return e;
+}
+
+static int have_gpu(void) { return cuda_device_count() > 0; }
+
+typedef struct Tols {
+    double yc, hidden, dxc, dgates, dmerge;
+} Tols;
+
+// One shape, one dtype, one weight variant: forward and backward against the CPU, with hidden
+// saved and with hidden recomputed (NULL). Returns the number of failed comparisons.
+static int check_case(Ctx *g, const Shape *s, int shared_w, DType dt, const Tols *tol,
+                      uint64_t seed, int tuning) {
+    const int cgb = TUNINGS[tuning][0], vb = TUNINGS[tuning][1], st = TUNINGS[tuning][2],
+              pf = TUNINGS[tuning][3];
+    const int G = gate_width(s->Cc, shared_w);
+    Tensor *xc = test_tensor(4, s->B, s->H, s->W, s->Cc);
+    Tensor *gates = test_tensor(4, s->B, s->H, s->W, G);
+    Tensor *merge = test_tensor(1, DIRS);
+    Tensor *dyc = test_tensor(4, s->B, s->H, s->W, s->Cc);
+    Tensor *yc = test_like(xc), *hidden = test_tensor(5, DIRS, s->B, s->H, s->W, s->Cc);
+    // Gradients start non-zero: backward must add to them.
+    Tensor *dxc = test_like(xc), *dgates = test_like(gates), *dmerge = test_like(merge);
+    test_fill(xc, seed + 1, -1.0f, 1.0f);
+    test_fill(gates, seed + 2, -2.0f, 2.0f);
+    test_fill(merge, seed + 3, -1.0f, 1.0f);
+    test_fill(dyc, seed + 4, -1.0f, 1.0f);
+    test_fill(dxc, seed + 5, -1.0f, 1.0f);
+    test_fill(dgates, seed + 6, -1.0f, 1.0f);
+    test_fill(dmerge, seed + 7, -1.0f, 1.0f);
+
+    // GPU copies (rounding the CPU inputs to bf16 where the GPU runs bf16).
+    Tensor *gx = gpu_from(g, xc, dt), *gg = gpu_from(g, gates, dt);
+    Tensor *gm = gpu_from(g, merge, DTYPE_F32), *gdy = gpu_from(g, dyc, dt);
+    Tensor *gdx = gpu_from(g, dxc, dt), *gdg = gpu_from(g, dgates, dt);
+    Tensor *gdm = gpu_from(g, dmerge, DTYPE_F32);
+    Tensor *gdx2 = gpu_from(g, dxc, dt), *gdg2 = gpu_from(g, dgates, dt);
+    Tensor *gdm2 = gpu_from(g, dmerge, DTYPE_F32);
+    Tensor *gy = gpu_poisoned(4, xc->shape, dt), *gy2 = gpu_poisoned(4, xc->shape, dt);
+    Tensor *gh = gpu_poisoned(5, hidden->shape, DTYPE_F32);
+
+    Ctx c = ctx_cpu();
+    cpu_gspn_scan_fwd(&c, xc, gates, merge, shared_w, yc, hidden);
+    cpu_gspn_scan_bwd(&c, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge);
+
+    if (tuning == 0) {   // the entry points of ops.h
+        cuda_gspn_scan_fwd(g, gx, gg, gm, shared_w, gy, gh);
+        cuda_gspn_scan_fwd(g, gx, gg, gm, shared_w, gy2, NULL);
+        cuda_gspn_scan_bwd(g, gdy, gx, gg, gm, shared_w, gh, gdx, gdg, gdm);
+        cuda_gspn_scan_bwd(g, gdy, gx, gg, gm, shared_w, NULL, gdx2, gdg2, gdm2);
+    } else {
+        cuda_gspn_scan_fwd_tuned(g, gx, gg, gm, shared_w, gy, gh, cgb, vb, st, pf, 15);
+        cuda_gspn_scan_fwd_tuned(g, gx, gg, gm, shared_w, gy2, NULL, cgb, vb, st, pf, 15);
+        cuda_gspn_scan_bwd_tuned(g, gdy, gx, gg, gm, shared_w, gh, gdx, gdg, gdm, cgb, vb, st, pf, 15);
+        cuda_gspn_scan_bwd_tuned(g, gdy, gx, gg, gm, shared_w, NULL, gdx2, gdg2, gdm2, cgb, vb,
+                                 st, pf, 15);
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+
+    const struct {
+        const char *name;
+        const Tensor *gpu, *cpu;
+        double tol;
+    } cmp[] = {
+        {"yc", gy, yc, tol->yc},           {"yc (no hidden)", gy2, yc, tol->yc},
+        {"hidden", gh, hidden, tol->hidden}, {"dxc", gdx, dxc, tol->dxc},
+        {"dgates", gdg, dgates, tol->dgates}, {"dmerge", gdm, dmerge, tol->dmerge},
+        {"dxc (recompute)", gdx2, dxc, tol->dxc}, {"dgates (recompute)", gdg2, dgates, tol->dgates},
+        {"dmerge (recompute)", gdm2, dmerge, tol->dmerge},
+    };
+    int fails = 0;
+    printf("    %dx%dx%dx%d %s %s", s->B, s->H, s->W, s->Cc, dtype_name(dt),
+           shared_w ? "shared" : "per-channel");
+    if (tuning) printf(" cg=%d v=%d D=%d P=%d", cgb, vb, st, pf);
+    printf(":");
+    for (size_t i = 0; i < sizeof cmp / sizeof cmp[0]; i++) {
+        const double e = err_vs(g, cmp[i].gpu, cmp[i].cpu);
+        const int bad = !(e <= cmp[i].tol);
+        fails += bad;
+        if (i < 6 || bad) printf(" %s %.1e%s", cmp[i].name, e, bad ? " FAIL" : "");
+    }
+    printf("\n");
+
+    Tensor *cpu_all[] = {xc, gates, merge, dyc, yc, hidden, dxc, dgates, dmerge};
+    for (size_t i = 0; i < sizeof cpu_all / sizeof cpu_all[0]; i++) test_free(cpu_all[i]);
+    Tensor *gpu_all[] = {gx, gg, gm, gdy, gdx, gdg, gdm, gdx2, gdg2, gdm2, gy, gy2, gh};
+    for (size_t i = 0; i < sizeof gpu_all / sizeof gpu_all[0]; i++) gpu_free(gpu_all[i]);
+    return fails;
+}
+
+static void run_all_shapes(int shared_w, DType dt) {
+    if (!have_gpu()) skip();
+    const Tols fp32 = {FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL};
+    const Tols bf16 = {BF16_YC_TOL, BF16_HIDDEN_TOL, BF16_GRAD_TOL, BF16_GRAD_TOL, BF16_DMERGE_TOL};
+    Ctx g = cuda_ctx_create(0, dt);
+    int fails = 0;
+    for (int i = 0; i < NSHAPES; i++)
+        fails += check_case(&g, &SHAPES[i], shared_w, dt, dt == DTYPE_BF16 ? &bf16 : &fp32,
+                            1000 + 17 * (uint64_t)i, 0);
+    cuda_ctx_destroy(&g);
+    assert_int_equal(fails, 0);
+}
+
+static void test_gspn_gpu_fp32_per_channel_matches_cpu(void **state) {
+    run_all_shapes(0, DTYPE_F32);
+}
+static void test_gspn_gpu_fp32_shared_w_matches_cpu(void **state) { run_all_shapes(1, DTYPE_F32); }
+static void test_gspn_gpu_bf16_per_channel_matches_cpu(void **state) {
+    run_all_shapes(0, DTYPE_BF16);
+}
+static void test_gspn_gpu_bf16_shared_w_matches_cpu(void **state) { run_all_shapes(1, DTYPE_BF16); }
+
+// Larger than the edge cases: the benchmark's latent block at 27x27 and a 74-lane line, where a
+// block's lanes exceed one warp many times and TB/LR blocks differ in size.
+static void test_gspn_gpu_latent_sizes_match_cpu(void **state) {
+    if (!have_gpu()) skip();
+    const Shape big[] = {{2, 27, 27, 64}, {1, 74, 31, 64}};
+    const Tols fp32 = {FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL};
+    const Tols bf16 = {BF16_YC_TOL, BF16_HIDDEN_TOL, BF16_GRAD_TOL, BF16_GRAD_TOL, BF16_DMERGE_TOL};
+    int fails = 0;
+    for (int dti = 0; dti < 2; dti++) {
+        const DType dt = dti ? DTYPE_BF16 : DTYPE_F32;
+        Ctx g = cuda_ctx_create(0, dt);
+        for (int i = 0; i < 2; i++)
+            for (int sh = 0; sh < 2; sh++)
+                fails += check_case(&g, &big[i], sh, dt, dti ? &bf16 : &fp32, 77 + 5 * i + sh, 0);
+        cuda_ctx_destroy(&g);
+    }
+    assert_int_equal(fails, 0);
+}
+
+// The other tunings (channels per block, load width) compute the same function.
+static void test_gspn_gpu_tunings_match_cpu(void **state) {
+    if (!have_gpu()) skip();
+    const Shape shapes[] = {{2, 13, 37, 64}, {1, 6, 5, 24}, {2, 3, 9, 3}, {1, 5, 150, 64}};
+    const Tols fp32 = {FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL};
+    const Tols bf16 = {BF16_YC_TOL, BF16_HIDDEN_TOL, BF16_GRAD_TOL, BF16_GRAD_TOL, BF16_DMERGE_TOL};
+    const int ntun = (int)(sizeof TUNINGS / sizeof TUNINGS[0]);
+    int fails = 0;
+    for (int dti = 0; dti < 2; dti++) {
+        const DType dt = dti ? DTYPE_BF16 : DTYPE_F32;
+        Ctx g = cuda_ctx_create(0, dt);
+        for (int i = 0; i < 4; i++)
+            for (int t = 1; t < ntun; t++)
+                fails += check_case(&g, &shapes[i], 0, dt, dti ? &bf16 : &fp32, 300 + 7 * i + t, t);
+        cuda_ctx_destroy(&g);
+    }
+    assert_int_equal(fails, 0);
+}
+
+// Two backward calls on the same inputs give bitwise the same gradients: no float atomics, all
+// reductions in a fixed order.
+static void test_gspn_gpu_backward_is_bitwise_deterministic(void **state) {
+    if (!have_gpu()) skip();
+    Ctx g = cuda_ctx_create(0, DTYPE_BF16);
+    const Shape s = {4, 19, 41, 64};
+    for (int shared_w = 0; shared_w < 2; shared_w++) {
+        const int G = gate_width(s.Cc, shared_w);
+        Tensor *xc = test_tensor(4, s.B, s.H, s.W, s.Cc), *gates = test_tensor(4, s.B, s.H, s.W, G);
+        Tensor *merge = test_tensor(1, DIRS), *dyc = test_like(xc);
+        Tensor *zx = test_like(xc), *zg = test_like(gates), *zm = test_like(merge);
+        test_fill(xc, 1, -1, 1);
+        test_fill(gates, 2, -2, 2);
+        test_fill(merge, 3, -1, 1);
+        test_fill(dyc, 4, -1, 1);
+        Tensor *gx = gpu_from(&g, xc, DTYPE_F32), *gg = gpu_from(&g, gates, DTYPE_F32);
+        Tensor *gm = gpu_from(&g, merge, DTYPE_F32), *gdy = gpu_from(&g, dyc, DTYPE_F32);
+        Tensor *gh = gpu_poisoned(5, (int[]){DIRS, s.B, s.H, s.W, s.Cc}, DTYPE_F32);
+        Tensor *gy = gpu_poisoned(4, xc->shape, DTYPE_F32);
+        cuda_gspn_scan_fwd(&g, gx, gg, gm, shared_w, gy, gh);
+        float *out[2][3];
+        for (int run = 0; run < 2; run++) {
+            Tensor *dx = gpu_from(&g, zx, DTYPE_F32), *dg = gpu_from(&g, zg, DTYPE_F32);
+            Tensor *dm = gpu_from(&g, zm, DTYPE_F32);
+            cuda_gspn_scan_bwd(&g, gdy, gx, gg, gm, shared_w, gh, dx, dg, dm);
+            out[run][0] = tensor_to_host_f32(&g, dx);
+            out[run][1] = tensor_to_host_f32(&g, dg);
+            out[run][2] = tensor_to_host_f32(&g, dm);
+            gpu_free(dx);
+            gpu_free(dg);
+            gpu_free(dm);
+        }
+        const size_t n[3] = {xc->numel, gates->numel, DIRS};
+        for (int k = 0; k < 3; k++) {
+            assert_memory_equal(out[0][k], out[1][k], n[k] * sizeof(float));
+            free(out[0][k]);
+            free(out[1][k]);
+        }
+        Tensor *cpu_all[] = {xc, gates, merge, dyc, zx, zg, zm};
+        for (size_t i = 0; i < sizeof cpu_all / sizeof cpu_all[0]; i++) test_free(cpu_all[i]);
+        Tensor *gpu_all[] = {gx, gg, gm, gdy, gh, gy};
+        for (size_t i = 0; i < sizeof gpu_all / sizeof gpu_all[0]; i++) gpu_free(gpu_all[i]);
+    }
+    cuda_ctx_destroy(&g);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gspn_gpu_fp32_per_channel_matches_cpu),
+        cmocka_unit_test(test_gspn_gpu_fp32_shared_w_matches_cpu),
+        cmocka_unit_test(test_gspn_gpu_bf16_per_channel_matches_cpu),
+        cmocka_unit_test(test_gspn_gpu_bf16_shared_w_matches_cpu),
+        cmocka_unit_test(test_gspn_gpu_latent_sizes_match_cpu),
+        cmocka_unit_test(test_gspn_gpu_tunings_match_cpu),
+        cmocka_unit_test(test_gspn_gpu_backward_is_bitwise_deterministic),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
