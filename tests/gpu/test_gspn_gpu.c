@@ -2,16 +2,7 @@
 // (kernels/cpu/gspn_scan.c): forward (yc, hidden) and backward (dxc, dgates, dmerge), fp32 and
 // bf16, per-channel and shared weights, on shapes that hit the edges of the kernels' tiling:
 // H != W, H = 1, W = 1, W not a multiple of 32, Cc in {1, 3, 64} (vector and scalar paths).
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-// cmocka.h defines test_free(ptr) as a macro, which breaks testlib.h's test_free(Tensor *).
-#undef test_free
-#include "../testlib.h"
-#include "../../kernels/ops.h"
-#include "../../kernels/cuda/cuda_common.h"
+#include "gpulib.h"
 
 enum { DIRS = 4 };
 
@@ -69,40 +60,11 @@ static const Shape SHAPES[] = {
 
 static int gate_width(int Cc, int shared_w) { return shared_w ? 4 * (2 * Cc + 3) : 20 * Cc; }
 
-static uint16_t f32_to_bf16(float f) {   // round to nearest even (inputs are finite)
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-// A GPU tensor of dtype dt with the CPU tensor's shape and values (rounded to bf16 if dt is).
-// For bf16 the CPU tensor is rounded in place, so both sides compute from the same inputs.
+// A GPU tensor of dtype dt with the CPU tensor's values; for bf16 the CPU tensor is rounded in
+// place first, so both sides compute from the same inputs.
 static Tensor *gpu_from(Ctx *ctx, Tensor *cpu, DType dt) {
-    Tensor *g = calloc(1, sizeof(Tensor));
-    tensor_set_shape(g, cpu->ndim, cpu->shape);
-    g->dtype = dt;
-    g->device = DEVICE_CUDA;
-    g->data = cuda_malloc(tensor_bytes(g));
-    float *p = tensor_f32(cpu);
-    if (dt == DTYPE_BF16) {
-        uint16_t *h = malloc(cpu->numel * sizeof(uint16_t) + 2);
-        for (size_t i = 0; i < cpu->numel; i++) {
-            h[i] = f32_to_bf16(p[i]);
-            p[i] = bf16_to_f32(h[i]);
-        }
-        tensor_upload(ctx, g, h);
-        free(h);
-    } else {
-        tensor_upload(ctx, g, p);
-    }
-    return g;
+    if (dt == DTYPE_BF16) gpu_test_round_to_bf16(cpu);
+    return gpu_test_upload(ctx, cpu, dt);
 }
 
 // An uninitialised GPU tensor filled with NaN bytes, so an element the kernel forgets shows.
@@ -117,12 +79,6 @@ static Tensor *gpu_poisoned(int ndim, const int *shape, DType dt) {
     return g;
 }
 
-static void gpu_free(Tensor *g) {
-    if (!g) return;
-    cuda_free(g->data);
-    free(g);
-}
-
 // Relative error of a GPU tensor against a CPU one; NaN anywhere fails.
 static double err_vs(Ctx *ctx, const Tensor *gpu, const Tensor *cpu) {
     float *h = tensor_to_host_f32(ctx, gpu);
@@ -132,8 +88,6 @@ static double err_vs(Ctx *ctx, const Tensor *gpu, const Tensor *cpu) {
     free(h);
     return e;
 }
-
-static int have_gpu(void) { return cuda_device_count() > 0; }
 
 typedef struct Tols {
     double yc, hidden, dxc, dgates, dmerge;
@@ -214,14 +168,14 @@ static int check_case(Ctx *g, const Shape *s, int shared_w, DType dt, const Tols
     printf("\n");
 
     Tensor *cpu_all[] = {xc, gates, merge, dyc, yc, hidden, dxc, dgates, dmerge};
-    for (size_t i = 0; i < sizeof cpu_all / sizeof cpu_all[0]; i++) test_free(cpu_all[i]);
+    for (size_t i = 0; i < sizeof cpu_all / sizeof cpu_all[0]; i++) test_tensor_free(cpu_all[i]);
     Tensor *gpu_all[] = {gx, gg, gm, gdy, gdx, gdg, gdm, gdx2, gdg2, gdm2, gy, gy2, gh};
-    for (size_t i = 0; i < sizeof gpu_all / sizeof gpu_all[0]; i++) gpu_free(gpu_all[i]);
+    for (size_t i = 0; i < sizeof gpu_all / sizeof gpu_all[0]; i++) gpu_test_free(gpu_all[i]);
     return fails;
 }
 
 static void run_all_shapes(int shared_w, DType dt) {
-    if (!have_gpu()) skip();
+    GPU_TEST_REQUIRE_DEVICE();
     const Tols fp32 = {FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL};
     const Tols bf16 = {BF16_YC_TOL, BF16_HIDDEN_TOL, BF16_GRAD_TOL, BF16_GRAD_TOL, BF16_DMERGE_TOL};
     Ctx g = cuda_ctx_create(0, dt);
@@ -245,7 +199,7 @@ static void test_gspn_gpu_bf16_shared_w_matches_cpu(void **state) { run_all_shap
 // Larger than the edge cases: the benchmark's latent block at 27x27 and a 74-lane line, where a
 // block's lanes exceed one warp many times and TB/LR blocks differ in size.
 static void test_gspn_gpu_latent_sizes_match_cpu(void **state) {
-    if (!have_gpu()) skip();
+    GPU_TEST_REQUIRE_DEVICE();
     const Shape big[] = {{2, 27, 27, 64}, {1, 74, 31, 64}};
     const Tols fp32 = {FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL};
     const Tols bf16 = {BF16_YC_TOL, BF16_HIDDEN_TOL, BF16_GRAD_TOL, BF16_GRAD_TOL, BF16_DMERGE_TOL};
@@ -263,7 +217,7 @@ static void test_gspn_gpu_latent_sizes_match_cpu(void **state) {
 
 // The other tunings (channels per block, load width) compute the same function.
 static void test_gspn_gpu_tunings_match_cpu(void **state) {
-    if (!have_gpu()) skip();
+    GPU_TEST_REQUIRE_DEVICE();
     const Shape shapes[] = {{2, 13, 37, 64}, {1, 6, 5, 24}, {2, 3, 9, 3}, {1, 5, 150, 64}};
     const Tols fp32 = {FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL};
     const Tols bf16 = {BF16_YC_TOL, BF16_HIDDEN_TOL, BF16_GRAD_TOL, BF16_GRAD_TOL, BF16_DMERGE_TOL};
@@ -283,7 +237,7 @@ static void test_gspn_gpu_tunings_match_cpu(void **state) {
 // Two backward calls on the same inputs give bitwise the same gradients: no float atomics, all
 // reductions in a fixed order.
 static void test_gspn_gpu_backward_is_bitwise_deterministic(void **state) {
-    if (!have_gpu()) skip();
+    GPU_TEST_REQUIRE_DEVICE();
     Ctx g = cuda_ctx_create(0, DTYPE_BF16);
     const Shape s = {4, 19, 41, 64};
     for (int shared_w = 0; shared_w < 2; shared_w++) {
@@ -308,9 +262,9 @@ static void test_gspn_gpu_backward_is_bitwise_deterministic(void **state) {
             out[run][0] = tensor_to_host_f32(&g, dx);
             out[run][1] = tensor_to_host_f32(&g, dg);
             out[run][2] = tensor_to_host_f32(&g, dm);
-            gpu_free(dx);
-            gpu_free(dg);
-            gpu_free(dm);
+            gpu_test_free(dx);
+            gpu_test_free(dg);
+            gpu_test_free(dm);
         }
         const size_t n[3] = {xc->numel, gates->numel, DIRS};
         for (int k = 0; k < 3; k++) {
@@ -319,9 +273,9 @@ static void test_gspn_gpu_backward_is_bitwise_deterministic(void **state) {
             free(out[1][k]);
         }
         Tensor *cpu_all[] = {xc, gates, merge, dyc, zx, zg, zm};
-        for (size_t i = 0; i < sizeof cpu_all / sizeof cpu_all[0]; i++) test_free(cpu_all[i]);
+        for (size_t i = 0; i < sizeof cpu_all / sizeof cpu_all[0]; i++) test_tensor_free(cpu_all[i]);
         Tensor *gpu_all[] = {gx, gg, gm, gdy, gh, gy};
-        for (size_t i = 0; i < sizeof gpu_all / sizeof gpu_all[0]; i++) gpu_free(gpu_all[i]);
+        for (size_t i = 0; i < sizeof gpu_all / sizeof gpu_all[0]; i++) gpu_test_free(gpu_all[i]);
     }
     cuda_ctx_destroy(&g);
 }
