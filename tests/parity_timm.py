@@ -61,7 +61,7 @@ def timm_reference(model, images, probe_norm, probe_logits):
     return {k: v.detach() for k, v in feats.items()}, grads
 
 
-def run_one(key, precision, device, workdir, cgspn):
+def run_model(key, precisions, device, workdir, cgspn):
     timm_name, cfg, batch, img = MODELS[key]
     torch.manual_seed(0)
     kwargs = {"pretrained": False}
@@ -94,6 +94,13 @@ def run_one(key, precision, device, workdir, cgspn):
 
     ref_feats, ref_grads = timm_reference(model, images, probe_norm, probe_logits)
 
+    ok = True
+    for precision in precisions:
+        ok &= compare(key, cfg, precision, device, workdir, cgspn, wpath, ipath, ref_feats, ref_grads)
+    return ok
+
+
+def compare(key, cfg, precision, device, workdir, cgspn, wpath, ipath, ref_feats, ref_grads):
     fpath = os.path.join(workdir, f"{key}_{precision}_feats.safetensors")
     gpath = os.path.join(workdir, f"{key}_{precision}_grads.safetensors")
     cmd = [cgspn, "features", cfg, "--weights", wpath, "--images", ipath, "--out", fpath,
@@ -132,8 +139,7 @@ def main():
     ok = True
     with tempfile.TemporaryDirectory() as work:
         for key in args.models.split(","):
-            for precision in args.precision.split(","):
-                ok &= run_one(key, precision, args.device, work, args.cgspn)
+            ok &= run_model(key, args.precision.split(","), args.device, work, args.cgspn)
     print("parity: PASSED" if ok else "parity: FAILED")
     sys.exit(0 if ok else 1)
 
