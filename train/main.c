@@ -1,5 +1,6 @@
 // cgspn: one binary, one command per job (DESIGN §1).
 #include "classify.h"
+#include "data_cmd.h"
 #include "../nn/error.h"
 
 typedef struct Command {
@@ -10,6 +11,7 @@ typedef struct Command {
 
 static const Command kCommands[] = {
     {"train", cmd_train, "classification training of a ViT, C-GSPN or hybrid encoder"},
+    {"data",  cmd_data,  "build, inspect, verify and benchmark image shards (cgspn data --help)"},
 };
 #define N_COMMANDS (int)(sizeof(kCommands) / sizeof(kCommands[0]))
 
