@@ -76,6 +76,12 @@ static void png_on_read(png_structp png, png_bytep out, png_size_t len) {
 
 static int decode_png(const uint8_t *data, size_t size, const char *name, int channels,
                       Image *out, int *warning, char *err, size_t n) {
+    // The IHDR chunk always comes first: check the size before libpng allocates anything.
+    if (size >= 24 && memcmp(data + 12, "IHDR", 4) == 0) {
+        uint64_t w = (uint64_t)data[16] << 24 | data[17] << 16 | data[18] << 8 | data[19];
+        uint64_t h = (uint64_t)data[20] << 24 | data[21] << 16 | data[22] << 8 | data[23];
+        if (check_dims(name, "PNG", w, h, err, n)) return -1;
+    }
     PngSrc src = {.data = data, .size = size};
     png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &src, png_on_error,
                                              png_on_warning);
@@ -104,7 +110,9 @@ static int decode_png(const uint8_t *data, size_t size, const char *name, int ch
     if (color == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
     if (color == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
     if (depth == 16) png_set_scale_16(png);
-    if (color & PNG_COLOR_MASK_ALPHA) png_set_strip_alpha(png);
+    // Palette expansion turns tRNS into an alpha channel: strip that too.
+    if ((color & PNG_COLOR_MASK_ALPHA) || png_get_valid(png, info, PNG_INFO_tRNS))
+        png_set_strip_alpha(png);
     png_set_interlace_handling(png);
     png_read_update_info(png, info);
     int have = png_get_channels(png, info);
