@@ -75,10 +75,23 @@ void aug_random_erase(float *img, int c, int h, int w, float prob, Rng *r) {
         int eh = (int)nearbyint(sqrt(target * aspect)), ew = (int)nearbyint(sqrt(target / aspect));
         if (ew < w && eh < h) {
             int top = randint(r, 0, h - eh), left = randint(r, 0, w - ew);
+            // Standard normals, two per Box-Muller draw (timm: torch normal_, per pixel).
+            float spare = 0;
+            int have = 0;
             for (int k = 0; k < c; k++)
                 for (int y = top; y < top + eh; y++) {
                     float *row = img + ((size_t)k * h + y) * w;
-                    for (int x = left; x < left + ew; x++) row[x] = rng_normal(r);
+                    for (int x = left; x < left + ew; x++) {
+                        if (have) {
+                            row[x] = spare, have = 0;
+                            continue;
+                        }
+                        float u1 = ((rng_u64(r) >> 40) + 1.0f) * (1.0f / 16777217.0f);   // (0, 1)
+                        float u2 = (rng_u64(r) >> 40) * (float)(2 * M_PI / 16777216.0);
+                        float rad = sqrtf(-2.0f * logf(u1)), sn, cs;
+                        sn = sinf(u2), cs = cosf(u2);
+                        row[x] = rad * cs, spare = rad * sn, have = 1;
+                    }
                 }
             return;
         }

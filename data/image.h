@@ -11,7 +11,9 @@
 #include <stdint.h>
 
 #define IMAGE_MAX_SIDE   65535           // wider or taller is a corrupt or hostile header
-#define IMAGE_MAX_PIXELS (1ull << 28)    // 268 Mpixel (768 MiB RGB); more is refused
+#ifndef IMAGE_MAX_PIXELS                 // (the fuzz build lowers it)
+#define IMAGE_MAX_PIXELS (1ull << 26)    // 67 Mpixel (192 MiB as RGB, per decoding thread)
+#endif
 
 typedef struct Image {
     uint8_t *pixels;   // (height, width, channels), malloc'd

@@ -115,29 +115,32 @@ static void enhance(RandAugOp op, uint8_t *img, int h, int w, int c, float f, ui
 static void affine(uint8_t *img, int h, int w, int c, const double m[6], const uint8_t *fill,
                    uint8_t *tmp) {
     memcpy(tmp, img, (size_t)h * w * c);
-    for (int y = 0; y < h; y++)
-        for (int x = 0; x < w; x++) {
-            double xo = x + 0.5, yo = y + 0.5;
-            double xi = m[0] * xo + m[1] * yo + m[2], yi = m[3] * xo + m[4] * yo + m[5];
-            uint8_t *out = img + ((size_t)y * w + x) * c;
-            if (xi < 0 || xi >= w || yi < 0 || yi >= h) {
+    const float a = (float)m[0], d = (float)m[3];
+    for (int y = 0; y < h; y++) {
+        // Input coordinates of this row's first pixel centre, then + (a, d) per pixel.
+        float xi = (float)(m[0] * 0.5 + m[1] * (y + 0.5) + m[2]);
+        float yi = (float)(m[3] * 0.5 + m[4] * (y + 0.5) + m[5]);
+        uint8_t *out = img + (size_t)y * w * c;
+        for (int x = 0; x < w; x++, xi += a, yi += d, out += c) {
+            if (!(xi >= 0 && xi < w && yi >= 0 && yi < h)) {
                 for (int k = 0; k < c; k++) out[k] = fill[k];
                 continue;
             }
-            double u = xi - 0.5, v = yi - 0.5;
-            int x0 = (int)floor(u), y0 = (int)floor(v);
-            double fx = u - x0, fy = v - y0;
+            float u = xi - 0.5f, v = yi - 0.5f;
+            int x0 = (int)floorf(u), y0 = (int)floorf(v);
+            float fx = u - x0, fy = v - y0;
             int x1 = x0 + 1, y1 = y0 + 1;
             x0 = x0 < 0 ? 0 : x0, y0 = y0 < 0 ? 0 : y0;
             x1 = x1 >= w ? w - 1 : x1, y1 = y1 >= h ? h - 1 : y1;
             const uint8_t *p00 = tmp + ((size_t)y0 * w + x0) * c, *p01 = tmp + ((size_t)y0 * w + x1) * c;
             const uint8_t *p10 = tmp + ((size_t)y1 * w + x0) * c, *p11 = tmp + ((size_t)y1 * w + x1) * c;
             for (int k = 0; k < c; k++) {
-                double top = p00[k] + fx * (p01[k] - p00[k]), bot = p10[k] + fx * (p11[k] - p10[k]);
-                double val = top + fy * (bot - top) + 0.5;
+                float top = p00[k] + fx * (p01[k] - p00[k]), bot = p10[k] + fx * (p11[k] - p10[k]);
+                float val = top + fy * (bot - top) + 0.5f;
                 out[k] = (uint8_t)(val >= 255 ? 255 : val);
             }
         }
+    }
 }
 
 void randaug_apply(RandAugOp op, uint8_t *img, int h, int w, int c, float level, int inc,

@@ -67,8 +67,13 @@ static int coeffs(int in_size, float in0, float len, int out_size, ResizeFilter 
 void resize_crop_u8(const uint8_t *src, int sh, int sw, int c, float x0, float y0, float cw,
                     float ch, uint8_t *dst, int dh, int dw, ResizeFilter filter,
                     ResizeScratch *s) {
-    if (x0 == 0 && y0 == 0 && cw == (float)sw && ch == (float)sh && dw == sw && dh == sh) {
-        memcpy(dst, src, (size_t)sh * sw * c);   // identity
+    // A same-size crop at whole-pixel offsets is a copy (the filter is 1 at each source pixel
+    // and 0 at its neighbours): the eval path when the stored size is img_size / crop_pct.
+    if (cw == (float)dw && ch == (float)dh && x0 == floorf(x0) && y0 == floorf(y0) && x0 >= 0 &&
+        y0 >= 0 && (int)x0 + dw <= sw && (int)y0 + dh <= sh) {
+        for (int y = 0; y < dh; y++)
+            memcpy(dst + (size_t)y * dw * c, src + ((size_t)((int)y0 + y) * sw + (int)x0) * c,
+                   (size_t)dw * c);
         return;
     }
     int kx = coeffs(sw, x0, cw, dw, filter, &s->ix, &s->ix_cap, &s->wx, &s->wx_cap);

@@ -17,6 +17,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -143,21 +144,29 @@ static int take_flag(int *argc, char **argv, const char *name, const char **valu
     return 0;
 }
 
-// Images per second of `steps` batches after `warm` warm-up batches.
-static double measure(LoaderOptions *o, int threads, int steps, int warm) {
+static double cpu_seconds(void) {
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// Images per second of `steps` batches after `warm` warm-up batches, and the CPU time spent
+// per image (all threads; a measure that holds when other work shares the machine).
+static double measure(LoaderOptions *o, int threads, int steps, int warm, double *cpu_ms) {
     o->threads = threads;
     char err[2048];
     Loader *l = loader_open(o, err, sizeof err);
     if (!l) CG_FAIL("", "%s", err);
     long images = 0;
-    double t0 = 0;
+    double t0 = 0, c0 = 0;
     for (int s = 0; s < warm + steps; s++) {
-        if (s == warm) t0 = now_seconds();
+        if (s == warm) t0 = now_seconds(), c0 = cpu_seconds();
         const Batch *b = loader_next(l, err, sizeof err);
         if (!b) CG_FAIL("", "%s", err);
         if (s >= warm) images += b->count;
     }
     double rate = images / (now_seconds() - t0);
+    *cpu_ms = 1e3 * (cpu_seconds() - c0) / images;   // includes the prefetch of up to R batches
     loader_close(l);
     return rate;
 }
@@ -243,15 +252,18 @@ int data_bench_main(int argc, char **argv) {
            o.reprob, o.mix.mixup_alpha, o.mix.cutmix_alpha, steps);
     for (int i = 0; i < nt; i++) {
         CG_CHECK(threads[i] >= 1, "--threads-list 1,2,4", "thread counts must be >= 1");
-        double rate = measure(&o, threads[i], steps, 2);
-        printf("bench data train %3d threads: %8.0f img/s  (%6.0f img/s per thread)\n",
-               threads[i], rate, rate / threads[i]);
+        double cpu;
+        double rate = measure(&o, threads[i], steps, 2, &cpu);
+        printf("bench data train %3d threads: %8.0f img/s  (%6.0f img/s per thread; %.2f ms CPU "
+               "per image)\n", threads[i], rate, rate / threads[i], cpu);
     }
     LoaderOptions e = o;
     e.train = 0;
-    double rate = measure(&e, threads[nt - 1], steps, 2);
-    printf("bench data eval  %3d threads: %8.0f img/s  (%6.0f img/s per thread; resize + centre "
-           "crop %g)\n", threads[nt - 1], rate, rate / threads[nt - 1], e.eval_crop_pct);
+    double cpu;
+    double rate = measure(&e, threads[nt - 1], steps, 2, &cpu);
+    printf("bench data eval  %3d threads: %8.0f img/s  (%6.0f img/s per thread; %.2f ms CPU per "
+           "image; resize + centre crop %g)\n", threads[nt - 1], rate, rate / threads[nt - 1], cpu,
+           e.eval_crop_pct);
     if (synthetic) nftw(tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     return 0;
 }
