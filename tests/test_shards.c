@@ -12,6 +12,7 @@
 #include <dirent.h>
 #include <png.h>
 #include <sys/stat.h>
+#include <turbojpeg.h>
 #include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
@@ -494,6 +495,28 @@ static void test_jpeg_quality_100_decodes_within_tolerance_gray_and_rgb(void **s
     }
 }
 
+// CMYK JPEGs (Adobe, inverted ink as Photoshop writes them): R = C' K' / 255, as PIL converts.
+static void test_cmyk_jpeg_decodes_to_rgb_by_the_adobe_convention(void **state) {
+    (void)state;
+    enum { H = 16, W = 16 };
+    uint8_t cmyk[H * W * 4];
+    for (int i = 0; i < H * W; i++)   // flat colour: no DCT error to speak of
+        cmyk[4 * i] = 200, cmyk[4 * i + 1] = 100, cmyk[4 * i + 2] = 50, cmyk[4 * i + 3] = 180;
+    tjhandle tj = tjInitCompress();
+    unsigned char *jpg = NULL;
+    unsigned long size = 0;
+    assert_int_equal(tjCompress2(tj, cmyk, W, 0, H, TJPF_CMYK, &jpg, &size, TJSAMP_444, 100, 0), 0);
+    tjDestroy(tj);
+    Image im;
+    char err[1024];
+    if (image_decode(jpg, size, "cmyk.jpg", 3, 0, &im, NULL, err, sizeof err)) fail_msg("%s", err);
+    int want[3] = {200 * 180 / 255, 100 * 180 / 255, 50 * 180 / 255};
+    for (int i = 0; i < H * W; i++)
+        for (int k = 0; k < 3; k++) assert_true(abs(im.pixels[3 * i + k] - want[k]) <= 2);
+    image_free(&im);
+    tjFree(jpg);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bad input
 
@@ -764,6 +787,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_idx_build_matches_fashion_mnist_pixels_and_labels, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_png_color_types_bit_depths_palette_and_interlace_decode_exactly, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_jpeg_quality_100_decodes_within_tolerance_gray_and_rgb, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_cmyk_jpeg_decodes_to_rgb_by_the_adobe_convention, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_bad_images_give_errors_naming_the_file, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_damaged_shards_are_rejected_with_file_and_record_named, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_unfinished_writer_leaves_only_a_tmp_file_that_readers_reject, setup_dir, teardown_dir),
