@@ -103,7 +103,8 @@ static const char *folder_name(void *ctx, uint64_t i) { return ((FolderCtx *)ctx
 int build_source_imagefolder(BuildSource *src, const char *root, char *err, size_t n) {
     memset(src, 0, sizeof *src);
     struct stat st;
-    if (stat(root, &st) != 0) return data_fail(err, n, "%s: %s", root, strerror(errno));
+    if (stat(root, &st) != 0)
+        return data_fail(err, n, "%s: cannot read the ImageFolder root: %s", root, strerror(errno));
     if (!S_ISDIR(st.st_mode))
         return data_fail(err, n, "%s: not a folder; expected ROOT/CLASS/*.jpg (ImageFolder)", root);
     int cnt;

@@ -303,10 +303,11 @@ static int check_options(const LoaderOptions *o, char *err, size_t n) {
         return data_fail(err, n, "loader: hflip %g, reprob %g, mixup_prob %g, mixup_switch_prob "
                          "%g; probabilities must be in [0, 1]", o->hflip, o->reprob, o->mix.prob,
                          o->mix.switch_prob);
-    if (o->randaug_n < 0 || o->randaug_n > 64 || !(o->randaug_m >= 0 && o->randaug_m <= 10) ||
+    // m above 10 is allowed as in timm: each drawn magnitude is clipped to [0, 10].
+    if (o->randaug_n < 0 || o->randaug_n > 64 || !(o->randaug_m >= 0 && o->randaug_m <= 100) ||
         !(o->randaug_mstd >= 0))
         return data_fail(err, n, "loader: randaug_n %d, randaug_m %g, randaug_mstd %g; expected "
-                         "n in 0..64, m in [0, 10], mstd >= 0", o->randaug_n, o->randaug_m,
+                         "n in 0..64, m in [0, 100], mstd >= 0", o->randaug_n, o->randaug_m,
                          o->randaug_mstd);
     if (!(o->mix.mixup_alpha >= 0) || !(o->mix.cutmix_alpha >= 0) ||
         !(o->mix.label_smoothing >= 0 && o->mix.label_smoothing < 1))

@@ -45,7 +45,7 @@ X(float,  rrc_ratio_min,    0.75f,     "random-resized-crop: smallest aspect rat
 X(float,  rrc_ratio_max,    1.3333334f, "random-resized-crop: largest aspect ratio")
 X(float,  hflip,            0.5f,      "probability of a horizontal flip")
 X(int,    randaug_n,        0,         "RandAugment ops per image (timm rand-n); 0 = off")
-X(float,  randaug_m,        9.0f,      "RandAugment magnitude, 0..10 (timm rand-m)")
+X(float,  randaug_m,        9.0f,      "RandAugment magnitude on timm's 0..10 scale (timm rand-m); draws are clipped to 10")
 X(float,  randaug_mstd,     0.5f,      "RandAugment magnitude noise std (timm mstd)")
 X(bool,   randaug_inc,      1,         "RandAugment uses timm's increasing op variants (inc1)")
 X(float,  reprob,           0.0f,      "random erasing probability per image (timm reprob)")
