@@ -1,5 +1,6 @@
 # cgspn — see README.md. `make` builds ./cgspn; `make test` runs the CMocka suite (CI);
 # `make demo` runs the Fashion-MNIST pipeline; `make test-gpu` / `make bench` need a GPU.
+SHELL   := /bin/bash
 CC      ?= gcc
 CFLAGS  ?= -O3
 CFLAGS  += -std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -fopenmp -Wall -Wextra \
@@ -43,10 +44,18 @@ CFLAGS    += -DCGSPN_CUDA -I$(CUDA_HOME)/include
 OBJ       += $(SRC_CU:%.cu=$(BUILD)/%.o)
 LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas
 ifeq ($(HAVE_CUDNN),1)
-LDLIBS    += -lcudnn
+CUDNN_LIBS ?= -lcudnn
+NVCCFLAGS += -DCGSPN_HAVE_CUDNN $(CUDNN_CFLAGS)
+LDLIBS    += $(CUDNN_LIBS)
 endif
 LINK      := $(NVCC) $(CUDA_ARCH) -Xcompiler -fopenmp
 LINKFLAGS := -Xlinker -rpath,$(CUDA_HOME)/lib64
+# dispatch.c reaches the CUDA kernels only through weak references, and a weak reference does
+# not pull a member out of an archive: every link names the CUDA objects itself.
+CUDA_OBJ  := $(SRC_CU:%.cu=$(BUILD)/%.o)
+# nvcc links, and takes a linker option as -Xlinker, not -Wl, (CMocka's rpath, tools/probe.sh).
+comma     := ,
+CMOCKA_LIBS := $(subst -Wl$(comma),-Xlinker ,$(CMOCKA_LIBS))
 else
 LINK      := $(CC) -fopenmp
 LINKFLAGS :=
@@ -70,7 +79,7 @@ $(LIB): $(OBJ)
 	ar rcs $@ $^
 
 cgspn: $(MAIN_O) $(LIB)
-	$(LINK) $(LINKFLAGS) -o $@ $(MAIN_O) $(LIB) $(LDLIBS)
+	$(LINK) $(LINKFLAGS) -o $@ $(MAIN_O) $(CUDA_OBJ) $(LIB) $(LDLIBS)
 
 $(BUILD)/%.o: %.c $(BUILD)/config.mk
 	@mkdir -p $(dir $@)
@@ -83,16 +92,48 @@ $(BUILD)/%.o: %.cu $(BUILD)/config.mk
 $(BUILD)/tests/gpu/%: tests/gpu/%.c tests/testlib.h $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CMOCKA_CFLAGS) -c $< -o $@.o
-	$(LINK) $(LINKFLAGS) -o $@ $@.o $(LIB) $(CMOCKA_LIBS) $(LDLIBS)
+	$(LINK) $(LINKFLAGS) -o $@ $@.o $(CUDA_OBJ) $(LIB) $(CMOCKA_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c tests/testlib.h $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CMOCKA_CFLAGS) -c $< -o $@.o
-	$(LINK) $(LINKFLAGS) -o $@ $@.o $(LIB) $(CMOCKA_LIBS) $(LDLIBS)
+	$(LINK) $(LINKFLAGS) -o $@ $@.o $(CUDA_OBJ) $(LIB) $(CMOCKA_LIBS) $(LDLIBS)
+
+# libcgspn.so: the C-GSPN scan behind the stable C ABI of kernels/cgspn.h (tools/cgspn_torch.py
+# loads it). Only the objects the ABI needs, compiled position-independent into build/pic/ with
+# every symbol hidden but the cgspn_* functions; the CUDA context and scan kernel join when CUDA
+# is on. --no-undefined makes a missing object a link error here rather than at load time.
+PIC_DIR    := $(BUILD)/pic
+LIBSO_C    := kernels/cgspn_abi.c kernels/cpu/gspn_scan.c nn/error.c nn/tensor.c
+LIBSO_OBJ  := $(LIBSO_C:%.c=$(PIC_DIR)/%.o)
+LIBSO_LIBS := -lm
+ifeq ($(CUDA_ON),1)
+LIBSO_CU   := $(filter kernels/cuda/cuda_ctx.cu kernels/cuda/gspn_scan%.cu,$(SRC_CU))
+LIBSO_OBJ  += $(LIBSO_CU:%.cu=$(PIC_DIR)/%.o)
+LIBSO_LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
+endif
+
+.PHONY: lib clean-lib
+lib: libcgspn.so
+
+libcgspn.so: $(LIBSO_OBJ)
+	$(CC) -shared -fopenmp -Wl,--no-undefined -o $@ $^ $(LIBSO_LIBS)
+
+$(PIC_DIR)/%.o: %.c $(BUILD)/config.mk
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -fvisibility=hidden -c $< -o $@
+
+$(PIC_DIR)/%.o: %.cu $(BUILD)/config.mk
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden -c $< -o $@
+
+clean: clean-lib
+clean-lib:
+	rm -f libcgspn.so
 
 # Every CPU test binary runs, even after a failure; the target fails if any did.
 test: deps
-	@$(MAKE) --no-print-directory $(TEST_BINS) cgspn
+	@$(MAKE) --no-print-directory $(TEST_BINS) cgspn lib
 	@fail=0; for t in $(TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
 	 if [ $$fail -ne 0 ]; then echo "make test: FAILED"; exit 1; fi; echo "make test: all passed"
 
@@ -101,9 +142,21 @@ test-gpu:
 ifneq ($(CUDA_ON),1)
 	@echo "make test-gpu: no working nvcc found (see build/config.mk)"; exit 1
 else
-	@$(MAKE) --no-print-directory $(GPU_TEST_BINS) cgspn
+	@$(MAKE) --no-print-directory $(GPU_TEST_BINS) cgspn lib
 	@fail=0; for t in $(GPU_TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
+	 echo "== tests/gpu/test_torch_wrapper.py (libcgspn.so through PyTorch)"; \
+	 python3 tests/gpu/test_torch_wrapper.py || fail=1; \
 	 if [ $$fail -ne 0 ]; then echo "make test-gpu: FAILED"; exit 1; fi; echo "make test-gpu: all passed"
+endif
+
+# Every benchmark on the GPU; the output (device and date first) is kept in build/bench.txt,
+# and tools/readme_bench.py copies it into README.md as produced.
+bench:
+ifneq ($(CUDA_ON),1)
+	@echo "make bench: no working nvcc found (see build/config.mk)"; exit 1
+else
+	@$(MAKE) --no-print-directory cgspn
+	set -o pipefail; ./cgspn bench all 2>&1 | tee $(BUILD)/bench.txt
 endif
 
 demo: deps cgspn

@@ -12,16 +12,6 @@
 
 #define IDX_CHUNK (64u << 20)   // bytes per gzread call, and the first buffer size
 
-__attribute__((format(printf, 3, 4)))
-static int fail(char *err, size_t n, const char *fmt, ...) {
-    if (err && n) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, n, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 // zlib's message for the last error on g, without the "path: " prefix zlib adds.
 static const char *gz_message(gzFile g, const char *path) {
@@ -49,9 +39,9 @@ static int read_bytes(gzFile g, const char *path, void *buf, size_t want, size_t
                 break;
             }
             if (code == Z_DATA_ERROR)
-                return fail(err, n, "%s: corrupt gzip data (%s); expected a valid .gz or a "
+                return cg_set_error(err, n, "%s: corrupt gzip data (%s); expected a valid .gz or a "
                             "plain IDX file", path, gz_message(g, path));
-            return fail(err, n, "%s: read error: %s", path, gz_message(g, path));
+            return cg_set_error(err, n, "%s: read error: %s", path, gz_message(g, path));
         }
         if (r == 0) break;
         *got += (size_t)r;
@@ -75,7 +65,7 @@ static int idx_read(const char *path, uint32_t magic, int ndim, uint32_t *dims, 
     *data = NULL;
     errno = 0;
     gzFile g = gzopen(path, "rb");
-    if (!g) return fail(err, n, "%s: cannot open: %s", path, errno ? strerror(errno) : "out of memory");
+    if (!g) return cg_set_error(err, n, "%s: cannot open: %s", path, errno ? strerror(errno) : "out of memory");
     gzbuffer(g, 1u << 20);
 
     uint8_t h[16];
@@ -84,7 +74,7 @@ static int idx_read(const char *path, uint32_t magic, int ndim, uint32_t *dims, 
     int rc = -1;
     if (read_bytes(g, path, h, header, &got, err, n)) goto done;
     if (got == 0) {
-        fail(err, n, "%s: empty file; expected an %s (%zu-byte header, magic 0x%08x, then data)",
+        cg_set_error(err, n, "%s: empty file; expected an %s (%zu-byte header, magic 0x%08x, then data)",
              path, kind, header, magic);
         goto done;
     }
@@ -97,15 +87,15 @@ static int idx_read(const char *path, uint32_t magic, int ndim, uint32_t *dims, 
             : m == bswap32(magic) ? "\n  hint: the header is little-endian; IDX is big-endian"
             : "";
         if (got < 4)
-            fail(err, n, "%s: only %zu bytes; expected an %s starting with magic 0x%08x",
+            cg_set_error(err, n, "%s: only %zu bytes; expected an %s starting with magic 0x%08x",
                  path, got, kind, magic);
         else
-            fail(err, n, "%s: magic number 0x%08x; expected 0x%08x (%s: uint8 data, %d dim%s)%s",
+            cg_set_error(err, n, "%s: magic number 0x%08x; expected 0x%08x (%s: uint8 data, %d dim%s)%s",
                  path, m, magic, kind, ndim, ndim == 1 ? "" : "s", hint);
         goto done;
     }
     if (got < header) {
-        fail(err, n, "%s: truncated header: %zu of %zu bytes", path, got, header);
+        cg_set_error(err, n, "%s: truncated header: %zu of %zu bytes", path, got, header);
         goto done;
     }
     size_t bytes = 1;
@@ -114,11 +104,11 @@ static int idx_read(const char *path, uint32_t magic, int ndim, uint32_t *dims, 
         uint32_t lo = d == 0 ? 0 : 1, hi = d == 0 ? IDX_MAX_COUNT : IDX_MAX_SIDE;
         if (dims[d] < lo || dims[d] > hi) {
             if (ndim == 3)
-                fail(err, n, "%s: header says %u images of %u x %u pixels; expected at most %d "
+                cg_set_error(err, n, "%s: header says %u images of %u x %u pixels; expected at most %d "
                      "images of 1..%d x 1..%d pixels (corrupt header?)", path, dims[0], dims[1],
                      dims[2], IDX_MAX_COUNT, IDX_MAX_SIDE, IDX_MAX_SIDE);
             else
-                fail(err, n, "%s: header says %u labels; expected at most %d (corrupt header?)",
+                cg_set_error(err, n, "%s: header says %u labels; expected at most %d (corrupt header?)",
                      path, dims[0], IDX_MAX_COUNT);
             goto done;
         }
@@ -137,10 +127,10 @@ static int idx_read(const char *path, uint32_t magic, int ndim, uint32_t *dims, 
     }
     if (have < bytes) {
         if (ndim == 3)
-            fail(err, n, "%s: truncated: %zu of the %zu pixel bytes the header promises "
+            cg_set_error(err, n, "%s: truncated: %zu of the %zu pixel bytes the header promises "
                  "(%u images of %u x %u) are present", path, have, bytes, dims[0], dims[1], dims[2]);
         else
-            fail(err, n, "%s: truncated: %zu of the %zu labels the header promises are present",
+            cg_set_error(err, n, "%s: truncated: %zu of the %zu labels the header promises are present",
                  path, have, bytes);
         goto done;
     }
@@ -148,7 +138,7 @@ static int idx_read(const char *path, uint32_t magic, int ndim, uint32_t *dims, 
     uint8_t extra;
     if (read_bytes(g, path, &extra, 1, &got, err, n)) goto done;
     if (got) {
-        fail(err, n, "%s: longer than its header says: data continues past the %zu bytes "
+        cg_set_error(err, n, "%s: longer than its header says: data continues past the %zu bytes "
              "promised (%u %s); expected the file to end there", path, bytes, dims[0],
              ndim == 3 ? "images" : "labels");
         goto done;
@@ -157,7 +147,7 @@ static int idx_read(const char *path, uint32_t magic, int ndim, uint32_t *dims, 
 done:
     if (g) {
         int zc = gzclose(g);
-        if (rc == 0 && zc != Z_OK) rc = fail(err, n, "%s: gzclose failed (code %d)", path, zc);
+        if (rc == 0 && zc != Z_OK) rc = cg_set_error(err, n, "%s: gzclose failed (code %d)", path, zc);
     }
     if (rc == 0) *data = buf;
     else free(buf);
@@ -219,7 +209,7 @@ int fmnist_load(const char *dir, int train, FmnistSplit *out, char *err, size_t 
     for (int k = 0; k < 2; k++) {
         const char *p = k == 0 ? ipath : lpath;
         if (access(p, R_OK) != 0)
-            return fail(err, n, "%s: cannot open: %s\n  hint: install Debian's "
+            return cg_set_error(err, n, "%s: cannot open: %s\n  hint: install Debian's "
                         "dataset-fashion-mnist, or set data_dir to a folder holding the "
                         "Fashion-MNIST IDX files", p, strerror(errno));
     }
@@ -230,14 +220,14 @@ int fmnist_load(const char *dir, int train, FmnistSplit *out, char *err, size_t 
     }
     int rc = 0;
     if (out->images.count != out->labels.count)
-        rc = fail(err, n, "%s has %d images but %s has %d labels; expected the same count "
+        rc = cg_set_error(err, n, "%s has %d images but %s has %d labels; expected the same count "
                   "(files from different splits or releases?)", ipath, out->images.count,
                   lpath, out->labels.count);
     else if (out->images.count == 0)
-        rc = fail(err, n, "%s: no images; expected the %s split of Fashion-MNIST", ipath, split);
+        rc = cg_set_error(err, n, "%s: no images; expected the %s split of Fashion-MNIST", ipath, split);
     for (int i = 0; rc == 0 && i < out->labels.count; i++)
         if (out->labels.labels[i] >= FMNIST_CLASSES)
-            rc = fail(err, n, "%s: label %d at index %d; expected 0..%d (Fashion-MNIST has %d "
+            rc = cg_set_error(err, n, "%s: label %d at index %d; expected 0..%d (Fashion-MNIST has %d "
                       "classes)", lpath, out->labels.labels[i], i, FMNIST_CLASSES - 1,
                       FMNIST_CLASSES);
     if (rc) fmnist_free(out);

@@ -17,6 +17,9 @@ OP_WEAK(layer_scale_fwd)
 OP_WEAK(layer_scale_bwd)
 OP_WEAK(linear_fwd)
 OP_WEAK(linear_bwd)
+OP_WEAK(linear_gelu_fwd)
+OP_WEAK(linear_gelu_bwd)
+OP_WEAK(linear_dgelu_bwd)
 OP_WEAK(layernorm_fwd)
 OP_WEAK(layernorm_bwd)
 OP_WEAK(gelu_fwd)
@@ -88,6 +91,18 @@ void op_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, 
 void op_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
                    Tensor *dx, Tensor *dw, Tensor *db) {
     ROUTE(linear_bwd, ctx, dy, x, w, dx, dw, db);
+}
+void op_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *pre,
+                        Tensor *y) {
+    ROUTE(linear_gelu_fwd, ctx, x, w, b, pre, y);
+}
+void op_linear_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+                        const Tensor *pre, Tensor *dx, Tensor *dw, Tensor *db) {
+    ROUTE(linear_gelu_bwd, ctx, dy, x, w, pre, dx, dw, db);
+}
+void op_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
+                         const Tensor *pre, Tensor *dpre, Tensor *dw, Tensor *db) {
+    ROUTE(linear_dgelu_bwd, ctx, dy, h, w, pre, dpre, dw, db);
 }
 void op_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
                       Tensor *y, Tensor *mean, Tensor *rstd) {
@@ -211,21 +226,6 @@ void tensor_download(Ctx *ctx, const Tensor *t, void *host) {
     if (t->device == DEVICE_CUDA) { cuda_tensor_download(ctx, t, host); return; }
 #endif
     memcpy(host, t->data, tensor_bytes(t));
-}
-
-uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7f800000u) == 0x7f800000u) return (uint16_t)(u >> 16 | ((u & 0xffff) ? 0x40 : 0));
-    u += 0x7fff + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
-
-float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
 }
 
 void tensor_upload_f32(Ctx *ctx, Tensor *t, const float *host) {

@@ -53,6 +53,21 @@ OP_DECL(linear_fwd, Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
 // dx (N,K) += dy w; dw (M,K) += dy^T x; db (M) += sum_n dy
 OP_DECL(linear_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
         Tensor *dx, Tensor *dw, Tensor *db)
+// Linear then GELU, tanh approximation only (GELU_TANH: the GELU cuBLASLt's fused epilogue
+// computes; an erf-GELU model uses linear + gelu): pre (N,M) = x w^T + b, y = gelu_tanh(pre).
+// pre may be NULL when no backward follows.
+OP_DECL(linear_gelu_fwd, Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
+        Tensor *pre, Tensor *y)
+// With dpre = dy * gelu_tanh'(pre): dx (N,K) += dpre w; dw += dpre^T x; db += sum_n dpre
+OP_DECL(linear_gelu_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+        const Tensor *pre, Tensor *dx, Tensor *dw, Tensor *db)
+// Backward of a linear y = h w^T + b whose input is h = gelu_tanh(pre) (an MLP's fc2 after
+// linear_gelu_fwd's fc1), with the GELU's backward fused into the dx product:
+//   dpre (N,K) = (dy w) * gelu_tanh'(pre), WRITTEN, not accumulated: the one exception to the
+//   rule above, since pre feeds only the GELU and nothing else adds to its gradient;
+//   dw (M,K) += dy^T h; db += sum_n dy. h, pre, dpre (N,K), dy (N,M).
+OP_DECL(linear_dgelu_bwd, Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
+        const Tensor *pre, Tensor *dpre, Tensor *dw, Tensor *db)
 
 // ---- normalization and activations ------------------------------------------------------------
 // LayerNorm over the last dim. x (N,C), w, b (C) -> y (N,C); saves mean, rstd (N) fp32.
@@ -159,9 +174,7 @@ void tensor_upload(Ctx *ctx, Tensor *t, const void *host);
 void tensor_download(Ctx *ctx, const Tensor *t, void *host);
 // Uploads fp32 host values into a tensor of any dtype (rounding to bf16 when needed).
 void tensor_upload_f32(Ctx *ctx, Tensor *t, const float *host);
-// fp32 <-> bf16 with round-to-nearest-even.
-uint16_t f32_to_bf16(float f);
-float bf16_to_f32(uint16_t h);
+
 // A host fp32 copy of any tensor (converts bf16); caller frees.
 float *tensor_to_host_f32(Ctx *ctx, const Tensor *t);
 

@@ -23,9 +23,9 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
     CG_CHECK(vit || !cfg->class_token, "set class_token = 0 for C-GSPN and hybrid encoders",
              "C-GSPN propagation runs on the token grid and has no class token");
 
-    // PyTorch's Conv2d default init (fan-in uniform) for the patch projection, as in timm.
-    e->patch_embed.w = params_add(t, "patch_embed.proj.weight", 2,
-                                  (int[]){C, cfg->in_chans * cfg->patch * cfg->patch},
+    // PyTorch's Conv2d layout (D, Cin, p, p) and default init (fan-in uniform), as in timm.
+    e->patch_embed.w = params_add(t, "patch_embed.proj.weight", 4,
+                                  (int[]){C, cfg->in_chans, cfg->patch, cfg->patch},
                                   INIT_FAN_IN_UNIFORM, 0, true);
     e->patch_embed.b = params_add(t, "patch_embed.proj.bias", 1, (int[]){C}, INIT_FAN_IN_UNIFORM,
                                   (float)(cfg->in_chans * cfg->patch * cfg->patch), false);

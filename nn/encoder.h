@@ -36,7 +36,7 @@ typedef struct Block {
 typedef struct Encoder {
     EncoderConfig cfg;
     int grid_h, grid_w, prefix;   // token grid and number of prefix (class) tokens
-    Linear patch_embed;           // (width, in_chans*patch*patch) = conv weight flattened
+    Linear patch_embed;           // w (width, in_chans, patch, patch): PyTorch's conv weight
     Tensor *cls_token;            // (1, width) or NULL
     Tensor *pos_embed;            // (prefix + grid_h*grid_w, width) or NULL
     Block blocks[ENCODER_MAX_DEPTH];

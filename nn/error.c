@@ -1,7 +1,27 @@
 #include "error.h"
 #include <stdarg.h>
 
+static _Thread_local CgTrap *cg_trap;
+
+CgTrap *cg_trap_set(CgTrap *trap) {
+    CgTrap *previous = cg_trap;
+    cg_trap = trap;
+    return previous;
+}
+
 void cg_fail(const char *file, int line, const char *hint, const char *fmt, ...) {
+    if (cg_trap) {
+        CgTrap *trap = cg_trap;
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(trap->message, sizeof trap->message, fmt, ap);
+        va_end(ap);
+        const size_t room = sizeof trap->message;
+        const size_t used = n < 0 ? 0 : (size_t)n < room ? (size_t)n : room - 1;
+        if (hint && hint[0])
+            snprintf(trap->message + used, room - used, " (hint: %s)", hint);
+        longjmp(trap->env, 1);
+    }
     fflush(stdout);
     fprintf(stderr, "cgspn: ");
     va_list ap;
@@ -12,6 +32,16 @@ void cg_fail(const char *file, int line, const char *hint, const char *fmt, ...)
     if (hint && hint[0]) fprintf(stderr, "  hint: %s\n", hint);
     if (getenv("CGSPN_DEBUG")) fprintf(stderr, "  (raised at %s:%d)\n", file, line);
     exit(1);
+}
+
+int cg_set_error(char *err, size_t n, const char *fmt, ...) {
+    if (err && n) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, n, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
 }
 
 void *cg_malloc(size_t bytes) {

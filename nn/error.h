@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
+#include <setjmp.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -13,6 +14,16 @@ extern "C" {
 void cg_fail(const char *file, int line, const char *hint, const char *fmt, ...)
     __attribute__((noreturn, format(printf, 4, 5)));
 
+// Library use (kernels/cgspn_abi.c): a thread that installs a trap gets a longjmp to trap->env
+// with the message in trap->message instead of the process exiting. Only for code that holds
+// no locks and whose frames can be abandoned (memory they allocated leaks).
+typedef struct CgTrap {
+    jmp_buf env;
+    char message[512];
+} CgTrap;
+// Installs trap for the calling thread (NULL removes it); returns the one it replaces.
+CgTrap *cg_trap_set(CgTrap *trap);
+
 #define CG_FAIL(hint, ...) cg_fail(__FILE__, __LINE__, hint, __VA_ARGS__)
 
 // Checks a user-facing condition (never compiled out, unlike assert).
@@ -21,6 +32,10 @@ void cg_fail(const char *file, int line, const char *hint, const char *fmt, ...)
 // Checks a libc call that returns NULL / nonzero on failure and sets errno.
 #define CG_CHECK_ERRNO(cond, what) \
     do { if (!(cond)) CG_FAIL("", "%s: %s", what, strerror(errno)); } while (0)
+
+// For the *_err variants of loaders (tests check messages without exiting): writes the
+// message into err (when err is non-NULL) and returns -1.
+int cg_set_error(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 void *cg_malloc(size_t bytes);                 // exits with a message on failure
 void *cg_calloc(size_t n, size_t size);

@@ -111,9 +111,9 @@ Tensor *nn_patch_embed(Tape *t, Tensor *img, Tensor *w, Tensor *b, int patch) {
     int B = img->shape[0], Cin = img->shape[1], Hi = img->shape[2], Wi = img->shape[3];
     CG_CHECK(Hi % patch == 0 && Wi % patch == 0, "set img_size to a multiple of patch",
              "image %dx%d is not divisible by patch %d", Hi, Wi, patch);
-    CG_CHECK(w->shape[1] == Cin * patch * patch, "check in_chans and patch",
-             "patch embed weight expects %d inputs, images give %d x %d x %d", w->shape[1], Cin,
-             patch, patch);
+    CG_CHECK(w->numel == (size_t)w->shape[0] * Cin * patch * patch, "check in_chans and patch",
+             "patch embed weight has %zu elements, images need %d x %d x %d x %d", w->numel,
+             w->shape[0], Cin, patch, patch);
     int H = Hi / patch, W = Wi / patch, D = w->shape[0];
     Tensor *cols = tape_tensor(t, 2, (int[]){B * H * W, Cin * patch * patch}, false);
     Tensor *y = tape_tensor(t, 4, (int[]){B, H, W, D}, false);

@@ -71,3 +71,14 @@ void tape_backward(Tape *t, Tensor *loss) {
     tensor_upload(t->ctx, g, &one);
     for (int i = t->n - 1; i >= 0; i--) t->entries[i].backward(t, t->entries[i].record);
 }
+
+void tape_backward_from(Tape *t, int n, Tensor **outs, Tensor **grads) {
+    for (int i = 0; i < n; i++) {
+        CG_CHECK(outs[i]->requires_grad, "check that some parameter is trainable",
+                 "backward: output %d does not depend on any trainable parameter", i);
+        CG_CHECK(grads[i]->numel == outs[i]->numel, "", "backward: gradient %d has %zu elements, "
+                 "its output %zu", i, grads[i]->numel, outs[i]->numel);
+        op_accumulate(t->ctx, grads[i], tape_grad(t, outs[i]));
+    }
+    for (int i = t->n - 1; i >= 0; i--) t->entries[i].backward(t, t->entries[i].record);
+}

@@ -39,3 +39,6 @@ void *tape_record(Tape *t, TapeBackwardFn fn, size_t bytes);
 Tensor *tape_grad(Tape *t, Tensor *x);
 // Seeds dloss = 1 (loss is a 1-element tensor) and runs every record backwards.
 void tape_backward(Tape *t, Tensor *loss);
+// Like torch.autograd.backward(outs, grads): adds grads[i] into outs[i]'s gradient, then runs
+// every record backwards. grads[i] has outs[i]'s shape and dtype.
+void tape_backward_from(Tape *t, int n, Tensor **outs, Tensor **grads);

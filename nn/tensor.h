@@ -42,6 +42,9 @@ bool tensor_same_shape(const Tensor *a, const Tensor *b);
 const char *tensor_shape_str(const Tensor *t, char *buf, size_t n);
 // A view of t with another shape of the same numel (no copy).
 Tensor tensor_view(const Tensor *t, int ndim, const int *shape);
+// fp32 <-> bf16, round to nearest even (as __float2bfloat16); NaN stays NaN.
+uint16_t f32_to_bf16(float f);
+float bf16_to_f32(uint16_t h);
 
 #ifdef __cplusplus
 }

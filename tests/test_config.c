@@ -4,7 +4,7 @@
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
-#include <cmocka.h>
+#include "testlib.h"
 #include <float.h>
 #include <limits.h>
 #include <stdio.h>
@@ -16,16 +16,8 @@
 
 static char g_dir[256];   // a fresh temp folder per test
 
-static int setup_dir(void **state) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/cgspn_test_config_XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown_dir(void **state) {
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    return system(cmd);
-}
+static int setup_dir(void **state) { return test_make_temp_dir(g_dir, sizeof g_dir, "config"); }
+static int teardown_dir(void **state) { return test_remove_dir(g_dir); }
 
 // Writes text to g_dir/name (name may hold one subfolder, created); returns the full path.
 static const char *write_cfg(const char *name, const char *text) {

@@ -4,7 +4,7 @@
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
-#include <cmocka.h>
+#include "testlib.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,16 +17,8 @@
 
 static char g_dir[256];   // a fresh temp folder per test
 
-static int setup_dir(void **state) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/cgspn_test_idx_XXXXXX");
-    return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown_dir(void **state) {
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    return system(cmd);
-}
+static int setup_dir(void **state) { return test_make_temp_dir(g_dir, sizeof g_dir, "idx"); }
+static int teardown_dir(void **state) { return test_remove_dir(g_dir); }
 
 static const char *tmp_path(const char *name) {
     static char paths[8][512];

@@ -18,6 +18,18 @@
 // (missing term, transposed index, wrong scale) gives errors of order 1, far above this.
 #define GRAD_TOL 1e-2
 
+// A fresh temporary folder /tmp/cgspn_test_<tag>_XXXXXX in buf; 0 on success.
+static inline int test_make_temp_dir(char *buf, size_t n, const char *tag) {
+    snprintf(buf, n, "/tmp/cgspn_test_%s_XXXXXX", tag);
+    return mkdtemp(buf) ? 0 : -1;
+}
+
+static inline int test_remove_dir(const char *dir) {
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd);
+}
+
 // A CPU fp32 tensor that owns its data (free with test_tensor_free). shape given as ints.
 static inline Tensor *test_tensor(int ndim, ...) {
     int shape[TENSOR_MAX_DIMS];

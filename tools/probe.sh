@@ -29,10 +29,22 @@ CU
         if nvcc -o "$tmp/cc" "$tmp/cc.cu" >/dev/null 2>&1 && sm=$("$tmp/cc" 2>/dev/null); then
             echo "GPU_SM := $sm"
         fi
-        # cuDNN, NCCL: header + link probes
+        # cuDNN, NCCL: header + link probes. cuDNN from the CUDA toolkit, else from CUDNN_ROOT
+        # (include/ and lib/ with libcudnn.so.9, as in the nvidia-cudnn Python wheel).
         printf '#include <cudnn.h>\nint main(){return (int)cudnnGetVersion()==0;}\n' > "$tmp/dnn.c"
-        "$cc" -I"$cudahome/include" "$tmp/dnn.c" -o "$tmp/dnn" -L"$cudahome/lib64" -lcudnn >/dev/null 2>&1 \
-            && echo "HAVE_CUDNN := 1"
+        if "$cc" -I"$cudahome/include" "$tmp/dnn.c" -o "$tmp/dnn" -L"$cudahome/lib64" -lcudnn >/dev/null 2>&1; then
+            echo "HAVE_CUDNN := 1"
+        elif [ -n "${CUDNN_ROOT:-}" ] && [ -e "$CUDNN_ROOT/lib/libcudnn.so.9" ]; then
+            # the wheel ships libcudnn.so.9 only: link through a libcudnn.so beside config.mk
+            linkdir=$(cd "$(dirname "$out")" && pwd)/cudnn-link
+            mkdir -p "$linkdir" && ln -sf "$CUDNN_ROOT/lib/libcudnn.so.9" "$linkdir/libcudnn.so"
+            if "$cc" -I"$CUDNN_ROOT/include" -I"$cudahome/include" "$tmp/dnn.c" -o "$tmp/dnn" \
+                    -L"$linkdir" -lcudnn >/dev/null 2>&1; then
+                echo "HAVE_CUDNN := 1"
+                echo "CUDNN_CFLAGS := -I$CUDNN_ROOT/include"
+                echo "CUDNN_LIBS := -L$linkdir -lcudnn -Xlinker -rpath,$CUDNN_ROOT/lib"
+            fi
+        fi
         printf '#include <nccl.h>\nint main(){int v; return ncclGetVersion(&v);}\n' > "$tmp/nccl.c"
         "$cc" -I"$cudahome/include" "$tmp/nccl.c" -o "$tmp/nccl" -L"$cudahome/lib64" -lnccl >/dev/null 2>&1 \
             && echo "HAVE_NCCL := 1"

@@ -43,9 +43,9 @@ static const struct { const char *key, *words; } kChoices[] = {
 // Int keys with a lower bound: sizes are >= 1, counts >= 0.
 static const struct { const char *key; int min; } kIntMin[] = {
     {"img_size", 1}, {"in_chans", 1}, {"patch", 1}, {"width", 1}, {"depth", 1},
-    {"heads", 1}, {"mlp_hidden", 1}, {"num_classes", 1}, {"batch_size", 1},
+    {"heads", 1}, {"mlp_hidden", 1}, {"num_classes", 0}, {"batch_size", 1},
     {"epochs", 0}, {"max_steps", 0}, {"warmup_steps", 0}, {"eval_every", 0},
-    {"log_every", 0}, {"threads", 0},
+    {"log_every", 0}, {"threads", 0}, {"ckpt_every", 0}, {"keep_last", 0},
 };
 
 static const char *type_name(CfgType t) {
@@ -67,17 +67,6 @@ static const CfgKey *key_find(const char *name) {
 static void *field(Config *c, const CfgKey *k) { return (char *)c + k->offset; }
 static const void *cfield(const Config *c, const CfgKey *k) { return (const char *)c + k->offset; }
 
-// Writes the message into err (when there is one) and returns -1.
-__attribute__((format(printf, 3, 4)))
-static int fail(char *err, size_t n, const char *fmt, ...) {
-    if (err && n) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, n, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Defaults
@@ -169,9 +158,9 @@ static const char *config_suggest(const char *unknown) {
 static int fail_unknown_key(char *err, size_t n, const char *key, const char *where) {
     const char *s = config_suggest(key);
     if (s)
-        return fail(err, n, "unknown config key '%s' (%s)\n  hint: did you mean '%s'? "
+        return cg_set_error(err, n, "unknown config key '%s' (%s)\n  hint: did you mean '%s'? "
                     "('--help' lists every key)", key, where, s);
-    return fail(err, n, "unknown config key '%s' (%s)\n  hint: '--help' lists every key", key, where);
+    return cg_set_error(err, n, "unknown config key '%s' (%s)\n  hint: '--help' lists every key", key, where);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -185,10 +174,10 @@ static int set_value(Config *c, const CfgKey *k, const char *v, const char *wher
         errno = 0;
         long x = strtol(v, &end, 10);
         if (!v[0] || isspace((unsigned char)v[0]) || *end)
-            return fail(err, n, "bad value '%s' for config key '%s' (%s): expected an int",
+            return cg_set_error(err, n, "bad value '%s' for config key '%s' (%s): expected an int",
                         v, k->name, where);
         if (errno == ERANGE || x < INT_MIN || x > INT_MAX)
-            return fail(err, n, "bad value '%s' for config key '%s' (%s): expected an int "
+            return cg_set_error(err, n, "bad value '%s' for config key '%s' (%s): expected an int "
                         "from %d to %d", v, k->name, where, INT_MIN, INT_MAX);
         *(int *)field(c, k) = (int)x;
         return 0;
@@ -198,10 +187,10 @@ static int set_value(Config *c, const CfgKey *k, const char *v, const char *wher
         errno = 0;
         float x = strtof(v, &end);
         if (!v[0] || isspace((unsigned char)v[0]) || *end)
-            return fail(err, n, "bad value '%s' for config key '%s' (%s): expected a float "
+            return cg_set_error(err, n, "bad value '%s' for config key '%s' (%s): expected a float "
                         "such as 0.001 or 1e-3", v, k->name, where);
         if (!isfinite(x) || (errno == ERANGE && x == 0.0f))
-            return fail(err, n, "bad value '%s' for config key '%s' (%s): expected a finite "
+            return cg_set_error(err, n, "bad value '%s' for config key '%s' (%s): expected a finite "
                         "float (magnitude from 1.4e-45 to 3.4e38, or 0)", v, k->name, where);
         *(float *)field(c, k) = x;
         return 0;
@@ -210,7 +199,7 @@ static int set_value(Config *c, const CfgKey *k, const char *v, const char *wher
         bool x;
         if (strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0) x = true;
         else if (strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0) x = false;
-        else return fail(err, n, "bad value '%s' for config key '%s' (%s): expected a bool "
+        else return cg_set_error(err, n, "bad value '%s' for config key '%s' (%s): expected a bool "
                          "(0, 1, true or false)", v, k->name, where);
         *(bool *)field(c, k) = x;
         return 0;
@@ -218,11 +207,11 @@ static int set_value(Config *c, const CfgKey *k, const char *v, const char *wher
     case CFG_STRING: {
         size_t len = strlen(v);
         if (len >= CONFIG_STR_MAX)
-            return fail(err, n, "value for config key '%s' (%s) is %zu bytes long; strings "
+            return cg_set_error(err, n, "value for config key '%s' (%s) is %zu bytes long; strings "
                         "hold at most %d", k->name, where, len, CONFIG_STR_MAX - 1);
         for (size_t i = 0; i < len; i++)
             if ((unsigned char)v[i] < 0x20 || v[i] == 0x7f)
-                return fail(err, n, "value for config key '%s' (%s) contains control "
+                return cg_set_error(err, n, "value for config key '%s' (%s) contains control "
                             "character 0x%02x", k->name, where, (unsigned char)v[i]);
         char *dst = field(c, k);
         memset(dst, 0, CONFIG_STR_MAX);
@@ -230,7 +219,7 @@ static int set_value(Config *c, const CfgKey *k, const char *v, const char *wher
         return 0;
     }
     }
-    return fail(err, n, "config key '%s': unhandled type", k->name);
+    return cg_set_error(err, n, "config key '%s': unhandled type", k->name);
 }
 
 // Shortest "%.*g" that reads back to the same float bits, exponent without leading zeros
@@ -294,14 +283,14 @@ static int load_file(Config *c, const char *path, const char *from, LoadStack *s
 // "include = x" inside `path`: x relative to path's folder (unless absolute).
 static int load_include(Config *c, const char *path, const char *value, const char *where,
                         LoadStack *st, char *err, size_t n) {
-    if (!value[0]) return fail(err, n, "include with no file name (%s)", where);
+    if (!value[0]) return cg_set_error(err, n, "include with no file name (%s)", where);
     char joined[PATH_MAX];
     const char *slash = strrchr(path, '/');
     int len = value[0] == '/' || !slash
             ? snprintf(joined, sizeof joined, "%s", value)
             : snprintf(joined, sizeof joined, "%.*s/%s", (int)(slash - path), path, value);
     if (len < 0 || (size_t)len >= sizeof joined)
-        return fail(err, n, "include path too long (%s)", where);
+        return cg_set_error(err, n, "include path too long (%s)", where);
     return load_file(c, joined, where, st, err, n);
 }
 
@@ -318,19 +307,19 @@ static int load_line(Config *c, const char *path, int lineno, char *line, LoadSt
     if (!eq) {
         char *t = trim(line);
         if (!t[0]) return 0;
-        return fail(err, n, "line '%s' has no '=' (%s)\n  hint: settings are written "
+        return cg_set_error(err, n, "line '%s' has no '=' (%s)\n  hint: settings are written "
                     "'key = value'; comments start with '#'", t, where);
     }
     *eq = '\0';
     char *key = trim(line);
     char *value = eq + 1;
     while (isspace((unsigned char)*value)) value++;
-    if (!key[0]) return fail(err, n, "missing key before '=' (%s)", where);
+    if (!key[0]) return cg_set_error(err, n, "missing key before '=' (%s)", where);
 
     if (*value == '"') {                       // quoted: \" and \\ are escapes, '#' is text
         char *src = value + 1, *dst = value;
         for (;;) {
-            if (!*src) return fail(err, n, "unterminated quoted value for '%s' (%s)", key, where);
+            if (!*src) return cg_set_error(err, n, "unterminated quoted value for '%s' (%s)", key, where);
             if (*src == '"') break;
             if (src[0] == '\\' && (src[1] == '"' || src[1] == '\\')) src++;
             *dst++ = *src++;
@@ -339,7 +328,7 @@ static int load_line(Config *c, const char *path, int lineno, char *line, LoadSt
         *dst = '\0';
         while (isspace((unsigned char)*rest)) rest++;
         if (*rest && *rest != '#')
-            return fail(err, n, "text after the closing quote of '%s' (%s): '%s'", key, where, rest);
+            return cg_set_error(err, n, "text after the closing quote of '%s' (%s): '%s'", key, where, rest);
     } else {
         char *h = strchr(value, '#');
         if (h) *h = '\0';
@@ -361,9 +350,9 @@ static int load_file(Config *c, const char *path, const char *from, LoadStack *s
         int e = errno;
         free(real);
         if (from)
-            return fail(err, n, "cannot open included config file '%s' (%s): %s", path, from,
+            return cg_set_error(err, n, "cannot open included config file '%s' (%s): %s", path, from,
                         strerror(e));
-        return fail(err, n, "cannot open config file '%s': %s", path, strerror(e));
+        return cg_set_error(err, n, "cannot open config file '%s': %s", path, strerror(e));
     }
     for (int i = 0; i < st->depth; i++) {
         if (strcmp(st->real[i], real) != 0) continue;
@@ -373,12 +362,12 @@ static int load_file(Config *c, const char *path, const char *from, LoadStack *s
             k += (size_t)snprintf(chain + k, sizeof chain - k, "%s -> ", st->shown[j]);
         fclose(f);
         free(real);
-        return fail(err, n, "include cycle: %s%s (%s)", chain, path, from);
+        return cg_set_error(err, n, "include cycle: %s%s (%s)", chain, path, from);
     }
     if (st->depth == CONFIG_INCLUDE_DEPTH) {
         fclose(f);
         free(real);
-        return fail(err, n, "includes nested deeper than %d (%s)", CONFIG_INCLUDE_DEPTH, from);
+        return cg_set_error(err, n, "includes nested deeper than %d (%s)", CONFIG_INCLUDE_DEPTH, from);
     }
     st->real[st->depth] = real;
     st->shown[st->depth] = cg_strdup(path);
@@ -394,7 +383,7 @@ static int load_file(Config *c, const char *path, const char *from, LoadStack *s
         rc = load_line(c, path, lineno, text, st, err, n);
         if (rc) break;
     }
-    if (!rc && ferror(f)) rc = fail(err, n, "reading config file '%s': %s", path, strerror(errno));
+    if (!rc && ferror(f)) rc = cg_set_error(err, n, "reading config file '%s': %s", path, strerror(errno));
     free(line);
     fclose(f);
     st->depth--;
@@ -422,7 +411,7 @@ int config_apply_override_err(Config *c, const char *arg, char *err, size_t n) {
     const char *kv = strncmp(arg, "--", 2) == 0 ? arg + 2 : arg;
     const char *eq = strchr(kv, '=');
     if (!eq)
-        return fail(err, n, "override '%s' has no '='\n  hint: write --key=value", arg);
+        return cg_set_error(err, n, "override '%s' has no '='\n  hint: write --key=value", arg);
     char key[128];
     if ((size_t)(eq - kv) >= sizeof key) return fail_unknown_key(err, n, "(too long)", where);
     memcpy(key, kv, (size_t)(eq - kv));
@@ -462,7 +451,7 @@ int config_parse_args_err(Config *c, int argc, char **argv, int first, char *err
             continue;
         }
         if (k)
-            return fail(err, n, "config key '%s' needs a value (command line: %s)\n"
+            return cg_set_error(err, n, "config key '%s' needs a value (command line: %s)\n"
                         "  hint: write --%s=VALUE", k->name, a, k->name);
         argv[rest++] = argv[i];
     }
@@ -502,7 +491,7 @@ int config_validate_err(const Config *c, char *err, size_t n) {
     for (size_t i = 0; i < sizeof kChoices / sizeof kChoices[0]; i++) {
         const CfgKey *k = key_find(kChoices[i].key);
         if (!k || k->type != CFG_STRING)
-            return fail(err, n, "kChoices names '%s', which is not a string config key",
+            return cg_set_error(err, n, "kChoices names '%s', which is not a string config key",
                         kChoices[i].key);
         const char *v = cfield(c, k);
         if (!word_in(v, kChoices[i].words)) {
@@ -513,17 +502,17 @@ int config_validate_err(const Config *c, char *err, size_t n) {
                 else list[j++] = *p;
             }
             list[j] = '\0';
-            return fail(err, n, "config key '%s' is '%s'; expected one of: %s", k->name, v, list);
+            return cg_set_error(err, n, "config key '%s' is '%s'; expected one of: %s", k->name, v, list);
         }
     }
     for (size_t i = 0; i < sizeof kIntMin / sizeof kIntMin[0]; i++) {
         const CfgKey *k = key_find(kIntMin[i].key);
         if (!k || k->type != CFG_INT)
-            return fail(err, n, "kIntMin names '%s', which is not an int config key",
+            return cg_set_error(err, n, "kIntMin names '%s', which is not an int config key",
                         kIntMin[i].key);
         int v = *(const int *)cfield(c, k);
         if (v < kIntMin[i].min)
-            return fail(err, n, "config key '%s' is %d; it must be at least %d", k->name, v,
+            return cg_set_error(err, n, "config key '%s' is %d; it must be at least %d", k->name, v,
                         kIntMin[i].min);
     }
     return 0;
@@ -627,10 +616,10 @@ int config_parse_int_list(const char *key, const char *s, int *out, int max, cha
             v = strtol(item, &stop, 10);
         }
         if (len >= sizeof item || *stop || stop == item || errno == ERANGE || v < INT_MIN || v > INT_MAX)
-            return fail(err, n, "config key '%s' is '%s': item '%.*s' is not an int "
+            return cg_set_error(err, n, "config key '%s' is '%s': item '%.*s' is not an int "
                         "(expected ints separated by commas or spaces)", key, s, (int)len, p);
         if (count == max)
-            return fail(err, n, "config key '%s' is '%s': more than %d items", key, s, max);
+            return cg_set_error(err, n, "config key '%s' is '%s': more than %d items", key, s, max);
         out[count++] = (int)v;
         p = end;
     }

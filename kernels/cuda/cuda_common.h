@@ -1,5 +1,6 @@
 // Shared by every .cu file: the CUDA context and the check macros (each names call, file, line).
 #pragma once
+#include <stdio.h>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cublasLt.h>
@@ -27,6 +28,10 @@
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 
 #define CUDA_SIDE_STREAMS 4
+#define CUDA_MAX_RELEASES 8
+
+struct Ctx;
+typedef void (*CudaRelease)(struct Ctx *ctx);
 
 typedef struct CudaCtx {
     int device;
@@ -37,6 +42,12 @@ typedef struct CudaCtx {
     cublasLtHandle_t lt;
     void *workspace;                           // cuBLASLt workspace
     size_t workspace_bytes;
+    struct CudaGemmCache *gemm;                // cuBLASLt plans per shape (kernels/cuda/gemm.cu)
+    void *attn;                                // CudaAttnState (kernels/cuda/attention.cu), lazily
+    CudaRelease releases[CUDA_MAX_RELEASES];   // modules' state to free in cuda_ctx_destroy
+    int n_releases;
+    void *scratch;                             // cuda_scratch(): grows, never shrinks
+    size_t scratch_bytes;
 } CudaCtx;
 
 #ifdef __cplusplus
@@ -49,6 +60,18 @@ void cuda_ctx_destroy(Ctx *ctx);
 int cuda_device_count(void);
 void *cuda_malloc(size_t bytes);    // checked, names the size on failure
 void cuda_free(void *p);
+// A module that keeps lazily created state in the context registers its release function once;
+// cuda_ctx_destroy calls them in reverse order (so the context links without every module).
+void cuda_ctx_on_destroy(Ctx *ctx, CudaRelease release);
+// Scratch memory for the op running now (reduction partials, lookup tables): at least `bytes`,
+// 256-byte aligned, valid for work queued on the context's main stream until the next
+// cuda_scratch call, which may move it. An op asks once per call and carves what it needs.
+// Growing frees the old buffer in stream order (cudaFreeAsync), so queued kernels that still
+// read it finish first; no cudaMalloc per call.
+void *cuda_scratch(Ctx *ctx, size_t bytes);
+// Bandwidth of the memory-bound ops (LayerNorm, AdamW, ...) at training sizes against a
+// device-to-device copy timed in the same run (kernels/cuda/ops_bench.cu); 0 on success.
+int cuda_bench_ops(FILE *out);
 #ifdef __cplusplus
 }
 #endif

@@ -29,6 +29,30 @@ extern "C" void cuda_free(void *p) {
     if (p) CUDA_CHECK(cudaFree(p));
 }
 
+// Rounded up to whole MiB and at least doubled, so a sequence of growing requests reallocates
+// only a few times.
+extern "C" void *cuda_scratch(Ctx *ctx, size_t bytes) {
+    CudaCtx *c = cuda_ctx_of(ctx);
+    if (bytes <= c->scratch_bytes && c->scratch) return c->scratch;
+    size_t want = bytes > 2 * c->scratch_bytes ? bytes : 2 * c->scratch_bytes;
+    want = (want + (1u << 20) - 1) / (1u << 20) * (1u << 20);
+    if (want == 0) want = 1u << 20;
+    if (c->scratch) CUDA_CHECK(cudaFreeAsync(c->scratch, c->stream));
+    void *p = NULL;
+    cudaError_t err = cudaMallocAsync(&p, want, c->stream);
+    if (err != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        cg_fail(__FILE__, __LINE__, "reduce batch_size, or use precision = bf16",
+                "scratch allocation of %.2f MiB failed (%s); %.2f of %.2f GiB free",
+                want / 1048576.0, cudaGetErrorString(err), free_b / 1073741824.0,
+                total_b / 1073741824.0);
+    }
+    c->scratch = p;
+    c->scratch_bytes = want;
+    return p;
+}
+
 extern "C" Ctx cuda_ctx_create(int device, DType act_dtype) {
     CudaCtx *c = (CudaCtx *)cg_calloc(1, sizeof(CudaCtx));
     c->device = device;
@@ -47,10 +71,18 @@ extern "C" Ctx cuda_ctx_create(int device, DType act_dtype) {
     return ctx;
 }
 
+extern "C" void cuda_ctx_on_destroy(Ctx *ctx, CudaRelease release) {
+    CudaCtx *c = cuda_ctx_of(ctx);
+    CG_CHECK(c->n_releases < CUDA_MAX_RELEASES, "", "too many CUDA context release hooks");
+    c->releases[c->n_releases++] = release;
+}
+
 extern "C" void cuda_ctx_destroy(Ctx *ctx) {
     CudaCtx *c = cuda_ctx_of(ctx);
     if (!c) return;
+    if (c->scratch) CUDA_CHECK(cudaFreeAsync(c->scratch, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    for (int i = c->n_releases - 1; i >= 0; i--) c->releases[i](ctx);
     cuda_free(c->workspace);
     cublasLtDestroy(c->lt);
     for (int i = 0; i < CUDA_SIDE_STREAMS; i++) {

@@ -1,0 +1,90 @@
+// CUDA: GELU, exact (erf) or tanh approximation (kernels/ops.h; CPU reference
+// kernels/cpu/gelu.c, whose formulas these are, in the same fp32 operations). x, y, dy, dx in
+// one dtype; elementwise, 16-byte accesses where aligned.
+#include "cuda_elem.cuh"
+
+#define GELU_SQRT1_2     0.70710678118654752f   // 1 / sqrt(2)
+#define GELU_INV_SQRT2PI 0.39894228040143268f   // 1 / sqrt(2 pi)
+#define GELU_SQRT2_PI    0.79788456080286536f   // sqrt(2 / pi)
+#define GELU_TANH_C      0.044715f
+
+template <GeluKind K> __device__ __forceinline__ float gelu_value(float x) {
+    if (K == GELU_ERF) return 0.5f * x * (1.0f + erff(x * GELU_SQRT1_2));
+    float u = GELU_SQRT2_PI * (x + GELU_TANH_C * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+
+// dy/dx: erf:  Phi(x) + x phi(x); tanh: 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 c x^2).
+template <GeluKind K> __device__ __forceinline__ float gelu_slope(float x) {
+    if (K == GELU_ERF)
+        return 0.5f * (1.0f + erff(x * GELU_SQRT1_2)) + x * GELU_INV_SQRT2PI * expf(-0.5f * x * x);
+    float u = GELU_SQRT2_PI * (x + GELU_TANH_C * x * x * x);
+    float t = tanhf(u);
+    return 0.5f * (1.0f + t) +
+           0.5f * x * (1.0f - t * t) * GELU_SQRT2_PI * (1.0f + 3.0f * GELU_TANH_C * x * x);
+}
+
+template <typename T, GeluKind K> struct GeluFwdOp {
+    const T *x;
+    T *y;
+    template <int V> __device__ void apply(size_t i) const {
+        float v[V];
+        load_v<V>(x + i, v);
+        #pragma unroll
+        for (int j = 0; j < V; j++) v[j] = gelu_value<K>(v[j]);
+        store_v<V>(y + i, v);
+    }
+};
+
+template <typename T, GeluKind K> struct GeluBwdOp {
+    const T *dy, *x;
+    T *dx;
+    template <int V> __device__ void apply(size_t i) const {
+        float g[V], v[V], d[V];
+        load_v<V>(dy + i, g);
+        load_v<V>(x + i, v);
+        load_v<V>(dx + i, d);
+        #pragma unroll
+        for (int j = 0; j < V; j++) d[j] += g[j] * gelu_slope<K>(v[j]);
+        store_v<V>(dx + i, d);
+    }
+};
+
+static void gelu_check_kind(const char *op, GeluKind kind) {
+    CG_CHECK(kind == GELU_ERF || kind == GELU_TANH, "gelu is erf (exact) or tanh",
+             "op %s: unknown GELU kind %d", op, (int)kind);
+}
+
+void cuda_gelu_fwd(Ctx *ctx, const Tensor *x, GeluKind kind, Tensor *y) {
+    gelu_check_kind("gelu_fwd", kind);
+    cuda_check_tensor("gelu_fwd", "x", x);
+    cuda_check_numel("gelu_fwd", "y", y, x->numel);
+    cuda_check_same_dtype("gelu_fwd", "y", y, "x", x);
+    bool vec = aligned16(x->data) && aligned16(y->data);
+    dispatch_dtype(x->dtype, [&](auto tag) {
+        using T = TAG_T(tag);
+        const T *px = (const T *)x->data;
+        T *py = (T *)y->data;
+        if (kind == GELU_ERF) launch_map(ctx, x->numel, vec, GeluFwdOp<T, GELU_ERF>{px, py});
+        else launch_map(ctx, x->numel, vec, GeluFwdOp<T, GELU_TANH>{px, py});
+    });
+}
+
+// dx += dy * gelu'(x)
+void cuda_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, GeluKind kind, Tensor *dx) {
+    if (!dx) return;
+    gelu_check_kind("gelu_bwd", kind);
+    cuda_check_tensor("gelu_bwd", "x", x);
+    cuda_check_numel("gelu_bwd", "dy", dy, x->numel);
+    cuda_check_numel("gelu_bwd", "dx", dx, x->numel);
+    cuda_check_same_dtype("gelu_bwd", "dy", dy, "x", x);
+    cuda_check_same_dtype("gelu_bwd", "dx", dx, "x", x);
+    bool vec = aligned16(dy->data) && aligned16(x->data) && aligned16(dx->data);
+    dispatch_dtype(x->dtype, [&](auto tag) {
+        using T = TAG_T(tag);
+        const T *pdy = (const T *)dy->data, *px = (const T *)x->data;
+        T *pdx = (T *)dx->data;
+        if (kind == GELU_ERF) launch_map(ctx, x->numel, vec, GeluBwdOp<T, GELU_ERF>{pdy, px, pdx});
+        else launch_map(ctx, x->numel, vec, GeluBwdOp<T, GELU_TANH>{pdy, px, pdx});
+    });
+}

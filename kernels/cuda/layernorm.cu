@@ -1,0 +1,406 @@
+// CUDA: LayerNorm over the last dim (kernels/ops.h; CPU reference kernels/cpu/layernorm.c).
+// x, y, dy, dx in the activation dtype, w and b in the parameter dtype (either may be NULL),
+// mean, rstd, dw, db fp32. One warp per row. When C is a multiple of 8, the pointers are
+// aligned and C <= 2048 (forward) or 1280 (backward), the row stays in registers between the
+// passes (one read from memory); otherwise the passes read the row again (from L1/L2).
+//
+// Backward: every warp adds dy * xhat and dy for its rows into its own slice of shared memory
+// (its lanes own fixed channels, its rows come in order), the block adds its warps in order
+// into a partial in scratch, and a second kernel adds the blocks in order: dw and db are bitwise
+// the same on every run (on a given GPU model: the block count follows the occupancy). The
+// slice is laid out by (pack slot, element, lane), so the 32 lanes of a warp touch 32
+// consecutive words (no bank conflicts).
+#include "cuda_elem.cuh"
+
+enum { LN_FWD_WARPS = 8, LN_BWD_WARPS = 4 };
+
+// Packs of 8 kept in registers per lane for a row of C channels (0: read the row again).
+static int ln_cached_packs(int C) {
+    if (C <= 2 * 256) return 2;
+    if (C <= 5 * 256) return 5;   // 768, 1152 (so14), 1280
+    if (C <= 8 * 256) return 8;
+    return 0;
+}
+
+// ---- forward -------------------------------------------------------------------------------
+
+template <typename T, typename TP, int V, int NP>
+__global__ void __launch_bounds__(LN_FWD_WARPS * 32)
+ln_fwd_kernel(const T *__restrict__ x, const TP *__restrict__ w, const TP *__restrict__ b,
+              float eps, T *__restrict__ y, float *__restrict__ mean, float *__restrict__ rstd,
+              size_t N, int C) {
+    size_t row = (size_t)blockIdx.x * LN_FWD_WARPS + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= N) return;
+    const T *xr = x + row * C;
+    T *yr = y + row * C;
+    Vec<T, V> cache[NP > 0 ? NP : 1];
+
+    float s = 0.0f;
+    if constexpr (NP > 0) {
+        #pragma unroll
+        for (int k = 0; k < NP; k++) {
+            int c = (k * 32 + lane) * V;
+            if (c < C) {
+                cache[k] = Vec<T, V>::load(xr + c);
+                #pragma unroll
+                for (int j = 0; j < V; j++) s += cache[k].get(j);
+            }
+        }
+    } else {
+        for (int c = lane * V; c < C; c += 32 * V) {
+            float v[V];
+            load_v<V>(xr + c, v);
+            #pragma unroll
+            for (int j = 0; j < V; j++) s += v[j];
+        }
+    }
+    float m = warp_sum(s) / (float)C;
+
+    float q = 0.0f;
+    if constexpr (NP > 0) {
+        #pragma unroll
+        for (int k = 0; k < NP; k++) {
+            int c = (k * 32 + lane) * V;
+            if (c < C) {
+                #pragma unroll
+                for (int j = 0; j < V; j++) {
+                    float d = cache[k].get(j) - m;
+                    q += d * d;
+                }
+            }
+        }
+    } else {
+        for (int c = lane * V; c < C; c += 32 * V) {
+            float v[V];
+            load_v<V>(xr + c, v);
+            #pragma unroll
+            for (int j = 0; j < V; j++) q += (v[j] - m) * (v[j] - m);
+        }
+    }
+    float r = 1.0f / sqrtf(warp_sum(q) / (float)C + eps);
+
+    auto write = [&](int c, const float *v) {
+        float vw[V], vb[V], out[V];
+        if (w) load_v<V>(w + c, vw);
+        if (b) load_v<V>(b + c, vb);
+        #pragma unroll
+        for (int j = 0; j < V; j++) out[j] = (v[j] - m) * r * (w ? vw[j] : 1.0f) + (b ? vb[j] : 0.0f);
+        store_v<V>(yr + c, out);
+    };
+    if constexpr (NP > 0) {
+        #pragma unroll
+        for (int k = 0; k < NP; k++) {
+            int c = (k * 32 + lane) * V;
+            if (c < C) {
+                float v[V];
+                #pragma unroll
+                for (int j = 0; j < V; j++) v[j] = cache[k].get(j);
+                write(c, v);
+            }
+        }
+    } else {
+        for (int c = lane * V; c < C; c += 32 * V) {
+            float v[V];
+            load_v<V>(xr + c, v);
+            write(c, v);
+        }
+    }
+    if (lane == 0) {
+        if (mean) mean[row] = m;
+        if (rstd) rstd[row] = r;
+    }
+}
+
+template <typename T, typename TP, int V, int NP>
+static void ln_fwd_launch(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
+                          Tensor *y, Tensor *mean, Tensor *rstd, size_t N, int C) {
+    unsigned blocks = (unsigned)ceil_div(N, LN_FWD_WARPS);
+    ln_fwd_kernel<T, TP, V, NP><<<blocks, LN_FWD_WARPS * 32, 0, cuda_stream_of(ctx)>>>(
+        (const T *)x->data, w ? (const TP *)w->data : nullptr, b ? (const TP *)b->data : nullptr,
+        eps, (T *)y->data, mean ? tensor_f32(mean) : nullptr, rstd ? tensor_f32(rstd) : nullptr,
+        N, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+void cuda_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
+                        Tensor *y, Tensor *mean, Tensor *rstd) {
+    const char *op = "layernorm_fwd";
+    cuda_check_tensor(op, "x", x);
+    int C = tensor_last(x);
+    size_t N = tensor_rows(x);
+    cuda_check_numel(op, "y", y, x->numel);
+    cuda_check_same_dtype(op, "y", y, "x", x);
+    if (w) cuda_check_numel(op, "w", w, (size_t)C);
+    if (b) cuda_check_numel(op, "b", b, (size_t)C);
+    if (w && b) cuda_check_same_dtype(op, "b", b, "w", w);
+    if (mean) { cuda_check_f32(op, "mean", mean); cuda_check_numel(op, "mean", mean, N); }
+    if (rstd) { cuda_check_f32(op, "rstd", rstd); cuda_check_numel(op, "rstd", rstd, N); }
+    CG_CHECK(eps >= 0.0f, "layernorm eps is usually 1e-6 (timm ViT) or 1e-5",
+             "op layernorm_fwd: eps = %g is negative", eps);
+    if (N == 0) return;
+    DType pdt = w ? w->dtype : b ? b->dtype : x->dtype;
+    bool vec = C % 8 == 0 && aligned16(x->data) && aligned16(y->data) &&
+               (!w || aligned16(w->data)) && (!b || aligned16(b->data));
+    int np = vec ? ln_cached_packs(C) : 0;
+    dispatch_dtype2(x->dtype, pdt, [&](auto tx, auto tp) {
+        using T = TAG_T(tx);
+        using TP = TAG_T(tp);
+        if (!vec) ln_fwd_launch<T, TP, 1, 0>(ctx, x, w, b, eps, y, mean, rstd, N, C);
+        else if (np == 2) ln_fwd_launch<T, TP, 8, 2>(ctx, x, w, b, eps, y, mean, rstd, N, C);
+        else if (np == 5) ln_fwd_launch<T, TP, 8, 5>(ctx, x, w, b, eps, y, mean, rstd, N, C);
+        else if (np == 8) ln_fwd_launch<T, TP, 8, 8>(ctx, x, w, b, eps, y, mean, rstd, N, C);
+        else ln_fwd_launch<T, TP, 8, 0>(ctx, x, w, b, eps, y, mean, rstd, N, C);
+    });
+}
+
+// ---- backward --------------------------------------------------------------------------------
+// Pass 1 sums g = dy w and g xhat over the row (warp butterfly); pass 2 writes
+// dx += rstd (g - mean_g - xhat mean_gx) and adds dy xhat, dy into the warp's dw, db sums, which
+// live in the warp's own slice of shared memory (its lanes own fixed channels, its rows come in
+// order). At the end the block adds its warps' slices in warp order. Two kernels, by row length:
+// - cached (C a multiple of 8, C <= 1280, aligned): a lane loads its packs of dy, x and dx for
+//   the row in one batch and keeps them in registers for both passes (one memory round trip per
+//   row);
+// - general: pass 2 reads the row again.
+
+// Channels of a warp's accumulator slice: C rounded up to whole rounds of 32 lanes x V.
+__host__ __device__ static inline int ln_acc_len(int C, int V) {
+    return (C + 32 * V - 1) / (32 * V) * 32 * V;
+}
+
+// Where channel c lives in a slice: lane (c / V) % 32 of round c / (32 V), element c % V, laid
+// out by (round, element, lane) so the 32 lanes of a warp touch 32 consecutive words.
+template <int V> __device__ __forceinline__ int ln_acc_index(int c) {
+    if (V == 1) return c;
+    return ((c / (32 * V)) * V + c % V) * 32 + (c / V) % 32;
+}
+
+// Adds the block's warp slices (LN_BWD_WARPS, 2, L) in warp order and writes the block's
+// partial (2, C) row. Called by every thread of the block.
+template <int V>
+__device__ __forceinline__ void ln_fold_warps(float *acc_all, int L, int C, float *partial) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < 2 * L; i += blockDim.x) {
+        float s = acc_all[i];
+        #pragma unroll
+        for (int k = 1; k < LN_BWD_WARPS; k++) s += acc_all[(size_t)k * 2 * L + i];
+        acc_all[i] = s;
+    }
+    __syncthreads();
+    float *out = partial + (size_t)blockIdx.x * 2 * C;
+    for (int i = threadIdx.x; i < 2 * C; i += blockDim.x)
+        out[i] = acc_all[(i < C ? 0 : L) + ln_acc_index<V>(i < C ? i : i - C)];
+}
+
+// partial: (gridDim.x, 2, C) fp32, this block's dw | db, or NULL when neither is wanted.
+template <typename T, typename TP, int NP>
+__global__ void __launch_bounds__(LN_BWD_WARPS * 32)
+ln_bwd_cached_kernel(const T *__restrict__ dy, const T *__restrict__ x, const TP *__restrict__ w,
+                     const float *__restrict__ mean, const float *__restrict__ rstd,
+                     T *__restrict__ dx, float *__restrict__ partial, size_t N, int C) {
+    constexpr int V = 8, L = NP * 32 * V;
+    extern __shared__ float acc_all[];   // (LN_BWD_WARPS, 2, L) when partial
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *acc_w = acc_all + (size_t)warp * 2 * L, *acc_b = acc_w + L;
+    if (partial) {
+        for (int i = lane; i < 2 * L; i += 32) acc_w[i] = 0.0f;
+        __syncwarp();
+    }
+    Vec<T, V> cdy[NP], cx[NP], cdx[NP];
+    size_t warps_total = (size_t)gridDim.x * LN_BWD_WARPS;
+    for (size_t row = (size_t)blockIdx.x * LN_BWD_WARPS + warp; row < N; row += warps_total) {
+        const T *dyr = dy + row * C, *xr = x + row * C;
+        T *dxr = dx ? dx + row * C : nullptr;
+        float m = mean[row], r = rstd[row];
+        #pragma unroll
+        for (int k = 0; k < NP; k++) {
+            int c = (k * 32 + lane) * V;
+            if (c < C) {
+                cdy[k] = Vec<T, V>::load(dyr + c);
+                cx[k] = Vec<T, V>::load(xr + c);
+                if (dxr) cdx[k] = Vec<T, V>::load(dxr + c);
+            }
+        }
+        float sg = 0.0f, sgx = 0.0f;
+        #pragma unroll
+        for (int k = 0; k < NP; k++) {
+            int c = (k * 32 + lane) * V;
+            if (c < C) {
+                float vw[V];
+                if (w) load_v<V>(w + c, vw);
+                #pragma unroll
+                for (int j = 0; j < V; j++) {
+                    float g = cdy[k].get(j) * (w ? vw[j] : 1.0f);
+                    sg += g;
+                    sgx += g * ((cx[k].get(j) - m) * r);
+                }
+            }
+        }
+        float mean_g = warp_sum(sg) / (float)C, mean_gx = warp_sum(sgx) / (float)C;
+        #pragma unroll
+        for (int k = 0; k < NP; k++) {
+            int c = (k * 32 + lane) * V;
+            if (c < C) {
+                float xhat[V];
+                #pragma unroll
+                for (int j = 0; j < V; j++) xhat[j] = (cx[k].get(j) - m) * r;
+                if (dxr) {
+                    float vw[V], d[V];
+                    if (w) load_v<V>(w + c, vw);
+                    #pragma unroll
+                    for (int j = 0; j < V; j++) {
+                        float g = cdy[k].get(j) * (w ? vw[j] : 1.0f);
+                        d[j] = cdx[k].get(j) + r * (g - mean_g - xhat[j] * mean_gx);
+                    }
+                    store_v<V>(dxr + c, d);
+                }
+                if (partial) {
+                    int a = (k * V) * 32 + lane;   // ln_acc_index<V>(c); element j at a + 32 j
+                    #pragma unroll
+                    for (int j = 0; j < V; j++) {
+                        acc_w[a + 32 * j] += cdy[k].get(j) * xhat[j];
+                        acc_b[a + 32 * j] += cdy[k].get(j);
+                    }
+                }
+            }
+        }
+    }
+    if (partial) ln_fold_warps<V>(acc_all, L, C, partial);
+}
+
+template <typename T, typename TP, int V>
+__global__ void __launch_bounds__(LN_BWD_WARPS * 32)
+ln_bwd_kernel(const T *__restrict__ dy, const T *__restrict__ x, const TP *__restrict__ w,
+              const float *__restrict__ mean, const float *__restrict__ rstd, T *__restrict__ dx,
+              float *__restrict__ partial, size_t N, int C) {
+    extern __shared__ float acc_all[];   // (LN_BWD_WARPS, 2, L) when partial
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, L = ln_acc_len(C, V);
+    float *acc_w = acc_all + (size_t)warp * 2 * L, *acc_b = acc_w + L;
+    if (partial) {
+        for (int i = lane; i < 2 * L; i += 32) acc_w[i] = 0.0f;
+        __syncwarp();
+    }
+    size_t warps_total = (size_t)gridDim.x * LN_BWD_WARPS;
+    for (size_t row = (size_t)blockIdx.x * LN_BWD_WARPS + warp; row < N; row += warps_total) {
+        const T *dyr = dy + row * C, *xr = x + row * C;
+        float m = mean[row], r = rstd[row];
+        float sg = 0.0f, sgx = 0.0f;
+        for (int c = lane * V; c < C; c += 32 * V) {
+            float vdy[V], vx[V], vw[V];
+            load_v<V>(dyr + c, vdy);
+            load_v<V>(xr + c, vx);
+            if (w) load_v<V>(w + c, vw);
+            #pragma unroll
+            for (int j = 0; j < V; j++) {
+                float g = vdy[j] * (w ? vw[j] : 1.0f);
+                sg += g;
+                sgx += g * ((vx[j] - m) * r);
+            }
+        }
+        float mean_g = warp_sum(sg) / (float)C, mean_gx = warp_sum(sgx) / (float)C;
+        for (int c = lane * V; c < C; c += 32 * V) {
+            float vdy[V], vx[V], xhat[V];
+            load_v<V>(dyr + c, vdy);
+            load_v<V>(xr + c, vx);
+            #pragma unroll
+            for (int j = 0; j < V; j++) xhat[j] = (vx[j] - m) * r;
+            if (dx) {
+                float vw[V], d[V];
+                if (w) load_v<V>(w + c, vw);
+                load_v<V>(dx + row * C + c, d);
+                #pragma unroll
+                for (int j = 0; j < V; j++) {
+                    float g = vdy[j] * (w ? vw[j] : 1.0f);
+                    d[j] += r * (g - mean_g - xhat[j] * mean_gx);
+                }
+                store_v<V>(dx + row * C + c, d);
+            }
+            if (partial) {
+                int a = ln_acc_index<V>(c);   // element j at a + 32 j
+                #pragma unroll
+                for (int j = 0; j < V; j++) {
+                    acc_w[a + 32 * j] += vdy[j] * xhat[j];
+                    acc_b[a + 32 * j] += vdy[j];
+                }
+            }
+        }
+    }
+    if (partial) ln_fold_warps<V>(acc_all, L, C, partial);
+}
+
+// Runs one of the kernels above on a grid that fills the GPU once (blocks per SM from the
+// occupancy), then adds the block partials in order into dw, db (kernels/cuda/reduce.cu).
+template <typename T, typename TP, typename K>
+static void ln_bwd_run(Ctx *ctx, K kernel, size_t smem, const Tensor *dy, const Tensor *x,
+                       const Tensor *w, const Tensor *mean, const Tensor *rstd, Tensor *dx,
+                       Tensor *dw, Tensor *db, size_t N, int C) {
+    CudaCtx *c = cuda_ctx_of(ctx);
+    bool want_wb = dw || db;
+    if (!want_wb) smem = 0;
+    if (smem > 48 * 1024) {
+        int limit = 0;
+        CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device));
+        CG_CHECK(smem <= (size_t)limit, "",
+                 "op layernorm_bwd: %d channels need %zu bytes of shared memory, the GPU has %d",
+                 C, smem, limit);
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    }
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, LN_BWD_WARPS * 32, smem));
+    size_t blocks = (size_t)(per_sm > 0 ? per_sm : 1) * c->sm_count;
+    size_t need = ceil_div(N, LN_BWD_WARPS);
+    if (blocks > need) blocks = need;
+    float *partial = want_wb ? (float *)cuda_scratch(ctx, blocks * 2 * C * sizeof(float)) : nullptr;
+    kernel<<<(unsigned)blocks, LN_BWD_WARPS * 32, smem, c->stream>>>(
+        (const T *)dy->data, (const T *)x->data, w ? (const TP *)w->data : nullptr,
+        tensor_f32(mean), tensor_f32(rstd), dx ? (T *)dx->data : nullptr, partial, N, C);
+    CUDA_CHECK_LAUNCH();
+    if (want_wb)
+        cuda_sum_partials(ctx, partial, (unsigned)blocks, 2 * (size_t)C, (size_t)C,
+                          dw ? tensor_f32(dw) : nullptr, db ? tensor_f32(db) : nullptr);
+}
+
+void cuda_layernorm_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+                        const Tensor *mean, const Tensor *rstd, Tensor *dx, Tensor *dw,
+                        Tensor *db) {
+    const char *op = "layernorm_bwd";
+    if (!dx && !dw && !db) return;
+    cuda_check_tensor(op, "x", x);
+    int C = tensor_last(x);
+    size_t N = tensor_rows(x);
+    cuda_check_numel(op, "dy", dy, x->numel);
+    cuda_check_same_dtype(op, "dy", dy, "x", x);
+    if (w) cuda_check_numel(op, "w", w, (size_t)C);
+    CG_CHECK(mean && rstd, "run layernorm_fwd with mean and rstd tensors before its backward",
+             "op layernorm_bwd: needs the mean and rstd saved by the forward pass");
+    cuda_check_f32(op, "mean", mean);
+    cuda_check_f32(op, "rstd", rstd);
+    cuda_check_numel(op, "mean", mean, N);
+    cuda_check_numel(op, "rstd", rstd, N);
+    if (dx) {
+        cuda_check_numel(op, "dx", dx, x->numel);
+        cuda_check_same_dtype(op, "dx", dx, "x", x);
+    }
+    if (dw) CG_CHECK(w, "", "op layernorm_bwd: dw given but the layer has no weight w");
+    if (dw) { cuda_check_f32(op, "dw", dw); cuda_check_numel(op, "dw", dw, (size_t)C); }
+    if (db) { cuda_check_f32(op, "db", db); cuda_check_numel(op, "db", db, (size_t)C); }
+    if (N == 0) return;
+    bool vec = C % 8 == 0 && aligned16(dy->data) && aligned16(x->data) &&
+               (!w || aligned16(w->data)) && (!dx || aligned16(dx->data));
+    dispatch_dtype2(x->dtype, w ? w->dtype : x->dtype, [&](auto tx, auto tp) {
+        using T = TAG_T(tx);
+        using TP = TAG_T(tp);
+        auto run = [&](auto kernel, size_t smem) {
+            ln_bwd_run<T, TP>(ctx, kernel, smem, dy, x, w, mean, rstd, dx, dw, db, N, C);
+        };
+        if (vec && C <= 2 * 256)
+            run(ln_bwd_cached_kernel<T, TP, 2>, (size_t)LN_BWD_WARPS * 2 * 2 * 256 * sizeof(float));
+        else if (vec && C <= 5 * 256)
+            run(ln_bwd_cached_kernel<T, TP, 5>, (size_t)LN_BWD_WARPS * 2 * 5 * 256 * sizeof(float));
+        else if (vec)
+            run(ln_bwd_kernel<T, TP, 8>, (size_t)LN_BWD_WARPS * 2 * ln_acc_len(C, 8) * sizeof(float));
+        else
+            run(ln_bwd_kernel<T, TP, 1>, (size_t)LN_BWD_WARPS * 2 * ln_acc_len(C, 1) * sizeof(float));
+    });
+}

@@ -1,0 +1,403 @@
+// CUDA linear layers through cuBLASLt (kernels/ops.h has the contracts; kernels/cpu/linear.c is
+// the reference): linear, linear + GELU (tanh) with the GELU fused into the GEMM's epilogue, and
+// the backward of a linear that reads a GELU output with the GELU's derivative fused into its dx
+// product.
+//
+// Row-major x (N,K), w (M,K), y (N,M) are, to column-major cuBLASLt, x^T (K,N), w^T (K,M),
+// y^T (M,N), all with the row length as leading dimension. So
+//   forward  y^T  (M,N) = (w^T)^T (M,K) x^T (K,N)    A = w  (trans), B = x,        bias (M) on rows
+//   dx       dx^T (K,N) = w^T (K,M) dy^T (M,N)        A = w,          B = dy
+//   dw       dw^T (K,M) = x^T (K,N) dy (N,M)          A = x,          B = dy (trans), db (M) =
+//                                                     the sums of op(B) over k: BGRADB
+// Precision: fp32 tensors compute in exact fp32 (CUBLAS_COMPUTE_32F, never TF32); bf16 tensors
+// multiply on the tensor cores with fp32 accumulation and round once on output. dx accumulates
+// through beta = 1 (one rounding of old + new); dw is fp32 and accumulates through beta = 1.
+//
+// Fused epilogues and their fallbacks (each fallback is exact to the same math; tests compare both):
+// - BIAS in forward. Fallback: GEMM, then a bias-add kernel.
+// - BGRADB in the dw product (opt-in: CUDA_FUSE_BIAS_GRAD, kernels/cuda/cuda_gemm.h): cuBLASLt
+//   OVERWRITES the bias-gradient vector, and our db accumulates, so it writes into an fp32 scratch
+//   vector (M floats) that a small kernel adds into db. Measured on the H200 (kernels/cuda/
+//   gemm_bench.cu), the dw GEMM with BGRADB took longer than the plain dw GEMM plus the column
+//   sum below, so the default is the column sum: a deterministic two-pass sum of dy (fixed row
+//   chunks, then the chunks in order), which also serves db without dw.
+// - GELU_AUX_BIAS in linear_gelu_fwd (pre written as aux, ld must be a multiple of 8, so M % 8 == 0).
+//   cuBLASLt's GELU is the tanh approximation (GELU_TANH). Fallback: linear, then a GELU kernel.
+// - DGELU in linear_dgelu_bwd's dx product (aux = pre, K % 8 == 0). Fallback: the product in fp32
+//   into a temporary, then a kernel multiplies by gelu'(pre).
+// cuBLASLt's own alignment rules (pointers, leading dimensions not a multiple of 8 elements) are
+// handled by the heuristic: each plan is queried with the actual pointer alignment (see gemm.cu), and
+// cuBLASLt then picks a kernel that supports it (slower, never wrong); a fused epilogue it refuses
+// takes the fallback above. No padding copies are made.
+#include "cuda_gemm.h"
+#include "../ops.h"
+#include <limits.h>
+
+#define GELU_SQRT2_PI 0.79788456080286536f   // sqrt(2 / pi)
+#define GELU_TANH_C   0.044715f
+
+// Same expressions as kernels/cpu/gelu.c (GELU_TANH).
+static __device__ __forceinline__ float gelu_tanh_value(float x) {
+    float u = GELU_SQRT2_PI * (x + GELU_TANH_C * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+static __device__ __forceinline__ float gelu_tanh_slope(float x) {
+    float u = GELU_SQRT2_PI * (x + GELU_TANH_C * x * x * x);
+    float t = tanhf(u);
+    return 0.5f * (1.0f + t) +
+           0.5f * x * (1.0f - t * t) * GELU_SQRT2_PI * (1.0f + 3.0f * GELU_TANH_C * x * x);
+}
+
+// ---- small kernels -------------------------------------------------------------------------------
+
+// y (N,M) += b (M) on every row
+template <typename T>
+__global__ void bias_add_kernel(T *y, const T *b, size_t n, int M) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = cuda_from_f32<T>(cuda_to_f32(y[i]) + cuda_to_f32(b[i % M]));
+}
+
+// dst += src
+__global__ void add_f32_kernel(float *dst, const float *src, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] += src[i];
+}
+
+// Column sums of dy (N,M), pass 1: partial[c][m] = sum of rows c*rows..(c+1)*rows-1 in order.
+template <typename T>
+__global__ void colsum_partial_kernel(const T *dy, size_t N, int M, size_t rows, float *partial) {
+    int m = blockIdx.x * blockDim.x + threadIdx.x;
+    if (m >= M) return;
+    size_t r0 = blockIdx.y * rows, r1 = r0 + rows < N ? r0 + rows : N;
+    float s = 0.0f;
+    for (size_t r = r0; r < r1; r++) s += cuda_to_f32(dy[r * M + m]);
+    partial[(size_t)blockIdx.y * M + m] = s;
+}
+
+// Pass 2: db[m] += sum over chunks in order (a fixed order: deterministic).
+__global__ void colsum_finish_kernel(const float *partial, int chunks, int M, float *db) {
+    int m = blockIdx.x * blockDim.x + threadIdx.x;
+    if (m >= M) return;
+    float s = 0.0f;
+    for (int c = 0; c < chunks; c++) s += partial[(size_t)c * M + m];
+    db[m] += s;
+}
+
+// y = gelu_tanh(pre) (in place when y == pre)
+template <typename T>
+__global__ void gelu_tanh_kernel(const T *pre, T *y, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = cuda_from_f32<T>(gelu_tanh_value(cuda_to_f32(pre[i])));
+}
+
+// out = g * gelu_tanh'(pre), written
+template <typename G, typename T>
+__global__ void dgelu_tanh_kernel(const G *g, const T *pre, T *out, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = cuda_from_f32<T>(cuda_to_f32(g[i]) * gelu_tanh_slope(cuda_to_f32(pre[i])));
+}
+
+// ---- shapes and checks -----------------------------------------------------------------------------
+
+typedef struct LinearShape {
+    size_t N;      // rows of x
+    int K, M;      // in, out
+    DType act;     // dtype of x, w, y, dx (and b)
+} LinearShape;
+
+static LinearShape linear_shape(const char *op, const Tensor *x, const Tensor *w) {
+    cuda_check_tensor(op, "w", w);
+    CG_CHECK(w->ndim == 2, "", "op %s: w must be (out, in), got rank %d", op, w->ndim);
+    CG_CHECK(w->dtype == DTYPE_F32 || w->dtype == DTYPE_BF16, "", "op %s: w is %s", op,
+             dtype_name(w->dtype));
+    LinearShape s;
+    s.M = w->shape[0];
+    s.K = w->shape[1];
+    s.act = w->dtype;
+    cuda_check_dtype(op, "x", x, s.act);
+    char xs[64], ws[64];
+    CG_CHECK(tensor_last(x) == s.K, "", "op %s: x %s has last dim %d, w %s takes %d inputs", op,
+             tensor_shape_str(x, xs, sizeof xs), tensor_last(x), tensor_shape_str(w, ws, sizeof ws),
+             s.K);
+    CG_CHECK(s.K > 0 && s.M > 0, "", "op %s: w %s has an empty dimension", op,
+             tensor_shape_str(w, ws, sizeof ws));
+    s.N = tensor_rows(x);
+    CG_CHECK(s.N <= INT_MAX, "reduce batch_size", "op %s: %zu rows exceed cuBLASLt's int range", op,
+             s.N);
+    return s;
+}
+
+static void check_bias(const char *op, const LinearShape *s, const Tensor *b) {
+    cuda_check_dtype(op, "b", b, s->act);
+    CG_CHECK(b->numel == (size_t)s->M, "", "op %s: b has %zu elements, w has %d outputs", op,
+             b->numel, s->M);
+}
+
+static void check_param_grad(const char *op, const char *name, const Tensor *g, size_t numel) {
+    cuda_check_dtype(op, name, g, DTYPE_F32);
+    CG_CHECK(g->numel == numel, "", "op %s: %s has %zu elements, expected %zu", op, name, g->numel,
+             numel);
+}
+
+// ---- the products ------------------------------------------------------------------------------
+
+// y^T (M,N) = w x^T, no epilogue yet.
+static CudaGemm gemm_forward(const LinearShape *s, const void *x, const void *w, void *y) {
+    CudaGemm g;
+    memset(&g, 0, sizeof g);
+    cudaDataType_t t = cuda_dtype_of(s->act);
+    g.trans_a = 1;
+    g.m = s->M; g.n = (int)s->N; g.k = s->K;
+    g.a = w; g.lda = s->K; g.a_type = t;
+    g.b = x; g.ldb = s->K; g.b_type = t;
+    g.d = y; g.ldd = s->M; g.d_type = t;
+    return g;
+}
+
+// dx^T (K,N) [+]= w^T dy^T; out_type is the dtype of dx.
+static CudaGemm gemm_dx(const LinearShape *s, const void *dy, const void *w, void *dx,
+                        cudaDataType_t out_type, float beta) {
+    CudaGemm g;
+    memset(&g, 0, sizeof g);
+    cudaDataType_t t = cuda_dtype_of(s->act);
+    g.m = s->K; g.n = (int)s->N; g.k = s->M;
+    g.a = w; g.lda = s->K; g.a_type = t;
+    g.b = dy; g.ldb = s->M; g.b_type = t;
+    g.d = dx; g.ldd = s->K; g.d_type = out_type;
+    g.beta = beta;
+    return g;
+}
+
+// dw^T (K,M) += x^T dy (fp32)
+static CudaGemm gemm_dw(const LinearShape *s, const void *dy, const void *x, float *dw) {
+    CudaGemm g;
+    memset(&g, 0, sizeof g);
+    cudaDataType_t t = cuda_dtype_of(s->act);
+    g.trans_b = 1;
+    g.m = s->K; g.n = s->M; g.k = (int)s->N;
+    g.a = x; g.lda = s->K; g.a_type = t;
+    g.b = dy; g.ldb = s->M; g.b_type = t;
+    g.d = dw; g.ldd = s->K; g.d_type = CUDA_R_32F;
+    g.beta = 1.0f;
+    return g;
+}
+
+// y = x w^T + b, the bias fused when cuBLASLt can, else added by a kernel.
+static void linear_forward(Ctx *ctx, const LinearShape *s, const void *x, const void *w,
+                           const void *b, void *y) {
+    CudaGemm g = gemm_forward(s, x, w, y);
+    if (b) {
+        g.epilogue = CUBLASLT_EPILOGUE_BIAS;
+        g.bias = (void *)b;
+        g.bias_type = g.d_type;
+        if (cuda_gemm_try(ctx, &g)) return;
+        g.epilogue = (cublasLtEpilogue_t)0;
+        g.bias = NULL;
+    }
+    cuda_gemm(ctx, &g, "linear_fwd");
+    if (!b) return;
+    size_t n = s->N * (size_t)s->M;
+    cudaStream_t st = cuda_stream_of(ctx);
+    if (s->act == DTYPE_BF16)
+        bias_add_kernel<<<cuda_grid_for(ctx, n), 256, 0, st>>>((__nv_bfloat16 *)y,
+                                                              (const __nv_bfloat16 *)b, n, s->M);
+    else
+        bias_add_kernel<<<cuda_grid_for(ctx, n), 256, 0, st>>>((float *)y, (const float *)b, n, s->M);
+    CUDA_CHECK_LAUNCH();
+}
+
+// db (M) += column sums of dy (N,M), deterministic: fixed row chunks, then chunks in order.
+static void colsum_add(Ctx *ctx, const LinearShape *s, const void *dy, float *db) {
+    int mblocks = (s->M + 255) / 256;
+    size_t want = (size_t)cuda_ctx_of(ctx)->sm_count * 2048 / ((size_t)mblocks * 256);
+    size_t max_chunks = (s->N + 7) / 8;
+    size_t chunks = want < 1 ? 1 : want;
+    if (chunks > max_chunks) chunks = max_chunks;
+    if (chunks > 65535) chunks = 65535;
+    size_t rows = (s->N + chunks - 1) / chunks;
+    chunks = (s->N + rows - 1) / rows;
+    float *partial = (float *)cuda_gemm_scratch(ctx, chunks * s->M * sizeof(float));
+    cudaStream_t st = cuda_stream_of(ctx);
+    dim3 grid(mblocks, (unsigned)chunks);
+    if (s->act == DTYPE_BF16)
+        colsum_partial_kernel<<<grid, 256, 0, st>>>((const __nv_bfloat16 *)dy, s->N, s->M, rows, partial);
+    else
+        colsum_partial_kernel<<<grid, 256, 0, st>>>((const float *)dy, s->N, s->M, rows, partial);
+    CUDA_CHECK_LAUNCH();
+    colsum_finish_kernel<<<mblocks, 256, 0, st>>>(partial, (int)chunks, s->M, db);
+    CUDA_CHECK_LAUNCH();
+}
+
+// dx += dy w; dw += dy^T x; db += sum_n dy (shapes checked by the caller).
+static void linear_backward(Ctx *ctx, const LinearShape *s, const void *dy, const void *x,
+                            const void *w, void *dx, float *dw, float *db) {
+    if (s->N == 0) return;
+    if (dx) {
+        CudaGemm g = gemm_dx(s, dy, w, dx, cuda_dtype_of(s->act), 1.0f);
+        cuda_gemm(ctx, &g, "linear_bwd dx");
+    }
+    int db_done = 0;
+    if (dw) {
+        CudaGemm g = gemm_dw(s, dy, x, dw);
+        int dw_done = 0;
+        if (db) {   // BGRADB overwrites its vector: fp32 scratch, then db += scratch
+            float *tmp = (float *)cuda_gemm_scratch(ctx, (size_t)s->M * sizeof(float));
+            g.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+            g.bias = tmp;
+            g.bias_type = CUDA_R_32F;
+            if (cuda_gemm_try(ctx, &g)) {
+                add_f32_kernel<<<(s->M + 255) / 256, 256, 0, cuda_stream_of(ctx)>>>(db, tmp, s->M);
+                CUDA_CHECK_LAUNCH();
+                dw_done = db_done = 1;
+            }
+            g.epilogue = (cublasLtEpilogue_t)0;
+            g.bias = NULL;
+        }
+        if (!dw_done) cuda_gemm(ctx, &g, "linear_bwd dw");
+    }
+    if (db && !db_done) colsum_add(ctx, s, dy, db);
+}
+
+// Device memory for a temporary on the main stream (stream-ordered: freed with temp_free).
+static void *temp_alloc(Ctx *ctx, size_t bytes) {
+    void *p = NULL;
+    CUDA_CHECK(cudaMallocAsync(&p, bytes ? bytes : 1, cuda_stream_of(ctx)));
+    return p;
+}
+static void temp_free(Ctx *ctx, void *p) { CUDA_CHECK(cudaFreeAsync(p, cuda_stream_of(ctx))); }
+
+// ---- ops -----------------------------------------------------------------------------------------
+
+extern "C" void cuda_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
+                                Tensor *y) {
+    LinearShape s = linear_shape("linear_fwd", x, w);
+    cuda_check_matrix("linear_fwd", "y", y, s.N, s.M);
+    cuda_check_dtype("linear_fwd", "y", y, s.act);
+    if (b) check_bias("linear_fwd", &s, b);
+    if (s.N == 0) return;
+    linear_forward(ctx, &s, x->data, w->data, b ? b->data : NULL, y->data);
+}
+
+extern "C" void cuda_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+                                Tensor *dx, Tensor *dw, Tensor *db) {
+    LinearShape s = linear_shape("linear_bwd", x, w);
+    cuda_check_matrix("linear_bwd", "dy", dy, s.N, s.M);
+    cuda_check_dtype("linear_bwd", "dy", dy, s.act);
+    if (dx) {
+        cuda_check_dtype("linear_bwd", "dx", dx, s.act);
+        char a[64], c[64];
+        CG_CHECK(tensor_same_shape(dx, x), "", "op linear_bwd: dx has shape %s, x has shape %s",
+                 tensor_shape_str(dx, a, sizeof a), tensor_shape_str(x, c, sizeof c));
+    }
+    if (dw) check_param_grad("linear_bwd", "dw", dw, (size_t)s.M * s.K);
+    if (db) check_param_grad("linear_bwd", "db", db, (size_t)s.M);
+    linear_backward(ctx, &s, dy->data, x->data, w->data, dx ? dx->data : NULL,
+                    dw ? (float *)dw->data : NULL, db ? (float *)db->data : NULL);
+}
+
+extern "C" void cuda_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
+                                     Tensor *pre, Tensor *y) {
+    LinearShape s = linear_shape("linear_gelu_fwd", x, w);
+    cuda_check_matrix("linear_gelu_fwd", "y", y, s.N, s.M);
+    cuda_check_dtype("linear_gelu_fwd", "y", y, s.act);
+    if (pre) {
+        cuda_check_matrix("linear_gelu_fwd", "pre", pre, s.N, s.M);
+        cuda_check_dtype("linear_gelu_fwd", "pre", pre, s.act);
+    }
+    if (b) check_bias("linear_gelu_fwd", &s, b);
+    if (s.N == 0) return;
+
+    CudaGemm g = gemm_forward(&s, x->data, w->data, y->data);
+    g.bias = b ? b->data : NULL;
+    g.bias_type = g.d_type;
+    if (pre) {
+        g.epilogue = b ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+        g.aux = pre->data;
+        g.ldaux = s.M;
+    } else {
+        g.epilogue = b ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+    }
+    if (cuda_gemm_try(ctx, &g)) return;
+
+    // Unfused: pre = x w^T + b (into y when pre is not kept), then y = gelu(pre).
+    void *p = pre ? pre->data : y->data;
+    linear_forward(ctx, &s, x->data, w->data, b ? b->data : NULL, p);
+    size_t n = s.N * (size_t)s.M;
+    cudaStream_t st = cuda_stream_of(ctx);
+    if (s.act == DTYPE_BF16)
+        gelu_tanh_kernel<<<cuda_grid_for(ctx, n), 256, 0, st>>>((const __nv_bfloat16 *)p,
+                                                               (__nv_bfloat16 *)y->data, n);
+    else
+        gelu_tanh_kernel<<<cuda_grid_for(ctx, n), 256, 0, st>>>((const float *)p, (float *)y->data, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_linear_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+                                     const Tensor *pre, Tensor *dx, Tensor *dw, Tensor *db) {
+    LinearShape s = linear_shape("linear_gelu_bwd", x, w);
+    cuda_check_matrix("linear_gelu_bwd", "dy", dy, s.N, s.M);
+    cuda_check_dtype("linear_gelu_bwd", "dy", dy, s.act);
+    cuda_check_matrix("linear_gelu_bwd", "pre", pre, s.N, s.M);
+    cuda_check_dtype("linear_gelu_bwd", "pre", pre, s.act);
+    if (dx) {
+        cuda_check_dtype("linear_gelu_bwd", "dx", dx, s.act);
+        CG_CHECK(tensor_same_shape(dx, x), "", "op linear_gelu_bwd: dx and x differ in shape");
+    }
+    if (dw) check_param_grad("linear_gelu_bwd", "dw", dw, (size_t)s.M * s.K);
+    if (db) check_param_grad("linear_gelu_bwd", "db", db, (size_t)s.M);
+    if (s.N == 0 || (!dx && !dw && !db)) return;
+
+    // dpre = dy * gelu'(pre) in act dtype (what an unfused gelu_bwd would hand the linear).
+    size_t n = s.N * (size_t)s.M;
+    void *dpre = temp_alloc(ctx, n * dtype_size(s.act));
+    cudaStream_t st = cuda_stream_of(ctx);
+    if (s.act == DTYPE_BF16)
+        dgelu_tanh_kernel<<<cuda_grid_for(ctx, n), 256, 0, st>>>(
+            (const __nv_bfloat16 *)dy->data, (const __nv_bfloat16 *)pre->data, (__nv_bfloat16 *)dpre, n);
+    else
+        dgelu_tanh_kernel<<<cuda_grid_for(ctx, n), 256, 0, st>>>(
+            (const float *)dy->data, (const float *)pre->data, (float *)dpre, n);
+    CUDA_CHECK_LAUNCH();
+    linear_backward(ctx, &s, dpre, x->data, w->data, dx ? dx->data : NULL,
+                    dw ? (float *)dw->data : NULL, db ? (float *)db->data : NULL);
+    temp_free(ctx, dpre);
+}
+
+extern "C" void cuda_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
+                                      const Tensor *pre, Tensor *dpre, Tensor *dw, Tensor *db) {
+    LinearShape s = linear_shape("linear_dgelu_bwd", h, w);
+    cuda_check_matrix("linear_dgelu_bwd", "dy", dy, s.N, s.M);
+    cuda_check_dtype("linear_dgelu_bwd", "dy", dy, s.act);
+    if (dw) check_param_grad("linear_dgelu_bwd", "dw", dw, (size_t)s.M * s.K);
+    if (db) check_param_grad("linear_dgelu_bwd", "db", db, (size_t)s.M);
+    if (dpre) {
+        cuda_check_matrix("linear_dgelu_bwd", "pre", pre, s.N, s.K);
+        cuda_check_dtype("linear_dgelu_bwd", "pre", pre, s.act);
+        cuda_check_matrix("linear_dgelu_bwd", "dpre", dpre, s.N, s.K);
+        cuda_check_dtype("linear_dgelu_bwd", "dpre", dpre, s.act);
+    }
+    if (s.N == 0) return;
+    if (dpre) {   // dpre = (dy w) * gelu'(pre), written
+        CudaGemm g = gemm_dx(&s, dy->data, w->data, dpre->data, cuda_dtype_of(s.act), 0.0f);
+        g.epilogue = CUBLASLT_EPILOGUE_DGELU;
+        g.aux = pre->data;
+        g.ldaux = s.K;
+        if (!cuda_gemm_try(ctx, &g)) {   // the product in fp32, then one rounding of the scaled value
+            size_t n = s.N * (size_t)s.K;
+            float *tmp = (float *)temp_alloc(ctx, n * sizeof(float));
+            CudaGemm p = gemm_dx(&s, dy->data, w->data, tmp, CUDA_R_32F, 0.0f);
+            cuda_gemm(ctx, &p, "linear_dgelu_bwd dx");
+            cudaStream_t st = cuda_stream_of(ctx);
+            if (s.act == DTYPE_BF16)
+                dgelu_tanh_kernel<<<cuda_grid_for(ctx, n), 256, 0, st>>>(
+                    (const float *)tmp, (const __nv_bfloat16 *)pre->data, (__nv_bfloat16 *)dpre->data, n);
+            else
+                dgelu_tanh_kernel<<<cuda_grid_for(ctx, n), 256, 0, st>>>(
+                    (const float *)tmp, (const float *)pre->data, (float *)dpre->data, n);
+            CUDA_CHECK_LAUNCH();
+            temp_free(ctx, tmp);
+        }
+    }
+    linear_backward(ctx, &s, dy->data, h->data, w->data, NULL, dw ? (float *)dw->data : NULL,
+                    db ? (float *)db->data : NULL);
+}

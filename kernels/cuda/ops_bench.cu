@@ -1,0 +1,169 @@
+// Bandwidth of the memory-bound CUDA ops at training sizes (so14 width, 1036 px: 32 x 74 x 74
+// tokens of 1152 channels; AdamW over 400M parameters), as GB/s of the bytes each op must move,
+// against a device-to-device cudaMemcpy timed in the same run (bytes read + written).
+#include <time.h>
+#include "cuda_elem.cuh"
+
+enum { BENCH_LN_ROWS = 32 * 74 * 74, BENCH_LN_C = 1152 };
+#define BENCH_ADAMW_PARAMS 400000000ull
+#define BENCH_COPY_BYTES (1ull << 30)
+
+template <typename T>
+__global__ void bench_fill_kernel(T *p, size_t n, uint32_t seed, float lo, float hi) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 16;
+        h *= 0x85ebca6bu;
+        h ^= h >> 13;
+        float u = (h >> 8) * (1.0f / 16777216.0f);
+        float v = lo + (hi - lo) * u;
+        Vec<T, 1>::of(&v).store(p + i);
+    }
+}
+
+static Tensor bench_tensor(Ctx *ctx, size_t rows, int cols, DType dt, uint32_t seed, float lo, float hi) {
+    Tensor t;
+    memset(&t, 0, sizeof t);
+    int shape[2] = {(int)rows, cols};
+    tensor_set_shape(&t, cols > 0 ? 2 : 1, shape);
+    t.dtype = dt;
+    t.device = DEVICE_CUDA;
+    t.data = cuda_malloc(tensor_bytes(&t));
+    dispatch_dtype(dt, [&](auto tag) {
+        using T = TAG_T(tag);
+        bench_fill_kernel<T><<<1024, 256, 0, cuda_stream_of(ctx)>>>((T *)t.data, t.numel, seed, lo, hi);
+    });
+    CUDA_CHECK_LAUNCH();
+    return t;
+}
+
+// Milliseconds per call of f, after one warm-up call.
+template <typename F> static double bench_ms(Ctx *ctx, int iters, F f) {
+    cudaStream_t s = cuda_stream_of(ctx);
+    cudaEvent_t a, b;
+    CUDA_CHECK(cudaEventCreate(&a));
+    CUDA_CHECK(cudaEventCreate(&b));
+    f();
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    CUDA_CHECK(cudaEventRecord(a, s));
+    for (int i = 0; i < iters; i++) f();
+    CUDA_CHECK(cudaEventRecord(b, s));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    CUDA_CHECK(cudaEventDestroy(a));
+    CUDA_CHECK(cudaEventDestroy(b));
+    return ms / iters;
+}
+
+static void bench_line(FILE *out, const char *what, double ms, double bytes, double copy_gbs) {
+    double gbs = bytes / (ms * 1e-3) / 1e9;
+    fprintf(out, "  %-50s %8.3f ms %8.0f GB/s %6.1f%% of copy\n", what, ms, gbs,
+            copy_gbs > 0 ? 100.0 * gbs / copy_gbs : 0.0);
+}
+
+int cuda_bench_ops(FILE *out) {
+    if (cuda_device_count() == 0) {
+        fprintf(out, "bench ops: no CUDA device visible\n");
+        return 1;
+    }
+    Ctx ctx = cuda_ctx_create(0, DTYPE_BF16);
+    CudaCtx *c = cuda_ctx_of(&ctx);
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, c->device));
+    time_t now = time(NULL);
+    char date[32];
+    strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
+    fprintf(out, "cgspn bench ops: %s (%d SMs), %s; GB/s = bytes the op must move / time\n",
+            prop.name, prop.multiProcessorCount, date);
+
+    // Reference: a device-to-device copy, counting bytes read and written.
+    void *src = cuda_malloc(BENCH_COPY_BYTES), *dst = cuda_malloc(BENCH_COPY_BYTES);
+    CUDA_CHECK(cudaMemsetAsync(src, 1, BENCH_COPY_BYTES, c->stream));
+    double copy_ms = bench_ms(&ctx, 10, [&] {
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, BENCH_COPY_BYTES, cudaMemcpyDeviceToDevice, c->stream));
+    });
+    double copy_gbs = 2.0 * BENCH_COPY_BYTES / (copy_ms * 1e-3) / 1e9;
+    bench_line(out, "cudaMemcpy D2D 1 GiB (reference)", copy_ms, 2.0 * BENCH_COPY_BYTES, copy_gbs);
+    cuda_free(src);
+    cuda_free(dst);
+
+    // LayerNorm at (32*74*74, 1152) bf16.
+    {
+        size_t N = BENCH_LN_ROWS;
+        int C = BENCH_LN_C;
+        Tensor x = bench_tensor(&ctx, N, C, DTYPE_BF16, 1, -2.0f, 2.0f);
+        Tensor y = bench_tensor(&ctx, N, C, DTYPE_BF16, 2, 0.0f, 0.0f);
+        Tensor dy = bench_tensor(&ctx, N, C, DTYPE_BF16, 3, -1.0f, 1.0f);
+        Tensor dx = bench_tensor(&ctx, N, C, DTYPE_BF16, 4, 0.0f, 0.0f);
+        Tensor w = bench_tensor(&ctx, C, 0, DTYPE_BF16, 5, 0.5f, 1.5f);
+        Tensor b = bench_tensor(&ctx, C, 0, DTYPE_BF16, 6, -0.5f, 0.5f);
+        Tensor mean = bench_tensor(&ctx, N, 0, DTYPE_F32, 7, 0.0f, 0.0f);
+        Tensor rstd = bench_tensor(&ctx, N, 0, DTYPE_F32, 8, 0.0f, 0.0f);
+        Tensor dw = bench_tensor(&ctx, C, 0, DTYPE_F32, 9, 0.0f, 0.0f);
+        Tensor db = bench_tensor(&ctx, C, 0, DTYPE_F32, 10, 0.0f, 0.0f);
+        double act = (double)N * C * 2, stats = (double)N * 8;
+        char what[96];
+        double ms = bench_ms(&ctx, 20, [&] { cuda_layernorm_fwd(&ctx, &x, &w, &b, 1e-6f, &y, &mean, &rstd); });
+        snprintf(what, sizeof what, "layernorm_fwd bf16 (%zu, %d)", N, C);
+        bench_line(out, what, ms, 2 * act + stats, copy_gbs);
+        ms = bench_ms(&ctx, 20, [&] { cuda_layernorm_bwd(&ctx, &dy, &x, &w, &mean, &rstd, &dx, &dw, &db); });
+        snprintf(what, sizeof what, "layernorm_bwd bf16 (%zu, %d) dx += , dw, db", N, C);
+        bench_line(out, what, ms, 4 * act + stats, copy_gbs);
+        ms = bench_ms(&ctx, 20, [&] { cuda_layernorm_bwd(&ctx, &dy, &x, &w, &mean, &rstd, &dx, NULL, NULL); });
+        snprintf(what, sizeof what, "layernorm_bwd bf16 (%zu, %d) dx only", N, C);
+        bench_line(out, what, ms, 4 * act + stats, copy_gbs);
+        ms = bench_ms(&ctx, 20, [&] { cuda_layer_scale_bwd(&ctx, &dy, &x, &w, &dx, &dw); });
+        snprintf(what, sizeof what, "layer_scale_bwd bf16 (%zu, %d) dx += , dg", N, C);
+        bench_line(out, what, ms, 4 * act, copy_gbs);
+        ms = bench_ms(&ctx, 20, [&] { cuda_softmax_fwd(&ctx, &x, &y); });
+        snprintf(what, sizeof what, "softmax_fwd bf16 (%zu, %d)", N, C);
+        bench_line(out, what, ms, 2 * act, copy_gbs);
+        {
+            // the curriculum's 2x: (32, 37, 37, C) <-> (32, 74, 74, C); dy is y's storage
+            Tensor small = x, big = dy;
+            int sshape[4] = {32, 37, 37, C}, bshape[4] = {32, 74, 74, C};
+            tensor_set_shape(&small, 4, sshape);
+            tensor_set_shape(&big, 4, bshape);
+            double bytes_small = (double)small.numel * 2, bytes_big = (double)big.numel * 2;
+            ms = bench_ms(&ctx, 20, [&] { cuda_resize_bilinear_fwd(&ctx, &small, &big); });
+            bench_line(out, "resize_bilinear_fwd bf16 37x37 -> 74x74, B=32, C=1152", ms,
+                       bytes_small + bytes_big, copy_gbs);
+            Tensor dsmall = dx;
+            tensor_set_shape(&dsmall, 4, sshape);
+            ms = bench_ms(&ctx, 20, [&] { cuda_resize_bilinear_bwd(&ctx, &big, &dsmall); });
+            bench_line(out, "resize_bilinear_bwd bf16 74x74 -> 37x37 (gather)", ms,
+                       bytes_big + 2 * bytes_small, copy_gbs);
+        }
+        ms = bench_ms(&ctx, 20, [&] { cuda_gelu_fwd(&ctx, &x, GELU_TANH, &y); });
+        snprintf(what, sizeof what, "gelu_fwd tanh bf16 (%zu, %d)", N, C);
+        bench_line(out, what, ms, 2 * act, copy_gbs);
+        ms = bench_ms(&ctx, 20, [&] { cuda_accumulate(&ctx, &dy, &dx); });
+        snprintf(what, sizeof what, "accumulate bf16 (%zu, %d)", N, C);
+        bench_line(out, what, ms, 3 * act, copy_gbs);
+        Tensor *all[] = {&x, &y, &dy, &dx, &w, &b, &mean, &rstd, &dw, &db};
+        for (Tensor *t : all) cuda_free(t->data);
+    }
+
+    // AdamW over 400M parameters: bf16 param + fp32 master, and fp32 param alone.
+    {
+        size_t n = BENCH_ADAMW_PARAMS;
+        Tensor param = bench_tensor(&ctx, n, 0, DTYPE_BF16, 11, -0.1f, 0.1f);
+        Tensor master = bench_tensor(&ctx, n, 0, DTYPE_F32, 12, -0.1f, 0.1f);
+        Tensor grad = bench_tensor(&ctx, n, 0, DTYPE_F32, 13, -1e-3f, 1e-3f);
+        Tensor m = bench_tensor(&ctx, n, 0, DTYPE_F32, 14, -1e-4f, 1e-4f);
+        Tensor v = bench_tensor(&ctx, n, 0, DTYPE_F32, 15, 0.0f, 1e-6f);
+        AdamWArgs a = {1e-4f, 0.9f, 0.999f, 1e-8f, 0.05f, 1.0f, 10};
+        double ms = bench_ms(&ctx, 10, [&] { cuda_adamw(&ctx, &param, &master, &grad, &m, &v, &a); });
+        bench_line(out, "adamw 400M bf16 param + fp32 master (30 B/param)", ms, 30.0 * n, copy_gbs);
+        ms = bench_ms(&ctx, 10, [&] { cuda_adamw(&ctx, &master, NULL, &grad, &m, &v, &a); });
+        bench_line(out, "adamw 400M fp32 param (28 B/param)", ms, 28.0 * n, copy_gbs);
+        Tensor ss = bench_tensor(&ctx, 1, 0, DTYPE_F32, 16, 0.0f, 0.0f);
+        ms = bench_ms(&ctx, 10, [&] { cuda_sumsq(&ctx, &grad, &ss); });
+        bench_line(out, "sumsq 400M fp32", ms, 4.0 * n, copy_gbs);
+        Tensor *all[] = {&param, &master, &grad, &m, &v, &ss};
+        for (Tensor *t : all) cuda_free(t->data);
+    }
+    cuda_ctx_destroy(&ctx);
+    return 0;
+}

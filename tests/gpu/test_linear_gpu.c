@@ -1,0 +1,427 @@
+// CUDA linear ops (kernels/cuda/linear.cu, cuBLASLt) against the CPU reference
+// (kernels/cpu/linear.c): linear forward and backward (dx, dw, db), linear + GELU (tanh) fused
+// forward and backward, the DGELU-fused backward, in fp32 and bf16, on odd shapes (K, M not
+// multiples of 8, one row, 3-D x), with accumulation into non-zero gradients, backward twice,
+// NULL gradients skipped, fused epilogues against their unfused fallbacks, and the plan cache.
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include "gpulib.h"
+#include "../../kernels/cuda/cuda_gemm.h"
+
+// fp32: cuBLASLt with CUBLAS_COMPUTE_32F (no TF32) does exact fp32 multiply-adds in another
+// order than the CPU's blocked sgemm: ~1e-7 * sqrt(K) relative; an index or transpose error is
+// of order 1.
+#define FP32_TOL 1e-5
+// Calling a backward twice from zero gradients: the second call adds the same values again
+// (beta = 1 for dx, dw; db += scratch), so only the rounding of the sum may differ.
+#define ACCUM_TOL 1e-6
+// bf16 tolerances (inputs rounded to bf16 on the CPU side too, so both compute from identical
+// values; the GPU accumulates in fp32):
+// - activations written in bf16 (y, pre, dx, dpre): one rounding to bf16, at most 2^-9 per element,
+//   ~1e-3 norm-wise on large tensors; an unfused fallback rounds twice (pre, then gelu(pre) or
+//   + bias), up to 2 * 2^-9 = 3.9e-3 per element, which a 15-element tensor can nearly reach
+//   norm-wise (3.7e-3 seen on the H200, linear_gelu_fwd y at N=5 K=7 M=3) -> 6e-3.
+#define BF16_ACT_TOL 6e-3
+// - parameter gradients (dw, db) in fp32 from bf16 products, which are exact in fp32: only the
+//   accumulation order differs (~1e-6); 1e-4 leaves room for tensor-core accumulation.
+#define BF16_PARAM_GRAD_TOL 1e-4
+// - linear_gelu_bwd's dx, dw, db in bf16: dpre = dy * gelu'(pre) is rounded to bf16 before the
+//   GEMMs (as an unfused gelu_bwd would hand it to the linear); the CPU keeps it fp32 -> act level.
+#define BF16_GELU_GRAD_TOL BF16_ACT_TOL
+
+typedef struct Tols {
+    double act, param;   // activations and their gradients; parameter gradients
+} Tols;
+static const Tols FP32_TOLS = {FP32_TOL, FP32_TOL};
+static const Tols BF16_TOLS = {BF16_ACT_TOL, BF16_PARAM_GRAD_TOL};
+static const Tols *tols_for(DType dt) { return dt == DTYPE_BF16 ? &BF16_TOLS : &FP32_TOLS; }
+
+typedef struct Case {
+    int N, K, M;
+    int x3d;   // x as (1, N, K): rows are read from any leading shape
+} Case;
+
+static const Case CASES[] = {
+    {5, 7, 3, 0},        // K, M odd: 14- and 6-byte bf16 rows, nothing 16-byte aligned
+    {1000, 96, 130, 0},  // M = 130 not a multiple of 8: the GELU aux epilogue cannot run (ld % 8)
+    {33, 130, 96, 0},    // K = 130 not a multiple of 8: DGELU aux cannot run; dx rows unaligned
+    {257, 64, 136, 1},   // every fused epilogue can run (K, M multiples of 8); x is 3-D
+    {1, 8, 8, 0},        // one row
+};
+#define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
+
+// ---- helpers ---------------------------------------------------------------------------------
+
+static Tensor *host_x(const Case *c, int cols) {
+    return c->x3d ? test_tensor(3, 1, c->N, cols) : test_tensor(2, c->N, cols);
+}
+
+// A host fp32 tensor filled in [-1, 1); rounded to bf16 values when `round` (its GPU copy is bf16).
+static Tensor *host_rand(Tensor *t, uint64_t seed, int round) {
+    test_fill(t, seed, -1.0f, 1.0f);
+    if (round) gpu_test_round_to_bf16(t);
+    return t;
+}
+
+static Tensor *host_copy(const Tensor *t) {
+    Tensor *c = test_like(t);
+    memcpy(c->data, t->data, t->numel * sizeof(float));
+    return c;
+}
+
+// A GPU tensor of host's shape filled with NaN, for outputs the op must write in full.
+static Tensor *gpu_poison(Ctx *ctx, const Tensor *host, DType dt) {
+    Tensor *nan = test_like(host);
+    for (size_t i = 0; i < nan->numel; i++) ((float *)nan->data)[i] = NAN;
+    Tensor *g = gpu_test_upload(ctx, nan, dt);
+    test_tensor_free(nan);
+    return g;
+}
+
+// Compares and prints; returns 1 on failure (NaN fails).
+static int check(Ctx *ctx, const char *op, const char *name, const Case *c, const Tensor *gpu,
+                 const Tensor *cpu, double tol) {
+    char what[96];
+    snprintf(what, sizeof what, "%s %s N=%d K=%d M=%d", op, name, c->N, c->K, c->M);
+    double e = gpu_test_compare(ctx, what, gpu, cpu);
+    if (!(e <= tol)) {
+        printf("    ^ FAILED: above tolerance %.1e\n", tol);
+        return 1;
+    }
+    return 0;
+}
+
+// ---- linear ------------------------------------------------------------------------------------
+
+static int check_linear_fwd(Ctx *g, const Case *c, DType dt, int bias, uint64_t seed) {
+    Ctx cpu = ctx_cpu();
+    int r = dt == DTYPE_BF16;
+    Tensor *x = host_rand(host_x(c, c->K), seed, r);
+    Tensor *w = host_rand(test_tensor(2, c->M, c->K), seed + 1, r);
+    Tensor *b = host_rand(test_tensor(1, c->M), seed + 2, r);
+    Tensor *y = host_x(c, c->M);
+    cpu_linear_fwd(&cpu, x, w, bias ? b : NULL, y);
+
+    Tensor *gx = gpu_test_upload(g, x, dt), *gw = gpu_test_upload(g, w, dt);
+    Tensor *gb = gpu_test_upload(g, b, dt), *gy = gpu_poison(g, y, dt);
+    op_linear_fwd(g, gx, gw, bias ? gb : NULL, gy);
+    int fails = check(g, bias ? "linear_fwd" : "linear_fwd(no b)", "y", c, gy, y, tols_for(dt)->act);
+
+    gpu_test_free(gx); gpu_test_free(gw); gpu_test_free(gb); gpu_test_free(gy);
+    test_tensor_free(x); test_tensor_free(w); test_tensor_free(b); test_tensor_free(y);
+    return fails;
+}
+
+// Backward twice onto non-zero gradients; `mask` picks dx (1), dw (2), db (4); the rest NULL.
+static int check_linear_bwd(Ctx *g, const Case *c, DType dt, int mask, uint64_t seed) {
+    Ctx cpu = ctx_cpu();
+    int r = dt == DTYPE_BF16;
+    Tensor *x = host_rand(host_x(c, c->K), seed, r);
+    Tensor *w = host_rand(test_tensor(2, c->M, c->K), seed + 1, r);
+    Tensor *dy = host_rand(host_x(c, c->M), seed + 2, r);
+    Tensor *dx = host_rand(host_x(c, c->K), seed + 3, r);      // act dtype on the GPU
+    Tensor *dw = host_rand(test_tensor(2, c->M, c->K), seed + 4, 0);   // fp32 on the GPU
+    Tensor *db = host_rand(test_tensor(1, c->M), seed + 5, 0);
+    Tensor *gx = gpu_test_upload(g, x, dt), *gw = gpu_test_upload(g, w, dt);
+    Tensor *gdy = gpu_test_upload(g, dy, dt), *gdx = gpu_test_upload(g, dx, dt);
+    Tensor *gdw = gpu_test_upload(g, dw, DTYPE_F32), *gdb = gpu_test_upload(g, db, DTYPE_F32);
+    for (int rep = 0; rep < 2; rep++) {
+        cpu_linear_bwd(&cpu, dy, x, w, mask & 1 ? dx : NULL, mask & 2 ? dw : NULL, mask & 4 ? db : NULL);
+        op_linear_bwd(g, gdy, gx, gw, mask & 1 ? gdx : NULL, mask & 2 ? gdw : NULL, mask & 4 ? gdb : NULL);
+    }
+    char op[32];
+    snprintf(op, sizeof op, "linear_bwd[%s%s%s]", mask & 1 ? "dx" : "", mask & 2 ? "dw" : "",
+             mask & 4 ? "db" : "");
+    const Tols *t = tols_for(dt);
+    // Every gradient is compared, the NULL ones too: they must keep their initial values.
+    int fails = check(g, op, "dx", c, gdx, dx, t->act) + check(g, op, "dw", c, gdw, dw, t->param) +
+                check(g, op, "db", c, gdb, db, t->param);
+
+    Tensor *gpu[] = {gx, gw, gdy, gdx, gdw, gdb}, *host[] = {x, w, dy, dx, dw, db};
+    for (int i = 0; i < 6; i++) { gpu_test_free(gpu[i]); test_tensor_free(host[i]); }
+    return fails;
+}
+
+static void test_linear_forward_matches_cpu(DType dt) {
+    GPU_TEST_REQUIRE_DEVICE();
+    Ctx g = cuda_ctx_create(0, dt);
+    int fails = 0;
+    for (int i = 0; i < NCASES; i++)
+        for (int bias = 0; bias < 2; bias++) fails += check_linear_fwd(&g, &CASES[i], dt, bias, 10 + 7 * i);
+    cuda_ctx_destroy(&g);
+    assert_int_equal(fails, 0);
+}
+
+static void test_linear_backward_matches_cpu(DType dt) {
+    GPU_TEST_REQUIRE_DEVICE();
+    Ctx g = cuda_ctx_create(0, dt);
+    int fails = 0;
+    const int masks[] = {7, 1, 2, 4, 6};   // all; dx only; dw only; db only (column sum); dw + db
+    for (int i = 0; i < NCASES; i++)
+        for (int m = 0; m < 5; m++) fails += check_linear_bwd(&g, &CASES[i], dt, masks[m], 100 + 11 * i);
+    cuda_ctx_destroy(&g);
+    assert_int_equal(fails, 0);
+}
+
+static void test_linear_fp32_forward_matches_cpu(void **state) { test_linear_forward_matches_cpu(DTYPE_F32); }
+static void test_linear_bf16_forward_matches_cpu(void **state) { test_linear_forward_matches_cpu(DTYPE_BF16); }
+static void test_linear_fp32_backward_accumulates_and_matches_cpu(void **state) {
+    test_linear_backward_matches_cpu(DTYPE_F32);
+}
+static void test_linear_bf16_backward_accumulates_and_matches_cpu(void **state) {
+    test_linear_backward_matches_cpu(DTYPE_BF16);
+}
+
+// From zero gradients, two backward calls give exactly twice one call (dx, dw, db).
+static void test_linear_backward_twice_doubles_the_gradients(void **state) {
+    GPU_TEST_REQUIRE_DEVICE();
+    int fails = 0;
+    for (int d = 0; d < 2; d++) {
+        DType dt = d ? DTYPE_BF16 : DTYPE_F32;
+        Ctx g = cuda_ctx_create(0, dt);
+        const Case *c = &CASES[3];
+        int r = d;
+        Tensor *x = host_rand(host_x(c, c->K), 5, r), *w = host_rand(test_tensor(2, c->M, c->K), 6, r);
+        Tensor *dy = host_rand(host_x(c, c->M), 7, r);
+        Tensor *zx = host_x(c, c->K), *zw = test_tensor(2, c->M, c->K), *zb = test_tensor(1, c->M);
+        Tensor *gx = gpu_test_upload(&g, x, dt), *gw = gpu_test_upload(&g, w, dt);
+        Tensor *gdy = gpu_test_upload(&g, dy, dt);
+        Tensor *once[3], *twice[3];
+        for (int k = 0; k < 2; k++) {
+            Tensor **o = k ? twice : once;
+            o[0] = gpu_test_upload(&g, zx, dt);
+            o[1] = gpu_test_upload(&g, zw, DTYPE_F32);
+            o[2] = gpu_test_upload(&g, zb, DTYPE_F32);
+            for (int rep = 0; rep <= k; rep++) op_linear_bwd(&g, gdy, gx, gw, o[0], o[1], o[2]);
+        }
+        const char *names[3] = {"dx", "dw", "db"};
+        for (int i = 0; i < 3; i++) {
+            float *a = tensor_to_host_f32(&g, once[i]), *b2 = tensor_to_host_f32(&g, twice[i]);
+            for (size_t j = 0; j < once[i]->numel; j++) a[j] *= 2.0f;
+            double e = test_rel_err(b2, a, once[i]->numel);
+            // bf16 dx: round(round(v) + v) against 2 round(v): one bf16 rounding apart.
+            double tol = (i == 0 && d) ? BF16_ACT_TOL : ACCUM_TOL;
+            printf("    twice = 2 x once %-4s %s rel err %.2e\n", names[i], dtype_name(dt), e);
+            fails += !(e <= tol);
+            free(a); free(b2);
+            gpu_test_free(once[i]); gpu_test_free(twice[i]);
+        }
+        gpu_test_free(gx); gpu_test_free(gw); gpu_test_free(gdy);
+        Tensor *host[] = {x, w, dy, zx, zw, zb};
+        for (int i = 0; i < 6; i++) test_tensor_free(host[i]);
+        cuda_ctx_destroy(&g);
+    }
+    assert_int_equal(fails, 0);
+}
+
+// ---- linear + GELU -------------------------------------------------------------------------------
+
+static int check_linear_gelu_fwd(Ctx *g, const Case *c, DType dt, int keep_pre, uint64_t seed) {
+    Ctx cpu = ctx_cpu();
+    int r = dt == DTYPE_BF16;
+    Tensor *x = host_rand(host_x(c, c->K), seed, r);
+    Tensor *w = host_rand(test_tensor(2, c->M, c->K), seed + 1, r);
+    Tensor *b = host_rand(test_tensor(1, c->M), seed + 2, r);
+    Tensor *pre = host_x(c, c->M), *y = host_x(c, c->M);
+    cpu_linear_gelu_fwd(&cpu, x, w, b, pre, y);   // the contract: linear, then gelu_tanh
+
+    Tensor *gx = gpu_test_upload(g, x, dt), *gw = gpu_test_upload(g, w, dt);
+    Tensor *gb = gpu_test_upload(g, b, dt);
+    Tensor *gpre = keep_pre ? gpu_poison(g, pre, dt) : NULL, *gy = gpu_poison(g, y, dt);
+    op_linear_gelu_fwd(g, gx, gw, gb, gpre, gy);
+    const Tols *t = tols_for(dt);
+    int fails = check(g, keep_pre ? "linear_gelu_fwd" : "linear_gelu_fwd(no pre)", "y", c, gy, y, t->act);
+    if (keep_pre) fails += check(g, "linear_gelu_fwd", "pre", c, gpre, pre, t->act);
+
+    gpu_test_free(gx); gpu_test_free(gw); gpu_test_free(gb); gpu_test_free(gpre); gpu_test_free(gy);
+    test_tensor_free(x); test_tensor_free(w); test_tensor_free(b); test_tensor_free(pre);
+    test_tensor_free(y);
+    return fails;
+}
+
+static int check_linear_gelu_bwd(Ctx *g, const Case *c, DType dt, uint64_t seed) {
+    Ctx cpu = ctx_cpu();
+    int r = dt == DTYPE_BF16;
+    Tensor *x = host_rand(host_x(c, c->K), seed, r);
+    Tensor *w = host_rand(test_tensor(2, c->M, c->K), seed + 1, r);
+    Tensor *pre = host_rand(host_x(c, c->M), seed + 2, r);
+    for (size_t i = 0; i < pre->numel; i++) ((float *)pre->data)[i] *= 3.0f;   // the GELU's bend
+    if (r) gpu_test_round_to_bf16(pre);
+    Tensor *dy = host_rand(host_x(c, c->M), seed + 3, r);
+    Tensor *dx = host_rand(host_x(c, c->K), seed + 4, r);
+    Tensor *dw = host_rand(test_tensor(2, c->M, c->K), seed + 5, 0);
+    Tensor *db = host_rand(test_tensor(1, c->M), seed + 6, 0);
+    Tensor *gx = gpu_test_upload(g, x, dt), *gw = gpu_test_upload(g, w, dt);
+    Tensor *gpre = gpu_test_upload(g, pre, dt), *gdy = gpu_test_upload(g, dy, dt);
+    Tensor *gdx = gpu_test_upload(g, dx, dt), *gdw = gpu_test_upload(g, dw, DTYPE_F32);
+    Tensor *gdb = gpu_test_upload(g, db, DTYPE_F32);
+    for (int rep = 0; rep < 2; rep++) {
+        cpu_linear_gelu_bwd(&cpu, dy, x, w, pre, dx, dw, db);
+        op_linear_gelu_bwd(g, gdy, gx, gw, gpre, gdx, gdw, gdb);
+    }
+    double tol = dt == DTYPE_BF16 ? BF16_GELU_GRAD_TOL : FP32_TOL;
+    int fails = check(g, "linear_gelu_bwd", "dx", c, gdx, dx, tol) +
+                check(g, "linear_gelu_bwd", "dw", c, gdw, dw, tol) +
+                check(g, "linear_gelu_bwd", "db", c, gdb, db, tol);
+    Tensor *gpu[] = {gx, gw, gpre, gdy, gdx, gdw, gdb}, *host[] = {x, w, pre, dy, dx, dw, db};
+    for (int i = 0; i < 7; i++) { gpu_test_free(gpu[i]); test_tensor_free(host[i]); }
+    return fails;
+}
+
+// The fc2 side: y = h w^T + b with h = gelu(pre); dpre written, dw and db accumulated.
+static int check_linear_dgelu_bwd(Ctx *g, const Case *c, DType dt, uint64_t seed) {
+    Ctx cpu = ctx_cpu();
+    int r = dt == DTYPE_BF16;
+    Tensor *pre = host_rand(host_x(c, c->K), seed, 0);
+    for (size_t i = 0; i < pre->numel; i++) ((float *)pre->data)[i] *= 3.0f;
+    if (r) gpu_test_round_to_bf16(pre);
+    Tensor *h = host_x(c, c->K);
+    cpu_gelu_fwd(&cpu, pre, GELU_TANH, h);
+    if (r) gpu_test_round_to_bf16(h);
+    Tensor *w = host_rand(test_tensor(2, c->M, c->K), seed + 1, r);
+    Tensor *dy = host_rand(host_x(c, c->M), seed + 2, r);
+    Tensor *dpre = host_x(c, c->K);
+    Tensor *dw = host_rand(test_tensor(2, c->M, c->K), seed + 3, 0);
+    Tensor *db = host_rand(test_tensor(1, c->M), seed + 4, 0);
+    Tensor *gpre = gpu_test_upload(g, pre, dt), *gh = gpu_test_upload(g, h, dt);
+    Tensor *gw = gpu_test_upload(g, w, dt), *gdy = gpu_test_upload(g, dy, dt);
+    Tensor *gdpre = gpu_poison(g, dpre, dt), *gdw = gpu_test_upload(g, dw, DTYPE_F32);
+    Tensor *gdb = gpu_test_upload(g, db, DTYPE_F32);
+    for (int rep = 0; rep < 2; rep++) {   // dpre: written both times; dw, db: accumulated
+        cpu_linear_dgelu_bwd(&cpu, dy, h, w, pre, dpre, dw, db);
+        op_linear_dgelu_bwd(g, gdy, gh, gw, gpre, gdpre, gdw, gdb);
+    }
+    const Tols *t = tols_for(dt);
+    int fails = check(g, "linear_dgelu_bwd", "dpre", c, gdpre, dpre, t->act) +
+                check(g, "linear_dgelu_bwd", "dw", c, gdw, dw, t->param) +
+                check(g, "linear_dgelu_bwd", "db", c, gdb, db, t->param);
+    Tensor *gpu[] = {gpre, gh, gw, gdy, gdpre, gdw, gdb}, *host[] = {pre, h, w, dy, dpre, dw, db};
+    for (int i = 0; i < 7; i++) { gpu_test_free(gpu[i]); test_tensor_free(host[i]); }
+    return fails;
+}
+
+static void test_linear_gelu_matches_cpu(DType dt) {
+    GPU_TEST_REQUIRE_DEVICE();
+    Ctx g = cuda_ctx_create(0, dt);
+    int fails = 0;
+    for (int i = 0; i < NCASES; i++) {
+        for (int keep = 0; keep < 2; keep++) fails += check_linear_gelu_fwd(&g, &CASES[i], dt, keep, 200 + 13 * i);
+        fails += check_linear_gelu_bwd(&g, &CASES[i], dt, 300 + 17 * i);
+        fails += check_linear_dgelu_bwd(&g, &CASES[i], dt, 400 + 19 * i);
+    }
+    cuda_ctx_destroy(&g);
+    assert_int_equal(fails, 0);
+}
+
+static void test_linear_gelu_fp32_fused_matches_cpu_composition(void **state) {
+    test_linear_gelu_matches_cpu(DTYPE_F32);
+}
+static void test_linear_gelu_bf16_fused_matches_cpu_composition(void **state) {
+    test_linear_gelu_matches_cpu(DTYPE_BF16);
+}
+
+// Each fused epilogue (BIAS, BGRADB, GELU_AUX_BIAS, DGELU; BGRADB is opt-in, so all are switched
+// on here) against the same op with fusion switched off, on the shape where all of them can run;
+// prints how many fused launches ran. The default-policy runs of the other tests cover BIAS,
+// GELU and DGELU fused and db through the column sum.
+static void test_fused_epilogues_match_unfused_paths(void **state) {
+    GPU_TEST_REQUIRE_DEVICE();
+    int fails = 0;
+    const Case *c = &CASES[3];
+    for (int d = 0; d < 2; d++) {
+        DType dt = d ? DTYPE_BF16 : DTYPE_F32;
+        Ctx g = cuda_ctx_create(0, dt);
+        Tensor *x = host_rand(host_x(c, c->K), 31, d), *w = host_rand(test_tensor(2, c->M, c->K), 32, d);
+        Tensor *b = host_rand(test_tensor(1, c->M), 33, d), *dy = host_rand(host_x(c, c->M), 34, d);
+        Tensor *zy = host_x(c, c->M), *zx = host_x(c, c->K), *zw = test_tensor(2, c->M, c->K);
+        Tensor *zb = test_tensor(1, c->M);
+        Tensor *gx = gpu_test_upload(&g, x, dt), *gw = gpu_test_upload(&g, w, dt);
+        Tensor *gb = gpu_test_upload(&g, b, dt), *gdy = gpu_test_upload(&g, dy, dt);
+        Tensor *out[2][6];   // [fused][y, pre, gy, dw, db, dpre]
+        long fused_before, fused_after;
+        int plans;
+        long queries;
+        for (int fused = 1; fused >= 0; fused--) {
+            Tensor **o = out[fused];
+            cuda_gemm_set_fusion(&g, fused ? CUDA_FUSE_ALL : 0);
+            cuda_gemm_cache_stats(&g, &plans, &queries, &fused_before);
+            o[0] = gpu_poison(&g, zy, dt);
+            op_linear_fwd(&g, gx, gw, gb, o[0]);
+            o[1] = gpu_poison(&g, zy, dt);
+            o[2] = gpu_poison(&g, zy, dt);
+            op_linear_gelu_fwd(&g, gx, gw, gb, o[1], o[2]);
+            o[3] = gpu_test_upload(&g, zw, DTYPE_F32);
+            o[4] = gpu_test_upload(&g, zb, DTYPE_F32);
+            op_linear_bwd(&g, gdy, gx, gw, NULL, o[3], o[4]);
+            o[5] = gpu_poison(&g, zx, dt);   // x stands in for h and for pre
+            op_linear_dgelu_bwd(&g, gdy, gx, gw, gx, o[5], NULL, NULL);
+            cuda_gemm_cache_stats(&g, &plans, &queries, &fused_after);
+            printf("    %s fusion %s: %ld fused-epilogue launches (of 4 possible)\n", dtype_name(dt),
+                   fused ? "on " : "off", fused_after - fused_before);
+            if (!fused) fails += fused_after != fused_before;
+        }
+        const char *names[6] = {"y (BIAS)", "pre (GELU_AUX_BIAS)", "gelu y (GELU_AUX_BIAS)",
+                                "dw (BGRADB)", "db (BGRADB)", "dpre (DGELU)"};
+        const Tols *t = tols_for(dt);
+        const double tol[6] = {t->act, t->act, t->act, t->param, t->param, t->act};
+        for (int i = 0; i < 6; i++) {
+            float *h = tensor_to_host_f32(&g, out[0][i]);
+            Tensor ref = *out[0][i];   // the unfused result as the reference, on the host
+            ref.data = h;
+            ref.device = DEVICE_CPU;
+            char what[64];
+            snprintf(what, sizeof what, "fused vs unfused %s", names[i]);
+            double e = gpu_test_compare(&g, what, out[1][i], &ref);
+            fails += !(e <= tol[i]);
+            free(h);
+            gpu_test_free(out[0][i]);
+            gpu_test_free(out[1][i]);
+        }
+        gpu_test_free(gx); gpu_test_free(gw); gpu_test_free(gb); gpu_test_free(gdy);
+        Tensor *host[] = {x, w, b, dy, zy, zx, zw, zb};
+        for (int i = 0; i < 8; i++) test_tensor_free(host[i]);
+        cuda_ctx_destroy(&g);
+    }
+    assert_int_equal(fails, 0);
+}
+
+// The second call with the same shapes, dtypes and alignment reuses the plan: no new query.
+static void test_gemm_plans_are_cached_per_shape(void **state) {
+    GPU_TEST_REQUIRE_DEVICE();
+    Ctx g = cuda_ctx_create(0, DTYPE_BF16);
+    const Case *c = &CASES[1];
+    Tensor *x = host_rand(host_x(c, c->K), 1, 1), *w = host_rand(test_tensor(2, c->M, c->K), 2, 1);
+    Tensor *y = host_x(c, c->M);
+    Tensor *gx = gpu_test_upload(&g, x, DTYPE_BF16), *gw = gpu_test_upload(&g, w, DTYPE_BF16);
+    Tensor *gy = gpu_test_upload(&g, y, DTYPE_BF16);
+    int plans1, plans2;
+    long q1, q2, f;
+    op_linear_fwd(&g, gx, gw, NULL, gy);
+    cuda_gemm_cache_stats(&g, &plans1, &q1, &f);
+    for (int i = 0; i < 10; i++) op_linear_fwd(&g, gx, gw, NULL, gy);
+    cuda_gemm_cache_stats(&g, &plans2, &q2, &f);
+    printf("    plans %d -> %d, heuristic queries %ld -> %ld\n", plans1, plans2, q1, q2);
+    assert_int_equal(plans1, 1);
+    assert_int_equal(plans2, 1);
+    assert_true(q2 == q1);
+    gpu_test_free(gx); gpu_test_free(gw); gpu_test_free(gy);
+    test_tensor_free(x); test_tensor_free(w); test_tensor_free(y);
+    cuda_ctx_destroy(&g);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_linear_fp32_forward_matches_cpu),
+        cmocka_unit_test(test_linear_bf16_forward_matches_cpu),
+        cmocka_unit_test(test_linear_fp32_backward_accumulates_and_matches_cpu),
+        cmocka_unit_test(test_linear_bf16_backward_accumulates_and_matches_cpu),
+        cmocka_unit_test(test_linear_backward_twice_doubles_the_gradients),
+        cmocka_unit_test(test_linear_gelu_fp32_fused_matches_cpu_composition),
+        cmocka_unit_test(test_linear_gelu_bf16_fused_matches_cpu_composition),
+        cmocka_unit_test(test_fused_epilogues_match_unfused_paths),
+        cmocka_unit_test(test_gemm_plans_are_cached_per_shape),
+    };
+    return cmocka_run_group_tests_name("linear_gpu", tests, NULL, NULL);
+}

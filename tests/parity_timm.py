@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""cgspn against timm: per-block PP/PB features, final-norm tokens, logits, and one backward pass.
+
+Builds a random-init timm model (pretrained=False; every tensor, biases and norms included,
+redrawn so nothing is trivially 0 or 1), exports it to safetensors with timm's names, runs
+`cgspn features` on the same images with --grads, and compares. The loss backpropagated on both
+sides is sum(norm * probe_norm) + sum(logits * probe_logits) with fixed random probes, so every
+parameter gets a gradient.
+
+Run on the GPU machine from the repository root after `make`:
+    python3 tests/parity_timm.py                      # vit_base_patch16_224 and the so400m shape
+    python3 tests/parity_timm.py --models vit_b16 --precision fp32 --device cpu   # quick CPU check
+
+Error per tensor: max |cgspn - timm| / max |timm| (relative to the tensor's scale).
+Bounds (issue 4): fp32 <= 1e-4, bf16 <= 2e-2. Exit status 1 when any tensor is over its bound.
+The SigLIP MAP pooling head is out of scope: the so400m shape is compared up to the final norm.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import timm
+from safetensors.torch import save_file, load_file
+
+MODELS = {
+    # name: (timm model, cgspn config, batch, img)
+    "vit_b16": ("vit_base_patch16_224", "configs/vit_b16.cfg", 2, 224),
+    "vit_so14": ("vit_so400m_patch14_siglip_378", "configs/vit_so14.cfg", 1, 378),
+}
+BOUND = {"fp32": 1e-4, "bf16": 2e-2}
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
+
+
+def timm_reference(model, images, probe_norm, probe_logits):
+    """Features, norm output, logits and parameter gradients of the timm model (fp32, CPU)."""
+    feats = {}
+    hooks = []
+    for i, blk in enumerate(model.blocks):
+        hooks.append(blk.attn.register_forward_hook(
+            lambda m, inp, out, i=i: feats.__setitem__(f"blocks.{i}.pp", out)))
+        hooks.append(blk.register_forward_hook(
+            lambda m, inp, out, i=i: feats.__setitem__(f"blocks.{i}.pb", out)))
+    model.zero_grad()
+    x = model.forward_features(images)            # after the final norm
+    feats["norm"] = x
+    loss = (x * probe_norm).sum()
+    if probe_logits is not None:
+        logits = model.forward_head(x)
+        feats["logits"] = logits
+        loss = loss + (logits * probe_logits).sum()
+    loss.backward()
+    for h in hooks:
+        h.remove()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {k: v.detach() for k, v in feats.items()}, grads
+
+
+def run_one(key, precision, device, workdir, cgspn):
+    timm_name, cfg, batch, img = MODELS[key]
+    torch.manual_seed(0)
+    kwargs = {"pretrained": False}
+    if key == "vit_so14":
+        kwargs["global_pool"] = ""   # drop the MAP head: compared up to the final norm
+        kwargs["num_classes"] = 0
+        kwargs["act_layer"] = "gelu_tanh"   # SigLIP's GELU (DESIGN §4); timm's default is erf
+    model = timm.create_model(timm_name, **kwargs).float().eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.startswith("attn_pool") or n.startswith("head") and key == "vit_so14":
+                continue
+            std = 0.02 if p.ndim > 1 else 0.1
+            p.copy_(torch.randn_like(p) * std + (1.0 if n.endswith("norm1.weight") or
+                    n.endswith("norm2.weight") or n == "norm.weight" else 0.0))
+    params = {n: p.detach().contiguous() for n, p in model.named_parameters()
+              if not n.startswith("attn_pool")}
+    wpath = os.path.join(workdir, f"{key}.safetensors")
+    save_file(params, wpath)
+
+    images = torch.randn(batch, 3, img, img)
+    tokens = model.patch_embed.num_patches + (1 if getattr(model, "cls_token", None) is not None else 0)
+    probe_norm = torch.randn(batch, tokens, model.embed_dim)
+    probe_logits = torch.randn(batch, model.num_classes) if model.num_classes > 0 else None
+    ipath = os.path.join(workdir, f"{key}_images.safetensors")
+    inputs = {"images": images, "probe_norm": probe_norm}
+    if probe_logits is not None:
+        inputs["probe_logits"] = probe_logits
+    save_file(inputs, ipath)
+
+    ref_feats, ref_grads = timm_reference(model, images, probe_norm, probe_logits)
+
+    fpath = os.path.join(workdir, f"{key}_{precision}_feats.safetensors")
+    gpath = os.path.join(workdir, f"{key}_{precision}_grads.safetensors")
+    cmd = [cgspn, "features", cfg, "--weights", wpath, "--images", ipath, "--out", fpath,
+           "--grads", gpath, f"--precision={precision}", f"--device={device}"]
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    ours = load_file(fpath)
+    our_grads = load_file(gpath)
+
+    bound = BOUND[precision]
+    worst, failures = 0.0, []
+    for name, ref in list(ref_feats.items()) + [(f"grad {n}", g) for n, g in ref_grads.items()]:
+        if name.startswith("grad "):
+            mine = our_grads[name[5:]].reshape(ref.shape)
+        else:
+            mine = ours[name]
+        err = rel_err(mine, ref)
+        worst = max(worst, err)
+        if err > bound:
+            failures.append((name, err))
+    print(f"{key} {precision} on {device}: {len(ref_feats)} feature tensors, {len(ref_grads)} "
+          f"gradients; worst max-relative error {worst:.2e} (bound {bound:.0e})")
+    for name, err in failures:
+        print(f"  OVER BOUND {name}: {err:.2e}")
+    return not failures
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="vit_b16,vit_so14")
+    ap.add_argument("--precision", default="fp32,bf16")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--cgspn", default="./cgspn")
+    args = ap.parse_args()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    ok = True
+    with tempfile.TemporaryDirectory() as work:
+        for key in args.models.split(","):
+            for precision in args.precision.split(","):
+                ok &= run_one(key, precision, args.device, work, args.cgspn)
+    print("parity: PASSED" if ok else "parity: FAILED")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
