@@ -5,7 +5,7 @@ CC      ?= gcc
 CFLAGS  ?= -O3
 CFLAGS  += -std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -fopenmp -Wall -Wextra \
            -Wno-unused-parameter -MMD -MP
-LDLIBS  += -lz -lm
+LDLIBS  += -lpng -lturbojpeg -lzstd -lz -lm -lpthread
 BUILD   := build
 
 # Optional toolchains, detected by compiling probes (tools/probe.sh), cached in build/config.mk.

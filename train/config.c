@@ -37,6 +37,7 @@ static const struct { const char *key, *words; } kChoices[] = {
     {"global_pool", "token|avg"},
     {"precision",   "auto|fp32|bf16"},
     {"device",      "auto|cpu|cuda"},
+    {"interpolation", "bilinear|bicubic"},
 };
 
 // Int keys with a lower bound: sizes are >= 1, counts >= 0.

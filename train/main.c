@@ -1,6 +1,7 @@
 // cgspn: one binary, one command per job (DESIGN §1).
 #include "bench.h"
 #include "classify.h"
+#include "data_cmd.h"
 #include "features.h"
 #include "../nn/error.h"
 
@@ -13,6 +14,7 @@ typedef struct Command {
 static const Command kCommands[] = {
     {"train", cmd_train, "classification training of a ViT, C-GSPN or hybrid encoder"},
     {"features", cmd_features, "run an encoder on images; write every block's PP/PB taps (safetensors)"},
+    {"data",  cmd_data,  "build, inspect, verify and benchmark image shards (cgspn data --help)"},
     {"bench", cmd_bench, "GPU benchmarks: kernels against the roofline, blocks, training steps"},
 };
 #define N_COMMANDS (int)(sizeof(kCommands) / sizeof(kCommands[0]))

@@ -1,0 +1,54 @@
+#include "data_config.h"
+#include "../nn/error.h"
+#include <math.h>
+#include <stdlib.h>
+
+// "0.485, 0.456,0.406" -> out; returns the count (at most 3), or exits naming key.
+static int parse_floats(const char *key, const char *s, float *out) {
+    int k = 0;
+    const char *p = s;
+    while (*p) {
+        while (*p == ' ' || *p == ',') p++;
+        if (!*p) break;
+        char *end;
+        double v = strtod(p, &end);
+        CG_CHECK(end != p && k < 3 && isfinite(v), "e.g. data_mean = 0.485,0.456,0.406",
+                 "config key '%s' is '%s'; expected 1 or 3 comma-separated numbers", key, s);
+        out[k++] = (float)v;
+        p = end;
+    }
+    return k;
+}
+
+void loader_options_from_config(const Config *c, int train, int rank, int world,
+                                LoaderOptions *o) {
+    loader_options_default(o);
+    o->dir = c->data_shards;
+    o->split = train ? c->train_split : c->val_split;
+    o->train = train;
+    o->batch_size = c->batch_size;
+    o->rank = rank, o->world = world;
+    o->img_size = c->img_size;
+    o->channels = c->in_chans;
+    o->num_classes = c->num_classes;
+    o->seed = (uint64_t)c->seed;
+    o->threads = c->loader_threads;
+    o->prefetch = c->loader_prefetch;
+    o->rrc_scale_min = c->rrc_scale_min, o->rrc_scale_max = c->rrc_scale_max;
+    o->rrc_ratio_min = c->rrc_ratio_min, o->rrc_ratio_max = c->rrc_ratio_max;
+    o->hflip = c->hflip;
+    o->randaug_n = c->randaug_n, o->randaug_m = c->randaug_m, o->randaug_mstd = c->randaug_mstd;
+    o->randaug_inc = c->randaug_inc;
+    o->reprob = c->reprob;
+    o->mix = (MixConfig){c->mixup_alpha, c->cutmix_alpha, c->mixup_prob, c->mixup_switch_prob,
+                         c->label_smoothing};
+    o->eval_crop_pct = c->eval_crop_pct;
+    o->interp = strcmp(c->interpolation, "bicubic") == 0 ? RESIZE_BICUBIC : RESIZE_BILINEAR;
+    int nm = parse_floats("data_mean", c->data_mean, o->mean);
+    int ns = parse_floats("data_std", c->data_std, o->std);
+    CG_CHECK(nm == ns, "set both data_mean and data_std, with one value per channel",
+             "data_mean has %d values and data_std %d", nm, ns);
+    if (nm == 1)
+        for (int k = 1; k < 3; k++) o->mean[k] = o->mean[0], o->std[k] = o->std[0];
+    o->have_norm = nm > 0;
+}

@@ -1,0 +1,9 @@
+// Loader options from the run config (the data keys of train/config_keys.h).
+#pragma once
+#include "config.h"
+#include "../data/loader.h"
+
+// Fills o for the train (train = 1: train_split, augmented) or eval (val_split) stream of
+// this rank. Exits with a message naming the key when data_mean / data_std do not parse.
+void loader_options_from_config(const Config *c, int train, int rank, int world,
+                                LoaderOptions *o);
