@@ -10,8 +10,9 @@
 //   them and the optimizer zeroes parameter gradients, so fan-out (residuals) just works.
 // - Scalars that come back to the host (losses, norms) are written to 1-element fp32 tensors.
 // - Precision: activations and their gradients are in ctx->act_dtype (fp32 on the CPU; bf16 or
-//   fp32 on the GPU); parameters are in act_dtype too, with fp32 master copies when that is
-//   bf16; parameter gradients, optimizer moments, LayerNorm statistics and losses are fp32.
+//   fp32 on the GPU), except the encoders' residual stream, kept in fp32; parameters are in
+//   act_dtype too, with fp32 master copies when that is bf16; parameter gradients, optimizer
+//   moments, LayerNorm statistics and losses are fp32.
 //   An op accepts any mix that follows these rules (e.g. linear_bwd: bf16 dy, x, w; fp32 dw).
 #pragma once
 #include "ctx.h"

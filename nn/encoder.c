@@ -66,10 +66,14 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
     if (cfg->num_classes > 0) linear_register(&e->head, t, "head", C, cfg->num_classes, true, 0.02f);
 }
 
-// x (B, prefix+H*W, C) -> (B, prefix+H*W, C); *pp receives the mixing-layer output.
+// The residual stream is fp32 (as under PyTorch autocast): bf16 rounding of x at every add
+// would compound over deep models. Each sublayer reads it in the activation dtype.
+static Tensor *act(Tape *t, Tensor *x) { return nn_cast(t, x, t->ctx->act_dtype); }
+
+// x (B, prefix+H*W, C) fp32 -> (B, prefix+H*W, C) fp32; *pp receives the mixing-layer output.
 static Tensor *block_forward(Tape *t, const Encoder *e, const Block *b, Tensor *x, Tensor **pp) {
     int B = x->shape[0], T = x->shape[1], C = x->shape[2];
-    Tensor *h = layernorm(t, &b->norm1, x);
+    Tensor *h = layernorm(t, &b->norm1, act(t, x));
     Tensor *mix;
     if (b->is_attention) {
         mix = attention(t, &b->attn, h);
@@ -80,7 +84,7 @@ static Tensor *block_forward(Tape *t, const Encoder *e, const Block *b, Tensor *
     if (pp) *pp = mix;
     if (b->ls1) mix = nn_layer_scale(t, mix, b->ls1);
     x = nn_add(t, x, mix);
-    Tensor *m = mlp(t, &b->mlp, layernorm(t, &b->norm2, x));
+    Tensor *m = mlp(t, &b->mlp, layernorm(t, &b->norm2, act(t, x)));
     if (b->ls2) m = nn_layer_scale(t, m, b->ls2);
     return nn_add(t, x, m);
 }
@@ -97,11 +101,12 @@ Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *tap
     x = nn_view(t, x, 3, (int[]){B, N, c->width});
     if (e->cls_token) x = nn_concat_prefix(t, e->cls_token, x);
     if (e->pos_embed) x = nn_add_bcast(t, x, e->pos_embed);
+    x = nn_cast(t, x, DTYPE_F32);
     for (int i = 0; i < c->depth; i++) {
         x = block_forward(t, e, &e->blocks[i], x, taps ? &taps->pp[i] : NULL);
         if (taps) taps->pb[i] = x;
     }
-    return layernorm(t, &e->norm, x);
+    return layernorm(t, &e->norm, act(t, x));
 }
 
 Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens) {

@@ -250,6 +250,16 @@ Tensor *nn_resize_bilinear(Tape *t, Tensor *x, int h2, int w2) {
     return y;
 }
 
+Tensor *nn_cast(Tape *t, Tensor *x, DType dtype) {
+    if (x->dtype == dtype) return x;
+    Tensor *y = tape_tensor(t, x->ndim, x->shape, dtype == DTYPE_F32);
+    y->dtype = dtype;
+    op_scale_fwd(t->ctx, x, 1.0f, y);   // y = 1 * x, converting on the way
+    if (tape_track(t, y, x, NULL, NULL))
+        *(ScaleRec *)tape_record(t, scale_backward, sizeof(ScaleRec)) = (ScaleRec){x, y, 1.0f};
+    return y;
+}
+
 static void view_backward(Tape *t, void *p) {
     UnaryRec *r = p;
     if (!NEED_GRAD(r)) return;

@@ -18,6 +18,8 @@ Tensor *nn_concat_prefix(Tape *t, Tensor *prefix, Tensor *x);   // (P,C), (B,N,C
 Tensor *nn_slice_tokens(Tape *t, Tensor *x, int start, int count);
 Tensor *nn_mean_tokens(Tape *t, Tensor *x);                // (B,N,C) -> (B,C)
 Tensor *nn_resize_bilinear(Tape *t, Tensor *x, int h2, int w2); // (B,H,W,C) -> (B,h2,w2,C)
+// x converted to dtype (a copy; x itself when it already has it); the gradient flows back.
+Tensor *nn_cast(Tape *t, Tensor *x, DType dtype);
 // Same data, another shape of the same numel; the gradient flows through.
 Tensor *nn_view(Tape *t, Tensor *x, int ndim, const int *shape);
 Tensor *nn_cross_entropy(Tape *t, Tensor *logits, Tensor *targets);    // -> (1)
