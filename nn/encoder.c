@@ -89,7 +89,7 @@ static Tensor *block_forward(Tape *t, const Encoder *e, const Block *b, Tensor *
     return nn_add(t, x, m);
 }
 
-Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *taps) {
+Tensor *encoder_embed(Tape *t, const Encoder *e, Tensor *img) {
     const EncoderConfig *c = &e->cfg;
     CG_CHECK(img->ndim == 4 && img->shape[1] == c->in_chans && img->shape[2] == c->img_h &&
                  img->shape[3] == c->img_w,
@@ -101,8 +101,17 @@ Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *tap
     x = nn_view(t, x, 3, (int[]){B, N, c->width});
     if (e->cls_token) x = nn_concat_prefix(t, e->cls_token, x);
     if (e->pos_embed) x = nn_add_bcast(t, x, e->pos_embed);
-    x = nn_cast(t, x, DTYPE_F32);
-    for (int i = 0; i < c->depth; i++) {
+    return nn_cast(t, x, DTYPE_F32);
+}
+
+Tensor *encoder_block(Tape *t, const Encoder *e, int i, Tensor *x, Tensor **pp) {
+    CG_CHECK(i >= 0 && i < e->cfg.depth, "", "block %d of a %d-block encoder", i, e->cfg.depth);
+    return block_forward(t, e, &e->blocks[i], x, pp);
+}
+
+Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *taps) {
+    Tensor *x = encoder_embed(t, e, img);
+    for (int i = 0; i < e->cfg.depth; i++) {
         x = block_forward(t, e, &e->blocks[i], x, taps ? &taps->pp[i] : NULL);
         if (taps) taps->pb[i] = x;
     }

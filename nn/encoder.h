@@ -54,6 +54,13 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t);
 // img (B,in_chans,img_h,img_w) NCHW -> tokens after the final norm (B, prefix+H*W, C).
 // taps may be NULL.
 Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *taps);
+// The two halves of encoder_forward, for callers that run blocks one at a time (a frozen
+// teacher keeping only some taps, Stage 1 feeding each block the teacher's input):
+// img -> tokens before the first block (patch embed, class token, pos_embed), fp32
+// (B, prefix+H*W, C); and block i (0-based): x fp32 -> x fp32, *pp (may be NULL) receiving the
+// mixing-layer output before the residual add (PP tap).
+Tensor *encoder_embed(Tape *t, const Encoder *e, Tensor *img);
+Tensor *encoder_block(Tape *t, const Encoder *e, int i, Tensor *x, Tensor **pp);
 // Class token or mean of patch tokens of the normed tokens, then the head: (B, num_classes).
 Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens);
 // Whether block i (0-based) is an attention block for this encoder.

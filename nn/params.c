@@ -66,6 +66,23 @@ void params_alloc(ParamTable *t, Ctx *ctx) {
     params_zero_moments(t, ctx);
 }
 
+void params_alloc_frozen(ParamTable *t, Ctx *ctx) {
+    size_t n = t->total ? t->total : 1;
+    t->device = ctx->device;
+    t->dtype = ctx->act_dtype;
+    t->values = device_alloc(ctx, n * dtype_size(t->dtype));
+    t->grads = t->m = t->v = t->masters = NULL;
+    for (int i = 0; i < t->n; i++) {
+        Param *p = t->params[i];
+        p->value.data = (char *)t->values + p->offset * dtype_size(t->dtype);
+        p->value.dtype = t->dtype;
+        p->value.device = ctx->device;
+        p->value.grad = NULL;
+        p->value.requires_grad = false;
+        p->trainable = false;
+    }
+}
+
 static uint64_t name_hash(const char *s) {   // FNV-1a
     uint64_t h = 1469598103934665603ull;
     for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
@@ -116,7 +133,7 @@ static void zero_buffer(ParamTable *t, Ctx *ctx, void *buf) {
     all.data = buf;
     all.device = ctx->device;
     all.dtype = DTYPE_F32;
-    if (t->total) op_zero(ctx, &all);
+    if (t->total && buf) op_zero(ctx, &all);   // a frozen table has no gradients or moments
 }
 
 void params_zero_grads(ParamTable *t, Ctx *ctx) { zero_buffer(t, ctx, t->grads); }
@@ -129,9 +146,9 @@ void params_zero_moments(ParamTable *t, Ctx *ctx) {
 void params_free(ParamTable *t, Ctx *ctx) {
     if (t->values) {
         device_free(ctx, t->values);
-        device_free(ctx, t->grads);
-        device_free(ctx, t->m);
-        device_free(ctx, t->v);
+        if (t->grads) device_free(ctx, t->grads);   // absent in a frozen table
+        if (t->m) device_free(ctx, t->m);
+        if (t->v) device_free(ctx, t->v);
         if (t->masters) device_free(ctx, t->masters);
     }
     for (int i = 0; i < t->n; i++) free(t->params[i]);
@@ -157,6 +174,8 @@ void params_set_trainable(ParamTable *t, const char *prefix, bool trainable) {
     for (int i = 0; i < t->n; i++) {
         Param *p = t->params[i];
         if (prefix && strncmp(p->name, prefix, len) != 0) continue;
+        CG_CHECK(!trainable || t->grads || !t->values, "", "parameter %s belongs to a frozen table",
+                 p->name);
         p->trainable = trainable;
         p->value.requires_grad = trainable;
     }

@@ -47,6 +47,10 @@ Tensor *params_add(ParamTable *t, const char *name, int ndim, const int *shape, 
                    float init_arg, bool decay);
 // Allocates the buffers on ctx's device (values in ctx->act_dtype) and binds every tensor.
 void params_alloc(ParamTable *t, Ctx *ctx);
+// A frozen table (a teacher): values only, no gradients, moments or masters (a quarter of the
+// memory, or less); every parameter is marked not trainable. Values in ctx->act_dtype (bf16 on
+// the GPU). params_set_trainable must not make such a table trainable.
+void params_alloc_frozen(ParamTable *t, Ctx *ctx);
 // Fills every parameter by its init rule; each parameter draws from its own stream of
 // (seed, name), so adding a parameter does not change the others' values.
 void params_initialize(ParamTable *t, Ctx *ctx, uint64_t seed);

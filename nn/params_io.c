@@ -1,6 +1,8 @@
 #include "params_io.h"
 #include "error.h"
+#include "resample.h"
 #include "../kernels/ops.h"
+#include <math.h>
 #include <stdarg.h>
 
 #define LIST_SHOWN 8   // names listed in a message before "... and K more"
@@ -61,6 +63,7 @@ void load_report_free(LoadReport *r) {
     free(r->extra);
     r->missing = r->extra = NULL;
     r->n_missing = r->n_extra = r->n_loaded = 0;
+    r->pos_from_h = r->pos_from_w = 0;
 }
 
 static void print_list(FILE *f, char **names, int n) {
@@ -70,6 +73,9 @@ static void print_list(FILE *f, char **names, int n) {
 
 void load_report_print(const LoadReport *r, FILE *f) {
     fprintf(f, "loaded %d parameters", r->n_loaded);
+    if (r->pos_from_h)
+        fprintf(f, " (pos_embed resampled from %dx%d to %dx%d)", r->pos_from_h, r->pos_from_w,
+                r->pos_grid_h, r->pos_grid_w);
     if (r->n_missing) {
         fprintf(f, "; %d missing from the file (kept their values): ", r->n_missing);
         print_list(f, r->missing, r->n_missing);
@@ -110,6 +116,40 @@ static void missing_hint(const StFile *f, const char *missing, const char *prefi
            "missing parameters for a partial init");
 }
 
+// The side of the file's square pos_embed grid when file tensor f can be resampled into
+// parameter p (r asks for it, p is a pos_embed, same width, the same prefix tokens); 0 when
+// resampling does not apply, -1 when it was asked for but the file's grid is not square.
+static int resample_source_grid(const Param *p, const StTensor *f, const LoadReport *r) {
+    const char *last = strrchr(p->name, '.');
+    last = last ? last + 1 : p->name;
+    if (r->pos_grid_h <= 0 || r->pos_grid_w <= 0 || strcmp(last, "pos_embed") != 0) return 0;
+    int C = tensor_last(&p->value);
+    long prefix = (long)(p->value.numel / (size_t)C) - (long)r->pos_grid_h * r->pos_grid_w;
+    if (prefix < 0 || f->ndim < 2 || f->shape[f->ndim - 1] != C) return -1;
+    for (int d = 0; d < f->ndim - 2; d++)
+        if (f->shape[d] != 1) return -1;
+    long grid = (long)f->shape[f->ndim - 2] - prefix;
+    long side = grid > 0 ? lround(sqrt((double)grid)) : 0;
+    return side > 0 && side * side == grid ? (int)side : -1;
+}
+
+// Reads file tensor f (prefix + g*g tokens) and resamples its grid into host (p's shape): the
+// prefix tokens as they are, the grid bicubic with antialias (timm resample_abs_pos_embed).
+static int read_resampled(const StFile *file, const StTensor *f, const Param *p,
+                          const LoadReport *r, float *host, char *err, size_t n) {
+    int C = tensor_last(&p->value), g = r->pos_from_h;
+    int prefix = (int)(p->value.numel / (size_t)C) - r->pos_grid_h * r->pos_grid_w;
+    float *src = cg_malloc(f->numel * sizeof(float));
+    int rc = st_read_f32_err(file, f, src, err, n);
+    if (rc == 0) {
+        memcpy(host, src, (size_t)prefix * C * sizeof(float));
+        resample_bicubic_aa(src + (size_t)prefix * C, g, g, host + (size_t)prefix * C,
+                            r->pos_grid_h, r->pos_grid_w, C);
+    }
+    free(src);
+    return rc;
+}
+
 int params_load_safetensors_err(ParamTable *t, Ctx *ctx, const char *path, const char *strip_prefix,
                                 LoadReport *r, char *err, size_t n) {
     LoadReport local = {0};
@@ -127,6 +167,7 @@ int params_load_safetensors_err(ParamTable *t, Ctx *ctx, const char *path, const
         else match[k] = ft;
     }
     char a[128], b[128];
+    int resample_k = -1;   // the parameter whose file tensor is resampled (pos_embed)
     for (int k = 0; k < t->n && rc == 0; k++) {
         const Param *p = t->params[k];
         const StTensor *ft = match[k];
@@ -135,10 +176,19 @@ int params_load_safetensors_err(ParamTable *t, Ctx *ctx, const char *path, const
             continue;
         }
         if (!params_shape_matches(&p->value, ft)) {
+            int g = resample_source_grid(p, ft, r);
+            if (g > 0) {
+                resample_k = k;
+                r->pos_from_h = r->pos_from_w = g;
+                continue;
+            }
             shape_str(&p->value, b, sizeof b);
             rc = cg_set_error(err, n, "%s: tensor %s has shape %s, the config expects %s\n"
-                      "  hint: the file was written for another model size; use the config it was "
-                      "trained with", path, ft->name, st_shape_str(ft, a, sizeof a), b);
+                      "  hint: %s", path, ft->name, st_shape_str(ft, a, sizeof a), b,
+                      g < 0 ? "pos_embed can be resampled only from a square grid of the same "
+                              "width and number of prefix (class) tokens"
+                            : "the file was written for another model size; use the config it "
+                              "was trained with");
         } else if (ft->dtype != ST_F32 && ft->dtype != ST_BF16 && ft->dtype != ST_F16 && ft->dtype != ST_F64) {
             rc = cg_set_error(err, n, "%s: tensor %s has dtype %s; parameters load from F32, BF16, F16 or "
                       "F64", path, ft->name, st_dtype_name(ft->dtype));
@@ -155,7 +205,11 @@ int params_load_safetensors_err(ParamTable *t, Ctx *ctx, const char *path, const
         Param *p = t->params[k];
         if (!match[k]) continue;
         float *host = cg_malloc((p->value.numel ? p->value.numel : 1) * sizeof(float));
-        rc = st_read_f32_err(&f, match[k], host, err, n);
+        if (k == resample_k) {
+            rc = read_resampled(&f, match[k], p, r, host, err, n);
+        } else {
+            rc = st_read_f32_err(&f, match[k], host, err, n);
+        }
         if (rc == 0) params_set_value(p, ctx, host);   // rounds to bf16 values; fp32 masters
         free(host);
         if (rc == 0) r->n_loaded++;

@@ -19,6 +19,12 @@
 typedef struct LoadReport {
     bool allow_missing;   // in: a parameter the file lacks keeps its value and is listed in
                           //     missing (partial init) instead of being an error
+    int pos_grid_h, pos_grid_w;   // in: when > 0, a file pos_embed made for another token grid is
+                          //     resampled to this one as timm's resample_abs_pos_embed does
+                          //     (nn/resample.h: bicubic, antialiased when shrinking); the
+                          //     parameter's tokens beyond grid_h*grid_w are prefix (class)
+                          //     tokens, copied as they are; the file's grid must be square
+    int pos_from_h, pos_from_w;   // out: the file's grid when pos_embed was resampled, else 0
     int n_loaded;         // out: parameters filled from the file
     int n_missing;        // out: parameters the file lacks (table names)
     char **missing;
@@ -36,7 +42,7 @@ int  params_load_safetensors_err(ParamTable *t, Ctx *ctx, const char *path,
                                  const char *strip_prefix, LoadReport *r, char *err, size_t n);
 void params_load_safetensors(ParamTable *t, Ctx *ctx, const char *path, const char *strip_prefix,
                              LoadReport *r);
-// "loaded 12 parameters; 2 missing (kept their values): head.weight, head.bias; 1 extra ..."
+// "loaded 12 parameters (pos_embed resampled from 14x14 to 27x27); 2 missing (kept their values): head.weight, head.bias; 1 extra ..."
 void load_report_print(const LoadReport *r, FILE *f);
 void load_report_free(LoadReport *r);
 

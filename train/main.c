@@ -2,7 +2,10 @@
 #include "bench.h"
 #include "classify.h"
 #include "data_cmd.h"
+#include "distill.h"
+#include "export.h"
 #include "features.h"
+#include "probe.h"
 #include "../nn/error.h"
 
 typedef struct Command {
@@ -13,6 +16,9 @@ typedef struct Command {
 
 static const Command kCommands[] = {
     {"train", cmd_train, "classification training of a ViT, C-GSPN or hybrid encoder"},
+    {"distill", cmd_distill, "Stage 1 / Stage 2 distillation of a C-GSPN student from a frozen teacher"},
+    {"export", cmd_export, "write a checkpoint's student without adaptors or optimizer state"},
+    {"probe", cmd_probe, "test accuracy of an encoder's head and of a linear probe on its features"},
     {"features", cmd_features, "run an encoder on images; write every block's PP/PB taps (safetensors)"},
     {"data",  cmd_data,  "build, inspect, verify and benchmark image shards (cgspn data --help)"},
     {"bench", cmd_bench, "GPU benchmarks: kernels against the roofline, blocks, training steps"},

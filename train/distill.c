@@ -1,0 +1,623 @@
+#include "distill.h"
+#include "checkpoint.h"
+#include "cli_args.h"
+#include "device.h"
+#include "model_config.h"
+#include "optimizer.h"
+#include "runlog.h"
+#include "../data/fmnist_batch.h"
+#include "../nn/error.h"
+#include "../nn/targets.h"
+#include <math.h>
+#include <omp.h>
+#include <sys/stat.h>
+
+static void distill_usage(FILE *f) {
+    fprintf(f, "usage: cgspn distill CONFIG [--init PATH] [--key=value ...]\n"
+               "Distills the student of CONFIG (model = cgspn | hybrid) from a frozen teacher\n"
+               "(teacher = weights, teacher_config = its model keys) on Fashion-MNIST:\n"
+               "  stage = 1  every C-GSPN layer aligned to the teacher's attention output of its\n"
+               "             block, from the teacher's block input (DESIGN §6)\n"
+               "  stage = 2  full student; PP and PB taps (taps = 9,18,27 | every 9 | all),\n"
+               "             adaptors, alpha mean(L_PP) + beta mean(L_PB) (+ gamma CE)\n"
+               "--init PATH starts the student from PATH (a Stage 1 checkpoint or run folder, or\n"
+               "safetensors); without it the student copies the teacher where shapes match.\n"
+               "Example: cgspn distill configs/fmnist_distill_stage2.cfg --init checkpoints/s1\n\n");
+    config_print_help(f);
+}
+
+// ---- taps -----------------------------------------------------------------------------------------
+
+int distill_parse_taps(const char *s, int depth, int *blocks, char *err, size_t n) {
+    while (*s == ' ') s++;
+    if (strcmp(s, "all") == 0) {
+        for (int i = 0; i < depth; i++) blocks[i] = i;
+        return depth;
+    }
+    if (strncmp(s, "every", 5) == 0) {
+        const char *p = s + 5;
+        while (*p == ' ' || *p == '=' || *p == ':') p++;
+        char *end;
+        long k = strtol(p, &end, 10);
+        while (*end == ' ') end++;
+        if (end == p || *end || k < 1)
+            return cg_set_error(err, n, "taps = '%s': expected 'every N' with N >= 1 (e.g. every 9)", s);
+        int count = 0;
+        for (long b = k; b <= depth; b += k) blocks[count++] = (int)(b - 1);
+        if (!count)
+            return cg_set_error(err, n, "taps = '%s' selects no block of a %d-block student", s, depth);
+        return count;
+    }
+    int list[ENCODER_MAX_DEPTH + 1];
+    int count = config_parse_int_list("taps", s, list, ENCODER_MAX_DEPTH, err, n);
+    if (count < 0) {
+        size_t len = strlen(err);
+        snprintf(err + len, n > len ? n - len : 0, "\n  hint: taps is a list of 1-based blocks "
+                 "(9,18,27), every N, or all");
+        return -1;
+    }
+    if (count == 0) return cg_set_error(err, n, "taps is empty: give blocks (9,18,27), every N, or all");
+    bool seen[ENCODER_MAX_DEPTH] = {0};
+    for (int i = 0; i < count; i++) {
+        if (list[i] < 1 || list[i] > depth)
+            return cg_set_error(err, n, "taps = '%s': block %d is not in 1..%d (taps count blocks "
+                                "from 1, as the paper's 9, 18, 27)", s, list[i], depth);
+        seen[list[i] - 1] = true;
+    }
+    count = 0;
+    for (int i = 0; i < depth; i++)
+        if (seen[i]) blocks[count++] = i;
+    return count;
+}
+
+// ---- building ---------------------------------------------------------------------------------------
+
+static void add_part(Distiller *d, const char *fmt, int block) {
+    CG_CHECK(d->n_parts < DISTILL_MAX_PARTS, "", "too many loss parts");
+    snprintf(d->part_names[d->n_parts++], DISTILL_PART_NAME, fmt, block);
+}
+
+static void set_trainable_block(ParamTable *t, int block, const char *what, bool on) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "blocks.%d.%s", block, what);
+    params_set_trainable(t, prefix, on);
+}
+
+int distiller_init_err(Distiller *d, const Config *c, Ctx *ctx, char *err, size_t n) {
+    memset(d, 0, sizeof *d);
+    d->ctx = ctx;
+    d->stage = c->stage;
+    if (d->stage != 1 && d->stage != 2)
+        return cg_set_error(err, n, "stage = %d: cgspn distill runs stage 1 (sublayer alignment) or "
+                            "stage 2 (dual-tap distillation)", c->stage);
+    if (teacher_load_err(&d->teacher, c, ctx, err, n) != 0) return -1;
+    EncoderConfig s = encoder_config_from(c);
+    const EncoderConfig *tc = &d->teacher.enc.cfg;
+    int rc = 0;
+    if (s.width != tc->width || s.depth != tc->depth || s.patch != tc->patch)
+        rc = cg_set_error(err, n, "the student (width %d, depth %d, patch %d) and the teacher (width %d, "
+                          "depth %d, patch %d, %s) differ\n  hint: distillation pairs block i of the "
+                          "student with block i of the teacher on the same token grid; give the "
+                          "student the teacher's width, depth and patch", s.width, s.depth, s.patch,
+                          tc->width, tc->depth, tc->patch, d->teacher.config_path);
+    if (rc == 0 && s.kind == ENCODER_VIT && d->stage == 1)
+        rc = cg_set_error(err, n, "stage 1 aligns C-GSPN layers; the student is a ViT\n  hint: set "
+                          "model = cgspn or hybrid");
+    if (rc != 0) {
+        teacher_free(&d->teacher, ctx);
+        return -1;
+    }
+    params_init_table(&d->params);
+    encoder_register(&d->student, &s, &d->params);
+
+    if (d->stage == 1) {
+        for (int i = 0; i < s.depth; i++)
+            if (!d->student.blocks[i].is_attention) {
+                d->taps[d->n_taps++] = i;
+                add_part(d, "mse_b%d", i + 1);
+            }
+        d->n_raw = d->n_taps + 1;
+    } else {
+        d->n_taps = distill_parse_taps(c->taps, s.depth, d->taps, err, n);
+        d->tap_pp = c->tap_pp;
+        d->tap_pb = c->tap_pb;
+        d->use_adaptors = c->adaptors && (d->tap_pp || d->tap_pb);
+        d->alpha = c->alpha;
+        d->beta = c->beta;
+        d->lambda1 = c->lambda1;
+        d->lambda2 = c->lambda2;
+        d->gamma = c->gamma;
+        d->trains_head = c->gamma > 0;
+        if (d->n_taps >= 0 && !d->tap_pp && !d->tap_pb && !d->trains_head)
+            rc = cg_set_error(err, n, "stage 2 with tap_pp = 0, tap_pb = 0 and gamma = 0 has no loss");
+        if (d->n_taps < 0 || rc != 0) {
+            params_free(&d->params, ctx);
+            teacher_free(&d->teacher, ctx);
+            return -1;
+        }
+        if (d->trains_head && s.num_classes <= 0) {
+            params_free(&d->params, ctx);
+            teacher_free(&d->teacher, ctx);
+            return cg_set_error(err, n, "gamma = %g needs the student's head: set num_classes",
+                                (double)c->gamma);
+        }
+        int hidden = c->adaptor_hidden > 0 ? c->adaptor_hidden : s.width;
+        for (int j = 0; j < d->n_taps && d->use_adaptors; j++) {
+            char prefix[64];
+            if (d->tap_pp) {
+                snprintf(prefix, sizeof prefix, ADAPTOR_PREFIX "%d.pp", d->taps[j]);
+                adaptor_register(&d->ad_pp[j], &d->params, prefix, s.width, hidden, s.gelu);
+            }
+            if (d->tap_pb) {
+                snprintf(prefix, sizeof prefix, ADAPTOR_PREFIX "%d.pb", d->taps[j]);
+                adaptor_register(&d->ad_pb[j], &d->params, prefix, s.width, hidden, s.gelu);
+            }
+        }
+        for (int j = 0; j < d->n_taps && d->tap_pp; j++) add_part(d, "pp_b%d", d->taps[j] + 1);
+        for (int j = 0; j < d->n_taps && d->tap_pb; j++) add_part(d, "pb_b%d", d->taps[j] + 1);
+        if (d->tap_pp) add_part(d, "mse_pp", 0), add_part(d, "kl_pp", 0);
+        if (d->tap_pb) add_part(d, "mse_pb", 0), add_part(d, "kl_pb", 0);
+        if (d->trains_head) add_part(d, "ce", 0);
+        d->n_raw = 4 * d->n_taps + 2;   // per tap mse_pp, kl_pp, mse_pb, kl_pb; ce; total
+    }
+    params_alloc(&d->params, ctx);
+    params_initialize(&d->params, ctx, (uint64_t)c->seed);
+
+    // What trains: only parameters the loss reaches (AdamW's decay would shrink the others).
+    if (d->stage == 1) {
+        params_set_trainable(&d->params, NULL, false);
+        bool norm1 = strcmp(c->stage1_train, "gspn_norm1") == 0;
+        for (int j = 0; j < d->n_taps; j++) {
+            set_trainable_block(&d->params, d->taps[j], "gspn.", true);
+            if (norm1) set_trainable_block(&d->params, d->taps[j], "norm1.", true);
+        }
+    } else if (!d->trains_head) {   // nothing after the last tap, nor the final norm and head
+        params_set_trainable(&d->params, "norm.", false);
+        params_set_trainable(&d->params, "head.", false);
+        for (int i = d->taps[d->n_taps - 1] + 1; i < s.depth; i++)
+            set_trainable_block(&d->params, i, "", false);
+    }
+    return 0;
+}
+
+void distiller_init(Distiller *d, const Config *c, Ctx *ctx) {
+    char err[4096];
+    if (distiller_init_err(d, c, ctx, err, sizeof err) != 0) CG_FAIL("", "%s", err);
+}
+
+void distiller_free(Distiller *d) {
+    params_free(&d->params, d->ctx);
+    teacher_free(&d->teacher, d->ctx);
+}
+
+static bool is_dir(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static bool is_adaptor(const char *name) {
+    return strncmp(name, ADAPTOR_PREFIX, strlen(ADAPTOR_PREFIX)) == 0;
+}
+
+void distiller_init_student(Distiller *d, const Config *c, FILE *f) {
+    if (c->init[0]) {
+        char path[1200], err[4096];
+        if (is_dir(c->init)) {
+            char ckpt[1024];
+            if (ckpt_resolve_err(c->init, "", ckpt, sizeof ckpt, err, sizeof err) < 0)
+                CG_FAIL("", "init: %s", err);
+            snprintf(path, sizeof path, "%s/model.safetensors", ckpt);
+        } else {
+            snprintf(path, sizeof path, "%s", c->init);
+        }
+        LoadReport r = {.allow_missing = true};
+        if (params_load_safetensors_err(&d->params, d->ctx, path, NULL, &r, err, sizeof err) != 0)
+            CG_FAIL("init must be weights of this student (the same model keys)", "init: %s", err);
+        for (int i = 0; i < r.n_missing; i++)
+            CG_CHECK(is_adaptor(r.missing[i]), "init must be weights of this student (a Stage 1 "
+                     "checkpoint of the same model keys)", "init: %s has no tensor %s", path,
+                     r.missing[i]);
+        for (int i = 0; i < r.n_extra; i++)
+            CG_CHECK(is_adaptor(r.extra[i]), "init must be weights of this student (the same model "
+                     "keys)", "init: %s holds %s, which is not a parameter of this student", path,
+                     r.extra[i]);
+        if (f) {
+            fprintf(f, "student init from %s: ", path);
+            load_report_print(&r, f);
+        }
+        load_report_free(&r);
+    } else if (c->copy_teacher) {
+        CopyReport r;
+        student_copy_from_teacher(&d->params, &d->teacher.params, d->ctx, ADAPTOR_PREFIX, &r);
+        if (f) copy_report_print(&r, f);
+        copy_report_free(&r);
+    } else if (f) {
+        fprintf(f, "student init: fresh (copy_teacher = 0, no init)\n");
+    }
+}
+
+// ---- the loss -----------------------------------------------------------------------------------------
+
+// raw[k] = v (a 1-element loss); raw is a device vector, v stays on the tape.
+static void put(Ctx *ctx, Tensor *raw, int k, const Tensor *v) {
+    Tensor slot = *raw;
+    slot.data = (float *)raw->data + k;
+    slot.grad = NULL;
+    slot.requires_grad = false;
+    tensor_set_shape(&slot, 1, (int[]){1});
+    op_scale_fwd(ctx, v, 1.0f, &slot);
+}
+
+// The patch tokens of a student tap (a ViT student's class token dropped).
+static Tensor *student_patches(Tape *t, const Encoder *e, Tensor *v) {
+    if (!e->prefix) return v;
+    return nn_slice_tokens(t, v, e->prefix, e->grid_h * e->grid_w);
+}
+
+// MSE(A(vs), vt) + lambda KL(P(A(vs)) || P(vt)); raw[k], raw[k+1] = the MSE and the KL.
+static Tensor *tap_loss(Tape *t, const Adaptor *a, Tensor *vs, Tensor *vt, float lambda,
+                        Tensor *raw, int k) {
+    Tensor *s = a ? adaptor_forward(t, a, vs) : vs;
+    Tensor *mse = nn_mse(t, s, vt), *kl = nn_token_kl(t, s, vt);
+    put(t->ctx, raw, k, mse);
+    put(t->ctx, raw, k + 1, kl);
+    return nn_add(t, mse, nn_scale(t, kl, lambda));
+}
+
+static Tensor *add_opt(Tape *t, Tensor *sum, Tensor *x) { return sum ? nn_add(t, sum, x) : x; }
+
+Tensor *distill_loss(Distiller *d, Tape *t, Tensor *img, Tensor *targets, Tensor **raw_out) {
+    Ctx *ctx = t->ctx;
+    const Encoder *st = &d->student;
+    Tensor *raw = tape_tensor(t, 1, (int[]){d->n_raw}, true);
+    op_zero(ctx, raw);
+    TeacherWant want = {0};
+    TeacherTaps tt;
+    Tensor *total = NULL;
+    if (d->stage == 1) {
+        for (int j = 0; j < d->n_taps; j++) want.in[d->taps[j]] = want.pp[d->taps[j]] = true;
+        teacher_forward(&d->teacher, t, img, &want, &tt);
+        int B = img->shape[0], C = st->cfg.width;
+        Tensor *sum = NULL;
+        for (int j = 0; j < d->n_taps; j++) {
+            const Block *b = &st->blocks[d->taps[j]];
+            // The teacher's block input, patch tokens as the (H, W) grid; no gradient reaches it.
+            Tensor *x = nn_view(t, tt.in[d->taps[j]], 4, (int[]){B, st->grid_h, st->grid_w, C});
+            Tensor *h = layernorm(t, &b->norm1, nn_cast(t, x, ctx->act_dtype));
+            Tensor *fs = cgspn_layer(t, &b->gspn, h);                         // (B,H,W,C)
+            Tensor *l = nn_mse(t, fs, tt.pp[d->taps[j]]);
+            put(ctx, raw, j, l);
+            sum = add_opt(t, sum, l);
+        }
+        total = nn_scale(t, sum, 1.0f / (float)d->n_taps);
+    } else {
+        for (int j = 0; j < d->n_taps; j++) {
+            want.pp[d->taps[j]] = d->tap_pp;
+            want.pb[d->taps[j]] = d->tap_pb;
+        }
+        teacher_forward(&d->teacher, t, img, &want, &tt);
+        EncoderTaps taps;
+        Tensor *tokens = encoder_forward(t, st, img, &taps);
+        Tensor *lpp = NULL, *lpb = NULL;
+        for (int j = 0; j < d->n_taps; j++) {
+            int i = d->taps[j];
+            if (d->tap_pp)
+                lpp = add_opt(t, lpp, tap_loss(t, d->use_adaptors ? &d->ad_pp[j] : NULL,
+                                               student_patches(t, st, taps.pp[i]), tt.pp[i],
+                                               d->lambda1, raw, 4 * j));
+            if (d->tap_pb)
+                lpb = add_opt(t, lpb, tap_loss(t, d->use_adaptors ? &d->ad_pb[j] : NULL,
+                                               student_patches(t, st, taps.pb[i]), tt.pb[i],
+                                               d->lambda2, raw, 4 * j + 2));
+        }
+        if (lpp) total = nn_scale(t, lpp, d->alpha / (float)d->n_taps);
+        if (lpb) total = add_opt(t, total, nn_scale(t, lpb, d->beta / (float)d->n_taps));
+        if (d->trains_head) {
+            Tensor *ce = nn_cross_entropy(t, encoder_head(t, st, tokens), targets);
+            put(ctx, raw, 4 * d->n_taps, ce);
+            total = add_opt(t, total, nn_scale(t, ce, d->gamma));
+        }
+    }
+    put(ctx, raw, d->n_raw - 1, total);
+    *raw_out = raw;
+    return total;
+}
+
+void distill_parts(const Distiller *d, const float *raw, float *parts) {
+    int k = 0;
+    if (d->stage == 1) {
+        for (int j = 0; j < d->n_taps; j++) parts[k++] = raw[j];
+        return;
+    }
+    int nt = d->n_taps;
+    for (int j = 0; j < nt && d->tap_pp; j++) parts[k++] = raw[4 * j] + d->lambda1 * raw[4 * j + 1];
+    for (int j = 0; j < nt && d->tap_pb; j++) parts[k++] = raw[4 * j + 2] + d->lambda2 * raw[4 * j + 3];
+    for (int m = 0; m < 4; m++) {
+        if ((m < 2 && !d->tap_pp) || (m >= 2 && !d->tap_pb)) continue;
+        double s = 0;
+        for (int j = 0; j < nt; j++) s += raw[4 * j + m];
+        parts[k++] = (float)(s / nt);
+    }
+    if (d->trains_head) parts[k++] = raw[4 * nt];
+}
+
+// ---- the run ------------------------------------------------------------------------------------------
+
+// The data cursor and the log window's partial sums (so a resumed run logs the same lines).
+typedef struct DistillCursor {
+    uint32_t version, n_parts;
+    int64_t epoch, position;
+    double loss_sum;
+    int64_t loss_n;
+    float part_sums[DISTILL_MAX_PARTS];
+} DistillCursor;
+#define DISTILL_CURSOR_VERSION 1
+_Static_assert(sizeof(DistillCursor) <= CKPT_CURSOR_MAX, "distill cursor exceeds the checkpoint's");
+
+static void describe(const Distiller *d, const Config *c, FILE *f) {
+    fprintf(f, "student ");
+    encoder_describe(&d->student, &d->params, f);
+    size_t trainable = params_count(&d->params, true), adaptors = 0;
+    for (int i = 0; i < d->params.n; i++)
+        if (is_adaptor(d->params.params[i]->name)) adaptors += d->params.params[i]->value.numel;
+    if (d->stage == 1) {
+        fprintf(f, "distill: stage 1, %d C-GSPN layers aligned (blocks", d->n_taps);
+        for (int j = 0; j < d->n_taps; j++) fprintf(f, "%s%d", j ? "," : " ", d->taps[j] + 1);
+        fprintf(f, "), training %s; %.3f M trainable parameters\n",
+                strcmp(c->stage1_train, "gspn") == 0 ? "the C-GSPN layers" : "the C-GSPN layers and norm1",
+                trainable / 1e6);
+        return;
+    }
+    fprintf(f, "distill: stage 2, taps at blocks");
+    for (int j = 0; j < d->n_taps; j++) fprintf(f, "%s%d", j ? "," : " ", d->taps[j] + 1);
+    fprintf(f, " (%s%s%s), ", d->tap_pp ? "PP" : "", d->tap_pp && d->tap_pb ? " + " : "",
+            d->tap_pb ? "PB" : "");
+    if (d->use_adaptors) fprintf(f, "adaptors (%.3f M), ", adaptors / 1e6);
+    else fprintf(f, "no adaptors, ");
+    fprintf(f, "alpha %g beta %g lambda1 %g lambda2 %g gamma %g; %.3f M trainable parameters\n",
+            (double)d->alpha, (double)d->beta, (double)d->lambda1, (double)d->lambda2,
+            (double)d->gamma, trainable / 1e6);
+}
+
+static void save_checkpoint(const Config *c, const RunLog *log, const Distiller *d, Ctx *ctx,
+                            long step, long steps_per_epoch, double loss_sum, long loss_n,
+                            const float *part_sums) {
+    CkptState st = {.step = step};
+    DistillCursor cur = {DISTILL_CURSOR_VERSION, (uint32_t)d->n_parts, step / steps_per_epoch,
+                         step % steps_per_epoch, loss_sum, loss_n, {0}};
+    memcpy(cur.part_sums, part_sums, (size_t)d->n_parts * sizeof(float));
+    st.cursor_bytes = sizeof cur;
+    memcpy(st.cursor, &cur, sizeof cur);
+    CkptOptions o = {.keep_last = c->keep_last};
+    char saved[1024];
+    ckpt_save(log->dir, &o, c, &d->params, NULL, ctx, &st, saved, sizeof saved);
+    if (log->tty) printf("\r\033[K");
+    printf("checkpoint: %s\n", saved);
+}
+
+TrainResult distill_train(const Config *c, const FmnistSplit *train, const FmnistSplit *test,
+                          const DistillOptions *o) {
+    DistillOptions none = {0};
+    if (!o) o = &none;
+    TrainResult res = {0};
+    Ctx ctx = device_open(c);
+    device_describe(&ctx, stdout);
+    CG_CHECK(train->images.rows == c->img_size && train->images.cols == c->img_size && c->in_chans == 1,
+             "Fashion-MNIST images are 28x28 with 1 channel: img_size = 28, in_chans = 1",
+             "img_size %d / in_chans %d do not match the %dx%d grayscale dataset", c->img_size,
+             c->in_chans, train->images.rows, train->images.cols);
+    Distiller d;
+    distiller_init(&d, c, &ctx);
+    teacher_describe(&d.teacher, stdout);
+    describe(&d, c, stdout);
+
+    long steps_per_epoch = train->images.count / c->batch_size;
+    CG_CHECK(steps_per_epoch > 0, "reduce batch_size", "batch_size %d exceeds the %d training images",
+             c->batch_size, train->images.count);
+    long total = c->max_steps > 0 ? c->max_steps : steps_per_epoch * c->epochs;
+    long eval_every = c->eval_every > 0 ? c->eval_every : steps_per_epoch;
+    OptimizerConfig opt = {
+        .schedule = {c->lr, c->min_lr, c->warmup_steps, total},
+        .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->adam_eps,
+        .weight_decay = c->weight_decay, .grad_clip = c->grad_clip,
+    };
+    long first = 0;
+    double loss_sum = 0;
+    long loss_n = 0;
+    float part_sums[DISTILL_MAX_PARTS] = {0};
+    char run_dir[1024] = "", from[1024], err[4096];
+    if (c->run_name[0]) snprintf(run_dir, sizeof run_dir, "%s/%s", c->out_dir, c->run_name);
+    int found = ckpt_resolve_err(c->resume, run_dir, from, sizeof from, err, sizeof err);
+    if (found < 0) CG_FAIL("", "%s", err);
+    if (found == 0 && strcmp(c->resume, "auto") == 0)
+        printf("resume = auto: no complete checkpoint in %s yet; starting at step 0\n", run_dir);
+    if (found == 1) {
+        CkptState st;
+        ckpt_load(from, c, &d.params, NULL, &ctx, &st);
+        DistillCursor cur;
+        CG_CHECK(st.cursor_bytes == sizeof cur, "resume a checkpoint of cgspn distill",
+                 "%s: data cursor of %zu bytes, expected %zu (not a distillation checkpoint)", from,
+                 st.cursor_bytes, sizeof cur);
+        memcpy(&cur, st.cursor, sizeof cur);
+        CG_CHECK(cur.version == DISTILL_CURSOR_VERSION && cur.n_parts == (uint32_t)d.n_parts,
+                 "resume with the config of the checkpoint (stage, taps, tap_pp, tap_pb)",
+                 "%s: cursor version %u with %u loss parts, this run has version %d with %d", from,
+                 cur.version, cur.n_parts, DISTILL_CURSOR_VERSION, d.n_parts);
+        first = st.step;
+        CG_CHECK(first <= total, "raise max_steps / epochs, or resume an earlier checkpoint",
+                 "%s is at step %ld, past the %ld steps of this run", from, first, total);
+        loss_sum = cur.loss_sum;
+        loss_n = (long)cur.loss_n;
+        memcpy(part_sums, cur.part_sums, (size_t)d.n_parts * sizeof(float));
+        printf("resumed from %s at step %ld\n", from, first);
+    } else {
+        distiller_init_student(&d, c, stdout);
+    }
+    RunLog log;
+    runlog_open(&log, c, "distill");
+    snprintf(res.run_dir, sizeof res.run_dir, "%s", log.dir);
+    printf("distilling: %ld steps (%ld per epoch), batch %d, lr %g, warmup %d\n", total,
+           steps_per_epoch, c->batch_size, c->lr, c->warmup_steps);
+
+    Arena arena;
+    arena_init(&arena, &ctx, 64u << 20);
+    Tape tape;
+    tape_init(&tape, &ctx, &arena);
+    int B = c->batch_size, K = c->num_classes > 0 ? c->num_classes : 1, hw = c->img_size * c->img_size;
+    float *img = cg_malloc((size_t)B * hw * sizeof(float));
+    float *targets = cg_malloc((size_t)B * K * sizeof(float));
+    int *labels = cg_malloc((size_t)B * sizeof(int));
+    uint32_t *order = cg_malloc((size_t)train->images.count * sizeof(uint32_t));
+    float *raw = cg_malloc((size_t)d.n_raw * sizeof(float)), parts[DISTILL_MAX_PARTS];
+    int n_keys = 5 + d.n_parts;
+    const char **keys = cg_malloc((size_t)n_keys * sizeof(char *));
+    double *vals = cg_malloc((size_t)n_keys * sizeof(double));
+    char (*part_keys)[DISTILL_PART_NAME + 8] = cg_malloc((size_t)d.n_parts * sizeof *part_keys);
+    for (int k = 0; k < d.n_parts; k++) snprintf(part_keys[k], sizeof part_keys[k], "loss_%s", d.part_names[k]);
+    long order_epoch = -1;
+    double t_prev = now_seconds();
+    EvalResult ev = {0};
+    bool has_head = c->num_classes > 0;
+
+    long step = first;
+    for (; step < total; step++) {
+        long epoch = step / steps_per_epoch, pos = step % steps_per_epoch;
+        if (epoch != order_epoch) {
+            fmnist_epoch_order((uint64_t)c->seed, epoch, order, (uint32_t)train->images.count);
+            order_epoch = epoch;
+        }
+        fmnist_batch(train, order + pos * B, B, img, labels);
+
+        tape_reset(&tape);
+        Tensor *x = tape_tensor(&tape, 4, (int[]){B, c->in_chans, c->img_size, c->img_size}, true);
+        tensor_upload(&ctx, x, img);
+        Tensor *tgt = NULL;
+        if (d.trains_head) {
+            labels_to_targets(labels, B, K, c->label_smoothing, targets);
+            tgt = tape_tensor(&tape, 2, (int[]){B, K}, true);
+            tensor_upload(&ctx, tgt, targets);
+        }
+        Tensor *raw_dev;
+        Tensor *loss = distill_loss(&d, &tape, x, tgt, &raw_dev);
+        tensor_download(&ctx, raw_dev, raw);
+        float loss_v = raw[d.n_raw - 1];
+        CG_CHECK(isfinite(loss_v), "lower lr or enable grad_clip", "loss is %f at step %ld; stopping",
+                 loss_v, step + 1);
+        tape_backward(&tape, loss);
+        StepStats ss = optimizer_step(&d.params, &ctx, &arena, &opt, step);
+        CG_CHECK(ss.finite, "lower lr or enable grad_clip",
+                 "gradient norm is not finite at step %ld; stopping", step + 1);
+        if (o->step_losses) o->step_losses[step] = loss_v;
+        loss_sum += loss_v;
+        loss_n++;
+        distill_parts(&d, raw, parts);
+        for (int k = 0; k < d.n_parts; k++) part_sums[k] += parts[k];
+
+        bool last = step + 1 == total;
+        bool stop = o->stop_after > 0 && step + 1 == o->stop_after && !last;
+        if ((c->log_every > 0 && (step + 1) % c->log_every == 0) || last) {
+            double t = now_seconds(), dt = (t - t_prev) / loss_n;
+            char eta[32];
+            if (log.tty) printf("\r\033[K");
+            printf("step %6ld/%ld | epoch %ld | loss %.4f | lr %.2e | grad_norm %.3f | %.1f ms/step"
+                   " | %.0f img/s | mem %.1f MiB | ETA %s\n",
+                   step + 1, total, epoch + 1, loss_sum / loss_n, ss.lr, ss.grad_norm, dt * 1e3,
+                   B / dt, arena.peak / 1048576.0,
+                   format_duration((total - step - 1) * dt, eta, sizeof(eta)));
+            printf("      ");
+            for (int k = 0; k < d.n_parts; k++)
+                printf(" %s %.4f", d.part_names[k], part_sums[k] / (double)loss_n);
+            printf("\n");
+            keys[0] = "loss", keys[1] = "lr", keys[2] = "grad_norm", keys[3] = "ms_per_step",
+            keys[4] = "img_per_s";
+            vals[0] = loss_sum / loss_n, vals[1] = ss.lr, vals[2] = ss.grad_norm, vals[3] = dt * 1e3,
+            vals[4] = B / dt;
+            for (int k = 0; k < d.n_parts; k++) {
+                keys[5 + k] = part_keys[k];
+                vals[5 + k] = part_sums[k] / (double)loss_n;
+                part_sums[k] = 0;
+            }
+            runlog_metrics(&log, step + 1, n_keys, keys, vals);
+            loss_sum = 0;
+            loss_n = 0;
+            t_prev = now_seconds();
+        } else {
+            runlog_progress(&log, step + 1, total, (now_seconds() - t_prev) / loss_n);
+        }
+        if (has_head && ((step + 1) % eval_every == 0 || last)) {
+            double t0 = now_seconds();
+            ev = classify_evaluate(&ctx, &d.student, test, 500);
+            printf("eval  step %ld | student test top1 %.2f%% (its head) | test loss %.4f | %ld images"
+                   " | %.1f s\n", step + 1, 100 * ev.top1, ev.loss, ev.count, now_seconds() - t0);
+            const char *k2[] = {"test_top1", "test_loss"};
+            double v2[] = {ev.top1, ev.loss};
+            runlog_metrics(&log, step + 1, 2, k2, v2);
+            t_prev = now_seconds();
+        }
+        if ((c->ckpt_every > 0 && (step + 1) % c->ckpt_every == 0) || last || stop) {
+            save_checkpoint(c, &log, &d, &ctx, step + 1, steps_per_epoch, loss_sum, loss_n, part_sums);
+            t_prev = now_seconds();
+        }
+        if (stop) {
+            step++;
+            printf("stopping after step %ld of %ld\n", step, total);
+            break;
+        }
+    }
+    if (has_head && ev.count == 0 && step >= total) {   // resumed at the end
+        ev = classify_evaluate(&ctx, &d.student, test, 500);
+        printf("eval  step %ld | student test top1 %.2f%% (its head) | test loss %.4f | %ld images\n",
+               step, 100 * ev.top1, ev.loss, ev.count);
+    }
+    char dur[32];
+    if (step >= total) {
+        printf("done: %ld steps in %s", total, format_duration(now_seconds() - log.t_start, dur, sizeof dur));
+        if (has_head) printf(", final student test top1 %.2f%%", 100 * ev.top1);
+        printf("\n");
+    }
+    free(img); free(targets); free(labels); free(order); free(raw);
+    free(keys); free(vals); free(part_keys);
+    tape_free(&tape);
+    arena_free(&arena);
+    runlog_close(&log);
+    distiller_free(&d);
+    device_close(&ctx);
+    res.step = step;
+    res.total = total;
+    res.eval = ev;
+    return res;
+}
+
+static void load_split(const char *dir, int train, FmnistSplit *s) {
+    char err[1024];
+    if (fmnist_load(dir, train, s, err, sizeof(err)) != 0)
+        CG_FAIL("install Debian's dataset-fashion-mnist (make deps) or set data_dir", "%s", err);
+}
+
+int cmd_distill(int argc, char **argv) {
+    if (cli_wants_help(argc, argv, 2)) {
+        distill_usage(stdout);
+        return 0;
+    }
+    const char *init = cli_take_flag(&argc, argv, 2, "--init");
+    Config c;
+    config_defaults(&c);
+    int rest = config_parse_args(&c, argc, argv, 2);
+    CG_CHECK(rest == 0, "see cgspn distill --help", "unexpected argument '%s'", argv[2]);
+    if (init) {
+        CG_CHECK(strlen(init) < sizeof c.init, "", "--init path too long");
+        snprintf(c.init, sizeof c.init, "%s", init);
+    }
+    if (c.threads > 0) omp_set_num_threads(c.threads);
+    CG_CHECK(strcmp(c.dataset, "fashion-mnist") == 0, "dataset = fashion-mnist",
+             "dataset '%s' is not supported by this build", c.dataset);
+    CG_CHECK(strcmp(c.resume, "auto") != 0 || c.run_name[0], "set run_name to the run to continue",
+             "resume = auto needs run_name: it continues the run folder out_dir/run_name");
+    FmnistSplit train, test;
+    load_split(c.data_dir, 1, &train);
+    load_split(c.data_dir, 0, &test);
+    distill_train(&c, &train, &test, NULL);
+    fmnist_free(&train);
+    fmnist_free(&test);
+    return 0;
+}

@@ -1,0 +1,78 @@
+// `cgspn distill`: Stage 1 (sublayer alignment) and Stage 2 (dual-tap MSE + KL with adaptors)
+// distillation of a C-GSPN or hybrid student from a frozen teacher (DESIGN §6).
+//
+// Stage 1: the teacher runs once; for every C-GSPN block i of the student,
+//   F_s = gspn_i(norm1_s(h_t(i-1))) on the patch tokens of the teacher's block input as an
+//   (H, W) grid, F_t = the teacher's attention output (PP tap, patch tokens);
+//   loss = mean over those blocks of MSE(F_s, F_t). Only the C-GSPN layers train by default
+//   (stage1_train = gspn_norm1 adds norm1); nothing flows between blocks.
+// Stage 2: full student forward; at each tapped block (taps), PP and PB of student and teacher
+//   on patch tokens; per tap L = MSE(A(v_s), v_t) + lambda KL(P(A(v_s)) || P(v_t)), A an
+//   adaptor (nn/adaptor.h, or the identity with adaptors = 0); total = alpha mean(L_PP) +
+//   beta mean(L_PB) (+ gamma CE through the student's head). Adaptors are parameters named
+//   adaptors.N.pp.* / adaptors.N.pb.* (N the 0-based block), saved in checkpoints and dropped
+//   by `cgspn export`.
+#pragma once
+#include "classify.h"
+#include "teacher.h"
+#include "../nn/adaptor.h"
+
+int cmd_distill(int argc, char **argv);
+
+#define DISTILL_MAX_PARTS (2 * ENCODER_MAX_DEPTH + 5)
+#define DISTILL_PART_NAME 16
+#define ADAPTOR_PREFIX "adaptors."
+
+typedef struct Distiller {
+    int stage;
+    Ctx *ctx;
+    Teacher teacher;
+    Encoder student;
+    ParamTable params;               // the student, then the adaptors (Stage 2)
+    int n_taps;                      // Stage 1: aligned (C-GSPN) blocks; Stage 2: tapped blocks
+    int taps[ENCODER_MAX_DEPTH];     // their 0-based block indices, ascending
+    bool tap_pp, tap_pb, use_adaptors;
+    Adaptor ad_pp[ENCODER_MAX_DEPTH], ad_pb[ENCODER_MAX_DEPTH];   // by tap index
+    float alpha, beta, lambda1, lambda2, gamma;
+    bool trains_head;                // gamma > 0: CE through norm and head
+    // The loss parts a step reports (host, from the device vector distill_loss fills):
+    // Stage 1: mse_bK per aligned block (K 1-based); Stage 2: pp_bK and pb_bK per tap
+    // (L_PP, L_PB), then mse_pp, kl_pp, mse_pb, kl_pb (means over taps), ce when gamma > 0.
+    int n_parts;
+    char part_names[DISTILL_MAX_PARTS][DISTILL_PART_NAME];
+    int n_raw;                       // values of the device vector (see distill_parts)
+} Distiller;
+
+// Builds the teacher (loaded) and the student (+ adaptors) of config c, parameters allocated
+// and initialized fresh from c->seed, trainable flags set for the stage; the student's
+// weights from the teacher or c->init come from distiller_init_student.
+int  distiller_init_err(Distiller *d, const Config *c, Ctx *ctx, char *err, size_t n);
+void distiller_init(Distiller *d, const Config *c, Ctx *ctx);
+void distiller_free(Distiller *d);
+// The student's starting weights (not on resume): c->init's (a checkpoint or run folder, or a
+// safetensors file; adaptors may be absent and stay fresh), else copied from the teacher when
+// c->copy_teacher (printing the copy report to f, may be NULL).
+void distiller_init_student(Distiller *d, const Config *c, FILE *f);
+
+// The step's loss on img (B, in_chans, H, W) and, when gamma > 0, soft targets (B, K) (else
+// NULL). Records the student on t (the teacher runs in its own scratch arena, its kept taps on
+// t's arena). *raw receives a device fp32 vector of d->n_raw values: the loss terms of the step
+// (distill_parts turns them into the logged parts) and last the total.
+Tensor *distill_loss(Distiller *d, Tape *t, Tensor *img, Tensor *targets, Tensor **raw);
+// The logged parts (d->n_parts values, see part_names) from the downloaded raw vector.
+void distill_parts(const Distiller *d, const float *raw, float *parts);
+
+// Parses taps ("9,18,27" 1-based, "every 9" / "every=9", "all") for a depth: blocks[] 0-based,
+// ascending; returns the count, or -1 with a message.
+int distill_parse_taps(const char *s, int depth, int *blocks, char *err, size_t n);
+
+typedef struct DistillOptions {
+    long stop_after;      // as TrainOptions (classify.h): stop after this step with a checkpoint
+    float *step_losses;   // one float per step of the run, or NULL
+} DistillOptions;
+
+// One distillation run of config c: teacher, student, resume (bit-exactly) per c->resume,
+// AdamW + warmup/cosine over the trainable parameters, logs with every part, evaluation of the
+// student's head on test when it has one, checkpoints as cgspn train. o may be NULL.
+TrainResult distill_train(const Config *c, const FmnistSplit *train, const FmnistSplit *test,
+                          const DistillOptions *o);

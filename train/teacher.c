@@ -1,0 +1,221 @@
+#include "teacher.h"
+#include "checkpoint.h"
+#include "model_config.h"
+#include "../kernels/ops.h"
+#include "../nn/error.h"
+#include <stdarg.h>
+#include <sys/stat.h>
+
+__attribute__((format(printf, 3, 4)))
+static void append(char *err, size_t n, const char *fmt, ...) {
+    size_t len = strlen(err);
+    if (len + 1 >= n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err + len, n - len, fmt, ap);
+    va_end(ap);
+}
+
+static bool is_dir(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+int teacher_load_err(Teacher *T, const Config *c, Ctx *ctx, char *err, size_t n) {
+    memset(T, 0, sizeof *T);
+    if (!c->teacher[0])
+        return cg_set_error(err, n, "no teacher: set teacher to its weights (a safetensors file, or "
+                            "a checkpoint or run folder of cgspn train)");
+    char cfg_default[1024] = "";
+    if (is_dir(c->teacher)) {
+        char ckpt[960];   // leaves room for "/model.safetensors" in T->weights
+        int found = ckpt_resolve_err(c->teacher, "", ckpt, sizeof ckpt, err, n);
+        if (found < 0) {
+            char inner[2048];
+            snprintf(inner, sizeof inner, "%s", err);
+            return cg_set_error(err, n, "teacher: %s", inner);
+        }
+        snprintf(T->weights, sizeof T->weights, "%s/model.safetensors", ckpt);
+        snprintf(cfg_default, sizeof cfg_default, "%s/config.cfg", ckpt);
+    } else {
+        snprintf(T->weights, sizeof T->weights, "%s", c->teacher);
+    }
+    const char *cfg = c->teacher_config[0] ? c->teacher_config : cfg_default;
+    if (!cfg[0])
+        return cg_set_error(err, n, "teacher = %s is a weights file: set teacher_config to the config "
+                            "of its model (the cfg it was trained with, e.g. configs/fmnist_vit.cfg)",
+                            c->teacher);
+    snprintf(T->config_path, sizeof T->config_path, "%s", cfg);
+    config_defaults(&T->cfg);
+    char e2[2048];
+    if (config_load_file_err(&T->cfg, cfg, e2, sizeof e2) != 0)
+        return cg_set_error(err, n, "teacher_config: %s", e2);
+    if (T->cfg.in_chans != c->in_chans)
+        return cg_set_error(err, n, "the teacher (%s) takes in_chans = %d, the run's images have %d",
+                            cfg, T->cfg.in_chans, c->in_chans);
+    T->cfg.img_size = c->img_size;   // the teacher sees the run's images; pos_embed follows
+    EncoderConfig ecfg = encoder_config_from(&T->cfg);
+    if (c->img_size % ecfg.patch != 0)
+        return cg_set_error(err, n, "img_size %d is not a multiple of the teacher's patch %d (%s)",
+                            c->img_size, ecfg.patch, cfg);
+    params_init_table(&T->params);
+    encoder_register(&T->enc, &ecfg, &T->params);
+    params_alloc_frozen(&T->params, ctx);
+    T->report.pos_grid_h = T->enc.grid_h;
+    T->report.pos_grid_w = T->enc.grid_w;
+    if (params_load_safetensors_err(&T->params, ctx, T->weights, c->teacher_prefix, &T->report,
+                                    e2, sizeof e2) != 0) {
+        cg_set_error(err, n, "teacher: %s", e2);
+        append(err, n, "\n  hint: the teacher's model keys come from %s%s; check them and "
+               "teacher_prefix ('%s')", cfg, c->teacher_config[0] ? " (teacher_config)" : "",
+               c->teacher_prefix);
+        params_free(&T->params, ctx);
+        load_report_free(&T->report);
+        return -1;
+    }
+    arena_init(&T->scratch, ctx, 64u << 20);
+    tape_init(&T->tape, ctx, &T->scratch);
+    tape_set_grad_enabled(&T->tape, false);
+    return 0;
+}
+
+void teacher_load(Teacher *T, const Config *c, Ctx *ctx) {
+    char err[4096];
+    if (teacher_load_err(T, c, ctx, err, sizeof err) != 0) CG_FAIL("", "%s", err);
+}
+
+void teacher_free(Teacher *T, Ctx *ctx) {
+    tape_free(&T->tape);
+    arena_free(&T->scratch);
+    params_free(&T->params, ctx);
+    load_report_free(&T->report);
+}
+
+void teacher_describe(const Teacher *T, FILE *f) {
+    fprintf(f, "teacher: %s (model keys from %s), frozen; ", T->weights, T->config_path);
+    load_report_print(&T->report, f);
+    fprintf(f, "teacher ");
+    encoder_describe(&T->enc, &T->params, f);
+}
+
+// y (B, N, C) = the patch tokens of x (B, prefix + N, C), a new tensor on keep's arena.
+static Tensor *keep_patches(Tape *keep, const Teacher *T, const Tensor *x) {
+    int B = x->shape[0], N = T->enc.grid_h * T->enc.grid_w, C = x->shape[2];
+    Tensor *y = tape_tensor(keep, 3, (int[]){B, N, C}, x->dtype == DTYPE_F32);
+    y->dtype = x->dtype;
+    op_slice_tokens_fwd(keep->ctx, x, T->enc.prefix, y);
+    return y;
+}
+
+void teacher_forward(Teacher *T, Tape *keep, Tensor *img, const TeacherWant *want,
+                     TeacherTaps *out) {
+    memset(out, 0, sizeof *out);
+    int depth = T->enc.cfg.depth, last = -1;   // the last block that has to run
+    for (int i = 0; i < depth; i++) {
+        if (want->pp[i] || want->pb[i]) last = i;
+        if (want->in[i] && i - 1 > last) last = i - 1;
+    }
+    Ctx *ctx = keep->ctx;
+    tape_reset(&T->tape);
+    Tensor *x0 = encoder_embed(&T->tape, &T->enc, img);             // (B, prefix+N, C) fp32
+    // The residual stream between blocks, in two buffers of the step's arena (ping-pong).
+    Tensor *buf[2] = {tape_tensor(keep, x0->ndim, x0->shape, true),
+                      tape_tensor(keep, x0->ndim, x0->shape, true)};
+    op_scale_fwd(ctx, x0, 1.0f, buf[0]);
+    Tensor *x = buf[0];
+    for (int i = 0; i < depth && i <= last + 1; i++) {
+        if (want->in[i]) out->in[i] = keep_patches(keep, T, x);
+        if (i > last) break;
+        tape_reset(&T->tape);   // the previous block's activations are dead
+        Tensor *pp;
+        Tensor *y = encoder_block(&T->tape, &T->enc, i, x, &pp);
+        if (want->pp[i]) out->pp[i] = keep_patches(keep, T, pp);
+        x = buf[(i + 1) & 1];
+        op_scale_fwd(ctx, y, 1.0f, x);
+        if (want->pb[i]) out->pb[i] = keep_patches(keep, T, x);
+    }
+}
+
+// ---- student init -----------------------------------------------------------------------------
+
+static void list_add(char ***list, int *count, const char *name) {
+    *list = cg_realloc(*list, (size_t)(*count + 1) * sizeof(char *));
+    (*list)[(*count)++] = cg_strdup(name);
+}
+
+void student_copy_from_teacher(ParamTable *student, const ParamTable *teacher, Ctx *ctx,
+                               const char *skip_prefix, CopyReport *r) {
+    memset(r, 0, sizeof *r);
+    size_t skip = skip_prefix ? strlen(skip_prefix) : 0;
+    for (int i = 0; i < student->n; i++) {
+        Param *p = student->params[i];
+        if (skip && strncmp(p->name, skip_prefix, skip) == 0) continue;
+        const Param *q = params_find(teacher, p->name);
+        char why[PARAM_NAME_MAX + 96], a[64], b[64];
+        if (!q) {
+            snprintf(why, sizeof why, "%s (not in the teacher)", p->name);
+            list_add(&r->kept, &r->n_kept, why);
+        } else if (!tensor_same_shape(&p->value, &q->value)) {
+            snprintf(why, sizeof why, "%s (shape %s, the teacher's %s)", p->name,
+                     tensor_shape_str(&p->value, a, sizeof a), tensor_shape_str(&q->value, b, sizeof b));
+            list_add(&r->kept, &r->n_kept, why);
+        } else {
+            float *host = tensor_to_host_f32(ctx, &q->value);
+            params_set_value(p, ctx, host);
+            free(host);
+            list_add(&r->copied, &r->n_copied, p->name);
+            r->values_copied += p->value.numel;
+        }
+    }
+}
+
+// "blocks.12.mlp.fc1.weight (why)" -> "blocks.*.mlp.fc1.weight (why)"
+static void fold_blocks(const char *name, char *out, size_t n) {
+    const char *p = name;
+    size_t k = 0;
+    while (*p && k + 1 < n) {
+        if (strncmp(p, "blocks.", 7) == 0 && p[7] >= '0' && p[7] <= '9') {
+            for (const char *s = "blocks.*"; *s && k + 1 < n; s++) out[k++] = *s;
+            p += 7;
+            while (*p >= '0' && *p <= '9') p++;
+        } else {
+            out[k++] = *p++;
+        }
+    }
+    out[k] = 0;
+}
+
+// The distinct folded names of a list, in order of first appearance, comma separated.
+static void print_folded(FILE *f, char **names, int n) {
+    char **seen = cg_calloc((size_t)(n ? n : 1), sizeof(char *));
+    int n_seen = 0;
+    for (int i = 0; i < n; i++) {
+        char folded[PARAM_NAME_MAX + 128];
+        fold_blocks(names[i], folded, sizeof folded);
+        bool dup = false;
+        for (int k = 0; k < n_seen && !dup; k++) dup = strcmp(seen[k], folded) == 0;
+        if (!dup) seen[n_seen++] = cg_strdup(folded);
+    }
+    for (int k = 0; k < n_seen; k++) {
+        fprintf(f, "%s%s", k ? ", " : "", seen[k]);
+        free(seen[k]);
+    }
+    free(seen);
+}
+
+void copy_report_print(const CopyReport *r, FILE *f) {
+    fprintf(f, "student init from the teacher: copied %d tensors (%.3f M values): ", r->n_copied,
+            r->values_copied / 1e6);
+    print_folded(f, r->copied, r->n_copied);
+    fprintf(f, "\n  not copied (%d, initialized fresh): ", r->n_kept);
+    print_folded(f, r->kept, r->n_kept);
+    fprintf(f, "\n");
+}
+
+void copy_report_free(CopyReport *r) {
+    for (int i = 0; i < r->n_copied; i++) free(r->copied[i]);
+    for (int i = 0; i < r->n_kept; i++) free(r->kept[i]);
+    free(r->copied);
+    free(r->kept);
+    memset(r, 0, sizeof *r);
+}
