@@ -254,13 +254,14 @@ static Tensor *student_patches(Tape *t, const Encoder *e, Tensor *v) {
     return nn_slice_tokens(t, v, e->prefix, e->grid_h * e->grid_w);
 }
 
-// MSE(A(vs), vt) + lambda KL(P(A(vs)) || P(vt)); raw[k], raw[k+1] = the MSE and the KL.
-static Tensor *tap_loss(Tape *t, const Adaptor *a, Tensor *vs, Tensor *vt, float lambda,
-                        Tensor *raw, int k) {
+Tensor *distill_tap_loss(Tape *t, const Adaptor *a, Tensor *vs, Tensor *vt, float lambda,
+                         Tensor *raw, int k) {
     Tensor *s = a ? adaptor_forward(t, a, vs) : vs;
     Tensor *mse = nn_mse(t, s, vt), *kl = nn_token_kl(t, s, vt);
-    put(t->ctx, raw, k, mse);
-    put(t->ctx, raw, k + 1, kl);
+    if (raw) {
+        put(t->ctx, raw, k, mse);
+        put(t->ctx, raw, k + 1, kl);
+    }
     return nn_add(t, mse, nn_scale(t, kl, lambda));
 }
 
@@ -302,11 +303,11 @@ Tensor *distill_loss(Distiller *d, Tape *t, Tensor *img, Tensor *targets, Tensor
         for (int j = 0; j < d->n_taps; j++) {
             int i = d->taps[j];
             if (d->tap_pp)
-                lpp = add_opt(t, lpp, tap_loss(t, d->use_adaptors ? &d->ad_pp[j] : NULL,
+                lpp = add_opt(t, lpp, distill_tap_loss(t, d->use_adaptors ? &d->ad_pp[j] : NULL,
                                                student_patches(t, st, taps.pp[i]), tt.pp[i],
                                                d->lambda1, raw, 4 * j));
             if (d->tap_pb)
-                lpb = add_opt(t, lpb, tap_loss(t, d->use_adaptors ? &d->ad_pb[j] : NULL,
+                lpb = add_opt(t, lpb, distill_tap_loss(t, d->use_adaptors ? &d->ad_pb[j] : NULL,
                                                student_patches(t, st, taps.pb[i]), tt.pb[i],
                                                d->lambda2, raw, 4 * j + 2));
         }

@@ -59,6 +59,10 @@ void distiller_init_student(Distiller *d, const Config *c, FILE *f);
 // t's arena). *raw receives a device fp32 vector of d->n_raw values: the loss terms of the step
 // (distill_parts turns them into the logged parts) and last the total.
 Tensor *distill_loss(Distiller *d, Tape *t, Tensor *img, Tensor *targets, Tensor **raw);
+// One Stage 2 tap: MSE(A(vs), vt) + lambda KL(P(A(vs)) || P(vt)), A = a or the identity
+// (a NULL); vs, vt (B, N, C) patch tokens. raw (may be NULL): raw[k], raw[k+1] = the MSE, the KL.
+Tensor *distill_tap_loss(Tape *t, const Adaptor *a, Tensor *vs, Tensor *vt, float lambda,
+                         Tensor *raw, int k);
 // The logged parts (d->n_parts values, see part_names) from the downloaded raw vector.
 void distill_parts(const Distiller *d, const float *raw, float *parts);
 
