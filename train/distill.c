@@ -355,12 +355,27 @@ typedef struct DistillCursor {
 #define DISTILL_CURSOR_VERSION 1
 _Static_assert(sizeof(DistillCursor) <= CKPT_CURSOR_MAX, "distill cursor exceeds the checkpoint's");
 
+// Values of the student's parameters (adaptors = 0) or of the adaptors (1), all or trainable.
+static size_t count_values(const ParamTable *t, bool adaptors, bool trainable_only) {
+    size_t n = 0;
+    for (int i = 0; i < t->n; i++) {
+        const Param *p = t->params[i];
+        if (is_adaptor(p->name) == adaptors && (!trainable_only || p->trainable)) n += p->value.numel;
+    }
+    return n;
+}
+
 static void describe(const Distiller *d, const Config *c, FILE *f) {
-    fprintf(f, "student ");
-    encoder_describe(&d->student, &d->params, f);
-    size_t trainable = params_count(&d->params, true), adaptors = 0;
-    for (int i = 0; i < d->params.n; i++)
-        if (is_adaptor(d->params.params[i]->name)) adaptors += d->params.params[i]->value.numel;
+    static const char *kinds[] = {"vit", "cgspn", "hybrid"};
+    const Encoder *e = &d->student;
+    fprintf(f, "student model: %s, %d blocks, width %d, %dx%d tokens%s, %.3f M parameters (%.3f M "
+            "trainable)", kinds[e->cfg.kind], e->cfg.depth, e->cfg.width, e->grid_h, e->grid_w,
+            e->prefix ? " + class token" : "", count_values(&d->params, false, false) / 1e6,
+            count_values(&d->params, false, true) / 1e6);
+    if (e->cfg.kind != ENCODER_VIT)
+        fprintf(f, ", C-GSPN latent %d%s", e->cfg.gspn_latent, e->cfg.gspn_shared_w ? " (shared w)" : "");
+    fprintf(f, "\n");
+    size_t trainable = params_count(&d->params, true), adaptors = count_values(&d->params, true, false);
     if (d->stage == 1) {
         fprintf(f, "distill: stage 1, %d C-GSPN layers aligned (blocks", d->n_taps);
         for (int j = 0; j < d->n_taps; j++) fprintf(f, "%s%d", j ? "," : " ", d->taps[j] + 1);
@@ -375,7 +390,8 @@ static void describe(const Distiller *d, const Config *c, FILE *f) {
             d->tap_pb ? "PB" : "");
     if (d->use_adaptors) fprintf(f, "adaptors (%.3f M), ", adaptors / 1e6);
     else fprintf(f, "no adaptors, ");
-    fprintf(f, "alpha %g beta %g lambda1 %g lambda2 %g gamma %g; %.3f M trainable parameters\n",
+    fprintf(f, "alpha %g beta %g lambda1 %g lambda2 %g gamma %g; %.3f M trainable parameters "
+            "(adaptors included)\n",
             (double)d->alpha, (double)d->beta, (double)d->lambda1, (double)d->lambda2,
             (double)d->gamma, trainable / 1e6);
 }

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# tools/distill_ablation.sh [--key=value ...]: the Stage 2 ablation of the paper's Fig. 11a on
+# Fashion-MNIST, for the GPU machine (runs on the CPU too, slowly).
+#
+#   1. the teacher: checkpoints/abl_teacher when it exists (delete it to retrain), else
+#      cgspn train configs/fmnist_vit.cfg --global_pool=avg --epochs=$TEACHER_EPOCHS $TEACHER_ARGS
+#   2. Stage 1 once: configs/fmnist_distill_stage1.cfg, $STAGE1_EPOCHS epochs
+#   3. Stage 2 (configs/fmnist_distill_stage2.cfg, $STAGE2_EPOCHS epochs each, the same steps for
+#      every variant) with taps {PB only, PB + PP, PB + PP + adaptors}, each from the teacher-copied
+#      init ("no Stage 1") and from the Stage 1 checkpoint
+#   4. writes checkpoints/distill_ablation.md: the student's test top1 with the teacher's head
+#      (and as a fraction of the teacher's), the final total loss (the mean of the last log
+#      window) and the final PB-tap MSE (comparable across variants), wall time per run.
+#
+# Arguments go to every cgspn command (e.g. --batch_size=256 --lr=3e-3). Environment:
+# TEACHER_EPOCHS (default 10), TEACHER_ARGS (extra teacher overrides, e.g. a wider model),
+# STAGE1_EPOCHS (1), STAGE2_EPOCHS (5), OUT (checkpoints/distill_ablation.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TEACHER_EPOCHS=${TEACHER_EPOCHS:-10}
+TEACHER_ARGS=${TEACHER_ARGS:-}
+STAGE1_EPOCHS=${STAGE1_EPOCHS:-1}
+STAGE2_EPOCHS=${STAGE2_EPOCHS:-5}
+OUT=${OUT:-checkpoints/distill_ablation.md}
+CK=checkpoints
+mkdir -p "$CK"
+make -s cgspn
+
+now() { date +%s.%N; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f", b - a }'; }
+pct() { grep -o "$2 [0-9.]*%" "$1" | tail -1 | grep -o '[0-9.]*' || echo "n/a"; }
+
+if [ ! -f "$CK/abl_teacher/config.cfg" ] || ! ls "$CK"/abl_teacher/step_*/COMPLETE >/dev/null 2>&1; then
+    rm -rf "$CK"/abl_teacher
+    # shellcheck disable=SC2086
+    ./cgspn train configs/fmnist_vit.cfg --run_name=abl_teacher --epochs="$TEACHER_EPOCHS" \
+        --global_pool=avg $TEACHER_ARGS "$@" | tee "$CK"/abl_teacher.log
+fi
+if [ -f "$CK"/abl_teacher.log ] && grep -q 'final test top1' "$CK"/abl_teacher.log; then
+    teacher=$(pct "$CK"/abl_teacher.log "final test top1")
+else   # a teacher left by an earlier run without its log: evaluate it
+    ./cgspn probe "$CK"/abl_teacher/config.cfg --epochs=1 "$@" \
+        --weights "$(ls -d "$CK"/abl_teacher/step_* | tail -1)/model.safetensors" | tee "$CK"/abl_teacher_eval.log
+    teacher=$(pct "$CK"/abl_teacher_eval.log "own head: test top1")
+fi
+
+rm -rf "$CK"/abl_stage1
+./cgspn distill configs/fmnist_distill_stage1.cfg --run_name=abl_stage1 --teacher="$CK"/abl_teacher \
+    --epochs="$STAGE1_EPOCHS" "$@" | tee "$CK"/abl_stage1.log
+s1acc=$(pct "$CK"/abl_stage1.log "final student test top1")
+
+rows=()
+for variant in pb pb_pp pb_pp_ad; do
+    case $variant in
+        pb)       flags=(--tap_pp=0 --adaptors=0); label="PB";;
+        pb_pp)    flags=(--tap_pp=1 --adaptors=0); label="PB + PP";;
+        pb_pp_ad) flags=(--tap_pp=1 --adaptors=1); label="PB + PP + adaptors";;
+    esac
+    for s1 in no yes; do
+        run=abl_${variant}_s1${s1}
+        init=()
+        [ "$s1" = yes ] && init=(--init "$CK"/abl_stage1)
+        rm -rf "${CK:?}/$run"
+        t0=$(now)
+        ./cgspn distill configs/fmnist_distill_stage2.cfg --run_name="$run" --teacher="$CK"/abl_teacher \
+            --epochs="$STAGE2_EPOCHS" "${flags[@]}" "${init[@]}" "$@" | tee "$CK/$run.log"
+        t1=$(now)
+        acc=$(pct "$CK/$run.log" "final student test top1")
+        loss=$(grep -o '| loss [0-9.e+-]*' "$CK/$run.log" | tail -1 | awk '{print $3}')
+        mse_pb=$(grep -o 'mse_pb [0-9.e+-]*' "$CK/$run.log" | tail -1 | awk '{print $2}')
+        frac=$(awk -v s="$acc" -v t="$teacher" 'BEGIN { if (t > 0) printf "%.1f%%", 100 * s / t; else print "n/a" }')
+        rows+=("| $label | $s1 | ${acc}% | $frac | $loss | $mse_pb | $(secs "$t0" "$t1") s |")
+    done
+done
+
+device=$(grep -m1 '^device:' "$CK"/abl_stage1.log | sed 's/^device: //')
+{
+    echo "# Stage 2 ablation on Fashion-MNIST (tools/distill_ablation.sh)"
+    echo
+    echo "device: ${device}; teacher checkpoints/abl_teacher: test top1 ${teacher}%;"
+    echo "Stage 1 ($STAGE1_EPOCHS epoch, student with the teacher's head: ${s1acc}%); every Stage 2 run $STAGE2_EPOCHS epochs;"
+    echo "student top1 with the teacher's head (copied at init, not trained); arguments: ${*:-none}"
+    echo
+    echo "| Stage 2 taps | Stage 1 | student top1 | of teacher | final loss | final PB MSE | time |"
+    echo "|---|---|---|---|---|---|---|"
+    printf '%s\n' "${rows[@]}"
+    echo
+    echo "final loss: the mean total loss of the last log window (its terms differ between rows);"
+    echo "final PB MSE: mean over taps of MSE(A(PB_s), PB_t) of the last log window."
+} > "$OUT"
+echo
+cat "$OUT"
