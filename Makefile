@@ -7,6 +7,7 @@ CFLAGS  += -std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -fopenmp -Wall -
            -Wno-unused-parameter -MMD -MP
 LDLIBS  += -lpng -lturbojpeg -lzstd -lz -lm -lpthread
 BUILD   := build
+NPROC   := $(shell nproc 2>/dev/null || echo 2)
 
 # Optional toolchains, detected by compiling probes (tools/probe.sh), cached in build/config.mk.
 $(BUILD)/config.mk: tools/probe.sh
@@ -135,7 +136,7 @@ clean-lib:
 
 # Every CPU test binary runs, even after a failure; the target fails if any did.
 test: deps
-	@$(MAKE) --no-print-directory $(TEST_BINS) cgspn lib
+	@$(MAKE) --no-print-directory -j$(NPROC) $(TEST_BINS) cgspn lib
 	@fail=0; for t in $(TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
 	 if [ $$fail -ne 0 ]; then echo "make test: FAILED"; exit 1; fi; echo "make test: all passed"
 
@@ -144,7 +145,7 @@ test-gpu:
 ifneq ($(CUDA_ON),1)
 	@echo "make test-gpu: no working nvcc found (see build/config.mk)"; exit 1
 else
-	@$(MAKE) --no-print-directory $(GPU_TEST_BINS) cgspn lib
+	@$(MAKE) --no-print-directory -j$(NPROC) $(GPU_TEST_BINS) cgspn lib
 	@fail=0; for t in $(GPU_TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
 	 echo "== tests/gpu/test_torch_wrapper.py (libcgspn.so through PyTorch)"; \
 	 python3 tests/gpu/test_torch_wrapper.py || fail=1; \
