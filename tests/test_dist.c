@@ -6,12 +6,8 @@
 // or hangs stops the others with a message naming it. (tests/test_dist_mpi.c: the same under
 // mpirun.)
 #include "testlib_dist.h"
-#include <fcntl.h>
 #include <omp.h>
-#include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 // fp32 round-off of a few AdamW steps whose clip scale comes from a norm summed in another order
@@ -20,7 +16,6 @@
 #define SHARDED_STEP_TOL 1e-5
 // The norm itself: one sum of ~3,000 squares in double, rounded to fp32, in another grouping.
 #define NORM_TOL 1e-6
-#define MAX_RANKS 8
 
 static char g_dir[256];
 
@@ -29,119 +24,6 @@ static int teardown_dir(void **state) { return test_remove_dir(g_dir); }
 
 static void assert_contains(const char *s, const char *part) {
     if (!strstr(s, part)) fail_msg("expected the output to contain '%s', got:\n%s", part, s);
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-// ---- forked ranks -------------------------------------------------------------------------------
-
-// A child's work: 0 on success. Children never use CMocka's asserts (they would unwind into the
-// parent's test runner); CHILD_CHECK prints the failure to the child's stderr and returns 1.
-typedef int (*RankFn)(Dist *d, void *arg);
-#define CHILD_CHECK(cond, ...)                                                          \
-    do {                                                                                \
-        if (!(cond)) {                                                                  \
-            fprintf(stderr, "check failed at %s:%d: %s: ", __FILE__, __LINE__, #cond);  \
-            fprintf(stderr, __VA_ARGS__);                                               \
-            fprintf(stderr, "\n");                                                      \
-            return 1;                                                                   \
-        }                                                                               \
-    } while (0)
-
-typedef enum { OPEN_TCP, OPEN_ENV } OpenMode;
-
-typedef struct RankResult {
-    int code;         // exit status, 128 + signal, or -1 when killed for running too long
-    double seconds;   // from the fork until it ended
-    char err[8192];   // its stderr
-} RankResult;
-
-static void child(int rank, int world, OpenMode mode, double timeout_s, RankFn fn, void *arg) {
-    char path[512], rdv[512];
-    snprintf(path, sizeof path, "%s/rank%d.err", g_dir, rank);
-    snprintf(rdv, sizeof rdv, "%s/rendezvous", g_dir);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 2);
-    Dist d;
-    char err[1024];
-    int rc;
-    if (mode == OPEN_TCP) {
-        rc = dist_open_tcp_err(&d, rank, world, rdv, timeout_s, err, sizeof err);
-    } else {
-        char v[32];
-        snprintf(v, sizeof v, "%d", rank);
-        setenv("RANK", v, 1);
-        setenv("LOCAL_RANK", v, 1);
-        snprintf(v, sizeof v, "%d", world);
-        setenv("WORLD_SIZE", v, 1);
-        setenv("CGSPN_RENDEZVOUS", rdv, 1);
-        snprintf(v, sizeof v, "%g", timeout_s);
-        setenv("CGSPN_DIST_TIMEOUT", v, 1);
-        int argc = 1;
-        char *args[] = {"test_dist", NULL}, **argv = args;
-        rc = dist_init_err(&d, &argc, &argv, err, sizeof err);
-    }
-    if (rc != 0) {
-        fprintf(stderr, "bootstrap: %s\n", err);
-        _exit(90);
-    }
-    rc = fn(&d, arg);
-    if (rc == 0) dist_finalize(&d);
-    fflush(stdout);
-    _exit(rc);
-}
-
-// Forks world ranks running fn and waits for them (killing any still running after limit_s).
-static void run_ranks(int world, OpenMode mode, double timeout_s, double limit_s, RankFn fn,
-                      void *arg, RankResult *res) {
-    pid_t pid[MAX_RANKS];
-    const double t0 = now_s();
-    fflush(stdout);
-    fflush(stderr);
-    for (int r = 0; r < world; r++) {
-        pid[r] = fork();
-        assert_true(pid[r] >= 0);
-        if (pid[r] == 0) child(r, world, mode, timeout_s, fn, arg);
-        res[r].code = -2;
-    }
-    for (int left = world; left > 0;) {
-        for (int r = 0; r < world; r++) {
-            int st;
-            if (res[r].code != -2 || waitpid(pid[r], &st, WNOHANG) != pid[r]) continue;
-            res[r].code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-            res[r].seconds = now_s() - t0;
-            left--;
-        }
-        if (left && now_s() - t0 > limit_s) {
-            for (int r = 0; r < world; r++) {
-                if (res[r].code != -2) continue;
-                kill(pid[r], SIGKILL);
-                waitpid(pid[r], NULL, 0);
-                res[r].code = -1;
-                res[r].seconds = now_s() - t0;
-            }
-            left = 0;
-        }
-        struct timespec ts = {0, 5 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-    for (int r = 0; r < world; r++) {
-        char path[512];
-        snprintf(path, sizeof path, "%s/rank%d.err", g_dir, r);
-        FILE *f = fopen(path, "r");
-        size_t k = f ? fread(res[r].err, 1, sizeof res[r].err - 1, f) : 0;
-        res[r].err[k] = 0;
-        if (f) fclose(f);
-    }
-}
-
-static void assert_all_passed(int world, const RankResult *res) {
-    for (int r = 0; r < world; r++)
-        if (res[r].code != 0) fail_msg("rank %d ended with %d; its stderr:\n%s", r, res[r].code, res[r].err);
 }
 
 // ---- layout ------------------------------------------------------------------------------------------
@@ -205,7 +87,7 @@ static int child_ranks_agree(Dist *d, void *arg) {
     int expect_world = *(int *)arg;
     CHILD_CHECK(d->world == expect_world && d->backend == DIST_TCP, "world %d backend %d", d->world,
                 d->backend);
-    int all[MAX_RANKS];
+    int all[DIST_TEST_MAX_RANKS];
     dist_all_gather_bytes(d, &d->rank, all, sizeof(int), "the rank check");
     for (int r = 0; r < d->world; r++) CHILD_CHECK(all[r] == r, "slot %d holds rank %d", r, all[r]);
     CHILD_CHECK(d->local_world == d->world && d->local_rank == d->rank, "local %d of %d",
@@ -216,8 +98,8 @@ static int child_ranks_agree(Dist *d, void *arg) {
 static void test_three_forked_ranks_meet_through_the_rendezvous_folder(void **state) {
     int world = 3;
     RankResult res[3];
-    run_ranks(world, OPEN_TCP, 20, 30, child_ranks_agree, &world, res);
-    assert_all_passed(world, res);
+    dist_test_run_ranks(g_dir, world, OPEN_TCP, 20, 30, child_ranks_agree, &world, res);
+    dist_test_assert_all_passed(world, res);
     // Every rank removed its address file once all were connected.
     char path[512];
     snprintf(path, sizeof path, "%s/rendezvous/cgspn.rank0", g_dir);
@@ -227,8 +109,8 @@ static void test_three_forked_ranks_meet_through_the_rendezvous_folder(void **st
 static void test_rank_and_world_size_from_the_environment_bootstrap_without_mpi(void **state) {
     int world = 2;
     RankResult res[2];
-    run_ranks(world, OPEN_ENV, 20, 30, child_ranks_agree, &world, res);
-    assert_all_passed(world, res);
+    dist_test_run_ranks(g_dir, world, OPEN_ENV, 20, 30, child_ranks_agree, &world, res);
+    dist_test_assert_all_passed(world, res);
 }
 
 static void test_env_launch_without_a_rendezvous_folder_says_which_key_to_set(void **state) {
@@ -320,8 +202,8 @@ static int child_collectives(Dist *d, void *arg) {
 
 static void test_host_collectives_are_rank_order_sums_bit_identical_on_every_rank(void **state) {
     RankResult res[3];
-    run_ranks(3, OPEN_TCP, 20, 30, child_collectives, NULL, res);
-    assert_all_passed(3, res);
+    dist_test_run_ranks(g_dir, 3, OPEN_TCP, 20, 30, child_collectives, NULL, res);
+    dist_test_assert_all_passed(3, res);
 }
 
 // ---- the optimizer step ----------------------------------------------------------------------------
@@ -341,7 +223,7 @@ static int child_step(Dist *d, void *arg) {
     dist_test_train(d, &m, zero, norms);
     dist_test_reference(&ref, d->world, ref_norms);
     // Every rank ends with the same weights.
-    uint64_t h = 0, all[MAX_RANKS];
+    uint64_t h = 0, all[DIST_TEST_MAX_RANKS];
     for (int i = 0; i < m.t.n; i++)
         h = h * 31 + hash_bytes(m.t.params[i]->value.data, m.t.params[i]->value.numel * sizeof(float));
     dist_all_gather_bytes(d, &h, all, sizeof h, "weights hash");
@@ -381,17 +263,17 @@ static int child_step(Dist *d, void *arg) {
 static void test_two_ranks_step_bit_exactly_like_one_process_on_the_mean_gradient(void **state) {
     int zero = 0;
     RankResult res[2];
-    run_ranks(2, OPEN_TCP, 20, 30, child_step, &zero, res);
-    assert_all_passed(2, res);
+    dist_test_run_ranks(g_dir, 2, OPEN_TCP, 20, 30, child_step, &zero, res);
+    dist_test_assert_all_passed(2, res);
 }
 
 static void test_zero1_on_two_and_three_ranks_steps_like_one_process(void **state) {
     int zero = 1;
     RankResult res[3];
-    run_ranks(2, OPEN_TCP, 20, 30, child_step, &zero, res);
-    assert_all_passed(2, res);
-    run_ranks(3, OPEN_TCP, 20, 30, child_step, &zero, res);
-    assert_all_passed(3, res);
+    dist_test_run_ranks(g_dir, 2, OPEN_TCP, 20, 30, child_step, &zero, res);
+    dist_test_assert_all_passed(2, res);
+    dist_test_run_ranks(g_dir, 3, OPEN_TCP, 20, 30, child_step, &zero, res);
+    dist_test_assert_all_passed(3, res);
 }
 
 static void test_one_rank_step_dist_is_optimizer_step(void **state) {
@@ -448,14 +330,14 @@ static void test_sharded_optimizer_state_reshards_exactly_to_other_world_sizes(v
     char dir[512];
     snprintf(dir, sizeof dir, "%s/step_00000003", g_dir);
     RankResult res[3];
-    run_ranks(2, OPEN_TCP, 20, 30, child_write_shards, dir, res);
-    assert_all_passed(2, res);
+    dist_test_run_ranks(g_dir, 2, OPEN_TCP, 20, 30, child_write_shards, dir, res);
+    dist_test_assert_all_passed(2, res);
     int world = 0;
     assert_int_equal(dist_ckpt_shards_complete(dir, &world), 1);
     assert_int_equal(world, 2);
     // Three ranks (and another bucket size) read what two wrote.
-    run_ranks(3, OPEN_TCP, 20, 30, child_read_shards, dir, res);
-    assert_all_passed(3, res);
+    dist_test_run_ranks(g_dir, 3, OPEN_TCP, 20, 30, child_read_shards, dir, res);
+    dist_test_assert_all_passed(3, res);
     // One process, zero = 0: every parameter's moments.
     Dist d;
     dist_init_single(&d);
@@ -490,7 +372,7 @@ static int child_exit_early(Dist *d, void *arg) {
 
 static void test_a_rank_that_exits_stops_the_others_with_its_rank_named(void **state) {
     RankResult res[2];
-    run_ranks(2, OPEN_TCP, 20, 30, child_exit_early, NULL, res);
+    dist_test_run_ranks(g_dir, 2, OPEN_TCP, 20, 30, child_exit_early, NULL, res);
     assert_int_equal(res[1].code, 3);
     assert_int_equal(res[0].code, 1);
     assert_contains(res[0].err, "rank 1 closed its connection");
@@ -510,7 +392,7 @@ static int child_hang(Dist *d, void *arg) {
 static void test_a_hung_rank_is_named_within_the_timeout_and_does_not_outlive_the_job(void **state) {
     const double timeout = 2;
     RankResult res[2];
-    run_ranks(2, OPEN_TCP, timeout, 30, child_hang, NULL, res);
+    dist_test_run_ranks(g_dir, 2, OPEN_TCP, timeout, 30, child_hang, NULL, res);
     assert_int_equal(res[0].code, 1);
     assert_contains(res[0].err, "waited 2.0 s for rank 1");
     assert_contains(res[0].err, "hung or dead");

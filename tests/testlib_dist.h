@@ -9,6 +9,11 @@
 #include "../train/optimizer.h"
 #include "../kernels/ops.h"
 #include "../nn/arena.h"
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 // A bucket of about 2 KB: several buckets over the ~3,600 elements of the table below, so
 // buckets, parts and parameters cut each other in every way.
@@ -21,8 +26,9 @@ typedef struct DistTestModel {
     Arena arena;
 } DistTestModel;
 
-static inline void dist_test_model(DistTestModel *m) {
-    m->ctx = ctx_cpu();
+// The table on ctx (its activation dtype for the values).
+static inline void dist_test_model_on(DistTestModel *m, Ctx ctx) {
+    m->ctx = ctx;
     params_init_table(&m->t);
     params_add(&m->t, "a.weight", 2, (int[]){37, 19}, INIT_TRUNC_NORMAL, 0.02f, true);
     params_add(&m->t, "a.bias", 1, (int[]){37}, INIT_FAN_IN_UNIFORM, 19.0f, false);
@@ -36,34 +42,44 @@ static inline void dist_test_model(DistTestModel *m) {
     arena_init(&m->arena, &m->ctx, 1 << 16);
 }
 
+static inline void dist_test_model(DistTestModel *m) { dist_test_model_on(m, ctx_cpu()); }
+
 static inline void dist_test_model_free(DistTestModel *m) {
     arena_free(&m->arena);
     params_free(&m->t, &m->ctx);
 }
 
-// Rank r's gradient of step s (trainable parameters only), reproducible anywhere.
-static inline void dist_test_grads(ParamTable *t, int rank, int step) {
-    memset(t->grads, 0, t->total * sizeof(float));
+// Rank r's gradient of step s (trainable parameters only), reproducible anywhere, into a host
+// buffer laid out as t's gradient buffer (t->total floats).
+static inline void dist_test_grads_into(const ParamTable *t, float *buf, int rank, int step) {
+    memset(buf, 0, t->total * sizeof(float));
     for (int i = 0; i < t->n; i++) {
-        Param *p = t->params[i];
+        const Param *p = t->params[i];
         if (!p->trainable) continue;
         Tensor g = p->grad;
+        g.data = buf + p->offset;
         test_fill(&g, 1000003ull * (uint64_t)(rank + 1) + 7919ull * (uint64_t)step + (uint64_t)i, -1.0f, 1.0f);
     }
 }
 
+static inline void dist_test_grads(ParamTable *t, int rank, int step) {
+    dist_test_grads_into(t, t->grads, rank, step);
+}
+
 // The mean over world ranks' gradients, added in rank order as dist/collectives.c does.
-static inline void dist_test_mean_grads(ParamTable *t, int world, int step) {
+static inline void dist_test_mean_grads_into(const ParamTable *t, float *out, int world, int step) {
     size_t n = t->total;
-    float *acc = calloc(n, sizeof(float));
+    float *g = calloc(n, sizeof(float));
     for (int r = 0; r < world; r++) {
-        dist_test_grads(t, r, step);
-        const float *g = t->grads;
-        for (size_t i = 0; i < n; i++) acc[i] = r == 0 ? g[i] : acc[i] + g[i];
+        dist_test_grads_into(t, g, r, step);
+        for (size_t i = 0; i < n; i++) out[i] = r == 0 ? g[i] : out[i] + g[i];
     }
-    float *g = t->grads;
-    for (size_t i = 0; i < n; i++) g[i] = acc[i] / (float)world;
-    free(acc);
+    for (size_t i = 0; i < n; i++) out[i] /= (float)world;
+    free(g);
+}
+
+static inline void dist_test_mean_grads(ParamTable *t, int world, int step) {
+    dist_test_mean_grads_into(t, t->grads, world, step);
 }
 
 static inline OptimizerConfig dist_test_optimizer(void) {
@@ -156,4 +172,123 @@ static inline int dist_test_check_moments(const ParamTable *t, const DistSegment
         }
     }
     return 0;
+}
+
+// ---- ranks as forked processes (no MPI): a TCP group meeting in DIR/rendezvous ----------------
+
+#define DIST_TEST_MAX_RANKS 8
+
+// A child's work: 0 on success. Children never use CMocka's asserts (they would unwind into the
+// parent's test runner); CHILD_CHECK prints the failure to the child's stderr and returns 1.
+typedef int (*DistRankFn)(Dist *d, void *arg);
+#define CHILD_CHECK(cond, ...)                                                          \
+    do {                                                                                \
+        if (!(cond)) {                                                                  \
+            fprintf(stderr, "check failed at %s:%d: %s: ", __FILE__, __LINE__, #cond);  \
+            fprintf(stderr, __VA_ARGS__);                                               \
+            fprintf(stderr, "\n");                                                      \
+            return 1;                                                                   \
+        }                                                                               \
+    } while (0)
+
+// OPEN_TCP: dist_open_tcp_err with the rank; OPEN_ENV: RANK, WORLD_SIZE, LOCAL_RANK and
+// CGSPN_RENDEZVOUS set, then dist_init_err, as a torchrun-style launcher would.
+typedef enum { OPEN_TCP, OPEN_ENV } OpenMode;
+
+typedef struct RankResult {
+    int code;         // exit status, 128 + signal, or -1 when killed for running too long
+    double seconds;   // from the fork until it ended
+    char err[8192];   // its stderr
+} RankResult;
+
+static inline double dist_test_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static inline void dist_test_child(const char *dir, int rank, int world, OpenMode mode,
+                                   double timeout_s, DistRankFn fn, void *arg) {
+    char path[512], rdv[512];
+    snprintf(path, sizeof path, "%s/rank%d.err", dir, rank);
+    snprintf(rdv, sizeof rdv, "%s/rendezvous", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    Dist d;
+    char err[1024];
+    int rc;
+    if (mode == OPEN_TCP) {
+        rc = dist_open_tcp_err(&d, rank, world, rdv, timeout_s, err, sizeof err);
+    } else {
+        char v[32];
+        snprintf(v, sizeof v, "%d", rank);
+        setenv("RANK", v, 1);
+        setenv("LOCAL_RANK", v, 1);
+        snprintf(v, sizeof v, "%d", world);
+        setenv("WORLD_SIZE", v, 1);
+        setenv("CGSPN_RENDEZVOUS", rdv, 1);
+        snprintf(v, sizeof v, "%g", timeout_s);
+        setenv("CGSPN_DIST_TIMEOUT", v, 1);
+        int argc = 1;
+        char *args[] = {"test", NULL}, **argv = args;
+        rc = dist_init_err(&d, &argc, &argv, err, sizeof err);
+    }
+    if (rc != 0) {
+        fprintf(stderr, "bootstrap: %s\n", err);
+        _exit(90);
+    }
+    rc = fn(&d, arg);
+    if (rc == 0) dist_finalize(&d);
+    fflush(stdout);
+    _exit(rc);
+}
+
+// Forks world ranks running fn and waits for them (killing any still running after limit_s);
+// their stderr goes to DIR/rankN.err and into res.
+static inline void dist_test_run_ranks(const char *dir, int world, OpenMode mode, double timeout_s,
+                                       double limit_s, DistRankFn fn, void *arg, RankResult *res) {
+    pid_t pid[DIST_TEST_MAX_RANKS];
+    const double t0 = dist_test_now();
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < world; r++) {
+        pid[r] = fork();
+        assert_true(pid[r] >= 0);
+        if (pid[r] == 0) dist_test_child(dir, r, world, mode, timeout_s, fn, arg);
+        res[r].code = -2;
+    }
+    for (int left = world; left > 0;) {
+        for (int r = 0; r < world; r++) {
+            int st;
+            if (res[r].code != -2 || waitpid(pid[r], &st, WNOHANG) != pid[r]) continue;
+            res[r].code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            res[r].seconds = dist_test_now() - t0;
+            left--;
+        }
+        if (left && dist_test_now() - t0 > limit_s) {
+            for (int r = 0; r < world; r++) {
+                if (res[r].code != -2) continue;
+                kill(pid[r], SIGKILL);
+                waitpid(pid[r], NULL, 0);
+                res[r].code = -1;
+                res[r].seconds = dist_test_now() - t0;
+            }
+            left = 0;
+        }
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    for (int r = 0; r < world; r++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/rank%d.err", dir, r);
+        FILE *f = fopen(path, "r");
+        size_t k = f ? fread(res[r].err, 1, sizeof res[r].err - 1, f) : 0;
+        res[r].err[k] = 0;
+        if (f) fclose(f);
+    }
+}
+
+static inline void dist_test_assert_all_passed(int world, const RankResult *res) {
+    for (int r = 0; r < world; r++)
+        if (res[r].code != 0) fail_msg("rank %d ended with %d; its stderr:\n%s", r, res[r].code, res[r].err);
 }
