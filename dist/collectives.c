@@ -135,3 +135,23 @@ int dist_first_failed(Dist *d, int ok, const char *what) {
     free(all);
     return bad;
 }
+
+void dist_describe_late(Dist *d, double grace_s, char *out, size_t n) {
+    out[0] = 0;
+    if (d->world <= 1) return;
+    unsigned char *alive = cg_calloc((size_t)d->world, 1);
+    if (d->backend == DIST_MPI) dist_mpi_probe(d, grace_s, alive);
+    else if (d->backend == DIST_TCP) dist_tcp_probe(d, grace_s, alive);
+    alive[d->rank] = 1;
+    size_t k = 0;
+    int late = 0;
+    for (int p = 0; p < d->world; p++) {
+        if (alive[p]) continue;
+        if (k < n) k += (size_t)snprintf(out + k, n - k, "%s%d", late ? ", " : "rank(s) ", p);
+        late++;
+    }
+    if (late && k < n) snprintf(out + k, n - k, " did not answer a probe within %g s: hung or dead", grace_s);
+    if (!late) snprintf(out, n, "every rank answered a probe, so none is dead; one is slow or stuck "
+                        "in a collective the others did not enter");
+    free(alive);
+}

@@ -51,6 +51,7 @@ void dist_fail(Dist *d, const char *hint, const char *fmt, ...) {
     fprintf(stderr, "cgspn: rank %d: %s\n", d->rank, msg);
     if (hint && hint[0]) fprintf(stderr, "  hint: %s\n", hint);
     fflush(stderr);
+    alarm(15);   // should ncclCommAbort or MPI_Abort hang, SIGALRM still ends the process
     if (d->on_abort) d->on_abort(d);
     if (d->backend == DIST_MPI && d->mpi_initialized) dist_mpi_abort(d);
     // Without MPI (or when MPI_Abort is not allowed from this thread): the peers see this

@@ -31,7 +31,8 @@
 extern "C" {
 #endif
 
-#define DIST_DEFAULT_TIMEOUT_S 45.0   // + the time to stop: every rank is gone within 60 s
+#define DIST_DEFAULT_TIMEOUT_S 45.0   // + the probe and the time to stop: all gone within 60 s
+#define DIST_PROBE_GRACE_S 5.0        // how long a timed-out NCCL wait listens for the other ranks
 #define DIST_HOST_MAX 64
 // Parts of a range split across ranks are multiples of this many elements (256 bytes of
 // fp32), so every part of a 256-byte aligned buffer is aligned for vector loads.
@@ -99,6 +100,10 @@ void dist_fail(Dist *d, const char *hint, const char *fmt, ...)
 // (for blocking calls that cannot poll: MPI_Allgather at bootstrap, NCCL init). what names it.
 void dist_watch_begin(Dist *d, const char *what);
 void dist_watch_end(Dist *d);
+// After a wait timed out without knowing whom it waited for (NCCL): probes every rank for
+// grace_s seconds (every rank that timed out does the same) and writes "rank 3 did not answer"
+// or "every rank answered" into out. Only from the thread that runs the collectives.
+void dist_describe_late(Dist *d, double grace_s, char *out, size_t n);
 // Seconds of a monotonic clock.
 double dist_now(void);
 

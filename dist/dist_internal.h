@@ -20,6 +20,12 @@ void *dist_scratch(Dist *d, size_t bytes);
 void dist_fail_late(Dist *d, const char *what, int peer, bool sending, double waited)
     __attribute__((noreturn));
 
+// Liveness probe, for a wait that cannot tell whom it waits for (an NCCL collective): sends a
+// probe to every peer and collects theirs for grace_s seconds; alive[p] = 1 for each peer heard.
+// Every rank that times out probes, so the ranks that never answer are the hung or dead ones.
+void dist_mpi_probe(Dist *d, double grace_s, unsigned char *alive);
+void dist_tcp_probe(Dist *d, double grace_s, unsigned char *alive);
+
 // ---- MPI (dist/transport_mpi.c; stubs that explain when the build has no MPI) -------------------
 bool dist_mpi_available(void);
 int  dist_mpi_init(Dist *d, int *argc, char ***argv, char *err, size_t n);

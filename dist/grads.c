@@ -194,11 +194,16 @@ static void device_wait(DistGrads *g, cudaEvent_t ev, const char *what) {
             dist_fail(d, "NCCL_DEBUG=WARN shows NCCL's view", "NCCL failed during %s: %s (%s)", what,
                       ncclGetErrorString(async), ncclGetLastError(d->nccl->comm));
         double waited = dist_now() - t0;
-        if (waited > d->timeout_s)
-            dist_fail(d, "the rank that never joined is hung (a deadlock, a GPU fault) or dead; its "
+        if (waited > d->timeout_s) {
+            // NCCL cannot say whom it waits for: every rank that times out probes the others.
+            char late[512];
+            dist_describe_late(d, d->timeout_s < DIST_PROBE_GRACE_S ? d->timeout_s : DIST_PROBE_GRACE_S,
+                               late, sizeof late);
+            dist_fail(d, "a rank that stops answering is hung (a deadlock, a GPU fault) or dead; its "
                          "own log says which; raise dist_timeout_s if ranks legitimately wait this long",
-                      "%s did not finish within %g s (dist_timeout_s): a rank is hung or dead; "
-                      "aborting the NCCL communicator and stopping the job", what, d->timeout_s);
+                      "%s did not finish within %g s (dist_timeout_s); %s; aborting the NCCL "
+                      "communicator and stopping the job", what, d->timeout_s, late);
+        }
         if (spins > 2000) {
             struct timespec ts = {0, 20 * 1000};
             nanosleep(&ts, NULL);

@@ -13,6 +13,7 @@
 #include <mpi.h>
 
 #define DIST_TAG_DATA 7001
+#define DIST_TAG_PROBE 7002
 // MPI counts are ints: messages go in pieces of at most this many bytes.
 #define MPI_PIECE_BYTES ((size_t)1 << 30)
 
@@ -24,7 +25,8 @@
             char s_[MPI_MAX_ERROR_STRING] = "";                                                 \
             int len_ = 0;                                                                       \
             MPI_Error_string(rc_, s_, &len_);                                                   \
-            dist_fail((d), (hint), "MPI error in %s: %s (%s:%d)", #call, s_, __FILE__, __LINE__); \
+            dist_fail((d), (hint)[0] ? (hint) : "when a rank died, mpirun's output names it",   \
+                      "MPI error in %s: %s (%s:%d)", #call, s_, __FILE__, __LINE__);             \
         }                                                                                       \
     } while (0)
 
@@ -127,6 +129,35 @@ void dist_mpi_exchange(Dist *d, const DistMsg *sends, int ns, const DistMsg *rec
     free(idx);
 }
 
+void dist_mpi_probe(Dist *d, double grace_s, unsigned char *alive) {
+    const int world = d->world;
+    MPI_Request *req = cg_malloc(2 * (size_t)world * sizeof *req);
+    int *got = cg_calloc((size_t)world, sizeof(int));
+    static int token = 1;
+    for (int p = 0; p < world; p++) {
+        req[p] = req[world + p] = MPI_REQUEST_NULL;
+        if (p == d->rank) continue;
+        MPI_Irecv(&got[p], 1, MPI_INT, p, DIST_TAG_PROBE, MPI_COMM_WORLD, &req[p]);
+        MPI_Isend(&token, 1, MPI_INT, p, DIST_TAG_PROBE, MPI_COMM_WORLD, &req[world + p]);
+    }
+    const double t0 = dist_now();
+    while (dist_now() - t0 < grace_s) {
+        int all = 1;
+        for (int p = 0; p < world; p++) {
+            int done = 0;
+            if (req[p] != MPI_REQUEST_NULL) MPI_Test(&req[p], &done, MPI_STATUS_IGNORE);
+            if (req[p] != MPI_REQUEST_NULL) all = 0;
+        }
+        if (all) break;
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    for (int p = 0; p < world; p++) alive[p] = p == d->rank || got[p] == 1;
+    // The job stops next: requests still pending are left to MPI_Abort.
+    free(got);
+    free(req);
+}
+
 void dist_mpi_finalize(Dist *d) {
     dist_watchdog_start(d);
     dist_watch_begin(d, "MPI_Finalize");
@@ -161,6 +192,10 @@ void dist_mpi_exchange(Dist *d, const DistMsg *sends, int ns, const DistMsg *rec
                        const char *what) {
     (void)sends, (void)ns, (void)recvs, (void)nr;
     dist_fail(d, "", "%s: no MPI in this build", what);
+}
+
+void dist_mpi_probe(Dist *d, double grace_s, unsigned char *alive) {
+    (void)d, (void)grace_s, (void)alive;
 }
 
 void dist_mpi_finalize(Dist *d) { (void)d; }

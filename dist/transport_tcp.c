@@ -30,6 +30,7 @@
 
 #define WIRE_MAGIC  0x44534743u   // "CGSD"
 #define HELLO_MAGIC 0x4f4c4548u   // "HELO"
+#define PROBE_MAGIC 0x45424f50u   // "PROB"
 #define CONNECT_ATTEMPT_S 5.0      // one connect() or hello may take this long before a retry
 
 typedef struct DistTcp {
@@ -406,6 +407,32 @@ void dist_tcp_exchange(Dist *d, const DistMsg *sends, int ns, const DistMsg *rec
     free(pp);
     free(snd);
     free(rcv);
+}
+
+void dist_tcp_probe(Dist *d, double grace_s, unsigned char *alive) {
+    const int world = d->world;
+    WireHeader probe = {PROBE_MAGIC, (uint32_t)d->rank, d->n_ops, 0};
+    for (int p = 0; p < world; p++)
+        if (p != d->rank) send(d->tcp->fd[p], &probe, sizeof probe, MSG_NOSIGNAL | MSG_DONTWAIT);
+    // Whatever a peer sends now (a probe, or data of a collective it is in) shows it is alive.
+    const double t0 = dist_now();
+    for (int heard = 1; heard < world && dist_now() - t0 < grace_s;) {
+        struct pollfd pf[world];
+        int pp[world], k = 0;
+        for (int p = 0; p < world; p++) {
+            if (p == d->rank || alive[p]) continue;
+            pf[k] = (struct pollfd){d->tcp->fd[p], POLLIN, 0};
+            pp[k++] = p;
+        }
+        if (poll(pf, (nfds_t)k, 50) <= 0) continue;
+        for (int i = 0; i < k; i++) {
+            char byte;
+            if ((pf[i].revents & POLLIN) && recv(pf[i].fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1) {
+                alive[pp[i]] = 1;
+                heard++;
+            }
+        }
+    }
 }
 
 int dist_tcp_poll_closed(Dist *d, int ms) {

@@ -403,6 +403,28 @@ static void test_a_hung_rank_is_named_within_the_timeout_and_does_not_outlive_th
     assert_true(res[1].seconds < timeout + 5);
 }
 
+static int child_probe(Dist *d, void *arg) {
+    if (d->rank == 2) {   // hung: answers nothing
+        sleep(60);
+        return 0;
+    }
+    char late[256];
+    dist_describe_late(d, 1.0, late, sizeof late);
+    CHILD_CHECK(strstr(late, "rank(s) 2 did not answer") != NULL, "got: %s", late);
+    _exit(0);   // no finalize: the hung rank's watchdog must notice and end it
+}
+
+static void test_a_probe_after_an_nccl_style_timeout_names_the_rank_that_never_answers(void **state) {
+    RankResult res[3];
+    dist_test_run_ranks(g_dir, 3, OPEN_TCP, 20, 30, child_probe, NULL, res);
+    assert_int_equal(res[0].code, 0);
+    assert_int_equal(res[1].code, 0);
+    if (res[0].code || res[1].code) fail_msg("%s\n%s", res[0].err, res[1].err);
+    assert_int_equal(res[2].code, 1);
+    assert_contains(res[2].err, "closed its connection");
+    assert_true(res[2].seconds < 10);
+}
+
 int main(void) {
     // One thread: forked children must not inherit an OpenMP pool (libgomp is not fork-safe).
     omp_set_num_threads(1);
@@ -419,6 +441,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_sharded_optimizer_state_reshards_exactly_to_other_world_sizes, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_a_rank_that_exits_stops_the_others_with_its_rank_named, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_a_hung_rank_is_named_within_the_timeout_and_does_not_outlive_the_job, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_a_probe_after_an_nccl_style_timeout_names_the_rank_that_never_answers, setup_dir, teardown_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

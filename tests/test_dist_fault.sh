@@ -8,7 +8,7 @@ mpirun_cmd=${MPIRUN:-mpirun --allow-run-as-root --oversubscribe}
 limit=30      # seconds: timeout 3 s + mpirun's teardown, far below the 60 s promised
 fail=0
 
-run_case() {   # $1 = hang | exit, $2 = a pattern the output must contain
+run_case() {   # $1 = hang | probe | exit, $2 = a pattern the output must contain
     local mode=$1 want=$2 out start end rc
     out=$(mktemp)
     start=$(date +%s.%N)
@@ -26,10 +26,10 @@ run_case() {   # $1 = hang | exit, $2 = a pattern the output must contain
         echo "  $mode: a rank outlived the job"; ok=0
     fi
     if [ $ok -eq 1 ]; then
-        echo "[       OK ] rank 1 ${mode}s: the job stopped in ${secs} s naming it"
+        echo "[       OK ] rank 1 ${mode}: the job stopped in ${secs} s naming it"
         grep -E -m1 -- "$want" "$out" | sed 's/^/             /'
     else
-        echo "[  FAILED  ] rank 1 ${mode}s (exit $rc, ${secs} s); output:"
+        echo "[  FAILED  ] rank 1 ${mode} (exit $rc, ${secs} s); output:"
         sed 's/^/    /' "$out"
         fail=1
     fi
@@ -37,6 +37,7 @@ run_case() {   # $1 = hang | exit, $2 = a pattern the output must contain
 }
 
 run_case hang "waited 3.0 s for rank 1"
+run_case probe "rank\\(s\\) 1 did not answer"
 # A rank that exits is mpirun's to report: it names the process as [[JOB,1],RANK] and kills the
 # others at once (our deadline never comes into play).
 run_case exit "rank 1|\\[\\[[0-9]+,1\\],1\\]"

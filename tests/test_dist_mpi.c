@@ -8,7 +8,8 @@
 //
 // With --fault=hang or --fault=exit it is instead the fault scenario of tests/test_dist_fault.sh:
 // rank 1 hangs in "compute" (or exits) while rank 0 waits in an all-reduce with
-// dist_timeout_s = 3; rank 0 must stop the job naming rank 1.
+// dist_timeout_s = 3; rank 0 must stop the job naming rank 1. --fault=probe: rank 1 hangs and
+// rank 0 runs the liveness probe a timed-out NCCL wait runs, which must name rank 1.
 #include "testlib_dist.h"
 #include <omp.h>
 #include <sys/stat.h>
@@ -159,6 +160,11 @@ static int run_fault(Dist *d, const char *mode) {
         if (strcmp(mode, "exit") == 0) _exit(3);   // dies without MPI_Finalize
         sleep(120);                                 // hung in "compute"
         return 0;
+    }
+    if (strcmp(mode, "probe") == 0) {   // what a timed-out NCCL wait does to name the rank
+        char late[256];
+        dist_describe_late(d, 1.0, late, sizeof late);
+        dist_fail(d, "", "the fault test's probe: %s", late);
     }
     float x[1024] = {0};
     dist_all_reduce_f32(d, x, 1024, true, "the fault test's all-reduce");

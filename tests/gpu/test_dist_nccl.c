@@ -163,6 +163,7 @@ static void test_a_hung_rank_makes_the_other_abort_nccl_and_exit_naming_the_time
     assert_int_equal(res[0].code, 1);
     assert_contains(res[0].err, "did not finish within 3 s");
     assert_contains(res[0].err, "all-reduce of gradient bucket");
+    assert_contains(res[0].err, "rank(s) 1 did not answer");
     assert_int_equal(res[1].code, 1);
     assert_contains(res[1].err, "rank 0 closed its connection");
     assert_true(res[0].seconds < 30 && res[1].seconds < 30);
