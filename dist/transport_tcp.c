@@ -415,24 +415,27 @@ void dist_tcp_probe(Dist *d, double grace_s, unsigned char *alive) {
     for (int p = 0; p < world; p++)
         if (p != d->rank) send(d->tcp->fd[p], &probe, sizeof probe, MSG_NOSIGNAL | MSG_DONTWAIT);
     // Whatever a peer sends now (a probe, or data of a collective it is in) shows it is alive.
+    unsigned char *closed = cg_calloc((size_t)world, 1);
     const double t0 = dist_now();
     for (int heard = 1; heard < world && dist_now() - t0 < grace_s;) {
         struct pollfd pf[world];
         int pp[world], k = 0;
         for (int p = 0; p < world; p++) {
-            if (p == d->rank || alive[p]) continue;
+            if (p == d->rank || alive[p] || closed[p]) continue;
             pf[k] = (struct pollfd){d->tcp->fd[p], POLLIN, 0};
             pp[k++] = p;
         }
+        if (!k) break;
         if (poll(pf, (nfds_t)k, 50) <= 0) continue;
         for (int i = 0; i < k; i++) {
+            if (!(pf[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
             char byte;
-            if ((pf[i].revents & POLLIN) && recv(pf[i].fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1) {
-                alive[pp[i]] = 1;
-                heard++;
-            }
+            if (recv(pf[i].fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1) alive[pp[i]] = 1;
+            else closed[pp[i]] = 1;   // gone: it stays "did not answer"
+            heard++;
         }
     }
+    free(closed);
 }
 
 int dist_tcp_poll_closed(Dist *d, int ms) {
