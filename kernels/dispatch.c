@@ -50,6 +50,7 @@ OP_WEAK(gspn_scan_fwd)
 OP_WEAK(gspn_scan_bwd)
 #define ROUTE(name, ...)                                                      \
     do {                                                                      \
+        if (ctx->profile) ctx->profile(ctx, #name, 0);                        \
         if (ctx->device == DEVICE_CUDA) {                                     \
             CG_CHECK(cuda_##name != NULL, "run with device = cpu",            \
                      "op " #name " has no CUDA kernel in this build");        \
@@ -57,13 +58,16 @@ OP_WEAK(gspn_scan_bwd)
         } else {                                                              \
             cpu_##name(__VA_ARGS__);                                          \
         }                                                                     \
+        if (ctx->profile) ctx->profile(ctx, #name, 1);                        \
     } while (0)
 #else
 #define ROUTE(name, ...)                                                      \
     do {                                                                      \
         CG_CHECK(ctx->device == DEVICE_CPU, "rebuild with nvcc on PATH",      \
                  "op " #name ": this build has no CUDA backend");             \
+        if (ctx->profile) ctx->profile(ctx, #name, 0);                        \
         cpu_##name(__VA_ARGS__);                                              \
+        if (ctx->profile) ctx->profile(ctx, #name, 1);                        \
     } while (0)
 #endif
 
@@ -92,17 +96,17 @@ void op_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
                    Tensor *dx, Tensor *dw, Tensor *db) {
     ROUTE(linear_bwd, ctx, dy, x, w, dx, dw, db);
 }
-void op_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *pre,
-                        Tensor *y) {
-    ROUTE(linear_gelu_fwd, ctx, x, w, b, pre, y);
+void op_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, GeluKind kind,
+                        Tensor *pre, Tensor *y) {
+    ROUTE(linear_gelu_fwd, ctx, x, w, b, kind, pre, y);
 }
 void op_linear_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
-                        const Tensor *pre, Tensor *dx, Tensor *dw, Tensor *db) {
-    ROUTE(linear_gelu_bwd, ctx, dy, x, w, pre, dx, dw, db);
+                        const Tensor *pre, GeluKind kind, Tensor *dx, Tensor *dw, Tensor *db) {
+    ROUTE(linear_gelu_bwd, ctx, dy, x, w, pre, kind, dx, dw, db);
 }
 void op_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
-                         const Tensor *pre, Tensor *dpre, Tensor *dw, Tensor *db) {
-    ROUTE(linear_dgelu_bwd, ctx, dy, h, w, pre, dpre, dw, db);
+                         const Tensor *pre, GeluKind kind, Tensor *dpre, Tensor *dw, Tensor *db) {
+    ROUTE(linear_dgelu_bwd, ctx, dy, h, w, pre, kind, dpre, dw, db);
 }
 void op_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
                       Tensor *y, Tensor *mean, Tensor *rstd) {
