@@ -17,6 +17,7 @@ OP_WEAK(layer_scale_fwd)
 OP_WEAK(layer_scale_bwd)
 OP_WEAK(linear_fwd)
 OP_WEAK(linear_bwd)
+OP_WEAK(linear_bwd_write)
 OP_WEAK(linear_gelu_fwd)
 OP_WEAK(linear_gelu_bwd)
 OP_WEAK(linear_dgelu_bwd)
@@ -28,6 +29,7 @@ OP_WEAK(softmax_fwd)
 OP_WEAK(softmax_bwd)
 OP_WEAK(attention_fwd)
 OP_WEAK(attention_bwd)
+OP_WEAK(attention_bwd_write)
 OP_WEAK(patch_embed_fwd)
 OP_WEAK(patch_embed_bwd)
 OP_WEAK(concat_prefix_fwd)
@@ -96,6 +98,10 @@ void op_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
                    Tensor *dx, Tensor *dw, Tensor *db) {
     ROUTE(linear_bwd, ctx, dy, x, w, dx, dw, db);
 }
+void op_linear_bwd_write(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+                         Tensor *dx, Tensor *dw, Tensor *db) {
+    ROUTE(linear_bwd_write, ctx, dy, x, w, dx, dw, db);
+}
 void op_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, GeluKind kind,
                         Tensor *pre, Tensor *y) {
     ROUTE(linear_gelu_fwd, ctx, x, w, b, kind, pre, y);
@@ -130,6 +136,10 @@ void op_attention_fwd(Ctx *ctx, const Tensor *qkv, int heads, Tensor *out, Tenso
 void op_attention_bwd(Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Tensor *out,
                       const Tensor *lse, int heads, Tensor *dqkv) {
     ROUTE(attention_bwd, ctx, dout, qkv, out, lse, heads, dqkv);
+}
+void op_attention_bwd_write(Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Tensor *out,
+                            const Tensor *lse, int heads, Tensor *dqkv) {
+    ROUTE(attention_bwd_write, ctx, dout, qkv, out, lse, heads, dqkv);
 }
 void op_patch_embed_fwd(Ctx *ctx, const Tensor *img, const Tensor *w, const Tensor *b,
                         int patch, Tensor *cols, Tensor *y) {

@@ -54,6 +54,11 @@ OP_DECL(linear_fwd, Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
 // dx (N,K) += dy w; dw (M,K) += dy^T x; db (M) += sum_n dy
 OP_DECL(linear_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
         Tensor *dx, Tensor *dw, Tensor *db)
+// As linear_bwd, but dx (N,K) = dy w is WRITTEN (every element), not accumulated; dw and db
+// still accumulate. The tape calls it for a gradient nothing has written yet: on the GPU that
+// saves zeroing dx and reading it back (the dx GEMM runs with beta = 0).
+OP_DECL(linear_bwd_write, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+        Tensor *dx, Tensor *dw, Tensor *db)
 // Linear then GELU: pre (N,M) = x w^T + b, y = gelu(pre), kind GELU_TANH or GELU_ERF. On the
 // GPU the tanh GELU is fused into the GEMM's epilogue (the GELU cuBLASLt computes); the erf GELU
 // (exact, timm's default) runs as the GEMM with its bias fused, then one GELU pass over pre.
@@ -99,6 +104,10 @@ OP_DECL(softmax_bwd, Ctx *ctx, const Tensor *dy, const Tensor *y, Tensor *dx)
 // the probabilities from q, k and lse, as flash attention does).
 OP_DECL(attention_fwd, Ctx *ctx, const Tensor *qkv, int heads, Tensor *out, Tensor *lse)
 OP_DECL(attention_bwd, Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Tensor *out,
+        const Tensor *lse, int heads, Tensor *dqkv)
+// As attention_bwd, but dqkv is WRITTEN, not accumulated (a gradient nothing has written yet):
+// cuDNN then writes dq, dk, dv straight into it (no zeroing, no scratch copy, no add pass).
+OP_DECL(attention_bwd_write, Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Tensor *out,
         const Tensor *lse, int heads, Tensor *dqkv)
 
 // ---- patch embedding and token layout --------------------------------------------------------

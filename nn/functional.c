@@ -27,8 +27,10 @@ typedef struct { Tensor *x, *w, *b, *y; } LinearRec;
 static void linear_backward(Tape *t, void *p) {
     LinearRec *r = p;
     if (!NEED_GRAD(r)) return;
-    op_linear_bwd(t->ctx, r->y->grad, r->x, r->w, tape_grad(t, r->x), tape_grad(t, r->w),
-                  tape_grad(t, r->b));
+    bool fresh;   // a dx nothing has written yet is written, not zeroed and added to
+    Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
+    (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, r->y->grad, r->x, r->w, dx,
+                                                  tape_grad(t, r->w), tape_grad(t, r->b));
 }
 Tensor *nn_linear(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
     CG_CHECK(tensor_last(x) == w->shape[1], "", "linear: input width %d, weight expects %d",
@@ -79,12 +81,14 @@ typedef struct { Tensor *x, *w1, *b1, *w2, *b2, *pre, *h, *y; GeluKind kind; } M
 static void mlp_backward(Tape *t, void *p) {
     MlpRec *r = p;
     if (!NEED_GRAD(r)) return;
-    Tensor *dx = tape_grad(t, r->x), *dw1 = tape_grad(t, r->w1), *db1 = tape_grad(t, r->b1);
+    bool fresh;
+    Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
+    Tensor *dw1 = tape_grad(t, r->w1), *db1 = tape_grad(t, r->b1);
     // dpre is written by linear_dgelu_bwd (never zeroed); not needed when fc1 wants nothing.
     Tensor *dpre = dx || dw1 || db1 ? tape_tensor_like(t, r->pre) : NULL;
     op_linear_dgelu_bwd(t->ctx, r->y->grad, r->h, r->w2, r->pre, r->kind, dpre,
                         tape_grad(t, r->w2), tape_grad(t, r->b2));
-    if (dpre) op_linear_bwd(t->ctx, dpre, r->x, r->w1, dx, dw1, db1);
+    if (dpre) (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, dpre, r->x, r->w1, dx, dw1, db1);
 }
 Tensor *nn_mlp(Tape *t, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2, Tensor *b2, GeluKind kind) {
     CG_CHECK(tensor_last(x) == w1->shape[1] && w2->shape[1] == w1->shape[0], "",
@@ -123,7 +127,10 @@ typedef struct { Tensor *qkv, *lse, *y; int heads; } AttentionRec;
 static void attention_backward(Tape *t, void *p) {
     AttentionRec *r = p;
     if (!NEED_GRAD(r)) return;
-    op_attention_bwd(t->ctx, r->y->grad, r->qkv, r->y, r->lse, r->heads, tape_grad(t, r->qkv));
+    bool fresh;
+    Tensor *dqkv = tape_grad_fresh(t, r->qkv, &fresh);
+    if (dqkv) (fresh ? op_attention_bwd_write : op_attention_bwd)(t->ctx, r->y->grad, r->qkv, r->y,
+                                                                  r->lse, r->heads, dqkv);
 }
 Tensor *nn_attention(Tape *t, Tensor *qkv, int heads) {
     CG_CHECK(qkv->ndim == 3 && qkv->shape[2] % (3 * heads) == 0, "",

@@ -92,7 +92,7 @@ def reset_memory(device):
         torch.cuda.reset_peak_memory_stats()
 
 
-def bench_vit(key, args, device, out):
+def bench_vit(key, args, device, out, save):
     name, img, batch, kwargs = VIT_MODELS[key]
     if args.smoke:
         batch = 2
@@ -145,6 +145,7 @@ def bench_vit(key, args, device, out):
             out[f"{tag}/img_per_s"] = batch / (ms * 1e-3)
             for k, v in memory_stats(device).items():
                 out[f"{tag}/{k}"] = v
+            save()
             print(f"  {key:9s} {mode:9s} batch {batch:4d}: {ms:8.2f} ms/step  "
                   f"{batch / (ms * 1e-3):8.0f} img/s  "
                   f"{out.get(tag + '/peak_reserved_gib', 0):6.2f} GiB reserved", flush=True)
@@ -166,7 +167,7 @@ def make_block(device):
     return blk.to(device).train()
 
 
-def bench_block(args, device, out):
+def bench_block(args, device, out, save):
     timer = Timer(device)
     torch.manual_seed(0)
     blk = make_block(device)
@@ -209,6 +210,7 @@ def bench_block(args, device, out):
                         times.append(timer.ms(a, b))
                     ms = statistics.median(times)
                     out[f"{tag}/{what}_ms"] = ms
+                    save()
                     mem = memory_stats(device)
                     if mem:
                         out[f"{tag}/{what}_peak_reserved_gib"] = mem["peak_reserved_gib"]
@@ -234,6 +236,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--smoke", action="store_true", help="tiny batches and one small block")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the keys already in --out (one run per section, each under a timeout)")
     args = ap.parse_args()
     if args.smoke:
         args.steps, args.warmup = 2, 1
@@ -242,10 +246,14 @@ def main():
         sys.exit("bench_timm.py: no CUDA device visible (use --device cpu --smoke to check the script)")
     torch.backends.cudnn.benchmark = True
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
-    out = {"device": name,
+    out = {}
+    if args.append and os.path.exists(args.out):
+        with open(args.out) as f:
+            out = json.load(f)
+    out.update({"device": name,
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
            "torch": torch.__version__, "timm": timm.__version__,
-           "steps": args.steps, "warmup": args.warmup}
+           "steps": args.steps, "warmup": args.warmup})
     print(f"bench_timm.py: {name}, {out['date']}, torch {torch.__version__}, timm {timm.__version__}",
           flush=True)
 
@@ -259,10 +267,9 @@ def main():
         for key in [k for k in args.models.split(",") if k]:
             if key not in VIT_MODELS:
                 sys.exit(f"bench_timm.py: unknown model {key}; known: {', '.join(VIT_MODELS)}")
-            bench_vit(key, args, device, out)
-            save()
+            bench_vit(key, args, device, out, save)
     if args.only in ("all", "block"):
-        bench_block(args, device, out)
+        bench_block(args, device, out, save)
     save()
     print(f"bench_timm.py: wrote {args.out}", flush=True)
     return 1 if any(k.endswith("error") for k in out) else 0

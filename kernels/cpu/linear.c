@@ -68,6 +68,16 @@ void cpu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w
     }
 }
 
+// dx = dy w (written); dw, db accumulate: linear_bwd into a zeroed dx.
+void cpu_linear_bwd_write(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+                          Tensor *dx, Tensor *dw, Tensor *db) {
+    if (dx) {
+        cpu_check_f32("linear_bwd_write", "dx", dx);
+        memset(dx->data, 0, tensor_bytes(dx));
+    }
+    cpu_linear_bwd(ctx, dy, x, w, dx, dw, db);
+}
+
 // A zeroed CPU fp32 scratch tensor of ref's shape; free its data with free().
 static Tensor linear_scratch_like(const Tensor *ref) {
     Tensor t = tensor_view(ref, ref->ndim, ref->shape);

@@ -234,12 +234,13 @@ static void colsum_add(Ctx *ctx, const LinearShape *s, const void *dy, float *db
     CUDA_CHECK_LAUNCH();
 }
 
-// dx += dy w; dw += dy^T x; db += sum_n dy (shapes checked by the caller).
+// dx (+)= dy w (dx_beta 1: added, 0: written); dw += dy^T x; db += sum_n dy (shapes checked by
+// the caller).
 static void linear_backward(Ctx *ctx, const LinearShape *s, const void *dy, const void *x,
-                            const void *w, void *dx, float *dw, float *db) {
+                            const void *w, void *dx, float *dw, float *db, float dx_beta = 1.0f) {
     if (s->N == 0) return;
     if (dx) {
-        CudaGemm g = gemm_dx(s, dy, w, dx, cuda_dtype_of(s->act), 1.0f);
+        CudaGemm g = gemm_dx(s, dy, w, dx, cuda_dtype_of(s->act), dx_beta);
         cuda_gemm(ctx, &g, "linear_bwd dx");
     }
     int db_done = 0;
@@ -284,21 +285,31 @@ extern "C" void cuda_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, cons
     linear_forward(ctx, &s, x->data, w->data, b ? b->data : NULL, y->data);
 }
 
-extern "C" void cuda_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
-                                Tensor *dx, Tensor *dw, Tensor *db) {
-    LinearShape s = linear_shape("linear_bwd", x, w);
-    cuda_check_matrix("linear_bwd", "dy", dy, s.N, s.M);
-    cuda_check_dtype("linear_bwd", "dy", dy, s.act);
+static void linear_bwd_op(const char *op, Ctx *ctx, const Tensor *dy, const Tensor *x,
+                          const Tensor *w, Tensor *dx, Tensor *dw, Tensor *db, float dx_beta) {
+    LinearShape s = linear_shape(op, x, w);
+    cuda_check_matrix(op, "dy", dy, s.N, s.M);
+    cuda_check_dtype(op, "dy", dy, s.act);
     if (dx) {
-        cuda_check_dtype("linear_bwd", "dx", dx, s.act);
+        cuda_check_dtype(op, "dx", dx, s.act);
         char a[64], c[64];
-        CG_CHECK(tensor_same_shape(dx, x), "", "op linear_bwd: dx has shape %s, x has shape %s",
+        CG_CHECK(tensor_same_shape(dx, x), "", "op %s: dx has shape %s, x has shape %s", op,
                  tensor_shape_str(dx, a, sizeof a), tensor_shape_str(x, c, sizeof c));
     }
-    if (dw) check_param_grad("linear_bwd", "dw", dw, (size_t)s.M * s.K);
-    if (db) check_param_grad("linear_bwd", "db", db, (size_t)s.M);
+    if (dw) check_param_grad(op, "dw", dw, (size_t)s.M * s.K);
+    if (db) check_param_grad(op, "db", db, (size_t)s.M);
     linear_backward(ctx, &s, dy->data, x->data, w->data, dx ? dx->data : NULL,
-                    dw ? (float *)dw->data : NULL, db ? (float *)db->data : NULL);
+                    dw ? (float *)dw->data : NULL, db ? (float *)db->data : NULL, dx_beta);
+}
+
+extern "C" void cuda_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+                                Tensor *dx, Tensor *dw, Tensor *db) {
+    linear_bwd_op("linear_bwd", ctx, dy, x, w, dx, dw, db, 1.0f);
+}
+
+extern "C" void cuda_linear_bwd_write(Ctx *ctx, const Tensor *dy, const Tensor *x,
+                                      const Tensor *w, Tensor *dx, Tensor *dw, Tensor *db) {
+    linear_bwd_op("linear_bwd_write", ctx, dy, x, w, dx, dw, db, 0.0f);
 }
 
 extern "C" void cuda_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,

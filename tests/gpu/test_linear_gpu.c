@@ -145,6 +145,30 @@ static int check_linear_bwd(Ctx *g, const Case *c, DType dt, int mask, uint64_t 
     return fails;
 }
 
+// linear_bwd_write: dx starts as NaN and must be overwritten (beta = 0), dw and db still add.
+static int check_linear_bwd_write(Ctx *g, const Case *c, DType dt, uint64_t seed) {
+    Ctx cpu = ctx_cpu();
+    int r = dt == DTYPE_BF16;
+    Tensor *x = host_rand(host_x(c, c->K), seed, r);
+    Tensor *w = host_rand(test_tensor(2, c->M, c->K), seed + 1, r);
+    Tensor *dy = host_rand(host_x(c, c->M), seed + 2, r);
+    Tensor *dx = host_rand(host_x(c, c->K), seed + 3, r);   // the CPU op overwrites it too
+    Tensor *dw = host_rand(test_tensor(2, c->M, c->K), seed + 4, 0);
+    Tensor *db = host_rand(test_tensor(1, c->M), seed + 5, 0);
+    Tensor *gx = gpu_test_upload(g, x, dt), *gw = gpu_test_upload(g, w, dt);
+    Tensor *gdy = gpu_test_upload(g, dy, dt), *gdx = gpu_poison(g, dx, dt);
+    Tensor *gdw = gpu_test_upload(g, dw, DTYPE_F32), *gdb = gpu_test_upload(g, db, DTYPE_F32);
+    cpu_linear_bwd_write(&cpu, dy, x, w, dx, dw, db);
+    op_linear_bwd_write(g, gdy, gx, gw, gdx, gdw, gdb);
+    const Tols *t = tols_for(dt);
+    int fails = check(g, "linear_bwd_write", "dx", c, gdx, dx, t->act) +
+                check(g, "linear_bwd_write", "dw", c, gdw, dw, t->param) +
+                check(g, "linear_bwd_write", "db", c, gdb, db, t->param);
+    Tensor *gpu[] = {gx, gw, gdy, gdx, gdw, gdb}, *host[] = {x, w, dy, dx, dw, db};
+    for (int i = 0; i < 6; i++) { gpu_test_free(gpu[i]); test_tensor_free(host[i]); }
+    return fails;
+}
+
 static void test_linear_forward_matches_cpu(DType dt) {
     GPU_TEST_REQUIRE_DEVICE();
     Ctx g = cuda_ctx_create(0, dt);
@@ -160,8 +184,10 @@ static void test_linear_backward_matches_cpu(DType dt) {
     Ctx g = cuda_ctx_create(0, dt);
     int fails = 0;
     const int masks[] = {7, 1, 2, 4, 6};   // all; dx only; dw only; db only (column sum); dw + db
-    for (int i = 0; i < NCASES; i++)
+    for (int i = 0; i < NCASES; i++) {
         for (int m = 0; m < 5; m++) fails += check_linear_bwd(&g, &CASES[i], dt, masks[m], 100 + 11 * i);
+        fails += check_linear_bwd_write(&g, &CASES[i], dt, 150 + 11 * i);
+    }
     cuda_ctx_destroy(&g);
     assert_int_equal(fails, 0);
 }
