@@ -509,6 +509,13 @@ static BlockTimes bench_one_block(EncoderKind kind, int px, int warmup, int reps
     x->requires_grad = true;
     BlockTimes bt;
     bt.fwd_ms = block_median(&tape, &ctx, warmup, reps, false, &enc, x, dy);
+    // A fresh arena for the other allocation sequence: the bump allocator never goes back to a
+    // chunk it has passed, so a second sequence over the first one's chunks could need twice the
+    // memory.
+    tape_free(&tape);
+    arena_free(&arena);
+    arena_init(&arena, &ctx, (size_t)1 << 30);
+    tape_init(&tape, &ctx, &arena);
     bt.fwdbwd_ms = block_median(&tape, &ctx, warmup, reps, true, &enc, x, dy);
     bt.act_gib = arena.peak / 1073741824.0;
     // the block's FLOPs: the encoder's, less its patch embedding
