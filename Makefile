@@ -176,12 +176,18 @@ else
 endif
 
 # Every benchmark on the GPU; the output (device and date first) is kept in build/bench.txt,
-# and tools/readme_bench.py copies it into README.md as produced.
+# and tools/readme_bench.py copies it into README.md as produced. PyTorch's numbers first
+# (tests/bench_timm.py -> build/bench_timm.json, when python3 has torch and timm): `cgspn bench
+# vit` and `cgspn bench block` print them beside their own, with the ratios.
 bench:
 ifneq ($(CUDA_ON),1)
 	@echo "make bench: no working nvcc found (see build/config.mk)"; exit 1
 else
 	@$(MAKE) --no-print-directory cgspn
+	@if python3 -c 'import torch, timm' 2>/dev/null; then \
+	   python3 tests/bench_timm.py --out $(BUILD)/bench_timm.json || \
+	   echo "make bench: tests/bench_timm.py reported failures (see above); going on"; \
+	 else echo "make bench: python3 has no torch and timm: no PyTorch columns"; fi
 	set -o pipefail; ./cgspn bench all 2>&1 | tee $(BUILD)/bench.txt
 endif
 

@@ -6,10 +6,23 @@ StepStats optimizer_step(ParamTable *t, Ctx *ctx, Arena *scratch, const Optimize
                          long step) {
     StepStats s = {0};
     // Global norm over every trainable gradient, accumulated in table order (deterministic).
+    // When every parameter trains, one pass over the whole gradient buffer (its alignment padding
+    // is zero) instead of one reduction per parameter.
     Tensor *sumsq = arena_tensor(scratch, 1, (int[]){1}, true);
     op_zero(ctx, sumsq);
-    for (int i = 0; i < t->n; i++)
-        if (t->params[i]->trainable) op_sumsq(ctx, &t->params[i]->grad, sumsq);
+    bool all = true;
+    for (int i = 0; i < t->n; i++) all = all && t->params[i]->trainable;
+    if (all && t->total > 0) {
+        Tensor grads = {0};
+        tensor_set_shape(&grads, 1, (int[]){(int)t->total});
+        grads.data = t->grads;
+        grads.device = ctx->device;
+        grads.dtype = DTYPE_F32;
+        op_sumsq(ctx, &grads, sumsq);
+    } else {
+        for (int i = 0; i < t->n; i++)
+            if (t->params[i]->trainable) op_sumsq(ctx, &t->params[i]->grad, sumsq);
+    }
     float ss = 0;
     tensor_download(ctx, sumsq, &ss);
     s.grad_norm = sqrtf(ss);
