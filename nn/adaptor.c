@@ -16,6 +16,7 @@ void adaptor_register(Adaptor *a, ParamTable *t, const char *prefix, int width, 
 }
 
 Tensor *adaptor_forward(Tape *t, const Adaptor *a, Tensor *v) {
-    Tensor *h = nn_gelu(t, linear(t, &a->fc1, nn_cast(t, v, t->ctx->act_dtype)), a->gelu);
-    return nn_add(t, v, linear(t, &a->fc2, h));   // (..., width), v's dtype
+    Tensor *h = nn_mlp(t, nn_cast(t, v, t->ctx->act_dtype), a->fc1.w, a->fc1.b, a->fc2.w, a->fc2.b,
+                       a->gelu);
+    return nn_add(t, v, h);   // (..., width), v's dtype
 }

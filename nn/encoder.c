@@ -67,13 +67,11 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
 }
 
 // The residual stream is fp32 (as under PyTorch autocast): bf16 rounding of x at every add
-// would compound over deep models. Each sublayer reads it in the activation dtype.
-static Tensor *act(Tape *t, Tensor *x) { return nn_cast(t, x, t->ctx->act_dtype); }
-
-// x (B, prefix+H*W, C) fp32 -> (B, prefix+H*W, C) fp32; *pp receives the mixing-layer output.
-static Tensor *block_forward(Tape *t, const Encoder *e, const Block *b, Tensor *x, Tensor **pp) {
+// would compound over deep models. Each sublayer reads it through its LayerNorm, which reads the
+// fp32 stream and writes the activation dtype (no separate cast pass).
+Tensor *encoder_block_forward(Tape *t, const Encoder *e, const Block *b, Tensor *x, Tensor **pp) {
     int B = x->shape[0], T = x->shape[1], C = x->shape[2];
-    Tensor *h = layernorm(t, &b->norm1, act(t, x));
+    Tensor *h = layernorm(t, &b->norm1, x);
     Tensor *mix;
     if (b->is_attention) {
         mix = attention(t, &b->attn, h);
@@ -84,7 +82,7 @@ static Tensor *block_forward(Tape *t, const Encoder *e, const Block *b, Tensor *
     if (pp) *pp = mix;
     if (b->ls1) mix = nn_layer_scale(t, mix, b->ls1);
     x = nn_add(t, x, mix);
-    Tensor *m = mlp(t, &b->mlp, layernorm(t, &b->norm2, act(t, x)));
+    Tensor *m = mlp(t, &b->mlp, layernorm(t, &b->norm2, x));
     if (b->ls2) m = nn_layer_scale(t, m, b->ls2);
     return nn_add(t, x, m);
 }
@@ -104,18 +102,13 @@ Tensor *encoder_embed(Tape *t, const Encoder *e, Tensor *img) {
     return nn_cast(t, x, DTYPE_F32);
 }
 
-Tensor *encoder_block(Tape *t, const Encoder *e, int i, Tensor *x, Tensor **pp) {
-    CG_CHECK(i >= 0 && i < e->cfg.depth, "", "block %d of a %d-block encoder", i, e->cfg.depth);
-    return block_forward(t, e, &e->blocks[i], x, pp);
-}
-
 Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *taps) {
     Tensor *x = encoder_embed(t, e, img);
     for (int i = 0; i < e->cfg.depth; i++) {
-        x = block_forward(t, e, &e->blocks[i], x, taps ? &taps->pp[i] : NULL);
+        x = encoder_block_forward(t, e, &e->blocks[i], x, taps ? &taps->pp[i] : NULL);
         if (taps) taps->pb[i] = x;
     }
-    return layernorm(t, &e->norm, act(t, x));
+    return layernorm(t, &e->norm, x);
 }
 
 Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens) {

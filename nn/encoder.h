@@ -54,13 +54,13 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t);
 // img (B,in_chans,img_h,img_w) NCHW -> tokens after the final norm (B, prefix+H*W, C).
 // taps may be NULL.
 Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *taps);
-// The two halves of encoder_forward, for callers that run blocks one at a time (a frozen
-// teacher keeping only some taps, Stage 1 feeding each block the teacher's input):
-// img -> tokens before the first block (patch embed, class token, pos_embed), fp32
-// (B, prefix+H*W, C); and block i (0-based): x fp32 -> x fp32, *pp (may be NULL) receiving the
-// mixing-layer output before the residual add (PP tap).
+// The tokens before the first block (patch embed, class token, pos_embed): img ->
+// (B, prefix+H*W, C) fp32. encoder_forward is encoder_embed, encoder_block_forward per block,
+// the final norm; a frozen teacher keeping only some taps runs the pieces itself.
 Tensor *encoder_embed(Tape *t, const Encoder *e, Tensor *img);
-Tensor *encoder_block(Tape *t, const Encoder *e, int i, Tensor *x, Tensor **pp);
+// One block: x (B, prefix+H*W, C) fp32 -> (B, prefix+H*W, C) fp32; *pp (when pp is not NULL)
+// receives the mixing-layer output. encoder_forward runs it per block; `cgspn bench block` alone.
+Tensor *encoder_block_forward(Tape *t, const Encoder *e, const Block *b, Tensor *x, Tensor **pp);
 // Class token or mean of patch tokens of the normed tokens, then the head: (B, num_classes).
 Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens);
 // Whether block i (0-based) is an attention block for this encoder.

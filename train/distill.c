@@ -284,7 +284,7 @@ Tensor *distill_loss(Distiller *d, Tape *t, Tensor *img, Tensor *targets, Tensor
             const Block *b = &st->blocks[d->taps[j]];
             // The teacher's block input, patch tokens as the (H, W) grid; no gradient reaches it.
             Tensor *x = nn_view(t, tt.in[d->taps[j]], 4, (int[]){B, st->grid_h, st->grid_w, C});
-            Tensor *h = layernorm(t, &b->norm1, nn_cast(t, x, ctx->act_dtype));
+            Tensor *h = layernorm(t, &b->norm1, x);   // reads fp32, writes the activation dtype
             Tensor *fs = cgspn_layer(t, &b->gspn, h);                         // (B,H,W,C)
             Tensor *l = nn_mse(t, fs, tt.pp[d->taps[j]]);
             put(ctx, raw, j, l);

@@ -128,7 +128,7 @@ void teacher_forward(Teacher *T, Tape *keep, Tensor *img, const TeacherWant *wan
         if (i > last) break;
         tape_reset(&T->tape);   // the previous block's activations are dead
         Tensor *pp;
-        Tensor *y = encoder_block(&T->tape, &T->enc, i, x, &pp);
+        Tensor *y = encoder_block_forward(&T->tape, &T->enc, &T->enc.blocks[i], x, &pp);
         if (want->pp[i]) out->pp[i] = keep_patches(keep, T, pp);
         x = buf[(i + 1) & 1];
         op_scale_fwd(ctx, y, 1.0f, x);
