@@ -12,7 +12,10 @@
 #      (and as a fraction of the teacher's), the final total loss (the mean of the last log
 #      window) and the final PB-tap MSE (comparable across variants), wall time per run.
 #
-# Arguments go to every cgspn command (e.g. --batch_size=256 --lr=3e-3). Environment:
+# Arguments go to every cgspn command (e.g. --batch_size=256 --lr=3e-3); model-size keys go
+# there too (--width, --depth, --patch, --mlp_hidden), since the student pairs block i and
+# width with the teacher's (a >= 92% teacher needs more than fmnist_vit.cfg's 64 x 4 blocks,
+# e.g. --patch=4 --width=128 --depth=6 --mlp_hidden=256 with TEACHER_EPOCHS=30). Environment:
 # TEACHER_EPOCHS (default 10), TEACHER_ARGS (extra teacher overrides, e.g. a wider model),
 # STAGE1_EPOCHS (1), STAGE2_EPOCHS (5), OUT (checkpoints/distill_ablation.md).
 set -euo pipefail
@@ -28,7 +31,7 @@ make -s cgspn
 
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f", b - a }'; }
-pct() { grep -o "$2 [0-9.]*%" "$1" | tail -1 | grep -o '[0-9.]*' || echo "n/a"; }
+pct() { grep -o "$2 [0-9.]*%" "$1" | tail -1 | grep -o '[0-9.]*%' | tr -d '%' || echo "n/a"; }
 
 if [ ! -f "$CK/abl_teacher/config.cfg" ] || ! ls "$CK"/abl_teacher/step_*/COMPLETE >/dev/null 2>&1; then
     rm -rf "$CK"/abl_teacher

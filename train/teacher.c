@@ -27,6 +27,12 @@ int teacher_load_err(Teacher *T, const Config *c, Ctx *ctx, char *err, size_t n)
         return cg_set_error(err, n, "no teacher: set teacher to its weights (a safetensors file, or "
                             "a checkpoint or run folder of cgspn train)");
     char cfg_default[1024] = "";
+    struct stat sb;
+    if (stat(c->teacher, &sb) != 0)
+        return cg_set_error(err, n, "teacher = %s: %s\n  hint: train one (cgspn train "
+                            "configs/fmnist_vit.cfg --global_pool=avg --run_name=NAME, then teacher = "
+                            "checkpoints/NAME) or point teacher at its weights", c->teacher,
+                            strerror(errno));
     if (is_dir(c->teacher)) {
         char ckpt[960];   // leaves room for "/model.safetensors" in T->weights
         int found = ckpt_resolve_err(c->teacher, "", ckpt, sizeof ckpt, err, n);
