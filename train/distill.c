@@ -302,14 +302,18 @@ Tensor *distill_loss(Distiller *d, Tape *t, Tensor *img, Tensor *targets, Tensor
         Tensor *lpp = NULL, *lpb = NULL;
         for (int j = 0; j < d->n_taps; j++) {
             int i = d->taps[j];
-            if (d->tap_pp)
-                lpp = add_opt(t, lpp, distill_tap_loss(t, d->use_adaptors ? &d->ad_pp[j] : NULL,
-                                               student_patches(t, st, taps.pp[i]), tt.pp[i],
-                                               d->lambda1, raw, 4 * j));
-            if (d->tap_pb)
-                lpb = add_opt(t, lpb, distill_tap_loss(t, d->use_adaptors ? &d->ad_pb[j] : NULL,
-                                               student_patches(t, st, taps.pb[i]), tt.pb[i],
-                                               d->lambda2, raw, 4 * j + 2));
+            if (d->tap_pp) {
+                Tensor *l = distill_tap_loss(t, d->use_adaptors ? &d->ad_pp[j] : NULL,
+                                             student_patches(t, st, taps.pp[i]), tt.pp[i],
+                                             d->lambda1, raw, 4 * j);
+                lpp = add_opt(t, lpp, l);
+            }
+            if (d->tap_pb) {
+                Tensor *l = distill_tap_loss(t, d->use_adaptors ? &d->ad_pb[j] : NULL,
+                                             student_patches(t, st, taps.pb[i]), tt.pb[i],
+                                             d->lambda2, raw, 4 * j + 2);
+                lpb = add_opt(t, lpb, l);
+            }
         }
         if (lpp) total = nn_scale(t, lpp, d->alpha / (float)d->n_taps);
         if (lpb) total = add_opt(t, total, nn_scale(t, lpb, d->beta / (float)d->n_taps));
