@@ -20,6 +20,11 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 TEACHER_EPOCHS=${DEMO_TEACHER_EPOCHS:-3}
 STAGE1_EPOCHS=${DEMO_STAGE1_EPOCHS:-1}
 STAGE2_EPOCHS=${DEMO_STAGE2_EPOCHS:-2}
+# The tiny models, whatever size the fmnist configs give (they may be sized for a GPU): the
+# teacher 4 blocks of width 64 on a 4x4 grid of 7x7 patches, the student the same with C-GSPN
+# layers of 16 latent channels.
+MODEL=(--patch=7 --width=64 --depth=4 --heads=4 --mlp_hidden=128)
+STUDENT=("${MODEL[@]}" --gspn_latent=16)
 CK=checkpoints
 mkdir -p "$CK"
 rm -rf "$CK"/demo_teacher "$CK"/demo_stage1 "$CK"/demo_stage2 "$CK"/demo_student.safetensors
@@ -35,24 +40,24 @@ echo "== 1/4 teacher: cgspn train configs/fmnist_vit.cfg (${TEACHER_EPOCHS} epoc
 # the same head on the student's mean token is the teacher's classifier (DESIGN §6 compares
 # patch tokens only).
 t0=$(now)
-./cgspn train configs/fmnist_vit.cfg --run_name=demo_teacher --epochs="$TEACHER_EPOCHS" \
-    --global_pool=avg "$@" | tee "$CK"/demo_teacher.log
+./cgspn train configs/fmnist_vit.cfg "${MODEL[@]}" --run_name=demo_teacher \
+    --epochs="$TEACHER_EPOCHS" --global_pool=avg "$@" | tee "$CK"/demo_teacher.log
 t1=$(now)
 
 echo "== 2/4 Stage 1: cgspn distill configs/fmnist_distill_stage1.cfg (${STAGE1_EPOCHS} epoch)"
-./cgspn distill configs/fmnist_distill_stage1.cfg --run_name=demo_stage1 \
+./cgspn distill configs/fmnist_distill_stage1.cfg "${STUDENT[@]}" --run_name=demo_stage1 \
     --teacher="$CK"/demo_teacher --epochs="$STAGE1_EPOCHS" "$@" | tee "$CK"/demo_stage1.log
 t2=$(now)
 
 echo "== 3/4 Stage 2: cgspn distill configs/fmnist_distill_stage2.cfg --init Stage 1 (${STAGE2_EPOCHS} epochs)"
-./cgspn distill configs/fmnist_distill_stage2.cfg --run_name=demo_stage2 \
+./cgspn distill configs/fmnist_distill_stage2.cfg "${STUDENT[@]}" --run_name=demo_stage2 \
     --teacher="$CK"/demo_teacher --init "$CK"/demo_stage1 --epochs="$STAGE2_EPOCHS" "$@" \
     | tee "$CK"/demo_stage2.log
 t3=$(now)
 
 echo "== 4/4 export and evaluate the student"
 ./cgspn export "$CK"/demo_stage2 --out "$CK"/demo_student.safetensors
-./cgspn probe configs/fmnist_cgspn.cfg --weights "$CK"/demo_student.safetensors --epochs=1 \
+./cgspn probe configs/fmnist_cgspn.cfg "${STUDENT[@]}" --weights "$CK"/demo_student.safetensors --epochs=1 \
     --lr=5e-3 --warmup_steps=20 --weight_decay=0 "$@" | tee "$CK"/demo_probe.log
 t4=$(now)
 
