@@ -12,7 +12,9 @@ static void features_usage(FILE *f) {
         "usage: cgspn features CONFIG --weights W.safetensors --images X.safetensors\n"
         "                      --out F.safetensors [--grads G.safetensors] [--key=value ...]\n"
         "Runs the encoder of CONFIG with the weights of W (timm names; teacher_prefix is\n"
-        "stripped) on X's tensor \"images\" (B, in_chans, H, W), float, and writes to F:\n"
+        "stripped; a pos_embed made for another grid is resampled to this one, as timm's\n"
+        "resample_abs_pos_embed) on X's tensor \"images\" (B, in_chans, H, W), float, and\n"
+        "writes to F:\n"
         "  blocks.N.pp   (B, T, C)  mixing-layer output before the residual add (PP tap)\n"
         "  blocks.N.pb   (B, T, C)  block output (PB tap)\n"
         "  norm          (B, T, C)  tokens after the final norm (T includes a class token)\n"
@@ -119,7 +121,9 @@ int cmd_features(int argc, char **argv) {
     params_init_table(&params);
     encoder_register(&enc, &ecfg, &params);
     params_alloc(&params, &ctx);
-    LoadReport report = {0};
+    // Weights made for another token grid (a timm ViT at its own resolution): pos_embed is
+    // resampled to this grid, as timm's resample_abs_pos_embed does.
+    LoadReport report = {.pos_grid_h = enc.grid_h, .pos_grid_w = enc.grid_w};
     params_load_safetensors(&params, &ctx, weights, c.teacher_prefix, &report);
     load_report_print(&report, stdout);
     load_report_free(&report);
