@@ -7,6 +7,7 @@
 #include "runlog.h"
 #include "../data/fmnist_batch.h"
 #include "../nn/error.h"
+#include "../nn/safetensors.h"
 #include "../nn/targets.h"
 #include <math.h>
 #include <omp.h>
@@ -22,7 +23,12 @@ static void distill_usage(FILE *f) {
                "             adaptors, alpha mean(L_PP) + beta mean(L_PB) (+ gamma CE)\n"
                "--init PATH starts the student from PATH (a Stage 1 checkpoint or run folder, or\n"
                "safetensors); without it the student copies the teacher where shapes match.\n"
-               "Example: cgspn distill configs/fmnist_distill_stage2.cfg --init checkpoints/s1\n\n");
+               "Example: cgspn distill configs/fmnist_distill_stage2.cfg --init checkpoints/s1\n"
+               "One step's loss, no training (parity with a PyTorch implementation):\n"
+               "  cgspn distill CONFIG --images X.safetensors --loss-out L.safetensors [--init W]\n"
+               "X holds \"images\" (B, in_chans, H, W) float and, with gamma > 0, \"targets\" (B, K);\n"
+               "L gets \"loss\", \"part.NAME\" for every logged part and \"grad.NAME\" for every\n"
+               "trainable parameter (fp32).\n\n");
     config_print_help(f);
 }
 
@@ -615,12 +621,91 @@ static void load_split(const char *dir, int train, FmnistSplit *s) {
         CG_FAIL("install Debian's dataset-fashion-mnist (make deps) or set data_dir", "%s", err);
 }
 
+// A float tensor of the file as an fp32 tensor of the tape, or NULL when absent.
+static Tensor *read_f32(StFile *f, Tape *t, const char *name, int ndim) {
+    const StTensor *s = st_find(f, name);
+    if (!s) return NULL;
+    CG_CHECK(s->ndim == ndim, "", "%s: tensor %s has %d dims, expected %d", f->path, name, s->ndim, ndim);
+    int shape[TENSOR_MAX_DIMS];
+    for (int i = 0; i < ndim; i++) shape[i] = (int)s->shape[i];
+    float *host = cg_malloc(s->numel * sizeof(float));
+    char err[1024];
+    if (st_read_f32_err(f, s, host, err, sizeof err) != 0) CG_FAIL("", "%s", err);
+    Tensor *x = tape_tensor(t, ndim, shape, true);
+    tensor_upload(t->ctx, x, host);
+    free(host);
+    return x;
+}
+
+// `--images X --loss-out L`: the loss of one batch and its gradients, written as fp32.
+static void distill_loss_once(const Config *c, const char *images, const char *out) {
+    Ctx ctx = device_open(c);
+    device_describe(&ctx, stdout);
+    Distiller d;
+    distiller_init(&d, c, &ctx);
+    teacher_describe(&d.teacher, stdout);
+    describe(&d, c, stdout);
+    distiller_init_student(&d, c, stdout);
+    Arena arena;
+    arena_init(&arena, &ctx, 64u << 20);
+    Tape tape;
+    tape_init(&tape, &ctx, &arena);
+    StFile f;
+    st_open(&f, images);
+    Tensor *img = read_f32(&f, &tape, "images", 4), *tgt = read_f32(&f, &tape, "targets", 2);
+    CG_CHECK(img, "write the batch as a float tensor named \"images\" (B,C,H,W)", "%s: no tensor "
+             "\"images\"", images);
+    CG_CHECK(tgt || !d.trains_head, "add \"targets\" (B, num_classes), rows summing to 1",
+             "%s: gamma > 0 needs targets", images);
+    Tensor *raw;
+    Tensor *loss = distill_loss(&d, &tape, img, tgt, &raw);
+    params_zero_grads(&d.params, &ctx);
+    tape_backward(&tape, loss);
+    float *rawh = tensor_to_host_f32(&ctx, raw), parts[DISTILL_MAX_PARTS];
+    distill_parts(&d, rawh, parts);
+    int n = 1 + d.n_parts + d.params.n, k = 0;
+    StWriteTensor *w = cg_calloc((size_t)n, sizeof(StWriteTensor));
+    char (*names)[PARAM_NAME_MAX + 8] = cg_calloc((size_t)n, sizeof *names);
+    float **data = cg_calloc((size_t)n, sizeof(float *));
+    float lossv = rawh[d.n_raw - 1];
+    w[k++] = (StWriteTensor){"loss", ST_F32, 1, {1}, &lossv};
+    for (int i = 0; i < d.n_parts; i++, k++) {
+        snprintf(names[k], sizeof names[k], "part.%s", d.part_names[i]);
+        w[k] = (StWriteTensor){names[k], ST_F32, 1, {1}, &parts[i]};
+    }
+    for (int i = 0; i < d.params.n; i++) {
+        const Param *p = d.params.params[i];
+        if (!p->trainable) continue;
+        snprintf(names[k], sizeof names[k], "grad.%s", p->name);
+        data[k] = tensor_to_host_f32(&ctx, &p->grad);
+        w[k].name = names[k];
+        w[k].dtype = ST_F32;
+        w[k].ndim = params_file_shape(p, w[k].shape);
+        w[k].data = data[k];
+        k++;
+    }
+    char err[2048];
+    if (st_write_err(out, w, k, NULL, 0, NULL, NULL, err, sizeof err) != 0) CG_FAIL("", "%s", err);
+    printf("loss %.9g", lossv);
+    for (int i = 0; i < d.n_parts; i++) printf(" | %s %.6g", d.part_names[i], parts[i]);
+    printf("\nwrote %s: loss, %d parts, %d gradients\n", out, d.n_parts, k - 1 - d.n_parts);
+    for (int i = 0; i < n; i++) free(data[i]);
+    free(data); free(names); free(w); free(rawh);
+    st_close(&f);
+    tape_free(&tape);
+    arena_free(&arena);
+    distiller_free(&d);
+    device_close(&ctx);
+}
+
 int cmd_distill(int argc, char **argv) {
     if (cli_wants_help(argc, argv, 2)) {
         distill_usage(stdout);
         return 0;
     }
     const char *init = cli_take_flag(&argc, argv, 2, "--init");
+    const char *images = cli_take_flag(&argc, argv, 2, "--images");
+    const char *loss_out = cli_take_flag(&argc, argv, 2, "--loss-out");
     Config c;
     config_defaults(&c);
     int rest = config_parse_args(&c, argc, argv, 2);
@@ -630,6 +715,11 @@ int cmd_distill(int argc, char **argv) {
         snprintf(c.init, sizeof c.init, "%s", init);
     }
     if (c.threads > 0) omp_set_num_threads(c.threads);
+    CG_CHECK(!images == !loss_out, "give both --images and --loss-out", "--images and --loss-out go together");
+    if (images) {
+        distill_loss_once(&c, images, loss_out);
+        return 0;
+    }
     CG_CHECK(strcmp(c.dataset, "fashion-mnist") == 0, "dataset = fashion-mnist",
              "dataset '%s' is not supported by this build", c.dataset);
     CG_CHECK(strcmp(c.resume, "auto") != 0 || c.run_name[0], "set run_name to the run to continue",

@@ -1,0 +1,332 @@
+#!/usr/bin/env python3
+"""cgspn distill against PyTorch: one Stage 1 / Stage 2 loss and its gradients (DESIGN §5, §6).
+
+The teacher is a timm ViT (class token, head on the mean of the patch tokens), random weights,
+made for a 2x2 grid and run at 4x4 (its pos_embed resampled by timm's resample_abs_pos_embed on
+this side, by `cgspn distill` on the other). The student is a C-GSPN of the same width and
+depth written here from DESIGN §5 (the four-direction scan as a plain loop), with adaptors,
+random weights (adaptors' W2 included, so they matter). For each case `cgspn distill CONFIG
+--images X --loss-out L --init W` computes the loss of one batch; this script computes the same
+from DESIGN §6 in PyTorch and compares the loss, every logged part and the gradient of every
+trainable parameter.
+
+Run from the repository root after `make` (the GPU machine for bf16; fp32 anywhere):
+    python3 tests/parity_distill.py --precision fp32 --device cpu
+    python3 tests/parity_distill.py                      # fp32 and bf16 on the GPU
+
+Error: max |cgspn - torch| / max |torch| per tensor. Bounds: fp32 1e-4, bf16 3e-2.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import timm
+from timm.layers import resample_abs_pos_embed
+from safetensors.torch import save_file, load_file
+
+BOUND = {"fp32": 1e-4, "bf16": 3e-2}
+C, DEPTH, HEADS, HIDDEN, CC, PATCH, IMG, CLASSES = 32, 4, 4, 64, 8, 7, 28, 10
+GRID = IMG // PATCH
+
+# (name, overrides of the run config)
+CASES = [
+    ("stage1", {"stage": "1"}),
+    ("stage2_all_adaptors", {"stage": "2", "taps": "all", "adaptor_hidden": "24"}),
+    ("stage2_taps_2_4_pb_ce", {"stage": "2", "taps": "2,4", "tap_pp": "0", "adaptors": "0",
+                               "gamma": "0.7", "alpha": "0.3", "beta": "0.8", "lambda2": "1.5"}),
+]
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
+
+
+# ---- the student, DESIGN §5 ---------------------------------------------------------------
+
+def scan_tb(xc, lam, u, wt):
+    """Top-to-bottom scan over dim 1 of (B, H, W, Cc); neighbours j-1, j, j+1 along dim 2.
+    wt (B, H, W, 3, Cc) raw weights for offsets -1, 0, +1."""
+    B, H, W, Cc = xc.shape
+    j = torch.arange(W)
+    exists = torch.stack([(j - 1 >= 0), torch.ones(W, dtype=torch.bool), (j + 1 < W)])  # (3, W)
+    exists = exists.to(xc.dtype).T[None, :, :, None]                                  # (1,W,3,1)
+    rows, h = [], torch.zeros(B, W, Cc, dtype=xc.dtype)
+    for i in range(H):
+        a = torch.sigmoid(wt[:, i]) * exists                                          # (B,W,3,Cc)
+        w = a / a.sum(dim=2, keepdim=True).clamp_min(1e-7)
+        left = F.pad(h, (0, 0, 1, 0))[:, :W]        # h[j-1], 0 at j = 0
+        right = F.pad(h, (0, 0, 0, 1))[:, 1:]       # h[j+1], 0 at j = W-1
+        h = lam[:, i] * xc[:, i] + w[:, :, 0] * left + w[:, :, 1] * h + w[:, :, 2] * right
+        rows.append(h)
+    return u * torch.stack(rows, dim=1)
+
+
+def gspn_propagate(xc, g, merge):
+    B, H, W, Cc = xc.shape
+    out = 0
+    for d in range(4):   # TB, BT, LR, RL, in the original frame
+        blk = g[..., d * 5 * Cc:(d + 1) * 5 * Cc]
+        lam, u = blk[..., :Cc], blk[..., Cc:2 * Cc]
+        wt = blk[..., 2 * Cc:].reshape(B, H, W, 3, Cc)
+        x, lam_, u_, wt_ = xc, lam, u, wt
+        if d >= 2:   # columns: the same scan on the transposed grid
+            x, lam_, u_, wt_ = (t.transpose(1, 2) for t in (xc, lam, u, wt))
+        if d % 2 == 1:   # bottom-to-top / right-to-left: the flipped scan, flipped back
+            x, lam_, u_, wt_ = (t.flip(1) for t in (x, lam_, u_, wt_))
+        y = scan_tb(x, lam_, u_, wt_)
+        if d % 2 == 1:
+            y = y.flip(1)
+        if d >= 2:
+            y = y.transpose(1, 2)
+        out = out + merge[d] * y
+    return out
+
+
+class GspnLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.down, self.gate = nn.Linear(C, CC), nn.Linear(CC, 20 * CC)
+        self.merge = nn.Parameter(torch.full((4,), 0.25))
+        self.norm, self.up = nn.LayerNorm(CC, eps=1e-6), nn.Linear(CC, C)
+
+    def forward(self, x):   # (B, H, W, C)
+        xc = self.down(x)
+        return self.up(self.norm(gspn_propagate(xc, self.gate(xc), self.merge)))
+
+
+class Mlp(nn.Module):
+    def __init__(self, hidden=HIDDEN):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(C, hidden), nn.Linear(hidden, C)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm1, self.gspn = nn.LayerNorm(C, eps=1e-6), GspnLayer()
+        self.norm2, self.mlp = nn.LayerNorm(C, eps=1e-6), Mlp()
+
+    def forward(self, x):   # (B, N, C) -> (B, N, C), pp
+        B = x.shape[0]
+        pp = self.gspn(self.norm1(x).reshape(B, GRID, GRID, C)).reshape(B, GRID * GRID, C)
+        x = x + pp
+        return x + self.mlp(self.norm2(x)), pp
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Conv2d(1, C, PATCH, PATCH)
+
+
+class Student(nn.Module):
+    def __init__(self, adaptor_hidden):
+        super().__init__()
+        self.patch_embed = PatchEmbed()
+        self.blocks = nn.ModuleList([Block() for _ in range(DEPTH)])
+        self.norm, self.head = nn.LayerNorm(C, eps=1e-6), nn.Linear(C, CLASSES)
+        self.adaptors = nn.ModuleDict({str(i): nn.ModuleDict({"pp": Mlp(adaptor_hidden),
+                                                              "pb": Mlp(adaptor_hidden)})
+                                       for i in range(DEPTH)})
+
+    def forward(self, img):
+        x = self.patch_embed.proj(img).flatten(2).transpose(1, 2)   # (B, N, C)
+        pps, pbs = [], []
+        for b in self.blocks:
+            x, pp = b(x)
+            pps.append(pp)
+            pbs.append(x)
+        return self.head(self.norm(x).mean(1)), pps, pbs
+
+
+# ---- DESIGN §6 -------------------------------------------------------------------------------
+
+def token_kl(s, t):
+    ls, lt = F.log_softmax(s, -1), F.log_softmax(t, -1)
+    return (ls.exp() * (ls - lt)).sum(-1).mean()
+
+
+def teacher_taps(teacher, img):
+    ins, pps, pbs = {}, {}, {}
+    hooks = []
+    for i, blk in enumerate(teacher.blocks):
+        hooks.append(blk.register_forward_pre_hook(lambda m, a, i=i: ins.__setitem__(i, a[0])))
+        hooks.append(blk.attn.register_forward_hook(lambda m, a, o, i=i: pps.__setitem__(i, o)))
+        hooks.append(blk.register_forward_hook(lambda m, a, o, i=i: pbs.__setitem__(i, o)))
+    with torch.no_grad():
+        teacher.forward_features(img)
+    for h in hooks:
+        h.remove()
+    patches = lambda d: {i: v[:, 1:].detach() for i, v in d.items()}   # drop the class token
+    return patches(ins), patches(pps), patches(pbs)
+
+
+def reference(case, teacher, student, img, targets):
+    o = {k: v for k, v in case.items()}
+    stage = int(o["stage"])
+    tin, tpp, tpb = teacher_taps(teacher, img)
+    student.zero_grad()
+    parts = {}
+    if stage == 1:
+        losses = []
+        for i, b in enumerate(student.blocks):
+            x = b.norm1(tin[i]).reshape(img.shape[0], GRID, GRID, C)
+            l = F.mse_loss(b.gspn(x).reshape(tpp[i].shape), tpp[i])
+            parts[f"mse_b{i + 1}"] = l
+            losses.append(l)
+        loss = torch.stack(losses).mean()
+        trainable = lambda n: ".gspn." in n
+    else:
+        taps = list(range(DEPTH)) if o.get("taps", "all") == "all" else [int(t) - 1 for t in o["taps"].split(",")]
+        use_pp, use_ad = o.get("tap_pp", "1") == "1", o.get("adaptors", "1") == "1"
+        alpha, beta = float(o.get("alpha", 0.5)), float(o.get("beta", 0.5))
+        lam1, lam2 = float(o.get("lambda1", 7 / 3)), float(o.get("lambda2", 7 / 3))
+        gamma = float(o.get("gamma", 0))
+        logits, spp, spb = student(img)
+        lpp, lpb, comp = [], [], {"mse_pp": [], "kl_pp": [], "mse_pb": [], "kl_pb": []}
+        for i in taps:
+            for kind, vs, vt, lam, acc in (("pp", spp[i], tpp[i], lam1, lpp), ("pb", spb[i], tpb[i], lam2, lpb)):
+                if kind == "pp" and not use_pp:
+                    continue
+                s = vs + student.adaptors[str(i)][kind](vs) if use_ad else vs
+                mse, kl = F.mse_loss(s, vt), token_kl(s, vt)
+                comp["mse_" + kind].append(mse)
+                comp["kl_" + kind].append(kl)
+                acc.append(mse + lam * kl)
+                parts[f"{kind}_b{i + 1}"] = acc[-1]
+        loss = beta * torch.stack(lpb).mean()
+        if use_pp:
+            loss = loss + alpha * torch.stack(lpp).mean()
+        for k, v in comp.items():
+            if v:
+                parts[k] = torch.stack(v).mean()
+        if gamma > 0:
+            ce = -(targets * F.log_softmax(logits, -1)).sum(-1).mean()
+            parts["ce"] = ce
+            loss = loss + gamma * ce
+        last = max(taps)
+        used_adaptors = {f"adaptors.{i}.{k}." for i in taps for k in (("pp", "pb") if use_pp else ("pb",))}
+
+        def trainable(n):
+            if n.startswith("adaptors."):
+                return use_ad and any(n.startswith(p) for p in used_adaptors)
+            if gamma > 0:
+                return True
+            if n.startswith("norm.") or n.startswith("head."):
+                return False
+            return not (n.startswith("blocks.") and int(n.split(".")[1]) > last)
+    loss.backward()
+    grads = {n: p.grad for n, p in student.named_parameters() if trainable(n)}
+    return loss.detach(), {k: v.detach() for k, v in parts.items()}, grads
+
+
+# ---- running both ------------------------------------------------------------------------------
+
+def write_cfg(path, keys):
+    with open(path, "w") as f:
+        for k, v in keys.items():
+            f.write(f"{k} = {v}\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--precision", default="fp32,bf16")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--cgspn", default="./cgspn")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    ok = True
+    with tempfile.TemporaryDirectory() as work:
+        # The teacher, made for a 2x2 grid (14 px), run at 28 px.
+        small = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=IMG // 2,
+                                  patch_size=PATCH, in_chans=1, num_classes=CLASSES, embed_dim=C,
+                                  depth=DEPTH, num_heads=HEADS, mlp_ratio=HIDDEN / C,
+                                  global_pool="avg", fc_norm=False).float().eval()
+        with torch.no_grad():
+            for n, p in small.named_parameters():
+                base = 1.0 if n.endswith("norm1.weight") or n.endswith("norm2.weight") or n == "norm.weight" else 0.0
+                p.copy_(torch.randn_like(p) * (0.3 if p.ndim > 1 else 0.1) + base)
+        tweights = {n: p.detach().contiguous() for n, p in small.named_parameters()}
+        save_file({"visual.trunk." + n: v for n, v in tweights.items()}, f"{work}/teacher.safetensors")
+        teacher = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=IMG,
+                                    patch_size=PATCH, in_chans=1, num_classes=CLASSES, embed_dim=C,
+                                    depth=DEPTH, num_heads=HEADS, mlp_ratio=HIDDEN / C,
+                                    global_pool="avg", fc_norm=False).float().eval()
+        sd = dict(tweights)
+        sd["pos_embed"] = resample_abs_pos_embed(sd["pos_embed"], new_size=(GRID, GRID),
+                                                 old_size=(GRID // 2, GRID // 2), num_prefix_tokens=1)
+        teacher.load_state_dict(sd)
+        write_cfg(f"{work}/teacher.cfg", {
+            "model": "vit", "img_size": IMG // 2, "in_chans": 1, "patch": PATCH, "width": C,
+            "depth": DEPTH, "heads": HEADS, "mlp_hidden": HIDDEN, "class_token": 1, "pos_embed": 1,
+            "global_pool": "avg", "num_classes": CLASSES})
+
+        img = torch.randn(3, 1, IMG, IMG)
+        targets = F.softmax(torch.randn(3, CLASSES), -1)
+        save_file({"images": img, "targets": targets}, f"{work}/images.safetensors")
+
+        for name, case in CASES:
+            hidden = int(case.get("adaptor_hidden", 0)) or C
+            student = Student(hidden).float()
+            with torch.no_grad():
+                for n, p in student.named_parameters():
+                    if n.endswith("merge"):
+                        p.copy_(torch.rand_like(p) * 0.5 + 0.1)
+                    elif "norm" in n and n.endswith("weight"):
+                        p.copy_(1 + 0.1 * torch.randn_like(p))
+                    else:
+                        p.copy_(torch.randn_like(p) * (0.3 if p.ndim > 1 else 0.1))
+            sw = {n: p.detach().contiguous() for n, p in student.named_parameters()}
+            if case.get("adaptors", "1") == "0" or case["stage"] == "1":
+                sw = {n: v for n, v in sw.items() if not n.startswith("adaptors.")}
+            save_file(sw, f"{work}/{name}_student.safetensors")
+            cfg = {"model": "cgspn", "img_size": IMG, "in_chans": 1, "patch": PATCH, "width": C,
+                   "depth": DEPTH, "heads": HEADS, "mlp_hidden": HIDDEN, "class_token": 0,
+                   "pos_embed": 0, "global_pool": "avg", "num_classes": CLASSES, "gspn_latent": CC,
+                   "teacher": f"{work}/teacher.safetensors", "teacher_config": f"{work}/teacher.cfg",
+                   "teacher_prefix": "visual.trunk."}
+            cfg.update(case)
+            write_cfg(f"{work}/{name}.cfg", cfg)
+            ref_loss, ref_parts, ref_grads = reference(case, teacher, student, img, targets)
+
+            for precision in args.precision.split(","):
+                out = f"{work}/{name}_{precision}.safetensors"
+                cmd = [args.cgspn, "distill", f"{work}/{name}.cfg", "--images", f"{work}/images.safetensors",
+                       "--loss-out", out, "--init", f"{work}/{name}_student.safetensors",
+                       f"--precision={precision}", f"--device={args.device}"]
+                print("$", " ".join(cmd), flush=True)
+                subprocess.run(cmd, check=True)
+                ours = load_file(out)
+                bound = BOUND[precision]
+                errs = {"loss": rel_err(ours["loss"], ref_loss.reshape(1))}
+                for k, v in ref_parts.items():
+                    errs[f"part {k}"] = rel_err(ours[f"part.{k}"], v.reshape(1))
+                mine = {k[5:] for k in ours if k.startswith("grad.")}
+                if mine != set(ref_grads):
+                    print(f"  trainable sets differ: cgspn only {sorted(mine - set(ref_grads))}, "
+                          f"torch only {sorted(set(ref_grads) - mine)}")
+                    ok = False
+                for n, g in ref_grads.items():
+                    if f"grad.{n}" in ours:
+                        errs[f"grad {n}"] = rel_err(ours[f"grad.{n}"].reshape(g.shape), g)
+                worst = max(errs.values())
+                over = {k: e for k, e in errs.items() if e > bound}
+                print(f"{name} {precision}: loss {ours['loss'].item():.6g} vs {ref_loss.item():.6g}; "
+                      f"{len(ref_parts)} parts, {len(ref_grads)} gradients; worst {worst:.2e} (bound {bound:.0e})")
+                for k, e in over.items():
+                    print(f"  OVER BOUND {k}: {e:.2e}")
+                ok &= not over
+    print("parity: PASSED" if ok else "parity: FAILED")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
