@@ -70,6 +70,16 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
 // would compound over deep models. Each sublayer reads it in the activation dtype.
 static Tensor *act(Tape *t, Tensor *x) { return nn_cast(t, x, t->ctx->act_dtype); }
 
+// The residual branch x of block b (branch 0: mixing layer, 1: MLP) under stochastic depth.
+static Tensor *block_drop_path(Tape *t, const Encoder *e, const Block *b, int branch, Tensor *x) {
+    const EncoderDropPath *d = &e->drop_path;
+    int i = (int)(b - e->blocks), depth = e->cfg.depth;
+    if (d->rate <= 0.0f || depth < 2 || !t->grad_enabled) return x;
+    DropPathArgs a = {d->rate * (float)i / (float)(depth - 1), d->seed, d->step, 2 * i + branch,
+                      d->first_sample};
+    return nn_drop_path(t, x, &a);
+}
+
 // x (B, prefix+H*W, C) fp32 -> (B, prefix+H*W, C) fp32; *pp receives the mixing-layer output.
 static Tensor *block_forward(Tape *t, const Encoder *e, const Block *b, Tensor *x, Tensor **pp) {
     int B = x->shape[0], T = x->shape[1], C = x->shape[2];
@@ -83,10 +93,10 @@ static Tensor *block_forward(Tape *t, const Encoder *e, const Block *b, Tensor *
     }
     if (pp) *pp = mix;
     if (b->ls1) mix = nn_layer_scale(t, mix, b->ls1);
-    x = nn_add(t, x, mix);
+    x = nn_add(t, x, block_drop_path(t, e, b, 0, mix));
     Tensor *m = mlp(t, &b->mlp, layernorm(t, &b->norm2, act(t, x)));
     if (b->ls2) m = nn_layer_scale(t, m, b->ls2);
-    return nn_add(t, x, m);
+    return nn_add(t, x, block_drop_path(t, e, b, 1, m));
 }
 
 Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *taps) {
