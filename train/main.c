@@ -13,6 +13,7 @@ typedef struct Command {
 
 static const Command kCommands[] = {
     {"train", cmd_train, "classification training of a ViT, C-GSPN or hybrid encoder"},
+    {"eval",  cmd_eval,  "top-1/top-5 of given weights on the validation shards"},
     {"features", cmd_features, "run an encoder on images; write every block's PP/PB taps (safetensors)"},
     {"data",  cmd_data,  "build, inspect, verify and benchmark image shards (cgspn data --help)"},
     {"bench", cmd_bench, "GPU benchmarks: kernels against the roofline, blocks, training steps"},
