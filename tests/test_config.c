@@ -352,7 +352,7 @@ static void test_config_help_lists_every_key_type_default_and_help(void **state)
     assert_contains(buf, "1e-8 ");                  // adam_eps, exponent without padding
     assert_contains(buf, "peak learning rate");
     assert_contains(buf, "vit | cgspn | hybrid");
-    assert_contains(buf, "\"/usr/share/datasets/fashion-mnist\"");
+    assert_contains(buf, "\"data/shards/fmnist\"");
 #define X(type, name, def, help) assert_contains(buf, "  " #name " "); assert_contains(buf, help);
 #include "../train/config_keys.h"
 #undef X
