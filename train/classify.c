@@ -462,7 +462,7 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
             step++;
             if (interrupted)
                 printf("interrupted by %s after step %ld of %ld: checkpoint written; continue with "
-                       "--resume=auto (run_name = %s)\n", g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
+                       "--resume=auto (run folder %s)\n", g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
                        step, total, log.dir);
             else
                 printf("stopping after step %ld of %ld\n", step, total);
