@@ -49,6 +49,10 @@ CUDNN_LIBS ?= -lcudnn
 NVCCFLAGS += -DCGSPN_HAVE_CUDNN $(CUDNN_CFLAGS)
 LDLIBS    += $(CUDNN_LIBS)
 endif
+ifeq ($(HAVE_NCCL),1)
+CFLAGS    += -DCGSPN_HAVE_NCCL
+LDLIBS    += -lnccl
+endif
 LINK      := $(NVCC) $(CUDA_ARCH) -Xcompiler -fopenmp
 # nvcc links: it takes OpenMP through -Xcompiler above and rejects a bare -fopenmp, and it
 # takes linker flags as -Xlinker a,b rather than gcc's -Wl,a,b (CMOCKA_LIBS from tools/probe.sh).
@@ -64,8 +68,22 @@ LINK      := $(CC) -fopenmp
 LINKFLAGS :=
 endif
 
+# Multi-process runs (dist/): MPI when tools/probe.sh found mpicc. The binary links libmpi but
+# calls MPI only when an MPI launcher started it (dist/dist.h).
+ifeq ($(HAVE_MPI),1)
+CFLAGS    += -DCGSPN_HAVE_MPI $(MPI_CFLAGS)
+ifeq ($(CUDA_ON),1)
+LDLIBS    += $(subst -Wl$(comma),-Xlinker ,$(MPI_LDFLAGS))
+else
+LDLIBS    += $(MPI_LDFLAGS)
+endif
+endif
+
 TESTS_C   := $(wildcard tests/test_*.c)
-TEST_BINS := $(TESTS_C:tests/%.c=$(BUILD)/tests/%)
+# test_dist_mpi runs under mpirun (below), not on its own.
+MPI_TEST  := $(BUILD)/tests/test_dist_mpi
+TEST_BINS := $(filter-out $(MPI_TEST),$(TESTS_C:tests/%.c=$(BUILD)/tests/%))
+MPIRUN    := mpirun --allow-run-as-root --oversubscribe
 GPU_TESTS_C   := $(wildcard tests/gpu/test_*.c)
 GPU_TEST_BINS := $(GPU_TESTS_C:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 
@@ -135,9 +153,14 @@ clean-lib:
 	rm -f libcgspn.so
 
 # Every CPU test binary runs, even after a failure; the target fails if any did.
+# Then the 2-rank tests under mpirun (when tools/probe.sh found MPI).
 test: deps
-	@$(MAKE) --no-print-directory -j$(NPROC) $(TEST_BINS) cgspn lib
+	@$(MAKE) --no-print-directory -j$(NPROC) $(TEST_BINS) $(if $(filter 1,$(HAVE_MPI)),$(MPI_TEST)) cgspn lib
 	@fail=0; for t in $(TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
+	 if [ "$(HAVE_MPI)" = 1 ]; then \
+	   echo "== $(MPIRUN) -np 2 $(MPI_TEST)"; $(MPIRUN) -np 2 $(MPI_TEST) || fail=1; \
+	   echo "== tests/test_dist_fault.sh"; MPIRUN="$(MPIRUN)" bash tests/test_dist_fault.sh $(MPI_TEST) || fail=1; \
+	 else echo "== $(MPI_TEST): skipped, no MPI found (mpicc; see build/config.mk and tools/install_deps.sh)"; fi; \
 	 if [ $$fail -ne 0 ]; then echo "make test: FAILED"; exit 1; fi; echo "make test: all passed"
 
 # On the GPU machine: every CUDA op against the CPU reference.
@@ -153,12 +176,18 @@ else
 endif
 
 # Every benchmark on the GPU; the output (device and date first) is kept in build/bench.txt,
-# and tools/readme_bench.py copies it into README.md as produced.
+# and tools/readme_bench.py copies it into README.md as produced. PyTorch's numbers first
+# (tests/bench_timm.py -> build/bench_timm.json, when python3 has torch and timm): `cgspn bench
+# vit` and `cgspn bench block` print them beside their own, with the ratios.
 bench:
 ifneq ($(CUDA_ON),1)
 	@echo "make bench: no working nvcc found (see build/config.mk)"; exit 1
 else
 	@$(MAKE) --no-print-directory cgspn
+	@if python3 -c 'import torch, timm' 2>/dev/null; then \
+	   python3 tests/bench_timm.py --out $(BUILD)/bench_timm.json || \
+	   echo "make bench: tests/bench_timm.py reported failures (see above); going on"; \
+	 else echo "make bench: python3 has no torch and timm: no PyTorch columns"; fi
 	set -o pipefail; ./cgspn bench all 2>&1 | tee $(BUILD)/bench.txt
 endif
 

@@ -7,6 +7,10 @@ typedef struct Ctx {
     DType act_dtype;   // activation dtype on this device (fp32 on the CPU)
     int deterministic; // 1: reductions in a fixed order (default)
     void *cuda;        // CudaCtx* (kernels/cuda/cuda_ctx.h) when device == DEVICE_CUDA
+    // Optional: called by kernels/dispatch.c before (end = 0) and after (end = 1) every op_*, with
+    // the op's name (the per-op profile of `cgspn bench vit`). NULL: no calls.
+    void (*profile)(struct Ctx *ctx, const char *op, int end);
+    void *profile_data;  // the profiler's state
 } Ctx;
 
 // A CPU context. The CUDA one comes from cuda_ctx_create() (kernels/cuda/cuda_ctx.h).

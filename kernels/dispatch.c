@@ -17,6 +17,7 @@ OP_WEAK(layer_scale_fwd)
 OP_WEAK(layer_scale_bwd)
 OP_WEAK(linear_fwd)
 OP_WEAK(linear_bwd)
+OP_WEAK(linear_bwd_write)
 OP_WEAK(linear_gelu_fwd)
 OP_WEAK(linear_gelu_bwd)
 OP_WEAK(linear_dgelu_bwd)
@@ -28,6 +29,7 @@ OP_WEAK(softmax_fwd)
 OP_WEAK(softmax_bwd)
 OP_WEAK(attention_fwd)
 OP_WEAK(attention_bwd)
+OP_WEAK(attention_bwd_write)
 OP_WEAK(patch_embed_fwd)
 OP_WEAK(patch_embed_bwd)
 OP_WEAK(concat_prefix_fwd)
@@ -53,6 +55,7 @@ OP_WEAK(gspn_scan_fwd)
 OP_WEAK(gspn_scan_bwd)
 #define ROUTE(name, ...)                                                      \
     do {                                                                      \
+        if (ctx->profile) ctx->profile(ctx, #name, 0);                        \
         if (ctx->device == DEVICE_CUDA) {                                     \
             CG_CHECK(cuda_##name != NULL, "run with device = cpu",            \
                      "op " #name " has no CUDA kernel in this build");        \
@@ -60,13 +63,16 @@ OP_WEAK(gspn_scan_bwd)
         } else {                                                              \
             cpu_##name(__VA_ARGS__);                                          \
         }                                                                     \
+        if (ctx->profile) ctx->profile(ctx, #name, 1);                        \
     } while (0)
 #else
 #define ROUTE(name, ...)                                                      \
     do {                                                                      \
         CG_CHECK(ctx->device == DEVICE_CPU, "rebuild with nvcc on PATH",      \
                  "op " #name ": this build has no CUDA backend");             \
+        if (ctx->profile) ctx->profile(ctx, #name, 0);                        \
         cpu_##name(__VA_ARGS__);                                              \
+        if (ctx->profile) ctx->profile(ctx, #name, 1);                        \
     } while (0)
 #endif
 
@@ -95,17 +101,21 @@ void op_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
                    Tensor *dx, Tensor *dw, Tensor *db) {
     ROUTE(linear_bwd, ctx, dy, x, w, dx, dw, db);
 }
-void op_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *pre,
-                        Tensor *y) {
-    ROUTE(linear_gelu_fwd, ctx, x, w, b, pre, y);
+void op_linear_bwd_write(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+                         Tensor *dx, Tensor *dw, Tensor *db) {
+    ROUTE(linear_bwd_write, ctx, dy, x, w, dx, dw, db);
+}
+void op_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, GeluKind kind,
+                        Tensor *pre, Tensor *y) {
+    ROUTE(linear_gelu_fwd, ctx, x, w, b, kind, pre, y);
 }
 void op_linear_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
-                        const Tensor *pre, Tensor *dx, Tensor *dw, Tensor *db) {
-    ROUTE(linear_gelu_bwd, ctx, dy, x, w, pre, dx, dw, db);
+                        const Tensor *pre, GeluKind kind, Tensor *dx, Tensor *dw, Tensor *db) {
+    ROUTE(linear_gelu_bwd, ctx, dy, x, w, pre, kind, dx, dw, db);
 }
 void op_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
-                         const Tensor *pre, Tensor *dpre, Tensor *dw, Tensor *db) {
-    ROUTE(linear_dgelu_bwd, ctx, dy, h, w, pre, dpre, dw, db);
+                         const Tensor *pre, GeluKind kind, Tensor *dpre, Tensor *dw, Tensor *db) {
+    ROUTE(linear_dgelu_bwd, ctx, dy, h, w, pre, kind, dpre, dw, db);
 }
 void op_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
                       Tensor *y, Tensor *mean, Tensor *rstd) {
@@ -129,6 +139,10 @@ void op_attention_fwd(Ctx *ctx, const Tensor *qkv, int heads, Tensor *out, Tenso
 void op_attention_bwd(Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Tensor *out,
                       const Tensor *lse, int heads, Tensor *dqkv) {
     ROUTE(attention_bwd, ctx, dout, qkv, out, lse, heads, dqkv);
+}
+void op_attention_bwd_write(Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Tensor *out,
+                            const Tensor *lse, int heads, Tensor *dqkv) {
+    ROUTE(attention_bwd_write, ctx, dout, qkv, out, lse, heads, dqkv);
 }
 void op_patch_embed_fwd(Ctx *ctx, const Tensor *img, const Tensor *w, const Tensor *b,
                         int patch, Tensor *cols, Tensor *y) {

@@ -54,25 +54,36 @@ OP_DECL(linear_fwd, Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
 // dx (N,K) += dy w; dw (M,K) += dy^T x; db (M) += sum_n dy
 OP_DECL(linear_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
         Tensor *dx, Tensor *dw, Tensor *db)
-// Linear then GELU, tanh approximation only (GELU_TANH: the GELU cuBLASLt's fused epilogue
-// computes; an erf-GELU model uses linear + gelu): pre (N,M) = x w^T + b, y = gelu_tanh(pre).
+// As linear_bwd, but dx (N,K) = dy w is WRITTEN (every element), not accumulated; dw and db
+// still accumulate. The tape calls it for a gradient nothing has written yet: on the GPU that
+// saves zeroing dx and reading it back (the dx GEMM runs with beta = 0).
+OP_DECL(linear_bwd_write, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+        Tensor *dx, Tensor *dw, Tensor *db)
+// Linear then GELU: pre (N,M) = x w^T + b, y = gelu(pre), kind GELU_TANH or GELU_ERF. On the
+// GPU the tanh GELU is fused into the GEMM's epilogue (the GELU cuBLASLt computes); the erf GELU
+// (exact, timm's default) runs as the GEMM with its bias fused, then one GELU pass over pre.
 // pre may be NULL when no backward follows.
 OP_DECL(linear_gelu_fwd, Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
-        Tensor *pre, Tensor *y)
-// With dpre = dy * gelu_tanh'(pre): dx (N,K) += dpre w; dw += dpre^T x; db += sum_n dpre
+        GeluKind kind, Tensor *pre, Tensor *y)
+// With dpre = dy * gelu'(pre): dx (N,K) += dpre w; dw += dpre^T x; db += sum_n dpre
 OP_DECL(linear_gelu_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
-        const Tensor *pre, Tensor *dx, Tensor *dw, Tensor *db)
-// Backward of a linear y = h w^T + b whose input is h = gelu_tanh(pre) (an MLP's fc2 after
+        const Tensor *pre, GeluKind kind, Tensor *dx, Tensor *dw, Tensor *db)
+// Backward of a linear y = h w^T + b whose input is h = gelu(pre) (an MLP's fc2 after
 // linear_gelu_fwd's fc1), with the GELU's backward fused into the dx product:
-//   dpre (N,K) = (dy w) * gelu_tanh'(pre), WRITTEN, not accumulated: the one exception to the
+//   dpre (N,K) = (dy w) * gelu'(pre), WRITTEN, not accumulated: the one exception to the
 //   rule above, since pre feeds only the GELU and nothing else adds to its gradient;
 //   dw (M,K) += dy^T h; db += sum_n dy. h, pre, dpre (N,K), dy (N,M).
+// GPU: tanh through cuBLASLt's DGELU epilogue; erf as the product written into dpre (rounded
+// to its dtype, as an unfused linear backward would hand the GELU) scaled in place by gelu'(pre).
 OP_DECL(linear_dgelu_bwd, Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
-        const Tensor *pre, Tensor *dpre, Tensor *dw, Tensor *db)
+        const Tensor *pre, GeluKind kind, Tensor *dpre, Tensor *dw, Tensor *db)
 
 // ---- normalization and activations ------------------------------------------------------------
 // LayerNorm over the last dim. x (N,C), w, b (C) -> y (N,C); saves mean, rstd (N) fp32.
 // w, b may be NULL (1 and 0); mean, rstd may be NULL in forward when no backward follows.
+// y may have another dtype than x: the encoders normalize their fp32 residual stream straight
+// into a bf16 sublayer input (as PyTorch autocast runs LayerNorm in fp32 and the next linear
+// reads it in bf16). In backward dy has y's dtype and dx has x's.
 OP_DECL(layernorm_fwd, Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
         Tensor *y, Tensor *mean, Tensor *rstd)
 OP_DECL(layernorm_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
@@ -93,6 +104,10 @@ OP_DECL(softmax_bwd, Ctx *ctx, const Tensor *dy, const Tensor *y, Tensor *dx)
 // the probabilities from q, k and lse, as flash attention does).
 OP_DECL(attention_fwd, Ctx *ctx, const Tensor *qkv, int heads, Tensor *out, Tensor *lse)
 OP_DECL(attention_bwd, Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Tensor *out,
+        const Tensor *lse, int heads, Tensor *dqkv)
+// As attention_bwd, but dqkv is WRITTEN, not accumulated (a gradient nothing has written yet):
+// cuDNN then writes dq, dk, dv straight into it (no zeroing, no scratch copy, no add pass).
+OP_DECL(attention_bwd_write, Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Tensor *out,
         const Tensor *lse, int heads, Tensor *dqkv)
 
 // ---- patch embedding and token layout --------------------------------------------------------

@@ -67,23 +67,23 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
 }
 
 // The residual stream is fp32 (as under PyTorch autocast): bf16 rounding of x at every add
-// would compound over deep models. Each sublayer reads it in the activation dtype.
-static Tensor *act(Tape *t, Tensor *x) { return nn_cast(t, x, t->ctx->act_dtype); }
+// would compound over deep models. Each sublayer reads it through its LayerNorm, which reads the
+// fp32 stream and writes the activation dtype (no separate cast pass).
 
 // The residual branch x of block b (branch 0: mixing layer, 1: MLP) under stochastic depth.
 static Tensor *block_drop_path(Tape *t, const Encoder *e, const Block *b, int branch, Tensor *x) {
     const EncoderDropPath *d = &e->drop_path;
-    int i = (int)(b - e->blocks), depth = e->cfg.depth;
+    int depth = e->cfg.depth;
     if (d->rate <= 0.0f || depth < 2 || !t->grad_enabled) return x;
+    int i = (int)(b - e->blocks);
     DropPathArgs a = {d->rate * (float)i / (float)(depth - 1), d->seed, d->step, 2 * i + branch,
                       d->first_sample};
     return nn_drop_path(t, x, &a);
 }
 
-// x (B, prefix+H*W, C) fp32 -> (B, prefix+H*W, C) fp32; *pp receives the mixing-layer output.
-static Tensor *block_forward(Tape *t, const Encoder *e, const Block *b, Tensor *x, Tensor **pp) {
+Tensor *encoder_block_forward(Tape *t, const Encoder *e, const Block *b, Tensor *x, Tensor **pp) {
     int B = x->shape[0], T = x->shape[1], C = x->shape[2];
-    Tensor *h = layernorm(t, &b->norm1, act(t, x));
+    Tensor *h = layernorm(t, &b->norm1, x);
     Tensor *mix;
     if (b->is_attention) {
         mix = attention(t, &b->attn, h);
@@ -94,7 +94,7 @@ static Tensor *block_forward(Tape *t, const Encoder *e, const Block *b, Tensor *
     if (pp) *pp = mix;
     if (b->ls1) mix = nn_layer_scale(t, mix, b->ls1);
     x = nn_add(t, x, block_drop_path(t, e, b, 0, mix));
-    Tensor *m = mlp(t, &b->mlp, layernorm(t, &b->norm2, act(t, x)));
+    Tensor *m = mlp(t, &b->mlp, layernorm(t, &b->norm2, x));
     if (b->ls2) m = nn_layer_scale(t, m, b->ls2);
     return nn_add(t, x, block_drop_path(t, e, b, 1, m));
 }
@@ -113,10 +113,10 @@ Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *tap
     if (e->pos_embed) x = nn_add_bcast(t, x, e->pos_embed);
     x = nn_cast(t, x, DTYPE_F32);
     for (int i = 0; i < c->depth; i++) {
-        x = block_forward(t, e, &e->blocks[i], x, taps ? &taps->pp[i] : NULL);
+        x = encoder_block_forward(t, e, &e->blocks[i], x, taps ? &taps->pp[i] : NULL);
         if (taps) taps->pb[i] = x;
     }
-    return layernorm(t, &e->norm, act(t, x));
+    return layernorm(t, &e->norm, x);
 }
 
 Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens) {

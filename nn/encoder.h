@@ -67,6 +67,9 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t);
 // img (B,in_chans,img_h,img_w) NCHW -> tokens after the final norm (B, prefix+H*W, C).
 // taps may be NULL.
 Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *taps);
+// One block: x (B, prefix+H*W, C) fp32 -> (B, prefix+H*W, C) fp32; *pp (when pp is not NULL)
+// receives the mixing-layer output. encoder_forward runs it per block; `cgspn bench block` alone.
+Tensor *encoder_block_forward(Tape *t, const Encoder *e, const Block *b, Tensor *x, Tensor **pp);
 // Class token or mean of patch tokens of the normed tokens, then the head: (B, num_classes).
 Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens);
 // Whether block i (0-based) is an attention block for this encoder.

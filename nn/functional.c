@@ -11,13 +11,26 @@ static Tensor *new_shaped(Tape *t, const Tensor *like, int last) {
     return tape_tensor(t, like->ndim, shape, false);
 }
 
+// dy into x's gradient for the backward of an identity-like op: x takes dy itself when it has no
+// gradient yet and the dtypes agree (tape_grad_adopt), dy converted when they differ (written into
+// a fresh gradient, never zeroed), else dy is added.
+static void pass_grad(Tape *t, Tensor *x, Tensor *dy) {
+    if (!x || !x->requires_grad || tape_grad_adopt(t, x, dy)) return;
+    bool fresh;
+    Tensor *dx = tape_grad_fresh(t, x, &fresh);
+    if (fresh) op_scale_fwd(t->ctx, dy, 1.0f, dx);   // dx = 1 * dy, converting on the way
+    else op_accumulate(t->ctx, dy, dx);
+}
+
 // ---- linear ----
 typedef struct { Tensor *x, *w, *b, *y; } LinearRec;
 static void linear_backward(Tape *t, void *p) {
     LinearRec *r = p;
     if (!NEED_GRAD(r)) return;
-    op_linear_bwd(t->ctx, r->y->grad, r->x, r->w, tape_grad(t, r->x), tape_grad(t, r->w),
-                  tape_grad(t, r->b));
+    bool fresh;   // a dx nothing has written yet is written, not zeroed and added to
+    Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
+    (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, r->y->grad, r->x, r->w, dx,
+                                                  tape_grad(t, r->w), tape_grad(t, r->b));
 }
 Tensor *nn_linear(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
     CG_CHECK(tensor_last(x) == w->shape[1], "", "linear: input width %d, weight expects %d",
@@ -38,7 +51,7 @@ static void layernorm_backward(Tape *t, void *p) {
                      tape_grad(t, r->w), tape_grad(t, r->b));
 }
 Tensor *nn_layernorm(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps) {
-    Tensor *y = tape_tensor_like(t, x);
+    Tensor *y = tape_tensor(t, x->ndim, x->shape, false);   // the activation dtype
     int rows[1] = {(int)tensor_rows(x)};
     Tensor *mean = tape_tensor(t, 1, rows, true), *rstd = tape_tensor(t, 1, rows, true);
     op_layernorm_fwd(t->ctx, x, w, b, eps, y, mean, rstd);
@@ -63,6 +76,37 @@ Tensor *nn_gelu(Tape *t, Tensor *x, GeluKind kind) {
     return y;
 }
 
+// ---- MLP: linear + GELU + linear ----
+typedef struct { Tensor *x, *w1, *b1, *w2, *b2, *pre, *h, *y; GeluKind kind; } MlpRec;
+static void mlp_backward(Tape *t, void *p) {
+    MlpRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    bool fresh;
+    Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
+    Tensor *dw1 = tape_grad(t, r->w1), *db1 = tape_grad(t, r->b1);
+    // dpre is written by linear_dgelu_bwd (never zeroed); not needed when fc1 wants nothing.
+    Tensor *dpre = dx || dw1 || db1 ? tape_tensor_like(t, r->pre) : NULL;
+    op_linear_dgelu_bwd(t->ctx, r->y->grad, r->h, r->w2, r->pre, r->kind, dpre,
+                        tape_grad(t, r->w2), tape_grad(t, r->b2));
+    if (dpre) (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, dpre, r->x, r->w1, dx, dw1, db1);
+}
+Tensor *nn_mlp(Tape *t, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2, Tensor *b2, GeluKind kind) {
+    CG_CHECK(tensor_last(x) == w1->shape[1] && w2->shape[1] == w1->shape[0], "",
+             "MLP: input width %d, fc1 (%d, %d), fc2 (%d, %d)", tensor_last(x), w1->shape[0],
+             w1->shape[1], w2->shape[0], w2->shape[1]);
+    Tensor *h = new_shaped(t, x, w1->shape[0]);
+    Tensor *y = new_shaped(t, x, w2->shape[0]);
+    tape_track(t, h, x, w1, b1);
+    bool track = tape_track(t, y, h, w2, b2);
+    Tensor *pre = track ? new_shaped(t, x, w1->shape[0]) : NULL;
+    op_linear_gelu_fwd(t->ctx, x, w1, b1, kind, pre, h);
+    op_linear_fwd(t->ctx, h, w2, b2, y);
+    if (track)
+        *(MlpRec *)tape_record(t, mlp_backward, sizeof(MlpRec)) =
+            (MlpRec){x, w1, b1, w2, b2, pre, h, y, kind};
+    return y;
+}
+
 // ---- softmax ----
 typedef struct { Tensor *x, *y; } UnaryRec;
 static void softmax_backward(Tape *t, void *p) {
@@ -83,7 +127,10 @@ typedef struct { Tensor *qkv, *lse, *y; int heads; } AttentionRec;
 static void attention_backward(Tape *t, void *p) {
     AttentionRec *r = p;
     if (!NEED_GRAD(r)) return;
-    op_attention_bwd(t->ctx, r->y->grad, r->qkv, r->y, r->lse, r->heads, tape_grad(t, r->qkv));
+    bool fresh;
+    Tensor *dqkv = tape_grad_fresh(t, r->qkv, &fresh);
+    if (dqkv) (fresh ? op_attention_bwd_write : op_attention_bwd)(t->ctx, r->y->grad, r->qkv, r->y,
+                                                                  r->lse, r->heads, dqkv);
 }
 Tensor *nn_attention(Tape *t, Tensor *qkv, int heads) {
     CG_CHECK(qkv->ndim == 3 && qkv->shape[2] % (3 * heads) == 0, "",
@@ -129,9 +176,10 @@ typedef struct { Tensor *a, *b, *y; } BinaryRec;
 static void add_backward(Tape *t, void *p) {
     BinaryRec *r = p;
     if (!NEED_GRAD(r)) return;
-    Tensor *da = tape_grad(t, r->a), *db = tape_grad(t, r->b);
-    if (da) op_accumulate(t->ctx, r->y->grad, da);
-    if (db) op_accumulate(t->ctx, r->y->grad, db);
+    // b first: once a adopts dy, a's later backward may change it (x + x still works: the
+    // second pass adds dy into itself).
+    pass_grad(t, r->b, r->y->grad);
+    pass_grad(t, r->a, r->y->grad);
 }
 Tensor *nn_add(Tape *t, Tensor *a, Tensor *b) {
     CG_CHECK(a->numel == b->numel, "", "add of %zu and %zu elements", a->numel, b->numel);
@@ -146,8 +194,14 @@ typedef struct { Tensor *x, *y; float s; } ScaleRec;
 static void scale_backward(Tape *t, void *p) {
     ScaleRec *r = p;
     if (!NEED_GRAD(r)) return;
-    Tensor *dx = tape_grad(t, r->x);
-    if (dx) op_scale_bwd(t->ctx, r->y->grad, r->s, dx);
+    if (r->s == 1.0f) {   // a cast, or a scale by one: an identity
+        pass_grad(t, r->x, r->y->grad);
+        return;
+    }
+    bool fresh;
+    Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
+    if (dx && fresh) op_scale_fwd(t->ctx, r->y->grad, r->s, dx);
+    else if (dx) op_scale_bwd(t->ctx, r->y->grad, r->s, dx);
 }
 Tensor *nn_scale(Tape *t, Tensor *x, float s) {
     Tensor *y = tape_tensor_like(t, x);
@@ -176,7 +230,12 @@ Tensor *nn_drop_path(Tape *t, Tensor *x, const DropPathArgs *a) {
 static void add_bcast_backward(Tape *t, void *p) {
     BinaryRec *r = p;
     if (!NEED_GRAD(r)) return;
-    op_add_bcast_bwd(t->ctx, r->y->grad, tape_grad(t, r->a), tape_grad(t, r->b));
+    Tensor *dp = tape_grad(t, r->b);
+    if (tape_grad_adopt(t, r->a, r->y->grad)) {   // dx is dy itself: only dp to compute
+        if (dp) op_add_bcast_bwd(t->ctx, r->y->grad, NULL, dp);
+        return;
+    }
+    op_add_bcast_bwd(t->ctx, r->y->grad, tape_grad(t, r->a), dp);
 }
 Tensor *nn_add_bcast(Tape *t, Tensor *x, Tensor *p) {
     CG_CHECK(x->numel % p->numel == 0, "", "broadcast add of %zu onto %zu elements", p->numel,
@@ -279,8 +338,7 @@ Tensor *nn_cast(Tape *t, Tensor *x, DType dtype) {
 static void view_backward(Tape *t, void *p) {
     UnaryRec *r = p;
     if (!NEED_GRAD(r)) return;
-    Tensor *dx = tape_grad(t, r->x);
-    if (dx) op_accumulate(t->ctx, r->y->grad, dx);
+    pass_grad(t, r->x, r->y->grad);
 }
 Tensor *nn_view(Tape *t, Tensor *x, int ndim, const int *shape) {
     Tensor *y = arena_host_alloc(t->arena, sizeof(Tensor));

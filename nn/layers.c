@@ -86,7 +86,7 @@ Tensor *layernorm(Tape *t, const LayerNorm *l, Tensor *x) {
 }
 
 Tensor *mlp(Tape *t, const Mlp *m, Tensor *x) {
-    return linear(t, &m->fc2, nn_gelu(t, linear(t, &m->fc1, x), m->gelu));
+    return nn_mlp(t, x, m->fc1.w, m->fc1.b, m->fc2.w, m->fc2.b, m->gelu);
 }
 
 Tensor *attention(Tape *t, const Attention *a, Tensor *x) {

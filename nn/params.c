@@ -72,36 +72,47 @@ static uint64_t name_hash(const char *s) {   // FNV-1a
     return h;
 }
 
+// Each parameter draws from its own stream (seed, name), so the values do not depend on the
+// order or the thread count: the host values are drawn in parallel, then uploaded in order.
 void params_initialize(ParamTable *t, Ctx *ctx, uint64_t seed) {
+    float **host = cg_calloc((size_t)(t->n ? t->n : 1), sizeof(float *));
+    #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < t->n; i++) {
         Param *p = t->params[i];
         size_t n = p->value.numel;
-        float *host = cg_malloc((n ? n : 1) * sizeof(float));
+        float *h = malloc((n ? n : 1) * sizeof(float));
+        host[i] = h;
+        if (!h) continue;   // reported below, outside the parallel loop
         Rng rng;
         rng_seed_stream(&rng, seed, 0x9a7a, name_hash(p->name));
         int fan_out = p->value.shape[0];
         int fan_in = p->value.ndim > 1 ? (int)(n / (size_t)fan_out) : fan_out;
         for (size_t k = 0; k < n; k++) {
             switch (p->init) {
-            case INIT_ZEROS: host[k] = 0.0f; break;
-            case INIT_ONES: host[k] = 1.0f; break;
-            case INIT_CONST: host[k] = p->init_arg; break;
-            case INIT_TRUNC_NORMAL: host[k] = rng_trunc_normal(&rng, p->init_arg); break;
+            case INIT_ZEROS: h[k] = 0.0f; break;
+            case INIT_ONES: h[k] = 1.0f; break;
+            case INIT_CONST: h[k] = p->init_arg; break;
+            case INIT_TRUNC_NORMAL: h[k] = rng_trunc_normal(&rng, p->init_arg); break;
             case INIT_FAN_IN_UNIFORM: {
                 float a = 1.0f / sqrtf((float)(p->init_arg > 0 ? p->init_arg : fan_in));
-                host[k] = (2.0f * rng_uniform(&rng) - 1.0f) * a;
+                h[k] = (2.0f * rng_uniform(&rng) - 1.0f) * a;
                 break;
             }
             case INIT_XAVIER_UNIFORM: {
                 float a = sqrtf(6.0f / (float)(fan_in + fan_out));
-                host[k] = (2.0f * rng_uniform(&rng) - 1.0f) * a;
+                h[k] = (2.0f * rng_uniform(&rng) - 1.0f) * a;
                 break;
             }
             }
         }
-        params_set_value(p, ctx, host);
-        free(host);
     }
+    for (int i = 0; i < t->n; i++) {
+        CG_CHECK(host[i], "", "out of host memory initializing %s (%zu values)", t->params[i]->name,
+                 t->params[i]->value.numel);
+        params_set_value(t->params[i], ctx, host[i]);
+        free(host[i]);
+    }
+    free(host);
 }
 
 void params_set_value(Param *p, Ctx *ctx, const float *host) {

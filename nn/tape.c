@@ -62,6 +62,27 @@ Tensor *tape_grad(Tape *t, Tensor *x) {
     return x->grad;
 }
 
+Tensor *tape_grad_fresh(Tape *t, Tensor *x, bool *fresh) {
+    *fresh = false;
+    if (!x || !x->requires_grad) return NULL;
+    if (!x->grad) {
+        x->grad = tape_tensor_like(t, x);
+        *fresh = true;
+    }
+    return x->grad;
+}
+
+bool tape_grad_adopt(Tape *t, Tensor *x, Tensor *g) {
+    if (!x || !x->requires_grad || x->grad || !g) return false;
+    if (g->dtype != x->dtype || g->numel != x->numel || g->device != x->device) return false;
+    Tensor *v = arena_host_alloc(t->arena, sizeof(Tensor));
+    *v = tensor_view(g, x->ndim, x->shape);
+    v->grad = NULL;
+    v->requires_grad = false;
+    x->grad = v;
+    return true;
+}
+
 void tape_backward(Tape *t, Tensor *loss) {
     CG_CHECK(loss->numel == 1, "", "backward needs a scalar loss, got %zu elements", loss->numel);
     CG_CHECK(loss->requires_grad, "check that some parameter is trainable",

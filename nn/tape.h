@@ -37,6 +37,16 @@ bool tape_track(Tape *t, Tensor *out, const Tensor *a, const Tensor *b, const Te
 void *tape_record(Tape *t, TapeBackwardFn fn, size_t bytes);
 // x's gradient (zeroed on first use) when x needs one, else NULL.
 Tensor *tape_grad(Tape *t, Tensor *x);
+// For a backward that can WRITE its result: x's gradient when x needs one, else NULL. When this
+// call creates it, it is left unzeroed and *fresh is set (the caller must overwrite every
+// element); otherwise *fresh is cleared and the caller adds, as usual.
+Tensor *tape_grad_fresh(Tape *t, Tensor *x, bool *fresh);
+// The backward of an identity (a residual add, a view): when x needs a gradient, has none yet
+// and g has x's dtype and size, x's gradient becomes g itself (seen with x's shape), so nothing
+// is zeroed or copied; returns whether it did (otherwise the caller adds g in). g must be the
+// gradient of the op's output, which no record reads after this one: records run in reverse,
+// so every reader of the output's gradient has already run.
+bool tape_grad_adopt(Tape *t, Tensor *x, Tensor *g);
 // Seeds dloss = 1 (loss is a 1-element tensor) and runs every record backwards.
 void tape_backward(Tape *t, Tensor *loss);
 // Like torch.autograd.backward(outs, grads): adds grads[i] into outs[i]'s gradient, then runs

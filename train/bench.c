@@ -1,5 +1,6 @@
 #include "bench.h"
 #include "data_cmd.h"
+#include "bench_model.h"
 #include "../nn/error.h"
 #include <stdbool.h>
 #include <stdio.h>
@@ -23,6 +24,8 @@ static const Bench kBenches[] = {
     {"gemm", cuda_bench_gemm, "bf16 linear GEMMs (ViT-B/16, so14 MLP) in TFLOP/s vs the bf16 peak"},
     {"attention", cuda_bench_attention, "attention fwd/bwd (cuDNN SDPA and fallback), ViT-B/16 and so14"},
     {"ops", cuda_bench_ops, "memory-bound ops (LayerNorm, GELU, AdamW, ...) in GB/s vs a device copy"},
+    {"vit", bench_vit_run, "ViT-B/16 and so14 ViT training steps: img/s, MFU, memory, vs timm eager/compiled"},
+    {"block", bench_block_run, "one so14-width block at 1036/2058 px: C-GSPN vs attention vs PyTorch SDPA"},
 #endif
     {"data", data_bench_run, "the data loader's img/s at 224 px (decode + augmentation, CPU)"},
     {NULL, NULL, NULL},

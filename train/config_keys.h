@@ -90,3 +90,9 @@ X(int,    keep_last,        3,         "complete checkpoints kept in the run fol
 X(string, resume,           "",        "continue a run: empty = no; auto = the newest complete checkpoint of this run folder (none yet: start at step 0); or a checkpoint or run folder path")
 X(string, precision,        "auto",    "parameters/activations: bf16 (fp32 master weights, moments, reductions) or fp32; auto = bf16 on GPU, fp32 on CPU")
 X(string, device,           "auto",    "where to run; auto picks cuda when a GPU is present")
+
+// data parallelism across processes (dist/README.md): mpirun, srun or RANK/WORLD_SIZE launches
+X(bool,   zero,             0,         "ZeRO-1: shard AdamW moments and fp32 master weights across ranks (reduce-scatter, local step, all-gather)")
+X(float,  bucket_mb,        25.0f,     "gradient all-reduce bucket size in MB; 0 = one bucket")
+X(float,  dist_timeout_s,   45.0f,     "a rank waiting this long for another stops the job, naming the late rank")
+X(string, dist_rendezvous,  "",        "folder where ranks started without MPI meet (shared across nodes); empty = $CGSPN_RENDEZVOUS")

@@ -1,4 +1,5 @@
 #include "device.h"
+#include "../dist/dist.h"
 #include "../nn/error.h"
 #include <omp.h>
 #ifdef CGSPN_CUDA
@@ -14,6 +15,12 @@ static int gpu_count(void) {
 }
 
 Ctx device_open(const Config *c) {
+    // The process group: its timeout, and the rendezvous of ranks started without MPI.
+    Dist *dist = dist_process();
+    char err[1024];
+    if (dist_setup_err(dist, &(DistOptions){c->dist_timeout_s, c->dist_rendezvous}, err,
+                       sizeof err) != 0)
+        CG_FAIL("", "%s", err);
     bool want_cuda = strcmp(c->device, "cuda") == 0;
     bool want_cpu = strcmp(c->device, "cpu") == 0;
     int gpus = gpu_count();
@@ -34,8 +41,7 @@ Ctx device_open(const Config *c) {
         return ctx_cpu();
     }
 #ifdef CGSPN_CUDA
-    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    int dev = local ? atoi(local) % gpus : 0;
+    int dev = dist->local_rank % gpus;   // one GPU per rank on each host
     return cuda_ctx_create(dev, bf16 ? DTYPE_BF16 : DTYPE_F32);
 #else
     return ctx_cpu();

@@ -3,6 +3,7 @@
 #include "classify.h"
 #include "data_cmd.h"
 #include "features.h"
+#include "../dist/dist.h"
 #include "../nn/error.h"
 #include <stdlib.h>
 #include <unistd.h>
@@ -49,8 +50,14 @@ int main(int argc, char **argv) {
         usage(stdout);
         return argc < 2 ? 1 : 0;
     }
-    for (int i = 0; i < N_COMMANDS; i++)
-        if (strcmp(argv[1], kCommands[i].name) == 0) return kCommands[i].run(argc, argv);
+    for (int i = 0; i < N_COMMANDS; i++) {
+        if (strcmp(argv[1], kCommands[i].name) != 0) continue;
+        // A world of one unless mpirun, srun or RANK/WORLD_SIZE started this process (dist/dist.h).
+        Dist *dist = dist_process_init(&argc, &argv);
+        int rc = kCommands[i].run(argc, argv);
+        dist_finalize(dist);
+        return rc;
+    }
     usage(stderr);
     CG_FAIL("see the list of commands above", "unknown command '%s'", argv[1]);
 }

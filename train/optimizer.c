@@ -6,10 +6,23 @@ StepStats optimizer_step(ParamTable *t, Ctx *ctx, Arena *scratch, const Optimize
                          long step) {
     StepStats s = {0};
     // Global norm over every trainable gradient, accumulated in table order (deterministic).
+    // When every parameter trains, one pass over the whole gradient buffer (its alignment padding
+    // is zero) instead of one reduction per parameter.
     Tensor *sumsq = arena_tensor(scratch, 1, (int[]){1}, true);
     op_zero(ctx, sumsq);
-    for (int i = 0; i < t->n; i++)
-        if (t->params[i]->trainable) op_sumsq(ctx, &t->params[i]->grad, sumsq);
+    bool all = true;
+    for (int i = 0; i < t->n; i++) all = all && t->params[i]->trainable;
+    if (all && t->total > 0) {
+        Tensor grads = {0};
+        tensor_set_shape(&grads, 1, (int[]){(int)t->total});
+        grads.data = t->grads;
+        grads.device = ctx->device;
+        grads.dtype = DTYPE_F32;
+        op_sumsq(ctx, &grads, sumsq);
+    } else {
+        for (int i = 0; i < t->n; i++)
+            if (t->params[i]->trainable) op_sumsq(ctx, &t->params[i]->grad, sumsq);
+    }
     float ss = 0;
     tensor_download(ctx, sumsq, &ss);
     s.grad_norm = sqrtf(ss);
@@ -25,6 +38,50 @@ StepStats optimizer_step(ParamTable *t, Ctx *ctx, Arena *scratch, const Optimize
                            scale, (int)(step + 1)};
             op_adamw(ctx, &p->value, p->master.data ? &p->master : NULL, &p->grad, &p->m, &p->v, &a);
         }
+    }
+    params_zero_grads(t, ctx);
+    return s;
+}
+
+StepStats optimizer_step_dist(ParamTable *t, Ctx *ctx, Arena *scratch, const OptimizerConfig *o,
+                              long step, DistGrads *g) {
+    if (!g || g->d->world <= 1) return optimizer_step(t, ctx, scratch, o, step);
+    dist_wait_grads(g);
+    if (!g->zero) return optimizer_step(t, ctx, scratch, o, step);
+
+    StepStats s = {0};
+    Tensor *sumsq = arena_tensor(scratch, 1, (int[]){1}, true);
+    op_zero(ctx, sumsq);
+    for (int i = 0; i < g->n_seg; i++) {
+        const DistSegment *sg = &g->seg[i];
+        const Param *p = t->params[sg->param];
+        if (!p->trainable) continue;
+        Tensor gv = dist_segment_view(&p->grad, sg->start, sg->len);
+        op_sumsq(ctx, &gv, sumsq);
+    }
+    float ss = 0;
+    tensor_download(ctx, sumsq, &ss);
+    s.grad_norm = sqrtf((float)dist_sum_f64(g->d, ss, "the gradient norm (sum over the shards)"));
+    s.finite = isfinite(s.grad_norm);
+    s.lr = lr_schedule(&o->schedule, step);
+    if (s.finite) {
+        float scale = 1.0f;
+        if (o->grad_clip > 0 && s.grad_norm > o->grad_clip) scale = o->grad_clip / s.grad_norm;
+        for (int i = 0; i < g->n_seg; i++) {
+            const DistSegment *sg = &g->seg[i];
+            Param *p = t->params[sg->param];
+            if (!p->trainable) continue;
+            AdamWArgs a = {s.lr, o->beta1, o->beta2, o->eps, p->decay ? o->weight_decay : 0.0f,
+                           scale, (int)(step + 1)};
+            Tensor value = dist_segment_view(&p->value, sg->start, sg->len);
+            Tensor grad = dist_segment_view(&p->grad, sg->start, sg->len);
+            Tensor m = dist_segment_view(&p->m, sg->start, sg->len);
+            Tensor v = dist_segment_view(&p->v, sg->start, sg->len);
+            Tensor master;
+            if (p->master.data) master = dist_segment_view(&p->master, sg->start, sg->len);
+            op_adamw(ctx, &value, p->master.data ? &master : NULL, &grad, &m, &v, &a);
+        }
+        dist_gather_values(g);
     }
     params_zero_grads(t, ctx);
     return s;

@@ -4,6 +4,7 @@
 #include "../nn/params.h"
 #include "../nn/schedule.h"
 #include "../nn/arena.h"
+#include "../dist/grads.h"
 
 typedef struct OptimizerConfig {
     LrSchedule schedule;
@@ -19,3 +20,13 @@ typedef struct StepStats {
 // step is 0-based (the schedule's step); AdamW's bias correction uses step + 1.
 StepStats optimizer_step(ParamTable *t, Ctx *ctx, Arena *scratch, const OptimizerConfig *o,
                          long step);
+
+// The data-parallel step (dist/grads.h): waits for the gradient averaging, then
+//   zero = 0: optimizer_step on the averaged gradient, the same on every rank;
+//   zero = 1: the global norm from every rank's shard (sums of squares added in rank order,
+//             the same on every rank), AdamW on this rank's shard only (elementwise, so each
+//             element is updated exactly as optimizer_step would), then the all-gather of the
+//             updated values.
+// g == NULL or a world of one: optimizer_step itself.
+StepStats optimizer_step_dist(ParamTable *t, Ctx *ctx, Arena *scratch, const OptimizerConfig *o,
+                              long step, DistGrads *g);

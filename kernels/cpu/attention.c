@@ -155,3 +155,12 @@ void cpu_attention_bwd(Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Te
     }
     free(scratch);
 }
+
+// dqkv written: attention_bwd into a zeroed dqkv.
+void cpu_attention_bwd_write(Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Tensor *out,
+                             const Tensor *lse, int heads, Tensor *dqkv) {
+    if (!dqkv) return;
+    cpu_check_f32("attention_bwd_write", "dqkv", dqkv);
+    memset(dqkv->data, 0, tensor_bytes(dqkv));
+    cpu_attention_bwd(ctx, dout, qkv, out, lse, heads, dqkv);
+}

@@ -68,6 +68,16 @@ void cpu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w
     }
 }
 
+// dx = dy w (written); dw, db accumulate: linear_bwd into a zeroed dx.
+void cpu_linear_bwd_write(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+                          Tensor *dx, Tensor *dw, Tensor *db) {
+    if (dx) {
+        cpu_check_f32("linear_bwd_write", "dx", dx);
+        memset(dx->data, 0, tensor_bytes(dx));
+    }
+    cpu_linear_bwd(ctx, dy, x, w, dx, dw, db);
+}
+
 // A zeroed CPU fp32 scratch tensor of ref's shape; free its data with free().
 static Tensor linear_scratch_like(const Tensor *ref) {
     Tensor t = tensor_view(ref, ref->ndim, ref->shape);
@@ -76,36 +86,36 @@ static Tensor linear_scratch_like(const Tensor *ref) {
     return t;
 }
 
-// pre = x w^T + b; y = gelu_tanh(pre)   (pre NULL: computed in y, then GELU in place)
-void cpu_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *pre,
-                         Tensor *y) {
+// pre = x w^T + b; y = gelu(pre)   (pre NULL: computed in y, then GELU in place)
+void cpu_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, GeluKind kind,
+                         Tensor *pre, Tensor *y) {
     Tensor *p = pre ? pre : y;
     if (pre) cpu_check_same("linear_gelu_fwd", "pre", pre, "y", y);
     cpu_linear_fwd(ctx, x, w, b, p);
-    cpu_gelu_fwd(ctx, p, GELU_TANH, y);
+    cpu_gelu_fwd(ctx, p, kind, y);
 }
 
-// dpre = dy * gelu_tanh'(pre); then linear's backward from dpre.
+// dpre = dy * gelu'(pre); then linear's backward from dpre.
 void cpu_linear_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
-                         const Tensor *pre, Tensor *dx, Tensor *dw, Tensor *db) {
+                         const Tensor *pre, GeluKind kind, Tensor *dx, Tensor *dw, Tensor *db) {
     if (!dx && !dw && !db) return;
     cpu_check_same("linear_gelu_bwd", "pre", pre, "dy", dy);
     Tensor dpre = linear_scratch_like(dy);
-    cpu_gelu_bwd(ctx, dy, pre, GELU_TANH, &dpre);
+    cpu_gelu_bwd(ctx, dy, pre, kind, &dpre);
     cpu_linear_bwd(ctx, &dpre, x, w, dx, dw, db);
     free(dpre.data);
 }
 
-// dpre = (dy w) * gelu_tanh'(pre) (written); dw += dy^T h; db += sum_n dy.
+// dpre = (dy w) * gelu'(pre) (written); dw += dy^T h; db += sum_n dy.
 void cpu_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
-                          const Tensor *pre, Tensor *dpre, Tensor *dw, Tensor *db) {
+                          const Tensor *pre, GeluKind kind, Tensor *dpre, Tensor *dw, Tensor *db) {
     if (dpre) {
         cpu_check_same("linear_dgelu_bwd", "pre", pre, "h", h);
         cpu_check_same("linear_dgelu_bwd", "dpre", dpre, "h", h);
         Tensor dh = linear_scratch_like(h);
         cpu_linear_bwd(ctx, dy, h, w, &dh, NULL, NULL);
         memset(dpre->data, 0, dpre->numel * sizeof(float));
-        cpu_gelu_bwd(ctx, &dh, pre, GELU_TANH, dpre);
+        cpu_gelu_bwd(ctx, &dh, pre, kind, dpre);
         free(dh.data);
     }
     if (dw || db) cpu_linear_bwd(ctx, dy, h, w, NULL, dw, db);

@@ -5,8 +5,9 @@
 //
 // Backward accumulates into dqkv on both paths: the fallback adds in its kernels; cuDNN writes
 // dq, dk, dv into scratch laid out like dqkv and one add kernel folds it in (a read of the
-// scratch and a read and write of dqkv, the price of the += contract: the tape zeroes dqkv, but
-// the op cannot know that nothing else added to it).
+// scratch and a read and write of dqkv, the price of the += contract). attention_bwd_write is
+// for a dqkv nothing has written yet (the tape knows): cuDNN writes into it directly; the
+// fallback zeroes it first.
 #include "attention.h"
 #include "attention_internal.h"
 #include "../ops.h"
@@ -120,11 +121,12 @@ extern "C" CudaAttnPath cuda_attention_fwd_path(Ctx *ctx, const Tensor *qkv, int
     return CUDA_ATTN_FALLBACK;
 }
 
-extern "C" CudaAttnPath cuda_attention_bwd_path(Ctx *ctx, const Tensor *dout, const Tensor *qkv,
-                                                const Tensor *out, const Tensor *lse, int heads,
-                                                Tensor *dqkv, CudaAttnPath want,
-                                                int *bitwise_deterministic) {
-    const char *op = "attention_bwd";
+// The backward on the chosen path; write: dqkv = gradient instead of +=.
+static CudaAttnPath attention_bwd_run(Ctx *ctx, const Tensor *dout, const Tensor *qkv,
+                                      const Tensor *out, const Tensor *lse, int heads,
+                                      Tensor *dqkv, CudaAttnPath want,
+                                      int *bitwise_deterministic, bool write) {
+    const char *op = write ? "attention_bwd_write" : "attention_bwd";
     if (bitwise_deterministic) *bitwise_deterministic = 1;
     if (!dqkv) return CUDA_ATTN_FALLBACK;
     AttnDims a = attn_dims(op, qkv, heads);
@@ -138,7 +140,7 @@ extern "C" CudaAttnPath cuda_attention_bwd_path(Ctx *ctx, const Tensor *dout, co
     int det = 1;
     if (want != CUDA_ATTN_FALLBACK &&
         cudnn_attention_bwd(ctx, a, dout->data, qkv->data, out->data, tensor_f32(lse),
-                            dqkv->data, why, sizeof why, &det)) {
+                            dqkv->data, write, why, sizeof why, &det)) {
         announce(ctx, a, 1, CUDA_ATTN_CUDNN, why);
         if (bitwise_deterministic) *bitwise_deterministic = det;
         return CUDA_ATTN_CUDNN;
@@ -147,9 +149,19 @@ extern "C" CudaAttnPath cuda_attention_bwd_path(Ctx *ctx, const Tensor *dout, co
     snprintf(line, sizeof line, "fallback flash kernels (%s)", why);
     announce(ctx, a, 1, CUDA_ATTN_FALLBACK, line);
     float *di = (float *)attn_workspace(ctx, sizeof(float) * (size_t)a.B * a.H * a.N);
+    if (write)   // the fallback kernels add: from zero
+        CUDA_CHECK(cudaMemsetAsync(dqkv->data, 0, tensor_bytes(dqkv), cuda_stream_of(ctx)));
     flash_attention_bwd(cuda_stream_of(ctx), a, dout->data, qkv->data, out->data,
                         tensor_f32(lse), dqkv->data, di);
     return CUDA_ATTN_FALLBACK;
+}
+
+extern "C" CudaAttnPath cuda_attention_bwd_path(Ctx *ctx, const Tensor *dout, const Tensor *qkv,
+                                                const Tensor *out, const Tensor *lse, int heads,
+                                                Tensor *dqkv, CudaAttnPath want,
+                                                int *bitwise_deterministic) {
+    return attention_bwd_run(ctx, dout, qkv, out, lse, heads, dqkv, want, bitwise_deterministic,
+                             false);
 }
 
 extern "C" void cuda_attention_fwd(Ctx *ctx, const Tensor *qkv, int heads, Tensor *out,
@@ -161,4 +173,10 @@ extern "C" void cuda_attention_bwd(Ctx *ctx, const Tensor *dout, const Tensor *q
                                    const Tensor *out, const Tensor *lse, int heads,
                                    Tensor *dqkv) {
     cuda_attention_bwd_path(ctx, dout, qkv, out, lse, heads, dqkv, CUDA_ATTN_AUTO, NULL);
+}
+
+extern "C" void cuda_attention_bwd_write(Ctx *ctx, const Tensor *dout, const Tensor *qkv,
+                                         const Tensor *out, const Tensor *lse, int heads,
+                                         Tensor *dqkv) {
+    attention_bwd_run(ctx, dout, qkv, out, lse, heads, dqkv, CUDA_ATTN_AUTO, NULL, true);
 }

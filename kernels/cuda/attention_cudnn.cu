@@ -647,7 +647,7 @@ bool cudnn_attention_fwd(Ctx *ctx, const AttnDims &a, const void *qkv, void *out
 }
 
 bool cudnn_attention_bwd(Ctx *ctx, const AttnDims &a, const void *dout, const void *qkv,
-                         const void *out, const float *lse, void *dqkv, char *why,
+                         const void *out, const float *lse, void *dqkv, bool write, char *why,
                          size_t why_len, int *deterministic) {
     const char *elt = (const char *)qkv;
     const void *ptrs[] = {qkv, elt + 2 * (size_t)a.C, out, dout, dqkv};
@@ -688,12 +688,13 @@ bool cudnn_attention_bwd(Ctx *ctx, const AttnDims &a, const void *dout, const vo
     const GraphKind kind = (GraphKind)p->key[5];
     const bool composite = kind != BWD_UNIFIED, atomic = kind == BWD_ATOMIC;
     const size_t tokens = (size_t)a.B * a.N;
-    const size_t scratch_bytes = align256(tokens * 3 * a.C * sizeof(__nv_bfloat16));
+    // write: dq, dk, dv go straight into dqkv (laid out as the scratch is), no scratch.
+    const size_t scratch_bytes = write ? 0 : align256(tokens * 3 * a.C * sizeof(__nv_bfloat16));
     const size_t dsum_bytes = composite ? align256((size_t)a.B * a.H * a.N * sizeof(float)) : 0;
     const size_t acc_bytes = atomic ? align256(tokens * a.C * sizeof(float)) : 0;
     char *ws = (char *)attn_workspace(ctx, scratch_bytes + dsum_bytes + acc_bytes +
                                                align256((size_t)p->workspace) + 256);
-    char *scratch = ws, *dsum = ws + scratch_bytes, *acc = dsum + dsum_bytes;
+    char *scratch = write ? (char *)dqkv : ws, *dsum = ws + scratch_bytes, *acc = dsum + dsum_bytes;
     char *cudnn_ws = acc + acc_bytes;
     if (atomic && c->version < 90600)   // older cuDNN leaves zeroing the accumulator to the caller
         CUDA_CHECK(cudaMemsetAsync(acc, 0, acc_bytes, cuda_stream_of(ctx)));
@@ -709,7 +710,7 @@ bool cudnn_attention_bwd(Ctx *ctx, const AttnDims &a, const void *dout, const vo
         snprintf(why, why_len, "%s", p->note);
         return false;
     }
-    attn_accumulate(cuda_stream_of(ctx), DTYPE_BF16, scratch, dqkv, tokens * 3 * a.C);
+    if (!write) attn_accumulate(cuda_stream_of(ctx), DTYPE_BF16, scratch, dqkv, tokens * 3 * a.C);
     *deterministic = p->deterministic && !atomic;
     char ver[32];
     snprintf(why, why_len, "%s fused flash attention (%s)%s", cudnn_attention_version(ver, sizeof ver),
@@ -742,7 +743,7 @@ bool cudnn_attention_fwd(Ctx *, const AttnDims &, const void *, void *, float *,
 }
 
 bool cudnn_attention_bwd(Ctx *, const AttnDims &, const void *, const void *, const void *,
-                         const float *, void *, char *why, size_t why_len, int *) {
+                         const float *, void *, bool, char *why, size_t why_len, int *) {
     snprintf(why, why_len, "this build has no cuDNN (see HAVE_CUDNN in build/config.mk)");
     return false;
 }

@@ -49,10 +49,11 @@ void attn_accumulate(cudaStream_t stream, DType dtype, const void *src, void *ds
 // once per shape and cached, failures too.
 bool cudnn_attention_fwd(Ctx *ctx, const AttnDims &a, const void *qkv, void *out, float *lse,
                          char *why, size_t why_len);
-// dqkv += gradient (cuDNN writes dq, dk, dv into workspace scratch; an add folds it in).
+// dqkv += gradient (cuDNN writes dq, dk, dv into workspace scratch; an add folds it in), or
+// with write, dqkv = gradient (cuDNN writes straight into dqkv).
 // *deterministic says whether the chosen engine is free of non-determinism notes.
 bool cudnn_attention_bwd(Ctx *ctx, const AttnDims &a, const void *dout, const void *qkv,
-                         const void *out, const float *lse, void *dqkv, char *why,
+                         const void *out, const float *lse, void *dqkv, bool write, char *why,
                          size_t why_len, int *deterministic);
 void cudnn_attention_release(CudnnAttnCache *cache);
 // "cuDNN 9.19.0" or "no cuDNN in this build".

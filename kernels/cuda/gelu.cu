@@ -2,6 +2,7 @@
 // kernels/cpu/gelu.c, whose formulas these are, in the same fp32 operations). x, y, dy, dx in
 // one dtype; elementwise, 16-byte accesses where aligned.
 #include "cuda_elem.cuh"
+#include "gelu.h"
 
 #define GELU_SQRT1_2     0.70710678118654752f   // 1 / sqrt(2)
 #define GELU_INV_SQRT2PI 0.39894228040143268f   // 1 / sqrt(2 pi)
@@ -86,5 +87,46 @@ void cuda_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, GeluKind kind, T
         T *pdx = (T *)dx->data;
         if (kind == GELU_ERF) launch_map(ctx, x->numel, vec, GeluBwdOp<T, GELU_ERF>{pdy, px, pdx});
         else launch_map(ctx, x->numel, vec, GeluBwdOp<T, GELU_TANH>{pdy, px, pdx});
+    });
+}
+
+// ---- raw-buffer passes for fused ops (kernels/cuda/gelu.h) ---------------------------------------
+
+template <typename T, GeluKind K> struct DGeluScaleOp {
+    const T *pre;
+    T *g;
+    template <int V> __device__ void apply(size_t i) const {
+        float vg[V], vp[V];
+        load_v<V>(g + i, vg);
+        load_v<V>(pre + i, vp);
+        #pragma unroll
+        for (int j = 0; j < V; j++) vg[j] *= gelu_slope<K>(vp[j]);
+        store_v<V>(g + i, vg);
+    }
+};
+
+extern "C" void cuda_gelu_apply(Ctx *ctx, GeluKind kind, DType dt, const void *pre, void *y,
+                                size_t n) {
+    gelu_check_kind("gelu_apply", kind);
+    bool vec = aligned16(pre) && aligned16(y);
+    dispatch_dtype(dt, [&](auto tag) {
+        using T = TAG_T(tag);
+        const T *px = (const T *)pre;
+        T *py = (T *)y;
+        if (kind == GELU_ERF) launch_map(ctx, n, vec, GeluFwdOp<T, GELU_ERF>{px, py});
+        else launch_map(ctx, n, vec, GeluFwdOp<T, GELU_TANH>{px, py});
+    });
+}
+
+extern "C" void cuda_dgelu_scale(Ctx *ctx, GeluKind kind, DType dt, const void *pre, void *g,
+                                 size_t n) {
+    gelu_check_kind("dgelu_scale", kind);
+    bool vec = aligned16(pre) && aligned16(g);
+    dispatch_dtype(dt, [&](auto tag) {
+        using T = TAG_T(tag);
+        const T *pp = (const T *)pre;
+        T *pg = (T *)g;
+        if (kind == GELU_ERF) launch_map(ctx, n, vec, DGeluScaleOp<T, GELU_ERF>{pp, pg});
+        else launch_map(ctx, n, vec, DGeluScaleOp<T, GELU_TANH>{pp, pg});
     });
 }

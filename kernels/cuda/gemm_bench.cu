@@ -121,20 +121,20 @@ extern "C" int cuda_bench_gemm(FILE *out) {
         if (s->gelu == 1) {
             Tensor pre = bench_tensor(&ctx, s->N, s->M, DTYPE_BF16, 9);
             bench_row(out, s, "fwd + gelu (GELU_AUX_BIAS)",
-                      bench_ms(c, [&] { cuda_linear_gelu_fwd(c, &x, &w, &b, &pre, &y); }));
+                      bench_ms(c, [&] { cuda_linear_gelu_fwd(c, &x, &w, &b, GELU_TANH, &pre, &y); }));
             cuda_gemm_set_fusion(c, 0);
             bench_row(out, s, "fwd + gelu unfused",
-                      bench_ms(c, [&] { cuda_linear_gelu_fwd(c, &x, &w, &b, &pre, &y); }));
+                      bench_ms(c, [&] { cuda_linear_gelu_fwd(c, &x, &w, &b, GELU_TANH, &pre, &y); }));
             cuda_gemm_set_fusion(c, CUDA_FUSE_DEFAULT);
             cuda_free(pre.data);
         }
         bench_row(out, s, "bwd dx += dy w", bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, &dx, NULL, NULL); }));
         if (s->gelu == 2) {   // x stands in for h = gelu(pre) and for pre; dx receives dpre
             bench_row(out, s, "bwd dpre = dy w * gelu' (DGELU)",
-                      bench_ms(c, [&] { cuda_linear_dgelu_bwd(c, &dy, &x, &w, &x, &dx, NULL, NULL); }));
+                      bench_ms(c, [&] { cuda_linear_dgelu_bwd(c, &dy, &x, &w, &x, GELU_TANH, &dx, NULL, NULL); }));
             cuda_gemm_set_fusion(c, 0);
             bench_row(out, s, "bwd dpre unfused",
-                      bench_ms(c, [&] { cuda_linear_dgelu_bwd(c, &dy, &x, &w, &x, &dx, NULL, NULL); }));
+                      bench_ms(c, [&] { cuda_linear_dgelu_bwd(c, &dy, &x, &w, &x, GELU_TANH, &dx, NULL, NULL); }));
             cuda_gemm_set_fusion(c, CUDA_FUSE_DEFAULT);
         }
         bench_row(out, s, "bwd dw += dy^T x", bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, NULL, &dw, NULL); }));

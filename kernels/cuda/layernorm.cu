@@ -1,6 +1,7 @@
 // CUDA: LayerNorm over the last dim (kernels/ops.h; CPU reference kernels/cpu/layernorm.c).
-// x, y, dy, dx in the activation dtype, w and b in the parameter dtype (either may be NULL),
-// mean, rstd, dw, db fp32. One warp per row. When C is a multiple of 8, the pointers are
+// x, dx in one dtype and y, dy in one dtype: the same (the activation dtype), or fp32 x and bf16
+// y (the encoders' fp32 residual stream normalized straight into a bf16 sublayer input); w and b
+// in the parameter dtype (either may be NULL); mean, rstd, dw, db fp32. One warp per row. When C is a multiple of 8, the pointers are
 // aligned and C <= 2048 (forward) or 1280 (backward), the row stays in registers between the
 // passes (one read from memory); otherwise the passes read the row again (from L1/L2).
 //
@@ -14,6 +15,24 @@
 
 enum { LN_FWD_WARPS = 8, LN_BWD_WARPS = 4 };
 
+// Calls f(x tag, y tag, parameter tag) for the dtype combinations the op takes: x and y alike,
+// or fp32 x with bf16 y (checked by the caller).
+template <typename F> static void ln_dispatch(DType x, DType y, DType p, F &&f) {
+    dispatch_dtype(p, [&](auto tp) {
+        if (x == DTYPE_F32 && y == DTYPE_F32) f(DTypeTag<float>{}, DTypeTag<float>{}, tp);
+        else if (x == DTYPE_BF16 && y == DTYPE_BF16) f(DTypeTag<bf16>{}, DTypeTag<bf16>{}, tp);
+        else f(DTypeTag<float>{}, DTypeTag<bf16>{}, tp);
+    });
+}
+
+static void ln_check_pair(const char *op, const char *yname, const Tensor *y, const char *xname,
+                          const Tensor *x) {
+    CG_CHECK(y->dtype == x->dtype || (x->dtype == DTYPE_F32 && y->dtype == DTYPE_BF16),
+             "LayerNorm writes its input's dtype, or bf16 from an fp32 input",
+             "op %s: %s is %s and %s is %s", op, xname, dtype_name(x->dtype), yname,
+             dtype_name(y->dtype));
+}
+
 // Packs of 8 kept in registers per lane for a row of C channels (0: read the row again).
 static int ln_cached_packs(int C) {
     if (C <= 2 * 256) return 2;
@@ -24,16 +43,16 @@ static int ln_cached_packs(int C) {
 
 // ---- forward -------------------------------------------------------------------------------
 
-template <typename T, typename TP, int V, int NP>
+template <typename T, typename TY, typename TP, int V, int NP>
 __global__ void __launch_bounds__(LN_FWD_WARPS * 32)
 ln_fwd_kernel(const T *__restrict__ x, const TP *__restrict__ w, const TP *__restrict__ b,
-              float eps, T *__restrict__ y, float *__restrict__ mean, float *__restrict__ rstd,
+              float eps, TY *__restrict__ y, float *__restrict__ mean, float *__restrict__ rstd,
               size_t N, int C) {
     size_t row = (size_t)blockIdx.x * LN_FWD_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= N) return;
     const T *xr = x + row * C;
-    T *yr = y + row * C;
+    TY *yr = y + row * C;
     Vec<T, V> cache[NP > 0 ? NP : 1];
 
     float s = 0.0f;
@@ -112,13 +131,13 @@ ln_fwd_kernel(const T *__restrict__ x, const TP *__restrict__ w, const TP *__res
     }
 }
 
-template <typename T, typename TP, int V, int NP>
+template <typename T, typename TY, typename TP, int V, int NP>
 static void ln_fwd_launch(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
                           Tensor *y, Tensor *mean, Tensor *rstd, size_t N, int C) {
     unsigned blocks = (unsigned)ceil_div(N, LN_FWD_WARPS);
-    ln_fwd_kernel<T, TP, V, NP><<<blocks, LN_FWD_WARPS * 32, 0, cuda_stream_of(ctx)>>>(
+    ln_fwd_kernel<T, TY, TP, V, NP><<<blocks, LN_FWD_WARPS * 32, 0, cuda_stream_of(ctx)>>>(
         (const T *)x->data, w ? (const TP *)w->data : nullptr, b ? (const TP *)b->data : nullptr,
-        eps, (T *)y->data, mean ? tensor_f32(mean) : nullptr, rstd ? tensor_f32(rstd) : nullptr,
+        eps, (TY *)y->data, mean ? tensor_f32(mean) : nullptr, rstd ? tensor_f32(rstd) : nullptr,
         N, C);
     CUDA_CHECK_LAUNCH();
 }
@@ -130,7 +149,7 @@ void cuda_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor
     int C = tensor_last(x);
     size_t N = tensor_rows(x);
     cuda_check_numel(op, "y", y, x->numel);
-    cuda_check_same_dtype(op, "y", y, "x", x);
+    ln_check_pair(op, "y", y, "x", x);
     if (w) cuda_check_numel(op, "w", w, (size_t)C);
     if (b) cuda_check_numel(op, "b", b, (size_t)C);
     if (w && b) cuda_check_same_dtype(op, "b", b, "w", w);
@@ -143,14 +162,15 @@ void cuda_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor
     bool vec = C % 8 == 0 && aligned16(x->data) && aligned16(y->data) &&
                (!w || aligned16(w->data)) && (!b || aligned16(b->data));
     int np = vec ? ln_cached_packs(C) : 0;
-    dispatch_dtype2(x->dtype, pdt, [&](auto tx, auto tp) {
+    ln_dispatch(x->dtype, y->dtype, pdt, [&](auto tx, auto ty, auto tp) {
         using T = TAG_T(tx);
+        using TY = TAG_T(ty);
         using TP = TAG_T(tp);
-        if (!vec) ln_fwd_launch<T, TP, 1, 0>(ctx, x, w, b, eps, y, mean, rstd, N, C);
-        else if (np == 2) ln_fwd_launch<T, TP, 8, 2>(ctx, x, w, b, eps, y, mean, rstd, N, C);
-        else if (np == 5) ln_fwd_launch<T, TP, 8, 5>(ctx, x, w, b, eps, y, mean, rstd, N, C);
-        else if (np == 8) ln_fwd_launch<T, TP, 8, 8>(ctx, x, w, b, eps, y, mean, rstd, N, C);
-        else ln_fwd_launch<T, TP, 8, 0>(ctx, x, w, b, eps, y, mean, rstd, N, C);
+        if (!vec) ln_fwd_launch<T, TY, TP, 1, 0>(ctx, x, w, b, eps, y, mean, rstd, N, C);
+        else if (np == 2) ln_fwd_launch<T, TY, TP, 8, 2>(ctx, x, w, b, eps, y, mean, rstd, N, C);
+        else if (np == 5) ln_fwd_launch<T, TY, TP, 8, 5>(ctx, x, w, b, eps, y, mean, rstd, N, C);
+        else if (np == 8) ln_fwd_launch<T, TY, TP, 8, 8>(ctx, x, w, b, eps, y, mean, rstd, N, C);
+        else ln_fwd_launch<T, TY, TP, 8, 0>(ctx, x, w, b, eps, y, mean, rstd, N, C);
     });
 }
 
@@ -194,9 +214,9 @@ __device__ __forceinline__ void ln_fold_warps(float *acc_all, int L, int C, floa
 }
 
 // partial: (gridDim.x, 2, C) fp32, this block's dw | db, or NULL when neither is wanted.
-template <typename T, typename TP, int NP>
+template <typename T, typename TY, typename TP, int NP>
 __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
-ln_bwd_cached_kernel(const T *__restrict__ dy, const T *__restrict__ x, const TP *__restrict__ w,
+ln_bwd_cached_kernel(const TY *__restrict__ dy, const T *__restrict__ x, const TP *__restrict__ w,
                      const float *__restrict__ mean, const float *__restrict__ rstd,
                      T *__restrict__ dx, float *__restrict__ partial, size_t N, int C) {
     constexpr int V = 8, L = NP * 32 * V;
@@ -207,17 +227,19 @@ ln_bwd_cached_kernel(const T *__restrict__ dy, const T *__restrict__ x, const TP
         for (int i = lane; i < 2 * L; i += 32) acc_w[i] = 0.0f;
         __syncwarp();
     }
-    Vec<T, V> cdy[NP], cx[NP], cdx[NP];
+    Vec<TY, V> cdy[NP];
+    Vec<T, V> cx[NP], cdx[NP];
     size_t warps_total = (size_t)gridDim.x * LN_BWD_WARPS;
     for (size_t row = (size_t)blockIdx.x * LN_BWD_WARPS + warp; row < N; row += warps_total) {
-        const T *dyr = dy + row * C, *xr = x + row * C;
+        const TY *dyr = dy + row * C;
+        const T *xr = x + row * C;
         T *dxr = dx ? dx + row * C : nullptr;
         float m = mean[row], r = rstd[row];
         #pragma unroll
         for (int k = 0; k < NP; k++) {
             int c = (k * 32 + lane) * V;
             if (c < C) {
-                cdy[k] = Vec<T, V>::load(dyr + c);
+                cdy[k] = Vec<TY, V>::load(dyr + c);
                 cx[k] = Vec<T, V>::load(xr + c);
                 if (dxr) cdx[k] = Vec<T, V>::load(dxr + c);
             }
@@ -269,9 +291,9 @@ ln_bwd_cached_kernel(const T *__restrict__ dy, const T *__restrict__ x, const TP
     if (partial) ln_fold_warps<V>(acc_all, L, C, partial);
 }
 
-template <typename T, typename TP, int V>
+template <typename T, typename TY, typename TP, int V>
 __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
-ln_bwd_kernel(const T *__restrict__ dy, const T *__restrict__ x, const TP *__restrict__ w,
+ln_bwd_kernel(const TY *__restrict__ dy, const T *__restrict__ x, const TP *__restrict__ w,
               const float *__restrict__ mean, const float *__restrict__ rstd, T *__restrict__ dx,
               float *__restrict__ partial, size_t N, int C) {
     extern __shared__ float acc_all[];   // (LN_BWD_WARPS, 2, L) when partial
@@ -283,7 +305,8 @@ ln_bwd_kernel(const T *__restrict__ dy, const T *__restrict__ x, const TP *__res
     }
     size_t warps_total = (size_t)gridDim.x * LN_BWD_WARPS;
     for (size_t row = (size_t)blockIdx.x * LN_BWD_WARPS + warp; row < N; row += warps_total) {
-        const T *dyr = dy + row * C, *xr = x + row * C;
+        const TY *dyr = dy + row * C;
+        const T *xr = x + row * C;
         float m = mean[row], r = rstd[row];
         float sg = 0.0f, sgx = 0.0f;
         for (int c = lane * V; c < C; c += 32 * V) {
@@ -331,7 +354,7 @@ ln_bwd_kernel(const T *__restrict__ dy, const T *__restrict__ x, const TP *__res
 
 // Runs one of the kernels above on a grid that fills the GPU once (blocks per SM from the
 // occupancy), then adds the block partials in order into dw, db (kernels/cuda/reduce.cu).
-template <typename T, typename TP, typename K>
+template <typename T, typename TY, typename TP, typename K>
 static void ln_bwd_run(Ctx *ctx, K kernel, size_t smem, const Tensor *dy, const Tensor *x,
                        const Tensor *w, const Tensor *mean, const Tensor *rstd, Tensor *dx,
                        Tensor *dw, Tensor *db, size_t N, int C) {
@@ -353,7 +376,7 @@ static void ln_bwd_run(Ctx *ctx, K kernel, size_t smem, const Tensor *dy, const 
     if (blocks > need) blocks = need;
     float *partial = want_wb ? (float *)cuda_scratch(ctx, blocks * 2 * C * sizeof(float)) : nullptr;
     kernel<<<(unsigned)blocks, LN_BWD_WARPS * 32, smem, c->stream>>>(
-        (const T *)dy->data, (const T *)x->data, w ? (const TP *)w->data : nullptr,
+        (const TY *)dy->data, (const T *)x->data, w ? (const TP *)w->data : nullptr,
         tensor_f32(mean), tensor_f32(rstd), dx ? (T *)dx->data : nullptr, partial, N, C);
     CUDA_CHECK_LAUNCH();
     if (want_wb)
@@ -370,7 +393,7 @@ void cuda_layernorm_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tenso
     int C = tensor_last(x);
     size_t N = tensor_rows(x);
     cuda_check_numel(op, "dy", dy, x->numel);
-    cuda_check_same_dtype(op, "dy", dy, "x", x);
+    ln_check_pair(op, "dy", dy, "x", x);
     if (w) cuda_check_numel(op, "w", w, (size_t)C);
     CG_CHECK(mean && rstd, "run layernorm_fwd with mean and rstd tensors before its backward",
              "op layernorm_bwd: needs the mean and rstd saved by the forward pass");
@@ -388,19 +411,20 @@ void cuda_layernorm_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tenso
     if (N == 0) return;
     bool vec = C % 8 == 0 && aligned16(dy->data) && aligned16(x->data) &&
                (!w || aligned16(w->data)) && (!dx || aligned16(dx->data));
-    dispatch_dtype2(x->dtype, w ? w->dtype : x->dtype, [&](auto tx, auto tp) {
+    ln_dispatch(x->dtype, dy->dtype, w ? w->dtype : x->dtype, [&](auto tx, auto ty, auto tp) {
         using T = TAG_T(tx);
+        using TY = TAG_T(ty);
         using TP = TAG_T(tp);
         auto run = [&](auto kernel, size_t smem) {
-            ln_bwd_run<T, TP>(ctx, kernel, smem, dy, x, w, mean, rstd, dx, dw, db, N, C);
+            ln_bwd_run<T, TY, TP>(ctx, kernel, smem, dy, x, w, mean, rstd, dx, dw, db, N, C);
         };
         if (vec && C <= 2 * 256)
-            run(ln_bwd_cached_kernel<T, TP, 2>, (size_t)LN_BWD_WARPS * 2 * 2 * 256 * sizeof(float));
+            run(ln_bwd_cached_kernel<T, TY, TP, 2>, (size_t)LN_BWD_WARPS * 2 * 2 * 256 * sizeof(float));
         else if (vec && C <= 5 * 256)
-            run(ln_bwd_cached_kernel<T, TP, 5>, (size_t)LN_BWD_WARPS * 2 * 5 * 256 * sizeof(float));
+            run(ln_bwd_cached_kernel<T, TY, TP, 5>, (size_t)LN_BWD_WARPS * 2 * 5 * 256 * sizeof(float));
         else if (vec)
-            run(ln_bwd_kernel<T, TP, 8>, (size_t)LN_BWD_WARPS * 2 * ln_acc_len(C, 8) * sizeof(float));
+            run(ln_bwd_kernel<T, TY, TP, 8>, (size_t)LN_BWD_WARPS * 2 * ln_acc_len(C, 8) * sizeof(float));
         else
-            run(ln_bwd_kernel<T, TP, 1>, (size_t)LN_BWD_WARPS * 2 * ln_acc_len(C, 1) * sizeof(float));
+            run(ln_bwd_kernel<T, TY, TP, 1>, (size_t)LN_BWD_WARPS * 2 * ln_acc_len(C, 1) * sizeof(float));
     });
 }

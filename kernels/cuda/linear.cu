@@ -25,11 +25,17 @@
 //   cuBLASLt's GELU is the tanh approximation (GELU_TANH). Fallback: linear, then a GELU kernel.
 // - DGELU in linear_dgelu_bwd's dx product (aux = pre, K % 8 == 0). Fallback: the product in fp32
 //   into a temporary, then a kernel multiplies by gelu'(pre).
+// The erf GELU (GELU_ERF, timm's default) has no cuBLASLt epilogue: linear_gelu_fwd runs the GEMM
+// with its bias fused into pre, then one GELU pass (pre -> y); linear_dgelu_bwd writes the dx
+// product into dpre (beta = 0: no zeroing, no read of old values) and scales it in place by
+// gelu'(pre) (kernels/cuda/gelu.h). That rounds the product to the activation dtype before the
+// scaling, as an unfused linear + gelu backward (and PyTorch's bf16 autocast) does.
 // cuBLASLt's own alignment rules (pointers, leading dimensions not a multiple of 8 elements) are
 // handled by the heuristic: each plan is queried with the actual pointer alignment (see gemm.cu), and
 // cuBLASLt then picks a kernel that supports it (slower, never wrong); a fused epilogue it refuses
 // takes the fallback above. No padding copies are made.
 #include "cuda_gemm.h"
+#include "gelu.h"
 #include "../ops.h"
 #include <limits.h>
 
@@ -228,12 +234,13 @@ static void colsum_add(Ctx *ctx, const LinearShape *s, const void *dy, float *db
     CUDA_CHECK_LAUNCH();
 }
 
-// dx += dy w; dw += dy^T x; db += sum_n dy (shapes checked by the caller).
+// dx (+)= dy w (dx_beta 1: added, 0: written); dw += dy^T x; db += sum_n dy (shapes checked by
+// the caller).
 static void linear_backward(Ctx *ctx, const LinearShape *s, const void *dy, const void *x,
-                            const void *w, void *dx, float *dw, float *db) {
+                            const void *w, void *dx, float *dw, float *db, float dx_beta = 1.0f) {
     if (s->N == 0) return;
     if (dx) {
-        CudaGemm g = gemm_dx(s, dy, w, dx, cuda_dtype_of(s->act), 1.0f);
+        CudaGemm g = gemm_dx(s, dy, w, dx, cuda_dtype_of(s->act), dx_beta);
         cuda_gemm(ctx, &g, "linear_bwd dx");
     }
     int db_done = 0;
@@ -278,25 +285,37 @@ extern "C" void cuda_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, cons
     linear_forward(ctx, &s, x->data, w->data, b ? b->data : NULL, y->data);
 }
 
-extern "C" void cuda_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
-                                Tensor *dx, Tensor *dw, Tensor *db) {
-    LinearShape s = linear_shape("linear_bwd", x, w);
-    cuda_check_matrix("linear_bwd", "dy", dy, s.N, s.M);
-    cuda_check_dtype("linear_bwd", "dy", dy, s.act);
+static void linear_bwd_op(const char *op, Ctx *ctx, const Tensor *dy, const Tensor *x,
+                          const Tensor *w, Tensor *dx, Tensor *dw, Tensor *db, float dx_beta) {
+    LinearShape s = linear_shape(op, x, w);
+    cuda_check_matrix(op, "dy", dy, s.N, s.M);
+    cuda_check_dtype(op, "dy", dy, s.act);
     if (dx) {
-        cuda_check_dtype("linear_bwd", "dx", dx, s.act);
+        cuda_check_dtype(op, "dx", dx, s.act);
         char a[64], c[64];
-        CG_CHECK(tensor_same_shape(dx, x), "", "op linear_bwd: dx has shape %s, x has shape %s",
+        CG_CHECK(tensor_same_shape(dx, x), "", "op %s: dx has shape %s, x has shape %s", op,
                  tensor_shape_str(dx, a, sizeof a), tensor_shape_str(x, c, sizeof c));
     }
-    if (dw) check_param_grad("linear_bwd", "dw", dw, (size_t)s.M * s.K);
-    if (db) check_param_grad("linear_bwd", "db", db, (size_t)s.M);
+    if (dw) check_param_grad(op, "dw", dw, (size_t)s.M * s.K);
+    if (db) check_param_grad(op, "db", db, (size_t)s.M);
     linear_backward(ctx, &s, dy->data, x->data, w->data, dx ? dx->data : NULL,
-                    dw ? (float *)dw->data : NULL, db ? (float *)db->data : NULL);
+                    dw ? (float *)dw->data : NULL, db ? (float *)db->data : NULL, dx_beta);
+}
+
+extern "C" void cuda_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+                                Tensor *dx, Tensor *dw, Tensor *db) {
+    linear_bwd_op("linear_bwd", ctx, dy, x, w, dx, dw, db, 1.0f);
+}
+
+extern "C" void cuda_linear_bwd_write(Ctx *ctx, const Tensor *dy, const Tensor *x,
+                                      const Tensor *w, Tensor *dx, Tensor *dw, Tensor *db) {
+    linear_bwd_op("linear_bwd_write", ctx, dy, x, w, dx, dw, db, 0.0f);
 }
 
 extern "C" void cuda_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
-                                     Tensor *pre, Tensor *y) {
+                                     GeluKind kind, Tensor *pre, Tensor *y) {
+    CG_CHECK(kind == GELU_ERF || kind == GELU_TANH, "gelu is erf (exact) or tanh",
+             "op linear_gelu_fwd: unknown GELU kind %d", (int)kind);
     LinearShape s = linear_shape("linear_gelu_fwd", x, w);
     cuda_check_matrix("linear_gelu_fwd", "y", y, s.N, s.M);
     cuda_check_dtype("linear_gelu_fwd", "y", y, s.act);
@@ -306,6 +325,12 @@ extern "C" void cuda_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w,
     }
     if (b) check_bias("linear_gelu_fwd", &s, b);
     if (s.N == 0) return;
+    if (kind == GELU_ERF) {   // GEMM + bias into pre (or y), then one GELU pass
+        void *p = pre ? pre->data : y->data;
+        linear_forward(ctx, &s, x->data, w->data, b ? b->data : NULL, p);
+        cuda_gelu_apply(ctx, GELU_ERF, s.act, p, y->data, s.N * (size_t)s.M);
+        return;
+    }
 
     CudaGemm g = gemm_forward(&s, x->data, w->data, y->data);
     g.bias = b ? b->data : NULL;
@@ -333,7 +358,10 @@ extern "C" void cuda_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w,
 }
 
 extern "C" void cuda_linear_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
-                                     const Tensor *pre, Tensor *dx, Tensor *dw, Tensor *db) {
+                                     const Tensor *pre, GeluKind kind, Tensor *dx, Tensor *dw,
+                                     Tensor *db) {
+    CG_CHECK(kind == GELU_ERF || kind == GELU_TANH, "gelu is erf (exact) or tanh",
+             "op linear_gelu_bwd: unknown GELU kind %d", (int)kind);
     LinearShape s = linear_shape("linear_gelu_bwd", x, w);
     cuda_check_matrix("linear_gelu_bwd", "dy", dy, s.N, s.M);
     cuda_check_dtype("linear_gelu_bwd", "dy", dy, s.act);
@@ -350,21 +378,19 @@ extern "C" void cuda_linear_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x
     // dpre = dy * gelu'(pre) in act dtype (what an unfused gelu_bwd would hand the linear).
     size_t n = s.N * (size_t)s.M;
     void *dpre = temp_alloc(ctx, n * dtype_size(s.act));
-    cudaStream_t st = cuda_stream_of(ctx);
-    if (s.act == DTYPE_BF16)
-        dgelu_tanh_kernel<<<cuda_grid_for(ctx, n), 256, 0, st>>>(
-            (const __nv_bfloat16 *)dy->data, (const __nv_bfloat16 *)pre->data, (__nv_bfloat16 *)dpre, n);
-    else
-        dgelu_tanh_kernel<<<cuda_grid_for(ctx, n), 256, 0, st>>>(
-            (const float *)dy->data, (const float *)pre->data, (float *)dpre, n);
-    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(cudaMemcpyAsync(dpre, dy->data, n * dtype_size(s.act), cudaMemcpyDeviceToDevice,
+                               cuda_stream_of(ctx)));
+    cuda_dgelu_scale(ctx, kind, s.act, pre->data, dpre, n);
     linear_backward(ctx, &s, dpre, x->data, w->data, dx ? dx->data : NULL,
                     dw ? (float *)dw->data : NULL, db ? (float *)db->data : NULL);
     temp_free(ctx, dpre);
 }
 
 extern "C" void cuda_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
-                                      const Tensor *pre, Tensor *dpre, Tensor *dw, Tensor *db) {
+                                      const Tensor *pre, GeluKind kind, Tensor *dpre, Tensor *dw,
+                                      Tensor *db) {
+    CG_CHECK(kind == GELU_ERF || kind == GELU_TANH, "gelu is erf (exact) or tanh",
+             "op linear_dgelu_bwd: unknown GELU kind %d", (int)kind);
     LinearShape s = linear_shape("linear_dgelu_bwd", h, w);
     cuda_check_matrix("linear_dgelu_bwd", "dy", dy, s.N, s.M);
     cuda_check_dtype("linear_dgelu_bwd", "dy", dy, s.act);
@@ -377,7 +403,11 @@ extern "C" void cuda_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *
         cuda_check_dtype("linear_dgelu_bwd", "dpre", dpre, s.act);
     }
     if (s.N == 0) return;
-    if (dpre) {   // dpre = (dy w) * gelu'(pre), written
+    if (dpre && kind == GELU_ERF) {   // the product written into dpre, then scaled in place
+        CudaGemm g = gemm_dx(&s, dy->data, w->data, dpre->data, cuda_dtype_of(s.act), 0.0f);
+        cuda_gemm(ctx, &g, "linear_dgelu_bwd dx");
+        cuda_dgelu_scale(ctx, GELU_ERF, s.act, pre->data, dpre->data, s.N * (size_t)s.K);
+    } else if (dpre) {   // dpre = (dy w) * gelu_tanh'(pre), written
         CudaGemm g = gemm_dx(&s, dy->data, w->data, dpre->data, cuda_dtype_of(s.act), 0.0f);
         g.epilogue = CUBLASLT_EPILOGUE_DGELU;
         g.aux = pre->data;

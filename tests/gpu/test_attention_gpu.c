@@ -322,6 +322,39 @@ static void test_attention_gpu_backward_is_bitwise_deterministic(void **state) {
     }
 }
 
+// attention_bwd_write overwrites dqkv (poisoned with NaN first) with the gradient: cuDNN writing
+// into it directly (bf16, head_dim a multiple of 8), the fallback zeroing it first (fp32, and
+// head_dim 20 in bf16).
+static void test_attention_gpu_backward_write_overwrites_dqkv(void **state) {
+    (void)state;
+    GPU_TEST_REQUIRE_DEVICE();
+    const DType dts[] = {DTYPE_F32, DTYPE_BF16};
+    for (int d = 0; d < 2; d++) {
+        Ctx g = cuda_ctx_create(0, dts[d]);
+        for (int i = 0; i < NSHAPES; i++) {
+            const Shape *s = &SHAPES[i];
+            Case c = case_make(s, dts[d], 6000 + 10 * i);
+            Tensor *qkv = gpu_test_upload(&g, c.qkv, dts[d]), *out = gpu_test_upload(&g, c.out, dts[d]);
+            Tensor *lse = gpu_test_upload(&g, c.lse, DTYPE_F32);
+            Tensor *dout = gpu_test_upload(&g, c.dout, dts[d]);
+            Tensor *dqkv = gpu_test_upload(&g, c.dqkv0, dts[d]);
+            gpu_poison(&g, dqkv);
+            op_attention_bwd_write(&g, dout, qkv, out, lse, s->H, dqkv);
+            float *got = tensor_to_host_f32(&g, dqkv), *want = ref_grad(&c);
+            printf("    B=%d N=%d heads=%d head_dim=%d %s:\n", s->B, s->N, s->H, s->D,
+                   dtype_name(dts[d]));
+            double e = rel_err("dqkv", got, want, c.dqkv->numel);
+            assert_true(e <= (dts[d] == DTYPE_F32 ? FP32_TOL : BF16_GRAD_TOL));
+            free(got);
+            free(want);
+            Tensor *t[] = {qkv, out, lse, dout, dqkv};
+            for (size_t k = 0; k < sizeof t / sizeof *t; k++) gpu_test_free(t[k]);
+            case_free(&c);
+        }
+        cuda_ctx_destroy(&g);
+    }
+}
+
 // A NULL dqkv means "not needed": nothing runs.
 static void test_attention_gpu_backward_without_dqkv_is_a_no_op(void **state) {
     (void)state;
@@ -348,6 +381,7 @@ int main(void) {
         cmocka_unit_test(test_attention_gpu_bf16_cudnn_and_fallback_agree),
         cmocka_unit_test(test_attention_gpu_backward_accumulates_into_dqkv),
         cmocka_unit_test(test_attention_gpu_backward_is_bitwise_deterministic),
+        cmocka_unit_test(test_attention_gpu_backward_write_overwrites_dqkv),
         cmocka_unit_test(test_attention_gpu_backward_without_dqkv_is_a_no_op),
     };
     return cmocka_run_group_tests_name("attention_gpu", tests, NULL, NULL);

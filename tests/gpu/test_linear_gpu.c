@@ -1,6 +1,7 @@
 // CUDA linear ops (kernels/cuda/linear.cu, cuBLASLt) against the CPU reference
-// (kernels/cpu/linear.c): linear forward and backward (dx, dw, db), linear + GELU (tanh) fused
-// forward and backward, the DGELU-fused backward, in fp32 and bf16, on odd shapes (K, M not
+// (kernels/cpu/linear.c): linear forward and backward (dx, dw, db), linear + GELU (tanh: fused
+// into cuBLASLt's epilogues; erf: GEMM then a GELU pass) forward and backward, the DGELU-fused
+// backward, in fp32 and bf16, on odd shapes (K, M not
 // multiples of 8, one row, 3-D x), with accumulation into non-zero gradients, backward twice,
 // NULL gradients skipped, fused epilogues against their unfused fallbacks, and the plan cache.
 #include <stdarg.h>
@@ -144,6 +145,30 @@ static int check_linear_bwd(Ctx *g, const Case *c, DType dt, int mask, uint64_t 
     return fails;
 }
 
+// linear_bwd_write: dx starts as NaN and must be overwritten (beta = 0), dw and db still add.
+static int check_linear_bwd_write(Ctx *g, const Case *c, DType dt, uint64_t seed) {
+    Ctx cpu = ctx_cpu();
+    int r = dt == DTYPE_BF16;
+    Tensor *x = host_rand(host_x(c, c->K), seed, r);
+    Tensor *w = host_rand(test_tensor(2, c->M, c->K), seed + 1, r);
+    Tensor *dy = host_rand(host_x(c, c->M), seed + 2, r);
+    Tensor *dx = host_rand(host_x(c, c->K), seed + 3, r);   // the CPU op overwrites it too
+    Tensor *dw = host_rand(test_tensor(2, c->M, c->K), seed + 4, 0);
+    Tensor *db = host_rand(test_tensor(1, c->M), seed + 5, 0);
+    Tensor *gx = gpu_test_upload(g, x, dt), *gw = gpu_test_upload(g, w, dt);
+    Tensor *gdy = gpu_test_upload(g, dy, dt), *gdx = gpu_poison(g, dx, dt);
+    Tensor *gdw = gpu_test_upload(g, dw, DTYPE_F32), *gdb = gpu_test_upload(g, db, DTYPE_F32);
+    cpu_linear_bwd_write(&cpu, dy, x, w, dx, dw, db);
+    op_linear_bwd_write(g, gdy, gx, gw, gdx, gdw, gdb);
+    const Tols *t = tols_for(dt);
+    int fails = check(g, "linear_bwd_write", "dx", c, gdx, dx, t->act) +
+                check(g, "linear_bwd_write", "dw", c, gdw, dw, t->param) +
+                check(g, "linear_bwd_write", "db", c, gdb, db, t->param);
+    Tensor *gpu[] = {gx, gw, gdy, gdx, gdw, gdb}, *host[] = {x, w, dy, dx, dw, db};
+    for (int i = 0; i < 6; i++) { gpu_test_free(gpu[i]); test_tensor_free(host[i]); }
+    return fails;
+}
+
 static void test_linear_forward_matches_cpu(DType dt) {
     GPU_TEST_REQUIRE_DEVICE();
     Ctx g = cuda_ctx_create(0, dt);
@@ -159,8 +184,10 @@ static void test_linear_backward_matches_cpu(DType dt) {
     Ctx g = cuda_ctx_create(0, dt);
     int fails = 0;
     const int masks[] = {7, 1, 2, 4, 6};   // all; dx only; dw only; db only (column sum); dw + db
-    for (int i = 0; i < NCASES; i++)
+    for (int i = 0; i < NCASES; i++) {
         for (int m = 0; m < 5; m++) fails += check_linear_bwd(&g, &CASES[i], dt, masks[m], 100 + 11 * i);
+        fails += check_linear_bwd_write(&g, &CASES[i], dt, 150 + 11 * i);
+    }
     cuda_ctx_destroy(&g);
     assert_int_equal(fails, 0);
 }
@@ -218,19 +245,20 @@ static void test_linear_backward_twice_doubles_the_gradients(void **state) {
 
 // ---- linear + GELU -------------------------------------------------------------------------------
 
-static int check_linear_gelu_fwd(Ctx *g, const Case *c, DType dt, int keep_pre, uint64_t seed) {
+static int check_linear_gelu_fwd(Ctx *g, const Case *c, DType dt, GeluKind kind, int keep_pre,
+                                 uint64_t seed) {
     Ctx cpu = ctx_cpu();
     int r = dt == DTYPE_BF16;
     Tensor *x = host_rand(host_x(c, c->K), seed, r);
     Tensor *w = host_rand(test_tensor(2, c->M, c->K), seed + 1, r);
     Tensor *b = host_rand(test_tensor(1, c->M), seed + 2, r);
     Tensor *pre = host_x(c, c->M), *y = host_x(c, c->M);
-    cpu_linear_gelu_fwd(&cpu, x, w, b, pre, y);   // the contract: linear, then gelu_tanh
+    cpu_linear_gelu_fwd(&cpu, x, w, b, kind, pre, y);   // the contract: linear, then gelu
 
     Tensor *gx = gpu_test_upload(g, x, dt), *gw = gpu_test_upload(g, w, dt);
     Tensor *gb = gpu_test_upload(g, b, dt);
     Tensor *gpre = keep_pre ? gpu_poison(g, pre, dt) : NULL, *gy = gpu_poison(g, y, dt);
-    op_linear_gelu_fwd(g, gx, gw, gb, gpre, gy);
+    op_linear_gelu_fwd(g, gx, gw, gb, kind, gpre, gy);
     const Tols *t = tols_for(dt);
     int fails = check(g, keep_pre ? "linear_gelu_fwd" : "linear_gelu_fwd(no pre)", "y", c, gy, y, t->act);
     if (keep_pre) fails += check(g, "linear_gelu_fwd", "pre", c, gpre, pre, t->act);
@@ -241,7 +269,7 @@ static int check_linear_gelu_fwd(Ctx *g, const Case *c, DType dt, int keep_pre, 
     return fails;
 }
 
-static int check_linear_gelu_bwd(Ctx *g, const Case *c, DType dt, uint64_t seed) {
+static int check_linear_gelu_bwd(Ctx *g, const Case *c, DType dt, GeluKind kind, uint64_t seed) {
     Ctx cpu = ctx_cpu();
     int r = dt == DTYPE_BF16;
     Tensor *x = host_rand(host_x(c, c->K), seed, r);
@@ -258,8 +286,8 @@ static int check_linear_gelu_bwd(Ctx *g, const Case *c, DType dt, uint64_t seed)
     Tensor *gdx = gpu_test_upload(g, dx, dt), *gdw = gpu_test_upload(g, dw, DTYPE_F32);
     Tensor *gdb = gpu_test_upload(g, db, DTYPE_F32);
     for (int rep = 0; rep < 2; rep++) {
-        cpu_linear_gelu_bwd(&cpu, dy, x, w, pre, dx, dw, db);
-        op_linear_gelu_bwd(g, gdy, gx, gw, gpre, gdx, gdw, gdb);
+        cpu_linear_gelu_bwd(&cpu, dy, x, w, pre, kind, dx, dw, db);
+        op_linear_gelu_bwd(g, gdy, gx, gw, gpre, kind, gdx, gdw, gdb);
     }
     double tol = dt == DTYPE_BF16 ? BF16_GELU_GRAD_TOL : FP32_TOL;
     int fails = check(g, "linear_gelu_bwd", "dx", c, gdx, dx, tol) +
@@ -271,14 +299,16 @@ static int check_linear_gelu_bwd(Ctx *g, const Case *c, DType dt, uint64_t seed)
 }
 
 // The fc2 side: y = h w^T + b with h = gelu(pre); dpre written, dw and db accumulated.
-static int check_linear_dgelu_bwd(Ctx *g, const Case *c, DType dt, uint64_t seed) {
+// erf: the GPU rounds the product dy w to the activation dtype before scaling it (as an unfused
+// backward does), the CPU keeps it fp32: two roundings in bf16, inside BF16_ACT_TOL.
+static int check_linear_dgelu_bwd(Ctx *g, const Case *c, DType dt, GeluKind kind, uint64_t seed) {
     Ctx cpu = ctx_cpu();
     int r = dt == DTYPE_BF16;
     Tensor *pre = host_rand(host_x(c, c->K), seed, 0);
     for (size_t i = 0; i < pre->numel; i++) ((float *)pre->data)[i] *= 3.0f;
     if (r) gpu_test_round_to_bf16(pre);
     Tensor *h = host_x(c, c->K);
-    cpu_gelu_fwd(&cpu, pre, GELU_TANH, h);
+    cpu_gelu_fwd(&cpu, pre, kind, h);
     if (r) gpu_test_round_to_bf16(h);
     Tensor *w = host_rand(test_tensor(2, c->M, c->K), seed + 1, r);
     Tensor *dy = host_rand(host_x(c, c->M), seed + 2, r);
@@ -290,8 +320,8 @@ static int check_linear_dgelu_bwd(Ctx *g, const Case *c, DType dt, uint64_t seed
     Tensor *gdpre = gpu_poison(g, dpre, dt), *gdw = gpu_test_upload(g, dw, DTYPE_F32);
     Tensor *gdb = gpu_test_upload(g, db, DTYPE_F32);
     for (int rep = 0; rep < 2; rep++) {   // dpre: written both times; dw, db: accumulated
-        cpu_linear_dgelu_bwd(&cpu, dy, h, w, pre, dpre, dw, db);
-        op_linear_dgelu_bwd(g, gdy, gh, gw, gpre, gdpre, gdw, gdb);
+        cpu_linear_dgelu_bwd(&cpu, dy, h, w, pre, kind, dpre, dw, db);
+        op_linear_dgelu_bwd(g, gdy, gh, gw, gpre, kind, gdpre, gdw, gdb);
     }
     const Tols *t = tols_for(dt);
     int fails = check(g, "linear_dgelu_bwd", "dpre", c, gdpre, dpre, t->act) +
@@ -306,10 +336,15 @@ static void test_linear_gelu_matches_cpu(DType dt) {
     GPU_TEST_REQUIRE_DEVICE();
     Ctx g = cuda_ctx_create(0, dt);
     int fails = 0;
-    for (int i = 0; i < NCASES; i++) {
-        for (int keep = 0; keep < 2; keep++) fails += check_linear_gelu_fwd(&g, &CASES[i], dt, keep, 200 + 13 * i);
-        fails += check_linear_gelu_bwd(&g, &CASES[i], dt, 300 + 17 * i);
-        fails += check_linear_dgelu_bwd(&g, &CASES[i], dt, 400 + 19 * i);
+    for (int k = 0; k < 2; k++) {
+        GeluKind kind = k == 0 ? GELU_TANH : GELU_ERF;
+        printf("  %s, GELU %s\n", dtype_name(dt), k == 0 ? "tanh" : "erf");
+        for (int i = 0; i < NCASES; i++) {
+            for (int keep = 0; keep < 2; keep++)
+                fails += check_linear_gelu_fwd(&g, &CASES[i], dt, kind, keep, 200 + 13 * i);
+            fails += check_linear_gelu_bwd(&g, &CASES[i], dt, kind, 300 + 17 * i);
+            fails += check_linear_dgelu_bwd(&g, &CASES[i], dt, kind, 400 + 19 * i);
+        }
     }
     cuda_ctx_destroy(&g);
     assert_int_equal(fails, 0);
@@ -351,12 +386,12 @@ static void test_fused_epilogues_match_unfused_paths(void **state) {
             op_linear_fwd(&g, gx, gw, gb, o[0]);
             o[1] = gpu_poison(&g, zy, dt);
             o[2] = gpu_poison(&g, zy, dt);
-            op_linear_gelu_fwd(&g, gx, gw, gb, o[1], o[2]);
+            op_linear_gelu_fwd(&g, gx, gw, gb, GELU_TANH, o[1], o[2]);
             o[3] = gpu_test_upload(&g, zw, DTYPE_F32);
             o[4] = gpu_test_upload(&g, zb, DTYPE_F32);
             op_linear_bwd(&g, gdy, gx, gw, NULL, o[3], o[4]);
             o[5] = gpu_poison(&g, zx, dt);   // x stands in for h and for pre
-            op_linear_dgelu_bwd(&g, gdy, gx, gw, gx, o[5], NULL, NULL);
+            op_linear_dgelu_bwd(&g, gdy, gx, gw, gx, GELU_TANH, o[5], NULL, NULL);
             cuda_gemm_cache_stats(&g, &plans, &queries, &fused_after);
             printf("    %s fusion %s: %ld fused-epilogue launches (of 4 possible)\n", dtype_name(dt),
                    fused ? "on " : "off", fused_after - fused_before);

@@ -362,6 +362,40 @@ static void test_layernorm_matches_cpu(void **state) {
         }
 }
 
+// fp32 x (the residual stream) normalized into a bf16 y, as the encoders do; backward with a bf16
+// dy accumulating into an fp32 dx. x stays unrounded (fp32 on both sides); dy is rounded to bf16
+// on the CPU side. y is one bf16 rounding of fp32 math: BF16_ROUNDED_TOL; mean, rstd, dx, dw, db
+// are fp32 math on identical inputs: FP32_TOL.
+static void test_layernorm_fp32_input_bf16_output_matches_cpu(void **state) {
+    for (int si = 0; si < 7; si++) {
+        int N = LN_SHAPES[si][0], C = LN_SHAPES[si][1];
+        printf("  fp32 -> bf16 (%d, %d)\n", N, C);
+        Tensor *x = rnd(HT(N, C), 1, -1, 3, DTYPE_F32), *w = rnd(HT(C), 2, 0.5f, 1.5f, DTYPE_BF16);
+        Tensor *b = rnd(HT(C), 3, -0.5f, 0.5f, DTYPE_BF16);
+        Tensor *gx = dev(x, DTYPE_F32), *gw = dev(w, DTYPE_BF16), *gb = dev(b, DTYPE_BF16);
+        Tensor *y = HT(N, C), *mean = HT(N), *rstd = HT(N);
+        Tensor *gy = dev_zeros(y, DTYPE_BF16), *gmean = dev_zeros(mean, DTYPE_F32);
+        Tensor *grstd = dev_zeros(rstd, DTYPE_F32);
+        cpu_layernorm_fwd(&H, x, w, b, 1e-6f, y, mean, rstd);
+        cuda_layernorm_fwd(&G, gx, gw, gb, 1e-6f, gy, gmean, grstd);
+        check("layernorm_fwd.y", DTYPE_BF16, gy, y);
+        check("layernorm_fwd.mean", DTYPE_F32, gmean, mean);
+        check("layernorm_fwd.rstd", DTYPE_F32, grstd, rstd);
+
+        Tensor *gm = dev(mean, DTYPE_F32), *gr = dev(rstd, DTYPE_F32);
+        Tensor *dy = rnd(HT(N, C), 4, -1, 1, DTYPE_BF16), *gdy = dev(dy, DTYPE_BF16);
+        Tensor *dx = rnd(HT(N, C), 5, -1, 1, DTYPE_F32);
+        Tensor *dw = rnd(HT(C), 6, -1, 1, DTYPE_F32), *db = rnd(HT(C), 7, -1, 1, DTYPE_F32);
+        Tensor *gdx = dev(dx, DTYPE_F32), *gdw = dev(dw, DTYPE_F32), *gdb = dev(db, DTYPE_F32);
+        cpu_layernorm_bwd(&H, dy, x, w, mean, rstd, dx, dw, db);
+        cuda_layernorm_bwd(&G, gdy, gx, gw, gm, gr, gdx, gdw, gdb);
+        check("layernorm_bwd.dx", DTYPE_F32, gdx, dx);
+        check("layernorm_bwd.dw", DTYPE_F32, gdw, dw);
+        check("layernorm_bwd.db", DTYPE_F32, gdb, db);
+        release_all();
+    }
+}
+
 static void test_gelu_matches_cpu(void **state) {
     static const int shapes[][2] = {{7, 1155}, {7, 6}, {4, 64}};
     for (int mi = 0; mi < 2; mi++)
@@ -783,6 +817,7 @@ int main(void) {
         cmocka_unit_test(test_add_bcast_matches_cpu),
         cmocka_unit_test(test_layer_scale_matches_cpu),
         cmocka_unit_test(test_layernorm_matches_cpu),
+        cmocka_unit_test(test_layernorm_fp32_input_bf16_output_matches_cpu),
         cmocka_unit_test(test_gelu_matches_cpu),
         cmocka_unit_test(test_softmax_matches_cpu),
         cmocka_unit_test(test_token_ops_match_cpu),

@@ -1,0 +1,13 @@
+// `cgspn bench vit` and `cgspn bench block` (train/bench_model.c): whole training steps and single
+// so14-width blocks on the GPU, beside PyTorch's numbers from the same device run
+// (tests/bench_timm.py writes build/bench_timm.json; `make bench` runs it first).
+#pragma once
+#include <stdio.h>
+
+// ViT-B/16 at 224 px (batch 256) and the so14 ViT at 378 px (batch 32), bf16: step time
+// (forward + cross-entropy + backward + AdamW with global-norm clipping), img/s, MFU, peak memory,
+// the ratio to timm eager and torch.compile, and a per-op profile of one ViT-B/16 step.
+int bench_vit_run(FILE *out);
+// One so14-width block (B = 32, C = 1152, MLP 4304) at 1036 px (74x74 tokens) and 2058 px
+// (147x147): C-GSPN (Cc = 64) against cgspn's attention block and timm's SDPA block (compiled).
+int bench_block_run(FILE *out);
