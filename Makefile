@@ -87,7 +87,7 @@ MPIRUN    := mpirun --allow-run-as-root --oversubscribe
 GPU_TESTS_C   := $(wildcard tests/gpu/test_*.c)
 GPU_TEST_BINS := $(GPU_TESTS_C:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 
-.PHONY: all deps test test-gpu demo bench bench-gspn clean
+.PHONY: all deps test test-gpu demo bench bench-gspn clean fmnist-shards
 all: cgspn
 
 deps:
@@ -191,7 +191,12 @@ else
 	set -o pipefail; ./cgspn bench all 2>&1 | tee $(BUILD)/bench.txt
 endif
 
-demo: deps cgspn
+# The Fashion-MNIST shards the fmnist configs train on (data/shards/fmnist), built once from
+# the Debian dataset (FMNIST_SRC=DIR for another IDX folder).
+fmnist-shards: deps cgspn
+	@bash tools/fmnist_shards.sh
+
+demo: deps cgspn fmnist-shards
 	@bash tools/demo.sh
 
 clean:

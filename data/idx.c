@@ -210,7 +210,7 @@ int fmnist_load(const char *dir, int train, FmnistSplit *out, char *err, size_t 
         const char *p = k == 0 ? ipath : lpath;
         if (access(p, R_OK) != 0)
             return cg_set_error(err, n, "%s: cannot open: %s\n  hint: install Debian's "
-                        "dataset-fashion-mnist, or set data_dir to a folder holding the "
+                        "dataset-fashion-mnist (make deps), or pass a folder holding the "
                         "Fashion-MNIST IDX files", p, strerror(errno));
     }
     if (idx_load_images(ipath, &out->images, err, n)) return -1;

@@ -48,6 +48,9 @@ OP_WEAK(token_kl_fwd)
 OP_WEAK(token_kl_bwd)
 OP_WEAK(sumsq)
 OP_WEAK(adamw)
+OP_WEAK(drop_path_fwd)
+OP_WEAK(drop_path_bwd)
+OP_WEAK(ema_update)
 OP_WEAK(gspn_scan_fwd)
 OP_WEAK(gspn_scan_bwd)
 #define ROUTE(name, ...)                                                      \
@@ -189,6 +192,15 @@ void op_sumsq(Ctx *ctx, const Tensor *x, Tensor *sumsq) { ROUTE(sumsq, ctx, x, s
 void op_adamw(Ctx *ctx, Tensor *param, Tensor *master, const Tensor *grad, Tensor *m, Tensor *v,
               const AdamWArgs *args) {
     ROUTE(adamw, ctx, param, master, grad, m, v, args);
+}
+void op_drop_path_fwd(Ctx *ctx, const Tensor *x, const DropPathArgs *a, Tensor *y) {
+    ROUTE(drop_path_fwd, ctx, x, a, y);
+}
+void op_drop_path_bwd(Ctx *ctx, const Tensor *dy, const DropPathArgs *a, Tensor *dx) {
+    ROUTE(drop_path_bwd, ctx, dy, a, dx);
+}
+void op_ema_update(Ctx *ctx, Tensor *ema, const Tensor *src, float decay, Tensor *out) {
+    ROUTE(ema_update, ctx, ema, src, decay, out);
 }
 void op_gspn_scan_fwd(Ctx *ctx, const Tensor *xc, const Tensor *gates, const Tensor *merge,
                       int shared_w, Tensor *yc, Tensor *hidden) {

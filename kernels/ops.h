@@ -166,6 +166,28 @@ typedef struct AdamWArgs {
 OP_DECL(adamw, Ctx *ctx, Tensor *param, Tensor *master, const Tensor *grad, Tensor *m,
         Tensor *v, const AdamWArgs *args)
 
+// ---- training regularizers ----------------------------------------------------------------
+// Stochastic depth (timm DropPath, scale_by_keep): x (B, ...) -> y (B, ...); sample b is kept
+// with probability 1 - prob and then scaled by 1 / (1 - prob), else zeroed. The keep decision is
+// drop_path_keep(a, a->first_sample + b) (kernels/drop_path_mask.h): a pure function of
+// (seed, step, site, sample), the same on every backend, so backward recomputes it.
+typedef struct DropPathArgs {
+    float prob;           // drop probability, in [0, 1)
+    uint64_t seed;
+    int64_t step;         // the batch's place in the run (micro-batch index with accumulation)
+    int site;             // which residual branch (trainer: 2 * block + 0 attention/mixing, + 1 MLP)
+    int first_sample;     // global index of sample 0 of this batch (rank * per-rank batch)
+} DropPathArgs;
+OP_DECL(drop_path_fwd, Ctx *ctx, const Tensor *x, const DropPathArgs *a, Tensor *y)
+// dx += dy * (the same per-sample scale)
+OP_DECL(drop_path_bwd, Ctx *ctx, const Tensor *dy, const DropPathArgs *a, Tensor *dx)
+// EMA of weights over a whole parameter buffer (one call per step):
+//   ema (n) fp32 = decay * ema + (1 - decay) * src      (src (n) fp32 or bf16)
+// evaluated as two rounded products and a rounded sum (no fused multiply-add), so every
+// backend gives the same bits. out (n, any dtype) receives the new ema rounded to its dtype
+// (the weights an EMA model is evaluated with), or is NULL.
+OP_DECL(ema_update, Ctx *ctx, Tensor *ema, const Tensor *src, float decay, Tensor *out)
+
 // ---- C-GSPN propagation (DESIGN §5 steps 3-5) ------------------------------------------------
 // xc (B,H,W,Cc) latent input. gates (B,H,W,G), per direction d in (TB, BT, LR, RL):
 //   per-channel (shared_w = 0): G = 20*Cc, block d at offset d*5*Cc holds

@@ -69,6 +69,18 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
 // The residual stream is fp32 (as under PyTorch autocast): bf16 rounding of x at every add
 // would compound over deep models. Each sublayer reads it through its LayerNorm, which reads the
 // fp32 stream and writes the activation dtype (no separate cast pass).
+
+// The residual branch x of block b (branch 0: mixing layer, 1: MLP) under stochastic depth.
+static Tensor *block_drop_path(Tape *t, const Encoder *e, const Block *b, int branch, Tensor *x) {
+    const EncoderDropPath *d = &e->drop_path;
+    int depth = e->cfg.depth;
+    if (d->rate <= 0.0f || depth < 2 || !t->grad_enabled) return x;
+    int i = (int)(b - e->blocks);
+    DropPathArgs a = {d->rate * (float)i / (float)(depth - 1), d->seed, d->step, 2 * i + branch,
+                      d->first_sample};
+    return nn_drop_path(t, x, &a);
+}
+
 Tensor *encoder_block_forward(Tape *t, const Encoder *e, const Block *b, Tensor *x, Tensor **pp) {
     int B = x->shape[0], T = x->shape[1], C = x->shape[2];
     Tensor *h = layernorm(t, &b->norm1, x);
@@ -81,10 +93,10 @@ Tensor *encoder_block_forward(Tape *t, const Encoder *e, const Block *b, Tensor 
     }
     if (pp) *pp = mix;
     if (b->ls1) mix = nn_layer_scale(t, mix, b->ls1);
-    x = nn_add(t, x, mix);
+    x = nn_add(t, x, block_drop_path(t, e, b, 0, mix));
     Tensor *m = mlp(t, &b->mlp, layernorm(t, &b->norm2, x));
     if (b->ls2) m = nn_layer_scale(t, m, b->ls2);
-    return nn_add(t, x, m);
+    return nn_add(t, x, block_drop_path(t, e, b, 1, m));
 }
 
 Tensor *encoder_embed(Tape *t, const Encoder *e, Tensor *img) {

@@ -33,8 +33,21 @@ typedef struct Block {
     Tensor *ls1, *ls2;        // layer scale gammas or NULL
 } Block;
 
+// Stochastic depth (timm drop_path_rate): block i's two residual branches (mixing layer, MLP)
+// are dropped per sample with probability rate * i / (depth - 1), linear over depth from 0 at
+// the first block, as timm's linspace. Applied only while the tape records gradients; the
+// trainer sets step (and first_sample under data parallelism) before each forward. The masks
+// are a pure function of (seed, step, 2 * block + branch, sample) (kernels/drop_path_mask.h).
+typedef struct EncoderDropPath {
+    float rate;            // 0 = off (the default)
+    uint64_t seed;
+    int64_t step;
+    int first_sample;
+} EncoderDropPath;
+
 typedef struct Encoder {
     EncoderConfig cfg;
+    EncoderDropPath drop_path;
     int grid_h, grid_w, prefix;   // token grid and number of prefix (class) tokens
     Linear patch_embed;           // w (width, in_chans, patch, patch): PyTorch's conv weight
     Tensor *cls_token;            // (1, width) or NULL

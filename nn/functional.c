@@ -211,6 +211,22 @@ Tensor *nn_scale(Tape *t, Tensor *x, float s) {
     return y;
 }
 
+typedef struct { Tensor *x, *y; DropPathArgs a; } DropPathRec;
+static void drop_path_backward(Tape *t, void *p) {
+    DropPathRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    Tensor *dx = tape_grad(t, r->x);
+    if (dx) op_drop_path_bwd(t->ctx, r->y->grad, &r->a, dx);
+}
+Tensor *nn_drop_path(Tape *t, Tensor *x, const DropPathArgs *a) {
+    if (a->prob <= 0.0f) return x;
+    Tensor *y = tape_tensor_like(t, x);
+    op_drop_path_fwd(t->ctx, x, a, y);
+    if (tape_track(t, y, x, NULL, NULL))
+        *(DropPathRec *)tape_record(t, drop_path_backward, sizeof(DropPathRec)) = (DropPathRec){x, y, *a};
+    return y;
+}
+
 static void add_bcast_backward(Tape *t, void *p) {
     BinaryRec *r = p;
     if (!NEED_GRAD(r)) return;

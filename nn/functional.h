@@ -19,6 +19,8 @@ Tensor *nn_add(Tape *t, Tensor *a, Tensor *b);
 Tensor *nn_scale(Tape *t, Tensor *x, float s);
 Tensor *nn_add_bcast(Tape *t, Tensor *x, Tensor *p);      // x (B, ...) + p (...) 
 Tensor *nn_layer_scale(Tape *t, Tensor *x, Tensor *g);
+// Stochastic depth (kernels/ops.h drop_path_fwd): x itself when a->prob is 0.
+Tensor *nn_drop_path(Tape *t, Tensor *x, const DropPathArgs *a);
 Tensor *nn_concat_prefix(Tape *t, Tensor *prefix, Tensor *x);   // (P,C), (B,N,C) -> (B,P+N,C)
 Tensor *nn_slice_tokens(Tape *t, Tensor *x, int start, int count);
 Tensor *nn_mean_tokens(Tape *t, Tensor *x);                // (B,N,C) -> (B,C)

@@ -2,8 +2,10 @@
 // fp32 masters), which folders count as complete, keep_last, refusing a resume that changes
 // shapes, a write error (file size limit as a stand-in for a full disk) and kill -9 at every
 // stage of a write leaving the previous checkpoint the newest complete one, and `cgspn train`
-// resuming bit-exactly (losses, log lines and final weights).
+// resuming bit-exactly (losses, log lines, final weights, moments and EMA) with the whole recipe
+// on, reading shards built from synthetic IDX files.
 #include "testlib.h"
+#include "train_fixture.h"
 #include "../train/checkpoint.h"
 #include "../train/classify.h"
 #include "../train/model_config.h"
@@ -437,44 +439,23 @@ static void test_kill9_mid_write_leaves_previous_checkpoint_newest(void **state)
 
 // ---- cgspn train resumes bit-exactly ----------------------------------------------------------
 
-// Synthetic Fashion-MNIST-shaped splits: random pixels, labels tied to the mean brightness so
-// the loss moves.
-static FmnistSplit synthetic_split(int count, uint64_t seed) {
-    FmnistSplit s = {0};
-    s.images.count = s.labels.count = count;
-    s.images.rows = s.images.cols = 28;
-    s.images.pixels = malloc((size_t)count * 28 * 28);
-    s.labels.labels = malloc((size_t)count);
-    for (int i = 0; i < count; i++) {
-        uint64_t sum = 0;
-        for (int k = 0; k < 28 * 28; k++) {
-            uint8_t v = (uint8_t)(test_rng_next(&seed) >> 56);
-            s.images.pixels[(size_t)i * 784 + k] = v;
-            sum += v;
-        }
-        s.labels.labels[i] = (uint8_t)((sum / 784) % FMNIST_CLASSES);
-    }
-    return s;
-}
-
+// The full recipe, so that every random source is covered: random-resized crops, flips,
+// RandAugment, erasing, mixup/cutmix, label smoothing, drop path over 2 blocks, an EMA, and
+// gradient accumulation (2 micro-batches of 4 per step).
 static Config train_config(const char *model, const char *run_name, long total) {
-    Config c = tiny_config(16);
-    snprintf(c.model, sizeof c.model, "%s", model);
-    if (strcmp(model, "vit") != 0) {
-        c.class_token = 0;
-        c.gspn_latent = 4;
-    }
-    snprintf(c.device, sizeof c.device, "cpu");
-    c.batch_size = 8;
-    c.max_steps = (int)total;
-    c.warmup_steps = 3;
-    c.lr = 3e-3f;
-    c.log_every = 3;     // not a divisor of the checkpoint step: the log window spans the resume
-    c.ckpt_every = 5;
-    c.keep_last = 0;
-    c.label_smoothing = 0.1f;
-    snprintf(c.out_dir, sizeof c.out_dir, "%s", g_dir);
-    snprintf(c.run_name, sizeof c.run_name, "%s", run_name);
+    Config c = fixture_config(g_dir, model, run_name, total);
+    c.depth = 2;
+    c.rrc_scale_min = 0.5f;
+    c.rrc_ratio_min = 0.75f;
+    c.rrc_ratio_max = 1.3333334f;
+    c.hflip = 0.5f;
+    c.randaug_n = 2;
+    c.reprob = 0.25f;
+    c.mixup_alpha = 0.8f;
+    c.cutmix_alpha = 1.0f;
+    c.drop_path = 0.2f;
+    c.ema_decay = 0.9f;
+    c.accum_steps = 2;
     return c;
 }
 
@@ -502,22 +483,22 @@ static int logged_losses(const char *run, char out[][32], int max) {
 
 static void resume_is_bit_exact(const char *model) {
     enum { N = 5, TOTAL = 2 * N };   // 48 images / batch 8 = 6 steps per epoch: crosses an epoch
-    FmnistSplit train = synthetic_split(48, 11), test = synthetic_split(16, 12);
+    fixture_build_shards(g_dir, 48, 16);
     float full[TOTAL], split_losses[TOTAL];
     memset(split_losses, 0xff, sizeof split_losses);
 
     Config a = train_config(model, "full", TOTAL);
     TrainOptions oa = {.step_losses = full};
-    TrainResult ra = classify_train(&a, &train, &test, &oa);
+    TrainResult ra = classify_train(&a, &oa);
     assert_int_equal(ra.step, TOTAL);
 
     Config b = train_config(model, "split", TOTAL);   // stopped after N, like a killed run
     TrainOptions ob = {.stop_after = N, .step_losses = split_losses};
-    TrainResult rb = classify_train(&b, &train, &test, &ob);
+    TrainResult rb = classify_train(&b, &ob);
     assert_int_equal(rb.step, N);
     snprintf(b.resume, sizeof b.resume, "auto");
     TrainOptions oc = {.step_losses = split_losses};
-    TrainResult rc = classify_train(&b, &train, &test, &oc);
+    TrainResult rc = classify_train(&b, &oc);
     assert_int_equal(rc.step, TOTAL);
     assert_bits_equal(full, split_losses, TOTAL, model);
 
@@ -528,7 +509,7 @@ static void resume_is_bit_exact(const char *model) {
     memcpy(from_path, full, sizeof from_path);
     memset(from_path + N, 0xff, N * sizeof(float));
     TrainOptions od = {.step_losses = from_path};
-    classify_train(&d, &train, &test, &od);
+    classify_train(&d, &od);
     assert_bits_equal(full, from_path, TOTAL, model);
 
     // The logged losses: the log window spanning the resume (steps 4-6) included.
@@ -549,8 +530,8 @@ static void resume_is_bit_exact(const char *model) {
         assert_files_equal(x, z);
     }
     assert_true(ra.eval.top1 == rc.eval.top1 && ra.eval.loss == rc.eval.loss);
-    fmnist_free(&train);
-    fmnist_free(&test);
+    assert_true(ra.eval_ema.count > 0 && ra.eval_ema.loss == rc.eval_ema.loss);
+    assert_true(ra.status == TRAIN_DONE && rb.status == TRAIN_STOPPED && rc.status == TRAIN_DONE);
 }
 
 static void test_vit_training_resumes_bit_exactly(void **state) { resume_is_bit_exact("vit"); }

@@ -67,7 +67,8 @@ static void test_config_defaults_match_the_key_table_and_validate(void **state) 
     assert_true(c.class_token);
     assert_true(c.lr == 1e-3f);
     assert_true(c.adam_eps == 1e-8f);
-    assert_string_equal(c.data_dir, "/usr/share/datasets/fashion-mnist");
+    assert_string_equal(c.data_shards, "data/shards/fmnist");
+    assert_string_equal(c.on_nonfinite, "stop");
     assert_string_equal(c.run_name, "");
     char err[1024];
     assert_int_equal(config_validate_err(&c, err, sizeof err), 0);   // also checks the tables
@@ -114,10 +115,10 @@ static void test_config_file_with_comments_includes_and_quotes_parses(void **sta
 
     config_apply_override(&c, "--width=48");
     config_apply_override(&c, "run_name=");
-    config_apply_override(&c, "--data_dir=/d/with # hash");   // command line: literal
+    config_apply_override(&c, "--data_shards=/d/with # hash");   // command line: literal
     assert_int_equal(c.width, 48);
     assert_string_equal(c.run_name, "");
-    assert_string_equal(c.data_dir, "/d/with # hash");
+    assert_string_equal(c.data_shards, "/d/with # hash");
 }
 
 static void test_config_bools_take_0_1_true_false(void **state) {
@@ -351,7 +352,7 @@ static void test_config_help_lists_every_key_type_default_and_help(void **state)
     assert_contains(buf, "1e-8 ");                  // adam_eps, exponent without padding
     assert_contains(buf, "peak learning rate");
     assert_contains(buf, "vit | cgspn | hybrid");
-    assert_contains(buf, "\"/usr/share/datasets/fashion-mnist\"");
+    assert_contains(buf, "\"data/shards/fmnist\"");
 #define X(type, name, def, help) assert_contains(buf, "  " #name " "); assert_contains(buf, help);
 #include "../train/config_keys.h"
 #undef X

@@ -5,6 +5,7 @@
 // mis-shaped tensors refused with a message); export dropping the adaptors; a distillation run
 // resumed bit-exactly.
 #include "testlib.h"
+#include "train_fixture.h"
 #include "../train/checkpoint.h"
 #include "../train/distill.h"
 #include "../train/export.h"
@@ -12,7 +13,6 @@
 #include "../nn/params_io.h"
 #include "../nn/resample.h"
 #include "../nn/safetensors.h"
-#include "../data/fmnist_batch.h"
 #include <unistd.h>
 
 // Losses composed two ways from the same ops in the same order agree to the last bit but for
@@ -524,26 +524,15 @@ static void test_teacher_missing_or_misshaped_tensor_fails_with_a_clear_message(
 
 // ---- runs: resume, export --------------------------------------------------------------------------
 
-static FmnistSplit synthetic_split(int count, uint64_t seed) {
-    FmnistSplit s = {0};
-    s.images.count = s.labels.count = count;
-    s.images.rows = s.images.cols = 28;
-    s.images.pixels = malloc((size_t)count * 28 * 28);
-    s.labels.labels = malloc((size_t)count);
-    for (int i = 0; i < count; i++) {
-        uint64_t sum = 0;
-        for (int k = 0; k < 28 * 28; k++) {
-            uint8_t v = (uint8_t)(test_rng_next(&seed) >> 56);
-            s.images.pixels[(size_t)i * 784 + k] = v;
-            sum += v;
-        }
-        s.labels.labels[i] = (uint8_t)((sum / 784) % FMNIST_CLASSES);
-    }
-    return s;
-}
-
+// A run on the fixture's shards (train_fixture.h: 28x28 synthetic images, no augmentation).
 static Config run_config(int stage, const char *run, long total) {
     Config c = tiny_run_config(stage, "cgspn");
+    snprintf(c.data_shards, sizeof c.data_shards, "%s/shards", g_dir);
+    c.eval_crop_pct = 1.0f;
+    c.rrc_scale_min = 1.0f;
+    c.rrc_ratio_min = c.rrc_ratio_max = 1.0f;
+    c.hflip = 0.0f;
+    c.loader_threads = 2;
     c.batch_size = 8;
     c.max_steps = (int)total;
     c.warmup_steps = 2;
@@ -552,6 +541,7 @@ static Config run_config(int stage, const char *run, long total) {
     c.ckpt_every = 4;
     c.keep_last = 0;
     c.gamma = stage == 2 ? 0.5f : 0.0f;
+    c.drop_path = stage == 2 ? 0.2f : 0.0f;   // the student's stochastic depth resumes exactly too
     snprintf(c.run_name, sizeof c.run_name, "%s", run);
     return c;
 }
@@ -559,7 +549,7 @@ static Config run_config(int stage, const char *run, long total) {
 static void resume_is_bit_exact(int stage) {
     enum { N = 4, TOTAL = 2 * N };   // 40 images / batch 8 = 5 steps per epoch: crosses an epoch
     write_teacher(28, "", NULL, false);
-    FmnistSplit train = synthetic_split(40, 13), test = synthetic_split(16, 14);
+    fixture_build_shards(g_dir, 40, 16);
     float full[TOTAL], split[TOTAL];
     memset(split, 0xff, sizeof split);
     char sa[32], sb[32];
@@ -567,13 +557,13 @@ static void resume_is_bit_exact(int stage) {
     snprintf(sb, sizeof sb, "split%d", stage);
     Config a = run_config(stage, sa, TOTAL);
     DistillOptions oa = {.step_losses = full};
-    assert_int_equal(distill_train(&a, &train, &test, &oa).step, TOTAL);
+    assert_int_equal(distill_train(&a, &oa).step, TOTAL);
     Config b = run_config(stage, sb, TOTAL);
     DistillOptions ob = {.stop_after = N, .step_losses = split};
-    assert_int_equal(distill_train(&b, &train, &test, &ob).step, N);
+    assert_int_equal(distill_train(&b, &ob).step, N);
     snprintf(b.resume, sizeof b.resume, "auto");
     DistillOptions oc = {.step_losses = split};
-    assert_int_equal(distill_train(&b, &train, &test, &oc).step, TOTAL);
+    assert_int_equal(distill_train(&b, &oc).step, TOTAL);
     for (int i = 0; i < TOTAL; i++)
         if (memcmp(&full[i], &split[i], sizeof(float)) != 0)
             fail_msg("stage %d step %d: loss %.9g vs %.9g", stage, i + 1, full[i], split[i]);
@@ -607,8 +597,6 @@ static void resume_is_bit_exact(int stage) {
         snprintf(y, sizeof y, "%s/%s/step_%08d/%s", g_dir, sb, TOTAL, files[i]);
         assert_files_equal(x, y);
     }
-    fmnist_free(&train);
-    fmnist_free(&test);
 }
 
 static void test_stage1_run_resumes_bit_exactly(void **state) { resume_is_bit_exact(1); }
@@ -616,9 +604,9 @@ static void test_stage2_run_resumes_bit_exactly(void **state) { resume_is_bit_ex
 
 static void test_stage2_init_from_stage1_and_export_drops_adaptors(void **state) {
     write_teacher(28, "", NULL, false);
-    FmnistSplit train = synthetic_split(24, 15), test = synthetic_split(8, 16);
+    fixture_build_shards(g_dir, 24, 8);
     Config s1 = run_config(1, "s1", 3);
-    distill_train(&s1, &train, &test, NULL);
+    distill_train(&s1, NULL);
     Config s2 = run_config(2, "s2", 3);
     snprintf(s2.init, sizeof s2.init, "%s/s1", g_dir);   // a run folder: its newest checkpoint
     Ctx ctx = ctx_cpu();
@@ -643,7 +631,7 @@ static void test_stage2_init_from_stage1_and_export_drops_adaptors(void **state)
     st_close(&f1);
     distiller_free(&d);
 
-    distill_train(&s2, &train, &test, NULL);
+    distill_train(&s2, NULL);
     char err[2048];
     int kept, dropped;
     assert_int_equal(export_student_err(tmp_path("s2"), tmp_path("student.safetensors"), &kept,
@@ -681,8 +669,6 @@ static void test_stage2_init_from_stage1_and_export_drops_adaptors(void **state)
     params_free(&t, &ctx);
     st_close(&ck);
     st_close(&out);
-    fmnist_free(&train);
-    fmnist_free(&test);
 }
 
 int main(void) {

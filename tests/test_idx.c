@@ -260,7 +260,7 @@ static void test_fmnist_load_checks_counts_and_labels(void **state) {
     snprintf(missing, sizeof missing, "%s/nowhere", g_dir);
     assert_int_equal(fmnist_load(missing, 1, &s, err, sizeof err), -1);
     assert_contains(err, "nowhere/train-images-idx3-ubyte.gz");
-    assert_contains(err, "data_dir");
+    assert_contains(err, "dataset-fashion-mnist");
 }
 
 static void test_fmnist_real_train_split_has_60000_28x28_images_first_label_9(void **state) {

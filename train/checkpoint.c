@@ -198,7 +198,7 @@ static int write_state(const char *path, const ParamTable *params, const ParamTa
         size_t len = strlen(p->name) + 8;
         names[k] = cg_malloc(len);
         snprintf(names[k], len, "ema.%s", p->name);
-        state_tensor(w, src, &k, names[k], &p->value);
+        state_tensor(w, src, &k, names[k], p->master.data ? &p->master : &p->value);   // fp32 state
     }
     w[k] = (StWriteTensor){"rng", ST_U64, 2, {s->n_rngs, 4}, s->rngs};
     src[k++] = NULL;
@@ -495,7 +495,8 @@ static int load_state(const char *path, ParamTable *params, ParamTable *ema, Ctx
     bool has_ema = ema && ema->n > 0 && state_find(&f, "ema.", ema->params[0]->name);
     for (int i = 0; has_ema && i < ema->n && rc == 0; i++) {
         Param *p = ema->params[i];
-        rc = check_state_tensor(&f, state_find(&f, "ema.", p->name), "ema.", p->name, &p->value, err, n);
+        rc = check_state_tensor(&f, state_find(&f, "ema.", p->name), "ema.", p->name,
+                                p->master.data ? &p->master : &p->value, err, n);
     }
     const StTensor *rng = st_find(&f, "rng"), *cursor = st_find(&f, "cursor");
     if (rc == 0 && (!rng || rng->dtype != ST_U64 || rng->ndim != 2 || rng->shape[1] != 4 ||
@@ -515,8 +516,16 @@ static int load_state(const char *path, ParamTable *params, ParamTable *ema, Ctx
             tensor_upload(ctx, p->master.data ? &p->master : &p->value,
                           st_data(&f, state_find(&f, "master.", p->name)));
         }
-        for (int i = 0; has_ema && i < ema->n; i++)
-            tensor_upload(ctx, &ema->params[i]->value, st_data(&f, state_find(&f, "ema.", ema->params[i]->name)));
+        for (int i = 0; has_ema && i < ema->n; i++) {
+            Param *p = ema->params[i];
+            const void *data = st_data(&f, state_find(&f, "ema.", p->name));
+            if (p->master.data) {   // a bf16 table: the fp32 average, and its values rounded
+                tensor_upload(ctx, &p->master, data);
+                tensor_upload_f32(ctx, &p->value, data);
+            } else {
+                tensor_upload(ctx, &p->value, data);
+            }
+        }
         s->step = stepv;
         s->n_rngs = (int)rng->shape[0];
         memcpy(s->rngs, st_data(&f, rng), rng->end - rng->begin);

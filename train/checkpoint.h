@@ -5,7 +5,8 @@
 //     state.safetensors   the training state, also safetensors (inspectable from Python):
 //                           m.NAME, v.NAME   AdamW moments, F32, the parameter's own shape
 //                           master.NAME      fp32 master weights (when the values are bf16)
-//                           ema.NAME         EMA weights (only when the trainer keeps them)
+//                           ema.NAME         EMA weights, F32 (only when the trainer keeps them;
+//                                            from the masters of a bf16 EMA table)
 //                           rng              U64 (n, 4): the trainer's RNG states (nn/rng.h)
 //                           cursor           U8 (bytes): the data cursor, opaque to this module
 //                         metadata: format = cgspn-train-state, version = 1, step

@@ -1,109 +1,250 @@
 #include "classify.h"
 #include "checkpoint.h"
 #include "config.h"
+#include "data_config.h"
+#include "device.h"
 #include "model_config.h"
 #include "optimizer.h"
 #include "runlog.h"
-#include "device.h"
-#include "../data/fmnist_batch.h"
 #include "../nn/error.h"
-#include "../nn/targets.h"
 #include <math.h>
 #include <omp.h>
+#include <signal.h>
 
 static void train_usage(FILE *f) {
     fprintf(f, "usage: cgspn train CONFIG [--key=value ...]\n"
-               "Trains an encoder (model = vit | cgspn | hybrid) for classification on\n"
-               "Fashion-MNIST (IDX files in data_dir) and reports test accuracy.\n"
-               "Example: cgspn train configs/fmnist_vit.cfg --epochs=1 --lr=2e-3\n\n");
+               "Trains an encoder (model = vit | cgspn | hybrid) for classification on the shards\n"
+               "of data_shards (train_split; evaluated on val_split) and reports top-1/top-5.\n"
+               "Ctrl-C (SIGINT) or SIGTERM finishes the step, writes a checkpoint and exits 0;\n"
+               "--resume=auto continues. Example: cgspn train configs/fmnist_vit.cfg --epochs=1\n\n");
     config_print_help(f);
 }
 
-// Loads a split or exits with the loader's message.
-static void load_split(const char *dir, int train, FmnistSplit *s) {
-    char err[1024];
-    if (fmnist_load(dir, train, s, err, sizeof(err)) != 0)
-        CG_FAIL("install Debian's dataset-fashion-mnist (make deps) or set data_dir", "%s", err);
+// ---- data ------------------------------------------------------------------------------------
+
+// Opens the train (train = 1) or eval loader of this config, or exits naming the shards.
+static Loader *open_loader(const Config *c, int train, int batch, bool pinned) {
+    LoaderOptions o;
+    loader_options_from_config(c, train, 0, 1, &o);
+    o.batch_size = batch;
+    if (pinned) o.alloc = device_pinned_alloc, o.free = device_pinned_free;
+    char err[2048];
+    Loader *l = loader_open(&o, err, sizeof err);
+    if (!l) {
+        const char *hint = strcmp(c->data_shards, "data/shards/fmnist") == 0
+            ? "build the Fashion-MNIST shards first: make fmnist-shards"
+            : "build shards with cgspn data build (data/README.md), or set data_shards";
+        CG_FAIL(hint, "%s", err);
+    }
+    return l;
 }
 
-EvalResult classify_evaluate(Ctx *ctx, const Encoder *e, const FmnistSplit *split, int batch) {
+// ---- evaluation ------------------------------------------------------------------------------
+
+EvalResult classify_evaluate(Ctx *ctx, const Encoder *e, Loader *val) {
+    char err[2048];
+    LoaderCursor at = loader_cursor_get(val);
+    if (at.step != 0 && loader_cursor_set(val, (LoaderCursor){at.epoch, 0}, err, sizeof err) != 0)
+        CG_FAIL("", "%s", err);
     Arena arena;
     arena_init(&arena, ctx, 64u << 20);
     Tape tape;
     tape_init(&tape, ctx, &arena);
     tape_set_grad_enabled(&tape, false);
-    int K = e->cfg.num_classes, n = split->images.count;
-    int hw = split->images.rows * split->images.cols;
-    float *img = cg_malloc((size_t)batch * hw * sizeof(float));
-    float *logits = cg_malloc((size_t)batch * K * sizeof(float));
-    int *labels = cg_malloc((size_t)batch * sizeof(int));
-    uint32_t *idx = cg_malloc((size_t)batch * sizeof(uint32_t));
-    long correct = 0;
+    int K = e->cfg.num_classes;
+    long correct1 = 0, correct5 = 0, n = 0;
     double loss = 0;
-    for (int start = 0; start < n; start += batch) {
-        int b = n - start < batch ? n - start : batch;
-        for (int i = 0; i < b; i++) idx[i] = (uint32_t)(start + i);
-        fmnist_batch(split, idx, b, img, labels);
+    int64_t steps = loader_steps_per_epoch(val);
+    for (int64_t s = 0; s < steps; s++) {
+        const Batch *b = loader_next(val, err, sizeof err);
+        if (!b) CG_FAIL("run cgspn data verify on the shards", "%s", err);
+        if (b->count == 0) continue;
+        CG_CHECK(b->classes <= K, "set num_classes to the dataset's class count or more",
+                 "the validation split has %d classes, the model's head %d", b->classes, K);
         tape_reset(&tape);
-        Tensor *x = tape_tensor(&tape, 4, (int[]){b, 1, split->images.rows, split->images.cols}, true);
-        tensor_upload(ctx, x, img);
+        Tensor *x = tape_tensor(&tape, 4, (int[]){b->count, b->channels, b->height, b->width}, true);
+        tensor_upload(ctx, x, b->images);
         Tensor *out = encoder_head(&tape, e, encoder_forward(&tape, e, x, NULL));
         float *host = tensor_to_host_f32(ctx, out);
-        for (int i = 0; i < b; i++) {
+        for (int i = 0; i < b->count; i++) {
             const float *l = host + (size_t)i * K;
-            int best = 0;
+            int y = b->labels[i], rank = 0;   // classes ranked above the label (ties: lower index first)
             double mx = l[0], sum = 0;
-            for (int k = 1; k < K; k++)
-                if (l[k] > l[best]) best = k;
-            for (int k = 0; k < K; k++) mx = fmax(mx, l[k]);
+            for (int k = 0; k < K; k++) {
+                rank += l[k] > l[y] || (l[k] == l[y] && k < y);
+                mx = fmax(mx, l[k]);
+            }
             for (int k = 0; k < K; k++) sum += exp(l[k] - mx);
-            loss += mx + log(sum) - l[labels[i]];
-            correct += best == labels[i];
+            loss += mx + log(sum) - l[y];
+            correct1 += rank < 1;
+            correct5 += rank < 5;
         }
+        n += b->count;
         free(host);
     }
-    free(img); free(logits); free(labels); free(idx);
     tape_free(&tape);
     arena_free(&arena);
-    return (EvalResult){n ? (double)correct / n : 0, n ? loss / n : 0, n};
+    return (EvalResult){n ? (double)correct1 / n : 0, n ? (double)correct5 / n : 0,
+                        n ? loss / n : 0, n};
 }
 
-// The data cursor of this trainer: the epoch order is a pure function of (seed, epoch), so the
-// position is the step; the log window's partial sum rides along so that a resumed run prints
-// the same log lines as one never stopped. Stored as bytes (host little-endian) in checkpoints.
+// ---- EMA of the weights ----------------------------------------------------------------------
+
+// The whole of one parameter buffer as a 1-D tensor.
+static Tensor buffer_tensor(const ParamTable *t, void *data, DType dtype) {
+    Tensor x = {0};
+    tensor_set_shape(&x, 1, (int[]){(int)t->total});
+    x.data = data;
+    x.dtype = dtype;
+    x.device = t->device;
+    return x;
+}
+
+typedef struct Ema {
+    bool on;
+    float decay;
+    ParamTable table;       // same names and shapes as the model; values in the run's dtype, and
+    Encoder enc;            // for a bf16 run fp32 masters holding the average itself
+} Ema;
+
+// ema = decay * ema + (1 - decay) * weights, over the whole buffer in one op; the weights are the
+// fp32 masters of a bf16 model. A bf16 EMA table gets its values rounded from the average.
+static void ema_update(Ema *m, Ctx *ctx, const ParamTable *params, float decay) {
+    ParamTable *t = &m->table;
+    Tensor avg = t->masters ? buffer_tensor(t, t->masters, DTYPE_F32)
+                            : buffer_tensor(t, t->values, DTYPE_F32);
+    Tensor src = params->masters ? buffer_tensor(params, params->masters, DTYPE_F32)
+                                 : buffer_tensor(params, params->values, params->dtype);
+    Tensor out = buffer_tensor(t, t->values, t->dtype);
+    op_ema_update(ctx, &avg, &src, decay, t->masters ? &out : NULL);
+}
+
+static void ema_init(Ema *m, const Config *c, const EncoderConfig *ecfg, Ctx *ctx,
+                     const ParamTable *params) {
+    memset(m, 0, sizeof *m);
+    m->on = c->ema_decay > 0;
+    m->decay = c->ema_decay;
+    if (!m->on) return;
+    params_init_table(&m->table);
+    encoder_register(&m->enc, ecfg, &m->table);
+    params_alloc(&m->table, ctx);
+    ParamTable *t = &m->table;
+    Tensor avg = t->masters ? buffer_tensor(t, t->masters, DTYPE_F32)
+                            : buffer_tensor(t, t->values, DTYPE_F32);
+    op_zero(ctx, &avg);           // padding included: 0 * (anything) stays finite below
+    ema_update(m, ctx, params, 0.0f);   // a copy of the starting weights
+}
+
+static void ema_free(Ema *m, Ctx *ctx) {
+    if (m->on) params_free(&m->table, ctx);
+}
+
+// ---- checkpoints -----------------------------------------------------------------------------
+
+// What a checkpoint needs besides weights and moments to continue bit-exactly: the loader's
+// cursor (in micro-batches of micro_batch images), the log window's partial sum (so a resumed run
+// prints the same log lines) and the count of skipped steps. Stored as bytes (host little-endian).
 typedef struct ClassifyCursor {
-    uint32_t version, reserved;
-    int64_t epoch, position;    // the next batch: epoch and batch index within it
+    uint32_t version, micro_batch;
+    int64_t epoch, step;        // the loader's next batch
     double loss_sum;            // losses of the steps since the last log line
     int64_t loss_n;
+    int64_t skipped;            // updates skipped for a non-finite loss or gradient
 } ClassifyCursor;
-#define CLASSIFY_CURSOR_VERSION 1
+#define CLASSIFY_CURSOR_VERSION 2
 
-static void save_checkpoint(const Config *c, const RunLog *log, const ParamTable *params, Ctx *ctx,
-                            long step, long steps_per_epoch, double loss_sum, int loss_n) {
-    CkptState st = {.step = step};
-    ClassifyCursor cur = {CLASSIFY_CURSOR_VERSION, 0, step / steps_per_epoch,
-                          step % steps_per_epoch, loss_sum, loss_n};
-    st.cursor_bytes = sizeof cur;
+typedef struct RunState {
+    const Config *c;
+    RunLog *log;
+    ParamTable *params;
+    Ema *ema;
+    Ctx *ctx;
+    Loader *train;
+    int micro_batch;
+} RunState;
+
+static void save_checkpoint(const RunState *r, long step, double loss_sum, int loss_n, long skipped) {
+    LoaderCursor lc = loader_cursor_get(r->train);
+    ClassifyCursor cur = {CLASSIFY_CURSOR_VERSION, (uint32_t)r->micro_batch, lc.epoch, lc.step,
+                          loss_sum, loss_n, skipped};
+    CkptState st = {.step = step, .cursor_bytes = sizeof cur};
     memcpy(st.cursor, &cur, sizeof cur);
-    CkptOptions o = {.keep_last = c->keep_last};
+    CkptOptions o = {.keep_last = r->c->keep_last};
     char saved[1024];
-    ckpt_save(log->dir, &o, c, params, NULL, ctx, &st, saved, sizeof saved);
-    if (log->tty) printf("\r\033[K");
+    ckpt_save(r->log->dir, &o, r->c, r->params, r->ema->on ? &r->ema->table : NULL, r->ctx, &st,
+              saved, sizeof saved);
+    if (r->log->tty) printf("\r\033[K");
     printf("checkpoint: %s\n", saved);
 }
 
-TrainResult classify_train(const Config *c, const FmnistSplit *train, const FmnistSplit *test,
-                           const TrainOptions *o) {
+// ---- signals ---------------------------------------------------------------------------------
+
+static volatile sig_atomic_t g_stop_signal;
+
+// The first SIGINT/SIGTERM asks the loop to stop after the step; a second one ends the process
+// at once (the default action), for a run stuck in a long step.
+static void on_stop_signal(int sig) {
+    if (g_stop_signal) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    g_stop_signal = sig;
+}
+
+typedef struct SignalGuard { struct sigaction old_int, old_term; } SignalGuard;
+
+static void signals_install(SignalGuard *g) {
+    g_stop_signal = 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;   // the loader's reads go on; only the flag changes
+    CG_CHECK_ERRNO(sigaction(SIGINT, &sa, &g->old_int) == 0, "sigaction(SIGINT)");
+    CG_CHECK_ERRNO(sigaction(SIGTERM, &sa, &g->old_term) == 0, "sigaction(SIGTERM)");
+}
+
+static void signals_restore(const SignalGuard *g) {
+    sigaction(SIGINT, &g->old_int, NULL);
+    sigaction(SIGTERM, &g->old_term, NULL);
+}
+
+// ---- logs ------------------------------------------------------------------------------------
+
+static void print_eval(const RunLog *log, long step, const EvalResult *ev, const EvalResult *ema,
+                       double seconds) {
+    if (log->tty) printf("\r\033[K");
+    printf("eval  step %ld | test top1 %.2f%% | top5 %.2f%% | loss %.4f", step, 100 * ev->top1,
+           100 * ev->top5, ev->loss);
+    if (ema->count)
+        printf(" | ema top1 %.2f%% | ema top5 %.2f%% | ema loss %.4f", 100 * ema->top1,
+               100 * ema->top5, ema->loss);
+    printf(" | %ld images | %.1f s\n", ev->count, seconds);
+}
+
+static void log_eval(RunLog *log, long step, const EvalResult *ev, const EvalResult *ema) {
+    const char *keys[] = {"test_top1", "test_top5", "test_loss", "ema_top1", "ema_top5", "ema_loss"};
+    double vals[] = {ev->top1, ev->top5, ev->loss, ema->top1, ema->top5, ema->loss};
+    runlog_metrics(log, step, ema->count ? 6 : 3, keys, vals);
+}
+
+// ---- training --------------------------------------------------------------------------------
+
+TrainResult classify_train(const Config *c, const TrainOptions *o) {
     TrainOptions none = {0};
     if (!o) o = &none;
     TrainResult res = {0};
+    CG_CHECK(c->num_classes > 0, "set num_classes to the dataset's class count",
+             "classification needs a head: num_classes = 0");
+    CG_CHECK(c->batch_size % c->accum_steps == 0, "make batch_size a multiple of accum_steps",
+             "batch_size %d does not split into %d accumulation micro-batches", c->batch_size,
+             c->accum_steps);
+    CG_CHECK(c->drop_path >= 0 && c->drop_path < 1, "", "drop_path %g: expected [0, 1)", c->drop_path);
+    CG_CHECK(c->ema_decay >= 0 && c->ema_decay < 1, "", "ema_decay %g: expected [0, 1)", c->ema_decay);
+    bool skip_nonfinite = strcmp(c->on_nonfinite, "skip") == 0;
     Ctx ctx = device_open(c);
     device_describe(&ctx, stdout);
-    CG_CHECK(train->images.rows == c->img_size && train->images.cols == c->img_size && c->in_chans == 1,
-             "Fashion-MNIST images are 28x28 with 1 channel: img_size = 28, in_chans = 1",
-             "img_size %d / in_chans %d do not match the %dx%d grayscale dataset", c->img_size,
-             c->in_chans, train->images.rows, train->images.cols);
 
     EncoderConfig ecfg = encoder_config_from(c);
     Encoder enc;
@@ -114,19 +255,31 @@ TrainResult classify_train(const Config *c, const FmnistSplit *train, const Fmni
     params_initialize(&params, &ctx, (uint64_t)c->seed);
     encoder_describe(&enc, &params, stdout);
 
-    long steps_per_epoch = train->images.count / c->batch_size;
-    CG_CHECK(steps_per_epoch > 0, "reduce batch_size", "batch_size %d exceeds the %d training images",
-             c->batch_size, train->images.count);
+    // Data: micro-batches of batch_size / accum_steps; an optimizer step takes accum_steps of them.
+    int A = c->accum_steps, micro = c->batch_size / A;
+    bool gpu = ctx.device == DEVICE_CUDA;
+    Loader *train = open_loader(c, 1, micro, gpu);
+    Loader *val = open_loader(c, 0, c->eval_batch_size > 0 ? c->eval_batch_size : micro, gpu);
+    long steps_per_epoch = (long)(loader_steps_per_epoch(train) / A);
+    CG_CHECK(steps_per_epoch > 0, "reduce batch_size",
+             "batch_size %d exceeds the %llu training images of %s", c->batch_size,
+             (unsigned long long)loader_dataset(train)->m.images, c->data_shards);
     long total = c->max_steps > 0 ? c->max_steps : steps_per_epoch * c->epochs;
+    long warmup = c->warmup_epochs > 0 ? lround(c->warmup_epochs * steps_per_epoch) : c->warmup_steps;
+    double lr_scale = c->lr_scale_batch > 0 ? (double)c->batch_size / c->lr_scale_batch : 1.0;
     long eval_every = c->eval_every > 0 ? c->eval_every : steps_per_epoch;
     OptimizerConfig opt = {
-        .schedule = {c->lr, c->min_lr, c->warmup_steps, total},
+        .schedule = {(float)(c->lr * lr_scale), c->min_lr, warmup, total},
         .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->adam_eps,
         .weight_decay = c->weight_decay, .grad_clip = c->grad_clip,
     };
-    // Resume: weights, moments, step and the cursor from a checkpoint. Before the run folder is
-    // opened, so a refused resume leaves its config.cfg and logs as they were.
-    long first = 0;
+    Ema ema;
+    ema_init(&ema, c, &ecfg, &ctx, &params);
+    enc.drop_path = (EncoderDropPath){c->drop_path, (uint64_t)c->seed, 0, 0};
+
+    // Resume: weights, moments, EMA, step and the cursor from a checkpoint. Before the run folder
+    // is opened, so a refused resume leaves its config.cfg and logs as they were.
+    long first = 0, skipped = 0;
     double loss_sum = 0;
     int loss_n = 0;
     char run_dir[1024] = "", from[1024], err[4096];
@@ -137,9 +290,9 @@ TrainResult classify_train(const Config *c, const FmnistSplit *train, const Fmni
         printf("resume = auto: no complete checkpoint in %s yet; starting at step 0\n", run_dir);
     if (found == 1) {
         CkptState st;
-        ckpt_load(from, c, &params, NULL, &ctx, &st);
+        ckpt_load(from, c, &params, ema.on ? &ema.table : NULL, &ctx, &st);
         ClassifyCursor cur;
-        CG_CHECK(st.cursor_bytes == sizeof cur, "the checkpoint was not written by cgspn train",
+        CG_CHECK(st.cursor_bytes == sizeof cur, "the checkpoint was not written by this version of cgspn train",
                  "%s: data cursor of %zu bytes, expected %zu", from, st.cursor_bytes, sizeof cur);
         memcpy(&cur, st.cursor, sizeof cur);
         CG_CHECK(cur.version == CLASSIFY_CURSOR_VERSION, "", "%s: data cursor version %u, expected %d",
@@ -149,118 +302,202 @@ TrainResult classify_train(const Config *c, const FmnistSplit *train, const Fmni
                  "%s is at step %ld, past the %ld steps of this run", from, first, total);
         loss_sum = cur.loss_sum;
         loss_n = (int)cur.loss_n;
-        if (cur.epoch * steps_per_epoch + cur.position != first)
-            printf("note: batch_size changed since the checkpoint; data continues from step %ld "
-                   "with the new batch size\n", first);
+        skipped = (long)cur.skipped;
+        LoaderCursor lc = {cur.epoch, cur.step};
+        if ((int)cur.micro_batch != micro) {   // the same epoch, at the first image not yet seen
+            int64_t spe = loader_steps_per_epoch(train), seen = cur.step * (int64_t)cur.micro_batch;
+            lc.step = (seen + micro - 1) / micro;
+            if (lc.step >= spe) lc = (LoaderCursor){cur.epoch + 1, 0};
+            printf("note: the micro-batch changed from %u to %d images since the checkpoint; data "
+                   "continues at epoch %lld, batch %lld\n", cur.micro_batch, micro,
+                   (long long)lc.epoch, (long long)lc.step);
+        }
+        if (loader_cursor_set(train, lc, err, sizeof err) != 0) CG_FAIL("", "%s", err);
+        if (ema.on && !st.ema_loaded) {
+            printf("note: the checkpoint has no EMA weights; the EMA starts from its weights\n");
+            ema_update(&ema, &ctx, &params, 0.0f);
+        }
         printf("resumed from %s at step %ld\n", from, first);
     }
     RunLog log;
     runlog_open(&log, c, "train");
     snprintf(res.run_dir, sizeof res.run_dir, "%s", log.dir);
-    printf("training: %ld steps (%ld per epoch), batch %d, lr %g, warmup %d\n", total,
-           steps_per_epoch, c->batch_size, c->lr, c->warmup_steps);
+    printf("training: %ld steps (%ld per epoch), batch %d", total, steps_per_epoch, c->batch_size);
+    if (A > 1) printf(" (%d x %d accumulated)", A, micro);
+    printf(", lr %g", opt.schedule.base_lr);
+    if (c->lr_scale_batch > 0) printf(" (%g x %d / %d)", c->lr, c->batch_size, c->lr_scale_batch);
+    printf(", warmup %ld steps", warmup);
+    if (c->drop_path > 0) printf(", drop_path %g", c->drop_path);
+    if (ema.on) printf(", ema %g", c->ema_decay);
+    printf("\n");
 
     Arena arena;
     arena_init(&arena, &ctx, 64u << 20);
     Tape tape;
     tape_init(&tape, &ctx, &arena);
-    int B = c->batch_size, K = c->num_classes, hw = c->img_size * c->img_size;
-    float *img = cg_malloc((size_t)B * hw * sizeof(float));
-    float *targets = cg_malloc((size_t)B * K * sizeof(float));
-    int *labels = cg_malloc((size_t)B * sizeof(int));
-    uint32_t *order = cg_malloc((size_t)train->images.count * sizeof(uint32_t));
-    long order_epoch = -1;
-    double flops_step = 3.0 * encoder_flops_per_image(&ecfg) * B;   // forward + backward
+    int K = c->num_classes;
+    double flops_step = 3.0 * encoder_flops_per_image(&ecfg) * c->batch_size;   // forward + backward
+    double peak = device_peak_flops(&ctx, c);
+    size_t param_bytes = params.total * (dtype_size(params.dtype) + 3 * sizeof(float) +
+                                         (params.masters ? sizeof(float) : 0));
+    EvalResult ev = {0}, ev_ema = {0};
+    RunState rs = {c, &log, &params, &ema, &ctx, train, micro};
+    SignalGuard sg;
+    signals_install(&sg);
     double t_prev = now_seconds();
-    EvalResult ev = {0};
+    int timed_n = 0;   // steps since t_prev
 
     long step = first;
     for (; step < total; step++) {
-        long epoch = step / steps_per_epoch, pos = step % steps_per_epoch;
-        if (epoch != order_epoch) {
-            fmnist_epoch_order((uint64_t)c->seed, epoch, order, (uint32_t)train->images.count);
-            order_epoch = epoch;
+        double step_loss = 0;
+        bool finite = true;
+        int64_t epoch = 0;
+        for (int a = 0; a < A; a++) {
+            const Batch *b = loader_next(train, err, sizeof err);
+            if (!b) CG_FAIL("run cgspn data verify on the shards", "%s", err);
+            CG_CHECK(b->classes <= K, "set num_classes to the dataset's class count or more",
+                     "the training split has %d classes, the model's head %d", b->classes, K);
+            epoch = b->epoch;
+            tape_reset(&tape);
+            Tensor *x = tape_tensor(&tape, 4, (int[]){b->count, b->channels, b->height, b->width}, true);
+            Tensor *tgt = tape_tensor(&tape, 2, (int[]){b->count, K}, true);
+            tensor_upload(&ctx, x, b->images);
+            if (b->classes == K) {
+                tensor_upload(&ctx, tgt, b->targets);
+            } else {   // a head wider than the dataset: the extra classes get target 0
+                float *t = cg_calloc((size_t)b->count * K, sizeof(float));
+                for (int i = 0; i < b->count; i++)
+                    memcpy(t + (size_t)i * K, b->targets + (size_t)i * b->classes, b->classes * sizeof(float));
+                tensor_upload(&ctx, tgt, t);
+                free(t);
+            }
+            if (o->nonfinite_at == step + 1 && a == 0) op_scale_fwd(&ctx, x, NAN, x);
+            enc.drop_path.step = step * A + a;
+            Tensor *logits = encoder_head(&tape, &enc, encoder_forward(&tape, &enc, x, NULL));
+            Tensor *loss = nn_cross_entropy(&tape, logits, tgt);
+            float loss_v;
+            tensor_download(&ctx, loss, &loss_v);
+            step_loss += loss_v;
+            if (!isfinite(loss_v)) finite = false;
+            if (finite) tape_backward(&tape, A > 1 ? nn_scale(&tape, loss, 1.0f / A) : loss);
         }
-        fmnist_batch(train, order + pos * B, B, img, labels);
-        labels_to_targets(labels, B, K, c->label_smoothing, targets);
-
-        tape_reset(&tape);
-        Tensor *x = tape_tensor(&tape, 4, (int[]){B, 1, c->img_size, c->img_size}, true);
-        Tensor *tgt = tape_tensor(&tape, 2, (int[]){B, K}, true);
-        tensor_upload(&ctx, x, img);
-        tensor_upload(&ctx, tgt, targets);
-        Tensor *logits = encoder_head(&tape, &enc, encoder_forward(&tape, &enc, x, NULL));
-        Tensor *loss = nn_cross_entropy(&tape, logits, tgt);
-        float loss_v;
-        tensor_download(&ctx, loss, &loss_v);
-        CG_CHECK(isfinite(loss_v), "lower lr or enable grad_clip",
-                 "loss is %f at step %ld; stopping", loss_v, step + 1);
-        tape_backward(&tape, loss);
-        StepStats st = optimizer_step(&params, &ctx, &arena, &opt, step);
-        CG_CHECK(st.finite, "lower lr or enable grad_clip",
-                 "gradient norm is not finite at step %ld; stopping", step + 1);
-        if (o->step_losses) o->step_losses[step] = loss_v;
-        loss_sum += loss_v;
-        loss_n++;
+        step_loss /= A;
+        StepStats st = {.lr = lr_schedule(&opt.schedule, step), .grad_norm = NAN};
+        if (finite) {
+            st = optimizer_step(&params, &ctx, &arena, &opt, step);
+            finite = st.finite;
+        } else {
+            params_zero_grads(&params, &ctx);
+        }
+        if (o->step_losses) o->step_losses[step] = (float)step_loss;
+        if (!finite) {
+            const char *what = isfinite(step_loss) ? "the gradient norm" : "the loss";
+            if (log.tty) printf("\r\033[K");
+            if (!skip_nonfinite) {
+                fprintf(stderr, "cgspn: %s is not finite at step %ld (loss %g, grad_norm %g); "
+                        "stopping without a checkpoint of it (the newest checkpoint in %s is the "
+                        "last good state)\n  hint: lower lr, enable grad_clip, or set on_nonfinite = "
+                        "skip\n", what, step + 1, step_loss, st.grad_norm, log.dir);
+                res.status = TRAIN_NONFINITE;
+                res.nonfinite_step = step + 1;
+                break;
+            }
+            skipped++;
+            printf("step %ld: %s is not finite; update skipped (%ld skipped so far)\n", step + 1,
+                   what, skipped);
+            const char *keys[] = {"nonfinite_skipped"};
+            double vals[] = {(double)skipped};
+            runlog_metrics(&log, step + 1, 1, keys, vals);
+        } else {
+            if (ema.on) ema_update(&ema, &ctx, &params, ema.decay);
+            loss_sum += step_loss;
+            loss_n++;
+        }
 
         bool last = step + 1 == total;
         bool stop = o->stop_after > 0 && step + 1 == o->stop_after && !last;
+        bool interrupted = g_stop_signal != 0 && !last;
+        timed_n++;
         if ((c->log_every > 0 && (step + 1) % c->log_every == 0) || last) {
-            double t = now_seconds(), dt = (t - t_prev) / loss_n;
-            char eta[32];
+            double t = now_seconds(), dt = (t - t_prev) / timed_n;
+            double mean = loss_n ? loss_sum / loss_n : NAN;
+            size_t mem = gpu ? device_memory_used(&ctx) : arena.peak + param_bytes;
+            char eta[32], perf[64];
+            if (peak > 0)
+                snprintf(perf, sizeof perf, "MFU %.1f%%", 100 * flops_step / dt / peak);
+            else
+                snprintf(perf, sizeof perf, "%.2f GFLOP/s", flops_step / dt / 1e9);
             if (log.tty) printf("\r\033[K");
-            printf("step %6ld/%ld | epoch %ld | loss %.4f | lr %.2e | grad_norm %.3f | %.1f ms/step"
-                   " | %.0f img/s | %.2f GFLOP/s | mem %.1f MiB | ETA %s\n",
-                   step + 1, total, epoch + 1, loss_sum / loss_n, st.lr, st.grad_norm, dt * 1e3,
-                   B / dt, flops_step / dt / 1e9, arena.peak / 1048576.0,
+            printf("step %6ld/%ld | epoch %lld | loss %.4f | lr %.2e | grad_norm %.3f | %.1f ms/step"
+                   " | %.0f img/s | %s | mem %.1f MiB | ETA %s\n",
+                   step + 1, total, (long long)epoch + 1, mean, st.lr, st.grad_norm, dt * 1e3,
+                   c->batch_size / dt, perf, mem / 1048576.0,
                    format_duration((total - step - 1) * dt, eta, sizeof(eta)));
-            const char *keys[] = {"loss", "lr", "grad_norm", "ms_per_step", "img_per_s"};
-            double vals[] = {loss_sum / loss_n, st.lr, st.grad_norm, dt * 1e3, B / dt};
-            runlog_metrics(&log, step + 1, 5, keys, vals);
+            const char *keys[] = {"loss", "lr", "grad_norm", "ms_per_step", "img_per_s", "mem_mib",
+                                  "mfu"};
+            double vals[] = {mean, st.lr, st.grad_norm, dt * 1e3, c->batch_size / dt,
+                             mem / 1048576.0, peak > 0 ? flops_step / dt / peak : 0};
+            runlog_metrics(&log, step + 1, peak > 0 ? 7 : 6, keys, vals);
             loss_sum = 0;
             loss_n = 0;
             t_prev = now_seconds();
+            timed_n = 0;
         } else {
-            runlog_progress(&log, step + 1, total, (now_seconds() - t_prev) / loss_n);
+            runlog_progress(&log, step + 1, total, (now_seconds() - t_prev) / timed_n);
         }
         if ((step + 1) % eval_every == 0 || last) {
             double t0 = now_seconds();
-            ev = classify_evaluate(&ctx, &enc, test, 500);
-            printf("eval  step %ld | test top1 %.2f%% | test loss %.4f | %ld images | %.1f s\n",
-                   step + 1, 100 * ev.top1, ev.loss, ev.count, now_seconds() - t0);
-            const char *keys[] = {"test_top1", "test_loss"};
-            double vals[] = {ev.top1, ev.loss};
-            runlog_metrics(&log, step + 1, 2, keys, vals);
-            t_prev = now_seconds();
+            ev = classify_evaluate(&ctx, &enc, val);
+            if (ema.on) ev_ema = classify_evaluate(&ctx, &ema.enc, val);
+            print_eval(&log, step + 1, &ev, &ev_ema, now_seconds() - t0);
+            log_eval(&log, step + 1, &ev, &ev_ema);
+            t_prev += now_seconds() - t0;
         }
-        if ((c->ckpt_every > 0 && (step + 1) % c->ckpt_every == 0) || last || stop) {
-            save_checkpoint(c, &log, &params, &ctx, step + 1, steps_per_epoch, loss_sum, loss_n);
-            t_prev = now_seconds();
+        if ((c->ckpt_every > 0 && (step + 1) % c->ckpt_every == 0) || last || stop || interrupted) {
+            double t0 = now_seconds();
+            save_checkpoint(&rs, step + 1, loss_sum, loss_n, skipped);
+            t_prev += now_seconds() - t0;
         }
-        if (stop) {
+        if (stop || interrupted) {
             step++;
-            printf("stopping after step %ld of %ld\n", step, total);
+            if (interrupted)
+                printf("interrupted by %s after step %ld of %ld: checkpoint written; continue with "
+                       "--resume=auto (run folder %s)\n", g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
+                       step, total, log.dir);
+            else
+                printf("stopping after step %ld of %ld\n", step, total);
+            res.status = interrupted ? TRAIN_INTERRUPTED : TRAIN_STOPPED;
             break;
         }
     }
-    if (ev.count == 0 && step >= total) {   // resumed at the end: nothing left to train
-        ev = classify_evaluate(&ctx, &enc, test, 500);
-        printf("eval  step %ld | test top1 %.2f%% | test loss %.4f | %ld images\n", step,
-               100 * ev.top1, ev.loss, ev.count);
+    signals_restore(&sg);
+    if (res.status == TRAIN_DONE && ev.count == 0) {   // resumed at the end: nothing left to train
+        ev = classify_evaluate(&ctx, &enc, val);
+        if (ema.on) ev_ema = classify_evaluate(&ctx, &ema.enc, val);
+        print_eval(&log, step, &ev, &ev_ema, 0);
     }
     char dur[32];
-    if (step >= total)
-        printf("done: %ld steps in %s, final test top1 %.2f%%\n", total,
-               format_duration(now_seconds() - log.t_start, dur, sizeof(dur)), 100 * ev.top1);
-    free(img); free(targets); free(labels); free(order);
+    if (res.status == TRAIN_DONE) {
+        printf("done: %ld steps in %s, final test top1 %.2f%% (top5 %.2f%%)", total,
+               format_duration(now_seconds() - log.t_start, dur, sizeof(dur)), 100 * ev.top1,
+               100 * ev.top5);
+        if (ema.on) printf(", ema top1 %.2f%%", 100 * ev_ema.top1);
+        if (skipped) printf(", %ld steps skipped (non-finite)", skipped);
+        printf("\n");
+    }
     tape_free(&tape);
     arena_free(&arena);
     runlog_close(&log);
+    loader_close(train);
+    loader_close(val);
+    ema_free(&ema, &ctx);
     params_free(&params, &ctx);
     device_close(&ctx);
     res.step = step;
     res.total = total;
+    res.skipped = skipped;
     res.eval = ev;
+    res.eval_ema = ev_ema;
     return res;
 }
 
@@ -275,15 +512,8 @@ int cmd_train(int argc, char **argv) {
     int rest = config_parse_args(&c, argc, argv, 2);
     CG_CHECK(rest == 0, "see cgspn train --help", "unexpected argument '%s'", argv[2]);
     if (c.threads > 0) omp_set_num_threads(c.threads);
-    CG_CHECK(strcmp(c.dataset, "fashion-mnist") == 0, "dataset = fashion-mnist",
-             "dataset '%s' is not supported by this build", c.dataset);
     CG_CHECK(strcmp(c.resume, "auto") != 0 || c.run_name[0], "set run_name to the run to continue",
              "resume = auto needs run_name: it continues the run folder out_dir/run_name");
-    FmnistSplit train, test;
-    load_split(c.data_dir, 1, &train);
-    load_split(c.data_dir, 0, &test);
-    classify_train(&c, &train, &test, NULL);
-    fmnist_free(&train);
-    fmnist_free(&test);
-    return 0;
+    TrainResult r = classify_train(&c, NULL);
+    return r.status == TRAIN_NONFINITE ? 1 : 0;
 }

@@ -38,6 +38,7 @@ static const struct { const char *key, *words; } kChoices[] = {
     {"precision",   "auto|fp32|bf16"},
     {"device",      "auto|cpu|cuda"},
     {"interpolation", "bilinear|bicubic"},
+    {"on_nonfinite", "stop|skip"},
     {"stage1_train", "gspn|gspn_norm1"},
 };
 
@@ -47,6 +48,7 @@ static const struct { const char *key; int min; } kIntMin[] = {
     {"heads", 1}, {"mlp_hidden", 1}, {"num_classes", 0}, {"batch_size", 1},
     {"epochs", 0}, {"max_steps", 0}, {"warmup_steps", 0}, {"eval_every", 0},
     {"log_every", 0}, {"threads", 0}, {"ckpt_every", 0}, {"keep_last", 0},
+    {"accum_steps", 1}, {"lr_scale_batch", 0}, {"eval_batch_size", 0},
     {"stage", 1}, {"adaptor_hidden", 0},
 };
 

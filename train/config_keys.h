@@ -30,12 +30,10 @@ X(bool,   gspn_out_norm,    1,         "C-GSPN: LayerNorm over Cc after the 4-wa
 X(int,    attn_every,       0,         "hybrid: every k-th block (1-based) is an attention block")
 
 // data
-X(string, dataset,          "fashion-mnist",                     "dataset name")
-X(string, data_dir,         "/usr/share/datasets/fashion-mnist", "folder holding the dataset files")
-X(int,    batch_size,       128,       "images per optimizer step (global, all ranks)")
+X(int,    batch_size,       128,       "images per optimizer step (global, all ranks, all accumulation micro-batches)")
 
 // data loader over shards (`cgspn data build`; data/README.md). Augmentation names follow timm.
-X(string, data_shards,      "",        "shard folder from `cgspn data build` (empty: read data_dir's IDX files)")
+X(string, data_shards,      "data/shards/fmnist", "shard folder from `cgspn data build` (make fmnist-shards builds data/shards/fmnist)")
 X(string, train_split,      "train",   "shard split to train on (data_shards/SPLIT.manifest)")
 X(string, val_split,        "val",     "shard split to evaluate on")
 X(int,    loader_threads,   0,         "loader threads decoding and augmenting images; 0 = all cores")
@@ -58,24 +56,32 @@ X(float,  eval_crop_pct,    0.875f,    "eval: resize the shorter side to img_siz
 X(string, interpolation,    "bilinear", "resampling of crops and resizes (antialiased)")
 X(string, data_mean,        "",        "normalization mean per channel, e.g. 0.485,0.456,0.406; empty = the shards' measured mean")
 X(string, data_std,         "",        "normalization std per channel; empty = the shards' measured std")
+X(int,    eval_batch_size,  0,         "images per evaluation batch; 0 = batch_size / accum_steps")
 
 // schedule and optimizer (AdamW, warmup + cosine)
 X(int,    epochs,           3,         "passes over the training set (used when max_steps = 0)")
 X(int,    max_steps,        0,         "optimizer steps to run; 0 = from epochs")
-X(float,  lr,               1e-3f,     "peak learning rate, reached after warmup")
+X(float,  lr,               1e-3f,     "peak learning rate, reached after warmup (times batch_size / lr_scale_batch when that is set)")
+X(int,    lr_scale_batch,   0,         "linear lr scaling: the peak rate is lr * batch_size / lr_scale_batch (DeiT: 512); 0 = lr as given")
 X(float,  min_lr,           1e-5f,     "learning rate at the end of the cosine decay")
 X(int,    warmup_steps,     100,       "linear warmup steps from 0 to lr")
+X(float,  warmup_epochs,    0.0f,      "warmup length in epochs; when > 0 it replaces warmup_steps")
 X(float,  weight_decay,     0.05f,     "AdamW decoupled weight decay (not on biases, norms, 1-D params)")
 X(float,  beta1,            0.9f,      "AdamW first-moment decay")
 X(float,  beta2,            0.999f,    "AdamW second-moment decay")
 X(float,  adam_eps,         1e-8f,     "AdamW epsilon")
 X(float,  grad_clip,        1.0f,      "clip the global gradient norm to this; 0 = no clipping")
 X(float,  label_smoothing,  0.0f,      "cross-entropy label smoothing")
+X(int,    accum_steps,      1,         "gradient accumulation: micro-batches of batch_size / accum_steps per optimizer step")
+X(float,  drop_path,        0.0f,      "stochastic depth rate of the last block, linear from 0 over depth (timm drop_path_rate)")
+X(float,  ema_decay,        0.0f,      "EMA of the weights, updated every step and evaluated beside them (timm model_ema_decay); 0 = off")
+X(string, on_nonfinite,     "stop",    "a NaN/Inf loss or gradient norm: stop (naming the step; the last checkpoint stays the newest) or skip the update and count it")
 X(int,    seed,             1,         "seed for initialization, data order and augmentation")
 
 // run
 X(int,    eval_every,       0,         "evaluate every N steps; 0 = at the end of each epoch")
 X(int,    log_every,        50,        "print a log line every N steps")
+X(float,  peak_tflops,      0.0f,      "the device's peak TFLOP/s for the MFU column; 0 = from a table by GPU name and precision")
 X(int,    threads,          0,         "CPU threads (OpenMP); 0 = all cores")
 X(string, run_name,         "",        "run folder name under out_dir; empty = generated from time")
 X(string, out_dir,          "checkpoints", "folder for run folders (checkpoints, logs)")

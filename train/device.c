@@ -69,3 +69,69 @@ void device_describe(const Ctx *ctx, FILE *f) {
             p.multiProcessorCount, p.totalGlobalMem / 1073741824.0, prec);
 #endif
 }
+
+// Dense peak rates (no sparsity) by the marketing name in cudaDeviceProp.name, first match
+// wins (so "H100 PCIe" before "H100"): bf16 tensor cores, and fp32 (non-tensor) FMA.
+static const struct { const char *name; double bf16_tflops, fp32_tflops; } kPeaks[] = {
+    {"H200", 989.4, 66.9},      {"GH200", 989.4, 66.9},  {"H100 NVL", 835.0, 60.0},
+    {"H100 PCIe", 756.0, 51.2}, {"H100", 989.4, 66.9},   {"H800", 989.4, 66.9},
+    {"B200", 2250.0, 80.0},     {"A100", 312.0, 19.5},   {"A800", 312.0, 19.5},
+    {"L40S", 362.1, 91.6},      {"L40", 181.0, 90.5},    {"L4", 121.0, 30.3},
+    {"A10G", 70.0, 31.2},       {"A10", 125.0, 31.2},    {"RTX 4090", 165.2, 82.6},
+    {"RTX 3090", 71.0, 35.6},   {"V100", 125.0, 15.7},   {"T4", 65.0, 8.1},
+};
+
+void device_name(const Ctx *ctx, char *out, size_t n) {
+    snprintf(out, n, "cpu");
+#ifdef CGSPN_CUDA
+    if (ctx->device == DEVICE_CUDA) {
+        struct cudaDeviceProp p;
+        CUDA_CHECK(cudaGetDeviceProperties(&p, ((CudaCtx *)ctx->cuda)->device));
+        snprintf(out, n, "%s", p.name);
+    }
+#endif
+}
+
+double device_peak_flops(const Ctx *ctx, const Config *c) {
+    if (ctx->device != DEVICE_CUDA) return 0;
+    if (c->peak_tflops > 0) return c->peak_tflops * 1e12;
+    char name[256];
+    device_name(ctx, name, sizeof name);
+    for (size_t i = 0; i < sizeof kPeaks / sizeof kPeaks[0]; i++)
+        if (strstr(name, kPeaks[i].name))
+            return (ctx->act_dtype == DTYPE_BF16 ? kPeaks[i].bf16_tflops : kPeaks[i].fp32_tflops) * 1e12;
+    return 0;
+}
+
+size_t device_memory_used(const Ctx *ctx) {
+#ifdef CGSPN_CUDA
+    if (ctx->device == DEVICE_CUDA) {
+        size_t free_b = 0, total = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+        return total - free_b;
+    }
+#endif
+    (void)ctx;
+    return 0;
+}
+
+void *device_pinned_alloc(size_t bytes) {
+#ifdef CGSPN_CUDA
+    void *p = NULL;
+    if (cuda_device_count() > 0 && cudaMallocHost(&p, bytes) == cudaSuccess) return p;
+#endif
+    return cg_malloc(bytes);
+}
+
+void device_pinned_free(void *p) {
+#ifdef CGSPN_CUDA
+    struct cudaPointerAttributes a;
+    if (p && cuda_device_count() > 0 && cudaPointerGetAttributes(&a, p) == cudaSuccess &&
+        a.type == cudaMemoryTypeHost) {
+        CUDA_CHECK(cudaFreeHost(p));
+        return;
+    }
+    (void)cudaGetLastError();   // not page-locked: it came from malloc
+#endif
+    free(p);
+}

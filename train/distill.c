@@ -1,14 +1,13 @@
 #include "distill.h"
 #include "checkpoint.h"
 #include "cli_args.h"
+#include "data_config.h"
 #include "device.h"
 #include "model_config.h"
 #include "optimizer.h"
 #include "runlog.h"
-#include "../data/fmnist_batch.h"
 #include "../nn/error.h"
 #include "../nn/safetensors.h"
-#include "../nn/targets.h"
 #include <math.h>
 #include <omp.h>
 #include <sys/stat.h>
@@ -16,7 +15,8 @@
 static void distill_usage(FILE *f) {
     fprintf(f, "usage: cgspn distill CONFIG [--init PATH] [--key=value ...]\n"
                "Distills the student of CONFIG (model = cgspn | hybrid) from a frozen teacher\n"
-               "(teacher = weights, teacher_config = its model keys) on Fashion-MNIST:\n"
+               "(teacher = weights, teacher_config = its model keys) on the shards of data_shards\n"
+               "(train_split; the student is evaluated on val_split with its own head):\n"
                "  stage = 1  every C-GSPN layer aligned to the teacher's attention output of its\n"
                "             block, from the teacher's block input (DESIGN §6)\n"
                "  stage = 2  full student; PP and PB taps (taps = 9,18,27 | every 9 | all),\n"
@@ -357,12 +357,12 @@ void distill_parts(const Distiller *d, const float *raw, float *parts) {
 // The data cursor and the log window's partial sums (so a resumed run logs the same lines).
 typedef struct DistillCursor {
     uint32_t version, n_parts;
-    int64_t epoch, position;
+    int64_t epoch, step;          // the train loader's next batch
     double loss_sum;
     int64_t loss_n;
     float part_sums[DISTILL_MAX_PARTS];
 } DistillCursor;
-#define DISTILL_CURSOR_VERSION 1
+#define DISTILL_CURSOR_VERSION 2
 _Static_assert(sizeof(DistillCursor) <= CKPT_CURSOR_MAX, "distill cursor exceeds the checkpoint's");
 
 // Values of the student's parameters (adaptors = 0) or of the adaptors (1), all or trainable.
@@ -407,11 +407,12 @@ static void describe(const Distiller *d, const Config *c, FILE *f) {
 }
 
 static void save_checkpoint(const Config *c, const RunLog *log, const Distiller *d, Ctx *ctx,
-                            long step, long steps_per_epoch, double loss_sum, long loss_n,
+                            Loader *train, long step, double loss_sum, long loss_n,
                             const float *part_sums) {
     CkptState st = {.step = step};
-    DistillCursor cur = {DISTILL_CURSOR_VERSION, (uint32_t)d->n_parts, step / steps_per_epoch,
-                         step % steps_per_epoch, loss_sum, loss_n, {0}};
+    LoaderCursor lc = loader_cursor_get(train);
+    DistillCursor cur = {DISTILL_CURSOR_VERSION, (uint32_t)d->n_parts, lc.epoch, lc.step, loss_sum,
+                         loss_n, {0}};
     memcpy(cur.part_sums, part_sums, (size_t)d->n_parts * sizeof(float));
     st.cursor_bytes = sizeof cur;
     memcpy(st.cursor, &cur, sizeof cur);
@@ -422,29 +423,62 @@ static void save_checkpoint(const Config *c, const RunLog *log, const Distiller 
     printf("checkpoint: %s\n", saved);
 }
 
-TrainResult distill_train(const Config *c, const FmnistSplit *train, const FmnistSplit *test,
-                          const DistillOptions *o) {
+// The train (train = 1: train_split, augmented) or eval (val_split) loader of this config, the
+// trainer's data path (data/loader.h), or an exit naming the shards.
+static Loader *open_loader(const Config *c, int train, int batch, bool pinned) {
+    LoaderOptions o;
+    loader_options_from_config(c, train, 0, 1, &o);
+    o.batch_size = batch;
+    if (pinned) o.alloc = device_pinned_alloc, o.free = device_pinned_free;
+    char err[2048];
+    Loader *l = loader_open(&o, err, sizeof err);
+    if (!l) {
+        const char *hint = strcmp(c->data_shards, "data/shards/fmnist") == 0
+            ? "build the Fashion-MNIST shards first: make fmnist-shards"
+            : "build shards with cgspn data build (data/README.md), or set data_shards";
+        CG_FAIL(hint, "%s", err);
+    }
+    return l;
+}
+
+static void print_eval(const RunLog *log, long step, const EvalResult *ev, double seconds) {
+    if (log->tty) printf("\r\033[K");
+    printf("eval  step %ld | student test top1 %.2f%% (its head) | top5 %.2f%% | loss %.4f | "
+           "%ld images", step, 100 * ev->top1, 100 * ev->top5, ev->loss, ev->count);
+    if (seconds >= 0) printf(" | %.1f s", seconds);
+    printf("\n");
+}
+
+TrainResult distill_train(const Config *c, const DistillOptions *o) {
     DistillOptions none = {0};
     if (!o) o = &none;
     TrainResult res = {0};
+    CG_CHECK(c->accum_steps == 1, "set accum_steps = 1 (or a smaller batch_size)",
+             "cgspn distill does not accumulate gradients (accum_steps = %d)", c->accum_steps);
     Ctx ctx = device_open(c);
     device_describe(&ctx, stdout);
-    CG_CHECK(train->images.rows == c->img_size && train->images.cols == c->img_size && c->in_chans == 1,
-             "Fashion-MNIST images are 28x28 with 1 channel: img_size = 28, in_chans = 1",
-             "img_size %d / in_chans %d do not match the %dx%d grayscale dataset", c->img_size,
-             c->in_chans, train->images.rows, train->images.cols);
+    CG_CHECK(c->drop_path >= 0 && c->drop_path < 1, "", "drop_path %g: expected [0, 1)", c->drop_path);
     Distiller d;
     distiller_init(&d, c, &ctx);
     teacher_describe(&d.teacher, stdout);
     describe(&d, c, stdout);
+    // Stochastic depth in the Stage 2 student, as cgspn train has it (the teacher runs without).
+    if (d.stage == 2) d.student.drop_path = (EncoderDropPath){.rate = c->drop_path, .seed = (uint64_t)c->seed};
 
-    long steps_per_epoch = train->images.count / c->batch_size;
-    CG_CHECK(steps_per_epoch > 0, "reduce batch_size", "batch_size %d exceeds the %d training images",
-             c->batch_size, train->images.count);
+    bool gpu = ctx.device == DEVICE_CUDA, has_head = c->num_classes > 0;
+    Loader *train = open_loader(c, 1, c->batch_size, gpu);
+    Loader *val = has_head ? open_loader(c, 0, c->eval_batch_size > 0 ? c->eval_batch_size
+                                                                      : c->batch_size, gpu) : NULL;
+    long steps_per_epoch = (long)loader_steps_per_epoch(train);
+    CG_CHECK(steps_per_epoch > 0, "reduce batch_size",
+             "batch_size %d exceeds the %llu training images of %s", c->batch_size,
+             (unsigned long long)loader_dataset(train)->m.images, c->data_shards);
     long total = c->max_steps > 0 ? c->max_steps : steps_per_epoch * c->epochs;
+    long warmup = c->warmup_epochs > 0 ? lround(c->warmup_epochs * steps_per_epoch) : c->warmup_steps;
+    double lr_scale = c->lr_scale_batch > 0 ? (double)c->batch_size / c->lr_scale_batch : 1.0;
     long eval_every = c->eval_every > 0 ? c->eval_every : steps_per_epoch;
     OptimizerConfig opt = {
-        .schedule = {c->lr, c->min_lr, c->warmup_steps, total},
+        .schedule = {(float)(c->lr * lr_scale), c->min_lr, warmup, total},
         .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->adam_eps,
         .weight_decay = c->weight_decay, .grad_clip = c->grad_clip,
     };
@@ -473,6 +507,8 @@ TrainResult distill_train(const Config *c, const FmnistSplit *train, const Fmnis
         first = st.step;
         CG_CHECK(first <= total, "raise max_steps / epochs, or resume an earlier checkpoint",
                  "%s is at step %ld, past the %ld steps of this run", from, first, total);
+        if (loader_cursor_set(train, (LoaderCursor){cur.epoch, cur.step}, err, sizeof err) != 0)
+            CG_FAIL("", "%s", err);
         loss_sum = cur.loss_sum;
         loss_n = (long)cur.loss_n;
         memcpy(part_sums, cur.part_sums, (size_t)d.n_parts * sizeof(float));
@@ -483,48 +519,44 @@ TrainResult distill_train(const Config *c, const FmnistSplit *train, const Fmnis
     RunLog log;
     runlog_open(&log, c, "distill");
     snprintf(res.run_dir, sizeof res.run_dir, "%s", log.dir);
-    printf("distilling: %ld steps (%ld per epoch), batch %d, lr %g, warmup %d\n", total,
-           steps_per_epoch, c->batch_size, c->lr, c->warmup_steps);
+    printf("distilling: %ld steps (%ld per epoch), batch %d, lr %g, warmup %ld\n", total,
+           steps_per_epoch, c->batch_size, opt.schedule.base_lr, warmup);
 
     Arena arena;
     arena_init(&arena, &ctx, 64u << 20);
     Tape tape;
     tape_init(&tape, &ctx, &arena);
-    int B = c->batch_size, K = c->num_classes > 0 ? c->num_classes : 1, hw = c->img_size * c->img_size;
-    float *img = cg_malloc((size_t)B * hw * sizeof(float));
-    float *targets = cg_malloc((size_t)B * K * sizeof(float));
-    int *labels = cg_malloc((size_t)B * sizeof(int));
-    uint32_t *order = cg_malloc((size_t)train->images.count * sizeof(uint32_t));
+    int B = c->batch_size, K = c->num_classes;
     float *raw = cg_malloc((size_t)d.n_raw * sizeof(float)), parts[DISTILL_MAX_PARTS];
     int n_keys = 5 + d.n_parts;
     const char **keys = cg_malloc((size_t)n_keys * sizeof(char *));
     double *vals = cg_malloc((size_t)n_keys * sizeof(double));
     char (*part_keys)[DISTILL_PART_NAME + 8] = cg_malloc((size_t)d.n_parts * sizeof *part_keys);
     for (int k = 0; k < d.n_parts; k++) snprintf(part_keys[k], sizeof part_keys[k], "loss_%s", d.part_names[k]);
-    long order_epoch = -1;
     double t_prev = now_seconds();
     EvalResult ev = {0};
-    bool has_head = c->num_classes > 0;
 
     long step = first;
     for (; step < total; step++) {
-        long epoch = step / steps_per_epoch, pos = step % steps_per_epoch;
-        if (epoch != order_epoch) {
-            fmnist_epoch_order((uint64_t)c->seed, epoch, order, (uint32_t)train->images.count);
-            order_epoch = epoch;
-        }
-        fmnist_batch(train, order + pos * B, B, img, labels);
-
+        const Batch *b = loader_next(train, err, sizeof err);
+        if (!b) CG_FAIL("run cgspn data verify on the shards", "%s", err);
+        long epoch = (long)b->epoch;
         tape_reset(&tape);
-        Tensor *x = tape_tensor(&tape, 4, (int[]){B, c->in_chans, c->img_size, c->img_size}, true);
-        tensor_upload(&ctx, x, img);
+        Tensor *x = tape_tensor(&tape, 4, (int[]){b->count, b->channels, b->height, b->width}, true);
+        tensor_upload(&ctx, x, b->images);
         Tensor *tgt = NULL;
-        if (d.trains_head) {
-            labels_to_targets(labels, B, K, c->label_smoothing, targets);
-            tgt = tape_tensor(&tape, 2, (int[]){B, K}, true);
-            tensor_upload(&ctx, tgt, targets);
+        if (d.trains_head) {   // the loader's soft targets (label smoothing, mixup), K wide
+            CG_CHECK(b->classes <= K, "set num_classes to the dataset's class count or more",
+                     "the training split has %d classes, the model's head %d", b->classes, K);
+            float *t = cg_calloc((size_t)b->count * K, sizeof(float));
+            for (int i = 0; i < b->count; i++)
+                memcpy(t + (size_t)i * K, b->targets + (size_t)i * b->classes, b->classes * sizeof(float));
+            tgt = tape_tensor(&tape, 2, (int[]){b->count, K}, true);
+            tensor_upload(&ctx, tgt, t);
+            free(t);
         }
         Tensor *raw_dev;
+        d.student.drop_path.step = step;
         Tensor *loss = distill_loss(&d, &tape, x, tgt, &raw_dev);
         tensor_download(&ctx, raw_dev, raw);
         float loss_v = raw[d.n_raw - 1];
@@ -573,16 +605,15 @@ TrainResult distill_train(const Config *c, const FmnistSplit *train, const Fmnis
         }
         if (has_head && ((step + 1) % eval_every == 0 || last)) {
             double t0 = now_seconds();
-            ev = classify_evaluate(&ctx, &d.student, test, 500);
-            printf("eval  step %ld | student test top1 %.2f%% (its head) | test loss %.4f | %ld images"
-                   " | %.1f s\n", step + 1, 100 * ev.top1, ev.loss, ev.count, now_seconds() - t0);
-            const char *k2[] = {"test_top1", "test_loss"};
-            double v2[] = {ev.top1, ev.loss};
-            runlog_metrics(&log, step + 1, 2, k2, v2);
+            ev = classify_evaluate(&ctx, &d.student, val);
+            print_eval(&log, step + 1, &ev, now_seconds() - t0);
+            const char *k2[] = {"test_top1", "test_top5", "test_loss"};
+            double v2[] = {ev.top1, ev.top5, ev.loss};
+            runlog_metrics(&log, step + 1, 3, k2, v2);
             t_prev = now_seconds();
         }
         if ((c->ckpt_every > 0 && (step + 1) % c->ckpt_every == 0) || last || stop) {
-            save_checkpoint(c, &log, &d, &ctx, step + 1, steps_per_epoch, loss_sum, loss_n, part_sums);
+            save_checkpoint(c, &log, &d, &ctx, train, step + 1, loss_sum, loss_n, part_sums);
             t_prev = now_seconds();
         }
         if (stop) {
@@ -592,9 +623,8 @@ TrainResult distill_train(const Config *c, const FmnistSplit *train, const Fmnis
         }
     }
     if (has_head && ev.count == 0 && step >= total) {   // resumed at the end
-        ev = classify_evaluate(&ctx, &d.student, test, 500);
-        printf("eval  step %ld | student test top1 %.2f%% (its head) | test loss %.4f | %ld images\n",
-               step, 100 * ev.top1, ev.loss, ev.count);
+        ev = classify_evaluate(&ctx, &d.student, val);
+        print_eval(&log, step, &ev, -1);
     }
     char dur[32];
     if (step >= total) {
@@ -602,7 +632,9 @@ TrainResult distill_train(const Config *c, const FmnistSplit *train, const Fmnis
         if (has_head) printf(", final student test top1 %.2f%%", 100 * ev.top1);
         printf("\n");
     }
-    free(img); free(targets); free(labels); free(order); free(raw);
+    free(raw);
+    loader_close(train);
+    if (val) loader_close(val);
     free(keys); free(vals); free(part_keys);
     tape_free(&tape);
     arena_free(&arena);
@@ -613,12 +645,6 @@ TrainResult distill_train(const Config *c, const FmnistSplit *train, const Fmnis
     res.total = total;
     res.eval = ev;
     return res;
-}
-
-static void load_split(const char *dir, int train, FmnistSplit *s) {
-    char err[1024];
-    if (fmnist_load(dir, train, s, err, sizeof(err)) != 0)
-        CG_FAIL("install Debian's dataset-fashion-mnist (make deps) or set data_dir", "%s", err);
 }
 
 // A float tensor of the file as an fp32 tensor of the tape, or NULL when absent.
@@ -720,15 +746,8 @@ int cmd_distill(int argc, char **argv) {
         distill_loss_once(&c, images, loss_out);
         return 0;
     }
-    CG_CHECK(strcmp(c.dataset, "fashion-mnist") == 0, "dataset = fashion-mnist",
-             "dataset '%s' is not supported by this build", c.dataset);
     CG_CHECK(strcmp(c.resume, "auto") != 0 || c.run_name[0], "set run_name to the run to continue",
              "resume = auto needs run_name: it continues the run folder out_dir/run_name");
-    FmnistSplit train, test;
-    load_split(c.data_dir, 1, &train);
-    load_split(c.data_dir, 0, &test);
-    distill_train(&c, &train, &test, NULL);
-    fmnist_free(&train);
-    fmnist_free(&test);
+    distill_train(&c, NULL);
     return 0;
 }

@@ -75,8 +75,9 @@ typedef struct DistillOptions {
     float *step_losses;   // one float per step of the run, or NULL
 } DistillOptions;
 
-// One distillation run of config c: teacher, student, resume (bit-exactly) per c->resume,
-// AdamW + warmup/cosine over the trainable parameters, logs with every part, evaluation of the
-// student's head on test when it has one, checkpoints as cgspn train. o may be NULL.
-TrainResult distill_train(const Config *c, const FmnistSplit *train, const FmnistSplit *test,
-                          const DistillOptions *o);
+// One distillation run of config c on the shards of c->data_shards, read as cgspn train reads
+// them (data/loader.h: train_split with the config's augmentation, val_split for evaluation):
+// teacher, student, resume (bit-exactly) per c->resume, AdamW + warmup/cosine over the
+// trainable parameters, logs with every part, evaluation of the student's head when it has
+// one, checkpoints as cgspn train. o may be NULL.
+TrainResult distill_train(const Config *c, const DistillOptions *o);

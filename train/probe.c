@@ -2,48 +2,67 @@
 // copied at init), then trains a fresh linear head on the frozen encoder's pooled features
 // (the head's input: mean of patch tokens or the class token, after the final norm) for
 // `epochs` epochs with AdamW + warmup/cosine, and evaluates it. The encoder runs once over the
-// training and test sets; the head trains on the cached features.
+// train and val splits of data_shards (the loader's eval path: no augmentation, in order); the
+// head trains on the cached features.
 #include "probe.h"
 #include "classify.h"
 #include "cli_args.h"
+#include "data_config.h"
 #include "device.h"
 #include "model_config.h"
 #include "optimizer.h"
 #include "runlog.h"
-#include "../data/fmnist_batch.h"
 #include "../nn/error.h"
 #include "../nn/params_io.h"
 #include "../nn/targets.h"
+#include "../data/loader.h"
 #include <math.h>
 #include <omp.h>
 
 static void probe_usage(FILE *f) {
     fprintf(f, "usage: cgspn probe CONFIG --weights W.safetensors [--key=value ...]\n"
-               "Evaluates the encoder of CONFIG with the weights W (its own head, when W has one),\n"
+               "Evaluates the encoder of CONFIG with the weights W (its own head, when W has one)\n"
+               "on val_split of data_shards,\n"
                "then a linear probe: a fresh head trained for `epochs` epochs (lr, batch_size,\n"
                "weight_decay, warmup_steps) on the frozen encoder's pooled features.\n"
                "Example: cgspn probe configs/fmnist_cgspn.cfg --weights student.safetensors --epochs=1\n");
 }
 
-// Pooled head inputs of every image of split: (count, C) on the host.
-static float *pooled_features(Ctx *ctx, const Encoder *e, const FmnistSplit *s, int batch) {
+// The eval-path loader (no augmentation, in order) over split of data_shards.
+static Loader *open_split(const Config *c, const char *split, int batch) {
+    LoaderOptions o;
+    loader_options_from_config(c, 0, 0, 1, &o);
+    o.split = split;
+    o.batch_size = batch;
+    char err[2048];
+    Loader *l = loader_open(&o, err, sizeof err);
+    if (!l)
+        CG_FAIL(strcmp(c->data_shards, "data/shards/fmnist") == 0 ? "build the Fashion-MNIST shards "
+                "first: make fmnist-shards" : "build shards with cgspn data build, or set data_shards",
+                "%s", err);
+    return l;
+}
+
+typedef struct Features { float *x; int *labels; int n, classes; } Features;
+
+// Pooled head inputs (n, C) and labels of every image of the loader's split, in order.
+static Features pooled_features(Ctx *ctx, const Encoder *e, Loader *l) {
     Arena arena;
     arena_init(&arena, ctx, 64u << 20);
     Tape tape;
     tape_init(&tape, ctx, &arena);
     tape_set_grad_enabled(&tape, false);
-    int n = s->images.count, C = e->cfg.width, hw = s->images.rows * s->images.cols;
-    float *feat = cg_malloc((size_t)n * C * sizeof(float));
-    float *img = cg_malloc((size_t)batch * hw * sizeof(float));
-    int *labels = cg_malloc((size_t)batch * sizeof(int));
-    uint32_t *idx = cg_malloc((size_t)batch * sizeof(uint32_t));
-    for (int start = 0; start < n; start += batch) {
-        int b = n - start < batch ? n - start : batch;
-        for (int i = 0; i < b; i++) idx[i] = (uint32_t)(start + i);
-        fmnist_batch(s, idx, b, img, labels);
+    int C = e->cfg.width;
+    int64_t total = (int64_t)loader_dataset(l)->m.images, steps = loader_steps_per_epoch(l);
+    Features f = {cg_malloc((size_t)total * C * sizeof(float)), cg_malloc((size_t)total * sizeof(int)), 0, 0};
+    char err[2048];
+    for (int64_t s = 0; s < steps; s++) {
+        const Batch *b = loader_next(l, err, sizeof err);
+        if (!b) CG_FAIL("run cgspn data verify on the shards", "%s", err);
+        if (b->count == 0) continue;
         tape_reset(&tape);
-        Tensor *x = tape_tensor(&tape, 4, (int[]){b, e->cfg.in_chans, s->images.rows, s->images.cols}, true);
-        tensor_upload(ctx, x, img);
+        Tensor *x = tape_tensor(&tape, 4, (int[]){b->count, b->channels, b->height, b->width}, true);
+        tensor_upload(ctx, x, b->images);
         Tensor *tokens = encoder_forward(&tape, e, x, NULL);
         Tensor *pooled;
         if (e->cfg.avg_pool || !e->prefix) {
@@ -51,34 +70,41 @@ static float *pooled_features(Ctx *ctx, const Encoder *e, const FmnistSplit *s, 
                                         : tokens;
             pooled = nn_mean_tokens(&tape, patches);
         } else {
-            pooled = nn_view(&tape, nn_slice_tokens(&tape, tokens, 0, 1), 2, (int[]){b, C});
+            pooled = nn_view(&tape, nn_slice_tokens(&tape, tokens, 0, 1), 2, (int[]){b->count, C});
         }
         float *host = tensor_to_host_f32(ctx, pooled);
-        memcpy(feat + (size_t)start * C, host, (size_t)b * C * sizeof(float));
+        CG_CHECK(f.n + b->count <= total, "", "the loader gave more images than the split holds");
+        memcpy(f.x + (size_t)f.n * C, host, (size_t)b->count * C * sizeof(float));
+        for (int i = 0; i < b->count; i++) f.labels[f.n + i] = b->labels[i];
+        f.n += b->count;
+        f.classes = b->classes;
         free(host);
     }
-    free(img); free(labels); free(idx);
     tape_free(&tape);
     arena_free(&arena);
-    return feat;
+    return f;
+}
+
+static void features_free(Features *f) {
+    free(f->x);
+    free(f->labels);
 }
 
 // Top-1 of the linear head on cached features.
-static double head_top1(const float *w, const float *bias, const float *feat, const FmnistSplit *s,
-                        int C, int K) {
+static double head_top1(const float *w, const float *bias, const Features *f, int C, int K) {
     long correct = 0;
-    for (int i = 0; i < s->labels.count; i++) {
-        const float *f = feat + (size_t)i * C;
+    for (int i = 0; i < f->n; i++) {
+        const float *x = f->x + (size_t)i * C;
         int best = 0;
         double best_v = -INFINITY;
         for (int k = 0; k < K; k++) {
             double v = bias[k];
-            for (int c = 0; c < C; c++) v += (double)w[(size_t)k * C + c] * f[c];
+            for (int c = 0; c < C; c++) v += (double)w[(size_t)k * C + c] * x[c];
             if (v > best_v) best_v = v, best = k;
         }
-        correct += best == s->labels.labels[i];
+        correct += best == f->labels[i];
     }
-    return s->labels.count ? (double)correct / s->labels.count : 0;
+    return f->n ? (double)correct / f->n : 0;
 }
 
 int cmd_probe(int argc, char **argv) {
@@ -97,11 +123,6 @@ int cmd_probe(int argc, char **argv) {
     CG_CHECK(rest == 0, "see cgspn probe --help", "unexpected argument '%s'", argv[2]);
     CG_CHECK(c.num_classes > 0, "set num_classes (10 for Fashion-MNIST)", "a probe needs a head");
     if (c.threads > 0) omp_set_num_threads(c.threads);
-    char err[4096];
-    FmnistSplit train, test;
-    if (fmnist_load(c.data_dir, 1, &train, err, sizeof err) != 0 ||
-        fmnist_load(c.data_dir, 0, &test, err, sizeof err) != 0)
-        CG_FAIL("install Debian's dataset-fashion-mnist (make deps) or set data_dir", "%s", err);
 
     Ctx ctx = device_open(&c);
     device_describe(&ctx, stdout);
@@ -125,16 +146,23 @@ int cmd_probe(int argc, char **argv) {
     load_report_free(&r);
     encoder_describe(&enc, &params, stdout);
     double t0 = now_seconds();
+    int eval_batch = c.eval_batch_size > 0 ? c.eval_batch_size : 500;
+    Loader *val = open_split(&c, c.val_split, eval_batch), *trn = open_split(&c, c.train_split, eval_batch);
     if (head_loaded) {
-        EvalResult ev = classify_evaluate(&ctx, &enc, &test, 500);
-        printf("probe: the weights' own head: test top1 %.2f%% | test loss %.4f\n", 100 * ev.top1,
-               ev.loss);
+        EvalResult ev = classify_evaluate(&ctx, &enc, val);
+        printf("probe: the weights' own head: test top1 %.2f%% | top5 %.2f%% | loss %.4f\n",
+               100 * ev.top1, 100 * ev.top5, ev.loss);
     }
-
-    int C = ecfg.width, K = c.num_classes, B = c.batch_size, n = train.images.count;
-    float *ftrain = pooled_features(&ctx, &enc, &train, 500);
-    float *ftest = pooled_features(&ctx, &enc, &test, 500);
-    printf("probe: features of %d + %d images in %.1f s\n", n, test.images.count, now_seconds() - t0);
+    char err[2048];
+    if (loader_cursor_set(val, (LoaderCursor){0, 0}, err, sizeof err) != 0) CG_FAIL("", "%s", err);
+    Features ftrain = pooled_features(&ctx, &enc, trn), ftest = pooled_features(&ctx, &enc, val);
+    loader_close(trn);
+    loader_close(val);
+    int C = ecfg.width, K = c.num_classes, B = c.batch_size, n = ftrain.n;
+    CG_CHECK(ftrain.classes <= K, "set num_classes to the dataset's class count or more",
+             "the data has %d classes, the head %d", ftrain.classes, K);
+    CG_CHECK(n >= B, "reduce batch_size", "batch_size %d exceeds the %d training images", B, n);
+    printf("probe: features of %d + %d images in %.1f s\n", n, ftest.n, now_seconds() - t0);
 
     // The head alone, on the CPU: a (K, C) linear from zero.
     Ctx cpu = ctx_cpu();
@@ -162,13 +190,13 @@ int cmd_probe(int argc, char **argv) {
     double loss_sum = 0;
     for (long step = 0; step < total; step++) {
         long epoch = step / steps_per_epoch, pos = step % steps_per_epoch;
-        if (pos == 0) fmnist_epoch_order((uint64_t)c.seed, epoch, order, (uint32_t)n);
+        if (pos == 0) loader_epoch_order((uint64_t)c.seed, epoch, order, (uint32_t)n);
         tape_reset(&tape);
         Tensor *x = tape_tensor(&tape, 2, (int[]){B, C}, true);
         for (int i = 0; i < B; i++) {
             uint32_t k = order[pos * B + i];
-            memcpy(tensor_f32(x) + (size_t)i * C, ftrain + (size_t)k * C, C * sizeof(float));
-            labels[i] = train.labels.labels[k];
+            memcpy(tensor_f32(x) + (size_t)i * C, ftrain.x + (size_t)k * C, C * sizeof(float));
+            labels[i] = ftrain.labels[k];
         }
         labels_to_targets(labels, B, K, 0.0f, targets);
         Tensor *tgt = tape_tensor(&tape, 2, (int[]){B, K}, true);
@@ -178,17 +206,17 @@ int cmd_probe(int argc, char **argv) {
         tape_backward(&tape, loss);
         optimizer_step(&head, &cpu, &arena, &opt, step);
     }
-    double top1 = head_top1(tensor_f32(lin.w), tensor_f32(lin.b), ftest, &test, C, K);
+    double top1 = head_top1(tensor_f32(lin.w), tensor_f32(lin.b), &ftest, C, K);
     printf("probe: linear probe (%ld steps, %d epoch%s on frozen features, train loss %.4f): "
            "test top1 %.2f%%\n", total, c.epochs > 0 ? c.epochs : 1, c.epochs == 1 ? "" : "s",
            total ? loss_sum / total : 0, 100 * top1);
-    free(order); free(targets); free(labels); free(ftrain); free(ftest);
+    free(order); free(targets); free(labels);
+    features_free(&ftrain);
+    features_free(&ftest);
     tape_free(&tape);
     arena_free(&arena);
     params_free(&head, &cpu);
     params_free(&params, &ctx);
     device_close(&ctx);
-    fmnist_free(&train);
-    fmnist_free(&test);
     return 0;
 }

@@ -1,0 +1,299 @@
+// `cgspn train` and `cgspn eval` on a tiny shard set built from synthetic IDX files: non-finite
+// losses skipped (counted, logged) or stopping the run (naming the step, the last checkpoint
+// kept), SIGTERM finishing the step with a checkpoint and exit status 0 (the real binary, forked
+// and signalled), the eval command reproducing the trainer's own evaluation of raw and EMA
+// weights, gradient accumulation matching one large batch, and the lr scaling rule.
+#include "testlib.h"
+#include "train_fixture.h"
+#include "../train/checkpoint.h"
+#include "../train/classify.h"
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+// Accumulating two micro-batches of 4 sums the same per-image gradients as one batch of 8, in
+// another order: the losses of later steps drift by fp32 rounding only (~1e-7 relative per
+// step, a few steps deep); a wrong scale (1 instead of 1/2) changes them by 1e-2 or more.
+#define ACCUM_TOL 1e-5
+
+static char g_dir[256];
+static int setup(void **state) {
+    if (test_make_temp_dir(g_dir, sizeof g_dir, "train")) return -1;
+    fixture_build_shards(g_dir, 48, 16);
+    return 0;
+}
+static int teardown(void **state) { return test_remove_dir(g_dir); }
+
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    s[fread(s, 1, (size_t)n, f)] = 0;
+    fclose(f);
+    return s;
+}
+
+static void assert_contains(const char *s, const char *part) {
+    if (!strstr(s, part)) fail_msg("expected the text to contain '%s', got:\n%s", part, s);
+}
+
+// Redirects fd (1 or 2) into a file until capture_end, which returns the text written.
+typedef struct Capture { int fd, saved; char path[600]; } Capture;
+static void capture_begin(Capture *c, int fd, const char *name) {
+    fflush(stdout);
+    fflush(stderr);
+    c->fd = fd;
+    snprintf(c->path, sizeof c->path, "%s/%s", g_dir, name);
+    c->saved = dup(fd);
+    int f = open(c->path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(c->saved >= 0 && f >= 0);
+    dup2(f, fd);
+    close(f);
+}
+static char *capture_end(Capture *c) {
+    fflush(stdout);
+    fflush(stderr);
+    dup2(c->saved, c->fd);
+    close(c->saved);
+    return read_text(c->path);
+}
+
+static char *metrics_of(const char *run) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", g_dir, run);
+    return read_text(path);
+}
+
+// ---- non-finite losses -------------------------------------------------------------------------
+
+static void test_nonfinite_skip_skips_the_update_counts_and_logs_it(void **state) {
+    Config c = fixture_config(g_dir, "vit", "skip", 6);
+    snprintf(c.on_nonfinite, sizeof c.on_nonfinite, "skip");
+    float losses[6];
+    TrainOptions o = {.step_losses = losses, .nonfinite_at = 3};
+    TrainResult r = classify_train(&c, &o);
+    assert_int_equal(r.status, TRAIN_DONE);
+    assert_int_equal(r.step, 6);
+    assert_int_equal(r.skipped, 1);
+    for (int i = 0; i < 6; i++) assert_true(i == 2 ? isnan(losses[i]) : isfinite(losses[i]));
+    assert_true(isfinite(r.eval.loss));   // the NaN never reached the weights
+    char *m = metrics_of("skip");
+    assert_contains(m, "{\"step\": 3, ");
+    assert_contains(m, "\"nonfinite_skipped\": 1}");
+    free(m);
+    // The skipped update leaves the weights as they were: a run whose step 3 is skipped matches,
+    // up to step 2, the one without, and differs after it.
+    Config d = fixture_config(g_dir, "vit", "noskip", 6);
+    float plain[6];
+    TrainOptions od = {.step_losses = plain};
+    classify_train(&d, &od);
+    assert_memory_equal(losses, plain, 2 * sizeof(float));
+    assert_memory_not_equal(&losses[3], &plain[3], sizeof(float));
+}
+
+static void test_nonfinite_stop_names_the_step_and_keeps_the_last_checkpoint(void **state) {
+    Config c = fixture_config(g_dir, "cgspn", "stop", 8);   // checkpoints every 5 steps... 
+    c.ckpt_every = 2;                                         // ...here every 2
+    TrainOptions o = {.nonfinite_at = 5};
+    Capture cap;
+    capture_begin(&cap, 2, "stop.err");
+    TrainResult r = classify_train(&c, &o);
+    char *err = capture_end(&cap);
+    printf("    %s", err);
+    assert_int_equal(r.status, TRAIN_NONFINITE);
+    assert_int_equal(r.nonfinite_step, 5);
+    assert_int_equal(r.step, 4);
+    assert_contains(err, "the loss is not finite at step 5");
+    assert_contains(err, "on_nonfinite = skip");
+    char run[600], latest[1024];
+    snprintf(run, sizeof run, "%s/stop", g_dir);
+    long steps[8];
+    assert_int_equal(ckpt_list(run, steps, 8), 2);   // 2 and 4; nothing of step 5
+    assert_int_equal(steps[1], 4);
+    assert_int_equal(ckpt_find_latest(run, latest, sizeof latest), 1);
+    free(err);
+}
+
+// ---- SIGTERM -----------------------------------------------------------------------------------
+
+static void test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_0(void **state) {
+    if (access("./cgspn", X_OK) != 0) fail_msg("./cgspn is not built (make test builds it first)");
+    Config c = fixture_config(g_dir, "vit", "term", 1000000);
+    c.log_every = 1;
+    c.ckpt_every = 0;
+    char cfg[600], log[600], run[600];
+    snprintf(cfg, sizeof cfg, "%s/term.cfg", g_dir);
+    snprintf(log, sizeof log, "%s/term.log", g_dir);
+    snprintf(run, sizeof run, "%s/term", g_dir);
+    assert_int_equal(config_save(&c, cfg), 0);
+    fflush(stdout);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int f = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(f, 1);
+        dup2(f, 2);
+        execl("./cgspn", "cgspn", "train", cfg, (char *)NULL);
+        _exit(127);
+    }
+    // Wait until it is training (a few logged steps), then ask it to stop.
+    char metrics[700];
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
+    for (int tries = 0;; tries++) {
+        if (tries > 20000) {
+            kill(pid, SIGKILL);
+            fail_msg("no training steps logged after 20 s");
+        }
+        FILE *f = fopen(metrics, "r");
+        int lines = 0;
+        for (int ch; f && (ch = fgetc(f)) != EOF;) lines += ch == '\n';
+        if (f) fclose(f);
+        if (lines >= 3) break;
+        usleep(1000);
+    }
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    char *out = read_text(log);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("cgspn train did not exit 0 after SIGTERM (status %d):\n%s", status, out);
+    assert_contains(out, "interrupted by SIGTERM after step ");
+    long steps[4];
+    assert_int_equal(ckpt_list(run, steps, 4), 1);
+    long at = steps[0];
+    printf("    SIGTERM: checkpoint at step %ld, exit status 0\n", at);
+    assert_true(at >= 3 && at < 1000000);
+    char line[64];
+    snprintf(line, sizeof line, "interrupted by SIGTERM after step %ld of 1000000", at);
+    assert_contains(out, line);
+    // The checkpoint holds the last logged step: the one running when the signal came finished.
+    char *m = metrics_of("term"), last[64];
+    snprintf(last, sizeof last, "{\"step\": %ld, ", at);
+    assert_contains(m, last);
+    snprintf(last, sizeof last, "{\"step\": %ld, ", at + 1);
+    assert_null(strstr(m, last));
+    free(m);
+    free(out);
+    // And the run continues from it.
+    Config d = c;
+    d.max_steps = (int)at + 2;
+    snprintf(d.resume, sizeof d.resume, "auto");
+    TrainResult r = classify_train(&d, NULL);
+    assert_int_equal(r.status, TRAIN_DONE);
+    assert_int_equal(r.step, at + 2);
+}
+
+// ---- cgspn eval ----------------------------------------------------------------------------------
+
+// "... top1 12.50% ..." after `key`: the percentage as printed.
+static void printed_pct(const char *text, const char *key, char *out, size_t n) {
+    const char *p = strstr(text, key);
+    if (!p) fail_msg("no '%s' in:\n%s", key, text);
+    sscanf(p + strlen(key), "%31[0-9.]", out);
+}
+
+static void eval_output(const char *weights, bool ema, char *top1, char *top5) {
+    char cfg[600], w[1300];
+    snprintf(cfg, sizeof cfg, "%s/eval.cfg", g_dir);
+    snprintf(w, sizeof w, "--weights=%s", weights);
+    char *argv[] = {"cgspn", "eval", cfg, w, ema ? "--ema" : "--threads=0", NULL};
+    Capture cap;
+    capture_begin(&cap, 1, "eval.out");
+    int rc = cmd_eval(5, argv);
+    char *out = capture_end(&cap);
+    printf("    %s", strstr(out, "eval val"));
+    assert_int_equal(rc, 0);
+    printed_pct(out, ema ? "ema top1 " : "weights top1 ", top1, 32);
+    printed_pct(out, "top5 ", top5, 32);
+    free(out);
+}
+
+static void test_eval_command_reproduces_the_trainers_evaluation(void **state) {
+    Config c = fixture_config(g_dir, "vit", "for_eval", 12);
+    c.ema_decay = 0.5f;
+    c.eval_batch_size = 5;   // a partial last batch (16 images)
+    TrainResult r = classify_train(&c, NULL);
+    assert_int_equal(r.eval.count, 16);
+    char cfg[600];
+    snprintf(cfg, sizeof cfg, "%s/eval.cfg", g_dir);
+    assert_int_equal(config_save(&c, cfg), 0);
+    char want1[32], want5[32], top1[32], top5[32], ckpt[1200];
+    // a run folder (its newest checkpoint), its model.safetensors, and the EMA weights
+    snprintf(want1, sizeof want1, "%.2f", 100 * r.eval.top1);
+    snprintf(want5, sizeof want5, "%.2f", 100 * r.eval.top5);
+    eval_output(r.run_dir, false, top1, top5);
+    assert_string_equal(top1, want1);
+    assert_string_equal(top5, want5);
+    snprintf(ckpt, sizeof ckpt, "%s/step_%08d/model.safetensors", r.run_dir, 12);
+    eval_output(ckpt, false, top1, top5);
+    assert_string_equal(top1, want1);
+    snprintf(want1, sizeof want1, "%.2f", 100 * r.eval_ema.top1);
+    eval_output(r.run_dir, true, top1, top5);
+    assert_string_equal(top1, want1);
+}
+
+// ---- accumulation and lr scaling -------------------------------------------------------------------
+
+static double first_logged(const char *run, const char *key) {
+    char *m = metrics_of(run), pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    char *p = strstr(m, pat);
+    if (!p) fail_msg("no %s in %s's metrics", key, run);
+    double v = strtod(p + strlen(pat), NULL);
+    free(m);
+    return v;
+}
+
+static void test_gradient_accumulation_matches_one_large_batch(void **state) {
+    enum { STEPS = 6 };
+    Config one = fixture_config(g_dir, "vit", "batch8", STEPS);
+    one.log_every = 1;
+    one.grad_clip = 0;   // AdamW alone is blind to the gradient's scale: the logged norm is not
+    Config acc = one;
+    snprintf(acc.run_name, sizeof acc.run_name, "accum2x4");
+    acc.accum_steps = 2;
+    float a[STEPS], b[STEPS];
+    TrainOptions oa = {.step_losses = a}, ob = {.step_losses = b};
+    TrainResult ra = classify_train(&one, &oa), rb = classify_train(&acc, &ob);
+    for (int i = 0; i < STEPS; i++) {
+        double rel = fabs((double)a[i] - b[i]) / fabs((double)a[i]);
+        printf("    step %d: batch 8 loss %.9f, 2 x 4 accumulated %.9f (rel %.1e)\n", i + 1, a[i], b[i], rel);
+        assert_true(rel < ACCUM_TOL);
+    }
+    assert_true(fabs(ra.eval.loss - rb.eval.loss) < ACCUM_TOL * ra.eval.loss);
+    double na = first_logged("batch8", "grad_norm"), nb = first_logged("accum2x4", "grad_norm");
+    printf("    step 1 gradient norm: %.9g and %.9g\n", na, nb);
+    assert_true(fabs(na - nb) < ACCUM_TOL * na);
+}
+
+static void test_lr_scale_batch_scales_the_peak_rate(void **state) {
+    Config c = fixture_config(g_dir, "vit", "lr_plain", 1);
+    c.warmup_steps = 0;
+    c.min_lr = 0;
+    c.max_steps = 4;
+    c.log_every = 1;
+    classify_train(&c, NULL);
+    Config s = c;
+    snprintf(s.run_name, sizeof s.run_name, "lr_scaled");
+    s.lr_scale_batch = 2;   // batch 8 / 2: four times lr
+    classify_train(&s, NULL);
+    assert_float_equal(first_logged("lr_plain", "lr"), 3e-3, 1e-9);   // cosine at its start
+    assert_float_equal(first_logged("lr_scaled", "lr"), 4 * 3e-3, 1e-8);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_nonfinite_skip_skips_the_update_counts_and_logs_it, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_nonfinite_stop_names_the_step_and_keeps_the_last_checkpoint, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_0, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_eval_command_reproduces_the_trainers_evaluation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gradient_accumulation_matches_one_large_batch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lr_scale_batch_scales_the_peak_rate, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,105 @@
+// `cgspn eval CONFIG --weights W`: top-1/top-5 and cross-entropy of given weights on the
+// validation split of data_shards, through the loader's eval path (resize the shorter side to
+// img_size / eval_crop_pct, centre-crop img_size).
+#include "checkpoint.h"
+#include "classify.h"
+#include "cli_args.h"
+#include "data_config.h"
+#include "device.h"
+#include "model_config.h"
+#include "runlog.h"
+#include "../nn/error.h"
+#include "../nn/params_io.h"
+#include <omp.h>
+#include <sys/stat.h>
+
+static void eval_usage(FILE *f) {
+    fprintf(f,
+        "usage: cgspn eval CONFIG --weights W [--ema] [--key=value ...]\n"
+        "Top-1/top-5 accuracy and loss of the encoder of CONFIG on val_split of data_shards\n"
+        "(shorter side resized to img_size / eval_crop_pct, centre crop img_size). W is\n"
+        "  a safetensors weight file (cgspn or timm names; teacher_prefix is stripped),\n"
+        "  a checkpoint folder (its model.safetensors), or a run folder (its newest checkpoint).\n"
+        "--ema evaluates the EMA weights a checkpoint holds (ema_decay > 0 while training).\n"
+        "Example: cgspn eval configs/fmnist_vit.cfg --weights checkpoints/demo_vit\n");
+}
+
+static bool is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Removes a bare flag (no value) from argv; returns whether it was there.
+static bool take_switch(int *argc, char **argv, int first, const char *name) {
+    for (int i = first; i < *argc; i++) {
+        if (strcmp(argv[i], name) != 0) continue;
+        for (int k = i; k + 1 < *argc; k++) argv[k] = argv[k + 1];
+        (*argc)--;
+        return true;
+    }
+    return false;
+}
+
+int cmd_eval(int argc, char **argv) {
+    if (cli_wants_help(argc, argv, 2)) {
+        eval_usage(stdout);
+        return 0;
+    }
+    const char *weights = cli_take_flag(&argc, argv, 2, "--weights");
+    bool use_ema = take_switch(&argc, argv, 2, "--ema");
+    if (!weights) {
+        eval_usage(stderr);
+        CG_FAIL("see the usage above", "cgspn eval needs --weights");
+    }
+    Config c;
+    config_defaults(&c);
+    int rest = config_parse_args(&c, argc, argv, 2);
+    CG_CHECK(rest == 0, "see cgspn eval --help", "unexpected argument '%s'", argv[2]);
+    CG_CHECK(c.num_classes > 0, "set num_classes", "eval needs a classification head: num_classes = 0");
+    if (c.threads > 0) omp_set_num_threads(c.threads);
+
+    // The file to read: a weight file, or model.safetensors / state.safetensors of a checkpoint.
+    char ckpt[1024], path[1200], err[2048];
+    const char *prefix = c.teacher_prefix;
+    if (is_dir(weights)) {
+        int found = ckpt_resolve_err(weights, "", ckpt, sizeof ckpt, err, sizeof err);
+        CG_CHECK(found == 1, "pass a checkpoint folder, a run folder or a .safetensors file", "%s",
+                 found < 0 ? err : "no complete checkpoint there");
+        snprintf(path, sizeof path, "%s/%s", ckpt, use_ema ? "state.safetensors" : "model.safetensors");
+        if (use_ema) prefix = "ema.";
+    } else {
+        CG_CHECK(!use_ema, "pass the checkpoint folder with --ema",
+                 "--ema reads a checkpoint's training state; %s is a file", weights);
+        snprintf(path, sizeof path, "%s", weights);
+    }
+
+    Ctx ctx = device_open(&c);
+    device_describe(&ctx, stdout);
+    EncoderConfig ecfg = encoder_config_from(&c);
+    Encoder enc;
+    ParamTable params;
+    params_init_table(&params);
+    encoder_register(&enc, &ecfg, &params);
+    params_alloc(&params, &ctx);
+    LoadReport report = {0};
+    if (params_load_safetensors_err(&params, &ctx, path, prefix, &report, err, sizeof err) != 0)
+        CG_FAIL(use_ema ? "was the run trained with ema_decay > 0?" : "", "%s", err);
+    printf("weights: %s (%d tensors%s)\n", path, report.n_loaded, use_ema ? ", EMA" : "");
+    load_report_free(&report);
+    encoder_describe(&enc, &params, stdout);
+
+    LoaderOptions o;
+    loader_options_from_config(&c, 0, 0, 1, &o);
+    o.batch_size = c.eval_batch_size > 0 ? c.eval_batch_size : c.batch_size;
+    Loader *val = loader_open(&o, err, sizeof err);
+    if (!val) CG_FAIL("build shards with cgspn data build (make fmnist-shards for Fashion-MNIST)", "%s", err);
+    double t0 = now_seconds();
+    EvalResult ev = classify_evaluate(&ctx, &enc, val);
+    printf("eval %s | %s top1 %.2f%% | top5 %.2f%% | loss %.4f | %ld images | %.1f s\n",
+           c.val_split, use_ema ? "ema" : "weights", 100 * ev.top1, 100 * ev.top5, ev.loss,
+           ev.count, now_seconds() - t0);
+    loader_close(val);
+    params_free(&params, &ctx);
+    device_close(&ctx);
+    return 0;
+}
