@@ -3,32 +3,36 @@
 # Fashion-MNIST, for the GPU machine (runs on the CPU too, slowly).
 #
 #   1. the teacher: checkpoints/abl_teacher when it exists (delete it to retrain), else
-#      cgspn train configs/fmnist_vit.cfg --global_pool=avg --epochs=$TEACHER_EPOCHS $TEACHER_ARGS
-#   2. Stage 1 once: configs/fmnist_distill_stage1.cfg, $STAGE1_EPOCHS epochs
-#   3. Stage 2 (configs/fmnist_distill_stage2.cfg, $STAGE2_EPOCHS epochs each, the same steps for
-#      every variant) with taps {PB only, PB + PP, PB + PP + adaptors}, each from the teacher-copied
-#      init ("no Stage 1") and from the Stage 1 checkpoint
-#   4. writes checkpoints/distill_ablation.md: the student's test top1 with the teacher's head
-#      (and as a fraction of the teacher's), the final total loss (the mean of the last log
-#      window) and the final PB-tap MSE (comparable across variants), wall time per run.
+#      cgspn train $TEACHER_CFG --global_pool=avg [--epochs=$TEACHER_EPOCHS] $TEACHER_ARGS
+#      (the head on the mean of the patch tokens, so that it reads the student's tokens too)
+#   2. Stage 1 once: configs/fmnist_distill_stage1.cfg with the model and data of $STUDENT_CFG,
+#      $STAGE1_EPOCHS epochs
+#   3. Stage 2 (configs/fmnist_distill_stage2.cfg with $STUDENT_CFG, $STAGE2_EPOCHS epochs each,
+#      the same steps for every variant) with taps {PB only, PB + PP, PB + PP + adaptors}, each
+#      from the teacher-copied init ("no Stage 1") and from the Stage 1 checkpoint
+#   4. writes $OUT: the student's test top1 with the teacher's head (and as a fraction of the
+#      teacher's), the final total loss (the mean of the last log window) and the final PB-tap
+#      MSE (comparable across variants), wall time per run.
 #
-# Arguments go to every cgspn command (e.g. --batch_size=256 --lr=3e-3); model-size keys go
-# there too (--width, --depth, --patch, --mlp_hidden), since the student pairs block i and
-# width with the teacher's. fmnist_vit.cfg (width 64, 4 blocks, patch 7) reached 87.9% in 6
-# epochs on the CPU; a >= 92% teacher likely needs a larger one (e.g. --patch=4 --width=128
-# --depth=6 --mlp_hidden=256 and more TEACHER_EPOCHS; not measured here). Environment:
-# TEACHER_EPOCHS (default 10), TEACHER_ARGS (extra teacher overrides, e.g. a wider model),
-# STAGE1_EPOCHS (1), STAGE2_EPOCHS (5), OUT (checkpoints/distill_ablation.md).
+# Environment: TEACHER_CFG (configs/fmnist_vit_gpu.cfg: width 128, 6 blocks, 4x4 patches),
+# STUDENT_CFG (configs/fmnist_cgspn_gpu.cfg, the same shape with C-GSPN layers; on a CPU use
+# fmnist_vit.cfg / fmnist_cgspn.cfg), TEACHER_EPOCHS (empty: the teacher config's),
+# TEACHER_ARGS (extra teacher overrides), STAGE1_EPOCHS (2), STAGE2_EPOCHS (20),
+# OUT (checkpoints/distill_ablation.md). Arguments go to every cgspn command (e.g.
+# --batch_size=256 --lr=3e-3); the distillation runs take the student config's recipe keys
+# (lr, warmup, augmentation, drop path) after the stage configs'.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TEACHER_EPOCHS=${TEACHER_EPOCHS:-10}
+TEACHER_CFG=${TEACHER_CFG:-configs/fmnist_vit_gpu.cfg}
+STUDENT_CFG=${STUDENT_CFG:-configs/fmnist_cgspn_gpu.cfg}
+TEACHER_EPOCHS=${TEACHER_EPOCHS:-}
 TEACHER_ARGS=${TEACHER_ARGS:-}
-STAGE1_EPOCHS=${STAGE1_EPOCHS:-1}
-STAGE2_EPOCHS=${STAGE2_EPOCHS:-5}
+STAGE1_EPOCHS=${STAGE1_EPOCHS:-2}
+STAGE2_EPOCHS=${STAGE2_EPOCHS:-20}
 OUT=${OUT:-checkpoints/distill_ablation.md}
 CK=checkpoints
 mkdir -p "$CK"
-make -s cgspn
+make -s cgspn fmnist-shards
 
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f", b - a }'; }
@@ -37,7 +41,9 @@ pct() { grep -o "$2 [0-9.]*%" "$1" | tail -1 | grep -o '[0-9.]*%' | tr -d '%' ||
 if [ ! -f "$CK/abl_teacher/config.cfg" ] || ! ls "$CK"/abl_teacher/step_*/COMPLETE >/dev/null 2>&1; then
     rm -rf "$CK"/abl_teacher
     # shellcheck disable=SC2086
-    ./cgspn train configs/fmnist_vit.cfg --run_name=abl_teacher --epochs="$TEACHER_EPOCHS" \
+    epochs=()
+    [ -n "$TEACHER_EPOCHS" ] && epochs=(--epochs="$TEACHER_EPOCHS")
+    ./cgspn train "$TEACHER_CFG" --run_name=abl_teacher "${epochs[@]}" \
         --global_pool=avg $TEACHER_ARGS "$@" | tee "$CK"/abl_teacher.log
 fi
 if [ -f "$CK"/abl_teacher.log ] && grep -q 'final test top1' "$CK"/abl_teacher.log; then
@@ -49,8 +55,8 @@ else   # a teacher left by an earlier run without its log: evaluate it
 fi
 
 rm -rf "$CK"/abl_stage1
-./cgspn distill configs/fmnist_distill_stage1.cfg --run_name=abl_stage1 --teacher="$CK"/abl_teacher \
-    --epochs="$STAGE1_EPOCHS" "$@" | tee "$CK"/abl_stage1.log
+./cgspn distill configs/fmnist_distill_stage1.cfg --include="$STUDENT_CFG" --run_name=abl_stage1 \
+    --teacher="$CK"/abl_teacher --epochs="$STAGE1_EPOCHS" "$@" | tee "$CK"/abl_stage1.log
 s1acc=$(pct "$CK"/abl_stage1.log "final student test top1")
 
 rows=()
@@ -66,11 +72,12 @@ for variant in pb pb_pp pb_pp_ad; do
         [ "$s1" = yes ] && init=(--init "$CK"/abl_stage1)
         rm -rf "${CK:?}/$run"
         t0=$(now)
-        ./cgspn distill configs/fmnist_distill_stage2.cfg --run_name="$run" --teacher="$CK"/abl_teacher \
-            --epochs="$STAGE2_EPOCHS" "${flags[@]}" "${init[@]}" "$@" | tee "$CK/$run.log"
+        ./cgspn distill configs/fmnist_distill_stage2.cfg --include="$STUDENT_CFG" --run_name="$run" \
+            --teacher="$CK"/abl_teacher --epochs="$STAGE2_EPOCHS" "${flags[@]}" "${init[@]}" "$@" \
+            | tee "$CK/$run.log"
         t1=$(now)
         acc=$(pct "$CK/$run.log" "final student test top1")
-        loss=$(grep -o '| loss [0-9.e+-]*' "$CK/$run.log" | tail -1 | awk '{print $3}')
+        loss=$(grep '^step ' "$CK/$run.log" | grep -o '| loss [0-9.e+-]*' | tail -1 | awk '{print $3}')
         mse_pb=$(grep -o 'mse_pb [0-9.e+-]*' "$CK/$run.log" | tail -1 | awk '{print $2}')
         frac=$(awk -v s="$acc" -v t="$teacher" 'BEGIN { if (t > 0) printf "%.1f%%", 100 * s / t; else print "n/a" }')
         rows+=("| $label | $s1 | ${acc}% | $frac | $loss | $mse_pb | $(secs "$t0" "$t1") s |")
@@ -81,7 +88,7 @@ device=$(grep -m1 '^device:' "$CK"/abl_stage1.log | sed 's/^device: //')
 {
     echo "# Stage 2 ablation on Fashion-MNIST (tools/distill_ablation.sh)"
     echo
-    echo "device: ${device}; teacher checkpoints/abl_teacher: test top1 ${teacher}%;"
+    echo "device: ${device}; teacher checkpoints/abl_teacher ($TEACHER_CFG): test top1 ${teacher}%; student $STUDENT_CFG;"
     echo "Stage 1 ($STAGE1_EPOCHS epoch, student with the teacher's head: ${s1acc}%); every Stage 2 run $STAGE2_EPOCHS epochs;"
     echo "student top1 with the teacher's head (copied at init, not trained); arguments: ${*:-none}"
     echo
