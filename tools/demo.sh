@@ -13,10 +13,6 @@
 # be changed through DEMO_TEACHER_EPOCHS, DEMO_STAGE1_EPOCHS, DEMO_STAGE2_EPOCHS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# OpenMP threads that sleep while waiting instead of spinning: on a machine whose cores are
-# shared with other jobs, spinning threads wait for a descheduled partner and steps run 3-10x
-# slower (measured on 2 shared cores); on an idle machine the difference is small.
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 TEACHER_EPOCHS=${DEMO_TEACHER_EPOCHS:-3}
 STAGE1_EPOCHS=${DEMO_STAGE1_EPOCHS:-1}
 STAGE2_EPOCHS=${DEMO_STAGE2_EPOCHS:-2}
