@@ -31,31 +31,7 @@ static const char *tmp_path(const char *name) {
     return p;
 }
 
-static void assert_contains(const char *s, const char *part) {
-    if (!strstr(s, part)) fail_msg("expected the message to contain '%s', got:\n%s", part, s);
-}
-
 static bool exists(const char *path) { return access(path, F_OK) == 0; }
-
-static uint8_t *read_bytes(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *p = malloc(*n ? *n : 1);
-    assert_int_equal(fread(p, 1, *n, f), *n);
-    fclose(f);
-    return p;
-}
-
-static void assert_files_equal(const char *a, const char *b) {
-    size_t na, nb;
-    uint8_t *x = read_bytes(a, &na), *y = read_bytes(b, &nb);
-    if (na != nb || memcmp(x, y, na) != 0) fail_msg("%s and %s differ", a, b);
-    free(x);
-    free(y);
-}
 
 // ---- a model with state ------------------------------------------------------------------------
 
@@ -471,7 +447,7 @@ static int logged_losses(const char *run, char out[][32], int max) {
     char path[600];
     snprintf(path, sizeof path, "%s/%s/metrics.jsonl", g_dir, run);
     size_t n;
-    char *text = (char *)read_bytes(path, &n);
+    char *text = (char *)test_read_bytes(path, &n);
     text = realloc(text, n + 1);
     text[n] = 0;
     int count = 0;

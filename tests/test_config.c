@@ -36,10 +36,6 @@ static const char *write_cfg(const char *name, const char *text) {
     return p;
 }
 
-static void assert_contains(const char *s, const char *part) {
-    if (!strstr(s, part)) fail_msg("expected the message to contain '%s', got:\n%s", part, s);
-}
-
 static int load(Config *c, const char *path, char *err) {
     config_defaults(c);
     err[0] = '\0';

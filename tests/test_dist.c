@@ -22,10 +22,6 @@ static char g_dir[256];
 static int setup_dir(void **state) { return test_make_temp_dir(g_dir, sizeof g_dir, "dist"); }
 static int teardown_dir(void **state) { return test_remove_dir(g_dir); }
 
-static void assert_contains(const char *s, const char *part) {
-    if (!strstr(s, part)) fail_msg("expected the output to contain '%s', got:\n%s", part, s);
-}
-
 // ---- layout ------------------------------------------------------------------------------------------
 
 static void test_dist_part_splits_ranges_into_aligned_parts_covering_everything(void **state) {

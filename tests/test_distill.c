@@ -31,30 +31,6 @@ static const char *tmp_path(const char *name) {
     return p;
 }
 
-static void assert_contains(const char *s, const char *part) {
-    if (!strstr(s, part)) fail_msg("expected the message to contain '%s', got:\n%s", part, s);
-}
-
-static uint8_t *read_bytes(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *p = malloc(*n ? *n : 1);
-    assert_int_equal(fread(p, 1, *n, f), *n);
-    fclose(f);
-    return p;
-}
-
-static void assert_files_equal(const char *a, const char *b) {
-    size_t na, nb;
-    uint8_t *x = read_bytes(a, &na), *y = read_bytes(b, &nb);
-    if (na != nb || memcmp(x, y, na) != 0) fail_msg("%s and %s differ", a, b);
-    free(x);
-    free(y);
-}
-
 static void assert_close(double a, double b, double tol, const char *what) {
     double rel = fabs(a - b) / fmax(fabs(b), 1e-12);
     if (rel > tol) fail_msg("%s: %.9g vs reference %.9g (rel %.2e)", what, a, b, rel);
@@ -572,7 +548,7 @@ static void resume_is_bit_exact(int stage) {
     snprintf(x, sizeof x, "%s/%s/metrics.jsonl", g_dir, sa);
     snprintf(y, sizeof y, "%s/%s/metrics.jsonl", g_dir, sb);
     size_t nx, ny;
-    char *tx = (char *)read_bytes(x, &nx), *ty = (char *)read_bytes(y, &ny);
+    char *tx = (char *)test_read_bytes(x, &nx), *ty = (char *)test_read_bytes(y, &ny);
     int lines = 0;
     for (char *p = tx, *q = ty; p < tx + nx && q < ty + ny; lines++) {
         char *pe = memchr(p, '\n', (size_t)(tx + nx - p)), *qe = memchr(q, '\n', (size_t)(ty + ny - q));

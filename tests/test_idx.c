@@ -65,10 +65,6 @@ static const char *write_raw(const char *name, const void *data, size_t bytes) {
     return path;
 }
 
-static void assert_contains(const char *s, const char *part) {
-    if (!strstr(s, part)) fail_msg("expected the message to contain '%s', got:\n%s", part, s);
-}
-
 static uint8_t g_pix[3 * 5 * 7];
 static uint8_t g_lab[3] = {9, 0, 4};
 

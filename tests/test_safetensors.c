@@ -26,27 +26,11 @@ static const char *tmp_path(const char *name) {
     return p;
 }
 
-static void assert_contains(const char *s, const char *part) {
-    if (!strstr(s, part)) fail_msg("expected the message to contain '%s', got:\n%s", part, s);
-}
-
 static void write_bytes(const char *path, const void *p, size_t n) {
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
     assert_int_equal(fwrite(p, 1, n, f), n);
     assert_int_equal(fclose(f), 0);
-}
-
-static uint8_t *read_bytes(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *p = malloc(*n ? *n : 1);
-    assert_int_equal(fread(p, 1, *n, f), *n);
-    fclose(f);
-    return p;
 }
 
 // A file of header (length prefixed, no padding added) and data.
@@ -113,7 +97,7 @@ static void test_writer_output_is_byte_identical_to_reference_implementation(voi
     char err[1024];
     assert_int_equal(st_write_err(path, t, 4, meta, 2, NULL, NULL, err, sizeof err), 0);
     size_t n;
-    uint8_t *got = read_bytes(path, &n);
+    uint8_t *got = test_read_bytes(path, &n);
     size_t hl = sizeof kRefHeader - 1, dl = strlen(kRefData) / 2;
     assert_int_equal(hl % 8, 0);
     assert_int_equal(n, 8 + hl + dl);
@@ -245,7 +229,7 @@ static void test_empty_and_truncated_files_are_rejected(void **state) {
     path = tmp_path("trunc.safetensors");
     assert_int_equal(st_write_err(path, t, 1, NULL, 0, NULL, NULL, err, sizeof err), 0);
     size_t n;
-    uint8_t *full = read_bytes(path, &n);
+    uint8_t *full = test_read_bytes(path, &n);
     write_bytes(path, full, n - 4);   // data cut short
     expect_open_error(path, "tensor 'weight'", "past the end of the data section (12 bytes)",
                       "truncated", NULL);

@@ -49,10 +49,6 @@ static const char *tmp_path(const char *name) {
     return p;
 }
 
-static void assert_contains(const char *s, const char *part) {
-    if (!strstr(s, part)) fail_msg("expected the message to contain '%s', got:\n%s", part, s);
-}
-
 static uint8_t *read_all(const char *path, size_t *size) {
     FILE *f = fopen(path, "rb");
     assert_non_null(f);

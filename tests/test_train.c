@@ -38,10 +38,6 @@ static char *read_text(const char *path) {
     return s;
 }
 
-static void assert_contains(const char *s, const char *part) {
-    if (!strstr(s, part)) fail_msg("expected the text to contain '%s', got:\n%s", part, s);
-}
-
 // Redirects fd (1 or 2) into a file until capture_end, which returns the text written.
 typedef struct Capture { int fd, saved; char path[600]; } Capture;
 static void capture_begin(Capture *c, int fd, const char *name) {

@@ -30,6 +30,32 @@ static inline int test_remove_dir(const char *dir) {
     return system(cmd);
 }
 
+// Fails unless s contains part (error-message checks).
+static inline void assert_contains(const char *s, const char *part) {
+    if (!strstr(s, part)) fail_msg("expected the message to contain '%s', got:\n%s", part, s);
+}
+
+// A whole file's bytes (n of them); free the result.
+static inline uint8_t *test_read_bytes(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *p = malloc(*n ? *n : 1);
+    assert_int_equal(fread(p, 1, *n, f), *n);
+    fclose(f);
+    return p;
+}
+
+static inline void assert_files_equal(const char *a, const char *b) {
+    size_t na, nb;
+    uint8_t *x = test_read_bytes(a, &na), *y = test_read_bytes(b, &nb);
+    if (na != nb || memcmp(x, y, na) != 0) fail_msg("%s and %s differ", a, b);
+    free(x);
+    free(y);
+}
+
 // A CPU fp32 tensor that owns its data (free with test_tensor_free). shape given as ints.
 static inline Tensor *test_tensor(int ndim, ...) {
     int shape[TENSOR_MAX_DIMS];

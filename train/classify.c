@@ -22,22 +22,6 @@ static void train_usage(FILE *f) {
 
 // ---- data ------------------------------------------------------------------------------------
 
-// Opens the train (train = 1) or eval loader of this config, or exits naming the shards.
-static Loader *open_loader(const Config *c, int train, int batch, bool pinned) {
-    LoaderOptions o;
-    loader_options_from_config(c, train, 0, 1, &o);
-    o.batch_size = batch;
-    if (pinned) o.alloc = device_pinned_alloc, o.free = device_pinned_free;
-    char err[2048];
-    Loader *l = loader_open(&o, err, sizeof err);
-    if (!l) {
-        const char *hint = strcmp(c->data_shards, "data/shards/fmnist") == 0
-            ? "build the Fashion-MNIST shards first: make fmnist-shards"
-            : "build shards with cgspn data build (data/README.md), or set data_shards";
-        CG_FAIL(hint, "%s", err);
-    }
-    return l;
-}
 
 // ---- evaluation ------------------------------------------------------------------------------
 
@@ -258,8 +242,8 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
     // Data: micro-batches of batch_size / accum_steps; an optimizer step takes accum_steps of them.
     int A = c->accum_steps, micro = c->batch_size / A;
     bool gpu = ctx.device == DEVICE_CUDA;
-    Loader *train = open_loader(c, 1, micro, gpu);
-    Loader *val = open_loader(c, 0, c->eval_batch_size > 0 ? c->eval_batch_size : micro, gpu);
+    Loader *train = loader_open_from_config(c, 1, micro, gpu);
+    Loader *val = loader_open_from_config(c, 0, c->eval_batch_size > 0 ? c->eval_batch_size : micro, gpu);
     long steps_per_epoch = (long)(loader_steps_per_epoch(train) / A);
     CG_CHECK(steps_per_epoch > 0, "reduce batch_size",
              "batch_size %d exceeds the %llu training images of %s", c->batch_size,

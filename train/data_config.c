@@ -1,5 +1,6 @@
 #include "data_config.h"
 #include "../nn/error.h"
+#include "device.h"
 #include <math.h>
 #include <stdlib.h>
 
@@ -51,4 +52,20 @@ void loader_options_from_config(const Config *c, int train, int rank, int world,
     if (nm == 1)
         for (int k = 1; k < 3; k++) o->mean[k] = o->mean[0], o->std[k] = o->std[0];
     o->have_norm = nm > 0;
+}
+
+Loader *loader_open_from_config(const Config *c, int train, int batch, bool pinned) {
+    LoaderOptions o;
+    loader_options_from_config(c, train, 0, 1, &o);
+    o.batch_size = batch;
+    if (pinned) o.alloc = device_pinned_alloc, o.free = device_pinned_free;
+    char err[2048];
+    Loader *l = loader_open(&o, err, sizeof err);
+    if (!l) {
+        const char *hint = strcmp(c->data_shards, "data/shards/fmnist") == 0
+            ? "build the Fashion-MNIST shards first: make fmnist-shards"
+            : "build shards with cgspn data build (data/README.md), or set data_shards";
+        CG_FAIL(hint, "%s", err);
+    }
+    return l;
 }

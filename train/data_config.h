@@ -7,3 +7,8 @@
 // this rank. Exits with a message naming the key when data_mean / data_std do not parse.
 void loader_options_from_config(const Config *c, int train, int rank, int world,
                                 LoaderOptions *o);
+
+// Opens the train (train = 1) or eval loader of this config with batch images per step (pinned:
+// host buffers from the device's pinned allocator), or exits naming the shards and how to build
+// them.
+Loader *loader_open_from_config(const Config *c, int train, int batch, bool pinned);

@@ -423,23 +423,6 @@ static void save_checkpoint(const Config *c, const RunLog *log, const Distiller 
     printf("checkpoint: %s\n", saved);
 }
 
-// The train (train = 1: train_split, augmented) or eval (val_split) loader of this config, the
-// trainer's data path (data/loader.h), or an exit naming the shards.
-static Loader *open_loader(const Config *c, int train, int batch, bool pinned) {
-    LoaderOptions o;
-    loader_options_from_config(c, train, 0, 1, &o);
-    o.batch_size = batch;
-    if (pinned) o.alloc = device_pinned_alloc, o.free = device_pinned_free;
-    char err[2048];
-    Loader *l = loader_open(&o, err, sizeof err);
-    if (!l) {
-        const char *hint = strcmp(c->data_shards, "data/shards/fmnist") == 0
-            ? "build the Fashion-MNIST shards first: make fmnist-shards"
-            : "build shards with cgspn data build (data/README.md), or set data_shards";
-        CG_FAIL(hint, "%s", err);
-    }
-    return l;
-}
 
 static void print_eval(const RunLog *log, long step, const EvalResult *ev, double seconds) {
     if (log->tty) printf("\r\033[K");
@@ -466,8 +449,8 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
     if (d.stage == 2) d.student.drop_path = (EncoderDropPath){.rate = c->drop_path, .seed = (uint64_t)c->seed};
 
     bool gpu = ctx.device == DEVICE_CUDA, has_head = c->num_classes > 0;
-    Loader *train = open_loader(c, 1, c->batch_size, gpu);
-    Loader *val = has_head ? open_loader(c, 0, c->eval_batch_size > 0 ? c->eval_batch_size
+    Loader *train = loader_open_from_config(c, 1, c->batch_size, gpu);
+    Loader *val = has_head ? loader_open_from_config(c, 0, c->eval_batch_size > 0 ? c->eval_batch_size
                                                                       : c->batch_size, gpu) : NULL;
     long steps_per_epoch = (long)loader_steps_per_epoch(train);
     CG_CHECK(steps_per_epoch > 0, "reduce batch_size",
