@@ -14,17 +14,17 @@
 #      teacher's), the final total loss (the mean of the last log window) and the final PB-tap
 #      MSE (comparable across variants), wall time per run.
 #
-# Environment: TEACHER_CFG (configs/fmnist_vit_gpu.cfg: width 128, 6 blocks, 4x4 patches),
-# STUDENT_CFG (configs/fmnist_cgspn_gpu.cfg, the same shape with C-GSPN layers; on a CPU use
-# fmnist_vit.cfg / fmnist_cgspn.cfg), TEACHER_EPOCHS (empty: the teacher config's),
+# Environment: TEACHER_CFG (configs/fmnist_vit.cfg: width 128, 6 blocks, 4x4 patches),
+# STUDENT_CFG (configs/fmnist_cgspn.cfg, the same shape with C-GSPN layers; on a CPU use
+# fmnist_vit_cpu.cfg / fmnist_cgspn_cpu.cfg), TEACHER_EPOCHS (empty: the teacher config's),
 # TEACHER_ARGS (extra teacher overrides), STAGE1_EPOCHS (2), STAGE2_EPOCHS (20),
 # OUT (checkpoints/distill_ablation.md). Arguments go to every cgspn command (e.g.
 # --batch_size=256 --lr=3e-3); the distillation runs take the student config's recipe keys
 # (lr, warmup, augmentation, drop path) after the stage configs'.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TEACHER_CFG=${TEACHER_CFG:-configs/fmnist_vit_gpu.cfg}
-STUDENT_CFG=${STUDENT_CFG:-configs/fmnist_cgspn_gpu.cfg}
+TEACHER_CFG=${TEACHER_CFG:-configs/fmnist_vit.cfg}
+STUDENT_CFG=${STUDENT_CFG:-configs/fmnist_cgspn.cfg}
 TEACHER_EPOCHS=${TEACHER_EPOCHS:-}
 TEACHER_ARGS=${TEACHER_ARGS:-}
 STAGE1_EPOCHS=${STAGE1_EPOCHS:-2}
