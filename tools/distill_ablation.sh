@@ -10,7 +10,7 @@
 #   3. Stage 2 (configs/fmnist_distill_stage2.cfg with $STUDENT_CFG, $STAGE2_EPOCHS epochs each,
 #      the same steps for every variant) with taps {PB only, PB + PP, PB + PP + adaptors}, each
 #      from the teacher-copied init ("no Stage 1") and from the Stage 1 checkpoint
-#   4. writes $OUT: the student's test top1 with the teacher's head (and as a fraction of the
+#   4. writes $ABLATION_OUT: the student's test top1 with the teacher's head (and as a fraction of the
 #      teacher's), the final total loss (the mean of the last log window) and the final PB-tap
 #      MSE (comparable across variants), wall time per run.
 #
@@ -18,7 +18,7 @@
 # STUDENT_CFG (configs/fmnist_cgspn.cfg, the same shape with C-GSPN layers; on a CPU use
 # fmnist_vit_cpu.cfg / fmnist_cgspn_cpu.cfg), TEACHER_EPOCHS (empty: the teacher config's),
 # TEACHER_ARGS (extra teacher overrides), STAGE1_EPOCHS (2), STAGE2_EPOCHS (20),
-# OUT (checkpoints/distill_ablation.md), LANES and PER_LANE (1, 1: see the Stage 2 runs).
+# ABLATION_OUT (checkpoints/distill_ablation.md), LANES and PER_LANE (1, 1: see the Stage 2 runs).
 # Arguments go to every cgspn command (e.g.
 # --batch_size=256 --lr=3e-3); the distillation runs take the student config's recipe keys
 # (lr, warmup, augmentation, drop path) after the stage configs'.
@@ -30,19 +30,22 @@ TEACHER_EPOCHS=${TEACHER_EPOCHS:-}
 TEACHER_ARGS=${TEACHER_ARGS:-}
 STAGE1_EPOCHS=${STAGE1_EPOCHS:-2}
 STAGE2_EPOCHS=${STAGE2_EPOCHS:-20}
-OUT=${OUT:-checkpoints/distill_ablation.md}
+ABLATION_OUT=${ABLATION_OUT:-checkpoints/distill_ablation.md}
+TABLE_ONLY=${TABLE_ONLY:-0}   # 1: no runs, the table from the logs under checkpoints/
 LANES=${LANES:-1}
 PER_LANE=${PER_LANE:-1}
 CK=checkpoints
 mkdir -p "$CK"
-make -s cgspn
-bash tools/fmnist_shards.sh   # once: a built shard folder is kept
+if [ "$TABLE_ONLY" != 1 ]; then
+    make -s cgspn
+    bash tools/fmnist_shards.sh   # once: a built shard folder is kept
+fi
 
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f", b - a }'; }
 pct() { grep -o "$2 [0-9.]*%" "$1" | tail -1 | grep -o '[0-9.]*%' | tr -d '%' || echo "n/a"; }
 
-if [ ! -f "$CK/abl_teacher/config.cfg" ] || ! ls "$CK"/abl_teacher/step_*/COMPLETE >/dev/null 2>&1; then
+if [ "$TABLE_ONLY" != 1 ] && { [ ! -f "$CK/abl_teacher/config.cfg" ] || ! ls "$CK"/abl_teacher/step_*/COMPLETE >/dev/null 2>&1; }; then
     rm -rf "$CK"/abl_teacher
     # shellcheck disable=SC2086
     epochs=()
@@ -58,9 +61,11 @@ else   # a teacher left by an earlier run without its log: evaluate it
     teacher=$(pct "$CK"/abl_teacher_eval.log "own head: test top1")
 fi
 
-rm -rf "$CK"/abl_stage1
-./cgspn distill configs/fmnist_distill_stage1.cfg --include="$STUDENT_CFG" --run_name=abl_stage1 \
-    --teacher="$CK"/abl_teacher --epochs="$STAGE1_EPOCHS" "$@" | tee "$CK"/abl_stage1.log
+if [ "$TABLE_ONLY" != 1 ]; then
+    rm -rf "$CK"/abl_stage1
+    ./cgspn distill configs/fmnist_distill_stage1.cfg --include="$STUDENT_CFG" --run_name=abl_stage1 \
+        --teacher="$CK"/abl_teacher --epochs="$STAGE1_EPOCHS" "$@" | tee "$CK"/abl_stage1.log
+fi
 s1acc=$(pct "$CK"/abl_stage1.log "final student test top1")
 
 # The six Stage 2 runs are independent: LANES GPUs (CUDA_VISIBLE_DEVICES=0..LANES-1) take
@@ -77,13 +82,15 @@ for variant in pb pb_pp pb_pp_ad; do
     for s1 in no yes; do
         run=abl_${variant}_s1${s1}
         runs+=("$run")
+        [ "$TABLE_ONLY" = 1 ] && continue
         init=()
         [ "$s1" = yes ] && init=(--init "$CK"/abl_stage1)
         rm -rf "${CK:?}/$run"
         lane=$((i % LANES))
         (
             t0=$(now)
-            CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-$lane} ./cgspn distill \
+            if [ "$LANES" -gt 1 ]; then export CUDA_VISIBLE_DEVICES=$lane; fi
+            ./cgspn distill \
                 configs/fmnist_distill_stage2.cfg --include="$STUDENT_CFG" --run_name="$run" \
                 --teacher="$CK"/abl_teacher --epochs="$STAGE2_EPOCHS" "${flags[@]}" "${init[@]}" "$@" \
                 > "$CK/$run.log" 2>&1
@@ -104,13 +111,16 @@ for run in "${runs[@]}"; do
         abl_pb_pp_ad_s1*) label="PB + PP + adaptors";;
     esac
     s1=${run##*_s1}
-    read -r rc secs_run < "$CK/$run.done"
+    rc=0
+    [ -f "$CK/$run.done" ] && read -r rc _ < "$CK/$run.done"
+    # the run's own wall time, as it printed it ("done: N steps in 2m58s, ...")
+    took=$(grep '^done:' "$CK/$run.log" | tail -1 | sed 's/.* in \([0-9hms]*\),.*/\1/')
     if [ "$rc" != 0 ]; then echo "$run failed (exit $rc); its log: $CK/$run.log" >&2; tail -5 "$CK/$run.log" >&2; status=1; fi
     acc=$(pct "$CK/$run.log" "final student test top1")
     loss=$(grep '^step ' "$CK/$run.log" | grep -o '| loss [0-9.e+-]*' | tail -1 | awk '{print $3}')
     mse_pb=$(grep -o 'mse_pb [0-9.e+-]*' "$CK/$run.log" | tail -1 | awk '{print $2}')
     frac=$(awk -v s="$acc" -v t="$teacher" 'BEGIN { if (t > 0) printf "%.1f%%", 100 * s / t; else print "n/a" }')
-    rows+=("| $label | $s1 | ${acc}% | $frac | $loss | $mse_pb | $secs_run s |")
+    rows+=("| $label | $s1 | ${acc}% | $frac | $loss | $mse_pb | ${took:-n/a} |")
 done
 
 device=$(grep -m1 '^device:' "$CK"/abl_stage1.log | sed 's/^device: //')
@@ -128,7 +138,7 @@ device=$(grep -m1 '^device:' "$CK"/abl_stage1.log | sed 's/^device: //')
     echo "Stage 2 runs: $LANES GPU(s), up to $PER_LANE runs sharing each (time: wall time of each run as run)."
     echo "final loss: the mean total loss of the last log window (its terms differ between rows);"
     echo "final PB MSE: mean over taps of MSE(A(PB_s), PB_t) of the last log window."
-} > "$OUT"
+} > "$ABLATION_OUT"
 echo
-cat "$OUT"
+cat "$ABLATION_OUT"
 exit $status
