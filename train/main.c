@@ -52,7 +52,9 @@ static void openmp_wait_passively(char **argv) {
 // others keep stderr, where every error names its rank. CGSPN_LOG_ALL_RANKS=1 keeps every log.
 static void quiet_other_ranks(const Dist *d) {
     if (d->world <= 1) return;
-    cg_error_set_tag(dist_tag(d));
+    char tag[32];   // "rank 3", as dist's own messages name ranks
+    snprintf(tag, sizeof tag, "rank %d", d->rank);
+    cg_error_set_tag(tag);
     if (d->rank == 0 || getenv("CGSPN_LOG_ALL_RANKS")) return;
     fflush(stdout);
     if (!freopen("/dev/null", "w", stdout))
