@@ -11,6 +11,7 @@ void dp_open(DataParallel *p, Dist *d, ParamTable *params, Ctx *ctx, const Confi
     p->world = p->d->world;
     p->g = dist_grads_create(p->d, params, ctx, c->zero, c->bucket_mb);
     p->zero = p->g->zero;
+    p->overlap = true;
     if (p->world > 1 && dp_main(p)) {
         static const char *kBackends[] = {"single", "MPI", "TCP"};
         printf("data parallel: %d ranks (%s%s), zero = %d, %d gradient buckets of up to %.3g MB%s\n",
@@ -54,7 +55,7 @@ static void on_param_done(void *user, const Tensor *grad) {
 }
 
 void dp_backward(DataParallel *p, Tape *t, Tensor *loss, bool last) {
-    const bool overlap = last && p->world > 1;
+    const bool overlap = last && p->world > 1 && p->overlap;
     if (overlap) tape_set_param_done(t, on_param_done, p->g);
     tape_backward(t, loss);
     if (overlap) tape_set_param_done(t, NULL, NULL);

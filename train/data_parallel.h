@@ -36,6 +36,8 @@ typedef struct DataParallel {
     DistGrads *g;       // buckets and the ZeRO-1 shard over the trained parameter table
     int zero;           // in effect (0 in a world of one)
     int rank, world;
+    bool overlap;       // launch buckets during backward (default); false: all after it (the
+                        // benchmark's comparison)
 } DataParallel;
 
 // After params_alloc of the table the optimizer steps. d NULL: dist_process().
