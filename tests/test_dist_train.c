@@ -6,6 +6,9 @@
 // (losses, logs, weights, state and optimizer shards), and that a checkpoint written by 2 ranks
 // with zero = 1 resumes on a world of one. The reference runs of one process run inside the
 // same job, on a Dist of their own (TrainOptions.dist).
+//
+// CGSPN_TEST_DEVICE=cuda runs the same tests on two GPUs (one per rank, NCCL; what
+// tools/dist_device_check.sh runs): the equivalences in fp32, the bit-exact resumes in bf16.
 #include "testlib.h"
 #include "train_fixture.h"
 #include "../dist/ckpt_shard.h"
@@ -25,9 +28,15 @@
 // gradient summed instead of averaged, moves the losses by 1e-3 or more).
 #define LOSS_TOL 1e-5
 #define WEIGHT_TOL 1e-4
+// On GPUs cuBLAS may pick other GEMM algorithms for b and 2b images (another grouping of the
+// same fp32 sums, never TF32: kernels/cuda/linear.cu), so the bounds are 10x wider there. Not
+// yet measured on GPUs: tools/dist_device_check.sh prints the differences.
+#define GPU_LOSS_TOL 1e-4
+#define GPU_WEIGHT_TOL 1e-3
 #define STEPS 6
 #define STOP_AT 3
 
+static bool g_gpu;            // CGSPN_TEST_DEVICE=cuda
 static Dist *g_dist;
 static Dist g_single;        // a world of one, for the reference runs
 static char g_dir[256];      // shared by the ranks (rank 0 makes it, then broadcasts the name)
@@ -66,15 +75,20 @@ static void assert_losses_close(const char *what, const float *two, const float 
         double rel = fabs((double)two[i] - one[i]) / fabs((double)one[i]);
         if (g_dist->rank == 0)
             printf("    %s step %d: 2 ranks %.9f, 1 rank %.9f (rel %.1e)\n", what, i + 1, two[i], one[i], rel);
-        if (!(rel < LOSS_TOL)) fail_msg("%s step %d: loss %.9g on 2 ranks, %.9g on 1 (rel %.2g)", what,
+        if (!(rel < (g_gpu ? GPU_LOSS_TOL : LOSS_TOL))) fail_msg("%s step %d: loss %.9g on 2 ranks, %.9g on 1 (rel %.2g)", what,
                                         i + 1, two[i], one[i], rel);
     }
 }
 
 // ---- cgspn train ------------------------------------------------------------------------------------
 
-static Config train_config(const char *run, int zero) {
+// precision: "fp32" for the equivalences, "bf16" for the resumes on GPUs (fp32 on the CPU).
+static Config train_config_as(const char *run, int zero, const char *precision) {
     Config c = fixture_config(g_dir, "cgspn", run, STEPS);
+    if (g_gpu) {
+        snprintf(c.device, sizeof c.device, "cuda");
+        snprintf(c.precision, sizeof c.precision, "%s", precision);
+    }
     c.batch_size = 8;        // 2 ranks x 4 against 1 rank x 8
     c.eval_batch_size = 8;
     c.ckpt_every = STOP_AT;
@@ -84,6 +98,9 @@ static Config train_config(const char *run, int zero) {
     c.dist_timeout_s = 30;
     return c;
 }
+
+static Config train_config(const char *run, int zero) { return train_config_as(run, zero, "fp32"); }
+static Config resume_config(const char *run, int zero) { return train_config_as(run, zero, "bf16"); }
 
 static void train_two_ranks_equal_one(int zero) {
     char ref[64];
@@ -108,7 +125,7 @@ static void train_two_ranks_equal_one(int zero) {
     snprintf(fb, sizeof fb, "%s/%s/step_%08d/model.safetensors", g_dir, run, STEPS);
     double e = max_weight_diff(fb, fa);
     if (g_dist->rank == 0) printf("    train zero = %d: weights differ by %.2g (relative to the largest)\n", zero, e);
-    if (!(e < WEIGHT_TOL)) fail_msg("zero = %d: weights of 2 ranks differ from 1 rank by %.3g", zero, e);
+    if (!(e < (g_gpu ? GPU_WEIGHT_TOL : WEIGHT_TOL))) fail_msg("zero = %d: weights of 2 ranks differ from 1 rank by %.3g", zero, e);
 }
 
 static void test_train_two_ranks_equal_one_rank_of_twice_the_batch(void **state) {
@@ -159,10 +176,10 @@ static void train_resume_is_bit_exact(int zero) {
     snprintf(split_run, sizeof split_run, "split_z%d", zero);
     float full[STEPS], split[STEPS];
     memset(split, 0xff, sizeof split);
-    Config a = train_config(full_run, zero);
+    Config a = resume_config(full_run, zero);
     TrainOptions oa = {.step_losses = full, .dist = g_dist};
     assert_int_equal(classify_train(&a, &oa).step, STEPS);
-    Config b = train_config(split_run, zero);
+    Config b = resume_config(split_run, zero);
     TrainOptions ob = {.stop_after = STOP_AT, .step_losses = split, .dist = g_dist};
     assert_int_equal(classify_train(&b, &ob).step, STOP_AT);
     if (zero) {   // the optimizer shards and their marker are in the checkpoint
@@ -217,8 +234,8 @@ static void make_teacher(void) {
     made = true;
 }
 
-static Config distill_config(const char *run, int zero) {
-    Config c = train_config(run, zero);
+static Config distill_config_as(const char *run, int zero, const char *precision) {
+    Config c = train_config_as(run, zero, precision);
     c.stage = 2;
     snprintf(c.teacher, sizeof c.teacher, "%s/teacher", g_dir);
     snprintf(c.taps, sizeof c.taps, "all");
@@ -226,6 +243,8 @@ static Config distill_config(const char *run, int zero) {
     c.ckpt_every = STOP_AT;
     return c;
 }
+
+static Config distill_config(const char *run, int zero) { return distill_config_as(run, zero, "fp32"); }
 
 static void distill_two_ranks_equal_one(int zero) {
     make_teacher();
@@ -245,7 +264,7 @@ static void distill_two_ranks_equal_one(int zero) {
     snprintf(fb, sizeof fb, "%s/%s/step_%08d/model.safetensors", g_dir, run, STEPS);
     double e = max_weight_diff(fb, fa);
     if (g_dist->rank == 0) printf("    distill zero = %d: weights differ by %.2g\n", zero, e);
-    if (!(e < WEIGHT_TOL)) fail_msg("distill zero = %d: weights of 2 ranks differ by %.3g", zero, e);
+    if (!(e < (g_gpu ? GPU_WEIGHT_TOL : WEIGHT_TOL))) fail_msg("distill zero = %d: weights of 2 ranks differ by %.3g", zero, e);
 }
 
 static void test_distill_stage2_two_ranks_equal_one_rank_of_twice_the_batch(void **state) {
@@ -259,10 +278,10 @@ static void test_distill_stage2_two_ranks_zero1_equal_one_rank_of_twice_the_batc
 static void test_distill_stage2_two_rank_zero1_resume_is_bit_exact(void **state) {
     make_teacher();
     float full[STEPS], split[STEPS];
-    Config a = distill_config("dfull", 1);
+    Config a = distill_config_as("dfull", 1, "bf16");
     DistillOptions oa = {.step_losses = full, .dist = g_dist};
     assert_int_equal(distill_train(&a, &oa).step, STEPS);
-    Config b = distill_config("dsplit", 1);
+    Config b = distill_config_as("dsplit", 1, "bf16");
     DistillOptions ob = {.stop_after = STOP_AT, .step_losses = split, .dist = g_dist};
     assert_int_equal(distill_train(&b, &ob).step, STOP_AT);
     snprintf(b.resume, sizeof b.resume, "auto");
@@ -276,6 +295,9 @@ static void test_distill_stage2_two_rank_zero1_resume_is_bit_exact(void **state)
 
 int main(int argc, char **argv) {
     omp_set_num_threads(1);   // two ranks share the cores of a CI machine
+    const char *dev = getenv("CGSPN_TEST_DEVICE");
+    g_gpu = dev && strcmp(dev, "cuda") == 0;
+    if (g_gpu) setenv("NCCL_NVLS_ENABLE", "0", 1);   // NVLink multicast off on these machines
     g_dist = dist_process_init(&argc, &argv);
     dist_init_single(&g_single);
     if (g_dist->world != 2) {
