@@ -8,6 +8,7 @@
 set -u
 bin=${1:?usage: test_dist_fault.sh PATH/test_dist_mpi [PATH/cgspn]}
 cgspn=${2:-}
+device=${FAULT_DEVICE:-cpu}   # cuda: the training runs on GPUs (NCCL), one per rank
 mpirun_cmd=${MPIRUN:-mpirun --allow-run-as-root --oversubscribe}
 limit=30      # seconds: timeout 3 s + mpirun's teardown, far below the 60 s promised
 fail=0
@@ -80,7 +81,7 @@ rank_pid() {
 train_case() {   # $1 = KILL | STOP (the signal rank 1 gets), $2 = a pattern the output must contain
     local sig=$1 want=$2 run="fault_$1" out="$work/$1.out" ok=1
     local args=(train configs/cgspn_tiny.cfg "--data_shards=$work/shards" "--out_dir=$work"
-                "--run_name=$run" --device=cpu --max_steps=100000 --ckpt_every=5 --log_every=1
+                "--run_name=$run" "--device=$device" --max_steps=100000 --ckpt_every=5 --log_every=1
                 --batch_size=8 --eval_batch_size=8 --eval_every=100000 --threads=1
                 --loader_threads=1 --dist_timeout_s=3 --warmup_steps=10)
     timeout -k 5 $((limit + 90)) $mpirun_cmd -np 2 "$cgspn" "${args[@]}" >"$out" 2>&1 &
@@ -133,6 +134,7 @@ train_case() {   # $1 = KILL | STOP (the signal rank 1 gets), $2 = a pattern the
 
 # Killed: mpirun notices the process gone and stops the job, naming it [[JOB,1],1].
 train_case KILL "rank 1|\\[\\[[0-9]+,1\\],1\\]"
-# Frozen: rank 0 waits for it in the step's loss average, gives up after dist_timeout_s and aborts.
-train_case STOP "waited 3.0 s for rank 1"
+# Frozen: rank 0 waits for it (in a host collective: "waited 3.0 s for rank 1"; in an NCCL
+# collective: the probe that follows the timeout names it), gives up after dist_timeout_s, aborts.
+train_case STOP "waited 3.0 s for rank 1|rank\\(s\\) 1 did not answer"
 exit $fail
