@@ -91,7 +91,7 @@ train_case() {   # $1 = KILL | STOP (the signal rank 1 gets), $2 = a pattern the
         sleep 0.1; waited=$((waited + 1))
     done
     local victim
-    victim=$(rank_pid "--run_name=$run" 1) || { echo "  $sig: rank 1 of the run not found"; ok=0; }
+    victim=$(rank_pid "--out_dir=$work --run_name=$run" 1) || { echo "  $sig: rank 1 of the run not found"; ok=0; }
     local start end rc
     start=$(date +%s.%N)
     [ -n "${victim:-}" ] && kill "-$sig" "$victim"
@@ -106,9 +106,11 @@ train_case() {   # $1 = KILL | STOP (the signal rank 1 gets), $2 = a pattern the
     grep -Eq -- "$want" "$out" || { echo "  $sig: the output does not contain '$want'"; ok=0; }
     awk -v s="$secs" -v l="$limit" 'BEGIN { exit !(s < l) }' || { echo "  $sig: took ${secs} s"; ok=0; }
     sleep 0.5
-    if pgrep -f -- "--run_name=$run" >/dev/null; then
-        echo "  $sig: a rank outlived the job"; ok=0
-        pkill -9 -f -- "--run_name=$run\b"
+    local left
+    left=$(pgrep -f -- "--out_dir=$work --run_name=$run")   # this test's processes only
+    if [ -n "$left" ]; then
+        echo "  $sig: a rank outlived the job (pids $left)"; ok=0
+        kill -9 $left 2>/dev/null
     fi
     # The newest complete checkpoint is intact: one process resumes from it for one step.
     local latest
