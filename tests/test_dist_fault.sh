@@ -84,6 +84,8 @@ train_case() {   # $1 = KILL | STOP (the signal rank 1 gets), $2 = a pattern the
                 "--run_name=$run" "--device=$device" --max_steps=100000 --ckpt_every=5 --log_every=1
                 --batch_size=8 --eval_batch_size=8 --eval_every=100000 --threads=1
                 --loader_threads=1 --dist_timeout_s=3 --warmup_steps=10)
+    # On GPUs, the sizes of configs/fmnist_cgspn.cfg (the GPU kernels' tested shapes).
+    [ "$device" = cuda ] && args+=(--width=64 --heads=4 --mlp_hidden=128 --gspn_latent=16)
     timeout -k 5 $((limit + 90)) $mpirun_cmd -np 2 "$cgspn" "${args[@]}" >"$out" 2>&1 &
     local job=$! waited=0
     # Until a checkpoint is complete (rank 0 writes COMPLETE last): 60 s at most.
