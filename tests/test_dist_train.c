@@ -4,7 +4,7 @@
 // 1 rank x 2b images (same seed, same data order: every step's loss and the final weights to
 // fp32 round-off, zero = 0 and zero = 1), that a 2-rank run stopped and resumed is bit-exact
 // (losses, logs, weights, state and optimizer shards), and that a checkpoint written by 2 ranks
-// with zero = 1 resumes on a world of one. The reference runs of one process run inside the
+// resumes on a world of one and the reverse (zero = 0 and 1). The reference runs of one process run inside the
 // same job, on a Dist of their own (TrainOptions.dist).
 //
 // CGSPN_TEST_DEVICE=cuda runs the same tests on two GPUs (one per rank, NCCL; what
@@ -70,8 +70,9 @@ static double max_weight_diff(const char *fa, const char *fb) {
     return worst;
 }
 
-static void assert_losses_close(const char *what, const float *two, const float *one, int n) {
-    for (int i = 0; i < n; i++) {
+// Steps first+1 .. first+n (1-based in the messages) of two runs' losses.
+static void assert_losses_close(const char *what, const float *two, const float *one, int first, int n) {
+    for (int i = first; i < first + n; i++) {
         double rel = fabs((double)two[i] - one[i]) / fabs((double)one[i]);
         if (g_dist->rank == 0)
             printf("    %s step %d: 2 ranks %.9f, 1 rank %.9f (rel %.1e)\n", what, i + 1, two[i], one[i], rel);
@@ -127,7 +128,7 @@ static void train_two_ranks_equal_one(int zero) {
     TrainOptions ob = {.step_losses = b, .dist = g_dist};
     TrainResult rb = classify_train(&two, &ob);
     assert_int_equal(rb.step, STEPS);
-    assert_losses_close("train", b, a, STEPS);
+    assert_losses_close("train", b, a, 0, STEPS);
     // The evaluation covers the whole split on 2 ranks too, and agrees.
     assert_int_equal(rb.eval.count, ra.eval.count);
     assert_true(fabs(rb.eval.loss - ra.eval.loss) < LOSS_TOL * ra.eval.loss);
@@ -215,21 +216,42 @@ static void train_resume_is_bit_exact(int zero) {
 static void test_train_two_rank_resume_is_bit_exact(void **state) { train_resume_is_bit_exact(0); }
 static void test_train_two_rank_zero1_resume_is_bit_exact(void **state) { train_resume_is_bit_exact(1); }
 
-// A checkpoint of 2 ranks with zero = 1 continues on one process (its optimizer shards
-// re-sharded onto one): the losses follow the 2-rank run's to round-off.
-static void test_zero1_checkpoint_of_two_ranks_resumes_on_one(void **state) {
+// A checkpoint of 2 ranks continues on one process (with zero = 1 its optimizer shards
+// re-sharded onto one), and a checkpoint of one process continues on 2 ranks: the losses follow
+// the uninterrupted run's to round-off.
+static void world_change(int zero) {
     float full[STEPS], cont[STEPS];
-    Config a = train_config("wfull", 1);
+    char run[64];
+    snprintf(run, sizeof run, "wfull_z%d", zero);
+    Config a = train_config(run, zero);
     TrainOptions oa = {.step_losses = full, .dist = g_dist};
     assert_int_equal(classify_train(&a, &oa).step, STEPS);
-    char run[64];
-    snprintf(run, sizeof run, "one_from_two_r%d", g_dist->rank);
-    Config c = train_config(run, 1);
-    snprintf(c.resume, sizeof c.resume, "%s/wfull/step_%08d", g_dir, STOP_AT);
+    char one[64];
+    snprintf(one, sizeof one, "wone_z%d_r%d", zero, g_dist->rank);
+    Config c = train_config(one, zero);
+    snprintf(c.resume, sizeof c.resume, "%s/%s/step_%08d", g_dir, run, STOP_AT);
     TrainOptions oc = {.step_losses = cont, .dist = &g_single};
     assert_int_equal(classify_train(&c, &oc).step, STEPS);
-    assert_losses_close("resumed on 1", cont + STOP_AT, full + STOP_AT, STEPS - STOP_AT);
+    assert_losses_close("2 ranks -> 1", cont, full, STOP_AT, STEPS - STOP_AT);
+
+    // 1 -> 2: a one-process run (each rank its own), and rank 0's resumed on both ranks.
+    float solo[STEPS], two[STEPS];
+    char alone[64];
+    snprintf(alone, sizeof alone, "wsolo_z%d_r%d", zero, g_dist->rank);
+    Config e = train_config(alone, zero);
+    TrainOptions oe = {.step_losses = solo, .dist = &g_single};
+    assert_int_equal(classify_train(&e, &oe).step, STEPS);
+    dist_barrier(g_dist, "the one-process runs written");
+    snprintf(run, sizeof run, "wtwo_z%d", zero);
+    Config f = train_config(run, zero);
+    snprintf(f.resume, sizeof f.resume, "%s/wsolo_z%d_r0/step_%08d", g_dir, zero, STOP_AT);
+    TrainOptions of = {.step_losses = two, .dist = g_dist};
+    assert_int_equal(classify_train(&f, &of).step, STEPS);
+    assert_losses_close("1 rank -> 2", two, solo, STOP_AT, STEPS - STOP_AT);
 }
+
+static void test_checkpoints_move_between_one_and_two_ranks(void **state) { world_change(0); }
+static void test_zero1_checkpoints_move_between_one_and_two_ranks(void **state) { world_change(1); }
 
 // ---- cgspn distill, Stage 2 ------------------------------------------------------------------------
 
@@ -270,7 +292,7 @@ static void distill_two_ranks_equal_one(int zero) {
     Config two = distill_config(run, zero);
     DistillOptions ob = {.step_losses = b, .dist = g_dist};
     assert_int_equal(distill_train(&two, &ob).step, STEPS);
-    assert_losses_close("distill", b, a, STEPS);
+    assert_losses_close("distill", b, a, 0, STEPS);
     char fa[600], fb[600];
     snprintf(fa, sizeof fa, "%s/%s/step_%08d/model.safetensors", g_dir, ref, STEPS);
     snprintf(fb, sizeof fb, "%s/%s/step_%08d/model.safetensors", g_dir, run, STEPS);
@@ -336,7 +358,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_train_two_ranks_zero1_equal_one_rank_of_twice_the_batch),
         cmocka_unit_test(test_train_two_rank_resume_is_bit_exact),
         cmocka_unit_test(test_train_two_rank_zero1_resume_is_bit_exact),
-        cmocka_unit_test(test_zero1_checkpoint_of_two_ranks_resumes_on_one),
+        cmocka_unit_test(test_checkpoints_move_between_one_and_two_ranks),
+        cmocka_unit_test(test_zero1_checkpoints_move_between_one_and_two_ranks),
         cmocka_unit_test(test_distill_stage2_two_ranks_equal_one_rank_of_twice_the_batch),
         cmocka_unit_test(test_distill_stage2_two_ranks_zero1_equal_one_rank_of_twice_the_batch),
         cmocka_unit_test(test_distill_stage2_two_rank_zero1_resume_is_bit_exact),
