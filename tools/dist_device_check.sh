@@ -12,12 +12,14 @@
 # then a PASS/FAIL summary; the exit status is 1 when anything failed. Logs: build/dist_check/.
 # Usage (repository root, after make -j16 cgspn):  bash tools/dist_device_check.sh
 # NCCL_NVLS_ENABLE=0 throughout (NVLink multicast must stay off on these machines).
+# BENCH_OVERLAP_OFF=1 adds a zero = 0 bench with every bucket launched after backward (for
+# comparison; about 30 s more, not part of the pass/fail).
 # DIST_CHECK_DEVICE=cpu runs the same sequence on the CPU with tiny models (the script's own
 # test on a machine without GPUs: the scaling there is not expected to reach the bound).
 set -u
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}   # 16 cores, 2 ranks
 np=2
 min_scaling=1.9
 bench_steps=${BENCH_STEPS:-8}
@@ -118,6 +120,13 @@ for zero in 0 1; do
         record "bench distill zero=$zero" FAIL "scaling ${scaling}x < ${min_scaling}x"
     fi
 done
+
+if [ "${BENCH_OVERLAP_OFF:-0}" = 1 ]; then
+    echo "== 4b. cgspn bench distill, zero = 0, overlap = 0 (for comparison)"
+    timeout -k 10 200 $mpirun_cmd -np $np ./cgspn bench distill "${bench_args[@]}" --zero=0 --overlap=0 \
+        --steps="$bench_steps" --warmup=2 >"$logs/bench_overlap0.log" 2>&1
+    sed -n '/^| GPUs/,$p' "$logs/bench_overlap0.log" | sed 's/^/   /'
+fi
 
 # ---- summary ---------------------------------------------------------------------------------------------
 echo
