@@ -25,10 +25,6 @@ static char g_dir[256];
 static int setup_dir(void **state) { return test_make_temp_dir(g_dir, sizeof g_dir, "nccl"); }
 static int teardown_dir(void **state) { return test_remove_dir(g_dir); }
 
-static void assert_contains(const char *s, const char *part) {
-    if (!strstr(s, part)) fail_msg("expected the output to contain '%s', got:\n%s", part, s);
-}
-
 // Uploads a host buffer laid out as t's gradient buffer into the table's gradients.
 static void upload_grads(DistTestModel *m, const float *host) {
     Tensor all = {0};
