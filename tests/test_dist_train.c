@@ -148,6 +148,22 @@ static void test_train_two_ranks_zero1_equal_one_rank_of_twice_the_batch(void **
     train_two_ranks_equal_one(1);
 }
 
+// The global batch is per-rank micro-batch x ranks x accumulation: 2 ranks x 2 accumulated
+// micro-batches of 2 images take the steps of 1 rank x 8 images.
+static void test_train_two_ranks_with_accumulation_equal_one_rank_of_the_global_batch(void **state) {
+    char ref[64];
+    snprintf(ref, sizeof ref, "accref_r%d", g_dist->rank);
+    Config one = train_config(ref, 0);
+    float a[STEPS], b[STEPS];
+    TrainOptions oa = {.step_losses = a, .dist = &g_single};
+    assert_int_equal(classify_train(&one, &oa).step, STEPS);
+    Config two = train_config("acc2x2", 1);
+    two.accum_steps = 2;
+    TrainOptions ob = {.step_losses = b, .dist = g_dist};
+    assert_int_equal(classify_train(&two, &ob).step, STEPS);
+    assert_losses_close("2 ranks x 2 accumulated", b, a, 0, STEPS);
+}
+
 // Every metrics line's loss and grad_norm: the same characters.
 static void assert_metrics_same(const char *run_a, const char *run_b) {
     char x[600], y[600];
@@ -356,6 +372,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_train_two_ranks_equal_one_rank_of_twice_the_batch),
         cmocka_unit_test(test_train_two_ranks_zero1_equal_one_rank_of_twice_the_batch),
+        cmocka_unit_test(test_train_two_ranks_with_accumulation_equal_one_rank_of_the_global_batch),
         cmocka_unit_test(test_train_two_rank_resume_is_bit_exact),
         cmocka_unit_test(test_train_two_rank_zero1_resume_is_bit_exact),
         cmocka_unit_test(test_checkpoints_move_between_one_and_two_ranks),
