@@ -15,6 +15,9 @@
 #include "../train/checkpoint.h"
 #include "../train/classify.h"
 #include "../train/distill.h"
+#include "../train/data_parallel.h"
+#include "../train/device.h"
+#include "../train/model_config.h"
 #include "../nn/safetensors.h"
 #include <omp.h>
 #include <unistd.h>
@@ -162,6 +165,74 @@ static void test_train_two_ranks_with_accumulation_equal_one_rank_of_the_global_
     TrainOptions ob = {.step_losses = b, .dist = g_dist};
     assert_int_equal(classify_train(&two, &ob).step, STEPS);
     assert_losses_close("2 ranks x 2 accumulated", b, a, 0, STEPS);
+}
+
+// Overlap: with the tape's reports on (the default), every gradient bucket has been launched
+// by the time backward returns (each as its last parameter became final); with overlap off,
+// none has, and the optimizer step launches them all. The averaged gradients are the same bits.
+static float *one_step_grads(bool overlap, int *launched, int *buckets, size_t *total) {
+    Config c = train_config("overlap", 0);
+    Ctx ctx = device_open(&c);
+    EncoderConfig ec = encoder_config_from(&c);
+    Encoder e;
+    ParamTable t;
+    params_init_table(&t);
+    encoder_register(&e, &ec, &t);
+    params_alloc(&t, &ctx);
+    params_initialize(&t, &ctx, 3);
+    DataParallel dp;
+    dp_open(&dp, g_dist, &t, &ctx, &c);
+    dp.overlap = overlap;
+    Arena arena;
+    arena_init(&arena, &ctx, 1u << 20);
+    Tape tape;
+    tape_init(&tape, &ctx, &arena);
+    const int B = 2, K = c.num_classes;
+    Tensor *x = tape_tensor(&tape, 4, (int[]){B, c.in_chans, c.img_size, c.img_size}, true);
+    Tensor *y = tape_tensor(&tape, 2, (int[]){B, K}, true);
+    float *h = calloc(x->numel, sizeof(float)), *ty = calloc(y->numel, sizeof(float));
+    uint64_t seed = 17 + (uint64_t)g_dist->rank;   // each rank its own images
+    for (size_t i = 0; i < x->numel; i++) h[i] = (float)(test_rng_next(&seed) >> 40) / 16777216.0f;
+    for (int i = 0; i < B; i++) ty[i * K + (i + g_dist->rank) % K] = 1.0f;
+    tensor_upload(&ctx, x, h);
+    tensor_upload(&ctx, y, ty);
+    Tensor *loss = nn_cross_entropy(&tape, encoder_head(&tape, &e, encoder_forward(&tape, &e, x, NULL)), y);
+    dp_backward(&dp, &tape, loss, true);
+    *launched = dp.g->next;
+    *buckets = dp.g->n_buckets;
+    dist_wait_grads(dp.g);
+    float *g = malloc(t.total * sizeof(float));
+    *total = t.total;
+    Tensor all = {0};
+    tensor_set_shape(&all, 1, (int[]){(int)t.total});
+    all.data = t.grads, all.dtype = DTYPE_F32, all.device = ctx.device;
+    tensor_download(&ctx, &all, g);
+    free(h);
+    free(ty);
+    tape_free(&tape);
+    arena_free(&arena);
+    dp_close(&dp);
+    params_free(&t, &ctx);
+    device_close(&ctx);
+    return g;
+}
+
+static void test_buckets_launch_during_backward_and_average_the_same(void **state) {
+    int launched_on, launched_off, buckets;
+    size_t n_on, n_off;
+    float *on = one_step_grads(true, &launched_on, &buckets, &n_on);
+    float *off = one_step_grads(false, &launched_off, &buckets, &n_off);
+    if (g_dist->rank == 0)
+        printf("    %d buckets: %d launched during backward with overlap, %d without\n", buckets,
+               launched_on, launched_off);
+    assert_true(buckets > 2);
+    assert_int_equal(launched_on, buckets);
+    assert_int_equal(launched_off, 0);
+    // The same averaged gradient either way: a bucket's sum does not depend on when it launched.
+    assert_int_equal(n_on, n_off);
+    assert_memory_equal(on, off, n_on * sizeof(float));
+    free(on);
+    free(off);
 }
 
 // Every metrics line's loss and grad_norm: the same characters.
@@ -373,6 +444,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_train_two_ranks_equal_one_rank_of_twice_the_batch),
         cmocka_unit_test(test_train_two_ranks_zero1_equal_one_rank_of_twice_the_batch),
         cmocka_unit_test(test_train_two_ranks_with_accumulation_equal_one_rank_of_the_global_batch),
+        cmocka_unit_test(test_buckets_launch_during_backward_and_average_the_same),
         cmocka_unit_test(test_train_two_rank_resume_is_bit_exact),
         cmocka_unit_test(test_train_two_rank_zero1_resume_is_bit_exact),
         cmocka_unit_test(test_checkpoints_move_between_one_and_two_ranks),
