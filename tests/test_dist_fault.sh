@@ -8,6 +8,10 @@
 set -u
 bin=${1:?usage: test_dist_fault.sh PATH/test_dist_mpi [PATH/cgspn]}
 cgspn=${2:-}
+# Absolute paths: the "no process left" checks look for this checkout's binaries only (other
+# checkouts may run the same test at the same time).
+bin=$(readlink -f "$bin")
+[ -n "$cgspn" ] && cgspn=$(readlink -f "$cgspn")
 device=${FAULT_DEVICE:-cpu}   # cuda: the training runs on GPUs (NCCL), one per rank
 mpirun_cmd=${MPIRUN:-mpirun --allow-run-as-root --oversubscribe}
 limit=30      # seconds: timeout 3 s + mpirun's teardown, far below the 60 s promised
