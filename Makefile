@@ -80,9 +80,10 @@ endif
 endif
 
 TESTS_C   := $(wildcard tests/test_*.c)
-# test_dist_mpi runs under mpirun (below), not on its own.
+# test_dist_mpi and test_dist_train run under mpirun -np 2 (below), not on their own.
 MPI_TEST  := $(BUILD)/tests/test_dist_mpi
-TEST_BINS := $(filter-out $(MPI_TEST),$(TESTS_C:tests/%.c=$(BUILD)/tests/%))
+MPI_TRAIN_TEST := $(BUILD)/tests/test_dist_train
+TEST_BINS := $(filter-out $(MPI_TEST) $(MPI_TRAIN_TEST),$(TESTS_C:tests/%.c=$(BUILD)/tests/%))
 MPIRUN    := mpirun --allow-run-as-root --oversubscribe
 GPU_TESTS_C   := $(wildcard tests/gpu/test_*.c)
 GPU_TEST_BINS := $(GPU_TESTS_C:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
@@ -156,12 +157,13 @@ clean-lib:
 # Then the 2-rank tests under mpirun (when tools/probe.sh found MPI).
 # With nvcc present the GPU tests are built too (not run): GPU code must always compile.
 test: deps
-	@$(MAKE) --no-print-directory -j$(NPROC) $(TEST_BINS) $(if $(filter 1,$(HAVE_MPI)),$(MPI_TEST)) cgspn lib \
+	@$(MAKE) --no-print-directory -j$(NPROC) $(TEST_BINS) $(if $(filter 1,$(HAVE_MPI)),$(MPI_TEST) $(MPI_TRAIN_TEST)) cgspn lib \
 	   $(if $(filter 1,$(CUDA_ON)),$(GPU_TEST_BINS))
 	@fail=0; for t in $(TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
 	 if [ "$(HAVE_MPI)" = 1 ]; then \
 	   echo "== $(MPIRUN) -np 2 $(MPI_TEST)"; $(MPIRUN) -np 2 $(MPI_TEST) || fail=1; \
-	   echo "== tests/test_dist_fault.sh"; MPIRUN="$(MPIRUN)" bash tests/test_dist_fault.sh $(MPI_TEST) || fail=1; \
+	   echo "== $(MPIRUN) -np 2 $(MPI_TRAIN_TEST)"; $(MPIRUN) -np 2 $(MPI_TRAIN_TEST) || fail=1; \
+	   echo "== tests/test_dist_fault.sh"; MPIRUN="$(MPIRUN)" bash tests/test_dist_fault.sh $(MPI_TEST) ./cgspn || fail=1; \
 	 else echo "== $(MPI_TEST): skipped, no MPI found (mpicc; see build/config.mk and tools/install_deps.sh)"; fi; \
 	 if [ $$fail -ne 0 ]; then echo "make test: FAILED"; exit 1; fi; echo "make test: all passed"
 

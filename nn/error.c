@@ -2,6 +2,9 @@
 #include <stdarg.h>
 
 static _Thread_local CgTrap *cg_trap;
+static char cg_tag[64];
+
+void cg_error_set_tag(const char *tag) { snprintf(cg_tag, sizeof cg_tag, "%s", tag ? tag : ""); }
 
 CgTrap *cg_trap_set(CgTrap *trap) {
     CgTrap *previous = cg_trap;
@@ -23,7 +26,7 @@ void cg_fail(const char *file, int line, const char *hint, const char *fmt, ...)
         longjmp(trap->env, 1);
     }
     fflush(stdout);
-    fprintf(stderr, "cgspn: ");
+    fprintf(stderr, "cgspn: %s%s", cg_tag, cg_tag[0] ? ": " : "");
     va_list ap;
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);

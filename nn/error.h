@@ -24,6 +24,10 @@ typedef struct CgTrap {
 // Installs trap for the calling thread (NULL removes it); returns the one it replaces.
 CgTrap *cg_trap_set(CgTrap *trap);
 
+// A prefix for every message of this process ("rank 3/8"; "" for none), so that the errors of a
+// multi-process run say which process stopped (train/main.c sets it).
+void cg_error_set_tag(const char *tag);
+
 #define CG_FAIL(hint, ...) cg_fail(__FILE__, __LINE__, hint, __VA_ARGS__)
 
 // Checks a user-facing condition (never compiled out, unlike assert).

@@ -11,13 +11,67 @@ void tape_init(Tape *t, Ctx *ctx, Arena *arena) {
 
 void tape_free(Tape *t) {
     free(t->entries);
+    free(t->uses);
+    free(t->seen);
     t->entries = NULL;
-    t->n = t->cap = 0;
+    t->uses = NULL;
+    t->seen = NULL;
+    t->n = t->cap = t->n_uses = t->cap_uses = t->cap_seen = 0;
 }
 
 void tape_reset(Tape *t) {
     t->n = 0;
+    t->n_uses = 0;
+    if (t->seen) memset(t->seen, 0, (size_t)t->cap_seen * sizeof *t->seen);
     arena_reset(t->arena);
+}
+
+void tape_set_param_done(Tape *t, TapeParamDoneFn fn, void *user) {
+    t->param_done = fn;
+    t->param_done_user = user;
+}
+
+// ---- first uses of parameters (for tape_set_param_done) ----------------------------------------
+
+static size_t seen_slot(const Tape *t, const Tensor *g) {
+    uint64_t h = (uint64_t)(uintptr_t)g * 0x9E3779B97F4A7C15ull;   // Fibonacci hashing
+    return (size_t)(h >> 32) & (size_t)(t->cap_seen - 1);
+}
+
+// Inserts g; returns false when it was there already. The set stays at most half full.
+static bool seen_insert(Tape *t, const Tensor *g) {
+    if (2 * (t->n_uses + 1) > t->cap_seen) {
+        const Tensor **old = t->seen;
+        int old_cap = t->cap_seen;
+        t->cap_seen = old_cap ? 2 * old_cap : 256;   // a power of two (seen_slot masks)
+        t->seen = cg_calloc((size_t)t->cap_seen, sizeof *t->seen);
+        for (int i = 0; i < old_cap; i++) {
+            if (!old[i]) continue;
+            size_t k = seen_slot(t, old[i]);
+            while (t->seen[k]) k = (k + 1) & (size_t)(t->cap_seen - 1);
+            t->seen[k] = old[i];
+        }
+        free(old);
+    }
+    size_t k = seen_slot(t, g);
+    while (t->seen[k]) {
+        if (t->seen[k] == g) return false;
+        k = (k + 1) & (size_t)(t->cap_seen - 1);
+    }
+    t->seen[k] = g;
+    return true;
+}
+
+// x feeds the record about to be appended (index t->n): note it when it is a parameter seen
+// for the first time this step.
+static void note_param(Tape *t, const Tensor *x) {
+    if (!x || !x->requires_grad || !x->grad) return;
+    if (!seen_insert(t, x->grad)) return;
+    if (t->n_uses == t->cap_uses) {
+        t->cap_uses = t->cap_uses ? 2 * t->cap_uses : 256;
+        t->uses = cg_realloc(t->uses, (size_t)t->cap_uses * sizeof *t->uses);
+    }
+    t->uses[t->n_uses++] = (TapeParamUse){t->n, x->grad};
 }
 
 bool tape_set_grad_enabled(Tape *t, bool enabled) {
@@ -39,6 +93,11 @@ Tensor *tape_tensor_like(Tape *t, const Tensor *x) {
 bool tape_track(Tape *t, Tensor *out, const Tensor *a, const Tensor *b, const Tensor *c) {
     out->requires_grad = t->grad_enabled && ((a && a->requires_grad) || (b && b->requires_grad) ||
                                              (c && c->requires_grad));
+    if (out->requires_grad) {   // ops call tape_track before tape_record: t->n is their record
+        note_param(t, a);
+        note_param(t, b);
+        note_param(t, c);
+    }
     return out->requires_grad;
 }
 
@@ -83,6 +142,19 @@ bool tape_grad_adopt(Tape *t, Tensor *x, Tensor *g) {
     return true;
 }
 
+// Every record in reverse; after record i, the parameters it read first are reported final.
+static void run_backward(Tape *t) {
+    int u = t->n_uses - 1;
+    // A parameter noted for a record that was never appended feeds nothing: final already.
+    for (; t->param_done && u >= 0 && t->uses[u].entry >= t->n; u--)
+        t->param_done(t->param_done_user, t->uses[u].grad);
+    for (int i = t->n - 1; i >= 0; i--) {
+        t->entries[i].backward(t, t->entries[i].record);
+        for (; t->param_done && u >= 0 && t->uses[u].entry == i; u--)
+            t->param_done(t->param_done_user, t->uses[u].grad);
+    }
+}
+
 void tape_backward(Tape *t, Tensor *loss) {
     CG_CHECK(loss->numel == 1, "", "backward needs a scalar loss, got %zu elements", loss->numel);
     CG_CHECK(loss->requires_grad, "check that some parameter is trainable",
@@ -90,7 +162,7 @@ void tape_backward(Tape *t, Tensor *loss) {
     Tensor *g = tape_grad(t, loss);
     float one = 1.0f;
     tensor_upload(t->ctx, g, &one);
-    for (int i = t->n - 1; i >= 0; i--) t->entries[i].backward(t, t->entries[i].record);
+    run_backward(t);
 }
 
 void tape_backward_from(Tape *t, int n, Tensor **outs, Tensor **grads) {
@@ -101,5 +173,5 @@ void tape_backward_from(Tape *t, int n, Tensor **outs, Tensor **grads) {
                  "its output %zu", i, grads[i]->numel, outs[i]->numel);
         op_accumulate(t->ctx, grads[i], tape_grad(t, outs[i]));
     }
-    for (int i = t->n - 1; i >= 0; i--) t->entries[i].backward(t, t->entries[i].record);
+    run_backward(t);
 }

@@ -13,12 +13,31 @@ typedef struct TapeEntry {
     void *record;
 } TapeEntry;
 
+// A parameter's gradient is final once backward has run the earliest record that reads the
+// parameter (records run in reverse). The tape notes, while recording, the first record each
+// parameter feeds (a parameter: an input needing a gradient that already has one before
+// backward; activations get theirs only during backward).
+typedef struct TapeParamUse {
+    int entry;             // index of the record that reads the parameter first
+    const Tensor *grad;    // the parameter's gradient tensor (in the parameter table)
+} TapeParamUse;
+
+// Called by tape_backward once a parameter's gradient is final for this backward (the data-
+// parallel trainer launches its gradient bucket's all-reduce from here: dist/grads.h).
+typedef void (*TapeParamDoneFn)(void *user, const Tensor *grad);
+
 struct Tape {
     Ctx *ctx;
     Arena *arena;
     TapeEntry *entries;
     int n, cap;
     bool grad_enabled;
+    TapeParamUse *uses;    // in recording order (ascending entry)
+    int n_uses, cap_uses;
+    const Tensor **seen;   // open-addressing set of the parameters in uses (cap_seen slots)
+    int cap_seen;
+    TapeParamDoneFn param_done;   // NULL: no reports
+    void *param_done_user;
 };
 
 void tape_init(Tape *t, Ctx *ctx, Arena *arena);
@@ -47,6 +66,10 @@ Tensor *tape_grad_fresh(Tape *t, Tensor *x, bool *fresh);
 // gradient of the op's output, which no record reads after this one: records run in reverse,
 // so every reader of the output's gradient has already run.
 bool tape_grad_adopt(Tape *t, Tensor *x, Tensor *g);
+// Reports every parameter whose gradient is final during the next tape_backward(_from) calls
+// (fn NULL: none). Set it for the last backward of a step only (gradient accumulation adds
+// more to every gradient in later backwards).
+void tape_set_param_done(Tape *t, TapeParamDoneFn fn, void *user);
 // Seeds dloss = 1 (loss is a 1-element tensor) and runs every record backwards.
 void tape_backward(Tape *t, Tensor *loss);
 // Like torch.autograd.backward(outs, grads): adds grads[i] into outs[i]'s gradient, then runs

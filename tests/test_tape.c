@@ -175,6 +175,69 @@ static void test_frozen_parameters_get_no_gradient(void **state) {
     net_free(&n);
 }
 
+// What the data-parallel trainer relies on (tape_set_param_done): every trainable parameter is
+// reported once per backward, at a moment its gradient already has its final value, and the
+// last layers are reported while the first ones' gradients are still untouched (so their
+// all-reduce can overlap the rest of backward).
+typedef struct DoneLog {
+    ParamTable *t;
+    float **at_report;        // per parameter: a copy of its gradient when reported
+    int *order;               // report position per parameter (-1: never)
+    int n;
+    bool embed_zero_at_head;  // patch_embed.proj.weight's gradient was all zero when head.weight came
+} DoneLog;
+
+static void log_done(void *user, const Tensor *grad) {
+    DoneLog *l = user;
+    for (int i = 0; i < l->t->n; i++) {
+        Param *p = l->t->params[i];
+        if (&p->grad != grad) continue;
+        assert_int_equal(l->order[i], -1);   // once
+        l->order[i] = l->n++;
+        l->at_report[i] = malloc(tensor_bytes(grad));
+        memcpy(l->at_report[i], grad->data, tensor_bytes(grad));
+        if (strcmp(p->name, "head.weight") == 0)
+            l->embed_zero_at_head = test_dot(&params_find(l->t, "patch_embed.proj.weight")->grad,
+                                             &params_find(l->t, "patch_embed.proj.weight")->grad) == 0;
+        return;
+    }
+    fail_msg("a reported gradient is not a parameter's");
+}
+
+static void test_param_done_reports_each_parameter_once_with_its_final_gradient(void **state) {
+    (void)state;
+    Net n;
+    EncoderConfig c = tiny(ENCODER_CGSPN);
+    c.attn_every = 2;   // a hybrid: attention and C-GSPN records
+    c.kind = ENCODER_HYBRID;
+    net_init(&n, &c, 2);
+    params_set_trainable(&n.params, "blocks.0.norm2.", false);   // frozen: never reported
+    DoneLog l = {.t = &n.params};
+    l.at_report = calloc((size_t)n.params.n, sizeof(float *));
+    l.order = malloc((size_t)n.params.n * sizeof(int));
+    for (int i = 0; i < n.params.n; i++) l.order[i] = -1;
+    params_zero_grads(&n.params, &n.ctx);
+    Tensor *loss = net_loss(&n);
+    tape_set_param_done(&n.tape, log_done, &l);
+    tape_backward(&n.tape, loss);
+    tape_set_param_done(&n.tape, NULL, NULL);
+    for (int i = 0; i < n.params.n; i++) {
+        Param *p = n.params.params[i];
+        if (!p->trainable) {
+            assert_int_equal(l.order[i], -1);
+            continue;
+        }
+        if (l.order[i] < 0) fail_msg("%s was never reported", p->name);
+        assert_memory_equal(l.at_report[i], p->grad.data, tensor_bytes(&p->grad));
+        free(l.at_report[i]);
+    }
+    assert_true(l.embed_zero_at_head);
+    assert_true(l.order[0] > l.order[n.params.n - 1]);   // the first parameter comes last
+    free(l.at_report);
+    free(l.order);
+    net_free(&n);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vit_backward_matches_finite_differences),
@@ -184,6 +247,7 @@ int main(void) {
         cmocka_unit_test(test_hybrid_backward_matches_finite_differences),
         cmocka_unit_test(test_no_grad_records_nothing),
         cmocka_unit_test(test_frozen_parameters_get_no_gradient),
+        cmocka_unit_test(test_param_done_reports_each_parameter_once_with_its_final_gradient),
     };
     return cmocka_run_group_tests_name("tape", tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 #include "bench.h"
 #include "data_cmd.h"
 #include "bench_model.h"
+#include "bench_dist.h"
 #include "../nn/error.h"
 #include <stdbool.h>
 #include <stdio.h>
@@ -33,9 +34,12 @@ static const Bench kBenches[] = {
 
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: cgspn bench NAME... | all\n"
+               "       [mpirun -np N] cgspn bench distill [STUDENT_CFG] [--zero=1] [--key=value ...]\n"
                "Runs benchmarks on the GPU and prints their tables (device and date first).\n"
                "`make bench` runs them all and keeps the output in build/bench.txt.\n\nbenchmarks:\n");
     for (const Bench *b = kBenches; b->name; b++) fprintf(f, "  %-10s %s\n", b->name, b->summary);
+    fprintf(f, "  %-10s %s\n", "distill", "Stage 2 distillation img/s of the so14 student on 1 GPU and on "
+            "all ranks (mpirun), the scaling (cgspn bench distill --help); not part of all");
 #ifndef CGSPN_CUDA
     fprintf(f, "  (the GPU benchmarks need a build with nvcc on PATH)\n");
 #endif
@@ -45,6 +49,11 @@ int cmd_bench(int argc, char **argv) {
     if (argc < 3 || strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0) {
         bench_usage(argc < 3 ? stderr : stdout);
         return argc < 3 ? 1 : 0;
+    }
+    // distill takes options of its own (and runs under mpirun): bench_dist.h.
+    if (strcmp(argv[2], "distill") == 0) {
+        printf("== cgspn bench distill\n");
+        return bench_distill_cmd(argc, argv, 3);
     }
     int status = 0;
     for (int i = 2; i < argc; i++) {

@@ -37,6 +37,10 @@ void ckpt_dir_name(const char *run_dir, long step, char *out, size_t n) {
     snprintf(out, n, "%s/step_%08ld", run_dir, step);
 }
 
+void ckpt_tmp_dir_name(const char *run_dir, long step, char *out, size_t n) {
+    snprintf(out, n, "%s/step_%08ld.tmp", run_dir, step);
+}
+
 // "step_00001200" -> 1200; -1 for any other name (suffixes included).
 static long parse_step_name(const char *name) {
     if (strncmp(name, "step_", 5) != 0 || !name[5]) return -1;
@@ -173,12 +177,12 @@ static void state_tensor(StWriteTensor *w, const Tensor **src, int *k, const cha
 }
 
 static int write_state(const char *path, const ParamTable *params, const ParamTable *ema, Ctx *ctx,
-                       const CkptState *s, char *err, size_t n) {
+                       const CkptState *s, bool sharded, char *err, size_t n) {
     int cap = 3 * params->n + (ema ? ema->n : 0) + 2, k = 0;
     StWriteTensor *w = cg_calloc((size_t)cap, sizeof(StWriteTensor));
     const Tensor **src = cg_calloc((size_t)cap, sizeof(Tensor *));
     char **names = cg_calloc((size_t)cap, sizeof(char *));
-    for (int i = 0; i < params->n; i++) {
+    for (int i = 0; i < params->n && !sharded; i++) {   // sharded: in the ranks' shard files
         const Param *p = params->params[i];
         size_t len = strlen(p->name) + 8;
         names[k] = cg_malloc(len);
@@ -206,9 +210,10 @@ static int write_state(const char *path, const ParamTable *params, const ParamTa
     src[k++] = NULL;
     char step[32];
     snprintf(step, sizeof step, "%ld", s->step);
-    StMeta meta[] = {{"format", STATE_FORMAT}, {"version", STATE_VERSION}, {"step", step}};
+    StMeta meta[] = {{"format", STATE_FORMAT}, {"version", STATE_VERSION}, {"step", step},
+                     {"optimizer", sharded ? "sharded" : "whole"}};
     FetchState fs = {ctx, src};
-    int rc = st_write_err(path, w, k, meta, 3, fetch_tensor, &fs, err, n);
+    int rc = st_write_err(path, w, k, meta, 4, fetch_tensor, &fs, err, n);
     for (int i = 0; i < cap; i++) free(names[i]);
     free(names);
     free(src);
@@ -269,6 +274,14 @@ static void prune(const char *run_dir, int keep, long keep_step) {
     free(all);
 }
 
+int ckpt_prepare_err(const char *run_dir, long step, char *tmp, size_t tmp_n, char *err, size_t n) {
+    if (mkdir_p_err(run_dir, err, n) != 0) return -1;
+    ckpt_tmp_dir_name(run_dir, step, tmp, tmp_n);
+    if (remove_tree(tmp) != 0) return cg_set_error(err, n, "%s: removing a stale copy: %s", tmp, strerror(errno));
+    if (mkdir(tmp, 0755) != 0) return cg_set_error(err, n, "%s: %s", tmp, strerror(errno));
+    return 0;
+}
+
 int ckpt_save_err(const char *run_dir, const CkptOptions *o, const Config *c,
                   const ParamTable *params, const ParamTable *ema, Ctx *ctx, const CkptState *s,
                   char *saved, size_t saved_n, char *err, size_t n) {
@@ -276,12 +289,16 @@ int ckpt_save_err(const char *run_dir, const CkptOptions *o, const Config *c,
     if (s->n_rngs < 0 || s->n_rngs > CKPT_MAX_RNGS || s->cursor_bytes > CKPT_CURSOR_MAX)
         return cg_set_error(err, n, "checkpoint state: %d RNGs / %zu cursor bytes exceed the limits (%d / %d)",
                     s->n_rngs, s->cursor_bytes, CKPT_MAX_RNGS, CKPT_CURSOR_MAX);
-    if (mkdir_p_err(run_dir, err, n) != 0) return -1;
+    const bool prepared = o && o->prepared, sharded = o && o->sharded_state;
     ckpt_dir_name(run_dir, s->step, final, sizeof final);
-    snprintf(tmp, sizeof tmp, "%s.tmp", final);
     snprintf(old, sizeof old, "%s.old", final);
-    if (remove_tree(tmp) != 0) return cg_set_error(err, n, "%s: removing a stale copy: %s", tmp, strerror(errno));
-    if (mkdir(tmp, 0755) != 0) return cg_set_error(err, n, "%s: %s", tmp, strerror(errno));
+    if (prepared) {   // made by ckpt_prepare_err; holds the ranks' optimizer shards already
+        ckpt_tmp_dir_name(run_dir, s->step, tmp, sizeof tmp);
+        if (!is_dir(tmp))
+            return cg_set_error(err, n, "%s: the prepared checkpoint folder is missing", tmp);
+    } else if (ckpt_prepare_err(run_dir, s->step, tmp, sizeof tmp, err, n) != 0) {
+        return -1;
+    }
 
     char step[32];
     snprintf(step, sizeof step, "%ld", s->step);
@@ -291,7 +308,7 @@ int ckpt_save_err(const char *run_dir, const CkptOptions *o, const Config *c,
     if (rc == 0) {
         hook(o, path);
         snprintf(path, sizeof path, "%s/state.safetensors", tmp);
-        rc = write_state(path, params, ema, ctx, s, err, n);
+        rc = write_state(path, params, ema, ctx, s, sharded, err, n);
     }
     if (rc == 0) {
         hook(o, path);
@@ -472,7 +489,10 @@ static int load_state(const char *path, ParamTable *params, ParamTable *ema, Ctx
                   STATE_VERSION);
     else if (!step || *end || stepv < 0)
         rc = cg_set_error(err, n, "%s: metadata step '%s' is not a step count", path, step ? step : "");
-    for (int i = 0; i < params->n && rc == 0; i++) {
+    // optimizer = sharded: the moments and masters are in the ranks' shard files (the caller's).
+    const char *optimizer = st_meta(&f, "optimizer");
+    const bool sharded = optimizer && strcmp(optimizer, "sharded") == 0;
+    for (int i = 0; i < params->n && rc == 0 && !sharded; i++) {
         Param *p = params->params[i];
         rc = check_state_tensor(&f, state_find(&f, "m.", p->name), "m.", p->name, &p->m, err, n);
         if (rc == 0)
@@ -481,7 +501,7 @@ static int load_state(const char *path, ParamTable *params, ParamTable *ema, Ctx
     // fp32 master weights: into the masters of a bf16 table; into the values of an fp32 one
     // (more precise than the bf16 values in model.safetensors). A checkpoint of an fp32 run has
     // none: bf16 masters then start from the weights just loaded.
-    bool has_master = params->n > 0 && state_find(&f, "master.", params->params[0]->name);
+    bool has_master = !sharded && params->n > 0 && state_find(&f, "master.", params->params[0]->name);
     for (int i = 0; has_master && i < params->n && rc == 0; i++) {
         Param *p = params->params[i];
         const Tensor *into = p->master.data ? &p->master : &p->value;
@@ -506,7 +526,7 @@ static int load_state(const char *path, ParamTable *params, ParamTable *ema, Ctx
                     cursor->shape[0] > CKPT_CURSOR_MAX))
         rc = cg_set_error(err, n, "%s: tensor cursor is missing or not U8 (n <= %d)", path, CKPT_CURSOR_MAX);
     if (rc == 0) {   // everything checked: fill
-        for (int i = 0; i < params->n; i++) {
+        for (int i = 0; i < params->n && !sharded; i++) {
             Param *p = params->params[i];
             tensor_upload(ctx, &p->m, st_data(&f, state_find(&f, "m.", p->name)));
             tensor_upload(ctx, &p->v, st_data(&f, state_find(&f, "v.", p->name)));
@@ -532,6 +552,7 @@ static int load_state(const char *path, ParamTable *params, ParamTable *ema, Ctx
         s->cursor_bytes = cursor->numel;
         memcpy(s->cursor, st_data(&f, cursor), cursor->numel);
         s->ema_loaded = has_ema;
+        s->optimizer_sharded = sharded;
     }
     st_close(&f);
     return rc;

@@ -36,6 +36,9 @@ typedef struct CkptState {
     size_t cursor_bytes;               // the data loader's position (and whatever else the
     uint8_t cursor[CKPT_CURSOR_MAX];   // trainer needs to continue bit-exactly), opaque here
     bool ema_loaded;                   // out of ckpt_load: the checkpoint held EMA weights
+    bool optimizer_sharded;            // out of ckpt_load: moments and masters are not in
+                                       // state.safetensors but in per-rank shard files
+                                       // (dist/ckpt_shard.h); the caller restores them
 } CkptState;
 
 typedef struct CkptOptions {
@@ -44,10 +47,21 @@ typedef struct CkptOptions {
     // .tmp folder just before the rename. NULL in training; tests use it to die mid-write.
     void (*after_file)(void *user, const char *path);
     void *user;
+    // Multi-rank saves (train/data_parallel.h): the .tmp folder was made by ckpt_prepare_err
+    // and already holds the ranks' optimizer shards and their SHARDS marker, so it is written
+    // into rather than recreated; sharded_state leaves the moments and masters out of
+    // state.safetensors (metadata optimizer = sharded).
+    bool prepared;
+    bool sharded_state;
 } CkptOptions;
 
 // "RUN/step_00001200" for a step.
 void ckpt_dir_name(const char *run_dir, long step, char *out, size_t n);
+
+// "RUN/step_00001200.tmp": where a checkpoint is written before its rename.
+void ckpt_tmp_dir_name(const char *run_dir, long step, char *out, size_t n);
+// Creates run_dir (when absent) and an empty RUN/step_NNNNNNNN.tmp (a stale one is removed).
+int  ckpt_prepare_err(const char *run_dir, long step, char *tmp, size_t tmp_n, char *err, size_t n);
 
 // Writes a checkpoint of step s->step into run_dir (created when absent). ema may be NULL.
 // saved (may be NULL) receives the checkpoint's folder. Returns 0, or -1 with a message; on

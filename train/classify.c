@@ -2,6 +2,7 @@
 #include "checkpoint.h"
 #include "config.h"
 #include "data_config.h"
+#include "data_parallel.h"
 #include "device.h"
 #include "model_config.h"
 #include "optimizer.h"
@@ -26,6 +27,10 @@ static void train_usage(FILE *f) {
 // ---- evaluation ------------------------------------------------------------------------------
 
 EvalResult classify_evaluate(Ctx *ctx, const Encoder *e, Loader *val) {
+    return classify_evaluate_dp(ctx, e, val, NULL);
+}
+
+EvalResult classify_evaluate_dp(Ctx *ctx, const Encoder *e, Loader *val, DataParallel *dp) {
     char err[2048];
     LoaderCursor at = loader_cursor_get(val);
     if (at.step != 0 && loader_cursor_set(val, (LoaderCursor){at.epoch, 0}, err, sizeof err) != 0)
@@ -68,6 +73,12 @@ EvalResult classify_evaluate(Ctx *ctx, const Encoder *e, Loader *val) {
     }
     tape_free(&tape);
     arena_free(&arena);
+    if (dp && dp->world > 1) {   // every rank's slice: counts and loss sums added in rank order
+        correct1 = lround(dp_sum(dp, (double)correct1, "the evaluation's top-1 count"));
+        correct5 = lround(dp_sum(dp, (double)correct5, "the evaluation's top-5 count"));
+        n = lround(dp_sum(dp, (double)n, "the evaluation's image count"));
+        loss = dp_sum(dp, loss, "the evaluation's loss sum");
+    }
     return (EvalResult){n ? (double)correct1 / n : 0, n ? (double)correct5 / n : 0,
                         n ? loss / n : 0, n};
 }
@@ -144,7 +155,8 @@ typedef struct RunState {
     Ema *ema;
     Ctx *ctx;
     Loader *train;
-    int micro_batch;
+    int micro_batch;          // global: all ranks
+    DataParallel *dp;
 } RunState;
 
 static void save_checkpoint(const RunState *r, long step, double loss_sum, int loss_n, long skipped) {
@@ -155,8 +167,8 @@ static void save_checkpoint(const RunState *r, long step, double loss_sum, int l
     memcpy(st.cursor, &cur, sizeof cur);
     CkptOptions o = {.keep_last = r->c->keep_last};
     char saved[1024];
-    ckpt_save(r->log->dir, &o, r->c, r->params, r->ema->on ? &r->ema->table : NULL, r->ctx, &st,
-              saved, sizeof saved);
+    dp_save(r->dp, r->log->dir, &o, r->c, r->params, r->ema->on ? &r->ema->table : NULL, r->ctx, &st,
+            saved, sizeof saved);
     if (r->log->tty) printf("\r\033[K");
     printf("checkpoint: %s\n", saved);
 }
@@ -238,12 +250,18 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
     params_alloc(&params, &ctx);
     params_initialize(&params, &ctx, (uint64_t)c->seed);
     encoder_describe(&enc, &params, stdout);
+    DataParallel dp;
+    dp_open(&dp, o->dist, &params, &ctx, c);
+    CG_CHECK(!(dp.zero && params.masters && c->ema_decay > 0),
+             "set ema_decay = 0 with zero = 1 on the GPU, or zero = 0",
+             "the EMA averages the fp32 master weights, which zero = 1 shards across ranks");
 
-    // Data: micro-batches of batch_size / accum_steps; an optimizer step takes accum_steps of them.
+    // Data: global micro-batches of batch_size / accum_steps (each rank reads 1/world of each);
+    // an optimizer step takes accum_steps of them.
     int A = c->accum_steps, micro = c->batch_size / A;
     bool gpu = ctx.device == DEVICE_CUDA;
-    Loader *train = loader_open_from_config(c, 1, micro, gpu);
-    Loader *val = loader_open_from_config(c, 0, c->eval_batch_size > 0 ? c->eval_batch_size : micro, gpu);
+    Loader *train = dp_loader_open(&dp, c, 1, micro, gpu);
+    Loader *val = dp_loader_open(&dp, c, 0, c->eval_batch_size > 0 ? c->eval_batch_size : micro, gpu);
     long steps_per_epoch = (long)(loader_steps_per_epoch(train) / A);
     CG_CHECK(steps_per_epoch > 0, "reduce batch_size",
              "batch_size %d exceeds the %llu training images of %s", c->batch_size,
@@ -274,7 +292,7 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
         printf("resume = auto: no complete checkpoint in %s yet; starting at step 0\n", run_dir);
     if (found == 1) {
         CkptState st;
-        ckpt_load(from, c, &params, ema.on ? &ema.table : NULL, &ctx, &st);
+        dp_load(&dp, from, c, &params, ema.on ? &ema.table : NULL, &ctx, &st);
         ClassifyCursor cur;
         CG_CHECK(st.cursor_bytes == sizeof cur, "the checkpoint was not written by this version of cgspn train",
                  "%s: data cursor of %zu bytes, expected %zu", from, st.cursor_bytes, sizeof cur);
@@ -304,10 +322,11 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
         printf("resumed from %s at step %ld\n", from, first);
     }
     RunLog log;
-    runlog_open(&log, c, "train");
+    dp_runlog_open(&dp, &log, c, "train");
     snprintf(res.run_dir, sizeof res.run_dir, "%s", log.dir);
     printf("training: %ld steps (%ld per epoch), batch %d", total, steps_per_epoch, c->batch_size);
     if (A > 1) printf(" (%d x %d accumulated)", A, micro);
+    if (dp.world > 1) printf(" (%d ranks x %d per micro-batch)", dp.world, micro / dp.world);
     printf(", lr %g", opt.schedule.base_lr);
     if (c->lr_scale_batch > 0) printf(" (%g x %d / %d)", c->lr, c->batch_size, c->lr_scale_batch);
     printf(", warmup %ld steps", warmup);
@@ -321,11 +340,11 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
     tape_init(&tape, &ctx, &arena);
     int K = c->num_classes;
     double flops_step = 3.0 * encoder_flops_per_image(&ecfg) * c->batch_size;   // forward + backward
-    double peak = device_peak_flops(&ctx, c);
+    double peak = device_peak_flops(&ctx, c) * dp.world;   // every rank's GPU
     size_t param_bytes = params.total * (dtype_size(params.dtype) + 3 * sizeof(float) +
                                          (params.masters ? sizeof(float) : 0));
     EvalResult ev = {0}, ev_ema = {0};
-    RunState rs = {c, &log, &params, &ema, &ctx, train, micro};
+    RunState rs = {c, &log, &params, &ema, &ctx, train, micro, &dp};
     SignalGuard sg;
     signals_install(&sg);
     double t_prev = now_seconds();
@@ -357,21 +376,30 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
             }
             if (o->nonfinite_at == step + 1 && a == 0) op_scale_fwd(&ctx, x, NAN, x);
             enc.drop_path.step = step * A + a;
+            enc.drop_path.first_sample = dp.rank * b->count;   // masks by global sample index
             Tensor *logits = encoder_head(&tape, &enc, encoder_forward(&tape, &enc, x, NULL));
             Tensor *loss = nn_cross_entropy(&tape, logits, tgt);
             float loss_v;
             tensor_download(&ctx, loss, &loss_v);
             step_loss += loss_v;
             if (!isfinite(loss_v)) finite = false;
-            if (finite) tape_backward(&tape, A > 1 ? nn_scale(&tape, loss, 1.0f / A) : loss);
+            // Several ranks: every rank runs every backward (the gradient collectives must match);
+            // a non-finite loss anywhere makes the global loss and norm non-finite on every rank.
+            if (finite || dp.world > 1)
+                dp_backward(&dp, &tape, A > 1 ? nn_scale(&tape, loss, 1.0f / A) : loss, a == A - 1);
         }
         step_loss /= A;
+        // The global batch's loss, and whether any rank was asked to stop (SIGINT/SIGTERM reach
+        // the ranks at different moments; all must stop after the same step).
+        float shared[2] = {(float)step_loss, g_stop_signal ? 1.0f : 0.0f};
+        dp_mean_f32(&dp, shared, 2, "the step's loss");
+        if (dp.world > 1) step_loss = shared[0], finite = isfinite(step_loss);
         StepStats st = {.lr = lr_schedule(&opt.schedule, step), .grad_norm = NAN};
         if (finite) {
-            st = optimizer_step(&params, &ctx, &arena, &opt, step);
+            st = dp_optimizer_step(&dp, &params, &ctx, &arena, &opt, step);
             finite = st.finite;
         } else {
-            params_zero_grads(&params, &ctx);
+            dp_discard_step(&dp, &params, &ctx);
         }
         if (o->step_losses) o->step_losses[step] = (float)step_loss;
         if (!finite) {
@@ -400,7 +428,7 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
 
         bool last = step + 1 == total;
         bool stop = o->stop_after > 0 && step + 1 == o->stop_after && !last;
-        bool interrupted = g_stop_signal != 0 && !last;
+        bool interrupted = shared[1] > 0 && !last;
         timed_n++;
         if ((c->log_every > 0 && (step + 1) % c->log_every == 0) || last) {
             double t = now_seconds(), dt = (t - t_prev) / timed_n;
@@ -431,8 +459,8 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
         }
         if ((step + 1) % eval_every == 0 || last) {
             double t0 = now_seconds();
-            ev = classify_evaluate(&ctx, &enc, val);
-            if (ema.on) ev_ema = classify_evaluate(&ctx, &ema.enc, val);
+            ev = classify_evaluate_dp(&ctx, &enc, val, &dp);
+            if (ema.on) ev_ema = classify_evaluate_dp(&ctx, &ema.enc, val, &dp);
             print_eval(&log, step + 1, &ev, &ev_ema, now_seconds() - t0);
             log_eval(&log, step + 1, &ev, &ev_ema);
             t_prev += now_seconds() - t0;
@@ -446,7 +474,8 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
             step++;
             if (interrupted)
                 printf("interrupted by %s after step %ld of %ld: checkpoint written; continue with "
-                       "--resume=auto (run folder %s)\n", g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
+                       "--resume=auto (run folder %s)\n", g_stop_signal == SIGINT ? "SIGINT"
+                       : g_stop_signal == SIGTERM ? "SIGTERM" : "a signal to another rank",
                        step, total, log.dir);
             else
                 printf("stopping after step %ld of %ld\n", step, total);
@@ -456,8 +485,8 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
     }
     signals_restore(&sg);
     if (res.status == TRAIN_DONE && ev.count == 0) {   // resumed at the end: nothing left to train
-        ev = classify_evaluate(&ctx, &enc, val);
-        if (ema.on) ev_ema = classify_evaluate(&ctx, &ema.enc, val);
+        ev = classify_evaluate_dp(&ctx, &enc, val, &dp);
+        if (ema.on) ev_ema = classify_evaluate_dp(&ctx, &ema.enc, val, &dp);
         print_eval(&log, step, &ev, &ev_ema, 0);
     }
     char dur[32];
@@ -475,6 +504,7 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
     loader_close(train);
     loader_close(val);
     ema_free(&ema, &ctx);
+    dp_close(&dp);
     params_free(&params, &ctx);
     device_close(&ctx);
     res.step = step;

@@ -22,6 +22,8 @@ typedef struct TrainOptions {
                           // loss at its 0-based index (tests compare runs with these)
     long nonfinite_at;    // test hook: the input images of this 1-based step are multiplied by
                           // NaN, so its loss and gradients are not finite (0 = never)
+    struct Dist *dist;    // the process group to train across (NULL: dist_process(), which is a
+                          // world of one unless a launcher started this process; dist/dist.h)
 } TrainOptions;
 
 typedef enum {
@@ -50,3 +52,7 @@ TrainResult classify_train(const Config *c, const TrainOptions *o);
 // Top-1/top-5 accuracy and cross-entropy of the encoder (no gradients) over one pass of an eval
 // loader (loader_open with train = 0), from its first batch.
 EvalResult classify_evaluate(Ctx *ctx, const Encoder *e, Loader *val);
+// The same over the ranks of a data-parallel run: each rank evaluates its slice of every batch
+// (val opened with dp_loader_open) and the counts and loss sums are added over ranks.
+struct DataParallel;
+EvalResult classify_evaluate_dp(Ctx *ctx, const Encoder *e, Loader *val, struct DataParallel *dp);

@@ -55,8 +55,18 @@ void loader_options_from_config(const Config *c, int train, int rank, int world,
 }
 
 Loader *loader_open_from_config(const Config *c, int train, int batch, bool pinned) {
+    return loader_open_from_config_rank(c, train, batch, pinned, 0, 1);
+}
+
+Loader *loader_open_from_config_rank(const Config *c, int train, int batch, bool pinned, int rank,
+                                     int world) {
+    CG_CHECK(batch % world == 0,
+             train ? "make batch_size / accum_steps a multiple of the number of ranks"
+                   : "make eval_batch_size (0: batch_size / accum_steps) a multiple of the number of ranks",
+             "%s batches of %d images do not split across %d ranks (batch sizes are global: each "
+             "rank reads batch / ranks images)", train ? "training" : "evaluation", batch, world);
     LoaderOptions o;
-    loader_options_from_config(c, train, 0, 1, &o);
+    loader_options_from_config(c, train, rank, world, &o);
     o.batch_size = batch;
     if (pinned) o.alloc = device_pinned_alloc, o.free = device_pinned_free;
     char err[2048];

@@ -12,3 +12,6 @@ void loader_options_from_config(const Config *c, int train, int rank, int world,
 // host buffers from the device's pinned allocator), or exits naming the shards and how to build
 // them.
 Loader *loader_open_from_config(const Config *c, int train, int batch, bool pinned);
+// The same for rank of world (batch global, divisible by world): this rank's slice of every batch.
+Loader *loader_open_from_config_rank(const Config *c, int train, int batch, bool pinned, int rank,
+                                     int world);

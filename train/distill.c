@@ -2,6 +2,7 @@
 #include "checkpoint.h"
 #include "cli_args.h"
 #include "data_config.h"
+#include "data_parallel.h"
 #include "device.h"
 #include "model_config.h"
 #include "optimizer.h"
@@ -407,7 +408,7 @@ static void describe(const Distiller *d, const Config *c, FILE *f) {
 }
 
 static void save_checkpoint(const Config *c, const RunLog *log, const Distiller *d, Ctx *ctx,
-                            Loader *train, long step, double loss_sum, long loss_n,
+                            DataParallel *dp, Loader *train, long step, double loss_sum, long loss_n,
                             const float *part_sums) {
     CkptState st = {.step = step};
     LoaderCursor lc = loader_cursor_get(train);
@@ -418,7 +419,7 @@ static void save_checkpoint(const Config *c, const RunLog *log, const Distiller 
     memcpy(st.cursor, &cur, sizeof cur);
     CkptOptions o = {.keep_last = c->keep_last};
     char saved[1024];
-    ckpt_save(log->dir, &o, c, &d->params, NULL, ctx, &st, saved, sizeof saved);
+    dp_save(dp, log->dir, &o, c, &d->params, NULL, ctx, &st, saved, sizeof saved);
     if (log->tty) printf("\r\033[K");
     printf("checkpoint: %s\n", saved);
 }
@@ -448,10 +449,12 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
     // Stochastic depth in the Stage 2 student, as cgspn train has it (the teacher runs without).
     if (d.stage == 2) d.student.drop_path = (EncoderDropPath){.rate = c->drop_path, .seed = (uint64_t)c->seed};
 
+    DataParallel dp;   // ranks each take a slice of every batch (train/data_parallel.h)
+    dp_open(&dp, o->dist, &d.params, &ctx, c);
     bool gpu = ctx.device == DEVICE_CUDA, has_head = c->num_classes > 0;
-    Loader *train = loader_open_from_config(c, 1, c->batch_size, gpu);
-    Loader *val = has_head ? loader_open_from_config(c, 0, c->eval_batch_size > 0 ? c->eval_batch_size
-                                                                      : c->batch_size, gpu) : NULL;
+    Loader *train = dp_loader_open(&dp, c, 1, c->batch_size, gpu);
+    Loader *val = has_head ? dp_loader_open(&dp, c, 0, c->eval_batch_size > 0 ? c->eval_batch_size
+                                                                  : c->batch_size, gpu) : NULL;
     long steps_per_epoch = (long)loader_steps_per_epoch(train);
     CG_CHECK(steps_per_epoch > 0, "reduce batch_size",
              "batch_size %d exceeds the %llu training images of %s", c->batch_size,
@@ -477,7 +480,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         printf("resume = auto: no complete checkpoint in %s yet; starting at step 0\n", run_dir);
     if (found == 1) {
         CkptState st;
-        ckpt_load(from, c, &d.params, NULL, &ctx, &st);
+        dp_load(&dp, from, c, &d.params, NULL, &ctx, &st);
         DistillCursor cur;
         CG_CHECK(st.cursor_bytes == sizeof cur, "resume a checkpoint of cgspn distill",
                  "%s: data cursor of %zu bytes, expected %zu (not a distillation checkpoint)", from,
@@ -500,10 +503,11 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         distiller_init_student(&d, c, stdout);
     }
     RunLog log;
-    runlog_open(&log, c, "distill");
+    dp_runlog_open(&dp, &log, c, "distill");
     snprintf(res.run_dir, sizeof res.run_dir, "%s", log.dir);
-    printf("distilling: %ld steps (%ld per epoch), batch %d, lr %g, warmup %ld\n", total,
-           steps_per_epoch, c->batch_size, opt.schedule.base_lr, warmup);
+    printf("distilling: %ld steps (%ld per epoch), batch %d", total, steps_per_epoch, c->batch_size);
+    if (dp.world > 1) printf(" (%d ranks x %d)", dp.world, c->batch_size / dp.world);
+    printf(", lr %g, warmup %ld\n", opt.schedule.base_lr, warmup);
 
     Arena arena;
     arena_init(&arena, &ctx, 64u << 20);
@@ -540,13 +544,15 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         }
         Tensor *raw_dev;
         d.student.drop_path.step = step;
+        d.student.drop_path.first_sample = dp.rank * b->count;   // masks by global sample index
         Tensor *loss = distill_loss(&d, &tape, x, tgt, &raw_dev);
         tensor_download(&ctx, raw_dev, raw);
+        dp_mean_f32(&dp, raw, d.n_raw, "the step's loss terms");   // the global batch's means
         float loss_v = raw[d.n_raw - 1];
         CG_CHECK(isfinite(loss_v), "lower lr or enable grad_clip", "loss is %f at step %ld; stopping",
                  loss_v, step + 1);
-        tape_backward(&tape, loss);
-        StepStats ss = optimizer_step(&d.params, &ctx, &arena, &opt, step);
+        dp_backward(&dp, &tape, loss, true);
+        StepStats ss = dp_optimizer_step(&dp, &d.params, &ctx, &arena, &opt, step);
         CG_CHECK(ss.finite, "lower lr or enable grad_clip",
                  "gradient norm is not finite at step %ld; stopping", step + 1);
         if (o->step_losses) o->step_losses[step] = loss_v;
@@ -588,7 +594,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         }
         if (has_head && ((step + 1) % eval_every == 0 || last)) {
             double t0 = now_seconds();
-            ev = classify_evaluate(&ctx, &d.student, val);
+            ev = classify_evaluate_dp(&ctx, &d.student, val, &dp);
             print_eval(&log, step + 1, &ev, now_seconds() - t0);
             const char *k2[] = {"test_top1", "test_top5", "test_loss"};
             double v2[] = {ev.top1, ev.top5, ev.loss};
@@ -596,7 +602,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
             t_prev = now_seconds();
         }
         if ((c->ckpt_every > 0 && (step + 1) % c->ckpt_every == 0) || last || stop) {
-            save_checkpoint(c, &log, &d, &ctx, train, step + 1, loss_sum, loss_n, part_sums);
+            save_checkpoint(c, &log, &d, &ctx, &dp, train, step + 1, loss_sum, loss_n, part_sums);
             t_prev = now_seconds();
         }
         if (stop) {
@@ -606,7 +612,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         }
     }
     if (has_head && ev.count == 0 && step >= total) {   // resumed at the end
-        ev = classify_evaluate(&ctx, &d.student, val);
+        ev = classify_evaluate_dp(&ctx, &d.student, val, &dp);
         print_eval(&log, step, &ev, -1);
     }
     char dur[32];
@@ -622,6 +628,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
     tape_free(&tape);
     arena_free(&arena);
     runlog_close(&log);
+    dp_close(&dp);
     distiller_free(&d);
     device_close(&ctx);
     res.step = step;

@@ -73,6 +73,7 @@ int distill_parse_taps(const char *s, int depth, int *blocks, char *err, size_t 
 typedef struct DistillOptions {
     long stop_after;      // as TrainOptions (classify.h): stop after this step with a checkpoint
     float *step_losses;   // one float per step of the run, or NULL
+    struct Dist *dist;    // the process group (NULL: dist_process(); see TrainOptions)
 } DistillOptions;
 
 // One distillation run of config c on the shards of c->data_shards, read as cgspn train reads

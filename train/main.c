@@ -48,6 +48,19 @@ static void openmp_wait_passively(char **argv) {
     execv("/proc/self/exe", argv);   // returns only on failure: go on as we are
 }
 
+// In a run of several processes rank 0 alone prints the log (train/data_parallel.h); the
+// others keep stderr, where every error names its rank. CGSPN_LOG_ALL_RANKS=1 keeps every log.
+static void quiet_other_ranks(const Dist *d) {
+    if (d->world <= 1) return;
+    char tag[32];   // "rank 3", as dist's own messages name ranks
+    snprintf(tag, sizeof tag, "rank %d", d->rank);
+    cg_error_set_tag(tag);
+    if (d->rank == 0 || getenv("CGSPN_LOG_ALL_RANKS")) return;
+    fflush(stdout);
+    if (!freopen("/dev/null", "w", stdout))
+        fprintf(stderr, "cgspn: %s: warning: cannot silence stdout: %s\n", dist_tag(d), strerror(errno));
+}
+
 int main(int argc, char **argv) {
     openmp_wait_passively(argv);
     setvbuf(stdout, NULL, _IOLBF, 0);   // log lines reach a pipe (tee, a job log) as they happen
@@ -60,6 +73,7 @@ int main(int argc, char **argv) {
         if (strcmp(argv[1], kCommands[i].name) != 0) continue;
         // A world of one unless mpirun, srun or RANK/WORLD_SIZE started this process (dist/dist.h).
         Dist *dist = dist_process_init(&argc, &argv);
+        quiet_other_ranks(dist);
         int rc = kCommands[i].run(argc, argv);
         dist_finalize(dist);
         return rc;

@@ -28,12 +28,19 @@ int teacher_load_err(Teacher *T, const Config *c, Ctx *ctx, char *err, size_t n)
                             "a checkpoint or run folder of cgspn train)");
     char cfg_default[1024] = "";
     struct stat sb;
-    if (stat(c->teacher, &sb) != 0)
+    // teacher = random: freshly initialized weights of teacher_config's model (benchmarks: the
+    // step costs the same with any weights, and no multi-GB file has to exist).
+    const bool random = strcmp(c->teacher, TEACHER_RANDOM) == 0;
+    if (random)
+        snprintf(T->weights, sizeof T->weights, "%s (initialized from seed %d)", TEACHER_RANDOM, c->seed);
+    else if (stat(c->teacher, &sb) != 0)
         return cg_set_error(err, n, "teacher = %s: %s\n  hint: train one (cgspn train "
                             "configs/fmnist_vit.cfg --global_pool=avg --run_name=NAME, then teacher = "
                             "checkpoints/NAME) or point teacher at its weights", c->teacher,
                             strerror(errno));
-    if (is_dir(c->teacher)) {
+    if (random) {
+        // named above; the model keys must come from teacher_config
+    } else if (is_dir(c->teacher)) {
         char ckpt[960];   // leaves room for "/model.safetensors" in T->weights
         int found = ckpt_resolve_err(c->teacher, "", ckpt, sizeof ckpt, err, n);
         if (found < 0) {
@@ -69,8 +76,10 @@ int teacher_load_err(Teacher *T, const Config *c, Ctx *ctx, char *err, size_t n)
     params_alloc_frozen(&T->params, ctx);
     T->report.pos_grid_h = T->enc.grid_h;
     T->report.pos_grid_w = T->enc.grid_w;
-    if (params_load_safetensors_err(&T->params, ctx, T->weights, c->teacher_prefix, &T->report,
-                                    e2, sizeof e2) != 0) {
+    if (random) {
+        params_initialize(&T->params, ctx, (uint64_t)c->seed);
+    } else if (params_load_safetensors_err(&T->params, ctx, T->weights, c->teacher_prefix, &T->report,
+                                           e2, sizeof e2) != 0) {
         cg_set_error(err, n, "teacher: %s", e2);
         append(err, n, "\n  hint: the teacher's model keys come from %s%s; check them and "
                "teacher_prefix ('%s')", cfg, c->teacher_config[0] ? " (teacher_config)" : "",

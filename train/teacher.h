@@ -27,6 +27,9 @@ typedef struct Teacher {
 // checkpoint's model.safetensors) and c->teacher_config (empty: the config.cfg beside a teacher
 // checkpoint), builds the teacher at c's img_size and loads it strictly (every parameter must
 // be in the file with its shape; extra tensors are listed). 0, or -1 with a message.
+// c->teacher = TEACHER_RANDOM builds teacher_config's model with weights initialized from
+// c->seed instead (benchmarks).
+#define TEACHER_RANDOM "random"
 int  teacher_load_err(Teacher *T, const Config *c, Ctx *ctx, char *err, size_t n);
 void teacher_load(Teacher *T, const Config *c, Ctx *ctx);
 void teacher_free(Teacher *T, Ctx *ctx);

@@ -1,0 +1,207 @@
+// `cgspn bench distill` (train/bench_dist.h): Stage 2 distillation throughput on 1 GPU and on
+// every rank of the launch, and the scaling between them.
+//
+// What a timed step is: exactly the step of `cgspn distill` (train/distill.c) without the data
+// loader: the frozen teacher's forward to the tapped blocks, the student's forward, the dual-tap
+// loss with adaptors, the tape's backward with each gradient bucket's all-reduce (reduce-scatter
+// with zero = 1) launched as backward finishes it (overlap = 1) or all after backward
+// (overlap = 0), and optimizer_step_dist (global-norm clipping, AdamW, the all-gather of updated
+// values with zero = 1). The images are random, generated once per rank (the loader is measured
+// apart: cgspn bench data). Each step ends with the optimizer's host read of the gradient norm,
+// so wall-clock time over the timed steps is the device time.
+//
+// Two measurements per run:
+//   1 GPU     every rank at once, each in a process group of its own (the same per-GPU batch),
+//             so no rank waits for another; the table shows rank 0's, and the spread.
+//   N GPUs    all ranks together, global batch = per-GPU batch x N.
+// scaling = img/s on N GPUs / img/s on 1 GPU (ideal: N).
+#include "bench_dist.h"
+#include "cli_args.h"
+#include "config.h"
+#include "data_parallel.h"
+#include "device.h"
+#include "distill.h"
+#include "runlog.h"
+#include "../nn/error.h"
+#include "../nn/rng.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BENCH_STUDENT_CFG "configs/cgspn_so14.cfg"   // the paper's student at 378 px
+#define BENCH_TEACHER_CFG "configs/vit_so14.cfg"     // and its SO400M-shaped teacher
+#define BENCH_BATCH_PER_GPU 32                       // what fits an H100/H200 with the teacher
+#define BENCH_WARMUP 3
+#define BENCH_STEPS 10
+// A step of the so14 pair takes on the order of a second; the 1-GPU phase runs on every rank at
+// once, but a slow model build on one rank must not trip the collectives' deadline.
+#define BENCH_DIST_TIMEOUT_S 600.0
+
+typedef struct BenchResult {
+    double seconds;          // the timed steps, the slowest rank's
+    double img_per_s;        // global
+    float loss;              // of the last step (a finite number shows the step did real work)
+    int world, global_batch;
+    size_t gpu_mem;          // this rank's GPU memory in use after the steps (0 on the CPU)
+} BenchResult;
+
+// Fills an input batch (B, in_chans, img, img) with uniform [-1, 1) noise, once.
+static Tensor *random_images(Arena *a, Ctx *ctx, const Config *c, int B, uint64_t seed) {
+    Tensor *x = arena_tensor(a, 4, (int[]){B, c->in_chans, c->img_size, c->img_size}, true);
+    float *h = cg_malloc(x->numel * sizeof(float));
+    Rng r;
+    rng_seed(&r, seed);
+    for (size_t i = 0; i < x->numel; i++) h[i] = 2.0f * rng_uniform(&r) - 1.0f;
+    tensor_upload(ctx, x, h);
+    free(h);
+    return x;
+}
+
+// warmup + steps distillation steps of config c (batch_size = per-rank batch) across group d.
+// describe: print the device (rank 0's first call).
+static BenchResult bench_steps(const Config *c, Dist *d, int warmup, int steps, bool overlap,
+                               bool describe) {
+    BenchResult r = {0};
+    Ctx ctx = device_open(c);
+    if (describe) device_describe(&ctx, stdout);
+    Distiller dd;
+    distiller_init(&dd, c, &ctx);
+    distiller_init_student(&dd, c, NULL);
+    DataParallel dp;
+    dp_open(&dp, d, &dd.params, &ctx, c);
+    dp.overlap = overlap;
+    Arena inputs, arena;
+    arena_init(&inputs, &ctx, 16u << 20);
+    arena_init(&arena, &ctx, 256u << 20);
+    Tape tape;
+    tape_init(&tape, &ctx, &arena);
+    // Different images on every rank, as a real run's slices are.
+    Tensor *x = random_images(&inputs, &ctx, c, c->batch_size, (uint64_t)c->seed + 7919u * (uint64_t)d->rank);
+    OptimizerConfig opt = {
+        .schedule = {c->lr, c->min_lr, c->warmup_steps, warmup + steps},
+        .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->adam_eps,
+        .weight_decay = c->weight_decay, .grad_clip = c->grad_clip > 0 ? c->grad_clip : 1.0f,
+    };
+    double t0 = 0;
+    for (int s = 0; s < warmup + steps; s++) {
+        if (s == warmup) {   // every rank starts the timed steps together
+            dist_barrier(d, "the start of the timed steps");
+            t0 = now_seconds();
+        }
+        tape_reset(&tape);
+        Tensor *raw;
+        dd.student.drop_path.step = s;
+        Tensor *loss = distill_loss(&dd, &tape, x, NULL, &raw);
+        dp_backward(&dp, &tape, loss, true);
+        dp_optimizer_step(&dp, &dd.params, &ctx, &arena, &opt, s);   // reads the norm: a sync
+        if (s == warmup + steps - 1) tensor_download(&ctx, loss, &r.loss);
+    }
+    double mine = now_seconds() - t0;
+    // The slowest rank's time is the job's.
+    double *all = cg_malloc((size_t)d->world * sizeof(double));
+    dist_all_gather_bytes(d, &mine, all, sizeof mine, "the benchmark's timings");
+    r.seconds = 0;
+    for (int i = 0; i < d->world; i++) r.seconds = fmax(r.seconds, all[i]);
+    free(all);
+    r.world = d->world;
+    r.global_batch = c->batch_size * d->world;
+    r.img_per_s = (double)r.global_batch * steps / r.seconds;
+    r.gpu_mem = device_memory_used(&ctx);
+    tape_free(&tape);
+    arena_free(&arena);
+    arena_free(&inputs);
+    dp_close(&dp);
+    distiller_free(&dd);
+    device_close(&ctx);
+    return r;
+}
+
+static void bench_distill_usage(FILE *f) {
+    fprintf(f, "usage: [mpirun -np N] cgspn bench distill [STUDENT_CFG] [--steps=N] [--warmup=N]\n"
+               "                                 [--overlap=0|1] [--key=value ...]\n"
+               "Stage 2 distillation img/s on 1 GPU and on the N ranks of the launch, and the\n"
+               "scaling. Defaults: student %s, teacher_config %s (teacher =\n"
+               "random weights), %d images per GPU, taps every 9, adaptors, %d warm-up and %d\n"
+               "timed steps. --zero=1 shards the optimizer (ZeRO-1); --overlap=0 launches every\n"
+               "gradient bucket after backward instead of during it.\n"
+               "Example: mpirun -np 2 ./cgspn bench distill --zero=1\n",
+            BENCH_STUDENT_CFG, BENCH_TEACHER_CFG, BENCH_BATCH_PER_GPU, BENCH_WARMUP, BENCH_STEPS);
+}
+
+static int parse_count(const char *flag, const char *v, int fallback, int min) {
+    if (!v) return fallback;
+    char *end;
+    long k = strtol(v, &end, 10);
+    CG_CHECK(*v && !*end && k >= min && k <= 100000, "e.g. --steps=10", "%s=%s: expected a whole "
+             "number >= %d", flag, v, min);
+    return (int)k;
+}
+
+int bench_distill_cmd(int argc, char **argv, int first) {
+    if (cli_wants_help(argc, argv, first)) {
+        bench_distill_usage(stdout);
+        return 0;
+    }
+    const int steps = parse_count("--steps", cli_take_flag(&argc, argv, first, "--steps"), BENCH_STEPS, 1);
+    const int warmup = parse_count("--warmup", cli_take_flag(&argc, argv, first, "--warmup"), BENCH_WARMUP, 0);
+    const bool overlap = parse_count("--overlap", cli_take_flag(&argc, argv, first, "--overlap"), 1, 0) != 0;
+    Config c;
+    config_defaults(&c);
+    // The defaults that make it the so14 Stage 2 benchmark; a config file or --key=value wins.
+    bool has_cfg = argc > first && strncmp(argv[first], "--", 2) != 0;
+    char student_cfg[1024];
+    snprintf(student_cfg, sizeof student_cfg, "%s", has_cfg ? argv[first] : BENCH_STUDENT_CFG);
+    if (!has_cfg) {
+        char err[2048];
+        if (config_load_file_err(&c, BENCH_STUDENT_CFG, err, sizeof err) != 0)
+            CG_FAIL("run from the repository's root, or give the student config", "%s", err);
+    }
+    snprintf(c.teacher, sizeof c.teacher, "%s", TEACHER_RANDOM);
+    snprintf(c.teacher_config, sizeof c.teacher_config, "%s", BENCH_TEACHER_CFG);
+    c.stage = 2;
+    snprintf(c.taps, sizeof c.taps, "every 9");
+    c.adaptors = 1;
+    c.batch_size = BENCH_BATCH_PER_GPU;
+    c.dist_timeout_s = (float)BENCH_DIST_TIMEOUT_S;
+    int rest = config_parse_args(&c, argc, argv, first);
+    CG_CHECK(rest == 0, "see cgspn bench distill --help", "unexpected argument '%s'", argv[first]);
+
+    Dist *world = dist_process();
+    Dist alone;
+    dist_init_single(&alone);
+    alone.timeout_s = BENCH_DIST_TIMEOUT_S;
+    const bool main_rank = world->rank == 0;
+    if (main_rank)
+        printf("distill Stage 2 step (teacher forward, student forward + backward, AdamW): student "
+               "%s, teacher %s, %d px, %d images per GPU, taps %s, zero = %d, overlap = %d, %d "
+               "warm-up + %d timed steps\n", student_cfg,
+               c.teacher_config, c.img_size, c.batch_size, c.taps, c.zero, overlap, warmup, steps);
+
+    // 1 GPU: every rank alone at the same time.
+    BenchResult one = bench_steps(&c, &alone, warmup, steps, overlap, main_rank);
+    double *ones = cg_malloc((size_t)world->world * sizeof(double));
+    dist_all_gather_bytes(world, &one.img_per_s, ones, sizeof(double), "the 1-GPU results");
+    double lo = ones[0], hi = ones[0];
+    for (int i = 1; i < world->world; i++) lo = fmin(lo, ones[i]), hi = fmax(hi, ones[i]);
+    free(ones);
+    // N GPUs together.
+    BenchResult all = one;
+    if (world->world > 1) all = bench_steps(&c, world, warmup, steps, overlap, false);
+
+    if (main_rank) {
+        printf("| GPUs | global batch | ms/step | img/s | scaling | loss | GPU mem (rank 0) |\n"
+               "|---:|---:|---:|---:|---:|---:|---:|\n");
+        printf("| 1 | %d | %.1f | %.1f | 1.00x | %.4f | %.1f GiB |\n", one.global_batch,
+               1e3 * one.seconds / steps, one.img_per_s, one.loss, one.gpu_mem / 1073741824.0);
+        if (world->world > 1)
+            printf("| %d | %d | %.1f | %.1f | %.2fx | %.4f | %.1f GiB |\n", all.world, all.global_batch,
+                   1e3 * all.seconds / steps, all.img_per_s, all.img_per_s / one.img_per_s, all.loss,
+                   all.gpu_mem / 1073741824.0);
+        if (world->world > 1)
+            printf("1-GPU img/s across the %d GPUs (each alone): %.1f .. %.1f\n", world->world, lo, hi);
+        printf("scaling %d GPUs / 1 GPU: %.3f (zero = %d, overlap = %d)\n", all.world,
+               all.img_per_s / one.img_per_s, c.zero, overlap);
+    }
+    int finite = isfinite(one.loss) && isfinite(all.loss);
+    return finite ? 0 : 1;
+}
