@@ -967,6 +967,290 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
     }
 }
 
+// ---- shared weights: the gate chunks staged whole, coalesced -----------------------------------
+// With gspn_shared_w a direction's gates of one token are one chunk of CH = 2 Cc + 3 elements at
+// an element offset d * CH (odd for d = 1, 3): the simple kernels load it element by element, so
+// every load instruction of a warp touches 32 lines (TB: 152-byte token stride; LR: a row apart),
+// 19 such loads per lane and step at Cc = 8. That made them L1-bound: 15 us (forward) and 53 us
+// (backward) per step at 1024^2 (H100), against the ~2 us the bytes need. These kernels copy each
+// lane's chunk as the 4-byte words that cover it (the chunk starts 2-byte aligned in bf16, so
+// Cc + 2 words; 2 Cc + 3 in fp32), the words of consecutive lanes on consecutive threads, into
+// shared memory, and read the elements from there. One launch for the four directions,
+// blockIdx.x = image * 4 + direction (ngroups = 1: a thread owns all Cc channels of its lanes, so
+// the weight gradient's sum over channels stays in one thread, as in the simple kernel).
+// Forward: the chunk and xc words of step s+1 are copied (cp.async) while step s computes, two
+// stages. Backward: the chunk, the old dgates chunk and h[s-1] (for the neighbour lanes) are
+// copied at the top of each step (one stage: the carries take the rest of shared memory); the new
+// dgates are written into the staged chunk and stored element by element, consecutive elements on
+// consecutive threads (only this direction's elements: the words also hold 2 bytes of the next
+// chunk, which another block owns). Carries: dh (Cc floats) and the step's three weights per
+// lane; a lane computes w_{+1}[l-1] dh[l-1] + w_0[l] dh[l] + w_{-1}[l+1] dh[l+1] itself.
+constexpr int SH_THREADS = 512;
+
+struct ShArgs {
+    DirGeom g[DIRS];
+    int lanes_max;   // lanes of the longer line
+    int nw;          // 4-byte words covering one lane's gate chunk
+    int xw;          // 4-byte words of one token's xc (forward stage)
+    int row_bytes;   // bytes of the per-lane rows (h or carries), 16-aligned
+};
+
+__device__ __forceinline__ DirGeom pick_dir_sh(const ShArgs &a, int d) {
+    return d == 0 ? a.g[0] : d == 1 ? a.g[1] : d == 2 ? a.g[2] : a.g[3];
+}
+
+// Word index of the first word covering token t's chunk of direction g.d; off = byte offset of
+// the chunk's first element in that word (0, or 2 for bf16 at odd d).
+template <typename T>
+__device__ __forceinline__ long long chunk_word(const DirGeom &g, long long t, int &off) {
+    const long long byte = (t * g.G + g.goff) * (long long)sizeof(T);
+    off = (int)(byte & 3);
+    return byte >> 2;
+}
+template <typename T>
+__device__ __forceinline__ float sm_el(const unsigned char *p, int q) {
+    return to_f32(*reinterpret_cast<const T *>(p + q * (int)sizeof(T)));
+}
+template <typename T>
+__device__ __forceinline__ void sm_st(unsigned char *p, int q, float v) {
+    *reinterpret_cast<T *>(p + q * (int)sizeof(T)) = from_f32<T>(v);
+}
+
+// Forward. Stage per lane: nw chunk words, then xw xc words.
+template <typename T, int V>
+__global__ void __launch_bounds__(SH_THREADS)
+gspn_fwd_sh_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
+                   float *__restrict__ hid, T *__restrict__ ypart, long long plane, ShArgs a) {
+    const int d = blockIdx.x & 3;
+    const DirGeom g = pick_dir_sh(a, d);
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int N = g.N, Cc = g.Cc, per = a.nw + a.xw;
+    const int rowf = (N + 2) * Cc;
+    float *hbuf = reinterpret_cast<float *>(smem_raw);                      // [2][N+2][Cc]
+    uint32_t *stg = reinterpret_cast<uint32_t *>(smem_raw + a.row_bytes);   // [2][lanes_max][per]
+    const int stage_words = a.lanes_max * per;
+    for (int i = threadIdx.x; i < 2 * rowf; i += blockDim.x) hbuf[i] = 0.0f;
+    const long long img = (long long)(blockIdx.x >> 2) * g.img_tokens;
+    const uint32_t *gw = reinterpret_cast<const uint32_t *>(gates);
+    const uint32_t *xw = reinterpret_cast<const uint32_t *>(xc);
+    if (hid) hid += d * plane;
+    if (ypart) ypart += d * plane;
+    auto issue = [&](int s) {
+        if (s < g.L) {
+            uint32_t *st = stg + (s & 1) * stage_words;
+            const long long ts = img + g.first + (long long)s * g.sstride;
+            for (int f = threadIdx.x; f < N * per; f += blockDim.x) {
+                const int l = f / per, w = f - l * per;
+                const long long t = ts + (long long)l * g.lstride;
+                int off;
+                const uint32_t *src = w < a.nw ? gw + chunk_word<T>(g, t, off) + w
+                                               : xw + t * a.xw + (w - a.nw);
+                cp_async<4>(st + f, src);
+            }
+        }
+        cp_async_commit();
+    };
+
+    issue(0);
+    for (int s = 0; s < g.L; s++) {
+        cp_async_wait<0>();
+        // Everyone's copies of step s have landed; h of step s-1 is written; stage (s+1)&1 was
+        // last read at step s-1 and may be refilled.
+        __syncthreads();
+        issue(s + 1);
+        const uint32_t *st = stg + (s & 1) * stage_words;
+        const float *prev = hbuf + (s & 1) * rowf;
+        float *cur = hbuf + ((s + 1) & 1) * rowf;
+        const long long ts = img + g.first + (long long)s * g.sstride;
+        for (int l = threadIdx.x; l < N; l += blockDim.x) {
+            const long long t = ts + (long long)l * g.lstride;
+            int off;
+            chunk_word<T>(g, t, off);
+            const unsigned char *gc = reinterpret_cast<const unsigned char *>(st + l * per) + off;
+            const unsigned char *xs = reinterpret_cast<const unsigned char *>(st + l * per + a.nw);
+            float sa[3], sw[3] = {0.0f, 0.0f, 0.0f};
+            if (s > 0)
+                weights<T>(sm_el<T>(gc, 2 * Cc), sm_el<T>(gc, 2 * Cc + 1), sm_el<T>(gc, 2 * Cc + 2),
+                           l > 0, l < N - 1, sa, sw);
+            for (int c = 0; c < Cc; c += V) {
+                float h[V], u[V];
+#pragma unroll
+                for (int i = 0; i < V; i++) {
+                    h[i] = sm_el<T>(gc, c + i) * sm_el<T>(xs, c + i);
+                    u[i] = sm_el<T>(gc, Cc + c + i);
+                }
+                if (s > 0) {
+                    float hm[V], h0[V], hp[V];
+                    const float *pr = prev + (l + 1) * Cc + c;
+                    ldf<V>(pr - Cc, hm);
+                    ldf<V>(pr, h0);
+                    ldf<V>(pr + Cc, hp);
+#pragma unroll
+                    for (int i = 0; i < V; i++) {
+                        h[i] += sw[0] * hm[i];
+                        h[i] += sw[1] * h0[i];
+                        h[i] += sw[2] * hp[i];
+                    }
+                }
+                stf<V>(cur + (l + 1) * Cc + c, h);
+                const long long o = t * Cc + c;
+                if (hid) stf_stream<V>(hid + o, h);
+                if (ypart) {
+                    float y[V];
+#pragma unroll
+                    for (int i = 0; i < V; i++) y[i] = u[i] * h[i];
+                    stv<T, V>(ypart + o, y);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+}
+
+// Backward. Stage per lane: nw gate chunk words, nw old dgates chunk words, (padding to 16
+// bytes) Cc floats of h[s-1]. Carry rows [2][N+2][Cc+4]: dh, w_{-1}, w_0, w_{+1}, pad.
+template <typename T, int V>
+__global__ void __launch_bounds__(SH_THREADS)
+gspn_bwd_sh_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
+                   const T *__restrict__ gates, const float *__restrict__ hid,
+                   const void *merge, int merge_bf16, T *__restrict__ dxpart,
+                   T *__restrict__ dgates, double *__restrict__ dmpart, long long plane, int nblk,
+                   ShArgs a) {
+    const int d = blockIdx.x & 3;
+    const DirGeom g = pick_dir_sh(a, d);
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int N = g.N, Cc = g.Cc, CW = Cc + 4, CH = 2 * Cc + 3;
+    const int hoff = (2 * a.nw + 3) & ~3, per = hoff + Cc;
+    const int rowf = (N + 2) * CW;
+    float *rows = reinterpret_cast<float *>(smem_raw);
+    uint32_t *stg = reinterpret_cast<uint32_t *>(smem_raw + a.row_bytes);   // [N][per]
+    for (int i = threadIdx.x; i < 2 * rowf; i += blockDim.x) rows[i] = 0.0f;
+    const int b = blockIdx.x >> 2;
+    const long long img = (long long)b * g.img_tokens;
+    const uint32_t *gw = reinterpret_cast<const uint32_t *>(gates);
+    const uint32_t *dgw = reinterpret_cast<const uint32_t *>(dgates);
+    hid += d * plane;
+    const uint32_t *hw = reinterpret_cast<const uint32_t *>(hid);
+    if (dxpart) dxpart += d * plane;
+    const float m = load_param(merge, merge_bf16, d);
+    double dm_acc = 0.0;
+
+    for (int k = 0; k < g.L; k++) {
+        const int s = g.L - 1 - k;
+        const long long ts = img + g.first + (long long)s * g.sstride;
+        __syncthreads();   // the stage's last step is stored; the carries of step s+1 are written
+        for (int f = threadIdx.x; f < N * per; f += blockDim.x) {
+            const int l = f / per, w = f - l * per;
+            const long long t = ts + (long long)l * g.lstride;
+            const uint32_t *src = nullptr;
+            if (w < 2 * a.nw) {
+                int off;
+                const long long cw = chunk_word<T>(g, t, off);
+                if (w < a.nw) src = gw + cw + w;
+                else if (dgates) src = dgw + cw + (w - a.nw);
+            } else if (w >= hoff && s > 0) {
+                src = hw + (t - g.sstride) * Cc + (w - hoff);   // h[s-1] of lane l
+            }
+            if (src) cp_async<4>(stg + f, src);
+            else stg[f] = 0u;
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+
+        const float *rk = rows + (k & 1) * rowf;   // carries from step s+1
+        float *wk = rows + ((k + 1) & 1) * rowf;   // carries into step s-1
+        for (int l = threadIdx.x; l < N; l += blockDim.x) {
+            const long long t = ts + (long long)l * g.lstride;
+            int off;
+            chunk_word<T>(g, t, off);
+            unsigned char *lane = reinterpret_cast<unsigned char *>(stg + (size_t)l * per);
+            const unsigned char *gc = lane + off;
+            unsigned char *dgc = lane + 4 * a.nw + off;
+            const float *hs = reinterpret_cast<const float *>(stg + (size_t)l * per + hoff);
+            const bool has_m = l > 0, has_p = l < N - 1;
+            float sa[3] = {0, 0, 0}, sw[3] = {0, 0, 0}, sS = 0.0f, dws[3] = {0, 0, 0};
+            if (s > 0)
+                sS = weights<T>(sm_el<T>(gc, 2 * Cc), sm_el<T>(gc, 2 * Cc + 1),
+                                sm_el<T>(gc, 2 * Cc + 2), has_m, has_p, sa, sw);
+            // dL/dh of step s+1 reaching lane l: w_{+1} dh of lane l-1, w_0 dh of lane l,
+            // w_{-1} dh of lane l+1 (halo rows are zero)
+            const float *cm = rk + l * CW, *c0 = rk + (l + 1) * CW, *cp = rk + (l + 2) * CW;
+            const float wpm = cm[Cc + 2], w00 = c0[Cc + 1], wmp = cp[Cc];
+            for (int c = 0; c < Cc; c += V) {
+                const long long o = t * Cc + c;
+                float dy[V], x[V], hc[V], hm[V], h0[V], hp[V], dm_[V], d0[V], dp[V];
+                ldv<T, V>(dyc + o, dy);
+                ldv<T, V>(xc + o, x);
+                ldf_ro<V>(hid + o, hc);
+                ldf<V>(hs + c, h0);
+#pragma unroll
+                for (int i = 0; i < V; i++) hm[i] = hp[i] = 0.0f;
+                if (has_m) ldf<V>(hs + c - per, hm);
+                if (has_p) ldf<V>(hs + c + per, hp);
+                ldf<V>(cm + c, dm_);
+                ldf<V>(c0 + c, d0);
+                ldf<V>(cp + c, dp);
+                float dh[V], dx[V];
+#pragma unroll
+                for (int i = 0; i < V; i++) {
+                    const float lam = sm_el<T>(gc, c + i), u = sm_el<T>(gc, Cc + c + i);
+                    dm_acc += (double)u * hc[i] * dy[i];
+                    const float du = m * hc[i] * dy[i];
+                    dh[i] = wpm * dm_[i] + w00 * d0[i] + wmp * dp[i] + m * u * dy[i];
+                    dx[i] = lam * dh[i];
+                    dws[0] += dh[i] * hm[i];
+                    dws[1] += dh[i] * h0[i];
+                    dws[2] += dh[i] * hp[i];
+                    if (dgates) {
+                        sm_st<T>(dgc, c + i, sm_el<T>(dgc, c + i) + x[i] * dh[i]);
+                        sm_st<T>(dgc, Cc + c + i, sm_el<T>(dgc, Cc + c + i) + du);
+                    }
+                }
+                stf<V>(wk + (l + 1) * CW + c, dh);
+                if (dxpart) stv<T, V>(dxpart + o, dx);
+            }
+            float *wr = wk + (l + 1) * CW + Cc;
+            wr[0] = sw[0];
+            wr[1] = sw[1];
+            wr[2] = sw[2];
+            if (s > 0 && dgates) {   // at s = 0, h[-1] = 0: the weights have no gradient
+                float gwt[3];
+                weights_bwd<T>(sa, sw, sS, dws, gwt);
+#pragma unroll
+                for (int q = 0; q < 3; q++)
+                    sm_st<T>(dgc, 2 * Cc + q, sm_el<T>(dgc, 2 * Cc + q) + gwt[q]);
+            }
+        }
+        if (dgates) {
+            __syncthreads();   // the new dgates chunks are staged
+            const int nq = s > 0 ? CH : 2 * Cc;
+            for (int f = threadIdx.x; f < N * nq; f += blockDim.x) {
+                const int l = f / nq, q = f - l * nq;
+                const long long t = ts + (long long)l * g.lstride;
+                int off;
+                chunk_word<T>(g, t, off);
+                const unsigned char *dgc =
+                    reinterpret_cast<const unsigned char *>(stg + (size_t)l * per + a.nw) + off;
+                dgates[t * g.G + g.goff + q] = *reinterpret_cast<const T *>(dgc + q * (int)sizeof(T));
+            }
+        }
+    }
+
+    if (dmpart) {
+        __shared__ double red[SH_THREADS / 32];
+        for (int off = 16; off > 0; off >>= 1) dm_acc += __shfl_xor_sync(0xffffffffu, dm_acc, off);
+        __syncthreads();
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = dm_acc;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            double sum = 0.0;
+            for (int w = 0; w < (int)(blockDim.x + 31) / 32; w++) sum += red[w];
+            dmpart[d * nblk + b] = sum;
+        }
+    }
+}
+
 // ---- host side -----------------------------------------------------------------------------
 struct Plan {
     int B, H, W, Cc, G, block;
@@ -1263,6 +1547,76 @@ bool bwd_pipe(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gat
     }
 }
 
+// ---- shared-weight path: the staged kernels ------------------------------------------------
+bool aligned4(const void *p) { return ((uintptr_t)p & 3u) == 0; }
+
+// Geometry and shared memory of the staged shared-weight kernels; 0 bytes when they do not apply
+// (odd token rows in bytes, stages = 1 asks for the simple kernels, or too little shared memory).
+size_t sh_plan(const Plan &p, bool bwd, ShArgs &a) {
+    const int esz = p.bf16 ? 2 : 4;
+    if (!p.shared || p.stages == 1 || (p.Cc * esz) % 4 != 0) return 0;
+    a = ShArgs{};
+    for (int d = 0; d < DIRS; d++) {
+        a.g[d] = dir_geom(p, d);
+        a.lanes_max = a.g[d].N > a.lanes_max ? a.g[d].N : a.lanes_max;
+    }
+    a.nw = p.bf16 ? p.Cc + 2 : 2 * p.Cc + 3;
+    a.xw = p.Cc * esz / 4;
+    size_t rows, stage;
+    if (bwd) {
+        rows = 2 * (size_t)(a.lanes_max + 2) * (p.Cc + 4) * 4;
+        stage = (size_t)a.lanes_max * (((2 * a.nw + 3) & ~3) + p.Cc) * 4;
+    } else {
+        rows = 2 * (size_t)(a.lanes_max + 2) * p.Cc * 4;
+        stage = 2 * (size_t)a.lanes_max * (a.nw + a.xw) * 4;
+    }
+    rows = (rows + 15) / 16 * 16;
+    a.row_bytes = (int)rows;
+    const size_t smem = rows + stage;
+    return smem + 1024 <= smem_limit() ? smem : 0;   // 1 KB: the backward's static reduction slots
+}
+
+int sh_threads(const ShArgs &a) {
+    const int t = (a.lanes_max + 31) / 32 * 32;
+    return t > SH_THREADS ? SH_THREADS : t;
+}
+
+template <typename T, int V>
+bool fwd_sh(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, T *ypart) {
+    ShArgs a;
+    const size_t smem = sh_plan(p, false, a);
+    if (!smem || !aligned4(xc) || !aligned4(gates)) return false;
+    auto k = gspn_fwd_sh_kernel<T, V>;
+    set_smem(k, smem);
+    k<<<DIRS * p.B, sh_threads(a), smem, c->stream>>>(xc, gates, hid, ypart, p.plane, a);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+template <typename T, int V>
+bool bwd_sh(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gates,
+            const float *hid, const void *merge, int merge_bf16, T *dxpart, T *dgates,
+            double *dmpart) {
+    ShArgs a;
+    const size_t smem = sh_plan(p, true, a);
+    if (!smem || !aligned4(gates) || (dgates && !aligned4(dgates))) return false;
+    auto k = gspn_bwd_sh_kernel<T, V>;
+    set_smem(k, smem);
+    k<<<DIRS * p.B, sh_threads(a), smem, c->stream>>>(dyc, xc, gates, hid, merge, merge_bf16,
+                                                       dxpart, dgates, dmpart, p.plane,
+                                                       p.B * p.ngroups, a);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+// The four forward scans by the fastest path that applies. hid and/or ypart may be NULL.
+template <typename T, int V, bool SH>
+void fwd_scans(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, T *ypart) {
+    const bool done = SH ? fwd_sh<T, V>(c, p, xc, gates, hid, ypart)
+                         : fwd_pipe<T, V>(c, p, xc, gates, hid, ypart);
+    if (!done) fwd_all<T, V, SH>(c, p, xc, gates, hid, ypart);
+}
+
 // Scratch in the stream-ordered pool, kept by the pool between calls (no cudaMalloc per call).
 void *scratch_alloc(CudaCtx *c, size_t bytes) {
     cudaMemPool_t pool;
@@ -1281,7 +1635,7 @@ void scan_fwd(Ctx *ctx, const Plan &p, const Tensor *xc, const Tensor *gates, co
     T *ypart = static_cast<T *>(scratch_alloc(c, DIRS * (size_t)p.plane * sizeof(T)));
     const T *x = static_cast<const T *>(xc->data), *g = static_cast<const T *>(gates->data);
     float *hid = hidden ? tensor_f32(hidden) : nullptr;
-    if (SH || !fwd_pipe<T, V>(c, p, x, g, hid, ypart)) fwd_all<T, V, SH>(c, p, x, g, hid, ypart);
+    fwd_scans<T, V, SH>(c, p, x, g, hid, ypart);
     const long long nvec = p.plane / V;
     gspn_merge_kernel<T, V><<<ew_blocks(nvec, c), EW_THREADS, 0, c->stream>>>(
         ypart, p.plane, merge->data, merge->dtype == DTYPE_BF16, static_cast<T *>(yc->data));
@@ -1304,12 +1658,13 @@ void scan_bwd(Ctx *ctx, const Plan &p, const Tensor *dyc, const Tensor *xc, cons
     double *dmpart = dmerge ? reinterpret_cast<double *>(scratch + part_bytes + hid_bytes) : nullptr;
     const T *x = static_cast<const T *>(xc->data), *g = static_cast<const T *>(gates->data);
 
-    if (!hidden && (SH || !fwd_pipe<T, V>(c, p, x, g, hid, nullptr)))   // recompute h
-        fwd_all<T, V, SH>(c, p, x, g, hid, nullptr);
+    if (!hidden) fwd_scans<T, V, SH>(c, p, x, g, hid, nullptr);   // recompute h
     const T *dy = static_cast<const T *>(dyc->data);
     T *dg = dgates ? static_cast<T *>(dgates->data) : nullptr;
     const int mbf = merge->dtype == DTYPE_BF16;
-    if (SH || !bwd_pipe<T, V>(c, p, dy, x, g, hid, merge->data, mbf, dxpart, dg, dmpart)) {
+    const bool done = SH ? bwd_sh<T, V>(c, p, dy, x, g, hid, merge->data, mbf, dxpart, dg, dmpart)
+                         : bwd_pipe<T, V>(c, p, dy, x, g, hid, merge->data, mbf, dxpart, dg, dmpart);
+    if (!done) {
         CUDA_CHECK(cudaEventRecord(c->fork, c->stream));
         for (int d = 0; d < DIRS; d++) {
             CUDA_CHECK(cudaStreamWaitEvent(c->side[d], c->fork, 0));
