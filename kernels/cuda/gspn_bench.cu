@@ -230,10 +230,15 @@ extern "C" int cuda_bench_gspn(FILE *out) {
     // (dirs = 3 or 12 runs only TB+BT or LR+RL of the pipelined kernels: a diagnostic for
     // cuda_bench_gspn_config; the bytes columns then still count all four directions.)
     const Tune variants[] = {{64, 8, 0, 0, 15}, {32, 8, 0, 0, 15}, {32, 16, 0, 0, 15},
-                             {64, 8, 0, 1, 15}, {32, 16, 1, 0, 15}};
+                             {64, 8, 0, 1, 15}, {32, 16, 1, 0, 15}, {64, 8, 2, 0, 15}};
     for (const Config &cf : var_cfgs)
         for (const auto &v : variants)
             print_row(out, cf, v, run_config(&ctx, cf, v), copy);
+    // Shared weights: D = 1 runs the simple kernels (element-wise gate loads) the staged ones
+    // replaced.
+    const Config sh_cfg = {16, 1024, 1024, 8, 1, DTYPE_BF16};
+    const Tune sh_simple = {0, 0, 1, 0, 15};
+    print_row(out, sh_cfg, sh_simple, run_config(&ctx, sh_cfg, sh_simple), copy);
 
     cuda_ctx_destroy(&ctx);
     return 0;

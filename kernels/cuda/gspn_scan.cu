@@ -688,8 +688,10 @@ __device__ __forceinline__ DirGeom pick_dir(const ScanArgs &a, int d) {
     return d == 0 ? a.g[0] : d == 1 ? a.g[1] : d == 2 ? a.g[2] : a.g[3];
 }
 
-// Forward. Stage slot q of item e: q = 0 xc, 1 lam, 2 u, 3..5 wt_{-1,0,+1}.
-template <typename T, int V, int D>
+// Forward. Stage slot q of item e: q = 0 xc, 1 lam, 2 u, 3..5 wt_{-1,0,+1}. A thread owns IPT
+// items, e = threadIdx.x + i * blockDim.x (IPT = 2 lets a 147-lane line take 64-byte channel
+// groups: 1176 items on 608 threads).
+template <typename T, int V, int D, int IPT>
 __global__ void __launch_bounds__(PipeThreads<T, V>::fwd)
 gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
                      float *__restrict__ hid, T *__restrict__ ypart, long long plane,
@@ -705,24 +707,35 @@ gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
     for (int i = threadIdx.x; i < 2 * rowf; i += blockDim.x) hbuf[i] = 0.0f;
 
     const int bg = blockIdx.x >> 2, b = bg / g.ngroups, c0 = (bg % g.ngroups) * g.CG;
-    const int e = threadIdx.x;
-    const bool active = e < g.items;
-    const int l = e / g.nvg, cl = (e % g.nvg) * V, c = c0 + cl;
     const int Cc = g.Cc;
-    const long long tl = (long long)b * g.img_tokens + g.first + (long long)l * g.lstride;
+    int e[IPT], l[IPT], cl[IPT], c[IPT];
+    bool active[IPT];
+    long long tl[IPT];
+#pragma unroll
+    for (int it = 0; it < IPT; it++) {
+        e[it] = threadIdx.x + it * blockDim.x;
+        active[it] = e[it] < g.items;
+        l[it] = e[it] / g.nvg;
+        cl[it] = (e[it] % g.nvg) * V;
+        c[it] = c0 + cl[it];
+        tl[it] = (long long)b * g.img_tokens + g.first + (long long)l[it] * g.lstride;
+    }
     if (hid) hid += d * plane;
     if (ypart) ypart += d * plane;
-    auto slot = [&](int st, int q) {
-        return stg + ((size_t)(st * NQ + q) * a.items_max + e) * VB;
+    auto slot = [&](int st, int q, int item) {
+        return stg + ((size_t)(st * NQ + q) * a.items_max + item) * VB;
     };
     auto issue = [&](int s) {
-        if (active && s < g.L) {
-            const long long t = tl + (long long)s * g.sstride;
-            const T *gp = gates + t * g.G + g.goff + c;
-            const int st = s % D;
-            cp_async<VB>(slot(st, 0), xc + t * Cc + c);
 #pragma unroll
-            for (int q = 0; q < 5; q++) cp_async<VB>(slot(st, 1 + q), gp + q * Cc);
+        for (int it = 0; it < IPT; it++) {
+            if (active[it] && s < g.L) {
+                const long long t = tl[it] + (long long)s * g.sstride;
+                const T *gp = gates + t * g.G + g.goff + c[it];
+                const int st = s % D;
+                cp_async<VB>(slot(st, 0, e[it]), xc + t * Cc + c[it]);
+#pragma unroll
+                for (int q = 0; q < 5; q++) cp_async<VB>(slot(st, 1 + q, e[it]), gp + q * Cc);
+            }
         }
         cp_async_commit();
     };
@@ -730,11 +743,11 @@ gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
     for (int p = 0; p < D - 1; p++) issue(p);
     __syncthreads();   // hbuf zeroed
 
-    const bool pf = prefetch_lane(g, a, l, e, bg % g.ngroups);
+    const bool pf = prefetch_lane(g, a, l[0], e[0], bg % g.ngroups);
     for (int s = 0; s < g.L; s++) {
         const int sp = s + D - 1 + a.prefetch;
         if (pf && sp < g.L) {
-            const long long t = tl + (long long)sp * g.sstride;
+            const long long t = tl[0] + (long long)sp * g.sstride;
             l2_prefetch(xc + t * Cc, Cc * sizeof(T));
             l2_prefetch(gates + t * g.G + g.goff, 5 * Cc * sizeof(T));
         }
@@ -742,22 +755,24 @@ gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
         cp_async_wait<D - 1>();   // this thread's copies of step s have landed
         const float *prev = hbuf + (s & 1) * rowf;
         float *cur = hbuf + ((s + 1) & 1) * rowf;
-        if (active) {
-            const int st = s % D;
-            const long long o = (tl + (long long)s * g.sstride) * Cc + c;
+        const int st = s % D;
+#pragma unroll
+        for (int it = 0; it < IPT; it++) {
+            if (!active[it]) continue;
+            const long long o = (tl[it] + (long long)s * g.sstride) * Cc + c[it];
             float x[V], lam[V], u[V], h[V];
-            lds_v<T, V>(slot(st, 0), x);
-            lds_v<T, V>(slot(st, 1), lam);
-            lds_v<T, V>(slot(st, 2), u);
+            lds_v<T, V>(slot(st, 0, e[it]), x);
+            lds_v<T, V>(slot(st, 1, e[it]), lam);
+            lds_v<T, V>(slot(st, 2, e[it]), u);
 #pragma unroll
             for (int i = 0; i < V; i++) h[i] = lam[i] * x[i];
             if (s > 0) {
-                const bool has_m = l > 0, has_p = l < g.N - 1;
+                const bool has_m = l[it] > 0, has_p = l[it] < g.N - 1;
                 float wm[V], w0[V], wp[V], hm[V], h0[V], hp[V];
-                lds_v<T, V>(slot(st, 3), wm);
-                lds_v<T, V>(slot(st, 4), w0);
-                lds_v<T, V>(slot(st, 5), wp);
-                const float *pr = prev + (l + 1) * g.CG + cl;
+                lds_v<T, V>(slot(st, 3, e[it]), wm);
+                lds_v<T, V>(slot(st, 4, e[it]), w0);
+                lds_v<T, V>(slot(st, 5, e[it]), wp);
+                const float *pr = prev + (l[it] + 1) * g.CG + cl[it];
                 ldf<V>(pr - g.CG, hm);
                 ldf<V>(pr, h0);
                 ldf<V>(pr + g.CG, hp);
@@ -770,7 +785,7 @@ gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
                     h[i] += w[2] * hp[i];
                 }
             }
-            stf<V>(cur + (l + 1) * g.CG + cl, h);
+            stf<V>(cur + (l[it] + 1) * g.CG + cl[it], h);
             if (hid) stf_stream<V>(hid + o, h);
             if (ypart) {
                 float y[V];
@@ -1291,7 +1306,7 @@ Tuning auto_tuning(Tuning tu, bool bf16, int Cc, int lanes, bool bwd) {
     if (tu.cg_bytes != 0) return tu;
     const int esz = bf16 ? 2 : 4, vb = bf16 ? 8 : 16;
     const int limit = bwd ? (vb == 8 ? PipeThreads<__nv_bfloat16, 4>::bwd : PipeThreads<float, 4>::bwd)
-                          : (vb == 8 ? PipeThreads<__nv_bfloat16, 4>::fwd : PipeThreads<float, 4>::fwd);
+                          : 2 * (vb == 8 ? PipeThreads<__nv_bfloat16, 4>::fwd : PipeThreads<float, 4>::fwd);
     for (int cgb : {64, 32}) {
         const int cg = cgb < Cc * esz ? cgb : Cc * esz;
         if ((long long)lanes * (cg / vb > 0 ? cg / vb : 1) <= limit) {
@@ -1480,7 +1495,8 @@ size_t pipe_smem(const Plan &p, const ScanArgs &a, bool bwd, int D) {
 }
 
 // Pipeline depth: the deepest (<= 4) with which all blocks are resident at once, else the
-// deepest that keeps two blocks per SM, else 2 with one block per SM; 0 = take the simple path.
+// deepest that keeps two blocks per SM, else the deepest with one; 0 = take the simple path.
+// max_threads: the items a block can take (threads x items per thread).
 int pipe_stages(const Plan &p, const ScanArgs &a, bool bwd, int max_threads, const CudaCtx *c) {
     if (p.shared || p.V * (p.bf16 ? 2 : 4) < 8 || p.stages == 1 || a.items_max > max_threads)
         return 0;
@@ -1498,14 +1514,16 @@ int pipe_stages(const Plan &p, const ScanArgs &a, bool bwd, int max_threads, con
         if (fits(D, want)) return D;
     for (int D = 4; D >= 2; D--)
         if (fits(D, 2)) return D;
-    return fits(2, 1) ? 2 : 0;
+    for (int D = 4; D >= 2; D--)
+        if (fits(D, 1)) return D;
+    return 0;
 }
 
 template <typename K, typename... Args>
-void launch_pipe(K kernel, const Plan &p, const ScanArgs &a, size_t smem, cudaStream_t st,
-                 Args... args) {
+void launch_pipe(K kernel, const Plan &p, const ScanArgs &a, size_t smem, int ipt,
+                 cudaStream_t st, Args... args) {
     set_smem(kernel, smem);
-    const int threads = (a.items_max + 31) / 32 * 32;
+    const int threads = ((a.items_max + ipt - 1) / ipt + 31) / 32 * 32;
     kernel<<<DIRS * p.B * p.ngroups, threads, smem, st>>>(args..., a);
     CUDA_CHECK_LAUNCH();
 }
@@ -1516,13 +1534,25 @@ bool fwd_pipe(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid
         return false;
     } else {
         ScanArgs a = scan_args(p);
-        const int D = pipe_stages(p, a, false, PipeThreads<T, V>::fwd, c);
+        constexpr int MAXT = PipeThreads<T, V>::fwd;
+        const int D = pipe_stages(p, a, false, 2 * MAXT, c);
         if (!D) return false;
         const size_t smem = pipe_smem(p, a, false, D);
         a.lane_bytes = lane_state_bytes(p, a, false);
-        if (D == 2) launch_pipe(gspn_fwd_pipe_kernel<T, V, 2>, p, a, smem, c->stream, xc, gates, hid, ypart, p.plane);
-        else if (D == 3) launch_pipe(gspn_fwd_pipe_kernel<T, V, 3>, p, a, smem, c->stream, xc, gates, hid, ypart, p.plane);
-        else launch_pipe(gspn_fwd_pipe_kernel<T, V, 4>, p, a, smem, c->stream, xc, gates, hid, ypart, p.plane);
+        const int ipt = a.items_max > MAXT ? 2 : 1;
+#define GSPN_FWD_PIPE(DD, II)                                                                  \
+    launch_pipe(gspn_fwd_pipe_kernel<T, V, DD, II>, p, a, smem, II, c->stream, xc, gates, hid, \
+                ypart, p.plane)
+        if (ipt == 1) {
+            if (D == 2) GSPN_FWD_PIPE(2, 1);
+            else if (D == 3) GSPN_FWD_PIPE(3, 1);
+            else GSPN_FWD_PIPE(4, 1);
+        } else {
+            if (D == 2) GSPN_FWD_PIPE(2, 2);
+            else if (D == 3) GSPN_FWD_PIPE(3, 2);
+            else GSPN_FWD_PIPE(4, 2);
+        }
+#undef GSPN_FWD_PIPE
         return true;
     }
 }
@@ -1540,9 +1570,9 @@ bool bwd_pipe(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gat
         const size_t smem = pipe_smem(p, a, true, D);
         a.lane_bytes = lane_state_bytes(p, a, true);
         const int nblk = p.B * p.ngroups;
-        if (D == 2) launch_pipe(gspn_bwd_pipe_kernel<T, V, 2>, p, a, smem, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
-        else if (D == 3) launch_pipe(gspn_bwd_pipe_kernel<T, V, 3>, p, a, smem, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
-        else launch_pipe(gspn_bwd_pipe_kernel<T, V, 4>, p, a, smem, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
+        if (D == 2) launch_pipe(gspn_bwd_pipe_kernel<T, V, 2>, p, a, smem, 1, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
+        else if (D == 3) launch_pipe(gspn_bwd_pipe_kernel<T, V, 3>, p, a, smem, 1, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
+        else launch_pipe(gspn_bwd_pipe_kernel<T, V, 4>, p, a, smem, 1, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
         return true;
     }
 }
