@@ -1000,7 +1000,34 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
 // consecutive threads (only this direction's elements: the words also hold 2 bytes of the next
 // chunk, which another block owns). Carries: dh (Cc floats) and the step's three weights per
 // lane; a lane computes w_{+1}[l-1] dh[l-1] + w_0[l] dh[l] + w_{-1}[l+1] dh[l+1] itself.
-constexpr int SH_THREADS = 512;
+constexpr int SH_FWD_THREADS = 1024;   // forward: ~50 registers
+constexpr int SH_BWD_THREADS = 512;    // backward: ~105-125 registers
+
+// L2 prefetch of the line holding p (the staged kernels fetch the next step's lines early, so
+// their copies and loads at the top of a step find them in L2).
+__device__ __forceinline__ void l2_prefetch_line(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+// Walks f = threadIdx.x, threadIdx.x + blockDim.x, ... < n as (lane, word) = divmod(f, per)
+// without a division per element.
+struct LaneWalk {
+    int l, w, dl, dw;
+    __device__ LaneWalk(int per) {
+        l = threadIdx.x / per;
+        w = threadIdx.x - l * per;
+        dl = blockDim.x / per;
+        dw = blockDim.x - dl * per;
+    }
+    __device__ void next(int per) {
+        l += dl;
+        w += dw;
+        if (w >= per) {
+            w -= per;
+            l++;
+        }
+    }
+};
 
 struct ShArgs {
     DirGeom g[DIRS];
@@ -1033,7 +1060,7 @@ __device__ __forceinline__ void sm_st(unsigned char *p, int q, float v) {
 
 // Forward. Stage per lane: nw chunk words, then xw xc words.
 template <typename T, int V>
-__global__ void __launch_bounds__(SH_THREADS)
+__global__ void __launch_bounds__(SH_FWD_THREADS)
 gspn_fwd_sh_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
                    float *__restrict__ hid, T *__restrict__ ypart, long long plane, ShArgs a) {
     const int d = blockIdx.x & 3;
@@ -1054,12 +1081,14 @@ gspn_fwd_sh_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
         if (s < g.L) {
             uint32_t *st = stg + (s & 1) * stage_words;
             const long long ts = img + g.first + (long long)s * g.sstride;
-            for (int f = threadIdx.x; f < N * per; f += blockDim.x) {
-                const int l = f / per, w = f - l * per;
-                const long long t = ts + (long long)l * g.lstride;
-                int off;
-                const uint32_t *src = w < a.nw ? gw + chunk_word<T>(g, t, off) + w
-                                               : xw + t * a.xw + (w - a.nw);
+            // lane l's chunk starts at byte gb0 + l * gstep; its xc at word xw0 + l * xstep
+            const long long gb0 = (ts * g.G + g.goff) * (long long)sizeof(T);
+            const long long gstep = g.lstride * g.G * (long long)sizeof(T);
+            const long long xw0 = ts * a.xw, xstep = g.lstride * a.xw;
+            LaneWalk lw(per);
+            for (int f = threadIdx.x; f < N * per; f += blockDim.x, lw.next(per)) {
+                const uint32_t *src = lw.w < a.nw ? gw + ((gb0 + lw.l * gstep) >> 2) + lw.w
+                                                  : xw + xw0 + lw.l * xstep + (lw.w - a.nw);
                 cp_async<4>(st + f, src);
             }
         }
@@ -1079,6 +1108,13 @@ gspn_fwd_sh_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
         const long long ts = img + g.first + (long long)s * g.sstride;
         for (int l = threadIdx.x; l < N; l += blockDim.x) {
             const long long t = ts + (long long)l * g.lstride;
+            if (s + 2 < g.L) {   // the lines step s+2 will copy
+                const long long t2 = t + 2 * g.sstride;
+                const T *gp = gates + t2 * g.G + g.goff;
+                l2_prefetch_line(gp);
+                l2_prefetch_line(gp + 2 * Cc + 2);
+                l2_prefetch_line(xc + t2 * Cc);
+            }
             int off;
             chunk_word<T>(g, t, off);
             const unsigned char *gc = reinterpret_cast<const unsigned char *>(st + l * per) + off;
@@ -1125,7 +1161,7 @@ gspn_fwd_sh_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
 // Backward. Stage per lane: nw gate chunk words, nw old dgates chunk words, (padding to 16
 // bytes) Cc floats of h[s-1]. Carry rows [2][N+2][Cc+4]: dh, w_{-1}, w_0, w_{+1}, pad.
 template <typename T, int V>
-__global__ void __launch_bounds__(SH_THREADS)
+__global__ void __launch_bounds__(SH_BWD_THREADS)
 gspn_bwd_sh_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
                    const T *__restrict__ gates, const float *__restrict__ hid,
                    const void *merge, int merge_bf16, T *__restrict__ dxpart,
@@ -1154,20 +1190,25 @@ gspn_bwd_sh_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
         const int s = g.L - 1 - k;
         const long long ts = img + g.first + (long long)s * g.sstride;
         __syncthreads();   // the stage's last step is stored; the carries of step s+1 are written
-        for (int f = threadIdx.x; f < N * per; f += blockDim.x) {
-            const int l = f / per, w = f - l * per;
-            const long long t = ts + (long long)l * g.lstride;
-            const uint32_t *src = nullptr;
-            if (w < 2 * a.nw) {
-                int off;
-                const long long cw = chunk_word<T>(g, t, off);
-                if (w < a.nw) src = gw + cw + w;
-                else if (dgates) src = dgw + cw + (w - a.nw);
-            } else if (w >= hoff && s > 0) {
-                src = hw + (t - g.sstride) * Cc + (w - hoff);   // h[s-1] of lane l
+        {
+            // lane l's chunk starts at byte gb0 + l * gstep; its h[s-1] at word hw0 + l * hstep
+            const long long gb0 = (ts * g.G + g.goff) * (long long)sizeof(T);
+            const long long gstep = g.lstride * g.G * (long long)sizeof(T);
+            const long long hw0 = (ts - g.sstride) * Cc, hstep = g.lstride * Cc;
+            LaneWalk lw(per);
+            for (int f = threadIdx.x; f < N * per; f += blockDim.x, lw.next(per)) {
+                const int w = lw.w;
+                const uint32_t *src = nullptr;
+                if (w < 2 * a.nw) {
+                    const long long cw = (gb0 + lw.l * gstep) >> 2;
+                    if (w < a.nw) src = gw + cw + w;
+                    else if (dgates) src = dgw + cw + (w - a.nw);
+                } else if (w >= hoff && s > 0) {
+                    src = hw + hw0 + lw.l * hstep + (w - hoff);   // h[s-1] of lane l
+                }
+                if (src) cp_async<4>(stg + f, src);
+                else stg[f] = 0u;
             }
-            if (src) cp_async<4>(stg + f, src);
-            else stg[f] = 0u;
         }
         cp_async_commit();
         cp_async_wait<0>();
@@ -1177,6 +1218,19 @@ gspn_bwd_sh_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
         float *wk = rows + ((k + 1) & 1) * rowf;   // carries into step s-1
         for (int l = threadIdx.x; l < N; l += blockDim.x) {
             const long long t = ts + (long long)l * g.lstride;
+            if (s > 0) {   // the lines step s-1 will copy and load
+                const long long t1 = t - g.sstride;
+                const T *gp = gates + t1 * g.G + g.goff;
+                l2_prefetch_line(gp);
+                l2_prefetch_line(gp + 2 * Cc + 2);
+                if (dgates) {
+                    l2_prefetch_line(dgates + t1 * g.G + g.goff);
+                    l2_prefetch_line(dgates + t1 * g.G + g.goff + 2 * Cc + 2);
+                }
+                l2_prefetch_line(xc + t1 * Cc);
+                l2_prefetch_line(dyc + t1 * Cc);
+                if (s > 1) l2_prefetch_line(hid + (t1 - g.sstride) * Cc);
+            }
             int off;
             chunk_word<T>(g, t, off);
             unsigned char *lane = reinterpret_cast<unsigned char *>(stg + (size_t)l * per);
@@ -1240,20 +1294,21 @@ gspn_bwd_sh_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
         if (dgates) {
             __syncthreads();   // the new dgates chunks are staged
             const int nq = s > 0 ? CH : 2 * Cc;
-            for (int f = threadIdx.x; f < N * nq; f += blockDim.x) {
-                const int l = f / nq, q = f - l * nq;
-                const long long t = ts + (long long)l * g.lstride;
-                int off;
-                chunk_word<T>(g, t, off);
+            // lane l's chunk starts at element e0 + l * estep of dgates
+            const long long e0 = ts * g.G + g.goff, estep = g.lstride * g.G;
+            LaneWalk lw(nq);
+            for (int f = threadIdx.x; f < N * nq; f += blockDim.x, lw.next(nq)) {
+                const long long el = e0 + lw.l * estep;
+                const int off = (int)((el * (long long)sizeof(T)) & 3);
                 const unsigned char *dgc =
-                    reinterpret_cast<const unsigned char *>(stg + (size_t)l * per + a.nw) + off;
-                dgates[t * g.G + g.goff + q] = *reinterpret_cast<const T *>(dgc + q * (int)sizeof(T));
+                    reinterpret_cast<const unsigned char *>(stg + (size_t)lw.l * per + a.nw) + off;
+                dgates[el + lw.w] = *reinterpret_cast<const T *>(dgc + lw.w * (int)sizeof(T));
             }
         }
     }
 
     if (dmpart) {
-        __shared__ double red[SH_THREADS / 32];
+        __shared__ double red[SH_BWD_THREADS / 32];
         for (int off = 16; off > 0; off >>= 1) dm_acc += __shfl_xor_sync(0xffffffffu, dm_acc, off);
         __syncthreads();
         if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = dm_acc;
@@ -1495,7 +1550,8 @@ size_t pipe_smem(const Plan &p, const ScanArgs &a, bool bwd, int D) {
 }
 
 // Pipeline depth: the deepest (<= 4) with which all blocks are resident at once, else the
-// deepest that keeps two blocks per SM, else the deepest with one; 0 = take the simple path.
+// deepest that keeps two blocks per SM, else the deepest with one (under SMEM_SOFT if one is);
+// 0 = take the simple path.
 // max_threads: the items a block can take (threads x items per thread).
 int pipe_stages(const Plan &p, const ScanArgs &a, bool bwd, int max_threads, const CudaCtx *c) {
     if (p.shared || p.V * (p.bf16 ? 2 : 4) < 8 || p.stages == 1 || a.items_max > max_threads)
@@ -1514,6 +1570,12 @@ int pipe_stages(const Plan &p, const ScanArgs &a, bool bwd, int max_threads, con
         if (fits(D, want)) return D;
     for (int D = 4; D >= 2; D--)
         if (fits(D, 2)) return D;
+    // One block per SM. Measured (H200, B=32 147^2 forward, 64-byte groups): D = 3 with 207 KB
+    // of shared memory ran 1.72 ms, D = 2 with 151 KB 1.16 ms. So the deepest that stays under
+    // SMEM_SOFT (the rest is L1) first, then the deepest that fits.
+    constexpr size_t SMEM_SOFT = 160 * 1024;
+    for (int D = 4; D >= 2; D--)
+        if (fits(D, 1) && pipe_smem(p, a, bwd, D) + 1024 <= SMEM_SOFT) return D;
     for (int D = 4; D >= 2; D--)
         if (fits(D, 1)) return D;
     return 0;
@@ -1606,9 +1668,10 @@ size_t sh_plan(const Plan &p, bool bwd, ShArgs &a) {
     return smem + 1024 <= smem_limit() ? smem : 0;   // 1 KB: the backward's static reduction slots
 }
 
-int sh_threads(const ShArgs &a) {
+int sh_threads(const ShArgs &a, bool bwd) {
     const int t = (a.lanes_max + 31) / 32 * 32;
-    return t > SH_THREADS ? SH_THREADS : t;
+    const int cap = bwd ? SH_BWD_THREADS : SH_FWD_THREADS;
+    return t > cap ? cap : t;
 }
 
 template <typename T, int V>
@@ -1618,7 +1681,7 @@ bool fwd_sh(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, 
     if (!smem || !aligned4(xc) || !aligned4(gates)) return false;
     auto k = gspn_fwd_sh_kernel<T, V>;
     set_smem(k, smem);
-    k<<<DIRS * p.B, sh_threads(a), smem, c->stream>>>(xc, gates, hid, ypart, p.plane, a);
+    k<<<DIRS * p.B, sh_threads(a, false), smem, c->stream>>>(xc, gates, hid, ypart, p.plane, a);
     CUDA_CHECK_LAUNCH();
     return true;
 }
@@ -1632,7 +1695,7 @@ bool bwd_sh(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gates
     if (!smem || !aligned4(gates) || (dgates && !aligned4(dgates))) return false;
     auto k = gspn_bwd_sh_kernel<T, V>;
     set_smem(k, smem);
-    k<<<DIRS * p.B, sh_threads(a), smem, c->stream>>>(dyc, xc, gates, hid, merge, merge_bf16,
+    k<<<DIRS * p.B, sh_threads(a, true), smem, c->stream>>>(dyc, xc, gates, hid, merge, merge_bf16,
                                                        dxpart, dgates, dmpart, p.plane,
                                                        p.B * p.ngroups, a);
     CUDA_CHECK_LAUNCH();
