@@ -236,9 +236,12 @@ extern "C" int cuda_bench_gspn(FILE *out) {
             print_row(out, cf, v, run_config(&ctx, cf, v), copy);
     // Shared weights: D = 1 runs the simple kernels (element-wise gate loads) the staged ones
     // replaced.
-    // The depths the occupancy rule chose before it kept one block's shared memory under 160 KB
-    // (54^2 backward: D = 4; 147^2 forward: D = 3).
+    // What the defaults were before the forward took 128-byte groups and the depth rule kept
+    // shared memory under 160 KB per SM: 64-byte groups, D = 4 (27^2 to 54^2; 27^2 and 54^2
+    // backward too), D = 3 (147^2 forward with two items a thread).
     const struct { Config cf; Tune tu; } extra[] = {
+        {{32, 27, 27, 64, 0, DTYPE_BF16}, {64, 8, 4, 0, 15}},
+        {{32, 37, 37, 64, 0, DTYPE_BF16}, {64, 8, 4, 0, 15}},
         {{32, 54, 54, 64, 0, DTYPE_BF16}, {64, 8, 4, 0, 15}},
         {{32, 147, 147, 64, 0, DTYPE_BF16}, {64, 8, 3, 0, 15}},
     };

@@ -1033,7 +1033,9 @@ struct ShArgs {
     DirGeom g[DIRS];
     int lanes_max;   // lanes of the longer line
     int nw;          // 4-byte words covering one lane's gate chunk
-    int xw;          // 4-byte words of one token's xc (forward stage)
+    int sgroups;     // forward: channel groups (blocks) per image and direction
+    int xtw;         // 4-byte words of one token's xc
+    int xw;          // 4-byte words of one channel group's xc (forward stage)
     int row_bytes;   // bytes of the per-lane rows (h or carries), 16-aligned
 };
 
@@ -1066,13 +1068,15 @@ gspn_fwd_sh_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
     const int d = blockIdx.x & 3;
     const DirGeom g = pick_dir_sh(a, d);
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    const int N = g.N, Cc = g.Cc, per = a.nw + a.xw;
-    const int rowf = (N + 2) * Cc;
-    float *hbuf = reinterpret_cast<float *>(smem_raw);                      // [2][N+2][Cc]
+    // block = (image, channel group, direction); the group's CG channels start at c0
+    const int bg = blockIdx.x >> 2, grp = bg % a.sgroups;
+    const int N = g.N, Cc = g.Cc, CG = Cc / a.sgroups, c0 = grp * CG, per = a.nw + a.xw;
+    const int rowf = (N + 2) * CG;
+    float *hbuf = reinterpret_cast<float *>(smem_raw);                      // [2][N+2][CG]
     uint32_t *stg = reinterpret_cast<uint32_t *>(smem_raw + a.row_bytes);   // [2][lanes_max][per]
     const int stage_words = a.lanes_max * per;
     for (int i = threadIdx.x; i < 2 * rowf; i += blockDim.x) hbuf[i] = 0.0f;
-    const long long img = (long long)(blockIdx.x >> 2) * g.img_tokens;
+    const long long img = (long long)(bg / a.sgroups) * g.img_tokens;
     const uint32_t *gw = reinterpret_cast<const uint32_t *>(gates);
     const uint32_t *xw = reinterpret_cast<const uint32_t *>(xc);
     if (hid) hid += d * plane;
@@ -1084,7 +1088,7 @@ gspn_fwd_sh_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
             // lane l's chunk starts at byte gb0 + l * gstep; its xc at word xw0 + l * xstep
             const long long gb0 = (ts * g.G + g.goff) * (long long)sizeof(T);
             const long long gstep = g.lstride * g.G * (long long)sizeof(T);
-            const long long xw0 = ts * a.xw, xstep = g.lstride * a.xw;
+            const long long xw0 = ts * a.xtw + grp * a.xw, xstep = g.lstride * a.xtw;
             LaneWalk lw(per);
             for (int f = threadIdx.x; f < N * per; f += blockDim.x, lw.next(per)) {
                 const uint32_t *src = lw.w < a.nw ? gw + ((gb0 + lw.l * gstep) >> 2) + lw.w
@@ -1123,19 +1127,19 @@ gspn_fwd_sh_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
             if (s > 0)
                 weights<T>(sm_el<T>(gc, 2 * Cc), sm_el<T>(gc, 2 * Cc + 1), sm_el<T>(gc, 2 * Cc + 2),
                            l > 0, l < N - 1, sa, sw);
-            for (int c = 0; c < Cc; c += V) {
+            for (int c = 0; c < CG; c += V) {   // channels c0 + c ...
                 float h[V], u[V];
 #pragma unroll
                 for (int i = 0; i < V; i++) {
-                    h[i] = sm_el<T>(gc, c + i) * sm_el<T>(xs, c + i);
-                    u[i] = sm_el<T>(gc, Cc + c + i);
+                    h[i] = sm_el<T>(gc, c0 + c + i) * sm_el<T>(xs, c + i);
+                    u[i] = sm_el<T>(gc, Cc + c0 + c + i);
                 }
                 if (s > 0) {
                     float hm[V], h0[V], hp[V];
-                    const float *pr = prev + (l + 1) * Cc + c;
-                    ldf<V>(pr - Cc, hm);
+                    const float *pr = prev + (l + 1) * CG + c;
+                    ldf<V>(pr - CG, hm);
                     ldf<V>(pr, h0);
-                    ldf<V>(pr + Cc, hp);
+                    ldf<V>(pr + CG, hp);
 #pragma unroll
                     for (int i = 0; i < V; i++) {
                         h[i] += sw[0] * hm[i];
@@ -1143,8 +1147,8 @@ gspn_fwd_sh_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
                         h[i] += sw[2] * hp[i];
                     }
                 }
-                stf<V>(cur + (l + 1) * Cc + c, h);
-                const long long o = t * Cc + c;
+                stf<V>(cur + (l + 1) * CG + c, h);
+                const long long o = t * Cc + c0 + c;
                 if (hid) stf_stream<V>(hid + o, h);
                 if (ypart) {
                     float y[V];
@@ -1362,7 +1366,10 @@ Tuning auto_tuning(Tuning tu, bool bf16, int Cc, int lanes, bool bwd) {
     const int esz = bf16 ? 2 : 4, vb = bf16 ? 8 : 16;
     const int limit = bwd ? (vb == 8 ? PipeThreads<__nv_bfloat16, 4>::bwd : PipeThreads<float, 4>::bwd)
                           : 2 * (vb == 8 ? PipeThreads<__nv_bfloat16, 4>::fwd : PipeThreads<float, 4>::fwd);
-    for (int cgb : {64, 32}) {
+    // The forward also tries whole 128-byte token rows (Cc = 64 bf16: one block per image and
+    // direction, full lines per request); the backward's stages do not fit that many items.
+    for (int cgb : {128, 64, 32}) {
+        if (bwd && cgb == 128) continue;
         const int cg = cgb < Cc * esz ? cgb : Cc * esz;
         if ((long long)lanes * (cg / vb > 0 ? cg / vb : 1) <= limit) {
             tu.cg_bytes = cgb;
@@ -1550,8 +1557,8 @@ size_t pipe_smem(const Plan &p, const ScanArgs &a, bool bwd, int D) {
 }
 
 // Pipeline depth: the deepest (<= 4) with which all blocks are resident at once, else the
-// deepest that keeps two blocks per SM, else the deepest with one (under SMEM_SOFT if one is);
-// 0 = take the simple path.
+// deepest that keeps two blocks per SM, else the deepest with one (each under SMEM_SOFT if one
+// is); 0 = take the simple path.
 // max_threads: the items a block can take (threads x items per thread).
 int pipe_stages(const Plan &p, const ScanArgs &a, bool bwd, int max_threads, const CudaCtx *c) {
     if (p.shared || p.V * (p.bf16 ? 2 : 4) < 8 || p.stages == 1 || a.items_max > max_threads)
@@ -1566,18 +1573,19 @@ int pipe_stages(const Plan &p, const ScanArgs &a, bool bwd, int max_threads, con
     if (p.stages >= 2) return fits(p.stages, 1) ? p.stages : 0;
     const int blocks = DIRS * p.B * p.ngroups;
     const int want = (blocks + c->sm_count - 1) / c->sm_count;
-    for (int D = 4; D >= 2; D--)
-        if (fits(D, want)) return D;
-    for (int D = 4; D >= 2; D--)
-        if (fits(D, 2)) return D;
-    // One block per SM. Measured (H200, B=32 147^2 forward, 64-byte groups): D = 3 with 207 KB
-    // of shared memory ran 1.72 ms, D = 2 with 151 KB 1.16 ms. So the deepest that stays under
-    // SMEM_SOFT (the rest is L1) first, then the deepest that fits.
+    // For each residency k, the deepest pipeline whose shared memory (k blocks) stays under
+    // SMEM_SOFT first, the rest of the SM's 228 KB being L1; then the deepest that fits. Measured
+    // (H200, B=32, Cc=64 bf16): 147^2 forward, one block per SM, D = 3 (207 KB) 1.72 ms against
+    // D = 2 (151 KB) 1.15 ms; 54^2 backward, one block, D = 4 (222 KB) 0.46 ms against D = 2
+    // (125 KB) 0.34 ms; 74^2 forward, two blocks, D = 3 (2 x 105 KB) 0.273 ms, D = 2 0.266 ms.
     constexpr size_t SMEM_SOFT = 160 * 1024;
-    for (int D = 4; D >= 2; D--)
-        if (fits(D, 1) && pipe_smem(p, a, bwd, D) + 1024 <= SMEM_SOFT) return D;
-    for (int D = 4; D >= 2; D--)
-        if (fits(D, 1)) return D;
+    const int ks[3] = {want, 2, 1};
+    for (int k : ks) {
+        for (int D = 4; D >= 2; D--)
+            if (fits(D, k) && (size_t)k * (pipe_smem(p, a, bwd, D) + 1024) <= SMEM_SOFT) return D;
+        for (int D = 4; D >= 2; D--)
+            if (fits(D, k)) return D;
+    }
     return 0;
 }
 
@@ -1644,7 +1652,7 @@ bool aligned4(const void *p) { return ((uintptr_t)p & 3u) == 0; }
 
 // Geometry and shared memory of the staged shared-weight kernels; 0 bytes when they do not apply
 // (odd token rows in bytes, stages = 1 asks for the simple kernels, or too little shared memory).
-size_t sh_plan(const Plan &p, bool bwd, ShArgs &a) {
+size_t sh_plan(const Plan &p, bool bwd, int sgroups, ShArgs &a) {
     const int esz = p.bf16 ? 2 : 4;
     if (!p.shared || p.stages == 1 || (p.Cc * esz) % 4 != 0) return 0;
     a = ShArgs{};
@@ -1653,13 +1661,15 @@ size_t sh_plan(const Plan &p, bool bwd, ShArgs &a) {
         a.lanes_max = a.g[d].N > a.lanes_max ? a.g[d].N : a.lanes_max;
     }
     a.nw = p.bf16 ? p.Cc + 2 : 2 * p.Cc + 3;
-    a.xw = p.Cc * esz / 4;
+    a.sgroups = sgroups;
+    a.xtw = p.Cc * esz / 4;
+    a.xw = a.xtw / sgroups;
     size_t rows, stage;
     if (bwd) {
         rows = 2 * (size_t)(a.lanes_max + 2) * (p.Cc + 4) * 4;
         stage = (size_t)a.lanes_max * (((2 * a.nw + 3) & ~3) + p.Cc) * 4;
     } else {
-        rows = 2 * (size_t)(a.lanes_max + 2) * p.Cc * 4;
+        rows = 2 * (size_t)(a.lanes_max + 2) * (p.Cc / sgroups) * 4;
         stage = 2 * (size_t)a.lanes_max * (a.nw + a.xw) * 4;
     }
     rows = (rows + 15) / 16 * 16;
@@ -1674,11 +1684,29 @@ int sh_threads(const ShArgs &a, bool bwd) {
     return t > cap ? cap : t;
 }
 
+// Forward: with fewer (image, direction) blocks than SMs, each image's channels are split in two
+// groups (blocks), each with the whole gate chunk (the weights) and half the channels, so the
+// 1024^2 benchmark runs 128 blocks instead of 64. Each group block then takes vectors of V/2.
 template <typename T, int V>
 bool fwd_sh(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, T *ypart) {
+    if (!aligned4(xc) || !aligned4(gates)) return false;
+    const int esz = p.bf16 ? 2 : 4;
     ShArgs a;
-    const size_t smem = sh_plan(p, false, a);
-    if (!smem || !aligned4(xc) || !aligned4(gates)) return false;
+    if constexpr (V % 2 == 0) {
+        if (2 * DIRS * p.B <= c->sm_count && ((p.Cc / 2) * esz) % 4 == 0) {
+            const size_t smem = sh_plan(p, false, 2, a);
+            if (smem) {
+                auto k = gspn_fwd_sh_kernel<T, V / 2>;
+                set_smem(k, smem);
+                k<<<DIRS * p.B * 2, sh_threads(a, false), smem, c->stream>>>(xc, gates, hid, ypart,
+                                                                            p.plane, a);
+                CUDA_CHECK_LAUNCH();
+                return true;
+            }
+        }
+    }
+    const size_t smem = sh_plan(p, false, 1, a);
+    if (!smem) return false;
     auto k = gspn_fwd_sh_kernel<T, V>;
     set_smem(k, smem);
     k<<<DIRS * p.B, sh_threads(a, false), smem, c->stream>>>(xc, gates, hid, ypart, p.plane, a);
@@ -1691,7 +1719,7 @@ bool bwd_sh(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gates
             const float *hid, const void *merge, int merge_bf16, T *dxpart, T *dgates,
             double *dmpart) {
     ShArgs a;
-    const size_t smem = sh_plan(p, true, a);
+    const size_t smem = sh_plan(p, true, 1, a);
     if (!smem || !aligned4(gates) || (dgates && !aligned4(dgates))) return false;
     auto k = gspn_bwd_sh_kernel<T, V>;
     set_smem(k, smem);
