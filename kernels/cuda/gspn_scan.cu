@@ -1557,8 +1557,8 @@ size_t pipe_smem(const Plan &p, const ScanArgs &a, bool bwd, int D) {
 }
 
 // Pipeline depth: the deepest (<= 4) with which all blocks are resident at once, else the
-// deepest that keeps two blocks per SM, else the deepest with one (each under SMEM_SOFT if one
-// is); 0 = take the simple path.
+// deepest that keeps two blocks per SM, else the deepest with one, each first under SMEM_SOFT of
+// shared memory per SM; 0 = take the simple path.
 // max_threads: the items a block can take (threads x items per thread).
 int pipe_stages(const Plan &p, const ScanArgs &a, bool bwd, int max_threads, const CudaCtx *c) {
     if (p.shared || p.V * (p.bf16 ? 2 : 4) < 8 || p.stages == 1 || a.items_max > max_threads)
@@ -1573,19 +1573,20 @@ int pipe_stages(const Plan &p, const ScanArgs &a, bool bwd, int max_threads, con
     if (p.stages >= 2) return fits(p.stages, 1) ? p.stages : 0;
     const int blocks = DIRS * p.B * p.ngroups;
     const int want = (blocks + c->sm_count - 1) / c->sm_count;
-    // For each residency k, the deepest pipeline whose shared memory (k blocks) stays under
-    // SMEM_SOFT first, the rest of the SM's 228 KB being L1; then the deepest that fits. Measured
-    // (H200, B=32, Cc=64 bf16): 147^2 forward, one block per SM, D = 3 (207 KB) 1.72 ms against
-    // D = 2 (151 KB) 1.15 ms; 54^2 backward, one block, D = 4 (222 KB) 0.46 ms against D = 2
-    // (125 KB) 0.34 ms; 74^2 forward, two blocks, D = 3 (2 x 105 KB) 0.273 ms, D = 2 0.266 ms.
+    // First the residencies k (blocks per SM) and depths whose shared memory stays under
+    // SMEM_SOFT per SM, the rest of the SM's 228 KB being L1; then any that fits. Measured (H200,
+    // B=32, Cc=64 bf16): 147^2 forward, one block per SM, D = 3 (207 KB) 1.72 ms against D = 2
+    // (151 KB) 1.15 ms; 54^2 backward, one block, D = 4 (222 KB) 0.46 ms against D = 2 (125 KB)
+    // 0.34 ms; 37^2 backward, two blocks at D = 2 (2 x 87 KB) 0.179 ms against one at D = 4
+    // (152 KB) 0.164 ms; 74^2 forward, two blocks, D = 3 (2 x 105 KB) 0.273 ms, D = 2 0.266 ms.
     constexpr size_t SMEM_SOFT = 160 * 1024;
     const int ks[3] = {want, 2, 1};
-    for (int k : ks) {
-        for (int D = 4; D >= 2; D--)
-            if (fits(D, k) && (size_t)k * (pipe_smem(p, a, bwd, D) + 1024) <= SMEM_SOFT) return D;
-        for (int D = 4; D >= 2; D--)
-            if (fits(D, k)) return D;
-    }
+    for (int pass = 0; pass < 2; pass++)
+        for (int k : ks)
+            for (int D = 4; D >= 2; D--)
+                if (fits(D, k) &&
+                    (pass == 1 || (size_t)k * (pipe_smem(p, a, bwd, D) + 1024) <= SMEM_SOFT))
+                    return D;
     return 0;
 }
 
