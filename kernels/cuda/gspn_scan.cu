@@ -5,17 +5,20 @@
 // line (the W columns of a row for TB/BT, the H rows of a column for LR/RL) and loops over the
 // steps of the scan; a line's lanes depend on each other through the neighbour weights, so a line
 // cannot be split across blocks without inter-block exchange. Channels-last makes each token's CG
-// channels one contiguous run (32 or 64 bytes), so loads are whole sectors.
+// channels one contiguous run (32, 64 or 128 bytes), so loads are whole sectors.
 //
-// Two kernel families:
-// - pipelined (the fast path: per-channel weights, Cc a multiple of 4, 16-byte aligned data, a line
-//   of at most 1024 (fwd) / 608 (bwd) work items): ONE launch for the four directions,
-//   blockIdx.x = (image, channel group) * 4 + direction. Each thread owns one (lane, 4 or 8
-//   channels) item and copies that item's inputs for step s+D-1 into a shared-memory stage with
-//   cp.async while it computes step s. The backward also stages h[s-1], which the two neighbour
-//   lanes read after the step's barrier.
-// - simple (shared weights, odd Cc, longer lines, or stages = 1): one launch per direction on the
-//   context's side streams (concurrent), loads issued at the top of each step.
+// Three kernel families:
+// - pipelined (the fast path for per-channel weights: Cc a multiple of 4, 16-byte aligned data, a
+//   line of at most 2048 (fwd, two items a thread) / 608 (bwd) work items): ONE launch for the
+//   four directions, blockIdx.x = (image, channel group) * 4 + direction. Each thread owns one or
+//   two (lane, 4 or 8 channels) items and copies their inputs for step s+D-1 into a shared-memory
+//   stage with cp.async while it computes step s. The backward also stages h[s-1], which the two
+//   neighbour lanes read after the step's barrier.
+// - staged shared-weight (gspn_shared_w = 1, a token's xc a whole number of 4-byte words): ONE
+//   launch for the four directions, the direction's odd-offset gate chunk of every lane copied as
+//   4-byte words, consecutive words on consecutive threads (see gspn_fwd_sh_kernel).
+// - simple (odd Cc, longer lines, too little shared memory, or stages = 1): one launch per
+//   direction on the context's side streams (concurrent), loads issued at the top of each step.
 // Forward step: h of the previous step lives in shared memory ((N+2) x CG floats with a zero halo
 //   lane each side, double buffered: one barrier per step); the sigmoid and row-stochastic
 //   normalization are computed in registers (the weights are never written); h (fp32) goes to
@@ -28,11 +31,11 @@
 //   elementwise kernel adds them in the fixed order; dmerge is reduced per block in fp64 and the
 //   block partials summed in a fixed order, one warp per direction. Bitwise deterministic.
 //
-// The channel group and vector width are chosen per call (auto_tuning): measured on an H200, the
-// scans are latency-bound per block (a serial chain of steps, each a barrier, shared-memory
-// neighbour reads and the sigmoid / normalization), so fewer channels per thread and wider groups
-// win as long as a line fits one block. bf16 uses the approximate exp / reciprocal units: with
-// IEEE division everywhere the kernels were instruction-bound (ncu: issue ~53%).
+// The channel group, vector width and pipeline depth are chosen per call (auto_tuning,
+// pipe_stages): measured on an H200, fewer channels per thread, wider groups (whole 128-byte
+// token rows in the forward where a line fits) and at most ~160 KB of shared memory per SM win.
+// bf16 uses the approximate exp / reciprocal units: with IEEE division everywhere the kernels
+// were instruction-bound (ncu: issue ~53%).
 //
 // Bytes per element (one token-channel) for bf16 activations and per-channel weights, G = 20 Cc:
 //   what must move, forward:  xc 2 + gates 40 + yc 2 + hidden 16 (fp32, 4 directions)   =  60
@@ -44,9 +47,12 @@
 //     dxc_d 4x2 (write, then read) + dxc 4                                               = 172
 // The extra reads of xc / dyc (one per direction) and the y_d / dxc_d round trip are the price of
 // running the directions as separate scans without float atomics; the whole H x W plane of a
-// channel group would have to stay on chip to avoid them, which it does not at 74^2 and up. So
-// even at the copy rate the forward reaches at most 60/82 = 73% and the backward 102/172 = 59%
-// (144/172 = 84% counting the += reads) of the copy bandwidth on the bytes that must move.
+// channel group would have to stay on chip to avoid them, which it does not at 74^2 and up.
+// Pairing scans does not help: TB reaches row i at step i, BT at step H-1-i, so whichever comes
+// second needs the first one's y (or xc) for every row, i.e. the same round trip; only a scan
+// that also writes the final yc saves bytes, and that serializes directions. So even at the copy
+// rate the forward reaches at most 60/82 = 73% and the backward 102/172 = 59% (144/172 = 84%
+// counting the += reads) of the copy bandwidth on the bytes that must move (gspn_scan_notes.md).
 //
 // hidden: the forward saves h (fp32) when given `hidden`; the backward recomputes it into scratch
 // when called with hidden == NULL (a second forward scan: 42 bytes read and 16 written per element
@@ -1357,10 +1363,11 @@ struct Tuning {
     int dir_mask;   // benchmark diagnostics only: run these directions of the pipelined kernels
 };
 
-// Measured on an H200 (gspn_bench.cu; B=32, Cc=64, bf16): the scans are latency-bound per block,
-// so fewer channels a thread (8-byte vectors) and wider channel groups (64 bytes of a token per
-// block: fewer, fuller blocks and whole DRAM atoms) run faster, as long as a line still fits one
-// pipelined block. The widest group that fits wins; lines too long fall back to (32, 16).
+// Measured on an H200 (gspn_bench.cu; B=32, Cc=64, bf16): fewer channels a thread (8-byte
+// vectors) and wider channel groups (64 or 128 bytes of a token per block: fewer, fuller blocks,
+// whole DRAM atoms and lines) run faster, as long as a line still fits one pipelined block
+// (forward: 37^2 0.103 -> 0.074 ms, 74^2 0.273 -> 0.254 ms going from 64 to 128 bytes). The
+// widest group that fits wins; lines too long fall back to (32, 16).
 Tuning auto_tuning(Tuning tu, bool bf16, int Cc, int lanes, bool bwd) {
     if (tu.cg_bytes != 0) return tu;
     const int esz = bf16 ? 2 : 4, vb = bf16 ? 8 : 16;
