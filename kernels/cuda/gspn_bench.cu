@@ -12,7 +12,8 @@
 // GB/s = those bytes / median time; "%copy" = that / the copy bandwidth (bytes read + written by
 // cudaMemcpy device-to-device of 1 GiB). "moved" columns use the bytes this implementation
 // really moves (the header of gspn_scan.cu derives them), to show how close the kernels run to
-// the copy rate on their own traffic.
+// the copy rate on their own traffic. For shared weights that formula is a lower bound: each
+// direction fetches whole 64-byte DRAM atoms for its 38-byte gate chunk (gspn_scan_notes.md).
 #include "cuda_common.h"
 #include "gspn_bench.h"
 #include "../ops.h"
