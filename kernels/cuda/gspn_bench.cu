@@ -235,11 +235,10 @@ extern "C" int cuda_bench_gspn(FILE *out) {
     for (const Config &cf : var_cfgs)
         for (const auto &v : variants)
             print_row(out, cf, v, run_config(&ctx, cf, v), copy);
-    // Shared weights: D = 1 runs the simple kernels (element-wise gate loads) the staged ones
-    // replaced.
-    // What the defaults were before the forward took 128-byte groups and the depth rule kept
-    // shared memory under 160 KB per SM: 64-byte groups, D = 4 (27^2 to 54^2; 27^2 and 54^2
-    // backward too), D = 3 (147^2 forward with two items a thread).
+    // The configurations the defaults had before the forward took 128-byte groups and the depth
+    // rule kept shared memory under 160 KB per SM: 64-byte groups at D = 4 (27^2 to 54^2 forward;
+    // 27^2 and 54^2 backward too); and 147^2 forward with two items a thread at D = 3 (207 KB),
+    // against the default's D = 2 (gspn_scan_notes.md).
     const struct { Config cf; Tune tu; } extra[] = {
         {{32, 27, 27, 64, 0, DTYPE_BF16}, {64, 8, 4, 0, 15}},
         {{32, 37, 37, 64, 0, DTYPE_BF16}, {64, 8, 4, 0, 15}},
@@ -247,6 +246,8 @@ extern "C" int cuda_bench_gspn(FILE *out) {
         {{32, 147, 147, 64, 0, DTYPE_BF16}, {64, 8, 3, 0, 15}},
     };
     for (const auto &x : extra) print_row(out, x.cf, x.tu, run_config(&ctx, x.cf, x.tu), copy);
+    // Shared weights: D = 1 runs the simple kernels (element-wise gate loads) the staged ones
+    // replaced.
     const Config sh_cfg = {16, 1024, 1024, 8, 1, DTYPE_BF16};
     const Tune sh_simple = {0, 0, 1, 0, 15};
     print_row(out, sh_cfg, sh_simple, run_config(&ctx, sh_cfg, sh_simple), copy);
