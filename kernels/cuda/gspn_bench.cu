@@ -12,7 +12,8 @@
 // GB/s = those bytes / median time; "%copy" = that / the copy bandwidth (bytes read + written by
 // cudaMemcpy device-to-device of 1 GiB). "moved" columns use the bytes this implementation
 // really moves (the header of gspn_scan.cu derives them), to show how close the kernels run to
-// the copy rate on their own traffic.
+// the copy rate on their own traffic. For shared weights that formula is a lower bound: each
+// direction fetches whole 64-byte DRAM atoms for its 38-byte gate chunk (gspn_scan_notes.md).
 #include "cuda_common.h"
 #include "gspn_bench.h"
 #include "../ops.h"
@@ -230,10 +231,26 @@ extern "C" int cuda_bench_gspn(FILE *out) {
     // (dirs = 3 or 12 runs only TB+BT or LR+RL of the pipelined kernels: a diagnostic for
     // cuda_bench_gspn_config; the bytes columns then still count all four directions.)
     const Tune variants[] = {{64, 8, 0, 0, 15}, {32, 8, 0, 0, 15}, {32, 16, 0, 0, 15},
-                             {64, 8, 0, 1, 15}, {32, 16, 1, 0, 15}};
+                             {64, 8, 0, 1, 15}, {32, 16, 1, 0, 15}, {64, 8, 2, 0, 15}};
     for (const Config &cf : var_cfgs)
         for (const auto &v : variants)
             print_row(out, cf, v, run_config(&ctx, cf, v), copy);
+    // The configurations the defaults had before the forward took 128-byte groups and the depth
+    // rule kept shared memory under 160 KB per SM: 64-byte groups at D = 4 (27^2 to 54^2 forward;
+    // 27^2 and 54^2 backward too); and 147^2 forward with two items a thread at D = 3 (207 KB),
+    // against the default's D = 2 (gspn_scan_notes.md).
+    const struct { Config cf; Tune tu; } extra[] = {
+        {{32, 27, 27, 64, 0, DTYPE_BF16}, {64, 8, 4, 0, 15}},
+        {{32, 37, 37, 64, 0, DTYPE_BF16}, {64, 8, 4, 0, 15}},
+        {{32, 54, 54, 64, 0, DTYPE_BF16}, {64, 8, 4, 0, 15}},
+        {{32, 147, 147, 64, 0, DTYPE_BF16}, {64, 8, 3, 0, 15}},
+    };
+    for (const auto &x : extra) print_row(out, x.cf, x.tu, run_config(&ctx, x.cf, x.tu), copy);
+    // Shared weights: D = 1 runs the simple kernels (element-wise gate loads) the staged ones
+    // replaced.
+    const Config sh_cfg = {16, 1024, 1024, 8, 1, DTYPE_BF16};
+    const Tune sh_simple = {0, 0, 1, 0, 15};
+    print_row(out, sh_cfg, sh_simple, run_config(&ctx, sh_cfg, sh_simple), copy);
 
     cuda_ctx_destroy(&ctx);
     return 0;

@@ -5,17 +5,20 @@
 // line (the W columns of a row for TB/BT, the H rows of a column for LR/RL) and loops over the
 // steps of the scan; a line's lanes depend on each other through the neighbour weights, so a line
 // cannot be split across blocks without inter-block exchange. Channels-last makes each token's CG
-// channels one contiguous run (32 or 64 bytes), so loads are whole sectors.
+// channels one contiguous run (32, 64 or 128 bytes), so loads are whole sectors.
 //
-// Two kernel families:
-// - pipelined (the fast path: per-channel weights, Cc a multiple of 4, 16-byte aligned data, a line
-//   of at most 1024 (fwd) / 608 (bwd) work items): ONE launch for the four directions,
-//   blockIdx.x = (image, channel group) * 4 + direction. Each thread owns one (lane, 4 or 8
-//   channels) item and copies that item's inputs for step s+D-1 into a shared-memory stage with
-//   cp.async while it computes step s. The backward also stages h[s-1], which the two neighbour
-//   lanes read after the step's barrier.
-// - simple (shared weights, odd Cc, longer lines, or stages = 1): one launch per direction on the
-//   context's side streams (concurrent), loads issued at the top of each step.
+// Three kernel families:
+// - pipelined (the fast path for per-channel weights: Cc a multiple of 4, 16-byte aligned data, a
+//   line of at most 2048 (fwd, two items a thread) / 608 (bwd) work items): ONE launch for the
+//   four directions, blockIdx.x = (image, channel group) * 4 + direction. Each thread owns one or
+//   two (lane, 4 or 8 channels) items and copies their inputs for step s+D-1 into a shared-memory
+//   stage with cp.async while it computes step s. The backward also stages h[s-1], which the two
+//   neighbour lanes read after the step's barrier.
+// - staged shared-weight (gspn_shared_w = 1, a token's xc a whole number of 4-byte words): ONE
+//   launch for the four directions, the direction's odd-offset gate chunk of every lane copied as
+//   4-byte words, consecutive words on consecutive threads (see gspn_fwd_sh_kernel).
+// - simple (odd Cc, longer lines, too little shared memory, or stages = 1): one launch per
+//   direction on the context's side streams (concurrent), loads issued at the top of each step.
 // Forward step: h of the previous step lives in shared memory ((N+2) x CG floats with a zero halo
 //   lane each side, double buffered: one barrier per step); the sigmoid and row-stochastic
 //   normalization are computed in registers (the weights are never written); h (fp32) goes to
@@ -28,11 +31,11 @@
 //   elementwise kernel adds them in the fixed order; dmerge is reduced per block in fp64 and the
 //   block partials summed in a fixed order, one warp per direction. Bitwise deterministic.
 //
-// The channel group and vector width are chosen per call (auto_tuning): measured on an H200, the
-// scans are latency-bound per block (a serial chain of steps, each a barrier, shared-memory
-// neighbour reads and the sigmoid / normalization), so fewer channels per thread and wider groups
-// win as long as a line fits one block. bf16 uses the approximate exp / reciprocal units: with
-// IEEE division everywhere the kernels were instruction-bound (ncu: issue ~53%).
+// The channel group, vector width and pipeline depth are chosen per call (auto_tuning,
+// pipe_stages): measured on an H200, fewer channels per thread, wider groups (whole 128-byte
+// token rows in the forward where a line fits) and at most ~160 KB of shared memory per SM win.
+// bf16 uses the approximate exp / reciprocal units: with IEEE division everywhere the kernels
+// were instruction-bound (ncu: issue ~53%).
 //
 // Bytes per element (one token-channel) for bf16 activations and per-channel weights, G = 20 Cc:
 //   what must move, forward:  xc 2 + gates 40 + yc 2 + hidden 16 (fp32, 4 directions)   =  60
@@ -44,9 +47,12 @@
 //     dxc_d 4x2 (write, then read) + dxc 4                                               = 172
 // The extra reads of xc / dyc (one per direction) and the y_d / dxc_d round trip are the price of
 // running the directions as separate scans without float atomics; the whole H x W plane of a
-// channel group would have to stay on chip to avoid them, which it does not at 74^2 and up. So
-// even at the copy rate the forward reaches at most 60/82 = 73% and the backward 102/172 = 59%
-// (144/172 = 84% counting the += reads) of the copy bandwidth on the bytes that must move.
+// channel group would have to stay on chip to avoid them, which it does not at 74^2 and up.
+// Pairing scans does not help: TB reaches row i at step i, BT at step H-1-i, so whichever comes
+// second needs the first one's y (or xc) for every row, i.e. the same round trip; only a scan
+// that also writes the final yc saves bytes, and that serializes directions. So even at the copy
+// rate the forward reaches at most 60/82 = 73% and the backward 102/172 = 59% (144/172 = 84%
+// counting the += reads) of the copy bandwidth on the bytes that must move (gspn_scan_notes.md).
 //
 // hidden: the forward saves h (fp32) when given `hidden`; the backward recomputes it into scratch
 // when called with hidden == NULL (a second forward scan: 42 bytes read and 16 written per element
@@ -688,8 +694,10 @@ __device__ __forceinline__ DirGeom pick_dir(const ScanArgs &a, int d) {
     return d == 0 ? a.g[0] : d == 1 ? a.g[1] : d == 2 ? a.g[2] : a.g[3];
 }
 
-// Forward. Stage slot q of item e: q = 0 xc, 1 lam, 2 u, 3..5 wt_{-1,0,+1}.
-template <typename T, int V, int D>
+// Forward. Stage slot q of item e: q = 0 xc, 1 lam, 2 u, 3..5 wt_{-1,0,+1}. A thread owns IPT
+// items, e = threadIdx.x + i * blockDim.x (IPT = 2 lets a 147-lane line take 64-byte channel
+// groups: 1176 items on 608 threads).
+template <typename T, int V, int D, int IPT>
 __global__ void __launch_bounds__(PipeThreads<T, V>::fwd)
 gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
                      float *__restrict__ hid, T *__restrict__ ypart, long long plane,
@@ -705,24 +713,35 @@ gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
     for (int i = threadIdx.x; i < 2 * rowf; i += blockDim.x) hbuf[i] = 0.0f;
 
     const int bg = blockIdx.x >> 2, b = bg / g.ngroups, c0 = (bg % g.ngroups) * g.CG;
-    const int e = threadIdx.x;
-    const bool active = e < g.items;
-    const int l = e / g.nvg, cl = (e % g.nvg) * V, c = c0 + cl;
     const int Cc = g.Cc;
-    const long long tl = (long long)b * g.img_tokens + g.first + (long long)l * g.lstride;
+    int e[IPT], l[IPT], cl[IPT], c[IPT];
+    bool active[IPT];
+    long long tl[IPT];
+#pragma unroll
+    for (int it = 0; it < IPT; it++) {
+        e[it] = threadIdx.x + it * blockDim.x;
+        active[it] = e[it] < g.items;
+        l[it] = e[it] / g.nvg;
+        cl[it] = (e[it] % g.nvg) * V;
+        c[it] = c0 + cl[it];
+        tl[it] = (long long)b * g.img_tokens + g.first + (long long)l[it] * g.lstride;
+    }
     if (hid) hid += d * plane;
     if (ypart) ypart += d * plane;
-    auto slot = [&](int st, int q) {
-        return stg + ((size_t)(st * NQ + q) * a.items_max + e) * VB;
+    auto slot = [&](int st, int q, int item) {
+        return stg + ((size_t)(st * NQ + q) * a.items_max + item) * VB;
     };
     auto issue = [&](int s) {
-        if (active && s < g.L) {
-            const long long t = tl + (long long)s * g.sstride;
-            const T *gp = gates + t * g.G + g.goff + c;
-            const int st = s % D;
-            cp_async<VB>(slot(st, 0), xc + t * Cc + c);
 #pragma unroll
-            for (int q = 0; q < 5; q++) cp_async<VB>(slot(st, 1 + q), gp + q * Cc);
+        for (int it = 0; it < IPT; it++) {
+            if (active[it] && s < g.L) {
+                const long long t = tl[it] + (long long)s * g.sstride;
+                const T *gp = gates + t * g.G + g.goff + c[it];
+                const int st = s % D;
+                cp_async<VB>(slot(st, 0, e[it]), xc + t * Cc + c[it]);
+#pragma unroll
+                for (int q = 0; q < 5; q++) cp_async<VB>(slot(st, 1 + q, e[it]), gp + q * Cc);
+            }
         }
         cp_async_commit();
     };
@@ -730,11 +749,11 @@ gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
     for (int p = 0; p < D - 1; p++) issue(p);
     __syncthreads();   // hbuf zeroed
 
-    const bool pf = prefetch_lane(g, a, l, e, bg % g.ngroups);
+    const bool pf = prefetch_lane(g, a, l[0], e[0], bg % g.ngroups);
     for (int s = 0; s < g.L; s++) {
         const int sp = s + D - 1 + a.prefetch;
         if (pf && sp < g.L) {
-            const long long t = tl + (long long)sp * g.sstride;
+            const long long t = tl[0] + (long long)sp * g.sstride;
             l2_prefetch(xc + t * Cc, Cc * sizeof(T));
             l2_prefetch(gates + t * g.G + g.goff, 5 * Cc * sizeof(T));
         }
@@ -742,22 +761,24 @@ gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
         cp_async_wait<D - 1>();   // this thread's copies of step s have landed
         const float *prev = hbuf + (s & 1) * rowf;
         float *cur = hbuf + ((s + 1) & 1) * rowf;
-        if (active) {
-            const int st = s % D;
-            const long long o = (tl + (long long)s * g.sstride) * Cc + c;
+        const int st = s % D;
+#pragma unroll
+        for (int it = 0; it < IPT; it++) {
+            if (!active[it]) continue;
+            const long long o = (tl[it] + (long long)s * g.sstride) * Cc + c[it];
             float x[V], lam[V], u[V], h[V];
-            lds_v<T, V>(slot(st, 0), x);
-            lds_v<T, V>(slot(st, 1), lam);
-            lds_v<T, V>(slot(st, 2), u);
+            lds_v<T, V>(slot(st, 0, e[it]), x);
+            lds_v<T, V>(slot(st, 1, e[it]), lam);
+            lds_v<T, V>(slot(st, 2, e[it]), u);
 #pragma unroll
             for (int i = 0; i < V; i++) h[i] = lam[i] * x[i];
             if (s > 0) {
-                const bool has_m = l > 0, has_p = l < g.N - 1;
+                const bool has_m = l[it] > 0, has_p = l[it] < g.N - 1;
                 float wm[V], w0[V], wp[V], hm[V], h0[V], hp[V];
-                lds_v<T, V>(slot(st, 3), wm);
-                lds_v<T, V>(slot(st, 4), w0);
-                lds_v<T, V>(slot(st, 5), wp);
-                const float *pr = prev + (l + 1) * g.CG + cl;
+                lds_v<T, V>(slot(st, 3, e[it]), wm);
+                lds_v<T, V>(slot(st, 4, e[it]), w0);
+                lds_v<T, V>(slot(st, 5, e[it]), wp);
+                const float *pr = prev + (l[it] + 1) * g.CG + cl[it];
                 ldf<V>(pr - g.CG, hm);
                 ldf<V>(pr, h0);
                 ldf<V>(pr + g.CG, hp);
@@ -770,7 +791,7 @@ gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
                     h[i] += w[2] * hp[i];
                 }
             }
-            stf<V>(cur + (l + 1) * g.CG + cl, h);
+            stf<V>(cur + (l[it] + 1) * g.CG + cl[it], h);
             if (hid) stf_stream<V>(hid + o, h);
             if (ypart) {
                 float y[V];
@@ -967,6 +988,349 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
     }
 }
 
+// ---- shared weights: the gate chunks staged whole, coalesced -----------------------------------
+// With gspn_shared_w a direction's gates of one token are one chunk of CH = 2 Cc + 3 elements at
+// an element offset d * CH (odd for d = 1, 3): the simple kernels load it element by element, so
+// every load instruction of a warp touches 32 lines (TB: 152-byte token stride; LR: a row apart),
+// 19 such loads per lane and step at Cc = 8. That made them L1-bound: 15 us (forward) and 53 us
+// (backward) per step at 1024^2 (H100), against the ~2 us the bytes need. These kernels copy each
+// lane's chunk as the 4-byte words that cover it (the chunk starts 2-byte aligned in bf16, so
+// Cc + 2 words; 2 Cc + 3 in fp32), the words of consecutive lanes on consecutive threads, into
+// shared memory, and read the elements from there. One launch for the four directions,
+// blockIdx.x = image * 4 + direction (ngroups = 1: a thread owns all Cc channels of its lanes, so
+// the weight gradient's sum over channels stays in one thread, as in the simple kernel).
+// Forward: the chunk and xc words of step s+1 are copied (cp.async) while step s computes, two
+// stages. Backward: the chunk, the old dgates chunk and h[s-1] (for the neighbour lanes) are
+// copied at the top of each step (one stage: the carries take the rest of shared memory); the new
+// dgates are written into the staged chunk and stored element by element, consecutive elements on
+// consecutive threads (only this direction's elements: the words also hold 2 bytes of the next
+// chunk, which another block owns). Carries: dh (Cc floats) and the step's three weights per
+// lane; a lane computes w_{+1}[l-1] dh[l-1] + w_0[l] dh[l] + w_{-1}[l+1] dh[l+1] itself.
+constexpr int SH_FWD_THREADS = 1024;   // forward: ~50 registers
+constexpr int SH_BWD_THREADS = 512;    // backward: ~105-125 registers
+
+// L2 prefetch of the line holding p (the staged kernels fetch the next step's lines early, so
+// their copies and loads at the top of a step find them in L2).
+__device__ __forceinline__ void l2_prefetch_line(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+// Walks f = threadIdx.x, threadIdx.x + blockDim.x, ... < n as (lane, word) = divmod(f, per)
+// without a division per element.
+struct LaneWalk {
+    int l, w, dl, dw;
+    __device__ LaneWalk(int per) {
+        l = threadIdx.x / per;
+        w = threadIdx.x - l * per;
+        dl = blockDim.x / per;
+        dw = blockDim.x - dl * per;
+    }
+    __device__ void next(int per) {
+        l += dl;
+        w += dw;
+        if (w >= per) {
+            w -= per;
+            l++;
+        }
+    }
+};
+
+struct ShArgs {
+    DirGeom g[DIRS];
+    int lanes_max;   // lanes of the longer line
+    int nw;          // 4-byte words covering one lane's gate chunk
+    int sgroups;     // forward: channel groups (blocks) per image and direction (1, see fwd_sh)
+    int xtw;         // 4-byte words of one token's xc
+    int xw;          // 4-byte words of one channel group's xc (forward stage)
+    int row_bytes;   // bytes of the per-lane rows (h or carries), 16-aligned
+};
+
+__device__ __forceinline__ DirGeom pick_dir_sh(const ShArgs &a, int d) {
+    return d == 0 ? a.g[0] : d == 1 ? a.g[1] : d == 2 ? a.g[2] : a.g[3];
+}
+
+// Word index of the first word covering token t's chunk of direction g.d; off = byte offset of
+// the chunk's first element in that word (0, or 2 for bf16 at odd d).
+template <typename T>
+__device__ __forceinline__ long long chunk_word(const DirGeom &g, long long t, int &off) {
+    const long long byte = (t * g.G + g.goff) * (long long)sizeof(T);
+    off = (int)(byte & 3);
+    return byte >> 2;
+}
+template <typename T>
+__device__ __forceinline__ float sm_el(const unsigned char *p, int q) {
+    return to_f32(*reinterpret_cast<const T *>(p + q * (int)sizeof(T)));
+}
+template <typename T>
+__device__ __forceinline__ void sm_st(unsigned char *p, int q, float v) {
+    *reinterpret_cast<T *>(p + q * (int)sizeof(T)) = from_f32<T>(v);
+}
+
+// Forward. Stage per lane: nw chunk words, then xw xc words.
+template <typename T, int V>
+__global__ void __launch_bounds__(SH_FWD_THREADS)
+gspn_fwd_sh_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
+                   float *__restrict__ hid, T *__restrict__ ypart, long long plane, ShArgs a) {
+    const int d = blockIdx.x & 3;
+    const DirGeom g = pick_dir_sh(a, d);
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    // block = (image, channel group, direction); the group's CG channels start at c0
+    const int bg = blockIdx.x >> 2, grp = bg % a.sgroups;
+    const int N = g.N, Cc = g.Cc, CG = Cc / a.sgroups, c0 = grp * CG, per = a.nw + a.xw;
+    const int rowf = (N + 2) * CG;
+    float *hbuf = reinterpret_cast<float *>(smem_raw);                      // [2][N+2][CG]
+    uint32_t *stg = reinterpret_cast<uint32_t *>(smem_raw + a.row_bytes);   // [2][lanes_max][per]
+    const int stage_words = a.lanes_max * per;
+    for (int i = threadIdx.x; i < 2 * rowf; i += blockDim.x) hbuf[i] = 0.0f;
+    const long long img = (long long)(bg / a.sgroups) * g.img_tokens;
+    const uint32_t *gw = reinterpret_cast<const uint32_t *>(gates);
+    const uint32_t *xw = reinterpret_cast<const uint32_t *>(xc);
+    if (hid) hid += d * plane;
+    if (ypart) ypart += d * plane;
+    auto issue = [&](int s) {
+        if (s < g.L) {
+            uint32_t *st = stg + (s & 1) * stage_words;
+            const long long ts = img + g.first + (long long)s * g.sstride;
+            // lane l's chunk starts at byte gb0 + l * gstep; its xc at word xw0 + l * xstep
+            const long long gb0 = (ts * g.G + g.goff) * (long long)sizeof(T);
+            const long long gstep = g.lstride * g.G * (long long)sizeof(T);
+            const long long xw0 = ts * a.xtw + grp * a.xw, xstep = g.lstride * a.xtw;
+            LaneWalk lw(per);
+            for (int f = threadIdx.x; f < N * per; f += blockDim.x, lw.next(per)) {
+                const uint32_t *src = lw.w < a.nw ? gw + ((gb0 + lw.l * gstep) >> 2) + lw.w
+                                                  : xw + xw0 + lw.l * xstep + (lw.w - a.nw);
+                cp_async<4>(st + f, src);
+            }
+        }
+        cp_async_commit();
+    };
+
+    issue(0);
+    for (int s = 0; s < g.L; s++) {
+        cp_async_wait<0>();
+        // Everyone's copies of step s have landed; h of step s-1 is written; stage (s+1)&1 was
+        // last read at step s-1 and may be refilled.
+        __syncthreads();
+        issue(s + 1);
+        const uint32_t *st = stg + (s & 1) * stage_words;
+        const float *prev = hbuf + (s & 1) * rowf;
+        float *cur = hbuf + ((s + 1) & 1) * rowf;
+        const long long ts = img + g.first + (long long)s * g.sstride;
+        for (int l = threadIdx.x; l < N; l += blockDim.x) {
+            const long long t = ts + (long long)l * g.lstride;
+            if (s + 2 < g.L) {   // the lines step s+2 will copy
+                const long long t2 = t + 2 * g.sstride;
+                const T *gp = gates + t2 * g.G + g.goff;
+                l2_prefetch_line(gp);
+                l2_prefetch_line(gp + 2 * Cc + 2);
+                l2_prefetch_line(xc + t2 * Cc);
+            }
+            int off;
+            chunk_word<T>(g, t, off);
+            const unsigned char *gc = reinterpret_cast<const unsigned char *>(st + l * per) + off;
+            const unsigned char *xs = reinterpret_cast<const unsigned char *>(st + l * per + a.nw);
+            float sa[3], sw[3] = {0.0f, 0.0f, 0.0f};
+            if (s > 0)
+                weights<T>(sm_el<T>(gc, 2 * Cc), sm_el<T>(gc, 2 * Cc + 1), sm_el<T>(gc, 2 * Cc + 2),
+                           l > 0, l < N - 1, sa, sw);
+            for (int c = 0; c < CG; c += V) {   // channels c0 + c ...
+                float h[V], u[V];
+#pragma unroll
+                for (int i = 0; i < V; i++) {
+                    h[i] = sm_el<T>(gc, c0 + c + i) * sm_el<T>(xs, c + i);
+                    u[i] = sm_el<T>(gc, Cc + c0 + c + i);
+                }
+                if (s > 0) {
+                    float hm[V], h0[V], hp[V];
+                    const float *pr = prev + (l + 1) * CG + c;
+                    ldf<V>(pr - CG, hm);
+                    ldf<V>(pr, h0);
+                    ldf<V>(pr + CG, hp);
+#pragma unroll
+                    for (int i = 0; i < V; i++) {
+                        h[i] += sw[0] * hm[i];
+                        h[i] += sw[1] * h0[i];
+                        h[i] += sw[2] * hp[i];
+                    }
+                }
+                stf<V>(cur + (l + 1) * CG + c, h);
+                const long long o = t * Cc + c0 + c;
+                if (hid) stf_stream<V>(hid + o, h);
+                if (ypart) {
+                    float y[V];
+#pragma unroll
+                    for (int i = 0; i < V; i++) y[i] = u[i] * h[i];
+                    stv<T, V>(ypart + o, y);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+}
+
+// Backward. Stage per lane: nw gate chunk words, nw old dgates chunk words, (padding to 16
+// bytes) Cc floats of h[s-1]. Carry rows [2][N+2][Cc+4]: dh, w_{-1}, w_0, w_{+1}, pad.
+template <typename T, int V>
+__global__ void __launch_bounds__(SH_BWD_THREADS)
+gspn_bwd_sh_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
+                   const T *__restrict__ gates, const float *__restrict__ hid,
+                   const void *merge, int merge_bf16, T *__restrict__ dxpart,
+                   T *__restrict__ dgates, double *__restrict__ dmpart, long long plane, int nblk,
+                   ShArgs a) {
+    const int d = blockIdx.x & 3;
+    const DirGeom g = pick_dir_sh(a, d);
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int N = g.N, Cc = g.Cc, CW = Cc + 4, CH = 2 * Cc + 3;
+    const int hoff = (2 * a.nw + 3) & ~3, per = hoff + Cc;
+    const int rowf = (N + 2) * CW;
+    float *rows = reinterpret_cast<float *>(smem_raw);
+    uint32_t *stg = reinterpret_cast<uint32_t *>(smem_raw + a.row_bytes);   // [N][per]
+    for (int i = threadIdx.x; i < 2 * rowf; i += blockDim.x) rows[i] = 0.0f;
+    const int b = blockIdx.x >> 2;
+    const long long img = (long long)b * g.img_tokens;
+    const uint32_t *gw = reinterpret_cast<const uint32_t *>(gates);
+    const uint32_t *dgw = reinterpret_cast<const uint32_t *>(dgates);
+    hid += d * plane;
+    const uint32_t *hw = reinterpret_cast<const uint32_t *>(hid);
+    if (dxpart) dxpart += d * plane;
+    const float m = load_param(merge, merge_bf16, d);
+    double dm_acc = 0.0;
+
+    for (int k = 0; k < g.L; k++) {
+        const int s = g.L - 1 - k;
+        const long long ts = img + g.first + (long long)s * g.sstride;
+        __syncthreads();   // the stage's last step is stored; the carries of step s+1 are written
+        {
+            // lane l's chunk starts at byte gb0 + l * gstep; its h[s-1] at word hw0 + l * hstep
+            const long long gb0 = (ts * g.G + g.goff) * (long long)sizeof(T);
+            const long long gstep = g.lstride * g.G * (long long)sizeof(T);
+            const long long hw0 = (ts - g.sstride) * Cc, hstep = g.lstride * Cc;
+            LaneWalk lw(per);
+            for (int f = threadIdx.x; f < N * per; f += blockDim.x, lw.next(per)) {
+                const int w = lw.w;
+                const uint32_t *src = nullptr;
+                if (w < 2 * a.nw) {
+                    const long long cw = (gb0 + lw.l * gstep) >> 2;
+                    if (w < a.nw) src = gw + cw + w;
+                    else if (dgates) src = dgw + cw + (w - a.nw);
+                } else if (w >= hoff && s > 0) {
+                    src = hw + hw0 + lw.l * hstep + (w - hoff);   // h[s-1] of lane l
+                }
+                if (src) cp_async<4>(stg + f, src);
+                else stg[f] = 0u;
+            }
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+
+        const float *rk = rows + (k & 1) * rowf;   // carries from step s+1
+        float *wk = rows + ((k + 1) & 1) * rowf;   // carries into step s-1
+        for (int l = threadIdx.x; l < N; l += blockDim.x) {
+            const long long t = ts + (long long)l * g.lstride;
+            if (s > 0) {   // the lines step s-1 will copy and load
+                const long long t1 = t - g.sstride;
+                const T *gp = gates + t1 * g.G + g.goff;
+                l2_prefetch_line(gp);
+                l2_prefetch_line(gp + 2 * Cc + 2);
+                if (dgates) {
+                    l2_prefetch_line(dgates + t1 * g.G + g.goff);
+                    l2_prefetch_line(dgates + t1 * g.G + g.goff + 2 * Cc + 2);
+                }
+                l2_prefetch_line(xc + t1 * Cc);
+                l2_prefetch_line(dyc + t1 * Cc);
+                if (s > 1) l2_prefetch_line(hid + (t1 - g.sstride) * Cc);
+            }
+            int off;
+            chunk_word<T>(g, t, off);
+            unsigned char *lane = reinterpret_cast<unsigned char *>(stg + (size_t)l * per);
+            const unsigned char *gc = lane + off;
+            unsigned char *dgc = lane + 4 * a.nw + off;
+            const float *hs = reinterpret_cast<const float *>(stg + (size_t)l * per + hoff);
+            const bool has_m = l > 0, has_p = l < N - 1;
+            float sa[3] = {0, 0, 0}, sw[3] = {0, 0, 0}, sS = 0.0f, dws[3] = {0, 0, 0};
+            if (s > 0)
+                sS = weights<T>(sm_el<T>(gc, 2 * Cc), sm_el<T>(gc, 2 * Cc + 1),
+                                sm_el<T>(gc, 2 * Cc + 2), has_m, has_p, sa, sw);
+            // dL/dh of step s+1 reaching lane l: w_{+1} dh of lane l-1, w_0 dh of lane l,
+            // w_{-1} dh of lane l+1 (halo rows are zero)
+            const float *cm = rk + l * CW, *c0 = rk + (l + 1) * CW, *cp = rk + (l + 2) * CW;
+            const float wpm = cm[Cc + 2], w00 = c0[Cc + 1], wmp = cp[Cc];
+            for (int c = 0; c < Cc; c += V) {
+                const long long o = t * Cc + c;
+                float dy[V], x[V], hc[V], hm[V], h0[V], hp[V], dm_[V], d0[V], dp[V];
+                ldv<T, V>(dyc + o, dy);
+                ldv<T, V>(xc + o, x);
+                ldf_ro<V>(hid + o, hc);
+                ldf<V>(hs + c, h0);
+#pragma unroll
+                for (int i = 0; i < V; i++) hm[i] = hp[i] = 0.0f;
+                if (has_m) ldf<V>(hs + c - per, hm);
+                if (has_p) ldf<V>(hs + c + per, hp);
+                ldf<V>(cm + c, dm_);
+                ldf<V>(c0 + c, d0);
+                ldf<V>(cp + c, dp);
+                float dh[V], dx[V];
+#pragma unroll
+                for (int i = 0; i < V; i++) {
+                    const float lam = sm_el<T>(gc, c + i), u = sm_el<T>(gc, Cc + c + i);
+                    dm_acc += (double)u * hc[i] * dy[i];
+                    const float du = m * hc[i] * dy[i];
+                    dh[i] = wpm * dm_[i] + w00 * d0[i] + wmp * dp[i] + m * u * dy[i];
+                    dx[i] = lam * dh[i];
+                    dws[0] += dh[i] * hm[i];
+                    dws[1] += dh[i] * h0[i];
+                    dws[2] += dh[i] * hp[i];
+                    if (dgates) {
+                        sm_st<T>(dgc, c + i, sm_el<T>(dgc, c + i) + x[i] * dh[i]);
+                        sm_st<T>(dgc, Cc + c + i, sm_el<T>(dgc, Cc + c + i) + du);
+                    }
+                }
+                stf<V>(wk + (l + 1) * CW + c, dh);
+                if (dxpart) stv<T, V>(dxpart + o, dx);
+            }
+            float *wr = wk + (l + 1) * CW + Cc;
+            wr[0] = sw[0];
+            wr[1] = sw[1];
+            wr[2] = sw[2];
+            if (s > 0 && dgates) {   // at s = 0, h[-1] = 0: the weights have no gradient
+                float gwt[3];
+                weights_bwd<T>(sa, sw, sS, dws, gwt);
+#pragma unroll
+                for (int q = 0; q < 3; q++)
+                    sm_st<T>(dgc, 2 * Cc + q, sm_el<T>(dgc, 2 * Cc + q) + gwt[q]);
+            }
+        }
+        if (dgates) {
+            __syncthreads();   // the new dgates chunks are staged
+            const int nq = s > 0 ? CH : 2 * Cc;
+            // lane l's chunk starts at element e0 + l * estep of dgates
+            const long long e0 = ts * g.G + g.goff, estep = g.lstride * g.G;
+            LaneWalk lw(nq);
+            for (int f = threadIdx.x; f < N * nq; f += blockDim.x, lw.next(nq)) {
+                const long long el = e0 + lw.l * estep;
+                const int off = (int)((el * (long long)sizeof(T)) & 3);
+                const unsigned char *dgc =
+                    reinterpret_cast<const unsigned char *>(stg + (size_t)lw.l * per + a.nw) + off;
+                dgates[el + lw.w] = *reinterpret_cast<const T *>(dgc + lw.w * (int)sizeof(T));
+            }
+        }
+    }
+
+    if (dmpart) {
+        __shared__ double red[SH_BWD_THREADS / 32];
+        for (int off = 16; off > 0; off >>= 1) dm_acc += __shfl_xor_sync(0xffffffffu, dm_acc, off);
+        __syncthreads();
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = dm_acc;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            double sum = 0.0;
+            for (int w = 0; w < (int)(blockDim.x + 31) / 32; w++) sum += red[w];
+            dmpart[d * nblk + b] = sum;
+        }
+    }
+}
+
 // ---- host side -----------------------------------------------------------------------------
 struct Plan {
     int B, H, W, Cc, G, block;
@@ -999,16 +1363,20 @@ struct Tuning {
     int dir_mask;   // benchmark diagnostics only: run these directions of the pipelined kernels
 };
 
-// Measured on an H200 (gspn_bench.cu; B=32, Cc=64, bf16): the scans are latency-bound per block,
-// so fewer channels a thread (8-byte vectors) and wider channel groups (64 bytes of a token per
-// block: fewer, fuller blocks and whole DRAM atoms) run faster, as long as a line still fits one
-// pipelined block. The widest group that fits wins; lines too long fall back to (32, 16).
+// Measured on an H200 (gspn_bench.cu; B=32, Cc=64, bf16): fewer channels a thread (8-byte
+// vectors) and wider channel groups (64 or 128 bytes of a token per block: fewer, fuller blocks,
+// whole DRAM atoms and lines) run faster, as long as a line still fits one pipelined block
+// (forward: 37^2 0.103 -> 0.074 ms, 74^2 0.273 -> 0.254 ms going from 64 to 128 bytes). The
+// widest group that fits wins; lines too long fall back to (32, 16).
 Tuning auto_tuning(Tuning tu, bool bf16, int Cc, int lanes, bool bwd) {
     if (tu.cg_bytes != 0) return tu;
     const int esz = bf16 ? 2 : 4, vb = bf16 ? 8 : 16;
     const int limit = bwd ? (vb == 8 ? PipeThreads<__nv_bfloat16, 4>::bwd : PipeThreads<float, 4>::bwd)
-                          : (vb == 8 ? PipeThreads<__nv_bfloat16, 4>::fwd : PipeThreads<float, 4>::fwd);
-    for (int cgb : {64, 32}) {
+                          : 2 * (vb == 8 ? PipeThreads<__nv_bfloat16, 4>::fwd : PipeThreads<float, 4>::fwd);
+    // The forward also tries whole 128-byte token rows (Cc = 64 bf16: one block per image and
+    // direction, full lines per request); the backward's stages do not fit that many items.
+    for (int cgb : {128, 64, 32}) {
+        if (bwd && cgb == 128) continue;
         const int cg = cgb < Cc * esz ? cgb : Cc * esz;
         if ((long long)lanes * (cg / vb > 0 ? cg / vb : 1) <= limit) {
             tu.cg_bytes = cgb;
@@ -1196,7 +1564,9 @@ size_t pipe_smem(const Plan &p, const ScanArgs &a, bool bwd, int D) {
 }
 
 // Pipeline depth: the deepest (<= 4) with which all blocks are resident at once, else the
-// deepest that keeps two blocks per SM, else 2 with one block per SM; 0 = take the simple path.
+// deepest that keeps two blocks per SM, else the deepest with one, each first under SMEM_SOFT of
+// shared memory per SM; 0 = take the simple path.
+// max_threads: the items a block can take (threads x items per thread).
 int pipe_stages(const Plan &p, const ScanArgs &a, bool bwd, int max_threads, const CudaCtx *c) {
     if (p.shared || p.V * (p.bf16 ? 2 : 4) < 8 || p.stages == 1 || a.items_max > max_threads)
         return 0;
@@ -1210,18 +1580,28 @@ int pipe_stages(const Plan &p, const ScanArgs &a, bool bwd, int max_threads, con
     if (p.stages >= 2) return fits(p.stages, 1) ? p.stages : 0;
     const int blocks = DIRS * p.B * p.ngroups;
     const int want = (blocks + c->sm_count - 1) / c->sm_count;
-    for (int D = 4; D >= 2; D--)
-        if (fits(D, want)) return D;
-    for (int D = 4; D >= 2; D--)
-        if (fits(D, 2)) return D;
-    return fits(2, 1) ? 2 : 0;
+    // First the residencies k (blocks per SM) and depths whose shared memory stays under
+    // SMEM_SOFT per SM, the rest of the SM's 228 KB being L1; then any that fits. Measured (H200,
+    // B=32, Cc=64 bf16): 147^2 forward, one block per SM, D = 3 (207 KB) 1.72 ms against D = 2
+    // (151 KB) 1.15 ms; 54^2 backward, one block, D = 4 (222 KB) 0.46 ms against D = 2 (125 KB)
+    // 0.34 ms; 37^2 backward, two blocks at D = 2 (2 x 87 KB) 0.179 ms against one at D = 4
+    // (152 KB) 0.164 ms; 74^2 forward, two blocks, D = 3 (2 x 105 KB) 0.273 ms, D = 2 0.266 ms.
+    constexpr size_t SMEM_SOFT = 160 * 1024;
+    const int ks[3] = {want, 2, 1};
+    for (int pass = 0; pass < 2; pass++)
+        for (int k : ks)
+            for (int D = 4; D >= 2; D--)
+                if (fits(D, k) &&
+                    (pass == 1 || (size_t)k * (pipe_smem(p, a, bwd, D) + 1024) <= SMEM_SOFT))
+                    return D;
+    return 0;
 }
 
 template <typename K, typename... Args>
-void launch_pipe(K kernel, const Plan &p, const ScanArgs &a, size_t smem, cudaStream_t st,
-                 Args... args) {
+void launch_pipe(K kernel, const Plan &p, const ScanArgs &a, size_t smem, int ipt,
+                 cudaStream_t st, Args... args) {
     set_smem(kernel, smem);
-    const int threads = (a.items_max + 31) / 32 * 32;
+    const int threads = ((a.items_max + ipt - 1) / ipt + 31) / 32 * 32;
     kernel<<<DIRS * p.B * p.ngroups, threads, smem, st>>>(args..., a);
     CUDA_CHECK_LAUNCH();
 }
@@ -1232,13 +1612,25 @@ bool fwd_pipe(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid
         return false;
     } else {
         ScanArgs a = scan_args(p);
-        const int D = pipe_stages(p, a, false, PipeThreads<T, V>::fwd, c);
+        constexpr int MAXT = PipeThreads<T, V>::fwd;
+        const int D = pipe_stages(p, a, false, 2 * MAXT, c);
         if (!D) return false;
         const size_t smem = pipe_smem(p, a, false, D);
         a.lane_bytes = lane_state_bytes(p, a, false);
-        if (D == 2) launch_pipe(gspn_fwd_pipe_kernel<T, V, 2>, p, a, smem, c->stream, xc, gates, hid, ypart, p.plane);
-        else if (D == 3) launch_pipe(gspn_fwd_pipe_kernel<T, V, 3>, p, a, smem, c->stream, xc, gates, hid, ypart, p.plane);
-        else launch_pipe(gspn_fwd_pipe_kernel<T, V, 4>, p, a, smem, c->stream, xc, gates, hid, ypart, p.plane);
+        const int ipt = a.items_max > MAXT ? 2 : 1;
+#define GSPN_FWD_PIPE(DD, II)                                                                  \
+    launch_pipe(gspn_fwd_pipe_kernel<T, V, DD, II>, p, a, smem, II, c->stream, xc, gates, hid, \
+                ypart, p.plane)
+        if (ipt == 1) {
+            if (D == 2) GSPN_FWD_PIPE(2, 1);
+            else if (D == 3) GSPN_FWD_PIPE(3, 1);
+            else GSPN_FWD_PIPE(4, 1);
+        } else {
+            if (D == 2) GSPN_FWD_PIPE(2, 2);
+            else if (D == 3) GSPN_FWD_PIPE(3, 2);
+            else GSPN_FWD_PIPE(4, 2);
+        }
+#undef GSPN_FWD_PIPE
         return true;
     }
 }
@@ -1256,11 +1648,88 @@ bool bwd_pipe(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gat
         const size_t smem = pipe_smem(p, a, true, D);
         a.lane_bytes = lane_state_bytes(p, a, true);
         const int nblk = p.B * p.ngroups;
-        if (D == 2) launch_pipe(gspn_bwd_pipe_kernel<T, V, 2>, p, a, smem, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
-        else if (D == 3) launch_pipe(gspn_bwd_pipe_kernel<T, V, 3>, p, a, smem, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
-        else launch_pipe(gspn_bwd_pipe_kernel<T, V, 4>, p, a, smem, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
+        if (D == 2) launch_pipe(gspn_bwd_pipe_kernel<T, V, 2>, p, a, smem, 1, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
+        else if (D == 3) launch_pipe(gspn_bwd_pipe_kernel<T, V, 3>, p, a, smem, 1, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
+        else launch_pipe(gspn_bwd_pipe_kernel<T, V, 4>, p, a, smem, 1, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
         return true;
     }
+}
+
+// ---- shared-weight path: the staged kernels ------------------------------------------------
+bool aligned4(const void *p) { return ((uintptr_t)p & 3u) == 0; }
+
+// Geometry and shared memory of the staged shared-weight kernels; 0 bytes when they do not apply
+// (odd token rows in bytes, stages = 1 asks for the simple kernels, or too little shared memory).
+size_t sh_plan(const Plan &p, bool bwd, int sgroups, ShArgs &a) {
+    const int esz = p.bf16 ? 2 : 4;
+    if (!p.shared || p.stages == 1 || (p.Cc * esz) % 4 != 0) return 0;
+    a = ShArgs{};
+    for (int d = 0; d < DIRS; d++) {
+        a.g[d] = dir_geom(p, d);
+        a.lanes_max = a.g[d].N > a.lanes_max ? a.g[d].N : a.lanes_max;
+    }
+    a.nw = p.bf16 ? p.Cc + 2 : 2 * p.Cc + 3;
+    a.sgroups = sgroups;
+    a.xtw = p.Cc * esz / 4;
+    a.xw = a.xtw / sgroups;
+    size_t rows, stage;
+    if (bwd) {
+        rows = 2 * (size_t)(a.lanes_max + 2) * (p.Cc + 4) * 4;
+        stage = (size_t)a.lanes_max * (((2 * a.nw + 3) & ~3) + p.Cc) * 4;
+    } else {
+        rows = 2 * (size_t)(a.lanes_max + 2) * (p.Cc / sgroups) * 4;
+        stage = 2 * (size_t)a.lanes_max * (a.nw + a.xw) * 4;
+    }
+    rows = (rows + 15) / 16 * 16;
+    a.row_bytes = (int)rows;
+    const size_t smem = rows + stage;
+    return smem + 1024 <= smem_limit() ? smem : 0;   // 1 KB: the backward's static reduction slots
+}
+
+int sh_threads(const ShArgs &a, bool bwd) {
+    const int t = (a.lanes_max + 31) / 32 * 32;
+    const int cap = bwd ? SH_BWD_THREADS : SH_FWD_THREADS;
+    return t > cap ? cap : t;
+}
+
+// Forward: one block per (image, direction). A split of the channels over two blocks per image
+// (sgroups = 2: 128 blocks at the 1024^2 benchmark instead of 64, each with the whole gate chunk)
+// measured 2.5x slower (H200: 28.8 ms against 11.6 ms), so sgroups stays 1.
+template <typename T, int V>
+bool fwd_sh(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, T *ypart) {
+    if (!aligned4(xc) || !aligned4(gates)) return false;
+    ShArgs a;
+    const size_t smem = sh_plan(p, false, 1, a);
+    if (!smem) return false;
+    auto k = gspn_fwd_sh_kernel<T, V>;
+    set_smem(k, smem);
+    k<<<DIRS * p.B, sh_threads(a, false), smem, c->stream>>>(xc, gates, hid, ypart, p.plane, a);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+template <typename T, int V>
+bool bwd_sh(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gates,
+            const float *hid, const void *merge, int merge_bf16, T *dxpart, T *dgates,
+            double *dmpart) {
+    ShArgs a;
+    const size_t smem = sh_plan(p, true, 1, a);
+    if (!smem || !aligned4(gates) || (dgates && !aligned4(dgates))) return false;
+    auto k = gspn_bwd_sh_kernel<T, V>;
+    set_smem(k, smem);
+    k<<<DIRS * p.B, sh_threads(a, true), smem, c->stream>>>(dyc, xc, gates, hid, merge, merge_bf16,
+                                                       dxpart, dgates, dmpart, p.plane,
+                                                       p.B * p.ngroups, a);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+// The four forward scans by the fastest path that applies. hid and/or ypart may be NULL.
+template <typename T, int V, bool SH>
+void fwd_scans(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, T *ypart) {
+    const bool done = SH ? fwd_sh<T, V>(c, p, xc, gates, hid, ypart)
+                         : fwd_pipe<T, V>(c, p, xc, gates, hid, ypart);
+    if (!done) fwd_all<T, V, SH>(c, p, xc, gates, hid, ypart);
 }
 
 // Scratch in the stream-ordered pool, kept by the pool between calls (no cudaMalloc per call).
@@ -1281,7 +1750,7 @@ void scan_fwd(Ctx *ctx, const Plan &p, const Tensor *xc, const Tensor *gates, co
     T *ypart = static_cast<T *>(scratch_alloc(c, DIRS * (size_t)p.plane * sizeof(T)));
     const T *x = static_cast<const T *>(xc->data), *g = static_cast<const T *>(gates->data);
     float *hid = hidden ? tensor_f32(hidden) : nullptr;
-    if (SH || !fwd_pipe<T, V>(c, p, x, g, hid, ypart)) fwd_all<T, V, SH>(c, p, x, g, hid, ypart);
+    fwd_scans<T, V, SH>(c, p, x, g, hid, ypart);
     const long long nvec = p.plane / V;
     gspn_merge_kernel<T, V><<<ew_blocks(nvec, c), EW_THREADS, 0, c->stream>>>(
         ypart, p.plane, merge->data, merge->dtype == DTYPE_BF16, static_cast<T *>(yc->data));
@@ -1304,12 +1773,13 @@ void scan_bwd(Ctx *ctx, const Plan &p, const Tensor *dyc, const Tensor *xc, cons
     double *dmpart = dmerge ? reinterpret_cast<double *>(scratch + part_bytes + hid_bytes) : nullptr;
     const T *x = static_cast<const T *>(xc->data), *g = static_cast<const T *>(gates->data);
 
-    if (!hidden && (SH || !fwd_pipe<T, V>(c, p, x, g, hid, nullptr)))   // recompute h
-        fwd_all<T, V, SH>(c, p, x, g, hid, nullptr);
+    if (!hidden) fwd_scans<T, V, SH>(c, p, x, g, hid, nullptr);   // recompute h
     const T *dy = static_cast<const T *>(dyc->data);
     T *dg = dgates ? static_cast<T *>(dgates->data) : nullptr;
     const int mbf = merge->dtype == DTYPE_BF16;
-    if (SH || !bwd_pipe<T, V>(c, p, dy, x, g, hid, merge->data, mbf, dxpart, dg, dmpart)) {
+    const bool done = SH ? bwd_sh<T, V>(c, p, dy, x, g, hid, merge->data, mbf, dxpart, dg, dmpart)
+                         : bwd_pipe<T, V>(c, p, dy, x, g, hid, merge->data, mbf, dxpart, dg, dmpart);
+    if (!done) {
         CUDA_CHECK(cudaEventRecord(c->fork, c->stream));
         for (int d = 0; d < DIRS; d++) {
             CUDA_CHECK(cudaStreamWaitEvent(c->side[d], c->fork, 0));

@@ -197,17 +197,18 @@ static void test_gspn_gpu_bf16_per_channel_matches_cpu(void **state) {
 static void test_gspn_gpu_bf16_shared_w_matches_cpu(void **state) { run_all_shapes(1, DTYPE_BF16); }
 
 // Larger than the edge cases: the benchmark's latent block at 27x27 and a 74-lane line, where a
-// block's lanes exceed one warp many times and TB/LR blocks differ in size.
+// block's lanes exceed one warp many times and TB/LR blocks differ in size; and a 600-lane line,
+// where the staged shared-weight backward (512 threads) gives a thread two lanes.
 static void test_gspn_gpu_latent_sizes_match_cpu(void **state) {
     GPU_TEST_REQUIRE_DEVICE();
-    const Shape big[] = {{2, 27, 27, 64}, {1, 74, 31, 64}};
+    const Shape big[] = {{2, 27, 27, 64}, {1, 74, 31, 64}, {1, 5, 600, 8}};
     const Tols fp32 = {FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL};
     const Tols bf16 = {BF16_YC_TOL, BF16_HIDDEN_TOL, BF16_GRAD_TOL, BF16_GRAD_TOL, BF16_DMERGE_TOL};
     int fails = 0;
     for (int dti = 0; dti < 2; dti++) {
         const DType dt = dti ? DTYPE_BF16 : DTYPE_F32;
         Ctx g = cuda_ctx_create(0, dt);
-        for (int i = 0; i < 2; i++)
+        for (int i = 0; i < (int)(sizeof big / sizeof big[0]); i++)
             for (int sh = 0; sh < 2; sh++)
                 fails += check_case(&g, &big[i], sh, dt, dti ? &bf16 : &fp32, 77 + 5 * i + sh, 0);
         cuda_ctx_destroy(&g);
