@@ -173,6 +173,42 @@ static void test_config_parse_args_loads_file_first_then_overrides_and_leaves_ot
     assert_contains(err, "nope.cfg");
 }
 
+// cpu_config: on a CPU the named file (next to the top-level config) is used instead of the
+// recipe, then the command line; not on the GPU; never left in the resolved config.
+static void test_cpu_config_swaps_in_the_cpu_file_only_on_the_cpu_and_the_command_line_wins(void **state) {
+    write_cfg("sub/small.cfg", "width = 16\nepochs = 2\nlr = 0.5\n");
+    write_cfg("sub/base.cfg", "width = 256\nepochs = 100\nlr = 0.25\ncpu_config = small.cfg\n");
+    const char *top = write_cfg("sub/top.cfg", "include = base.cfg\ndepth = 7\n");
+    char err[1024];
+    Config c;
+
+    char *on_cpu[] = {"cgspn", (char *)top, "--device=cpu", "--epochs=3", NULL};
+    config_defaults(&c);
+    if (config_parse_args_err(&c, 4, on_cpu, 1, err, sizeof err) < 0) fail_msg("%s", err);
+    assert_int_equal(c.width, 16);     // the CPU file's
+    assert_true(c.lr == 0.5f);
+    assert_int_equal(c.epochs, 3);     // the command line's, over both files
+    Config defaults;
+    config_defaults(&defaults);
+    assert_int_equal(c.depth, defaults.depth);   // nothing of the GPU recipe stays
+    assert_string_equal(c.cpu_config, "");
+
+    char *on_gpu[] = {"cgspn", (char *)top, "--device=cuda", NULL};
+    config_defaults(&c);
+    if (config_parse_args_err(&c, 3, on_gpu, 1, err, sizeof err) < 0) fail_msg("%s", err);
+    assert_int_equal(c.width, 256);
+    assert_int_equal(c.epochs, 100);
+    assert_string_equal(c.cpu_config, "");
+
+    write_cfg("sub/broken.cfg", "width = 256\ncpu_config = missing.cfg\n");
+    char *missing[] = {"cgspn", (char *)write_cfg("sub/broken_top.cfg", "include = broken.cfg\n"),
+                       "--device=cpu", NULL};
+    config_defaults(&c);
+    assert_int_equal(config_parse_args_err(&c, 3, missing, 1, err, sizeof err), -1);
+    assert_contains(err, "missing.cfg");
+    assert_contains(err, "cpu_config of");
+}
+
 static void test_config_unknown_key_names_file_line_and_closest_key(void **state) {
     const char *path = write_cfg("x.cfg", "# header\nwidth = 8\nlerning_rate = 0.1\n");
     Config c;
@@ -377,6 +413,7 @@ int main(void) {
         cmocka_unit_test(test_config_bools_take_0_1_true_false),
         cmocka_unit_test_setup_teardown(test_config_parse_args_loads_file_first_then_overrides_and_leaves_other_args,
                                         setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_cpu_config_swaps_in_the_cpu_file_only_on_the_cpu_and_the_command_line_wins, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_config_unknown_key_names_file_line_and_closest_key,
                                         setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_config_bad_values_name_key_value_and_type,

@@ -1,5 +1,6 @@
 // Config files, overrides, validation, printing: see config.h. The key table is config_keys.h.
 #include "config.h"
+#include "device.h"
 #include "../nn/error.h"
 #include <ctype.h>
 #include <errno.h>
@@ -435,13 +436,11 @@ void config_apply_override(Config *c, const char *arg) {
     if (config_apply_override_err(c, arg, err, sizeof err)) CG_FAIL("", "%s", err);
 }
 
-int config_parse_args_err(Config *c, int argc, char **argv, int first, char *err, size_t n) {
-    int cfg = -1;
-    for (int i = first; i < argc; i++)
-        if (argv[i][0] != '-') { cfg = i; break; }
-    if (cfg >= 0 && config_load_file_err(c, argv[cfg], err, n)) return -1;
-
-    int rest = first;                      // unconsumed args are compacted to argv[first..]
+// The command line's `--key=value` overrides and bare boolean flags, applied to c; the other
+// arguments (not the config file argv[cfg]) are compacted to argv[first..] and counted.
+static int apply_command_line(Config *c, int argc, char **argv, int first, int cfg, char *err,
+                              size_t n) {
+    int rest = first;
     for (int i = first; i < argc; i++) {
         const char *a = argv[i];
         if (i == cfg) continue;
@@ -459,8 +458,57 @@ int config_parse_args_err(Config *c, int argc, char **argv, int first, char *err
                         "  hint: write --%s=VALUE", k->name, a, k->name);
         argv[rest++] = argv[i];
     }
-    if (config_validate_err(c, err, n)) return -1;
     return rest - first;
+}
+
+// cpu_config of the top-level file (its includes included), when the run will be on a CPU: that
+// file, relative to the top-level one's folder, is used instead (loaded over `before`, the
+// config as it was before the top-level file), so none of the GPU recipe's keys leak into the
+// CPU run. Whether the run is on a CPU is probed with the command line applied to a copy
+// (--device=cpu counts). The key is a loading directive, not a setting: it is cleared, so
+// resolved configs written into run folders never carry it.
+static int apply_cpu_config(Config *c, const Config *before, int argc, char **argv, int first,
+                            int cfg, char *err, size_t n) {
+    char file[CONFIG_STR_MAX];
+    snprintf(file, sizeof file, "%s", c->cpu_config);
+    c->cpu_config[0] = '\0';
+    if (!file[0]) return 0;
+    Config probe = *c;
+    char **scratch = cg_malloc((size_t)argc * sizeof *scratch);
+    memcpy(scratch, argv, (size_t)argc * sizeof *scratch);
+    int rc = apply_command_line(&probe, argc, scratch, first, cfg, err, n);
+    free(scratch);
+    if (rc < 0) return -1;
+    if (!device_is_cpu(&probe)) return 0;
+    const char *top = argv[cfg], *slash = strrchr(top, '/');
+    char path[PATH_MAX];
+    int len = file[0] == '/' || !slash ? snprintf(path, sizeof path, "%s", file)
+                                       : snprintf(path, sizeof path, "%.*s/%s", (int)(slash - top), top, file);
+    if (len < 0 || (size_t)len >= sizeof path)
+        return cg_set_error(err, n, "cpu_config path too long (%s)", top);
+    printf("note: running on the CPU: %s (cpu_config of %s) instead of its GPU-sized recipe\n",
+           path, top);
+    *c = *before;
+    LoadStack st = {.depth = 0};
+    char where[PATH_MAX + 32];
+    snprintf(where, sizeof where, "cpu_config of %s", top);
+    if (load_file(c, path, where, &st, err, n)) return -1;
+    c->cpu_config[0] = '\0';
+    return 0;
+}
+
+int config_parse_args_err(Config *c, int argc, char **argv, int first, char *err, size_t n) {
+    int cfg = -1;
+    for (int i = first; i < argc; i++)
+        if (argv[i][0] != '-') { cfg = i; break; }
+    Config before = *c;
+    if (cfg >= 0 && config_load_file_err(c, argv[cfg], err, n)) return -1;
+    if (cfg >= 0 && apply_cpu_config(c, &before, argc, argv, first, cfg, err, n)) return -1;
+    int rest = apply_command_line(c, argc, argv, first, cfg, err, n);
+    if (rest < 0) return -1;
+    c->cpu_config[0] = '\0';   // only a config file's counts (see apply_cpu_config)
+    if (config_validate_err(c, err, n)) return -1;
+    return rest;
 }
 
 int config_parse_args(Config *c, int argc, char **argv, int first) {

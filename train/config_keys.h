@@ -90,6 +90,7 @@ X(int,    keep_last,        3,         "complete checkpoints kept in the run fol
 X(string, resume,           "",        "continue a run: empty = no; auto = the newest complete checkpoint of this run folder (none yet: start at step 0); or a checkpoint or run folder path")
 X(string, precision,        "auto",    "parameters/activations: bf16 (fp32 master weights, moments, reductions) or fp32; auto = bf16 on GPU, fp32 on CPU")
 X(string, device,           "auto",    "where to run; auto picks cuda when a GPU is present")
+X(string, cpu_config,       "",        "a config file (next to the top-level one) used instead of it when the run is on a CPU (the command line still applies): a GPU recipe names its CPU-sized version")
 
 // data parallelism across processes (dist/README.md): mpirun, srun or RANK/WORLD_SIZE launches
 X(bool,   zero,             0,         "ZeRO-1: shard AdamW moments and fp32 master weights across ranks (reduce-scatter, local step, all-gather)")

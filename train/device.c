@@ -14,6 +14,12 @@ static int gpu_count(void) {
 #endif
 }
 
+bool device_is_cpu(const Config *c) {
+    if (strcmp(c->device, "cpu") == 0) return true;
+    if (strcmp(c->device, "cuda") == 0) return false;
+    return gpu_count() == 0;
+}
+
 Ctx device_open(const Config *c) {
     // The process group: its timeout, and the rendezvous of ranks started without MPI.
     Dist *dist = dist_process();

@@ -8,6 +8,9 @@
 // In a multi-process run (dist_process(), dist/dist.h) it first completes the process group's
 // setup (dist_timeout_s, dist_rendezvous), and each rank takes GPU local_rank % visible GPUs.
 Ctx device_open(const Config *c);
+// Whether device_open would pick the CPU: device = cpu, or auto without a visible GPU (or
+// without a CUDA build). Opens nothing.
+bool device_is_cpu(const Config *c);
 void device_close(Ctx *ctx);
 // "cpu (2 threads, fp32)" / "cuda:0 NVIDIA H100 (bf16)"
 void device_describe(const Ctx *ctx, FILE *f);
