@@ -5,6 +5,7 @@
 #include "device.h"
 #include "model_config.h"
 #include "optimizer.h"
+#include "resolution.h"
 #include "runlog.h"
 #include "../nn/error.h"
 #include "../nn/safetensors.h"
@@ -91,12 +92,16 @@ static void set_trainable_block(ParamTable *t, int block, const char *what, bool
 
 int distiller_init_err(Distiller *d, const Config *c, Ctx *ctx, char *err, size_t n) {
     memset(d, 0, sizeof *d);
-    d->ctx = ctx;
-    d->stage = c->stage;
-    if (d->stage != 1 && d->stage != 2)
+    if (c->stage != 1 && c->stage != 2)
         return cg_set_error(err, n, "stage = %d: cgspn distill runs stage 1 (sublayer alignment) or "
                             "stage 2 (dual-tap distillation)", c->stage);
     if (teacher_load_err(&d->teacher, c, ctx, err, n) != 0) return -1;
+    return distiller_init_with_teacher_err(d, c, ctx, err, n);
+}
+
+int distiller_init_with_teacher_err(Distiller *d, const Config *c, Ctx *ctx, char *err, size_t n) {
+    d->ctx = ctx;
+    d->stage = c->stage;
     EncoderConfig s = encoder_config_from(c);
     const EncoderConfig *tc = &d->teacher.enc.cfg;
     int rc = 0;
@@ -109,6 +114,9 @@ int distiller_init_err(Distiller *d, const Config *c, Ctx *ctx, char *err, size_
     if (rc == 0 && s.kind == ENCODER_VIT && d->stage == 1)
         rc = cg_set_error(err, n, "stage 1 aligns C-GSPN layers; the student is a ViT\n  hint: set "
                           "model = cgspn or hybrid");
+    if (rc == 0 && d->stage == 1 && (teacher_image_side(c) != c->img_size || c->multires[0]))
+        rc = cg_set_error(err, n, "stage 1 feeds the teacher's block inputs to the student: both run "
+                          "at img_size\n  hint: teacher_img_size and multires are Stage 2 options");
     if (rc != 0) {
         teacher_free(&d->teacher, ctx);
         return -1;
@@ -274,6 +282,11 @@ Tensor *distill_tap_loss(Tape *t, const Adaptor *a, Tensor *vs, Tensor *vt, floa
 static Tensor *add_opt(Tape *t, Tensor *sum, Tensor *x) { return sum ? nn_add(t, sum, x) : x; }
 
 Tensor *distill_loss(Distiller *d, Tape *t, Tensor *img, Tensor *targets, Tensor **raw_out) {
+    return distill_loss_views(d, t, img, img, targets, raw_out);
+}
+
+Tensor *distill_loss_views(Distiller *d, Tape *t, Tensor *img, Tensor *teacher_img,
+                           Tensor *targets, Tensor **raw_out) {
     Ctx *ctx = t->ctx;
     const Encoder *st = &d->student;
     Tensor *raw = tape_tensor(t, 1, (int[]){d->n_raw}, true);
@@ -302,7 +315,8 @@ Tensor *distill_loss(Distiller *d, Tape *t, Tensor *img, Tensor *targets, Tensor
             want.pp[d->taps[j]] = d->tap_pp;
             want.pb[d->taps[j]] = d->tap_pb;
         }
-        teacher_forward(&d->teacher, t, img, &want, &tt);
+        teacher_forward(&d->teacher, t, teacher_img, &want, &tt);
+        teacher_taps_resize(t, &d->teacher, &tt, st->grid_h, st->grid_w);   // Up(): on the student's grid
         EncoderTaps taps;
         Tensor *tokens = encoder_forward(t, st, img, &taps);
         Tensor *lpp = NULL, *lpb = NULL;
@@ -406,6 +420,22 @@ static void describe(const Distiller *d, const Config *c, FILE *f) {
             (double)d->gamma, trainable / 1e6);
 }
 
+// "resolution: student 518 px (37x37 tokens), teacher 378 px (27x27), taps resized bilinearly"
+static void describe_resolution(const Distiller *d, const ResolutionViews *v, FILE *f) {
+    int p = d->student.cfg.patch;
+    fprintf(f, "resolution: student ");
+    if (v->n_multires) {
+        fprintf(f, "multires");
+        for (int i = 0; i < v->n_multires; i++) fprintf(f, "%s%d", i ? "," : " ", v->multires[i]);
+        fprintf(f, " px (one drawn per step; the loader's %d px image resized, antialiased)", v->img_size);
+    } else {
+        fprintf(f, "%d px (%dx%d tokens)", v->img_size, v->img_size / p, v->img_size / p);
+    }
+    fprintf(f, ", teacher %d px (%dx%d tokens, the student's image resized, antialiased); teacher "
+            "taps resized bilinearly (half-pixel centres) to the student's grid\n", v->teacher_side,
+            d->teacher.enc.grid_h, d->teacher.enc.grid_w);
+}
+
 static void save_checkpoint(const Config *c, const RunLog *log, const Distiller *d, Ctx *ctx,
                             Loader *train, long step, double loss_sum, long loss_n,
                             const float *part_sums) {
@@ -448,6 +478,10 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
     // Stochastic depth in the Stage 2 student, as cgspn train has it (the teacher runs without).
     if (d.stage == 2) d.student.drop_path = (EncoderDropPath){.rate = c->drop_path, .seed = (uint64_t)c->seed};
 
+    ResolutionViews views;
+    char verr[1024];
+    if (resolution_views_init_err(&views, c, verr, sizeof verr) != 0) CG_FAIL("", "%s", verr);
+    if (views.n_multires > 0 || views.teacher_side != c->img_size) describe_resolution(&d, &views, stdout);
     bool gpu = ctx.device == DEVICE_CUDA, has_head = c->num_classes > 0;
     Loader *train = loader_open_from_config(c, 1, c->batch_size, gpu);
     Loader *val = has_head ? loader_open_from_config(c, 0, c->eval_batch_size > 0 ? c->eval_batch_size
@@ -525,8 +559,11 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         if (!b) CG_FAIL("run cgspn data verify on the shards", "%s", err);
         long epoch = (long)b->epoch;
         tape_reset(&tape);
-        Tensor *x = tape_tensor(&tape, 4, (int[]){b->count, b->channels, b->height, b->width}, true);
-        tensor_upload(&ctx, x, b->images);
+        // The student's image at this step's side (multires) and the teacher's at its own.
+        int side = resolution_student_side(&views, step);
+        encoder_set_image_size(&d.student, side, side);
+        Tensor *x, *xt;
+        resolution_views_upload(&views, &tape, b, side, &x, &xt);
         Tensor *tgt = NULL;
         if (d.trains_head) {   // the loader's soft targets (label smoothing, mixup), K wide
             CG_CHECK(b->classes <= K, "set num_classes to the dataset's class count or more",
@@ -540,7 +577,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         }
         Tensor *raw_dev;
         d.student.drop_path.step = step;
-        Tensor *loss = distill_loss(&d, &tape, x, tgt, &raw_dev);
+        Tensor *loss = distill_loss_views(&d, &tape, x, xt, tgt, &raw_dev);
         tensor_download(&ctx, raw_dev, raw);
         float loss_v = raw[d.n_raw - 1];
         CG_CHECK(isfinite(loss_v), "lower lr or enable grad_clip", "loss is %f at step %ld; stopping",
@@ -588,6 +625,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         }
         if (has_head && ((step + 1) % eval_every == 0 || last)) {
             double t0 = now_seconds();
+            encoder_set_image_size(&d.student, c->img_size, c->img_size);   // val images: img_size
             ev = classify_evaluate(&ctx, &d.student, val);
             print_eval(&log, step + 1, &ev, now_seconds() - t0);
             const char *k2[] = {"test_top1", "test_top5", "test_loss"};
@@ -606,6 +644,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         }
     }
     if (has_head && ev.count == 0 && step >= total) {   // resumed at the end
+        encoder_set_image_size(&d.student, c->img_size, c->img_size);
         ev = classify_evaluate(&ctx, &d.student, val);
         print_eval(&log, step, &ev, -1);
     }
@@ -616,6 +655,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         printf("\n");
     }
     free(raw);
+    resolution_views_free(&views);
     loader_close(train);
     if (val) loader_close(val);
     free(keys); free(vals); free(part_keys);
