@@ -101,7 +101,7 @@ X(string, dist_rendezvous,  "",        "folder where ranks started without MPI m
 X(int,    stage,            2,         "distillation stage: 1 = sublayer alignment, 2 = dual-tap (PP, PB) MSE + KL end to end")
 X(string, teacher,          "",        "teacher weights: a safetensors file (timm or cgspn names; teacher_prefix is stripped) or a checkpoint / run folder")
 X(string, teacher_config,   "",        "cfg file with the teacher's model keys; empty = the config.cfg beside a teacher checkpoint")
-X(string, init,             "",        "student weights to start from (a Stage 1 checkpoint or run folder, or safetensors); empty = copy from the teacher")
+X(string, init,             "",        "weights to start from (a checkpoint or run folder, or safetensors): cgspn distill's student (empty = copy from the teacher), cgspn train's encoder (fine-tuning), cgspn curriculum's Stage 0 student")
 X(bool,   copy_teacher,     1,         "without init: copy patch embed, norms, MLPs, head (and hybrid attention) from the teacher where shapes match")
 X(string, stage1_train,     "gspn",    "Stage 1: what trains, the C-GSPN layers only or with their block's norm1")
 X(string, taps,             "all",     "Stage 2 tapped blocks (1-based): a list (9,18,27), every N (every 9), or all")

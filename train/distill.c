@@ -204,42 +204,13 @@ void distiller_free(Distiller *d) {
     teacher_free(&d->teacher, d->ctx);
 }
 
-static bool is_dir(const char *path) {
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
 static bool is_adaptor(const char *name) {
     return strncmp(name, ADAPTOR_PREFIX, strlen(ADAPTOR_PREFIX)) == 0;
 }
 
 void distiller_init_student(Distiller *d, const Config *c, FILE *f) {
-    if (c->init[0]) {
-        char path[1200], err[4096];
-        if (is_dir(c->init)) {
-            char ckpt[1024];
-            if (ckpt_resolve_err(c->init, "", ckpt, sizeof ckpt, err, sizeof err) < 0)
-                CG_FAIL("", "init: %s", err);
-            snprintf(path, sizeof path, "%s/model.safetensors", ckpt);
-        } else {
-            snprintf(path, sizeof path, "%s", c->init);
-        }
-        LoadReport r = {.allow_missing = true};
-        if (params_load_safetensors_err(&d->params, d->ctx, path, NULL, &r, err, sizeof err) != 0)
-            CG_FAIL("init must be weights of this student (the same model keys)", "init: %s", err);
-        for (int i = 0; i < r.n_missing; i++)
-            CG_CHECK(is_adaptor(r.missing[i]), "init must be weights of this student (a Stage 1 "
-                     "checkpoint of the same model keys)", "init: %s has no tensor %s", path,
-                     r.missing[i]);
-        for (int i = 0; i < r.n_extra; i++)
-            CG_CHECK(is_adaptor(r.extra[i]), "init must be weights of this student (the same model "
-                     "keys)", "init: %s holds %s, which is not a parameter of this student", path,
-                     r.extra[i]);
-        if (f) {
-            fprintf(f, "student init from %s: ", path);
-            load_report_print(&r, f);
-        }
-        load_report_free(&r);
+    if (c->init[0]) {   // adaptors may be absent (a Stage 1 checkpoint): they stay fresh
+        ckpt_load_init(c->init, &d->params, d->ctx, ADAPTOR_PREFIX, "student", f);
     } else if (c->copy_teacher) {
         CopyReport r;
         student_copy_from_teacher(&d->params, &d->teacher.params, d->ctx, ADAPTOR_PREFIX, &r);
