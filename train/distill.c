@@ -114,6 +114,10 @@ int distiller_init_with_teacher_err(Distiller *d, const Config *c, Ctx *ctx, cha
     if (rc == 0 && s.kind == ENCODER_VIT && d->stage == 1)
         rc = cg_set_error(err, n, "stage 1 aligns C-GSPN layers; the student is a ViT\n  hint: set "
                           "model = cgspn or hybrid");
+    if (rc == 0 && c->multires[0] && s.pos_embed)
+        rc = cg_set_error(err, n, "multires = %s: the student has a position embedding made for one "
+                          "grid\n  hint: multi-resolution training is for C-GSPN and hybrid students "
+                          "(pos_embed = 0)", c->multires);
     if (rc == 0 && d->stage == 1 && (teacher_image_side(c) != c->img_size || c->multires[0]))
         rc = cg_set_error(err, n, "stage 1 feeds the teacher's block inputs to the student: both run "
                           "at img_size\n  hint: teacher_img_size and multires are Stage 2 options");
