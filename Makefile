@@ -154,8 +154,10 @@ clean-lib:
 
 # Every CPU test binary runs, even after a failure; the target fails if any did.
 # Then the 2-rank tests under mpirun (when tools/probe.sh found MPI).
+# With nvcc present the GPU tests are built too (not run): GPU code must always compile.
 test: deps
-	@$(MAKE) --no-print-directory -j$(NPROC) $(TEST_BINS) $(if $(filter 1,$(HAVE_MPI)),$(MPI_TEST)) cgspn lib
+	@$(MAKE) --no-print-directory -j$(NPROC) $(TEST_BINS) $(if $(filter 1,$(HAVE_MPI)),$(MPI_TEST)) cgspn lib \
+	   $(if $(filter 1,$(CUDA_ON)),$(GPU_TEST_BINS))
 	@fail=0; for t in $(TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
 	 if [ "$(HAVE_MPI)" = 1 ]; then \
 	   echo "== $(MPIRUN) -np 2 $(MPI_TEST)"; $(MPIRUN) -np 2 $(MPI_TEST) || fail=1; \

@@ -130,6 +130,10 @@ static DistNccl *nccl_comm(Dist *d, Ctx *ctx) {
     if (d->nccl) return d->nccl;
     // NVLink multicast (NVLS) stays off unless the user asks for it (dist/README.md).
     setenv("NCCL_NVLS_ENABLE", "0", 0);
+    // Peers connect at init, while every rank is known to be alive: with NCCL's default lazy
+    // connection a collective's launch blocks on the CPU until each peer joins it, so a hung
+    // peer would hang this rank inside ncclGroupEnd, before device_wait's deadline can act.
+    setenv("NCCL_RUNTIME_CONNECT", "0", 0);
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     if (d->rank == 0) NCCL_CHECK(d, ncclGetUniqueId(&id));
@@ -224,6 +228,10 @@ static void device_launch(DistGrads *g, int k) {
     CUDA_CHECK(cudaStreamWaitEvent(v->stream, v->ready[k], 0));
     float *base = (float *)g->t->grads + b->lo;
     const size_t n = b->hi - b->lo;
+    char what[160];   // the launch itself may block (a peer never connecting): watched
+    bucket_what(g, k, g->zero ? "launching the reduce-scatter" : "launching the all-reduce",
+                what, sizeof what);
+    dist_watch_begin(d, what);
     NCCL_CHECK(d, ncclGroupStart());
     if (!g->zero) {
         NCCL_CHECK(d, ncclAllReduce(base, base, n, ncclFloat, ncclAvg, comm, v->stream));
@@ -239,6 +247,7 @@ static void device_launch(DistGrads *g, int k) {
                                      d->world - 1, comm, v->stream));
     }
     NCCL_CHECK(d, ncclGroupEnd());
+    dist_watch_end(d);
     CUDA_CHECK(cudaEventRecord(v->done[k], v->stream));
 }
 

@@ -6,6 +6,7 @@
 // on, reading shards built from synthetic IDX files.
 #include "testlib.h"
 #include "train_fixture.h"
+#include "resume_check.h"
 #include "../train/checkpoint.h"
 #include "../train/classify.h"
 #include "../train/model_config.h"
@@ -413,105 +414,14 @@ static void test_kill9_mid_write_leaves_previous_checkpoint_newest(void **state)
     model_free(later);
 }
 
-// ---- cgspn train resumes bit-exactly ----------------------------------------------------------
+// ---- cgspn train resumes bit-exactly (tests/resume_check.h) --------------------------------
 
-// The full recipe, so that every random source is covered: random-resized crops, flips,
-// RandAugment, erasing, mixup/cutmix, label smoothing, drop path over 2 blocks, an EMA, and
-// gradient accumulation (2 micro-batches of 4 per step).
-static Config train_config(const char *model, const char *run_name, long total) {
-    Config c = fixture_config(g_dir, model, run_name, total);
-    c.depth = 2;
-    c.rrc_scale_min = 0.5f;
-    c.rrc_ratio_min = 0.75f;
-    c.rrc_ratio_max = 1.3333334f;
-    c.hflip = 0.5f;
-    c.randaug_n = 2;
-    c.reprob = 0.25f;
-    c.mixup_alpha = 0.8f;
-    c.cutmix_alpha = 1.0f;
-    c.drop_path = 0.2f;
-    c.ema_decay = 0.9f;
-    c.accum_steps = 2;
-    return c;
+static void test_vit_training_resumes_bit_exactly(void **state) {
+    resume_is_bit_exact(g_dir, "vit", "cpu");
 }
-
-static void assert_bits_equal(const float *a, const float *b, long n, const char *what) {
-    for (long i = 0; i < n; i++)
-        if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
-            fail_msg("%s: step %ld loss %.9g vs %.9g", what, i + 1, a[i], b[i]);
+static void test_cgspn_training_resumes_bit_exactly(void **state) {
+    resume_is_bit_exact(g_dir, "cgspn", "cpu");
 }
-
-// The "loss" values of a run's metrics.jsonl (the logged means of each log window), in order,
-// as the text written (%.9g: exact for floats summed in double); returns how many.
-static int logged_losses(const char *run, char out[][32], int max) {
-    char path[600];
-    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", g_dir, run);
-    size_t n;
-    char *text = (char *)test_read_bytes(path, &n);
-    text = realloc(text, n + 1);
-    text[n] = 0;
-    int count = 0;
-    for (char *p = text; (p = strstr(p, "\"loss\": ")) != NULL && count < max; p++)
-        sscanf(p + 8, "%31[^,}]", out[count++]);
-    free(text);
-    return count;
-}
-
-static void resume_is_bit_exact(const char *model) {
-    enum { N = 5, TOTAL = 2 * N };   // 48 images / batch 8 = 6 steps per epoch: crosses an epoch
-    fixture_build_shards(g_dir, 48, 16);
-    float full[TOTAL], split_losses[TOTAL];
-    memset(split_losses, 0xff, sizeof split_losses);
-
-    Config a = train_config(model, "full", TOTAL);
-    TrainOptions oa = {.step_losses = full};
-    TrainResult ra = classify_train(&a, &oa);
-    assert_int_equal(ra.step, TOTAL);
-
-    Config b = train_config(model, "split", TOTAL);   // stopped after N, like a killed run
-    TrainOptions ob = {.stop_after = N, .step_losses = split_losses};
-    TrainResult rb = classify_train(&b, &ob);
-    assert_int_equal(rb.step, N);
-    snprintf(b.resume, sizeof b.resume, "auto");
-    TrainOptions oc = {.step_losses = split_losses};
-    TrainResult rc = classify_train(&b, &oc);
-    assert_int_equal(rc.step, TOTAL);
-    assert_bits_equal(full, split_losses, TOTAL, model);
-
-    // Resuming the uninterrupted run's middle checkpoint by path, into another run folder.
-    Config d = train_config(model, "from_path", TOTAL);
-    snprintf(d.resume, sizeof d.resume, "%s/full/step_%08d", g_dir, N);
-    float from_path[TOTAL];
-    memcpy(from_path, full, sizeof from_path);
-    memset(from_path + N, 0xff, N * sizeof(float));
-    TrainOptions od = {.step_losses = from_path};
-    classify_train(&d, &od);
-    assert_bits_equal(full, from_path, TOTAL, model);
-
-    // The logged losses: the log window spanning the resume (steps 4-6) included.
-    char la[8][32], lb[8][32];
-    int na = logged_losses("full", la, 8), nb = logged_losses("split", lb, 8);
-    assert_int_equal(na, TOTAL / 3 + 1);
-    assert_int_equal(nb, na);
-    for (int i = 0; i < na; i++) assert_string_equal(la[i], lb[i]);
-
-    // Final weights and optimizer state: the same bytes.
-    const char *files[] = {"model.safetensors", "state.safetensors"};
-    for (int i = 0; i < 2; i++) {
-        char x[600], y[600], z[600];
-        snprintf(x, sizeof x, "%s/full/step_%08d/%s", g_dir, TOTAL, files[i]);
-        snprintf(y, sizeof y, "%s/split/step_%08d/%s", g_dir, TOTAL, files[i]);
-        snprintf(z, sizeof z, "%s/from_path/step_%08d/%s", g_dir, TOTAL, files[i]);
-        assert_files_equal(x, y);
-        assert_files_equal(x, z);
-    }
-    assert_true(ra.eval.top1 == rc.eval.top1 && ra.eval.loss == rc.eval.loss);
-    assert_true(ra.eval_ema.count > 0 && ra.eval_ema.loss == rc.eval_ema.loss);
-    assert_true(ra.status == TRAIN_DONE && rb.status == TRAIN_STOPPED && rc.status == TRAIN_DONE);
-}
-
-static void test_vit_training_resumes_bit_exactly(void **state) { resume_is_bit_exact("vit"); }
-static void test_cgspn_training_resumes_bit_exactly(void **state) { resume_is_bit_exact("cgspn"); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: the distillation pipeline on Fashion-MNIST with tiny models, on the CPU (or the
 # GPU when present), start to end:
-#   1. train the ViT teacher                   configs/fmnist_vit.cfg
+#   1. train the ViT teacher                   configs/fmnist_vit_cpu.cfg
 #   2. Stage 1: align each C-GSPN layer        configs/fmnist_distill_stage1.cfg
 #   3. Stage 2: PP + PB taps with adaptors     configs/fmnist_distill_stage2.cfg (--init Stage 1)
 #   4. export the student (no adaptors, no optimizer state), then evaluate it with the teacher's
@@ -16,11 +16,6 @@ cd "$(dirname "$0")/.."
 TEACHER_EPOCHS=${DEMO_TEACHER_EPOCHS:-3}
 STAGE1_EPOCHS=${DEMO_STAGE1_EPOCHS:-1}
 STAGE2_EPOCHS=${DEMO_STAGE2_EPOCHS:-2}
-# The tiny models, whatever size the fmnist configs give (they may be sized for a GPU): the
-# teacher 4 blocks of width 64 on a 4x4 grid of 7x7 patches, the student the same with C-GSPN
-# layers of 16 latent channels.
-MODEL=(--patch=7 --width=64 --depth=4 --heads=4 --mlp_hidden=128)
-STUDENT=("${MODEL[@]}" --gspn_latent=16)
 CK=checkpoints
 mkdir -p "$CK"
 rm -rf "$CK"/demo_teacher "$CK"/demo_stage1 "$CK"/demo_stage2 "$CK"/demo_student.safetensors
@@ -31,29 +26,29 @@ secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f", b - a }'; }
 pct() { grep -o "$2 [0-9.]*%" "$1" | tail -1 | grep -o '[0-9.]*%' || echo "n/a"; }
 
 start=$(now)
-echo "== 1/4 teacher: cgspn train configs/fmnist_vit.cfg (${TEACHER_EPOCHS} epochs)"
+echo "== 1/4 teacher: cgspn train configs/fmnist_vit_cpu.cfg (${TEACHER_EPOCHS} epochs)"
 # The teacher's head reads the mean of its patch tokens (it keeps its class token), so that
 # the same head on the student's mean token is the teacher's classifier (DESIGN §6 compares
 # patch tokens only).
 t0=$(now)
-./cgspn train configs/fmnist_vit.cfg "${MODEL[@]}" --run_name=demo_teacher \
+./cgspn train configs/fmnist_vit_cpu.cfg --run_name=demo_teacher \
     --epochs="$TEACHER_EPOCHS" --global_pool=avg "$@" | tee "$CK"/demo_teacher.log
 t1=$(now)
 
 echo "== 2/4 Stage 1: cgspn distill configs/fmnist_distill_stage1.cfg (${STAGE1_EPOCHS} epoch)"
-./cgspn distill configs/fmnist_distill_stage1.cfg "${STUDENT[@]}" --run_name=demo_stage1 \
+./cgspn distill configs/fmnist_distill_stage1.cfg --run_name=demo_stage1 \
     --teacher="$CK"/demo_teacher --epochs="$STAGE1_EPOCHS" "$@" | tee "$CK"/demo_stage1.log
 t2=$(now)
 
 echo "== 3/4 Stage 2: cgspn distill configs/fmnist_distill_stage2.cfg --init Stage 1 (${STAGE2_EPOCHS} epochs)"
-./cgspn distill configs/fmnist_distill_stage2.cfg "${STUDENT[@]}" --run_name=demo_stage2 \
+./cgspn distill configs/fmnist_distill_stage2.cfg --run_name=demo_stage2 \
     --teacher="$CK"/demo_teacher --init "$CK"/demo_stage1 --epochs="$STAGE2_EPOCHS" "$@" \
     | tee "$CK"/demo_stage2.log
 t3=$(now)
 
 echo "== 4/4 export and evaluate the student"
 ./cgspn export "$CK"/demo_stage2 --out "$CK"/demo_student.safetensors
-./cgspn probe configs/fmnist_cgspn.cfg "${STUDENT[@]}" --weights "$CK"/demo_student.safetensors --epochs=1 \
+./cgspn probe configs/fmnist_cgspn_cpu.cfg --weights "$CK"/demo_student.safetensors --epochs=1 \
     --lr=5e-3 --warmup_steps=20 --weight_decay=0 "$@" | tee "$CK"/demo_probe.log
 t4=$(now)
 

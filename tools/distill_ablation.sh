@@ -14,25 +14,29 @@
 #      teacher's), the final total loss (the mean of the last log window) and the final PB-tap
 #      MSE (comparable across variants), wall time per run.
 #
-# Environment: TEACHER_CFG (configs/fmnist_vit_gpu.cfg: width 128, 6 blocks, 4x4 patches),
-# STUDENT_CFG (configs/fmnist_cgspn_gpu.cfg, the same shape with C-GSPN layers; on a CPU use
-# fmnist_vit.cfg / fmnist_cgspn.cfg), TEACHER_EPOCHS (empty: the teacher config's),
+# Environment: TEACHER_CFG (configs/fmnist_vit.cfg: width 128, 6 blocks, 4x4 patches),
+# STUDENT_CFG (configs/fmnist_cgspn.cfg, the same shape with C-GSPN layers; on a CPU use
+# fmnist_vit_cpu.cfg / fmnist_cgspn_cpu.cfg), TEACHER_EPOCHS (empty: the teacher config's),
 # TEACHER_ARGS (extra teacher overrides), STAGE1_EPOCHS (2), STAGE2_EPOCHS (20),
-# OUT (checkpoints/distill_ablation.md). Arguments go to every cgspn command (e.g.
+# OUT (checkpoints/distill_ablation.md), LANES and PER_LANE (1, 1: see the Stage 2 runs).
+# Arguments go to every cgspn command (e.g.
 # --batch_size=256 --lr=3e-3); the distillation runs take the student config's recipe keys
 # (lr, warmup, augmentation, drop path) after the stage configs'.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TEACHER_CFG=${TEACHER_CFG:-configs/fmnist_vit_gpu.cfg}
-STUDENT_CFG=${STUDENT_CFG:-configs/fmnist_cgspn_gpu.cfg}
+TEACHER_CFG=${TEACHER_CFG:-configs/fmnist_vit.cfg}
+STUDENT_CFG=${STUDENT_CFG:-configs/fmnist_cgspn.cfg}
 TEACHER_EPOCHS=${TEACHER_EPOCHS:-}
 TEACHER_ARGS=${TEACHER_ARGS:-}
 STAGE1_EPOCHS=${STAGE1_EPOCHS:-2}
 STAGE2_EPOCHS=${STAGE2_EPOCHS:-20}
 OUT=${OUT:-checkpoints/distill_ablation.md}
+LANES=${LANES:-1}
+PER_LANE=${PER_LANE:-1}
 CK=checkpoints
 mkdir -p "$CK"
-make -s cgspn fmnist-shards
+make -s cgspn
+bash tools/fmnist_shards.sh   # once: a built shard folder is kept
 
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f", b - a }'; }
@@ -59,29 +63,54 @@ rm -rf "$CK"/abl_stage1
     --teacher="$CK"/abl_teacher --epochs="$STAGE1_EPOCHS" "$@" | tee "$CK"/abl_stage1.log
 s1acc=$(pct "$CK"/abl_stage1.log "final student test top1")
 
-rows=()
+# The six Stage 2 runs are independent: LANES GPUs (CUDA_VISIBLE_DEVICES=0..LANES-1) take
+# them round-robin, at most PER_LANE at a time each (on a GPU these small models are bound by
+# kernel launches, so runs sharing one lose little); LANES=1 PER_LANE=1 runs them one by one.
+runs=()
+i=0
 for variant in pb pb_pp pb_pp_ad; do
     case $variant in
-        pb)       flags=(--tap_pp=0 --adaptors=0); label="PB";;
-        pb_pp)    flags=(--tap_pp=1 --adaptors=0); label="PB + PP";;
-        pb_pp_ad) flags=(--tap_pp=1 --adaptors=1); label="PB + PP + adaptors";;
+        pb)       flags=(--tap_pp=0 --adaptors=0);;
+        pb_pp)    flags=(--tap_pp=1 --adaptors=0);;
+        pb_pp_ad) flags=(--tap_pp=1 --adaptors=1);;
     esac
     for s1 in no yes; do
         run=abl_${variant}_s1${s1}
+        runs+=("$run")
         init=()
         [ "$s1" = yes ] && init=(--init "$CK"/abl_stage1)
         rm -rf "${CK:?}/$run"
-        t0=$(now)
-        ./cgspn distill configs/fmnist_distill_stage2.cfg --include="$STUDENT_CFG" --run_name="$run" \
-            --teacher="$CK"/abl_teacher --epochs="$STAGE2_EPOCHS" "${flags[@]}" "${init[@]}" "$@" \
-            | tee "$CK/$run.log"
-        t1=$(now)
-        acc=$(pct "$CK/$run.log" "final student test top1")
-        loss=$(grep '^step ' "$CK/$run.log" | grep -o '| loss [0-9.e+-]*' | tail -1 | awk '{print $3}')
-        mse_pb=$(grep -o 'mse_pb [0-9.e+-]*' "$CK/$run.log" | tail -1 | awk '{print $2}')
-        frac=$(awk -v s="$acc" -v t="$teacher" 'BEGIN { if (t > 0) printf "%.1f%%", 100 * s / t; else print "n/a" }')
-        rows+=("| $label | $s1 | ${acc}% | $frac | $loss | $mse_pb | $(secs "$t0" "$t1") s |")
+        lane=$((i % LANES))
+        (
+            t0=$(now)
+            CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-$lane} ./cgspn distill \
+                configs/fmnist_distill_stage2.cfg --include="$STUDENT_CFG" --run_name="$run" \
+                --teacher="$CK"/abl_teacher --epochs="$STAGE2_EPOCHS" "${flags[@]}" "${init[@]}" "$@" \
+                > "$CK/$run.log" 2>&1
+            echo "$? $(secs "$t0" "$(now)")" > "$CK/$run.done"
+        ) &
+        i=$((i + 1))
+        if (( i % (LANES * PER_LANE) == 0 )); then wait; fi
     done
+done
+wait
+
+rows=()
+status=0
+for run in "${runs[@]}"; do
+    case $run in
+        abl_pb_s1*)       label="PB";;
+        abl_pb_pp_s1*)    label="PB + PP";;
+        abl_pb_pp_ad_s1*) label="PB + PP + adaptors";;
+    esac
+    s1=${run##*_s1}
+    read -r rc secs_run < "$CK/$run.done"
+    if [ "$rc" != 0 ]; then echo "$run failed (exit $rc); its log: $CK/$run.log" >&2; tail -5 "$CK/$run.log" >&2; status=1; fi
+    acc=$(pct "$CK/$run.log" "final student test top1")
+    loss=$(grep '^step ' "$CK/$run.log" | grep -o '| loss [0-9.e+-]*' | tail -1 | awk '{print $3}')
+    mse_pb=$(grep -o 'mse_pb [0-9.e+-]*' "$CK/$run.log" | tail -1 | awk '{print $2}')
+    frac=$(awk -v s="$acc" -v t="$teacher" 'BEGIN { if (t > 0) printf "%.1f%%", 100 * s / t; else print "n/a" }')
+    rows+=("| $label | $s1 | ${acc}% | $frac | $loss | $mse_pb | $secs_run s |")
 done
 
 device=$(grep -m1 '^device:' "$CK"/abl_stage1.log | sed 's/^device: //')
@@ -96,8 +125,10 @@ device=$(grep -m1 '^device:' "$CK"/abl_stage1.log | sed 's/^device: //')
     echo "|---|---|---|---|---|---|---|"
     printf '%s\n' "${rows[@]}"
     echo
+    echo "Stage 2 runs: $LANES GPU(s), up to $PER_LANE runs sharing each (time: wall time of each run as run)."
     echo "final loss: the mean total loss of the last log window (its terms differ between rows);"
     echo "final PB MSE: mean over taps of MSE(A(PB_s), PB_t) of the last log window."
 } > "$OUT"
 echo
 cat "$OUT"
+exit $status

@@ -25,10 +25,6 @@ static char g_dir[256];
 static int setup_dir(void **state) { return test_make_temp_dir(g_dir, sizeof g_dir, "nccl"); }
 static int teardown_dir(void **state) { return test_remove_dir(g_dir); }
 
-static void assert_contains(const char *s, const char *part) {
-    if (!strstr(s, part)) fail_msg("expected the output to contain '%s', got:\n%s", part, s);
-}
-
 // Uploads a host buffer laid out as t's gradient buffer into the table's gradients.
 static void upload_grads(DistTestModel *m, const float *host) {
     Tensor all = {0};
@@ -83,9 +79,21 @@ static int child_step(Dist *d, void *arg) {
     float *w = download_weights(&m, true), *wr = download_weights(&ref, true);
     if (!c->zero && c->dtype == DTYPE_F32) {
         CHILD_CHECK(dist_test_same_bits(&m.t, w, wr), "fp32 zero = 0 weights differ from one GPU's");
+    } else if (c->zero && c->dtype == DTYPE_BF16) {
+        // ZeRO-1 keeps fp32 masters only for the rank's own shard (the rest are stale by design;
+        // the all-gather moves bf16 values): compare the shard.
+        double e = 0;
+        for (int i = 0; i < g->n_seg; i++) {
+            const DistSegment *sg = &g->seg[i];
+            const size_t at = m.t.params[sg->param]->offset + sg->start;
+            for (size_t k = 0; k < sg->len; k++)
+                e = fmax(e, fabs(w[at + k] - wr[at + k]) / fmax(fabs(wr[at + k]), 1e-3));
+        }
+        CHILD_CHECK(g->n_seg > 0, "rank %d owns no shard", d->rank);
+        CHILD_CHECK(e <= SHARDED_STEP_TOL, "masters of the rank's shard differ from one GPU's by %.3g", e);
     } else {
         double e = dist_test_max_rel(&m.t, w, wr);
-        CHILD_CHECK(e <= SHARDED_STEP_TOL, "weights (masters) differ from one GPU's by %.3g", e);
+        CHILD_CHECK(e <= SHARDED_STEP_TOL, "weights differ from one GPU's by %.3g", e);
     }
     free(w);
     free(wr);
