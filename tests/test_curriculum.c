@@ -285,8 +285,9 @@ static void test_two_stage_curriculum_resumes_exactly_inside_stage_2(void **stat
 }
 
 // multires: one Stage 2 run whose student sees 14, 21 or 28 px per step, supervised by the
-// stage 0 student at 14 px through the same upsampling; the draws are a function of the step.
-static void test_multires_run_draws_sides_per_step_and_trains(void **state) {
+// stage 0 student at 14 px through the same upsampling; the draws are a function of the step,
+// so a resumed run repeats them.
+static void test_multires_run_draws_sides_per_step_trains_and_resumes_exactly(void **state) {
     fixture_build_shards(g_dir, 40, 16);
     train_stage0();
     Config c = fixture_config(g_dir, "cgspn", "multires", 6);
@@ -313,6 +314,18 @@ static void test_multires_run_draws_sides_per_step_and_trains(void **state) {
     assert_int_equal(r.step, 6);
     for (int i = 0; i < 6; i++) assert_true(isfinite(losses[i]) && losses[i] > 0);
     assert_true(r.eval.count > 0);   // evaluated at img_size = 28
+    // Stopped after step 3 and resumed: the same draws, the same losses.
+    float split[6];
+    snprintf(c.run_name, sizeof c.run_name, "multires_split");
+    DistillOptions o1 = {.stop_after = 3, .step_losses = split};
+    assert_int_equal(distill_train(&c, &o1).step, 3);
+    snprintf(c.resume, sizeof c.resume, "auto");
+    DistillOptions o2 = {.step_losses = split};
+    assert_int_equal(distill_train(&c, &o2).step, 6);
+    for (int i = 0; i < 6; i++)
+        if (memcmp(&losses[i], &split[i], sizeof(float)) != 0)
+            fail_msg("multires step %d: loss %.9g vs %.9g resumed", i + 1, losses[i], split[i]);
+    c.resume[0] = '\0';
 
     c.img_size = 21;   // img_size must be the largest side
     assert_int_equal(resolution_views_init_err(&v, &c, err, sizeof err), -1);
@@ -325,7 +338,7 @@ int main(void) {
         cmocka_unit_test(test_loss_with_upsampled_teacher_taps_matches_ops_composed_by_hand),
         cmocka_unit_test(test_plan_expands_stage_lists_and_rejects_bad_ones),
         cmocka_unit_test_setup_teardown(test_two_stage_curriculum_resumes_exactly_inside_stage_2, setup_dir, teardown_dir),
-        cmocka_unit_test_setup_teardown(test_multires_run_draws_sides_per_step_and_trains, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_multires_run_draws_sides_per_step_trains_and_resumes_exactly, setup_dir, teardown_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
