@@ -130,3 +130,38 @@ void resize_u8(const uint8_t *src, int sh, int sw, int c, uint8_t *dst, int dh, 
                ResizeFilter filter, ResizeScratch *s) {
     resize_crop_u8(src, sh, sw, c, 0, 0, (float)sw, (float)sh, dst, dh, dw, filter, s);
 }
+
+void resize_f32(const float *src, int sh, int sw, float *dst, int dh, int dw, ResizeFilter filter,
+                ResizeScratch *s) {
+    if (sh == dh && sw == dw) {   // the filter is 1 at each source pixel: a copy
+        memcpy(dst, src, (size_t)dh * dw * sizeof(float));
+        return;
+    }
+    int kx = coeffs(sw, 0, (float)sw, dw, filter, &s->ix, &s->ix_cap, &s->wx, &s->wx_cap);
+    int ky = coeffs(sh, 0, (float)sh, dh, filter, &s->iy, &s->iy_cap, &s->wy, &s->wy_cap);
+    // Horizontal: every source row -> tmp (sh, dw).
+    s->tmp = grow(s->tmp, &s->tmp_cap, sizeof(float) * (size_t)sh * dw);
+    for (int y = 0; y < sh; y++) {
+        const float *in = src + (size_t)y * sw;
+        float *out = s->tmp + (size_t)y * dw;
+        for (int o = 0; o < dw; o++) {
+            int lo = s->ix[2 * o], cnt = s->ix[2 * o + 1];
+            const float *k = s->wx + (size_t)o * kx;
+            float a = 0;
+            for (int t = 0; t < cnt; t++) a += k[t] * in[lo + t];
+            out[o] = a;
+        }
+    }
+    // Vertical: tmp -> dst (dh, dw).
+    for (int o = 0; o < dh; o++) {
+        int lo = s->iy[2 * o], cnt = s->iy[2 * o + 1];
+        const float *k = s->wy + (size_t)o * ky;
+        float *out = dst + (size_t)o * dw;
+        for (int x = 0; x < dw; x++) out[x] = 0;
+        for (int t = 0; t < cnt; t++) {
+            const float *r = s->tmp + (size_t)(lo + t) * dw;
+            float kt = k[t];
+            for (int x = 0; x < dw; x++) out[x] += kt * r[x];
+        }
+    }
+}

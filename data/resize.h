@@ -26,3 +26,11 @@ void resize_crop_u8(const uint8_t *src, int sh, int sw, int c, float x0, float y
 // Whole image to (dh, dw).
 void resize_u8(const uint8_t *src, int sh, int sw, int c, uint8_t *dst, int dh, int dw,
                ResizeFilter filter, ResizeScratch *s);
+
+// One float plane src (sh, sw) -> dst (dh, dw), the same separable antialiased filter as
+// resize_u8 (PyTorch F.interpolate(mode='bilinear' | 'bicubic', align_corners=False,
+// antialias=True) up to fp32 rounding; the bicubic is PIL's a = -0.5), nothing rounded or
+// clamped. For images already normalized: the filter is linear, so normalizing first or last is
+// the same. The resolution curriculum shows its teacher the student's image downscaled by it.
+void resize_f32(const float *src, int sh, int sw, float *dst, int dh, int dw, ResizeFilter filter,
+                ResizeScratch *s);

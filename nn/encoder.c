@@ -123,6 +123,28 @@ Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *tap
     return layernorm(t, &e->norm, x);
 }
 
+int encoder_set_image_size_err(Encoder *e, int img_h, int img_w, char *err, size_t n) {
+    int p = e->cfg.patch;
+    if (img_h <= 0 || img_w <= 0 || img_h % p != 0 || img_w % p != 0)
+        return cg_set_error(err, n, "image %dx%d: not a positive multiple of the patch %d\n  hint: "
+                            "every resolution must be a multiple of patch (e.g. 378, 518 at patch 14)",
+                            img_h, img_w, p);
+    if (e->pos_embed && (img_h / p != e->grid_h || img_w / p != e->grid_w))
+        return cg_set_error(err, n, "a %dx%d-token position embedding cannot run on %dx%d tokens\n  "
+                            "hint: only encoders without pos_embed (C-GSPN, hybrid) change resolution "
+                            "from step to step", e->grid_h, e->grid_w, img_h / p, img_w / p);
+    e->cfg.img_h = img_h;
+    e->cfg.img_w = img_w;
+    e->grid_h = img_h / p;
+    e->grid_w = img_w / p;
+    return 0;
+}
+
+void encoder_set_image_size(Encoder *e, int img_h, int img_w) {
+    char err[512];
+    if (encoder_set_image_size_err(e, img_h, img_w, err, sizeof err) != 0) CG_FAIL("", "%s", err);
+}
+
 Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens) {
     CG_CHECK(e->cfg.num_classes > 0, "set num_classes", "this encoder has no classification head");
     Tensor *pooled;

@@ -74,6 +74,12 @@ Tensor *encoder_embed(Tape *t, const Encoder *e, Tensor *img);
 // One block: x (B, prefix+H*W, C) fp32 -> (B, prefix+H*W, C) fp32; *pp (when pp is not NULL)
 // receives the mixing-layer output. encoder_forward runs it per block; `cgspn bench block` alone.
 Tensor *encoder_block_forward(Tape *t, const Encoder *e, const Block *b, Tensor *x, Tensor **pp);
+// Runs the encoder at another image size (img_h x img_w, multiples of patch): the token grid
+// follows. Only for encoders without a position embedding (C-GSPN, hybrid, a ViT without
+// pos_embed), whose parameters do not depend on the grid: multi-resolution training and the
+// resolution curriculum. 0, or -1 with a message.
+int encoder_set_image_size_err(Encoder *e, int img_h, int img_w, char *err, size_t n);
+void encoder_set_image_size(Encoder *e, int img_h, int img_w);
 // Class token or mean of patch tokens of the normed tokens, then the head: (B, num_classes).
 Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens);
 // Whether block i (0-based) is an attention block for this encoder.

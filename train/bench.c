@@ -28,6 +28,7 @@ static const Bench kBenches[] = {
     {"vit", bench_vit_run, "ViT-B/16 and so14 ViT training steps: img/s, MFU, memory, vs timm eager/compiled"},
     {"block", bench_block_run, "one so14-width block at 1036/2058 px: C-GSPN vs attention vs PyTorch SDPA"},
 #endif
+    {"curriculum", bench_curriculum_run, "a curriculum Stage-k step: so14 student at 1036 px + its 756 px teacher (GPU; tiny on a CPU)"},
     {"data", data_bench_run, "the data loader's img/s at 224 px (decode + augmentation, CPU)"},
     {NULL, NULL, NULL},
 };

@@ -600,3 +600,53 @@ void ckpt_load(const char *ckpt_dir, const Config *c, ParamTable *params, ParamT
     char err[4096];
     if (ckpt_load_err(ckpt_dir, c, params, ema, ctx, s, err, sizeof err) != 0) CG_FAIL("", "%s", err);
 }
+
+// ---- init weights -------------------------------------------------------------------------------
+
+static bool has_prefix(const char *name, const char *prefix) {
+    return prefix && strncmp(name, prefix, strlen(prefix)) == 0;
+}
+
+int ckpt_load_init_err(const char *init, ParamTable *params, Ctx *ctx, const char *optional_prefix,
+                       const char *what, FILE *f, char *err, size_t n) {
+    char path[1200], e2[4096];
+    struct stat sb;
+    if (stat(init, &sb) != 0)
+        return cg_set_error(err, n, "init = %s: %s", init, strerror(errno));
+    if (S_ISDIR(sb.st_mode)) {
+        char ckpt[1024];
+        int found = ckpt_resolve_err(init, "", ckpt, sizeof ckpt, e2, sizeof e2);
+        if (found <= 0)
+            return cg_set_error(err, n, "init: %s", found < 0 ? e2 : "no complete checkpoint there");
+        snprintf(path, sizeof path, "%s/model.safetensors", ckpt);
+    } else {
+        snprintf(path, sizeof path, "%s", init);
+    }
+    LoadReport r = {.allow_missing = true};
+    int rc = 0;
+    if (params_load_safetensors_err(params, ctx, path, NULL, &r, e2, sizeof e2) != 0)
+        rc = cg_set_error(err, n, "init: %s\n  hint: init must be weights of this model (the same "
+                          "model keys)", e2);
+    for (int i = 0; rc == 0 && i < r.n_missing; i++)
+        if (!has_prefix(r.missing[i], optional_prefix))
+            rc = cg_set_error(err, n, "init: %s has no tensor %s\n  hint: init must be weights of "
+                              "this model (the same model keys)", path, r.missing[i]);
+    for (int i = 0; rc == 0 && i < r.n_extra; i++)
+        if (!has_prefix(r.extra[i], optional_prefix))
+            rc = cg_set_error(err, n, "init: %s holds %s, which is not a parameter of this model\n  "
+                              "hint: init must be weights of this model (the same model keys)", path,
+                              r.extra[i]);
+    if (rc == 0 && f) {
+        fprintf(f, "%s init from %s: ", what, path);
+        load_report_print(&r, f);
+    }
+    load_report_free(&r);
+    return rc;
+}
+
+void ckpt_load_init(const char *init, ParamTable *params, Ctx *ctx, const char *optional_prefix,
+                    const char *what, FILE *f) {
+    char err[4096];
+    if (ckpt_load_init_err(init, params, ctx, optional_prefix, what, f, err, sizeof err) != 0)
+        CG_FAIL("", "%s", err);
+}

@@ -94,3 +94,14 @@ int  ckpt_load_err(const char *ckpt_dir, const Config *c, ParamTable *params, Pa
                    Ctx *ctx, CkptState *s, char *err, size_t n);
 void ckpt_load(const char *ckpt_dir, const Config *c, ParamTable *params, ParamTable *ema, Ctx *ctx,
                CkptState *s);
+
+// The config key init: starting weights for a new run (not a resume; no optimizer state). init
+// is a safetensors file, or a checkpoint or run folder (its newest complete checkpoint's
+// model.safetensors). Every parameter of params must be in the file with its shape, except those
+// whose name starts with optional_prefix (NULL: none; distillation's adaptors), which keep their
+// values when absent; file tensors that are not parameters are an error unless they start with
+// optional_prefix. Prints "NAME init from PATH: <load report>" to f (may be NULL). 0, or -1.
+int  ckpt_load_init_err(const char *init, ParamTable *params, Ctx *ctx, const char *optional_prefix,
+                        const char *what, FILE *f, char *err, size_t n);
+void ckpt_load_init(const char *init, ParamTable *params, Ctx *ctx, const char *optional_prefix,
+                    const char *what, FILE *f);

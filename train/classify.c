@@ -320,6 +320,10 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
             ema_update(&ema, &ctx, &params, 0.0f);
         }
         printf("resumed from %s at step %ld\n", from, first);
+    } else if (c->init[0]) {   // fine-tuning from another run (e.g. at another img_size); a
+                               // distillation checkpoint's adaptors are ignored
+        ckpt_load_init(c->init, &params, &ctx, "adaptors.", "encoder", stdout);
+        if (ema.on) ema_update(&ema, &ctx, &params, 0.0f);   // the EMA starts from them
     }
     RunLog log;
     dp_runlog_open(&dp, &log, c, "train");

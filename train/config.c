@@ -50,7 +50,7 @@ static const struct { const char *key; int min; } kIntMin[] = {
     {"epochs", 0}, {"max_steps", 0}, {"warmup_steps", 0}, {"eval_every", 0},
     {"log_every", 0}, {"threads", 0}, {"ckpt_every", 0}, {"keep_last", 0},
     {"accum_steps", 1}, {"lr_scale_batch", 0}, {"eval_batch_size", 0},
-    {"stage", 1}, {"adaptor_hidden", 0},
+    {"stage", 1}, {"adaptor_hidden", 0}, {"teacher_img_size", 0},
 };
 
 static const char *type_name(CfgType t) {
@@ -673,6 +673,33 @@ int config_parse_int_list(const char *key, const char *s, int *out, int max, cha
         if (count == max)
             return cg_set_error(err, n, "config key '%s' is '%s': more than %d items", key, s, max);
         out[count++] = (int)v;
+        p = end;
+    }
+}
+
+int config_parse_float_list(const char *key, const char *s, float *out, int max, char *err, size_t n) {
+    int count = 0;
+    const char *p = s;
+    for (;;) {
+        while (*p == ',' || isspace((unsigned char)*p)) p++;
+        if (!*p) return count;
+        const char *end = p;
+        while (*end && *end != ',' && !isspace((unsigned char)*end)) end++;
+        char item[48];
+        size_t len = (size_t)(end - p);
+        char *stop = item;
+        double v = 0;
+        if (len < sizeof item) {
+            memcpy(item, p, len);
+            item[len] = '\0';
+            v = strtod(item, &stop);
+        }
+        if (len >= sizeof item || *stop || stop == item || !isfinite(v))
+            return cg_set_error(err, n, "config key '%s' is '%s': item '%.*s' is not a number "
+                        "(expected numbers separated by commas or spaces)", key, s, (int)len, p);
+        if (count == max)
+            return cg_set_error(err, n, "config key '%s' is '%s': more than %d items", key, s, max);
+        out[count++] = (float)v;
         p = end;
     }
 }

@@ -69,3 +69,5 @@ int  config_save(const Config *c, const char *path);
 // Returns the count (0 for an empty string), or -1 with a message naming `key` when an item is
 // not an int or there are more than max of them.
 int  config_parse_int_list(const char *key, const char *s, int *out, int max, char *err, size_t n);
+// The same for numbers ("4e-4, 2e-4"): finite floats.
+int  config_parse_float_list(const char *key, const char *s, float *out, int max, char *err, size_t n);

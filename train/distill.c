@@ -6,6 +6,7 @@
 #include "device.h"
 #include "model_config.h"
 #include "optimizer.h"
+#include "resolution.h"
 #include "runlog.h"
 #include "../nn/error.h"
 #include "../nn/safetensors.h"
@@ -24,6 +25,10 @@ static void distill_usage(FILE *f) {
                "             adaptors, alpha mean(L_PP) + beta mean(L_PB) (+ gamma CE)\n"
                "--init PATH starts the student from PATH (a Stage 1 checkpoint or run folder, or\n"
                "safetensors); without it the student copies the teacher where shapes match.\n"
+               "Stage 2 across resolutions: teacher_img_size = R shows the teacher the image resized\n"
+               "to R (antialiased) and resizes its taps to the student's grid (bilinear, half-pixel\n"
+               "centres); multires = 378,448,518 draws the student's side per step (img_size = the\n"
+               "largest). cgspn curriculum runs such stages one after another.\n"
                "Example: cgspn distill configs/fmnist_distill_stage2.cfg --init checkpoints/s1\n"
                "One step's loss, no training (parity with a PyTorch implementation):\n"
                "  cgspn distill CONFIG --images X.safetensors --loss-out L.safetensors [--init W]\n"
@@ -92,12 +97,16 @@ static void set_trainable_block(ParamTable *t, int block, const char *what, bool
 
 int distiller_init_err(Distiller *d, const Config *c, Ctx *ctx, char *err, size_t n) {
     memset(d, 0, sizeof *d);
-    d->ctx = ctx;
-    d->stage = c->stage;
-    if (d->stage != 1 && d->stage != 2)
+    if (c->stage != 1 && c->stage != 2)
         return cg_set_error(err, n, "stage = %d: cgspn distill runs stage 1 (sublayer alignment) or "
                             "stage 2 (dual-tap distillation)", c->stage);
     if (teacher_load_err(&d->teacher, c, ctx, err, n) != 0) return -1;
+    return distiller_init_with_teacher_err(d, c, ctx, err, n);
+}
+
+int distiller_init_with_teacher_err(Distiller *d, const Config *c, Ctx *ctx, char *err, size_t n) {
+    d->ctx = ctx;
+    d->stage = c->stage;
     EncoderConfig s = encoder_config_from(c);
     const EncoderConfig *tc = &d->teacher.enc.cfg;
     int rc = 0;
@@ -110,6 +119,13 @@ int distiller_init_err(Distiller *d, const Config *c, Ctx *ctx, char *err, size_
     if (rc == 0 && s.kind == ENCODER_VIT && d->stage == 1)
         rc = cg_set_error(err, n, "stage 1 aligns C-GSPN layers; the student is a ViT\n  hint: set "
                           "model = cgspn or hybrid");
+    if (rc == 0 && c->multires[0] && s.pos_embed)
+        rc = cg_set_error(err, n, "multires = %s: the student has a position embedding made for one "
+                          "grid\n  hint: multi-resolution training is for C-GSPN and hybrid students "
+                          "(pos_embed = 0)", c->multires);
+    if (rc == 0 && d->stage == 1 && (teacher_image_side(c) != c->img_size || c->multires[0]))
+        rc = cg_set_error(err, n, "stage 1 feeds the teacher's block inputs to the student: both run "
+                          "at img_size\n  hint: teacher_img_size and multires are Stage 2 options");
     if (rc != 0) {
         teacher_free(&d->teacher, ctx);
         return -1;
@@ -197,42 +213,13 @@ void distiller_free(Distiller *d) {
     teacher_free(&d->teacher, d->ctx);
 }
 
-static bool is_dir(const char *path) {
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
 static bool is_adaptor(const char *name) {
     return strncmp(name, ADAPTOR_PREFIX, strlen(ADAPTOR_PREFIX)) == 0;
 }
 
 void distiller_init_student(Distiller *d, const Config *c, FILE *f) {
-    if (c->init[0]) {
-        char path[1200], err[4096];
-        if (is_dir(c->init)) {
-            char ckpt[1024];
-            if (ckpt_resolve_err(c->init, "", ckpt, sizeof ckpt, err, sizeof err) < 0)
-                CG_FAIL("", "init: %s", err);
-            snprintf(path, sizeof path, "%s/model.safetensors", ckpt);
-        } else {
-            snprintf(path, sizeof path, "%s", c->init);
-        }
-        LoadReport r = {.allow_missing = true};
-        if (params_load_safetensors_err(&d->params, d->ctx, path, NULL, &r, err, sizeof err) != 0)
-            CG_FAIL("init must be weights of this student (the same model keys)", "init: %s", err);
-        for (int i = 0; i < r.n_missing; i++)
-            CG_CHECK(is_adaptor(r.missing[i]), "init must be weights of this student (a Stage 1 "
-                     "checkpoint of the same model keys)", "init: %s has no tensor %s", path,
-                     r.missing[i]);
-        for (int i = 0; i < r.n_extra; i++)
-            CG_CHECK(is_adaptor(r.extra[i]), "init must be weights of this student (the same model "
-                     "keys)", "init: %s holds %s, which is not a parameter of this student", path,
-                     r.extra[i]);
-        if (f) {
-            fprintf(f, "student init from %s: ", path);
-            load_report_print(&r, f);
-        }
-        load_report_free(&r);
+    if (c->init[0]) {   // adaptors may be absent (a Stage 1 checkpoint): they stay fresh
+        ckpt_load_init(c->init, &d->params, d->ctx, ADAPTOR_PREFIX, "student", f);
     } else if (c->copy_teacher) {
         CopyReport r;
         student_copy_from_teacher(&d->params, &d->teacher.params, d->ctx, ADAPTOR_PREFIX, &r);
@@ -275,6 +262,11 @@ Tensor *distill_tap_loss(Tape *t, const Adaptor *a, Tensor *vs, Tensor *vt, floa
 static Tensor *add_opt(Tape *t, Tensor *sum, Tensor *x) { return sum ? nn_add(t, sum, x) : x; }
 
 Tensor *distill_loss(Distiller *d, Tape *t, Tensor *img, Tensor *targets, Tensor **raw_out) {
+    return distill_loss_views(d, t, img, img, targets, raw_out);
+}
+
+Tensor *distill_loss_views(Distiller *d, Tape *t, Tensor *img, Tensor *teacher_img,
+                           Tensor *targets, Tensor **raw_out) {
     Ctx *ctx = t->ctx;
     const Encoder *st = &d->student;
     Tensor *raw = tape_tensor(t, 1, (int[]){d->n_raw}, true);
@@ -303,7 +295,8 @@ Tensor *distill_loss(Distiller *d, Tape *t, Tensor *img, Tensor *targets, Tensor
             want.pp[d->taps[j]] = d->tap_pp;
             want.pb[d->taps[j]] = d->tap_pb;
         }
-        teacher_forward(&d->teacher, t, img, &want, &tt);
+        teacher_forward(&d->teacher, t, teacher_img, &want, &tt);
+        teacher_taps_resize(t, &d->teacher, &tt, st->grid_h, st->grid_w);   // Up(): on the student's grid
         EncoderTaps taps;
         Tensor *tokens = encoder_forward(t, st, img, &taps);
         Tensor *lpp = NULL, *lpb = NULL;
@@ -407,6 +400,22 @@ static void describe(const Distiller *d, const Config *c, FILE *f) {
             (double)d->gamma, trainable / 1e6);
 }
 
+// "resolution: student 518 px (37x37 tokens), teacher 378 px (27x27), taps resized bilinearly"
+static void describe_resolution(const Distiller *d, const ResolutionViews *v, FILE *f) {
+    int p = d->student.cfg.patch;
+    fprintf(f, "resolution: student ");
+    if (v->n_multires) {
+        fprintf(f, "multires");
+        for (int i = 0; i < v->n_multires; i++) fprintf(f, "%s%d", i ? "," : " ", v->multires[i]);
+        fprintf(f, " px (one drawn per step; the loader's %d px image resized, antialiased)", v->img_size);
+    } else {
+        fprintf(f, "%d px (%dx%d tokens)", v->img_size, v->img_size / p, v->img_size / p);
+    }
+    fprintf(f, ", teacher %d px (%dx%d tokens, the student's image resized, antialiased); teacher "
+            "taps resized bilinearly (half-pixel centres) to the student's grid\n", v->teacher_side,
+            d->teacher.enc.grid_h, d->teacher.enc.grid_w);
+}
+
 static void save_checkpoint(const Config *c, const RunLog *log, const Distiller *d, Ctx *ctx,
                             DataParallel *dp, Loader *train, long step, double loss_sum, long loss_n,
                             const float *part_sums) {
@@ -451,6 +460,10 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
 
     DataParallel dp;   // ranks each take a slice of every batch (train/data_parallel.h)
     dp_open(&dp, o->dist, &d.params, &ctx, c);
+    ResolutionViews views;
+    char verr[1024];
+    if (resolution_views_init_err(&views, c, verr, sizeof verr) != 0) CG_FAIL("", "%s", verr);
+    if (views.n_multires > 0 || views.teacher_side != c->img_size) describe_resolution(&d, &views, stdout);
     bool gpu = ctx.device == DEVICE_CUDA, has_head = c->num_classes > 0;
     Loader *train = dp_loader_open(&dp, c, 1, c->batch_size, gpu);
     Loader *val = has_head ? dp_loader_open(&dp, c, 0, c->eval_batch_size > 0 ? c->eval_batch_size
@@ -529,8 +542,11 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         if (!b) CG_FAIL("run cgspn data verify on the shards", "%s", err);
         long epoch = (long)b->epoch;
         tape_reset(&tape);
-        Tensor *x = tape_tensor(&tape, 4, (int[]){b->count, b->channels, b->height, b->width}, true);
-        tensor_upload(&ctx, x, b->images);
+        // The student's image at this step's side (multires) and the teacher's at its own.
+        int side = resolution_student_side(&views, step);
+        encoder_set_image_size(&d.student, side, side);
+        Tensor *x, *xt;
+        resolution_views_upload(&views, &tape, b, side, &x, &xt);
         Tensor *tgt = NULL;
         if (d.trains_head) {   // the loader's soft targets (label smoothing, mixup), K wide
             CG_CHECK(b->classes <= K, "set num_classes to the dataset's class count or more",
@@ -545,7 +561,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         Tensor *raw_dev;
         d.student.drop_path.step = step;
         d.student.drop_path.first_sample = dp.rank * b->count;   // masks by global sample index
-        Tensor *loss = distill_loss(&d, &tape, x, tgt, &raw_dev);
+        Tensor *loss = distill_loss_views(&d, &tape, x, xt, tgt, &raw_dev);
         tensor_download(&ctx, raw_dev, raw);
         dp_mean_f32(&dp, raw, d.n_raw, "the step's loss terms");   // the global batch's means
         float loss_v = raw[d.n_raw - 1];
@@ -594,6 +610,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         }
         if (has_head && ((step + 1) % eval_every == 0 || last)) {
             double t0 = now_seconds();
+            encoder_set_image_size(&d.student, c->img_size, c->img_size);   // val images: img_size
             ev = classify_evaluate_dp(&ctx, &d.student, val, &dp);
             print_eval(&log, step + 1, &ev, now_seconds() - t0);
             const char *k2[] = {"test_top1", "test_top5", "test_loss"};
@@ -612,6 +629,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         }
     }
     if (has_head && ev.count == 0 && step >= total) {   // resumed at the end
+        encoder_set_image_size(&d.student, c->img_size, c->img_size);
         ev = classify_evaluate_dp(&ctx, &d.student, val, &dp);
         print_eval(&log, step, &ev, -1);
     }
@@ -622,6 +640,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         printf("\n");
     }
     free(raw);
+    resolution_views_free(&views);
     loader_close(train);
     if (val) loader_close(val);
     free(keys); free(vals); free(part_keys);

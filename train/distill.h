@@ -48,6 +48,9 @@ typedef struct Distiller {
 // weights from the teacher or c->init come from distiller_init_student.
 int  distiller_init_err(Distiller *d, const Config *c, Ctx *ctx, char *err, size_t n);
 void distiller_init(Distiller *d, const Config *c, Ctx *ctx);
+// The same with d->teacher already built by the caller (the rest of d zeroed): benchmarks give
+// it fresh weights (teacher_init_fresh). On error the teacher is freed.
+int  distiller_init_with_teacher_err(Distiller *d, const Config *c, Ctx *ctx, char *err, size_t n);
 void distiller_free(Distiller *d);
 // The student's starting weights (not on resume): c->init's (a checkpoint or run folder, or a
 // safetensors file; adaptors may be absent and stay fresh), else copied from the teacher when
@@ -59,6 +62,12 @@ void distiller_init_student(Distiller *d, const Config *c, FILE *f);
 // t's arena). *raw receives a device fp32 vector of d->n_raw values: the loss terms of the step
 // (distill_parts turns them into the logged parts) and last the total.
 Tensor *distill_loss(Distiller *d, Tape *t, Tensor *img, Tensor *targets, Tensor **raw);
+// The same with the teacher seeing teacher_img (B, in_chans, h, w), the student's image at the
+// teacher's resolution (train/resolution.h), its taps bilinearly resized to the student's grid
+// (teacher_taps_resize): Stage 2 of the resolution curriculum and of multires. distill_loss is
+// teacher_img = img.
+Tensor *distill_loss_views(Distiller *d, Tape *t, Tensor *img, Tensor *teacher_img,
+                           Tensor *targets, Tensor **raw);
 // One Stage 2 tap: MSE(A(vs), vt) + lambda KL(P(A(vs)) || P(vt)), A = a or the identity
 // (a NULL); vs, vt (B, N, C) patch tokens. raw (may be NULL): raw[k], raw[k+1] = the MSE, the KL.
 Tensor *distill_tap_loss(Tape *t, const Adaptor *a, Tensor *vs, Tensor *vt, float lambda,

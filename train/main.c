@@ -1,6 +1,7 @@
 // cgspn: one binary, one command per job (DESIGN §1).
 #include "bench.h"
 #include "classify.h"
+#include "curriculum.h"
 #include "data_cmd.h"
 #include "distill.h"
 #include "export.h"
@@ -21,6 +22,7 @@ static const Command kCommands[] = {
     {"train", cmd_train, "classification training of a ViT, C-GSPN or hybrid encoder"},
     {"eval",  cmd_eval,  "top-1/top-5 of given weights on the validation shards"},
     {"distill", cmd_distill, "Stage 1 / Stage 2 distillation of a C-GSPN student from a frozen teacher"},
+    {"curriculum", cmd_curriculum, "resolution curriculum: each stage distills from the previous, upsampled"},
     {"export", cmd_export, "write a checkpoint's student without adaptors or optimizer state"},
     {"probe", cmd_probe, "test accuracy of an encoder's head and of a linear probe on its features"},
     {"features", cmd_features, "run an encoder on images; write every block's PP/PB taps (safetensors)"},

@@ -21,6 +21,23 @@ static bool is_dir(const char *path) {
     return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
+int teacher_image_side(const Config *c) {
+    return c->teacher_img_size > 0 ? c->teacher_img_size : c->img_size;
+}
+
+// The encoder of T->cfg at image side x side: parameters registered and allocated frozen, the
+// scratch arena and gradient-free tape ready.
+static void teacher_build(Teacher *T, int side, Ctx *ctx) {
+    T->cfg.img_size = side;
+    EncoderConfig ecfg = encoder_config_from(&T->cfg);
+    params_init_table(&T->params);
+    encoder_register(&T->enc, &ecfg, &T->params);
+    params_alloc_frozen(&T->params, ctx);
+    arena_init(&T->scratch, ctx, 64u << 20);
+    tape_init(&T->tape, ctx, &T->scratch);
+    tape_set_grad_enabled(&T->tape, false);
+}
+
 int teacher_load_err(Teacher *T, const Config *c, Ctx *ctx, char *err, size_t n) {
     memset(T, 0, sizeof *T);
     if (!c->teacher[0])
@@ -66,14 +83,14 @@ int teacher_load_err(Teacher *T, const Config *c, Ctx *ctx, char *err, size_t n)
     if (T->cfg.in_chans != c->in_chans)
         return cg_set_error(err, n, "the teacher (%s) takes in_chans = %d, the run's images have %d",
                             cfg, T->cfg.in_chans, c->in_chans);
-    T->cfg.img_size = c->img_size;   // the teacher sees the run's images; pos_embed follows
+    // The teacher sees the run's images (or teacher_img_size); a pos_embed follows its grid.
+    int side = teacher_image_side(c);
     EncoderConfig ecfg = encoder_config_from(&T->cfg);
-    if (c->img_size % ecfg.patch != 0)
-        return cg_set_error(err, n, "img_size %d is not a multiple of the teacher's patch %d (%s)",
-                            c->img_size, ecfg.patch, cfg);
-    params_init_table(&T->params);
-    encoder_register(&T->enc, &ecfg, &T->params);
-    params_alloc_frozen(&T->params, ctx);
+    if (side % ecfg.patch != 0)
+        return cg_set_error(err, n, "%s %d is not a multiple of the teacher's patch %d (%s)",
+                            c->teacher_img_size > 0 ? "teacher_img_size" : "img_size", side,
+                            ecfg.patch, cfg);
+    teacher_build(T, side, ctx);
     T->report.pos_grid_h = T->enc.grid_h;
     T->report.pos_grid_w = T->enc.grid_w;
     if (random) {
@@ -88,10 +105,16 @@ int teacher_load_err(Teacher *T, const Config *c, Ctx *ctx, char *err, size_t n)
         load_report_free(&T->report);
         return -1;
     }
-    arena_init(&T->scratch, ctx, 64u << 20);
-    tape_init(&T->tape, ctx, &T->scratch);
-    tape_set_grad_enabled(&T->tape, false);
     return 0;
+}
+
+void teacher_init_fresh(Teacher *T, const Config *model, int side, Ctx *ctx, uint64_t seed) {
+    memset(T, 0, sizeof *T);
+    T->cfg = *model;
+    snprintf(T->weights, sizeof T->weights, "(fresh weights, seed %llu)", (unsigned long long)seed);
+    snprintf(T->config_path, sizeof T->config_path, "(the run's model keys)");
+    teacher_build(T, side, ctx);
+    params_initialize(&T->params, ctx, seed);
 }
 
 void teacher_load(Teacher *T, const Config *c, Ctx *ctx) {
@@ -149,6 +172,25 @@ void teacher_forward(Teacher *T, Tape *keep, Tensor *img, const TeacherWant *wan
         op_scale_fwd(ctx, y, 1.0f, x);
         if (want->pb[i]) out->pb[i] = keep_patches(keep, T, x);
     }
+}
+
+void teacher_taps_resize(Tape *keep, const Teacher *T, TeacherTaps *tt, int grid_h, int grid_w) {
+    int h = T->enc.grid_h, w = T->enc.grid_w;
+    if (h == grid_h && w == grid_w) return;
+    Tensor **lists[] = {tt->in, tt->pp, tt->pb};
+    for (int l = 0; l < 3; l++)
+        for (int i = 0; i < ENCODER_MAX_DEPTH; i++) {
+            Tensor *x = lists[l][i];
+            if (!x) continue;
+            int B = x->shape[0], C = x->shape[2];
+            Tensor grid = *x;   // (B, h*w, C) seen as the (B, h, w, C) grid it is
+            tensor_set_shape(&grid, 4, (int[]){B, h, w, C});
+            Tensor *y = tape_tensor(keep, 4, (int[]){B, grid_h, grid_w, C}, x->dtype == DTYPE_F32);
+            y->dtype = x->dtype;
+            op_resize_bilinear_fwd(keep->ctx, &grid, y);                    // (B, H, W, C)
+            tensor_set_shape(y, 3, (int[]){B, grid_h * grid_w, C});
+            lists[l][i] = y;
+        }
 }
 
 // ---- student init -----------------------------------------------------------------------------

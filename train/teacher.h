@@ -32,6 +32,11 @@ typedef struct Teacher {
 #define TEACHER_RANDOM "random"
 int  teacher_load_err(Teacher *T, const Config *c, Ctx *ctx, char *err, size_t n);
 void teacher_load(Teacher *T, const Config *c, Ctx *ctx);
+// The side of the square images the teacher of run config c sees: teacher_img_size, or img_size.
+int  teacher_image_side(const Config *c);
+// A teacher with freshly initialized weights (seed) of the model keys of `model`, at image side
+// `side` (benchmarks: the speed of a step does not depend on the teacher's values).
+void teacher_init_fresh(Teacher *T, const Config *model, int side, Ctx *ctx, uint64_t seed);
 void teacher_free(Teacher *T, Ctx *ctx);
 // "teacher: vit, 4 blocks, ... from PATH (config CFG)" and the load report.
 void teacher_describe(const Teacher *T, FILE *f);
@@ -51,6 +56,12 @@ typedef struct TeacherWant {
 // taps not wanted are NULL. Nothing is recorded on keep (the kept tensors need no gradient).
 void teacher_forward(Teacher *T, Tape *keep, Tensor *img, const TeacherWant *want,
                      TeacherTaps *out);
+
+// Every tap of tt on the teacher's (h, w) grid, (B, h*w, C), replaced by its bilinear resize
+// (kernels/ops.h resize_bilinear: half-pixel centres, PyTorch interpolate(align_corners=False))
+// to (B, grid_h*grid_w, C), on keep's arena, dtype kept; nothing when the grids agree. The
+// resolution curriculum's Up(): a low-resolution teacher's features on the student's grid.
+void teacher_taps_resize(Tape *keep, const Teacher *T, TeacherTaps *tt, int grid_h, int grid_w);
 
 // Student init from the teacher: every student parameter with a teacher parameter of the same
 // name and shape takes its values (patch embed, norms, MLPs, layer scales, head, and a hybrid's

@@ -496,11 +496,14 @@ static void test_token_ops_match_cpu(void **state) {
 // ---- bilinear resize ------------------------------------------------------------------------------
 
 static void test_resize_bilinear_matches_cpu(void **state) {
-    // (H, W) -> (H2, W2): mixed up/down, strong upsampling, identity, strong shrink
-    static const int grids[][4] = {{5, 7, 9, 4}, {3, 3, 7, 11}, {4, 6, 4, 6}, {13, 11, 4, 3}};
+    // (H, W) -> (H2, W2): mixed up/down, strong upsampling, identity, strong shrink, and the
+    // curriculum's upsamplings: 27 -> 37 (378 -> 518 px at patch 14, not an integer ratio) and a
+    // non-square 7x10 -> 10x14
+    static const int grids[][4] = {{5, 7, 9, 4}, {3, 3, 7, 11}, {4, 6, 4, 6}, {13, 11, 4, 3},
+                                   {27, 27, 37, 37}, {7, 10, 10, 14}};
     static const int channels[] = {6, 64};
     for (int mi = 0; mi < 2; mi++)
-        for (int gi = 0; gi < 4; gi++)
+        for (int gi = 0; gi < (int)(sizeof grids / sizeof grids[0]); gi++)
             for (int ci = 0; ci < 2; ci++) {
                 DType dt = MODES[mi];
                 int Hh = grids[gi][0], W = grids[gi][1], H2 = grids[gi][2], W2 = grids[gi][3];
