@@ -14,7 +14,11 @@ Run from the repository root after `make` (the GPU machine for bf16; fp32 anywhe
     python3 tests/parity_distill.py --precision fp32 --device cpu
     python3 tests/parity_distill.py                      # fp32 and bf16 on the GPU
 
-Error: max |cgspn - torch| / max |torch| per tensor. Bounds: fp32 1e-4, bf16 3e-2.
+Error: max |cgspn - torch| / max |torch| per tensor, against the fp32 PyTorch reference. Bounds:
+fp32 1e-4; bf16 3e-2, or twice PyTorch's own bf16 error on that tensor when that is larger (the
+same reference under torch.autocast(bfloat16): on this small random model some losses are MSEs of
+nearly equal features, where bf16 rounding of the features alone moves the result by several
+percent, in PyTorch as in cgspn).
 """
 import argparse
 import os
@@ -230,6 +234,14 @@ def reference(case, teacher, student, img, targets):
 
 # ---- running both ------------------------------------------------------------------------------
 
+def reference_bf16(case, teacher, student, img, targets):
+    """The same computation as PyTorch runs it in bf16 mixed precision (autocast: bf16 matmuls and
+    linears, fp32 reductions), for the bf16 bound."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, parts, grads = reference(case, teacher, student, img, targets)
+    return loss.float(), {k: v.float() for k, v in parts.items()}, {k: g.float() for k, g in grads.items()}
+
+
 def write_cfg(path, keys):
     with open(path, "w") as f:
         for k, v in keys.items():
@@ -296,6 +308,12 @@ def main():
             cfg.update(case)
             write_cfg(f"{work}/{name}.cfg", cfg)
             ref_loss, ref_parts, ref_grads = reference(case, teacher, student, img, targets)
+            torch_bf16 = {}   # PyTorch's own bf16 error per tensor
+            if "bf16" in args.precision.split(","):
+                bl, bp, bg = reference_bf16(case, teacher, student, img, targets)
+                torch_bf16["loss"] = rel_err(bl, ref_loss)
+                torch_bf16.update({f"part {k}": rel_err(bp[k], v) for k, v in ref_parts.items()})
+                torch_bf16.update({f"grad {n}": rel_err(bg[n], g) for n, g in ref_grads.items()})
 
             for precision in args.precision.split(","):
                 out = f"{work}/{name}_{precision}.safetensors"
@@ -317,12 +335,18 @@ def main():
                 for n, g in ref_grads.items():
                     if f"grad.{n}" in ours:
                         errs[f"grad {n}"] = rel_err(ours[f"grad.{n}"].reshape(g.shape), g)
-                worst = max(errs.values())
-                over = {k: e for k, e in errs.items() if e > bound}
+                def bound_of(k):
+                    return max(bound, 2 * torch_bf16.get(k, 0)) if precision == "bf16" else bound
+                worst = max(errs, key=lambda k: errs[k] / bound_of(k))
+                over = {k: e for k, e in errs.items() if e > bound_of(k)}
                 print(f"{name} {precision}: loss {ours['loss'].item():.6g} vs {ref_loss.item():.6g}; "
-                      f"{len(ref_parts)} parts, {len(ref_grads)} gradients; worst {worst:.2e} (bound {bound:.0e})")
+                      f"{len(ref_parts)} parts, {len(ref_grads)} gradients; worst {errs[worst]:.2e} "
+                      f"({worst}, bound {bound_of(worst):.1e})")
+                if precision == "bf16":
+                    tw = max(torch_bf16, key=torch_bf16.get)
+                    print(f"  PyTorch autocast bf16 against fp32: worst {torch_bf16[tw]:.2e} ({tw})")
                 for k, e in over.items():
-                    print(f"  OVER BOUND {k}: {e:.2e}")
+                    print(f"  OVER BOUND {k}: {e:.2e} (bound {bound_of(k):.1e})")
                 ok &= not over
     print("parity: PASSED" if ok else "parity: FAILED")
     sys.exit(0 if ok else 1)
