@@ -649,57 +649,57 @@ int config_save(const Config *c, const char *path) {
 // ---------------------------------------------------------------------------------------------
 // Lists
 
+// The next item of a list separated by commas or spaces, copied NUL-terminated into item (cap
+// bytes); *p moves past it. Returns 0 at the end, 1 for an item, -1 for one too long (*len set).
+static int list_next(const char **p, char *item, size_t cap, const char **start, size_t *len) {
+    while (**p == ',' || isspace((unsigned char)**p)) (*p)++;
+    if (!**p) return 0;
+    const char *end = *p;
+    while (*end && *end != ',' && !isspace((unsigned char)*end)) end++;
+    *start = *p;
+    *len = (size_t)(end - *p);
+    *p = end;
+    if (*len >= cap) return -1;
+    memcpy(item, *start, *len);
+    item[*len] = '\0';
+    return 1;
+}
+
 int config_parse_int_list(const char *key, const char *s, int *out, int max, char *err, size_t n) {
-    int count = 0;
-    const char *p = s;
-    for (;;) {
-        while (*p == ',' || isspace((unsigned char)*p)) p++;
-        if (!*p) return count;
-        const char *end = p;
-        while (*end && *end != ',' && !isspace((unsigned char)*end)) end++;
-        char item[32];
-        size_t len = (size_t)(end - p);
+    int count = 0, got;
+    const char *p = s, *start;
+    size_t len;
+    char item[32];
+    while ((got = list_next(&p, item, sizeof item, &start, &len)) != 0) {
         char *stop = item;
         long v = 0;
         errno = 0;
-        if (len < sizeof item) {
-            memcpy(item, p, len);
-            item[len] = '\0';
-            v = strtol(item, &stop, 10);
-        }
-        if (len >= sizeof item || *stop || stop == item || errno == ERANGE || v < INT_MIN || v > INT_MAX)
+        if (got > 0) v = strtol(item, &stop, 10);
+        if (got < 0 || *stop || stop == item || errno == ERANGE || v < INT_MIN || v > INT_MAX)
             return cg_set_error(err, n, "config key '%s' is '%s': item '%.*s' is not an int "
-                        "(expected ints separated by commas or spaces)", key, s, (int)len, p);
+                        "(expected ints separated by commas or spaces)", key, s, (int)len, start);
         if (count == max)
             return cg_set_error(err, n, "config key '%s' is '%s': more than %d items", key, s, max);
         out[count++] = (int)v;
-        p = end;
     }
+    return count;
 }
 
 int config_parse_float_list(const char *key, const char *s, float *out, int max, char *err, size_t n) {
-    int count = 0;
-    const char *p = s;
-    for (;;) {
-        while (*p == ',' || isspace((unsigned char)*p)) p++;
-        if (!*p) return count;
-        const char *end = p;
-        while (*end && *end != ',' && !isspace((unsigned char)*end)) end++;
-        char item[48];
-        size_t len = (size_t)(end - p);
+    int count = 0, got;
+    const char *p = s, *start;
+    size_t len;
+    char item[48];
+    while ((got = list_next(&p, item, sizeof item, &start, &len)) != 0) {
         char *stop = item;
         double v = 0;
-        if (len < sizeof item) {
-            memcpy(item, p, len);
-            item[len] = '\0';
-            v = strtod(item, &stop);
-        }
-        if (len >= sizeof item || *stop || stop == item || !isfinite(v))
+        if (got > 0) v = strtod(item, &stop);
+        if (got < 0 || *stop || stop == item || !isfinite(v))
             return cg_set_error(err, n, "config key '%s' is '%s': item '%.*s' is not a number "
-                        "(expected numbers separated by commas or spaces)", key, s, (int)len, p);
+                        "(expected numbers separated by commas or spaces)", key, s, (int)len, start);
         if (count == max)
             return cg_set_error(err, n, "config key '%s' is '%s': more than %d items", key, s, max);
         out[count++] = (float)v;
-        p = end;
     }
+    return count;
 }
