@@ -2,6 +2,7 @@
 // loop of train/distill.c) with the stage's config; this file only plans the stages, derives their
 // configs and skips the finished ones.
 #include "curriculum.h"
+#include "../dist/dist.h"
 #include "checkpoint.h"
 #include "cli_args.h"
 #include "distill.h"
@@ -194,10 +195,20 @@ CurriculumResult curriculum_run(const Config *c, const CurriculumOptions *o) {
 
     char run[1100], path[1200];
     curriculum_run_dir(c, run, sizeof run);
-    make_dir(c->out_dir);
-    make_dir(run);
+    // Under mpirun every rank runs this: rank 0 writes the shared folder and config (the others
+    // would race it on the same temporary file), the rest wait for it before reading them.
+    Dist *dist = dist_process();
+    char derr[1024];
+    if (dist_setup_err(dist, &(DistOptions){c->dist_timeout_s, c->dist_rendezvous}, derr,
+                       sizeof derr) != 0)
+        CG_FAIL("", "%s", derr);
     snprintf(path, sizeof path, "%s/%s", run, CURRICULUM_CONFIG);
-    CG_CHECK_ERRNO(config_save(c, path) == 0, path);
+    if (dist->rank == 0) {
+        make_dir(c->out_dir);
+        make_dir(run);
+        CG_CHECK_ERRNO(config_save(c, path) == 0, path);
+    }
+    dist_barrier(dist, "the curriculum folder and config written by rank 0");
     print_plan(c, &p, stdout);
 
     for (int k = 1; k < p.n_res; k++) {
