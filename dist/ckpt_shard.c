@@ -19,9 +19,9 @@ void dist_ckpt_shard_path(const char *dir, int rank, int world, char *out, size_
     snprintf(out, n, "%s/state.rank%05d-of%05d.safetensors", dir, rank, world);
 }
 
-static const Tensor *kind_tensor(const Param *p, int kind) {
-    return kind == KIND_M ? &p->m : kind == KIND_V ? &p->v : &p->master;
-}
+// KIND_M, KIND_V, KIND_MASTER are nn/params.h's ParamState in the same order.
+_Static_assert(KIND_M == (int)PARAM_STATE_M && KIND_V == (int)PARAM_STATE_V &&
+               KIND_MASTER == (int)PARAM_STATE_MASTER, "shard kinds follow ParamState");
 
 typedef struct ShardFetch {
     const DistGrads *g;
@@ -30,9 +30,9 @@ typedef struct ShardFetch {
 
 static int fetch_piece(void *user, int i, void *buf, size_t bytes, char *err, size_t n) {
     const ShardFetch *f = user;
-    const DistSegment *s = &f->g->seg[i / f->kinds];
+    const ParamSegment *s = &f->g->seg[i / f->kinds];
     const Param *p = f->g->t->params[s->param];
-    Tensor v = dist_segment_view(kind_tensor(p, i % f->kinds), s->start, s->len);
+    Tensor v = params_state_view(f->g->t, (ParamState)(i % f->kinds), s->param, s->start, s->len);
     if (bytes != v.numel * sizeof(float))
         return cg_set_error(err, n, "internal: %s piece of %zu bytes, expected %zu", p->name, bytes,
                             v.numel * sizeof(float));
@@ -50,7 +50,7 @@ int dist_ckpt_write_shard_err(const DistGrads *g, const char *dir, char *err, si
     StWriteTensor *w = cg_calloc((size_t)(count ? count : 1), sizeof *w);
     char **names = cg_calloc((size_t)(count ? count : 1), sizeof *names);
     for (int i = 0; i < count; i++) {
-        const DistSegment *s = &g->seg[i / kinds];
+        const ParamSegment *s = &g->seg[i / kinds];
         const Param *p = g->t->params[s->param];
         size_t len = strlen(p->name) + 32;
         names[i] = cg_malloc(len);
@@ -124,7 +124,7 @@ int dist_ckpt_shards_complete(const char *dir, int *world) {
 }
 
 // The parts of the table this rank restores: its shard (zero = 1) or every parameter.
-static int wanted_segments(const DistGrads *g, DistSegment **out) {
+static int wanted_segments(const DistGrads *g, ParamSegment **out) {
     if (g->zero) {
         *out = cg_malloc((size_t)(g->n_seg ? g->n_seg : 1) * sizeof **out);
         memcpy(*out, g->seg, (size_t)g->n_seg * sizeof **out);
@@ -133,13 +133,13 @@ static int wanted_segments(const DistGrads *g, DistSegment **out) {
     *out = cg_malloc((size_t)(g->t->n ? g->t->n : 1) * sizeof **out);
     int k = 0;
     for (int i = 0; i < g->t->n; i++)
-        if (g->t->params[i]->value.numel) (*out)[k++] = (DistSegment){i, 0, g->t->params[i]->value.numel};
+        if (g->t->params[i]->value.numel) (*out)[k++] = (ParamSegment){i, 0, g->t->params[i]->value.numel, 0};
     return k;
 }
 
 // Copies the overlap of a file piece [start, start + len) of parameter j into the wanted
 // segments of j (first[j] .. first[j + 1] - 1 of seg); returns the elements copied.
-static size_t copy_piece(DistGrads *g, const DistSegment *seg, const int *first, int j, int kind,
+static size_t copy_piece(DistGrads *g, const ParamSegment *seg, const int *first, int j, int kind,
                          size_t start, size_t len, const float *data, bool into_values) {
     const Param *p = g->t->params[j];
     size_t copied = 0;
@@ -148,8 +148,8 @@ static size_t copy_piece(DistGrads *g, const DistSegment *seg, const int *first,
         size_t e1 = seg[s].start + seg[s].len, e2 = start + len;
         size_t b = e1 < e2 ? e1 : e2;
         if (b <= a) continue;
-        const Tensor *dst = into_values ? &p->value : kind_tensor(p, kind);
-        Tensor v = dist_segment_view(dst, a, b - a);
+        Tensor v = into_values ? dist_segment_view(&p->value, a, b - a)
+                               : params_state_view(g->t, (ParamState)kind, j, a, b - a);
         if (into_values) tensor_upload_f32(g->ctx, &v, data + (a - start));
         else tensor_upload(g->ctx, &v, data + (a - start));
         copied += b - a;
@@ -162,7 +162,7 @@ int dist_ckpt_read_shard_err(DistGrads *g, const char *dir, char *err, size_t n)
     if (!dist_ckpt_shards_complete(dir, &old_world))
         return cg_set_error(err, n, "%s: no complete set of optimizer shards (%s and every "
                             "state.rankNNNNN-ofNNNNN.safetensors it names)", dir, DIST_CKPT_MARKER);
-    DistSegment *seg;
+    ParamSegment *seg;
     const int nseg = wanted_segments(g, &seg);
     const ParamTable *t = g->t;
     int *first = cg_calloc((size_t)t->n + 1, sizeof(int));   // seg is in table order

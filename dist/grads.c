@@ -31,9 +31,9 @@ static int bucket_of(size_t total, size_t B, size_t elem) { return (int)((total 
 
 static size_t param_end(const Param *p) { return p->offset + p->value.numel; }
 
-int dist_shard_segments(const ParamTable *t, size_t B, int world, int rank, DistSegment **seg) {
+int dist_shard_segments(const ParamTable *t, size_t B, int world, int rank, ParamSegment **seg) {
     int cap = 16, n = 0;
-    DistSegment *s = cg_malloc((size_t)cap * sizeof *s);
+    ParamSegment *s = cg_malloc((size_t)cap * sizeof *s);
     const int nb = bucket_count(t->total, B);
     int i = 0;   // parameters and buckets both walk the buffer from its start
     for (int k = nb - 1; k >= 0; k--) {
@@ -52,7 +52,7 @@ int dist_shard_segments(const ParamTable *t, size_t B, int world, int rank, Dist
                 continue;
             }
             if (n == cap) s = cg_realloc(s, (size_t)(cap *= 2) * sizeof *s);
-            s[n++] = (DistSegment){j, a - p->offset, b - a};
+            s[n++] = (ParamSegment){j, a - p->offset, b - a, 0};
         }
     }
     *seg = s;
@@ -386,7 +386,12 @@ DistGrads *dist_grads_create(Dist *d, ParamTable *t, Ctx *ctx, int zero, double 
         }
     }
     if (g->zero) {
-        g->n_seg = dist_shard_segments(t, B, d->world, d->rank, &g->seg);
+        ParamSegment *seg;
+        const int n = dist_shard_segments(t, B, d->world, d->rank, &seg);
+        params_shard_state(t, ctx, seg, n);   // shard-size moments and masters from here on
+        free(seg);
+        g->seg = t->shard;
+        g->n_seg = t->n_shard;
         for (int i = 0; i < g->n_seg; i++) g->shard_elems += g->seg[i].len;
     }
     if (use_nccl(g)) {
@@ -406,7 +411,6 @@ void dist_grads_free(DistGrads *g) {
 #endif
     free(g->buckets);
     free(g->ready);
-    free(g->seg);
     free(g->host);
     free(g);
 }

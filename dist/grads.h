@@ -13,9 +13,11 @@
 //   zero = 0: each bucket is all-reduced (average); afterwards every rank holds the same
 //             averaged gradient and runs the same optimizer step.
 //   zero = 1: each bucket is reduce-scattered (average): rank r receives part r of every bucket
-//             (dist_part), and its shard is the union of those parts. The optimizer steps only
-//             the shard (moments and fp32 masters outside it are not used) and dist_gather_values
-//             all-gathers the updated parameter values (in their dtype: bf16 on the GPU).
+//             (dist_part), and its shard is the union of those parts (seg: pieces of
+//             parameters, nn/params.h's ParamSegment). The table keeps moments and fp32 masters
+//             for the shard only (params_shard_state: shard-size buffers, the pieces at running
+//             offsets); the optimizer steps the shard and dist_gather_values all-gathers the
+//             updated parameter values (in their dtype: bf16 on the GPU), which stay whole.
 //
 // Backends: the CPU backend uses the host collectives (dist/dist.h: sums in rank order, so
 // bit-identical across runs); CUDA tensors use NCCL on a communication stream of its own (one
@@ -39,12 +41,6 @@ typedef struct DistBucket {
     bool launched;
 } DistBucket;
 
-// Elements [start, start + len) of parameter `param`: a piece of a shard.
-typedef struct DistSegment {
-    int param;
-    size_t start, len;
-} DistSegment;
-
 struct DistGradsDevice;
 
 typedef struct DistGrads {
@@ -58,8 +54,8 @@ typedef struct DistGrads {
     int next;                    // the next bucket to launch
     bool in_step;                // readiness counted for the step under way
     unsigned char *ready;        // per parameter: dist_grad_ready called this step
-    DistSegment *seg;            // this rank's ZeRO-1 shard, in table order (zero = 1)
-    int n_seg;
+    ParamSegment *seg;            // this rank's ZeRO-1 shard, in table order (zero = 1): the
+    int n_seg;                   // table's own t->shard (not a copy; the table frees it)
     size_t shard_elems;          // elements of parameters in the shard (padding excluded)
     float *host;                 // CUDA without NCCL: a bucket staged in host memory
     struct DistGradsDevice *dev; // NCCL: streams and events
@@ -70,7 +66,9 @@ typedef struct DistGrads {
 size_t dist_bucket_elems(double bucket_mb, int world);
 
 // After params_alloc. zero as the config key; bucket_mb <= 0 means one bucket for everything.
-// A world of one gives a DistGrads whose calls do nothing.
+// A world of one gives a DistGrads whose calls do nothing. zero = 1 across ranks shards the
+// table's optimizer state (params_shard_state): from then on the table keeps moments and masters
+// of this rank's shard only, so create it before the first step.
 DistGrads *dist_grads_create(Dist *d, ParamTable *t, Ctx *ctx, int zero, double bucket_mb);
 void dist_grads_free(DistGrads *g);
 
@@ -89,6 +87,7 @@ void dist_gather_values(DistGrads *g);
 // The shard of `rank` in a world of `world` for table t with buckets of bucket_elems (zero = 1):
 // segments in table order into *seg (malloc'd; caller frees); returns their count.
 int dist_shard_segments(const ParamTable *t, size_t bucket_elems, int world, int rank,
-                        DistSegment **seg);
-// A 1-D view of elements [start, start + len) of a parameter's tensor (value, grad, m, v, master).
+                        ParamSegment **seg);
+// A 1-D view of elements [start, start + len) of a parameter's value or gradient (the optimizer
+// state: params_state_view).
 Tensor dist_segment_view(const Tensor *x, size_t start, size_t len);

@@ -3,8 +3,6 @@
 #include "../kernels/ops.h"
 #include <math.h>
 
-#define PARAM_ALIGN 64   // elements: keeps every parameter 256-byte aligned for vector loads
-
 void params_init_table(ParamTable *t) { memset(t, 0, sizeof(*t)); }
 
 Tensor *params_add(ParamTable *t, const char *name, int ndim, const int *shape, ParamInit init,
@@ -50,6 +48,7 @@ void params_alloc(ParamTable *t, Ctx *ctx) {
     t->m = device_alloc(ctx, bytes);
     t->v = device_alloc(ctx, bytes);
     t->masters = t->dtype == DTYPE_F32 ? NULL : device_alloc(ctx, bytes);
+    t->state_total = t->total;
     for (int i = 0; i < t->n; i++) {
         Param *p = t->params[i];
         p->grad = bind(&p->value, t->grads, p->offset, ctx->device, DTYPE_F32);
@@ -126,32 +125,146 @@ void params_initialize(ParamTable *t, Ctx *ctx, uint64_t seed) {
     for (int i = 0; i < t->n; i++) {
         CG_CHECK(host[i], "", "out of host memory initializing %s (%zu values)", t->params[i]->name,
                  t->params[i]->value.numel);
-        params_set_value(t->params[i], ctx, host[i]);
+        params_set_value(t, i, ctx, host[i]);
         free(host[i]);
     }
     free(host);
 }
 
-void params_set_value(Param *p, Ctx *ctx, const float *host) {
-    tensor_upload_f32(ctx, &p->value, host);
-    if (p->master.data) tensor_upload(ctx, &p->master, host);
+void params_set_value(ParamTable *t, int i, Ctx *ctx, const float *host) {
+    tensor_upload_f32(ctx, &t->params[i]->value, host);
+    if (t->masters) params_upload_state(t, ctx, PARAM_STATE_MASTER, i, host);
 }
 
-static void zero_buffer(ParamTable *t, Ctx *ctx, void *buf) {
-    Tensor all = {0};
-    int shape[1] = {(int)t->total};
-    tensor_set_shape(&all, 1, shape);
-    all.data = buf;
-    all.device = ctx->device;
-    all.dtype = DTYPE_F32;
-    if (t->total && buf) op_zero(ctx, &all);   // a frozen table has no gradients or moments
+// n fp32 elements of buf from element at.
+static Tensor buffer_range(void *buf, size_t at, size_t n, Device dev) {
+    Tensor x = {0};
+    tensor_set_shape(&x, 1, (int[]){(int)n});
+    x.data = (float *)buf + at;
+    x.device = dev;
+    x.dtype = DTYPE_F32;
+    return x;
 }
 
-void params_zero_grads(ParamTable *t, Ctx *ctx) { zero_buffer(t, ctx, t->grads); }
+static void zero_buffer(Ctx *ctx, void *buf, size_t n) {
+    Tensor all = buffer_range(buf, 0, n, ctx->device);
+    if (n && buf) op_zero(ctx, &all);   // a frozen table has no gradients or moments
+}
+
+void params_zero_grads(ParamTable *t, Ctx *ctx) { zero_buffer(ctx, t->grads, t->total); }
 
 void params_zero_moments(ParamTable *t, Ctx *ctx) {
-    zero_buffer(t, ctx, t->m);
-    zero_buffer(t, ctx, t->v);
+    zero_buffer(ctx, t->m, t->state_total);
+    zero_buffer(ctx, t->v, t->state_total);
+}
+
+// ---- the optimizer state's layout (params.h) ----------------------------------------------------
+
+static void *state_buffer(const ParamTable *t, ParamState kind) {
+    return kind == PARAM_STATE_M ? t->m : kind == PARAM_STATE_V ? t->v : t->masters;
+}
+
+// The first piece of the shard at or after (param, start) in table order.
+static int shard_lower_bound(const ParamTable *t, int param, size_t start) {
+    int lo = 0, hi = t->n_shard;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        const ParamSegment *s = &t->shard[mid];
+        if (s->param < param || (s->param == param && s->start + s->len <= start)) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+Tensor params_state_view(const ParamTable *t, ParamState kind, int param, size_t start, size_t len) {
+    static const char *const kNames[] = {"moment m", "moment v", "master weights"};
+    void *buf = state_buffer(t, kind);
+    const Param *p = t->params[param];
+    CG_CHECK(buf, "", "parameter %s: the table keeps no %s", p->name, kNames[kind]);
+    CG_CHECK(start + len <= p->value.numel, "", "parameter %s: elements [%zu, %zu) of %zu", p->name,
+             start, start + len, p->value.numel);
+    size_t at = p->offset + start;
+    if (t->shard) {
+        int s = shard_lower_bound(t, param, start);
+        const ParamSegment *sg = s < t->n_shard ? &t->shard[s] : NULL;
+        CG_CHECK(sg && sg->param == param && sg->start <= start && start + len <= sg->start + sg->len,
+                 "", "internal: %s elements [%zu, %zu) are not in this rank's shard of the optimizer "
+                 "state", p->name, start, start + len);
+        at = sg->at + (start - sg->start);
+    }
+    return buffer_range(buf, at, len, t->device);
+}
+
+void params_upload_state(ParamTable *t, Ctx *ctx, ParamState kind, int param, const float *host) {
+    const Param *p = t->params[param];
+    if (!t->shard) {
+        Tensor x = params_state_view(t, kind, param, 0, p->value.numel);
+        tensor_upload(ctx, &x, host);
+        return;
+    }
+    for (int s = shard_lower_bound(t, param, 0); s < t->n_shard && t->shard[s].param == param; s++) {
+        const ParamSegment *sg = &t->shard[s];
+        Tensor x = params_state_view(t, kind, param, sg->start, sg->len);
+        tensor_upload(ctx, &x, host + sg->start);
+    }
+}
+
+static bool same_pieces(const ParamSegment *a, const ParamSegment *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (a[i].param != b[i].param || a[i].start != b[i].start || a[i].len != b[i].len) return false;
+    return true;
+}
+
+void params_shard_state(ParamTable *t, Ctx *ctx, const ParamSegment *seg, int n) {
+    CG_CHECK(t->m, "", "params_shard_state: the table has no optimizer state (frozen, or before "
+             "params_alloc)");
+    if (t->shard) {
+        CG_CHECK(n == t->n_shard && same_pieces(seg, t->shard, n),
+                 "one layout per parameter table: the same world size, rank and bucket_mb",
+                 "the optimizer state of this parameter table is already sharded for another layout");
+        return;
+    }
+    ParamSegment *sh = cg_malloc((size_t)(n ? n : 1) * sizeof *sh);
+    size_t at = 0, longest = 0;
+    for (int i = 0; i < n; i++) {
+        const Param *p = t->params[seg[i].param];
+        CG_CHECK(seg[i].len && seg[i].start + seg[i].len <= p->value.numel &&
+                 (i == 0 || seg[i].param > seg[i - 1].param ||
+                  (seg[i].param == seg[i - 1].param && seg[i].start >= seg[i - 1].start + seg[i - 1].len)),
+                 "", "params_shard_state: piece %d (%s [%zu, %zu)) is empty, out of range or out of "
+                 "order", i, p->name, seg[i].start, seg[i].start + seg[i].len);
+        sh[i] = seg[i];
+        sh[i].at = at;
+        at += (seg[i].len + PARAM_ALIGN - 1) / PARAM_ALIGN * PARAM_ALIGN;
+        if (seg[i].len > longest) longest = seg[i].len;
+    }
+    // The pieces' current state (masters hold the weights set so far) moves through host memory:
+    // exact bits, once per run.
+    float *host = cg_malloc((longest ? longest : 1) * sizeof(float));
+    void **bufs[3] = {&t->m, &t->v, &t->masters};
+    for (int k = 0; k < 3; k++) {
+        void *old = *bufs[k];
+        if (!old) continue;
+        void *fresh = device_alloc(ctx, (at ? at : 1) * sizeof(float));
+        zero_buffer(ctx, fresh, at);   // the padding between pieces too
+        for (int i = 0; i < n; i++) {
+            const Param *p = t->params[sh[i].param];
+            Tensor from = buffer_range(old, p->offset + sh[i].start, sh[i].len, ctx->device);
+            Tensor to = buffer_range(fresh, sh[i].at, sh[i].len, ctx->device);
+            tensor_download(ctx, &from, host);
+            tensor_upload(ctx, &to, host);
+        }
+        device_free(ctx, old);
+        *bufs[k] = fresh;
+    }
+    free(host);
+    t->shard = sh;
+    t->n_shard = n;
+    t->state_total = at;
+    for (int i = 0; i < t->n; i++) {   // shapes stay (checkpoint checks read them); no data
+        Param *p = t->params[i];
+        p->m.data = p->v.data = p->master.data = NULL;
+    }
 }
 
 void params_free(ParamTable *t, Ctx *ctx) {
@@ -162,6 +275,7 @@ void params_free(ParamTable *t, Ctx *ctx) {
         if (t->v) device_free(ctx, t->v);
         if (t->masters) device_free(ctx, t->masters);
     }
+    free(t->shard);
     for (int i = 0; i < t->n; i++) free(t->params[i]);
     free(t->params);
     memset(t, 0, sizeof(*t));

@@ -3,6 +3,15 @@
 // gradients, AdamW first and second moments (plus fp32 master weights when the values are
 // bf16). Layers keep Tensor pointers into the table. Values are in the context's activation
 // dtype; gradients, moments and masters are fp32 (kernels/ops.h, precision rules).
+//
+// The optimizer state (m, v, masters) has one of two layouts:
+//   whole    (params_alloc) laid out as the values: parameter p at p->offset; p->m, p->v and
+//            p->master are views of it.
+//   shard    (params_shard_state, ZeRO-1 across ranks) only the pieces of a rank's shard: piece
+//            s (elements [start, start + len) of one parameter) at element `at` of each buffer,
+//            the pieces in table order at running offsets rounded up to PARAM_ALIGN. p->m, p->v
+//            and p->master keep their shapes but have no data.
+// params_state_view is the one way to reach a range of the state in either layout.
 #pragma once
 #include "tensor.h"
 #include "rng.h"
@@ -18,13 +27,25 @@ typedef enum {
 } ParamInit;
 
 #define PARAM_NAME_MAX 128
+#define PARAM_ALIGN 64   // elements: keeps every parameter (and shard piece) 256-byte aligned
+
+// Elements [start, start + len) of parameter `param` (its table index); `at`: where the piece
+// lives in a sharded table's state buffers (set by params_shard_state).
+typedef struct ParamSegment {
+    int param;
+    size_t start, len;
+    size_t at;
+} ParamSegment;
+
+typedef enum { PARAM_STATE_M, PARAM_STATE_V, PARAM_STATE_MASTER } ParamState;
 
 typedef struct Param {
     char name[PARAM_NAME_MAX];
     Tensor value;        // value.grad == &grad
     Tensor grad;
-    Tensor m, v;         // AdamW moments, fp32
-    Tensor master;       // fp32 master weights when values are bf16 (master.data NULL otherwise)
+    Tensor m, v;         // AdamW moments, fp32 (data NULL when the table's state is sharded)
+    Tensor master;       // fp32 master weights when values are bf16 (master.data NULL otherwise,
+                         // and in a sharded table: ParamTable.masters says whether there are any)
     bool trainable;
     bool decay;          // weight decay applies (not to biases, norms, 1-D params, tokens)
     ParamInit init;
@@ -39,6 +60,9 @@ typedef struct ParamTable {
     Device device;
     DType dtype;         // of the values
     void *values, *grads, *m, *v, *masters;   // masters NULL when dtype is fp32
+    size_t state_total;  // elements of each of m, v, masters (total, or the shard's when sharded)
+    ParamSegment *shard; // NULL: whole state; else the pieces kept (params_shard_state)
+    int n_shard;
 } ParamTable;
 
 void params_init_table(ParamTable *t);
@@ -54,8 +78,20 @@ void params_alloc_frozen(ParamTable *t, Ctx *ctx);
 // Fills every parameter by its init rule; each parameter draws from its own stream of
 // (seed, name), so adding a parameter does not change the others' values.
 void params_initialize(ParamTable *t, Ctx *ctx, uint64_t seed);
-// Writes fp32 host values into a parameter (and its master copy).
-void params_set_value(Param *p, Ctx *ctx, const float *host);
+// Writes fp32 host values into parameter i (and its master copy, the part the table keeps).
+void params_set_value(ParamTable *t, int i, Ctx *ctx, const float *host);
+// Keeps only the optimizer state of seg (n pieces in table order, each inside one parameter,
+// not overlapping; `at` is ignored and assigned): allocates shard-size m, v and masters, copies
+// the pieces' current state into them and frees the whole-size buffers. Called once, before the
+// first step (dist_grads_create does, with zero = 1 across ranks); a second call with the same
+// pieces does nothing, with other pieces it stops with a message.
+void params_shard_state(ParamTable *t, Ctx *ctx, const ParamSegment *seg, int n);
+// A 1-D fp32 view of elements [start, start + len) of parameter `param`'s m, v or master, in
+// either layout. Sharded: the range must lie inside one piece of the shard.
+Tensor params_state_view(const ParamTable *t, ParamState kind, int param, size_t start, size_t len);
+// Writes a whole parameter's state from host fp32 (numel values): every element in the whole
+// layout, the shard's pieces of it when sharded (the rest is not this table's to keep).
+void params_upload_state(ParamTable *t, Ctx *ctx, ParamState kind, int param, const float *host);
 void params_zero_grads(ParamTable *t, Ctx *ctx);
 void params_zero_moments(ParamTable *t, Ctx *ctx);
 void params_free(ParamTable *t, Ctx *ctx);

@@ -210,7 +210,7 @@ int params_load_safetensors_err(ParamTable *t, Ctx *ctx, const char *path, const
         } else {
             rc = st_read_f32_err(&f, match[k], host, err, n);
         }
-        if (rc == 0) params_set_value(p, ctx, host);   // rounds to bf16 values; fp32 masters
+        if (rc == 0) params_set_value(t, k, ctx, host);   // rounds to bf16 values; fp32 masters
         free(host);
         if (rc == 0) r->n_loaded++;
     }

@@ -115,6 +115,36 @@ static void test_two_rank_zero1_step_equals_one_process_step_to_round_off(void *
     step_matches_one_process(1);
 }
 
+// ZeRO-1 saves memory: each rank's moment buffers (and masters, in bf16 tables: the GPU test)
+// hold its shard only, the pieces back to back with PARAM_ALIGN padding, and the two shards
+// together cover every parameter element once: about half of the whole-table buffers each.
+static void test_zero1_moment_buffers_hold_only_the_ranks_shard(void **state) {
+    Dist *d = &g_dist;
+    DistTestModel m;
+    dist_test_model(&m);
+    const size_t whole = m.t.total, elems = params_count(&m.t, false);
+    assert_int_equal(m.t.state_total, whole);   // params_alloc: the whole layout
+    DistGrads *g = dist_grads_create(d, &m.t, &m.ctx, 1, DIST_TEST_BUCKET_MB);
+    char err[256];
+    if (dist_test_check_shard_layout(&m.t, g->seg, g->n_seg, err, sizeof err) != 0) fail_msg("%s", err);
+    size_t mine = 0;
+    for (int s = 0; s < g->n_seg; s++) mine += g->seg[s].len;
+    assert_int_equal(mine, g->shard_elems);
+    const double both = dist_sum_f64(d, (double)mine, "the shard sizes");
+    assert_true(both == (double)elems);   // every element in exactly one shard (test_dist.c: once)
+    assert_true(m.t.state_total < mine + (size_t)g->n_seg * PARAM_ALIGN);
+    assert_true(m.t.state_total < whole / 2 + (size_t)g->n_seg * PARAM_ALIGN);
+    printf("    rank %d: moments of %zu elements (shard %zu in %d pieces), whole table %zu\n", d->rank,
+           m.t.state_total, mine, g->n_seg, whole);
+    // A second DistGrads of the same layout keeps the shard; another layout is refused (tested
+    // by the message only in the code: it stops the process).
+    DistGrads *again = dist_grads_create(d, &m.t, &m.ctx, 1, DIST_TEST_BUCKET_MB);
+    assert_ptr_equal(again->seg, g->seg);
+    dist_grads_free(again);
+    dist_grads_free(g);
+    dist_test_model_free(&m);
+}
+
 static void test_sharded_state_written_by_two_ranks_reads_back_on_two_and_on_one(void **state) {
     Dist *d = &g_dist;
     char dir[512];
@@ -136,15 +166,17 @@ static void test_sharded_state_written_by_two_ranks_reads_back_on_two_and_on_one
     assert_int_equal(dist_ckpt_read_shard_err(g, dir, err, sizeof err), 0);
     assert_int_equal(dist_test_check_moments(&m.t, g->seg, g->n_seg, err, sizeof err), 0);
     dist_grads_free(g);
-    // A world of one (on each rank by itself): every parameter.
+    dist_test_model_free(&m);
+    // A world of one (on each rank by itself, a table of its own): every parameter.
     Dist single;
     dist_init_single(&single);
-    params_zero_moments(&m.t, &m.ctx);
+    dist_test_model(&m);
     g = dist_grads_create(&single, &m.t, &m.ctx, 1, DIST_TEST_BUCKET_MB);
+    assert_null(m.t.shard);   // a world of one keeps the whole state
     if (dist_ckpt_read_shard_err(g, dir, err, sizeof err) != 0) fail_msg("%s", err);
-    DistSegment all[16];
+    ParamSegment all[16];
     int n = 0;
-    for (int i = 0; i < m.t.n; i++) all[n++] = (DistSegment){i, 0, m.t.params[i]->value.numel};
+    for (int i = 0; i < m.t.n; i++) all[n++] = (ParamSegment){i, 0, m.t.params[i]->value.numel, 0};
     if (dist_test_check_moments(&m.t, all, n, err, sizeof err) != 0) fail_msg("%s", err);
     dist_grads_free(g);
     dist_test_model_free(&m);
@@ -201,6 +233,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_mpi_collectives_are_rank_order_sums_bit_identical_across_runs),
         cmocka_unit_test(test_two_rank_step_equals_one_process_step_on_the_mean_gradient),
         cmocka_unit_test(test_two_rank_zero1_step_equals_one_process_step_to_round_off),
+        cmocka_unit_test(test_zero1_moment_buffers_hold_only_the_ranks_shard),
         cmocka_unit_test(test_sharded_state_written_by_two_ranks_reads_back_on_two_and_on_one),
     };
     int failed = cmocka_run_group_tests_name(g_dist.rank ? "dist_mpi (rank 1)" : "dist_mpi (rank 0)",

@@ -158,19 +158,49 @@ static inline void dist_test_fill_moments(ParamTable *t) {
     }
 }
 
+// Element k of parameter i's moment (m or v), in the table's layout (whole or its shard).
+static inline float dist_test_state_at(const ParamTable *t, ParamState kind, int i, size_t k) {
+    Tensor x = params_state_view(t, kind, i, k, 1);
+    return tensor_f32(&x)[0];
+}
+
 // 0 when every element of the segments holds dist_test_moment's values; else the first bad one.
-static inline int dist_test_check_moments(const ParamTable *t, const DistSegment *seg, int n,
+static inline int dist_test_check_moments(const ParamTable *t, const ParamSegment *seg, int n,
                                           char *what, size_t wn) {
     for (int s = 0; s < n; s++) {
         const Param *p = t->params[seg[s].param];
         for (size_t k = seg[s].start; k < seg[s].start + seg[s].len; k++) {
-            float m = tensor_f32(&p->m)[k], v = tensor_f32(&p->v)[k];
+            float m = dist_test_state_at(t, PARAM_STATE_M, seg[s].param, k);
+            float v = dist_test_state_at(t, PARAM_STATE_V, seg[s].param, k);
             if (m != dist_test_moment(0, seg[s].param, k) || v != dist_test_moment(1, seg[s].param, k)) {
                 snprintf(what, wn, "%s[%zu]: m %g v %g", p->name, k, m, v);
                 return -1;
             }
         }
     }
+    return 0;
+}
+
+// The shard layout of a table sharded by dist_grads_create (zero = 1): its m, v (and masters)
+// hold exactly the pieces of seg, each at a running offset rounded up to PARAM_ALIGN. 0, else -1
+// with what is wrong.
+static inline int dist_test_check_shard_layout(const ParamTable *t, const ParamSegment *seg, int n,
+                                               char *what, size_t wn) {
+    size_t at = 0, elems = 0;
+    if (t->shard != seg || t->n_shard != n)
+        return snprintf(what, wn, "the DistGrads' shard is not the table's"), -1;
+    for (int s = 0; s < n; s++) {
+        if (seg[s].at != at)
+            return snprintf(what, wn, "piece %d at %zu, expected %zu", s, seg[s].at, at), -1;
+        at += (seg[s].len + PARAM_ALIGN - 1) / PARAM_ALIGN * PARAM_ALIGN;
+        elems += seg[s].len;
+    }
+    if (t->state_total != at || t->state_total >= elems + (size_t)n * PARAM_ALIGN)
+        return snprintf(what, wn, "state buffers of %zu elements for pieces of %zu (%d pieces)",
+                        t->state_total, elems, n), -1;
+    for (int i = 0; i < t->n; i++)
+        if (t->params[i]->m.data || t->params[i]->v.data || t->params[i]->master.data)
+            return snprintf(what, wn, "%s still has whole-layout views", t->params[i]->name), -1;
     return 0;
 }
 

@@ -178,6 +178,9 @@ static void state_tensor(StWriteTensor *w, const Tensor **src, int *k, const cha
 
 static int write_state(const char *path, const ParamTable *params, const ParamTable *ema, Ctx *ctx,
                        const CkptState *s, bool sharded, char *err, size_t n) {
+    if (!sharded && params->shard)   // a table keeping a shard writes it with dist_ckpt_write_shard_err
+        return cg_set_error(err, n, "internal: %s: the whole optimizer state was asked of a table "
+                            "that keeps a shard of it", path);
     int cap = 3 * params->n + (ema ? ema->n : 0) + 2, k = 0;
     StWriteTensor *w = cg_calloc((size_t)cap, sizeof(StWriteTensor));
     const Tensor **src = cg_calloc((size_t)cap, sizeof(Tensor *));
@@ -504,13 +507,12 @@ static int load_state(const char *path, ParamTable *params, ParamTable *ema, Ctx
     bool has_master = !sharded && params->n > 0 && state_find(&f, "master.", params->params[0]->name);
     for (int i = 0; has_master && i < params->n && rc == 0; i++) {
         Param *p = params->params[i];
-        const Tensor *into = p->master.data ? &p->master : &p->value;
-        Tensor want = *into;
+        Tensor want = p->value;
         want.dtype = DTYPE_F32;
         rc = check_state_tensor(&f, state_find(&f, "master.", p->name), "master.", p->name, &want, err, n);
-        if (rc == 0 && into->dtype != DTYPE_F32)
+        if (rc == 0 && !params->masters && p->value.dtype != DTYPE_F32)
             rc = cg_set_error(err, n, "%s: parameter %s is %s; master weights load into fp32 tensors",
-                              path, p->name, dtype_name(into->dtype));
+                              path, p->name, dtype_name(p->value.dtype));
     }
     bool has_ema = ema && ema->n > 0 && state_find(&f, "ema.", ema->params[0]->name);
     for (int i = 0; has_ema && i < ema->n && rc == 0; i++) {
@@ -526,15 +528,18 @@ static int load_state(const char *path, ParamTable *params, ParamTable *ema, Ctx
                     cursor->shape[0] > CKPT_CURSOR_MAX))
         rc = cg_set_error(err, n, "%s: tensor cursor is missing or not U8 (n <= %d)", path, CKPT_CURSOR_MAX);
     if (rc == 0) {   // everything checked: fill
+        // Into the table's layout: every element, or this rank's shard of a whole checkpoint's
+        // state (zero = 1 resuming a checkpoint of one process or of zero = 0).
         for (int i = 0; i < params->n && !sharded; i++) {
             Param *p = params->params[i];
-            tensor_upload(ctx, &p->m, st_data(&f, state_find(&f, "m.", p->name)));
-            tensor_upload(ctx, &p->v, st_data(&f, state_find(&f, "v.", p->name)));
+            params_upload_state(params, ctx, PARAM_STATE_M, i, st_data(&f, state_find(&f, "m.", p->name)));
+            params_upload_state(params, ctx, PARAM_STATE_V, i, st_data(&f, state_find(&f, "v.", p->name)));
         }
         for (int i = 0; has_master && i < params->n; i++) {
             Param *p = params->params[i];
-            tensor_upload(ctx, p->master.data ? &p->master : &p->value,
-                          st_data(&f, state_find(&f, "master.", p->name)));
+            const void *data = st_data(&f, state_find(&f, "master.", p->name));
+            if (params->masters) params_upload_state(params, ctx, PARAM_STATE_MASTER, i, data);
+            else tensor_upload(ctx, &p->value, data);
         }
         for (int i = 0; has_ema && i < ema->n; i++) {
             Param *p = ema->params[i];

@@ -345,8 +345,9 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
     int K = c->num_classes;
     double flops_step = 3.0 * encoder_flops_per_image(&ecfg) * c->batch_size;   // forward + backward
     double peak = device_peak_flops(&ctx, c) * dp.world;   // every rank's GPU
-    size_t param_bytes = params.total * (dtype_size(params.dtype) + 3 * sizeof(float) +
-                                         (params.masters ? sizeof(float) : 0));
+    // values and gradients whole; moments and masters as the table keeps them (a shard: zero = 1)
+    size_t param_bytes = params.total * (dtype_size(params.dtype) + sizeof(float)) +
+                         params.state_total * (2 + (params.masters ? 1 : 0)) * sizeof(float);
     EvalResult ev = {0}, ev_ema = {0};
     RunState rs = {c, &log, &params, &ema, &ctx, train, micro, &dp};
     SignalGuard sg;

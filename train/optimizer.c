@@ -1,9 +1,12 @@
 #include "optimizer.h"
 #include "../kernels/ops.h"
+#include "../nn/error.h"
 #include <math.h>
 
 StepStats optimizer_step(ParamTable *t, Ctx *ctx, Arena *scratch, const OptimizerConfig *o,
                          long step) {
+    CG_CHECK(!t->shard, "", "optimizer_step: the table keeps a shard of the optimizer state; step "
+             "it with optimizer_step_dist and its DistGrads");
     StepStats s = {0};
     // Global norm over every trainable gradient, accumulated in table order (deterministic).
     // When every parameter trains, one pass over the whole gradient buffer (its alignment padding
@@ -53,7 +56,7 @@ StepStats optimizer_step_dist(ParamTable *t, Ctx *ctx, Arena *scratch, const Opt
     Tensor *sumsq = arena_tensor(scratch, 1, (int[]){1}, true);
     op_zero(ctx, sumsq);
     for (int i = 0; i < g->n_seg; i++) {
-        const DistSegment *sg = &g->seg[i];
+        const ParamSegment *sg = &g->seg[i];
         const Param *p = t->params[sg->param];
         if (!p->trainable) continue;
         Tensor gv = dist_segment_view(&p->grad, sg->start, sg->len);
@@ -68,18 +71,19 @@ StepStats optimizer_step_dist(ParamTable *t, Ctx *ctx, Arena *scratch, const Opt
         float scale = 1.0f;
         if (o->grad_clip > 0 && s.grad_norm > o->grad_clip) scale = o->grad_clip / s.grad_norm;
         for (int i = 0; i < g->n_seg; i++) {
-            const DistSegment *sg = &g->seg[i];
+            const ParamSegment *sg = &g->seg[i];
             Param *p = t->params[sg->param];
             if (!p->trainable) continue;
             AdamWArgs a = {s.lr, o->beta1, o->beta2, o->eps, p->decay ? o->weight_decay : 0.0f,
                            scale, (int)(step + 1)};
             Tensor value = dist_segment_view(&p->value, sg->start, sg->len);
             Tensor grad = dist_segment_view(&p->grad, sg->start, sg->len);
-            Tensor m = dist_segment_view(&p->m, sg->start, sg->len);
-            Tensor v = dist_segment_view(&p->v, sg->start, sg->len);
+            // The table keeps the shard's moments and masters only (nn/params.h, shard layout).
+            Tensor m = params_state_view(t, PARAM_STATE_M, sg->param, sg->start, sg->len);
+            Tensor v = params_state_view(t, PARAM_STATE_V, sg->param, sg->start, sg->len);
             Tensor master;
-            if (p->master.data) master = dist_segment_view(&p->master, sg->start, sg->len);
-            op_adamw(ctx, &value, p->master.data ? &master : NULL, &grad, &m, &v, &a);
+            if (t->masters) master = params_state_view(t, PARAM_STATE_MASTER, sg->param, sg->start, sg->len);
+            op_adamw(ctx, &value, t->masters ? &master : NULL, &grad, &m, &v, &a);
         }
         dist_gather_values(g);
     }

@@ -218,7 +218,7 @@ void student_copy_from_teacher(ParamTable *student, const ParamTable *teacher, C
             list_add(&r->kept, &r->n_kept, why);
         } else {
             float *host = tensor_to_host_f32(ctx, &q->value);
-            params_set_value(p, ctx, host);
+            params_set_value(student, i, ctx, host);
             free(host);
             list_add(&r->copied, &r->n_copied, p->name);
             r->values_copied += p->value.numel;

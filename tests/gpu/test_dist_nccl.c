@@ -84,7 +84,7 @@ static int child_step(Dist *d, void *arg) {
         // the all-gather moves bf16 values): compare the shard.
         double e = 0;
         for (int i = 0; i < g->n_seg; i++) {
-            const DistSegment *sg = &g->seg[i];
+            const ParamSegment *sg = &g->seg[i];
             const size_t at = m.t.params[sg->param]->offset + sg->start;
             for (size_t k = 0; k < sg->len; k++)
                 e = fmax(e, fabs(w[at + k] - wr[at + k]) / fmax(fabs(wr[at + k]), 1e-3));
