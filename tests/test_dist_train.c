@@ -4,7 +4,8 @@
 // 1 rank x 2b images (same seed, same data order: every step's loss and the final weights to
 // fp32 round-off, zero = 0 and zero = 1), that a 2-rank run stopped and resumed is bit-exact
 // (losses, logs, weights, state and optimizer shards), and that a checkpoint written by 2 ranks
-// resumes on a world of one and the reverse (zero = 0 and 1). The reference runs of one process run inside the
+// resumes on a world of one and the reverse (zero = 0 and 1), and that zero = 1 leaves each rank
+// shard-size moment (and master) buffers. The reference runs of one process run inside the
 // same job, on a Dist of their own (TrainOptions.dist).
 //
 // CGSPN_TEST_DEVICE=cuda runs the same tests on two GPUs (one per rank, NCCL; what
@@ -235,6 +236,38 @@ static void test_buckets_launch_during_backward_and_average_the_same(void **stat
     free(off);
 }
 
+// ZeRO-1 in the trainer's setup: dp_open shards the stepped table's optimizer state, so each rank
+// allocates moments (and, in bf16 on GPUs, fp32 masters) for its shard only: its pieces back to
+// back, PARAM_ALIGN-padded, the two ranks' pieces covering every parameter element once.
+static void test_zero1_dp_open_leaves_each_rank_shard_size_moments_and_masters(void **state) {
+    Config c = train_config_as("zmem", 1, "bf16");
+    Ctx ctx = device_open(&c);
+    EncoderConfig ec = encoder_config_from(&c);
+    Encoder e;
+    ParamTable t;
+    params_init_table(&t);
+    encoder_register(&e, &ec, &t);
+    params_alloc(&t, &ctx);
+    params_initialize(&t, &ctx, 3);
+    const size_t whole = t.state_total;
+    assert_int_equal(whole, t.total);
+    DataParallel dp;
+    dp_open(&dp, g_dist, &t, &ctx, &c);
+    assert_int_equal(dp.zero, 1);
+    assert_ptr_equal(t.shard, dp.g->seg);
+    const size_t mine = dp.g->shard_elems, pad = (size_t)dp.g->n_seg * PARAM_ALIGN;
+    assert_true(dist_sum_f64(g_dist, (double)mine, "the shard sizes") == (double)params_count(&t, false));
+    assert_true(t.state_total >= mine && t.state_total < mine + pad);
+    assert_true(t.state_total < whole / 2 + pad);
+    if (g_gpu) assert_non_null(t.masters);   // bf16 values: the masters are the shard's too
+    if (g_dist->rank == 0)
+        printf("    rank 0: moments%s of %zu elements each (shard %zu in %d pieces), whole table %zu\n",
+               t.masters ? " and masters" : "", t.state_total, mine, dp.g->n_seg, whole);
+    dp_close(&dp);
+    params_free(&t, &ctx);
+    device_close(&ctx);
+}
+
 // Every metrics line's loss and grad_norm: the same characters.
 static void assert_metrics_same(const char *run_a, const char *run_b) {
     char x[600], y[600];
@@ -445,6 +478,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_train_two_ranks_zero1_equal_one_rank_of_twice_the_batch),
         cmocka_unit_test(test_train_two_ranks_with_accumulation_equal_one_rank_of_the_global_batch),
         cmocka_unit_test(test_buckets_launch_during_backward_and_average_the_same),
+        cmocka_unit_test(test_zero1_dp_open_leaves_each_rank_shard_size_moments_and_masters),
         cmocka_unit_test(test_train_two_rank_resume_is_bit_exact),
         cmocka_unit_test(test_train_two_rank_zero1_resume_is_bit_exact),
         cmocka_unit_test(test_checkpoints_move_between_one_and_two_ranks),

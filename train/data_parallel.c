@@ -14,11 +14,14 @@ void dp_open(DataParallel *p, Dist *d, ParamTable *params, Ctx *ctx, const Confi
     p->overlap = true;
     if (p->world > 1 && dp_main(p)) {
         static const char *kBackends[] = {"single", "MPI", "TCP"};
-        printf("data parallel: %d ranks (%s%s), zero = %d, %d gradient buckets of up to %.3g MB%s\n",
+        printf("data parallel: %d ranks (%s%s), zero = %d, %d gradient buckets of up to %.3g MB",
                p->world, kBackends[p->d->backend],
                ctx->device == DEVICE_CUDA ? " bootstrap, NCCL collectives" : " host collectives",
-               p->zero, p->g->n_buckets, (double)p->g->bucket_elems * sizeof(float) / 1048576.0,
-               p->zero ? ", AdamW moments and masters sharded" : "");
+               p->zero, p->g->n_buckets, (double)p->g->bucket_elems * sizeof(float) / 1048576.0);
+        if (p->zero)   // the table keeps rank 0's shard of the state (params_shard_state)
+            printf(", AdamW moments%s sharded (rank 0 keeps %zu of %zu elements)",
+                   params->masters ? " and masters" : "", params->state_total, params->total);
+        printf("\n");
     }
 }
 

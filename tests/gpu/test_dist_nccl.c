@@ -7,8 +7,9 @@
 // Proves: the bucketed NCCL all-reduce leaves the mean gradient and the fp32 step equals a
 // one-GPU step on that mean bit for bit (zero = 0); zero = 1 (reduce-scatter, local AdamW,
 // all-gather) agrees with the one-GPU step to fp32 round-off, in fp32 and in bf16 with fp32
-// masters; both ranks end with the same bits; and a rank that hangs makes the other abort the
-// communicator and exit naming the timeout, the hung rank following it (no orphan).
+// masters, each rank keeping moments and masters of its shard only (shard-size buffers); both
+// ranks end with the same bits; and a rank that hangs makes the other abort the communicator and
+// exit naming the timeout, the hung rank following it (no orphan).
 #include "gpulib.h"
 #include "../testlib_dist.h"
 #include <omp.h>
@@ -80,16 +81,19 @@ static int child_step(Dist *d, void *arg) {
     if (!c->zero && c->dtype == DTYPE_F32) {
         CHILD_CHECK(dist_test_same_bits(&m.t, w, wr), "fp32 zero = 0 weights differ from one GPU's");
     } else if (c->zero && c->dtype == DTYPE_BF16) {
-        // ZeRO-1 keeps fp32 masters only for the rank's own shard (the rest are stale by design;
-        // the all-gather moves bf16 values): compare the shard.
+        // ZeRO-1 keeps fp32 masters only for the rank's own shard, in shard-size buffers (the
+        // all-gather moves bf16 values): compare the shard's masters with the one-GPU masters.
+        CHILD_CHECK(g->n_seg > 0 && m.t.masters, "rank %d owns no shard, or no masters", d->rank);
         double e = 0;
         for (int i = 0; i < g->n_seg; i++) {
             const ParamSegment *sg = &g->seg[i];
+            Tensor mv = params_state_view(&m.t, PARAM_STATE_MASTER, sg->param, sg->start, sg->len);
+            float *x = tensor_to_host_f32(&m.ctx, &mv);
             const size_t at = m.t.params[sg->param]->offset + sg->start;
             for (size_t k = 0; k < sg->len; k++)
-                e = fmax(e, fabs(w[at + k] - wr[at + k]) / fmax(fabs(wr[at + k]), 1e-3));
+                e = fmax(e, fabs(x[k] - wr[at + k]) / fmax(fabs(wr[at + k]), 1e-3));
+            free(x);
         }
-        CHILD_CHECK(g->n_seg > 0, "rank %d owns no shard", d->rank);
         CHILD_CHECK(e <= SHARDED_STEP_TOL, "masters of the rank's shard differ from one GPU's by %.3g", e);
     } else {
         double e = dist_test_max_rel(&m.t, w, wr);
@@ -97,6 +101,12 @@ static int child_step(Dist *d, void *arg) {
     }
     free(w);
     free(wr);
+    if (c->zero) {   // moments (and masters) in shard-size buffers: about half the table each
+        char err[256];
+        CHILD_CHECK(dist_test_check_shard_layout(&m.t, g->seg, g->n_seg, err, sizeof err) == 0, "%s", err);
+        CHILD_CHECK(m.t.state_total < m.t.total / 2 + (size_t)g->n_seg * PARAM_ALIGN,
+                    "state buffers of %zu elements for a table of %zu", m.t.state_total, m.t.total);
+    }
     if (c->dtype == DTYPE_BF16) {
         w = download_weights(&m, false);
         wr = download_weights(&ref, false);
