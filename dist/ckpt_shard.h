@@ -6,7 +6,8 @@
 //   SHARDS                                "world 2\n": rank 0 writes it (fsync'd) only after
 //                                         every rank reported its file durable
 //
-// A shard file holds, for each segment of the rank's shard (dist/grads.h), F32 1-D tensors
+// A shard file holds, for each piece of the rank's shard (dist/grads.h; read from and written
+// into the table's shard-size buffers through params_state_view), F32 1-D tensors
 //   m.NAME@START, v.NAME@START       AdamW moments of elements [START, START + len) of NAME
 //   master.NAME@START                fp32 master weights (tables whose values are bf16)
 // with metadata format = cgspn-optimizer-shard, version, rank, world. Loading matches pieces by

@@ -40,7 +40,9 @@ typedef struct DataParallel {
                         // benchmark's comparison)
 } DataParallel;
 
-// After params_alloc of the table the optimizer steps. d NULL: dist_process().
+// After params_alloc of the table the optimizer steps. d NULL: dist_process(). With zero = 1
+// across ranks the table keeps only this rank's shard of the moments and masters from here on
+// (dist/README.md, "ZeRO-1 memory layout"); weights loaded later still land whole in the values.
 void dp_open(DataParallel *p, Dist *d, ParamTable *params, Ctx *ctx, const Config *c);
 void dp_close(DataParallel *p);
 static inline bool dp_main(const DataParallel *p) { return p->rank == 0; }
