@@ -3,8 +3,8 @@
 // Proves the MPI bootstrap (ranks, local ranks from the host-name exchange), the host
 // collectives (rank-order sums: the expected bits, the same on every rank and every run), a
 // 2-rank optimizer step equal to the one-process step on the mean gradient (zero = 0 bit-exact,
-// zero = 1 to fp32 round-off) with the same global gradient norm, and sharded checkpoint state
-// written by 2 ranks read back by 2 and by 1.
+// zero = 1 to fp32 round-off) with the same global gradient norm, zero = 1 moment buffers of the
+// rank's shard size, and sharded checkpoint state written by 2 ranks read back by 2 and by 1.
 //
 // With --fault=hang or --fault=exit it is instead the fault scenario of tests/test_dist_fault.sh:
 // rank 1 hangs in "compute" (or exits) while rank 0 waits in an all-reduce with
@@ -136,8 +136,7 @@ static void test_zero1_moment_buffers_hold_only_the_ranks_shard(void **state) {
     assert_true(m.t.state_total < whole / 2 + (size_t)g->n_seg * PARAM_ALIGN);
     printf("    rank %d: moments of %zu elements (shard %zu in %d pieces), whole table %zu\n", d->rank,
            m.t.state_total, mine, g->n_seg, whole);
-    // A second DistGrads of the same layout keeps the shard; another layout is refused (tested
-    // by the message only in the code: it stops the process).
+    // A second DistGrads of the same layout reuses the table's shard as it is.
     DistGrads *again = dist_grads_create(d, &m.t, &m.ctx, 1, DIST_TEST_BUCKET_MB);
     assert_ptr_equal(again->seg, g->seg);
     dist_grads_free(again);
