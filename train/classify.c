@@ -262,19 +262,11 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
     bool gpu = ctx.device == DEVICE_CUDA;
     Loader *train = dp_loader_open(&dp, c, 1, micro, gpu);
     Loader *val = dp_loader_open(&dp, c, 0, c->eval_batch_size > 0 ? c->eval_batch_size : micro, gpu);
-    long steps_per_epoch = (long)(loader_steps_per_epoch(train) / A);
-    CG_CHECK(steps_per_epoch > 0, "reduce batch_size",
-             "batch_size %d exceeds the %llu training images of %s", c->batch_size,
-             (unsigned long long)loader_dataset(train)->m.images, c->data_shards);
-    long total = c->max_steps > 0 ? c->max_steps : steps_per_epoch * c->epochs;
-    long warmup = c->warmup_epochs > 0 ? lround(c->warmup_epochs * steps_per_epoch) : c->warmup_steps;
-    double lr_scale = c->lr_scale_batch > 0 ? (double)c->batch_size / c->lr_scale_batch : 1.0;
-    long eval_every = c->eval_every > 0 ? c->eval_every : steps_per_epoch;
-    OptimizerConfig opt = {
-        .schedule = {(float)(c->lr * lr_scale), c->min_lr, warmup, total},
-        .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->adam_eps,
-        .weight_decay = c->weight_decay, .grad_clip = c->grad_clip,
-    };
+    RunPlan plan = run_plan(c, (long)loader_steps_per_epoch(train), A,
+                            (unsigned long long)loader_dataset(train)->m.images);
+    long steps_per_epoch = plan.steps_per_epoch, total = plan.total, warmup = plan.warmup;
+    long eval_every = plan.eval_every;
+    OptimizerConfig opt = plan.opt;
     Ema ema;
     ema_init(&ema, c, &ecfg, &ctx, &params);
     enc.drop_path = (EncoderDropPath){c->drop_path, (uint64_t)c->seed, 0, 0};

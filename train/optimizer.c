@@ -1,6 +1,7 @@
 #include "optimizer.h"
 #include "../kernels/ops.h"
 #include "../nn/error.h"
+#include "../nn/error.h"
 #include <math.h>
 
 StepStats optimizer_step(ParamTable *t, Ctx *ctx, Arena *scratch, const OptimizerConfig *o,
@@ -89,4 +90,22 @@ StepStats optimizer_step_dist(ParamTable *t, Ctx *ctx, Arena *scratch, const Opt
     }
     params_zero_grads(t, ctx);
     return s;
+}
+
+RunPlan run_plan(const Config *c, long micro_per_epoch, int accum, unsigned long long images) {
+    RunPlan r;
+    r.steps_per_epoch = micro_per_epoch / accum;
+    CG_CHECK(r.steps_per_epoch > 0, "reduce batch_size",
+             "batch_size %d exceeds the %llu training images of %s", c->batch_size, images,
+             c->data_shards);
+    r.total = c->max_steps > 0 ? c->max_steps : r.steps_per_epoch * c->epochs;
+    r.warmup = c->warmup_epochs > 0 ? lround(c->warmup_epochs * r.steps_per_epoch) : c->warmup_steps;
+    r.eval_every = c->eval_every > 0 ? c->eval_every : r.steps_per_epoch;
+    double lr_scale = c->lr_scale_batch > 0 ? (double)c->batch_size / c->lr_scale_batch : 1.0;
+    r.opt = (OptimizerConfig){
+        .schedule = {(float)(c->lr * lr_scale), c->min_lr, r.warmup, r.total},
+        .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->adam_eps,
+        .weight_decay = c->weight_decay, .grad_clip = c->grad_clip,
+    };
+    return r;
 }

@@ -5,6 +5,7 @@
 #include "../nn/schedule.h"
 #include "../nn/arena.h"
 #include "../dist/grads.h"
+#include "config.h"
 
 typedef struct OptimizerConfig {
     LrSchedule schedule;
@@ -30,3 +31,14 @@ StepStats optimizer_step(ParamTable *t, Ctx *ctx, Arena *scratch, const Optimize
 // g == NULL or a world of one: optimizer_step itself.
 StepStats optimizer_step_dist(ParamTable *t, Ctx *ctx, Arena *scratch, const OptimizerConfig *o,
                               long step, DistGrads *g);
+
+// A run's step plan from its config (cgspn train and distill): micro_per_epoch micro-batches of
+// the training loader per epoch, accum of them per optimizer step; images names the training set
+// in the error when one step needs more than it has. Steps per epoch, total (max_steps or
+// epochs), the evaluation interval (eval_every or once per epoch) and AdamW with warmup (steps
+// or epochs) + cosine at lr scaled by batch_size / lr_scale_batch.
+typedef struct RunPlan {
+    long steps_per_epoch, total, warmup, eval_every;
+    OptimizerConfig opt;
+} RunPlan;
+RunPlan run_plan(const Config *c, long micro_per_epoch, int accum, unsigned long long images);
