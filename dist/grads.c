@@ -3,6 +3,8 @@
 #include "../kernels/ops.h"
 #include "../nn/error.h"
 #include <sched.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #if defined(CGSPN_CUDA) && defined(CGSPN_HAVE_NCCL)
@@ -99,7 +101,8 @@ typedef struct DistNccl {
 
 typedef struct DistGradsDevice {
     cudaStream_t stream;          // communication, apart from the context's main stream
-    cudaEvent_t *ready, *done;    // per bucket
+    cudaEvent_t *ready, *done;    // per bucket (timing events: dist_grads_comm_profile)
+    cudaEvent_t *start;           // per bucket: the communication stream reached its collective
     cudaEvent_t gather_ready, gather_done;
 } DistGradsDevice;
 
@@ -153,13 +156,23 @@ static DistNccl *nccl_comm(Dist *d, Ctx *ctx) {
 static void nccl_grads_create(DistGrads *g) {
     nccl_comm(g->d, g->ctx);
     DistGradsDevice *v = cg_calloc(1, sizeof *v);
-    CUDA_CHECK(cudaStreamCreateWithFlags(&v->stream, cudaStreamNonBlocking));
+    // CGSPN_COMM_PRIORITY=high puts the collectives' stream above the compute stream, so the
+    // scheduler hands NCCL's blocks the next free SMs instead of after the queued kernels.
+    const char *prio = getenv("CGSPN_COMM_PRIORITY");
+    CG_CHECK(!prio || !strcmp(prio, "high") || !strcmp(prio, "normal"), "high or normal",
+             "CGSPN_COMM_PRIORITY=%s is not a priority", prio);
+    int lowest = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &greatest));
+    const int priority = prio && !strcmp(prio, "high") ? greatest : 0;
+    CUDA_CHECK(cudaStreamCreateWithPriority(&v->stream, cudaStreamNonBlocking, priority));
     int nb = g->n_buckets ? g->n_buckets : 1;
     v->ready = cg_malloc((size_t)nb * sizeof(cudaEvent_t));
     v->done = cg_malloc((size_t)nb * sizeof(cudaEvent_t));
+    v->start = cg_malloc((size_t)nb * sizeof(cudaEvent_t));
     for (int k = 0; k < nb; k++) {
-        CUDA_CHECK(cudaEventCreateWithFlags(&v->ready[k], cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventCreateWithFlags(&v->done[k], cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreate(&v->ready[k]));
+        CUDA_CHECK(cudaEventCreate(&v->done[k]));
+        CUDA_CHECK(cudaEventCreate(&v->start[k]));
     }
     CUDA_CHECK(cudaEventCreateWithFlags(&v->gather_ready, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&v->gather_done, cudaEventDisableTiming));
@@ -173,12 +186,14 @@ static void nccl_grads_free(DistGrads *g) {
     for (int k = 0; k < nb; k++) {
         cudaEventDestroy(v->ready[k]);
         cudaEventDestroy(v->done[k]);
+        cudaEventDestroy(v->start[k]);
     }
     cudaEventDestroy(v->gather_ready);
     cudaEventDestroy(v->gather_done);
     cudaStreamDestroy(v->stream);
     free(v->ready);
     free(v->done);
+    free(v->start);
     free(v);
     g->dev = NULL;
 }
@@ -226,6 +241,7 @@ static void device_launch(DistGrads *g, int k) {
     const DistBucket *b = &g->buckets[k];
     CUDA_CHECK(cudaEventRecord(v->ready[k], cuda_stream_of(g->ctx)));
     CUDA_CHECK(cudaStreamWaitEvent(v->stream, v->ready[k], 0));
+    CUDA_CHECK(cudaEventRecord(v->start[k], v->stream));
     float *base = (float *)g->t->grads + b->lo;
     const size_t n = b->hi - b->lo;
     char what[160];   // the launch itself may block (a peer never connecting): watched
@@ -291,6 +307,29 @@ static void device_gather(DistGrads *g) {
     CUDA_CHECK(cudaEventRecord(v->gather_done, v->stream));
     device_wait(g, v->gather_done, "the all-gather of updated parameters (zero = 1)");
     CUDA_CHECK(cudaStreamWaitEvent(cuda_stream_of(g->ctx), v->gather_done, 0));
+}
+
+static double event_ms(cudaEvent_t a, cudaEvent_t b) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    return ms;
+}
+
+static bool device_comm_profile(const DistGrads *g, DistCommProfile *out) {
+    const DistGradsDevice *v = g->dev;
+    int last = -1;
+    *out = (DistCommProfile){0};
+    for (int k = 0; k < g->n_buckets; k++) {
+        if (!g->buckets[k].launched || !g->buckets[k].trainable) continue;
+        out->buckets++;
+        out->busy_ms += event_ms(v->start[k], v->done[k]);
+        double q = event_ms(v->ready[k], v->start[k]);
+        if (q > out->queued_ms) out->queued_ms = q;
+        last = k;
+    }
+    if (last < 0) return false;
+    out->tail_ms = event_ms(v->ready[last], v->done[last]);
+    return true;
 }
 
 #endif   // DIST_NCCL
@@ -467,6 +506,15 @@ void dist_wait_grads(DistGrads *g) {
     if (use_nccl(g)) device_wait_all(g);
 #endif
     g->in_step = false;   // the next step starts from the trainable flags as they are then
+}
+
+bool dist_grads_comm_profile(const DistGrads *g, DistCommProfile *out) {
+#ifdef DIST_NCCL
+    if (g->d->world > 1 && use_nccl(g) && g->dev) return device_comm_profile(g, out);
+#endif
+    (void)g;
+    *out = (DistCommProfile){0};
+    return false;
 }
 
 void dist_gather_values(DistGrads *g) {

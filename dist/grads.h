@@ -84,6 +84,17 @@ void dist_wait_grads(DistGrads *g);
 // zero = 1, after the optimizer updated the shard: every rank's updated values to every rank.
 void dist_gather_values(DistGrads *g);
 
+// The gradient collectives of the last step on the communication stream (NCCL), read once that
+// step has finished (cgspn bench distill --profile). busy: summed span of every bucket's
+// collective from the moment the stream reached it; tail: from the main stream's event at the
+// last bucket's launch (where backward ended) to that bucket's completion; queued: the longest
+// a bucket waited for earlier ones. False (nothing filled) without NCCL or collectives.
+typedef struct DistCommProfile {
+    int buckets;
+    double busy_ms, tail_ms, queued_ms;
+} DistCommProfile;
+bool dist_grads_comm_profile(const DistGrads *g, DistCommProfile *out);
+
 // The shard of `rank` in a world of `world` for table t with buckets of bucket_elems (zero = 1):
 // segments in table order into *seg (malloc'd; caller frees); returns their count.
 int dist_shard_segments(const ParamTable *t, size_t bucket_elems, int world, int rank,

@@ -107,7 +107,7 @@ for zero in 0 1; do
     echo "== 4. cgspn bench distill ${bench_args[*]:-(so14 student, vit_so14 teacher, 378 px)}, zero = $zero"
     log="$logs/bench_zero$zero.log"
     timeout -k 10 200 $mpirun_cmd -np $np ./cgspn bench distill "${bench_args[@]}" --zero=$zero \
-        --steps="$bench_steps" --warmup=2 >"$log" 2>&1
+        --steps="$bench_steps" --warmup=2 --profile=1 >"$log" 2>&1
     rc=$?
     sed -n '/^distill Stage 2/,$p' "$log" | grep -v "^note" | sed 's/^/   /'
     scaling=$(sed -n 's/^scaling [0-9]* GPUs \/ 1 GPU: \([0-9.]*\).*/\1/p' "$log" | tail -1)

@@ -21,6 +21,7 @@
 #include "data_parallel.h"
 #include "device.h"
 #include "distill.h"
+#include "op_profile.h"
 #include "runlog.h"
 #include "../nn/error.h"
 #include "../nn/rng.h"
@@ -37,12 +38,27 @@
 // once, but a slow model build on one rank must not trip the collectives' deadline.
 #define BENCH_DIST_TIMEOUT_S 600.0
 
+enum { BENCH_PROFILE_OPS = 160 };
+
+// One extra step after the timed ones with an event pair around every op (--profile; rank 0's).
+typedef struct BenchProfile {
+    bool done;
+    double step_ms;
+    OpPhase phases[OP_PROFILE_MAX_PHASES];
+    int n_phases;
+    OpTotal ops[BENCH_PROFILE_OPS];
+    int n_ops;
+    DistCommProfile comm;
+    bool has_comm;
+} BenchProfile;
+
 typedef struct BenchResult {
     double seconds;          // the timed steps, the slowest rank's
     double img_per_s;        // global
     float loss;              // of the last step (a finite number shows the step did real work)
     int world, global_batch;
     size_t gpu_mem;          // this rank's GPU memory in use after the steps (0 on the CPU)
+    BenchProfile prof;
 } BenchResult;
 
 // Fills an input batch (B, in_chans, img, img) with uniform [-1, 1) noise, once.
@@ -59,8 +75,9 @@ static Tensor *random_images(Arena *a, Ctx *ctx, const Config *c, int B, uint64_
 
 // warmup + steps distillation steps of config c (batch_size = per-rank batch) across group d.
 // describe: print the device (rank 0's first call).
+// profile: one more step, timed op by op (BenchProfile).
 static BenchResult bench_steps(const Config *c, Dist *d, int warmup, int steps, bool overlap,
-                               bool describe) {
+                               bool describe, bool profile) {
     BenchResult r = {0};
     Ctx ctx = device_open(c);
     if (describe) device_describe(&ctx, stdout);
@@ -82,21 +99,40 @@ static BenchResult bench_steps(const Config *c, Dist *d, int warmup, int steps, 
         .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->adam_eps,
         .weight_decay = c->weight_decay, .grad_clip = c->grad_clip > 0 ? c->grad_clip : 1.0f,
     };
-    double t0 = 0;
-    for (int s = 0; s < warmup + steps; s++) {
+    double t0 = 0, mine = 0;
+    OpProfile *prof = NULL;
+    const int total = warmup + steps + (profile ? 1 : 0);
+    for (int s = 0; s < total; s++) {
         if (s == warmup) {   // every rank starts the timed steps together
             dist_barrier(d, "the start of the timed steps");
             t0 = now_seconds();
         }
+        if (s == warmup + steps) {   // the profiled step, after the timing
+            mine = now_seconds() - t0;
+            prof = op_profile_start(&ctx);
+        }
         tape_reset(&tape);
         Tensor *raw;
         dd.student.drop_path.step = s;
+        op_profile_mark(prof, "forward (teacher, student, losses)");
         Tensor *loss = distill_loss(&dd, &tape, x, NULL, &raw);
+        op_profile_mark(prof, "backward");
         dp_backward(&dp, &tape, loss, true);
+        op_profile_mark(prof, "optimizer (after the last bucket)");
         dp_optimizer_step(&dp, &dd.params, &ctx, &arena, &opt, s);   // reads the norm: a sync
         if (s == warmup + steps - 1) tensor_download(&ctx, loss, &r.loss);
     }
-    double mine = now_seconds() - t0;
+    if (!profile) mine = now_seconds() - t0;
+    if (prof) {
+        op_profile_stop(prof);
+        BenchProfile *bp = &r.prof;
+        bp->done = true;
+        bp->step_ms = op_profile_total_ms(prof);
+        bp->n_phases = op_profile_phases(prof, bp->phases, OP_PROFILE_MAX_PHASES);
+        bp->n_ops = op_profile_totals(prof, bp->ops, BENCH_PROFILE_OPS);
+        bp->has_comm = dist_grads_comm_profile(dp.g, &bp->comm);
+        op_profile_free(prof);
+    }
     // The slowest rank's time is the job's.
     double *all = cg_malloc((size_t)d->world * sizeof(double));
     dist_all_gather_bytes(d, &mine, all, sizeof mine, "the benchmark's timings");
@@ -116,14 +152,65 @@ static BenchResult bench_steps(const Config *c, Dist *d, int warmup, int steps, 
     return r;
 }
 
+static double op_ms(const BenchProfile *p, const char *name, int *calls) {
+    for (int i = 0; i < p->n_ops; i++)
+        if (strcmp(p->ops[i].name, name) == 0) {
+            if (calls) *calls = p->ops[i].calls;
+            return p->ops[i].ms;
+        }
+    if (calls) *calls = 0;
+    return 0;
+}
+
+typedef struct OpDiff { const char *name; int calls; double one, all; } OpDiff;
+
+static int cmp_diff(const void *a, const void *b) {
+    const OpDiff *x = a, *y = b;
+    double dx = fabs(x->all - x->one), dy = fabs(y->all - y->one);
+    return dx > dy ? -1 : dx < dy;
+}
+
+// Where the N-GPU step spends the time the 1-GPU step does not: phases, collectives, ops.
+static void print_profiles(const BenchProfile *one, const BenchProfile *all, int world) {
+    printf("\nprofile of one step on rank 0 (an event pair around every op, so a little slower "
+           "than the timed steps), ms:\n"
+           "| phase | 1 GPU | %d GPUs | change | in ops, 1 GPU | in ops, %d GPUs |\n"
+           "|---|---:|---:|---:|---:|---:|\n", world, world);
+    for (int k = 0; k < one->n_phases && k < all->n_phases; k++)
+        printf("| %s | %.2f | %.2f | %+.2f | %.2f | %.2f |\n", one->phases[k].name,
+               one->phases[k].ms, all->phases[k].ms, all->phases[k].ms - one->phases[k].ms,
+               one->phases[k].op_ms, all->phases[k].op_ms);
+    printf("| step | %.2f | %.2f | %+.2f | | |\n", one->step_ms, all->step_ms,
+           all->step_ms - one->step_ms);
+    if (all->has_comm)
+        printf("gradient collectives (%d GPUs, communication stream): %d buckets, %.2f ms busy, "
+               "%.2f ms from backward's end to the last one's end, longest queue %.2f ms\n", world,
+               all->comm.buckets, all->comm.busy_ms, all->comm.tail_ms, all->comm.queued_ms);
+    OpDiff diff[BENCH_PROFILE_OPS];
+    int n = 0;
+    for (int i = 0; i < all->n_ops; i++) {
+        int calls;
+        diff[n++] = (OpDiff){all->ops[i].name, all->ops[i].calls, op_ms(one, all->ops[i].name, &calls),
+                             all->ops[i].ms};
+    }
+    qsort(diff, (size_t)n, sizeof *diff, cmp_diff);
+    printf("ops that changed most (%d GPUs - 1 GPU):\n  %-22s %6s %9s %9s %8s\n", world, "op",
+           "calls", "1 GPU", "N GPUs", "change");
+    for (int i = 0; i < n && i < 12; i++)
+        printf("  %-22s %6d %9.3f %9.3f %+8.3f\n", diff[i].name, diff[i].calls, diff[i].one,
+               diff[i].all, diff[i].all - diff[i].one);
+}
+
 static void bench_distill_usage(FILE *f) {
     fprintf(f, "usage: [mpirun -np N] cgspn bench distill [STUDENT_CFG] [--steps=N] [--warmup=N]\n"
-               "                                 [--overlap=0|1] [--key=value ...]\n"
+               "                                 [--overlap=0|1] [--profile=1] [--key=value ...]\n"
                "Stage 2 distillation img/s on 1 GPU and on the N ranks of the launch, and the\n"
                "scaling. Defaults: student %s, teacher_config %s (teacher =\n"
                "random weights), %d images per GPU, taps every 9, adaptors, %d warm-up and %d\n"
                "timed steps. --zero=1 shards the optimizer (ZeRO-1); --overlap=0 launches every\n"
-               "gradient bucket after backward instead of during it.\n"
+               "gradient bucket after backward instead of during it. --profile=1 adds one step timed\n"
+               "op by op on rank 0, 1 GPU against N GPUs (phases, collectives, the ops that\n"
+               "changed most).\n"
                "Example: mpirun -np 2 ./cgspn bench distill --zero=1\n",
             BENCH_STUDENT_CFG, BENCH_TEACHER_CFG, BENCH_BATCH_PER_GPU, BENCH_WARMUP, BENCH_STEPS);
 }
@@ -145,6 +232,7 @@ int bench_distill_cmd(int argc, char **argv, int first) {
     const int steps = parse_count("--steps", cli_take_flag(&argc, argv, first, "--steps"), BENCH_STEPS, 1);
     const int warmup = parse_count("--warmup", cli_take_flag(&argc, argv, first, "--warmup"), BENCH_WARMUP, 0);
     const bool overlap = parse_count("--overlap", cli_take_flag(&argc, argv, first, "--overlap"), 1, 0) != 0;
+    const bool profile = parse_count("--profile", cli_take_flag(&argc, argv, first, "--profile"), 0, 0) != 0;
     Config c;
     config_defaults(&c);
     // The defaults that make it the so14 Stage 2 benchmark; a config file or --key=value wins.
@@ -178,7 +266,7 @@ int bench_distill_cmd(int argc, char **argv, int first) {
                c.teacher_config, c.img_size, c.batch_size, c.taps, c.zero, overlap, warmup, steps);
 
     // 1 GPU: every rank alone at the same time.
-    BenchResult one = bench_steps(&c, &alone, warmup, steps, overlap, main_rank);
+    BenchResult one = bench_steps(&c, &alone, warmup, steps, overlap, main_rank, profile);
     double *ones = cg_malloc((size_t)world->world * sizeof(double));
     dist_all_gather_bytes(world, &one.img_per_s, ones, sizeof(double), "the 1-GPU results");
     double lo = ones[0], hi = ones[0];
@@ -186,7 +274,7 @@ int bench_distill_cmd(int argc, char **argv, int first) {
     free(ones);
     // N GPUs together.
     BenchResult all = one;
-    if (world->world > 1) all = bench_steps(&c, world, warmup, steps, overlap, false);
+    if (world->world > 1) all = bench_steps(&c, world, warmup, steps, overlap, false, profile);
 
     if (main_rank) {
         printf("| GPUs | global batch | ms/step | img/s | scaling | loss | GPU mem (rank 0) |\n"
@@ -201,6 +289,8 @@ int bench_distill_cmd(int argc, char **argv, int first) {
             printf("1-GPU img/s across the %d GPUs (each alone): %.1f .. %.1f\n", world->world, lo, hi);
         printf("scaling %d GPUs / 1 GPU: %.3f (zero = %d, overlap = %d)\n", all.world,
                all.img_per_s / one.img_per_s, c.zero, overlap);
+        if (profile && one.prof.done && world->world > 1) print_profiles(&one.prof, &all.prof, world->world);
+        else if (profile && !one.prof.done) printf("--profile=1: op timing needs the GPU (nothing to show)\n");
     }
     int finite = isfinite(one.loss) && isfinite(all.loss);
     return finite ? 0 : 1;

@@ -17,6 +17,7 @@
 #ifdef CGSPN_CUDA
 #include "config.h"
 #include "model_config.h"
+#include "op_profile.h"
 #include "optimizer.h"
 #include "../kernels/cuda/cuda_common.h"
 #include "../nn/encoder.h"
@@ -170,66 +171,6 @@ static char *load_timm_json(FILE *out) {
     return json;
 }
 
-// ---- per-op profile (Ctx.profile) --------------------------------------------------------------
-
-enum { PROF_MAX = 4096 };
-typedef struct OpProfile {
-    cudaEvent_t ev[2 * PROF_MAX];
-    const char *name[PROF_MAX];
-    int n, depth, dropped;
-    cudaStream_t stream;
-} OpProfile;
-
-static void profile_hook(Ctx *ctx, const char *op, int end) {
-    OpProfile *p = ctx->profile_data;
-    if (!end) {
-        if (p->depth++ > 0) return;   // an op called from inside another: counted in it
-        if (p->n >= PROF_MAX) {
-            p->dropped++;
-            return;
-        }
-        p->name[p->n] = op;
-        CUDA_CHECK(cudaEventRecord(p->ev[2 * p->n], p->stream));
-    } else {
-        if (--p->depth > 0 || p->n >= PROF_MAX) return;
-        CUDA_CHECK(cudaEventRecord(p->ev[2 * p->n + 1], p->stream));
-        p->n++;
-    }
-}
-
-typedef struct OpTotal { const char *name; int calls; double ms; } OpTotal;
-
-static int cmp_total(const void *a, const void *b) {
-    double x = ((const OpTotal *)a)->ms, y = ((const OpTotal *)b)->ms;
-    return x > y ? -1 : x < y;
-}
-
-// Sums the recorded ops by name and prints them, largest first, against the step's time.
-static void profile_print(FILE *out, OpProfile *p, double step_ms) {
-    OpTotal tot[128];
-    int nt = 0;
-    double sum = 0;
-    for (int i = 0; i < p->n; i++) {
-        double ms = event_ms(p->ev[2 * i], p->ev[2 * i + 1]);
-        int k = 0;
-        while (k < nt && strcmp(tot[k].name, p->name[i]) != 0) k++;
-        if (k == nt && nt < 128) tot[nt++] = (OpTotal){p->name[i], 0, 0};
-        if (k < nt) {
-            tot[k].calls++;
-            tot[k].ms += ms;
-        }
-        sum += ms;
-    }
-    qsort(tot, (size_t)nt, sizeof *tot, cmp_total);
-    fprintf(out, "  %-20s %6s %9s %7s\n", "op", "calls", "ms", "% step");
-    for (int k = 0; k < nt; k++)
-        fprintf(out, "  %-20s %6d %9.3f %6.1f%%\n", tot[k].name, tot[k].calls, tot[k].ms,
-                100.0 * tot[k].ms / step_ms);
-    fprintf(out, "  %-20s %6d %9.3f %6.1f%%  (the rest: gaps between ops, host waits)\n",
-            "all ops", p->n, sum, 100.0 * sum / step_ms);
-    if (p->dropped) fprintf(out, "  (%d op calls past the profile's %d not timed)\n", p->dropped, PROF_MAX);
-}
-
 // ---- bench vit -----------------------------------------------------------------------------------
 
 typedef struct VitCase {
@@ -345,19 +286,14 @@ static void bench_one_vit(FILE *out, const VitCase *vc, VitRow *row, bool profil
     row->gpu_gib = (double)(free0 - gpu_free_bytes()) / 1073741824.0;
 
     if (profile) {
-        OpProfile *p = cg_calloc(1, sizeof(OpProfile));
-        for (int i = 0; i < 2 * PROF_MAX; i++) CUDA_CHECK(cudaEventCreate(&p->ev[i]));
-        p->stream = cuda_stream_of(&ctx);
-        ctx.profile = profile_hook;
-        ctx.profile_data = p;
+        OpProfile *p = op_profile_start(&ctx);
         vit_step(&run, step++, ev, NULL);
-        ctx.profile = NULL;
+        op_profile_stop(p);
         double ms = event_ms(ev[0], ev[3]);
         fprintf(out, "\nper-op profile of one %s step (batch %d): %.2f ms with an event pair "
                      "around every op (%.2f ms without)\n", vc->label, B, ms, row->step_ms);
-        profile_print(out, p, ms);
-        for (int i = 0; i < 2 * PROF_MAX; i++) CUDA_CHECK(cudaEventDestroy(p->ev[i]));
-        free(p);
+        op_profile_print(out, p, ms);
+        op_profile_free(p);
     }
     for (int i = 0; i < 4; i++) CUDA_CHECK(cudaEventDestroy(ev[i]));
     free_tensor(&ctx, img);

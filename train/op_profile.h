@@ -1,0 +1,41 @@
+// GPU time of one step by op and by phase: a CUDA event pair around every dispatched op
+// (Ctx.profile, kernels/dispatch.c) and a named mark at the start of each phase, all on the
+// context's main stream. Used by `cgspn bench vit` (per-op table) and `cgspn bench distill
+// --profile` (1 GPU against N GPUs). On the CPU every call is a no-op (op_profile_start: NULL).
+#pragma once
+#include "../kernels/ctx.h"
+#include <stdio.h>
+
+typedef struct OpProfile OpProfile;
+
+typedef struct OpTotal {
+    const char *name;
+    int calls;
+    double ms;
+} OpTotal;
+
+enum { OP_PROFILE_MAX_PHASES = 16 };
+
+typedef struct OpPhase {
+    const char *name;
+    double ms;      // from its mark to the next one (the last: to op_profile_stop)
+    double op_ms;   // of that, inside ops; the rest is gaps and waits on other streams
+    int ops;
+} OpPhase;
+
+// Installs the hook on ctx (which must stay alive until op_profile_stop). NULL off the GPU.
+OpProfile *op_profile_start(Ctx *ctx);
+// Starts a phase named `phase` (a string that outlives the profile) at this point of the stream.
+void op_profile_mark(OpProfile *p, const char *phase);
+// Ends the last phase, waits for the stream and removes the hook.
+void op_profile_stop(OpProfile *p);
+void op_profile_free(OpProfile *p);
+
+// Total ms from the first mark (or op) to the stop.
+double op_profile_total_ms(const OpProfile *p);
+// Per op name, largest total first; returns how many (at most max).
+int op_profile_totals(const OpProfile *p, OpTotal *out, int max);
+// The phases in order; returns how many.
+int op_profile_phases(const OpProfile *p, OpPhase *out, int max);
+// The op table against step_ms, with the part of the step outside ops.
+void op_profile_print(FILE *out, const OpProfile *p, double step_ms);
