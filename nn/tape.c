@@ -171,7 +171,12 @@ void tape_backward_from(Tape *t, int n, Tensor **outs, Tensor **grads) {
                  "backward: output %d does not depend on any trainable parameter", i);
         CG_CHECK(grads[i]->numel == outs[i]->numel, "", "backward: gradient %d has %zu elements, "
                  "its output %zu", i, grads[i]->numel, outs[i]->numel);
-        op_accumulate(t->ctx, grads[i], tape_grad(t, outs[i]));
+        // A seed is written (converted to the output's dtype), not added to a zeroed buffer,
+        // unless an earlier seed already reached the same output.
+        bool fresh;
+        Tensor *g = tape_grad_fresh(t, outs[i], &fresh);
+        if (fresh) op_scale_fwd(t->ctx, grads[i], 1.0f, g);
+        else op_accumulate(t->ctx, grads[i], g);
     }
     run_backward(t);
 }

@@ -238,6 +238,64 @@ static void test_param_done_reports_each_parameter_once_with_its_final_gradient(
     net_free(&n);
 }
 
+// tape_backward_from(tokens, seed) is the gradient of sum(tokens * seed): the seed is written into
+// the fresh gradient of the output; a second seed for the same output adds to it.
+typedef struct SeedCase {
+    Net n;
+    Tensor *seed;
+} SeedCase;
+
+static Tensor *seed_tokens(Net *n) {
+    tape_reset(&n->tape);
+    n->img->grad = NULL;
+    return encoder_forward(&n->tape, &n->enc, n->img, NULL);
+}
+
+static double seeded_value(void *user) {
+    SeedCase *c = user;
+    bool old = tape_set_grad_enabled(&c->n.tape, false);
+    double v = test_dot(seed_tokens(&c->n), c->seed);
+    tape_set_grad_enabled(&c->n.tape, old);
+    return v;
+}
+
+static void test_backward_from_seeds_match_finite_differences(void **state) {
+    (void)state;
+    SeedCase c;
+    EncoderConfig cfg = tiny(ENCODER_CGSPN);
+    net_init(&c.n, &cfg, 2);
+    Tensor *y = seed_tokens(&c.n);
+    c.seed = test_like(y);
+    test_fill(c.seed, 31, -1, 1);
+    params_zero_grads(&c.n.params, &c.n.ctx);
+    tape_backward_from(&c.n.tape, 1, &y, &c.seed);
+    double worst = 0;
+    for (int i = 0; i < c.n.params.n; i++) {
+        Param *p = c.n.params.params[i];
+        Tensor *g = test_like(&p->grad);
+        memcpy(g->data, p->grad.data, tensor_bytes(g));
+        worst = fmax(worst, test_gradcheck(p->name, seeded_value, &c, &p->value, g));
+        test_tensor_free(g);
+    }
+    assert_true(worst < GRAD_TOL);
+
+    // Two halves of the seed on the same output: the same gradients (the second one adds).
+    Param *w = c.n.params.params[0];   // patch_embed.proj.weight: every path reaches it
+    Tensor *once = test_like(&w->grad);
+    memcpy(once->data, w->grad.data, tensor_bytes(once));
+    Tensor *half = test_like(c.seed);
+    for (size_t i = 0; i < half->numel; i++) tensor_f32(half)[i] = 0.5f * tensor_f32(c.seed)[i];
+    params_zero_grads(&c.n.params, &c.n.ctx);
+    y = seed_tokens(&c.n);
+    tape_backward_from(&c.n.tape, 2, (Tensor *[]){y, y}, (Tensor *[]){half, half});
+    assert_true(test_rel_err(tensor_f32(&w->grad), tensor_f32(once), once->numel) < 1e-6);
+    assert_true(test_dot(once, once) > 0);
+    test_tensor_free(once);
+    test_tensor_free(half);
+    test_tensor_free(c.seed);
+    net_free(&c.n);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vit_backward_matches_finite_differences),
@@ -248,6 +306,7 @@ int main(void) {
         cmocka_unit_test(test_no_grad_records_nothing),
         cmocka_unit_test(test_frozen_parameters_get_no_gradient),
         cmocka_unit_test(test_param_done_reports_each_parameter_once_with_its_final_gradient),
+        cmocka_unit_test(test_backward_from_seeds_match_finite_differences),
     };
     return cmocka_run_group_tests_name("tape", tests, NULL, NULL);
 }
