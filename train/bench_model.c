@@ -409,9 +409,32 @@ static double block_median(Tape *tape, Ctx *ctx, int warmup, int reps, bool back
     return median(t, reps);
 }
 
+// One profiled forward + backward of the block (after the timed ones): the op table into prof.
+static void block_profile(FILE *prof, const char *label, Tape *tape, Ctx *ctx, const Encoder *enc,
+                          Tensor *x, Tensor *dy, double timed_ms) {
+    tape_reset(tape);
+    x->grad = NULL;
+    OpProfile *p = op_profile_start(ctx);
+    op_profile_mark(p, "forward");
+    Tensor *y = encoder_block_forward(tape, enc, &enc->blocks[0], x, NULL);
+    op_profile_mark(p, "backward");
+    tape_backward_from(tape, 1, &y, &dy);
+    op_profile_stop(p);
+    x->grad = NULL;
+    OpPhase ph[2];
+    int n = op_profile_phases(p, ph, 2);
+    double ms = op_profile_total_ms(p);
+    fprintf(prof, "\nper-op profile of one %s forward + backward: %.2f ms with an event pair around "
+                  "every op (%.2f ms without)", label, ms, timed_ms);
+    for (int k = 0; k < n; k++) fprintf(prof, "; %s %.2f ms", ph[k].name, ph[k].ms);
+    fprintf(prof, "\n");
+    op_profile_print(prof, p, ms);
+    op_profile_free(p);
+}
+
 // One block of the given kind at px x px (patch 14), forward alone (no tape) and forward +
-// backward (weight gradients too) from a random fp32 dy.
-static BlockTimes bench_one_block(EncoderKind kind, int px, int warmup, int reps) {
+// backward (weight gradients too) from a random fp32 dy. prof: the per-op profile (NULL: none).
+static BlockTimes bench_one_block(EncoderKind kind, int px, int warmup, int reps, FILE *prof) {
     EncoderConfig ec = {0};
     ec.kind = kind;
     ec.img_h = ec.img_w = px;
@@ -454,6 +477,11 @@ static BlockTimes bench_one_block(EncoderKind kind, int px, int warmup, int reps
     tape_init(&tape, &ctx, &arena);
     bt.fwdbwd_ms = block_median(&tape, &ctx, warmup, reps, true, &enc, x, dy);
     bt.act_gib = arena.peak / 1073741824.0;
+    if (prof) {
+        char label[64];
+        snprintf(label, sizeof label, "%s block at %d px", kind == ENCODER_CGSPN ? "C-GSPN" : "attention", px);
+        block_profile(prof, label, &tape, &ctx, &enc, x, dy, bt.fwdbwd_ms);
+    }
     // the block's FLOPs: the encoder's, less its patch embedding
     bt.flops_fwd = (encoder_flops_per_image(&ec) -
                     2.0 * N * BLOCK_C * 3 * BLOCK_PATCH * BLOCK_PATCH) * BLOCK_B;
@@ -480,11 +508,16 @@ int bench_block_run(FILE *out) {
     const int pxs[2] = {1036, 2058};
     const int warm[2] = {2, 1}, reps[2] = {10, 5};
     BlockTimes t[2][2];   // [px][0 = C-GSPN, 1 = attention]
+    char *profile_text = NULL;   // the C-GSPN block's op table at 2058 px, printed last
+    size_t profile_len = 0;
+    FILE *prof = open_memstream(&profile_text, &profile_len);
+    CG_CHECK(prof != NULL, "", "bench block: open_memstream failed");
     for (int i = 0; i < 2; i++) {
         fprintf(stderr, "bench block: %d px ...\n", pxs[i]);
-        t[i][0] = bench_one_block(ENCODER_CGSPN, pxs[i], warm[i], reps[i]);
-        t[i][1] = bench_one_block(ENCODER_VIT, pxs[i], warm[i], reps[i]);
+        t[i][0] = bench_one_block(ENCODER_CGSPN, pxs[i], warm[i], reps[i], i == 1 ? prof : NULL);
+        t[i][1] = bench_one_block(ENCODER_VIT, pxs[i], warm[i], reps[i], NULL);
     }
+    fclose(prof);
     char *json = NULL;
     {
         char *buf = NULL;
@@ -541,6 +574,8 @@ int bench_block_run(FILE *out) {
         }
     }
     free(json);
+    fputs(profile_text, out);
+    free(profile_text);
     return 0;
 }
 

@@ -65,7 +65,10 @@ extern "C" Ctx cuda_ctx_create(int device, DType act_dtype) {
         CUDA_CHECK(cudaEventCreateWithFlags(&c->join[i], cudaEventDisableTiming));
     }
     CUBLAS_CHECK(cublasLtCreate(&c->lt));
-    c->workspace_bytes = 32u << 20;
+    // CGSPN_GEMM_WORKSPACE_MB: cuBLASLt's workspace (default 32 MiB); the heuristic only offers
+    // algorithms (split-k among them) whose workspace fits.
+    const char *ws = getenv("CGSPN_GEMM_WORKSPACE_MB");
+    c->workspace_bytes = (size_t)(ws && atoi(ws) > 0 ? atoi(ws) : 32) << 20;
     c->workspace = cuda_malloc(c->workspace_bytes);
     Ctx ctx = {DEVICE_CUDA, act_dtype, 1, c};
     return ctx;

@@ -30,6 +30,7 @@ struct CudaGemmCache {
     long fused;        // launches with a non-default epilogue
     unsigned fusion;   // CUDA_FUSE_* allowed (cuda_gemm_set_fusion)
     int log;           // CGSPN_GEMM_LOG=1: print each plan as it is built (stderr)
+    int tune;          // CGSPN_GEMM_TUNE=1: time the heuristic's candidates, keep the fastest
     void *scratch;     // cuda_gemm_scratch
     size_t scratch_bytes;
 };
@@ -45,6 +46,8 @@ static CudaGemmCache *gemm_cache(Ctx *ctx) {
         c->gemm->fusion = CUDA_FUSE_DEFAULT;
         const char *log = getenv("CGSPN_GEMM_LOG");
         c->gemm->log = log && log[0] == '1';
+        const char *tune = getenv("CGSPN_GEMM_TUNE");
+        c->gemm->tune = tune && tune[0] == '1';
         cuda_ctx_on_destroy(ctx, cuda_gemm_cache_destroy);
     }
     return c->gemm;
@@ -112,6 +115,50 @@ static void plan_set_pointers(GemmPlan *p, const CudaGemm *g, uint32_t epi) {
             p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux));
 }
 
+// CGSPN_GEMM_TUNE=1 (an experiment, not for runs that must resume bit-exactly: the pick can
+// differ between processes): times each candidate on g's operands into a scratch D and returns
+// the fastest one's index; prints the table on stderr.
+static int plan_tune(CudaCtx *c, GemmPlan *p, const CudaGemm *g,
+                     const cublasLtMatmulHeuristicResult_t *cand, int n) {
+    size_t es = g->d_type == CUDA_R_16BF ? 2 : 4;
+    void *d = cuda_malloc((size_t)g->ldd * g->n * es);
+    CUDA_CHECK(cudaMemsetAsync(d, 0, (size_t)g->ldd * g->n * es, c->stream));
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    float alpha = 1.0f, beta = g->beta;
+    int best = 0;
+    double best_ms = 1e30, first_ms = 0;
+    char buf[256];
+    gemm_describe(g, buf, sizeof buf);
+    fprintf(stderr, "cgspn gemm tune: %s:", buf);
+    for (int i = 0; i < n; i++) {
+        if (cand[i].state != CUBLAS_STATUS_SUCCESS || cand[i].workspaceSize > c->workspace_bytes) continue;
+        float ms = 0;
+        bool ok = true;
+        for (int r = 0; r < 4 && ok; r++) {   // one warm-up, three timed
+            if (r == 1) CUDA_CHECK(cudaEventRecord(e0, c->stream));
+            ok = cublasLtMatmul(c->lt, p->desc, &alpha, g->a, p->la, g->b, p->lb, &beta, d, p->ld, d,
+                                p->ld, &cand[i].algo, c->workspace, c->workspace_bytes,
+                                c->stream) == CUBLAS_STATUS_SUCCESS;
+        }
+        if (!ok) continue;
+        CUDA_CHECK(cudaEventRecord(e1, c->stream));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        ms /= 3;
+        if (i == 0) first_ms = ms;
+        fprintf(stderr, " #%d %.3f", i, ms);
+        if (ms < best_ms) best_ms = ms, best = i;
+    }
+    fprintf(stderr, " ms -> #%d (%.1f%% of #0's time)\n", best, first_ms > 0 ? 100.0 * best_ms / first_ms : 0);
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    cuda_free(d);
+    return best;
+}
+
 // Creates the descriptor and layouts for g and asks the heuristic for its best algorithm.
 static void plan_build(CudaCtx *c, CudaGemmCache *s, GemmPlan *p, const CudaGemm *g, uint32_t epi,
                        uint32_t align) {
@@ -152,11 +199,15 @@ static void plan_build(CudaCtx *c, CudaGemmCache *s, GemmPlan *p, const CudaGemm
     for (int i = 0; i < 4; i++)
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align, sizeof align));
 
-    cublasLtMatmulHeuristicResult_t res;
-    memset(&res, 0, sizeof res);
+    enum { TUNE_CANDIDATES = 16 };
+    cublasLtMatmulHeuristicResult_t cand[TUNE_CANDIDATES];
+    memset(cand, 0, sizeof cand);
     int found = 0;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->ld, p->ld,
-                                                       pref, 1, &res, &found);
+                                                       pref, s->tune ? TUNE_CANDIDATES : 1, cand,
+                                                       &found);
+    cublasLtMatmulHeuristicResult_t res = cand[0];
+    if (st == CUBLAS_STATUS_SUCCESS && s->tune && found > 1) res = cand[plan_tune(c, p, g, cand, found)];
     s->queries++;
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     char buf[256];
