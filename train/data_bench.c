@@ -201,6 +201,7 @@ int data_bench_main(int argc, char **argv) {
     config_defaults(&c);
     c.img_size = 224, c.in_chans = 3, c.batch_size = 256;
     c.randaug_n = 2, c.reprob = 0.25f, c.mixup_alpha = 0.8f, c.cutmix_alpha = 1.0f;
+    c.data_shards[0] = '\0';   // synthetic unless a config or --data_shards names shards
     int rest = config_parse_args(&c, argc, argv, 1);
     CG_CHECK(rest == 0, "see cgspn data bench --help", "unexpected argument '%s'", argv[1]);
     CG_CHECK(count >= 1, "--count N", "--count must be >= 1");
