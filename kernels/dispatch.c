@@ -53,6 +53,7 @@ OP_WEAK(drop_path_bwd)
 OP_WEAK(ema_update)
 OP_WEAK(gspn_scan_fwd)
 OP_WEAK(gspn_scan_bwd)
+OP_WEAK(gspn_scan_bwd_write)
 #define ROUTE(name, ...)                                                      \
     do {                                                                      \
         if (ctx->profile) ctx->profile(ctx, #name, 0);                        \
@@ -210,6 +211,11 @@ void op_gspn_scan_bwd(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tenso
                       const Tensor *merge, int shared_w, const Tensor *hidden,
                       Tensor *dxc, Tensor *dgates, Tensor *dmerge) {
     ROUTE(gspn_scan_bwd, ctx, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge);
+}
+void op_gspn_scan_bwd_write(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
+                            const Tensor *merge, int shared_w, const Tensor *hidden,
+                            Tensor *dxc, Tensor *dgates, Tensor *dmerge) {
+    ROUTE(gspn_scan_bwd_write, ctx, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge);
 }
 
 #ifdef CGSPN_CUDA

@@ -202,6 +202,13 @@ OP_DECL(gspn_scan_fwd, Ctx *ctx, const Tensor *xc, const Tensor *gates, const Te
 OP_DECL(gspn_scan_bwd, Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
         const Tensor *merge, int shared_w, const Tensor *hidden,
         Tensor *dxc, Tensor *dgates, Tensor *dmerge)
+// As gspn_scan_bwd, but dxc and dgates are WRITTEN (every element; their old contents are
+// ignored) and dmerge still accumulates. The tape calls it when nothing has written those
+// gradients yet: on the GPU the scan then neither reads dgates back nor needs it zeroed (40 of
+// the 172 bytes per token-channel the accumulating kernel moves, kernels/cuda/gspn_scan_notes.md).
+OP_DECL(gspn_scan_bwd_write, Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
+        const Tensor *merge, int shared_w, const Tensor *hidden,
+        Tensor *dxc, Tensor *dgates, Tensor *dmerge)
 
 // Memory on the context's device (64-byte aligned on the CPU); checked, never NULL.
 void *device_alloc(Ctx *ctx, size_t bytes);

@@ -402,6 +402,15 @@ typedef struct { Tensor *xc, *gates, *merge, *hidden, *y; int shared_w; } GspnRe
 static void gspn_backward(Tape *t, void *p) {
     GspnRec *r = p;
     if (!NEED_GRAD(r)) return;
+    // In a C-GSPN layer the scan's backward runs before the gate projection's (which also adds
+    // into dxc), so both gradients are normally unwritten: the scan writes them, unzeroed.
+    if (!r->xc->grad && !r->gates->grad) {
+        bool fresh;
+        Tensor *dxc = tape_grad_fresh(t, r->xc, &fresh), *dg = tape_grad_fresh(t, r->gates, &fresh);
+        op_gspn_scan_bwd_write(t->ctx, r->y->grad, r->xc, r->gates, r->merge, r->shared_w,
+                               r->hidden, dxc, dg, tape_grad(t, r->merge));
+        return;
+    }
     op_gspn_scan_bwd(t->ctx, r->y->grad, r->xc, r->gates, r->merge, r->shared_w, r->hidden,
                      tape_grad(t, r->xc), tape_grad(t, r->gates), tape_grad(t, r->merge));
 }

@@ -147,3 +147,14 @@ void cpu_gspn_scan_bwd(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tens
     free(dh);
     free(h_own);
 }
+
+// The reference writes by zeroing, then accumulating: the same values as the GPU's direct writes.
+void cpu_gspn_scan_bwd_write(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
+                             const Tensor *merge, int shared_w, const Tensor *hidden,
+                             Tensor *dxc, Tensor *dgates, Tensor *dmerge) {
+    check_like("dxc", dxc, xc);
+    check_like("dgates", dgates, gates);
+    if (dxc) memset(tensor_f32(dxc), 0, dxc->numel * sizeof(float));
+    if (dgates) memset(tensor_f32(dgates), 0, dgates->numel * sizeof(float));
+    cpu_gspn_scan_bwd(ctx, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge);
+}

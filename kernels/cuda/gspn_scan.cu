@@ -586,10 +586,10 @@ gspn_bwd_dir_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
     }
 }
 
-// dxc += ((dxpart_TB + dxpart_BT) + dxpart_LR) + dxpart_RL
+// dxc (+)= ((dxpart_TB + dxpart_BT) + dxpart_LR) + dxpart_RL; write: dxc's old values unread
 template <typename T, int V>
 __global__ void gspn_dx_finalize_kernel(const T *__restrict__ dxpart, long long plane,
-                                        T *__restrict__ dxc) {
+                                        T *__restrict__ dxc, int write) {
     const long long nvec = plane / V;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < nvec;
          i += (long long)gridDim.x * blockDim.x) {
@@ -599,7 +599,12 @@ __global__ void gspn_dx_finalize_kernel(const T *__restrict__ dxpart, long long 
         ldv<T, V>(dxpart + plane + o, p1);
         ldv<T, V>(dxpart + 2 * plane + o, p2);
         ldv<T, V>(dxpart + 3 * plane + o, p3);
-        ldv_rw<T, V>(dxc + o, acc);
+        if (write) {
+#pragma unroll
+            for (int k = 0; k < V; k++) acc[k] = 0.0f;
+        } else {
+            ldv_rw<T, V>(dxc + o, acc);
+        }
 #pragma unroll
         for (int k = 0; k < V; k++) acc[k] += ((p0[k] + p1[k]) + p2[k]) + p3[k];
         stv<T, V>(dxc + o, acc);
@@ -678,6 +683,7 @@ struct ScanArgs {
     int lane_bytes;      // bytes of the per-lane state region (h or carries), 16-aligned
     int prefetch;        // L2 prefetch distance in steps (0: none)
     int dir_mask;        // directions to run (bit d); 15 except in the benchmark's diagnostics
+    int dg_write;        // backward: write dgates (gspn_scan_bwd_write) instead of adding into it
 };
 
 // L2 prefetch of step s's whole token rows (all Cc channels, not just this block's group), so
@@ -852,7 +858,7 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
             cp_async<VB>(slot(st, 1), xc + o);
 #pragma unroll
             for (int q = 0; q < 5; q++) cp_async<VB>(slot(st, 2 + q), gp + q * Cc);
-            if (dgates) {
+            if (dgates && !a.dg_write) {   // the old values, to add to
                 const T *dgp = dgates + t * g.G + g.goff + c;
 #pragma unroll
                 for (int q = 0; q < 5; q++) cp_async<VB>(slot(st, 7 + q), dgp + q * Cc);
@@ -887,7 +893,7 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
             l2_prefetch(dyc + t * Cc, Cc * sizeof(T));
             l2_prefetch(xc + t * Cc, Cc * sizeof(T));
             l2_prefetch(gates + t * g.G + g.goff, 5 * Cc * sizeof(T));
-            if (dgates) l2_prefetch(dgates + t * g.G + g.goff, 5 * Cc * sizeof(T));
+            if (dgates && !a.dg_write) l2_prefetch(dgates + t * g.G + g.goff, 5 * Cc * sizeof(T));
             if (sp > 0) l2_prefetch(hid + (t - g.sstride) * Cc, Cc * 4);
         }
         issue(k + D - 1);
@@ -941,8 +947,13 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
             if (dgates) {
                 T *dgp = dgates + (tl + (long long)s * g.sstride) * g.G + g.goff + c;
                 float ol[V], ou[V];
-                lds_v<T, V>(slot(st, 7), ol);
-                lds_v<T, V>(slot(st, 8), ou);
+                if (a.dg_write) {
+#pragma unroll
+                    for (int i = 0; i < V; i++) ol[i] = ou[i] = 0.0f;
+                } else {
+                    lds_v<T, V>(slot(st, 7), ol);
+                    lds_v<T, V>(slot(st, 8), ou);
+                }
 #pragma unroll
                 for (int i = 0; i < V; i++) {
                     ol[i] += dlam[i];
@@ -950,11 +961,17 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
                 }
                 stv<T, V>(dgp, ol);
                 stv<T, V>(dgp + Cc, ou);
-                if (s > 0) {   // at s = 0, h[-1] = 0: the weights have no gradient
+                // at s = 0, h[-1] = 0: the weights have no gradient (written as 0 in write mode)
+                if (s > 0 || a.dg_write) {
 #pragma unroll
                     for (int q = 0; q < 3; q++) {
                         float ow[V];
-                        lds_v<T, V>(slot(st, 9 + q), ow);
+                        if (a.dg_write) {
+#pragma unroll
+                            for (int i = 0; i < V; i++) ow[i] = 0.0f;
+                        } else {
+                            lds_v<T, V>(slot(st, 9 + q), ow);
+                        }
 #pragma unroll
                         for (int i = 0; i < V; i++) ow[i] += dwt[q][i];
                         stv<T, V>(dgp + (2 + q) * Cc, ow);
@@ -1638,7 +1655,7 @@ bool fwd_pipe(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid
 template <typename T, int V>
 bool bwd_pipe(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gates,
               const float *hid, const void *merge, int merge_bf16, T *dxpart, T *dgates,
-              double *dmpart) {
+              double *dmpart, bool dg_write) {
     if constexpr (V * sizeof(T) < 8) {
         return false;
     } else {
@@ -1647,6 +1664,7 @@ bool bwd_pipe(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gat
         if (!D) return false;
         const size_t smem = pipe_smem(p, a, true, D);
         a.lane_bytes = lane_state_bytes(p, a, true);
+        a.dg_write = dg_write;
         const int nblk = p.B * p.ngroups;
         if (D == 2) launch_pipe(gspn_bwd_pipe_kernel<T, V, 2>, p, a, smem, 1, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
         else if (D == 3) launch_pipe(gspn_bwd_pipe_kernel<T, V, 3>, p, a, smem, 1, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
@@ -1761,7 +1779,7 @@ void scan_fwd(Ctx *ctx, const Plan &p, const Tensor *xc, const Tensor *gates, co
 template <typename T, int V, bool SH>
 void scan_bwd(Ctx *ctx, const Plan &p, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
               const Tensor *merge, const Tensor *hidden, Tensor *dxc, Tensor *dgates,
-              Tensor *dmerge) {
+              Tensor *dmerge, bool write) {
     CudaCtx *c = cuda_ctx_of(ctx);
     const int nblk = p.B * p.ngroups;   // blocks per direction
     const size_t part_bytes = dxc ? DIRS * (size_t)p.plane * sizeof(T) : 0;
@@ -1777,8 +1795,11 @@ void scan_bwd(Ctx *ctx, const Plan &p, const Tensor *dyc, const Tensor *xc, cons
     const T *dy = static_cast<const T *>(dyc->data);
     T *dg = dgates ? static_cast<T *>(dgates->data) : nullptr;
     const int mbf = merge->dtype == DTYPE_BF16;
-    const bool done = SH ? bwd_sh<T, V>(c, p, dy, x, g, hid, merge->data, mbf, dxpart, dg, dmpart)
-                         : bwd_pipe<T, V>(c, p, dy, x, g, hid, merge->data, mbf, dxpart, dg, dmpart);
+    // write: the pipelined kernel writes dgates; the other kernels add, into zeros.
+    bool done = !SH && bwd_pipe<T, V>(c, p, dy, x, g, hid, merge->data, mbf, dxpart, dg, dmpart, write);
+    if (!done && write && dg)
+        CUDA_CHECK(cudaMemsetAsync(dg, 0, tensor_bytes(dgates), c->stream));
+    if (!done && SH) done = bwd_sh<T, V>(c, p, dy, x, g, hid, merge->data, mbf, dxpart, dg, dmpart);
     if (!done) {
         CUDA_CHECK(cudaEventRecord(c->fork, c->stream));
         for (int d = 0; d < DIRS; d++) {
@@ -1793,7 +1814,7 @@ void scan_bwd(Ctx *ctx, const Plan &p, const Tensor *dyc, const Tensor *xc, cons
     if (dxc) {
         const long long nvec = p.plane / V;
         gspn_dx_finalize_kernel<T, V><<<ew_blocks(nvec, c), EW_THREADS, 0, c->stream>>>(
-            dxpart, p.plane, static_cast<T *>(dxc->data));
+            dxpart, p.plane, static_cast<T *>(dxc->data), write ? 1 : 0);
         CUDA_CHECK_LAUNCH();
     }
     if (dmerge) {
@@ -1844,7 +1865,7 @@ void gspn_fwd_impl(Ctx *ctx, const Tensor *xc, const Tensor *gates, const Tensor
 
 void gspn_bwd_impl(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
                    const Tensor *merge, int shared_w, const Tensor *hidden, Tensor *dxc,
-                   Tensor *dgates, Tensor *dmerge, Tuning tu) {
+                   Tensor *dgates, Tensor *dmerge, Tuning tu, bool write) {
     const void *ptrs[] = {dyc->data, xc->data, gates->data, hidden ? hidden->data : nullptr,
                           dxc ? dxc->data : nullptr, dgates ? dgates->data : nullptr};
     const Plan p = make_plan(xc, gates, merge, shared_w, tu, true, ptrs, 6);
@@ -1857,7 +1878,7 @@ void gspn_bwd_impl(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *
                          hidden->device == DEVICE_CUDA),
              "", "gspn_scan (CUDA): hidden must be (4, B, H, W, Cc) fp32 on the GPU");
     if (p.plane == 0 || (!dxc && !dgates && !dmerge)) return;
-    GSPN_DISPATCH(p, scan_bwd, ctx, p, dyc, xc, gates, merge, hidden, dxc, dgates, dmerge);
+    GSPN_DISPATCH(p, scan_bwd, ctx, p, dyc, xc, gates, merge, hidden, dxc, dgates, dmerge, write);
 }
 
 }  // namespace
@@ -1876,7 +1897,15 @@ extern "C" void cuda_gspn_scan_bwd(Ctx *ctx, const Tensor *dyc, const Tensor *xc
                                    const Tensor *hidden, Tensor *dxc, Tensor *dgates,
                                    Tensor *dmerge) {
     gspn_bwd_impl(ctx, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge,
-                  GSPN_TUNING_DEFAULT);
+                  GSPN_TUNING_DEFAULT, false);
+}
+
+extern "C" void cuda_gspn_scan_bwd_write(Ctx *ctx, const Tensor *dyc, const Tensor *xc,
+                                         const Tensor *gates, const Tensor *merge, int shared_w,
+                                         const Tensor *hidden, Tensor *dxc, Tensor *dgates,
+                                         Tensor *dmerge) {
+    gspn_bwd_impl(ctx, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge,
+                  GSPN_TUNING_DEFAULT, true);
 }
 
 // For the benchmark (kernels/cuda/gspn_bench.cu): the same ops with another tuning.
@@ -1891,7 +1920,7 @@ extern "C" void cuda_gspn_scan_bwd_tuned(Ctx *ctx, const Tensor *dyc, const Tens
                                          const Tensor *gates, const Tensor *merge, int shared_w,
                                          const Tensor *hidden, Tensor *dxc, Tensor *dgates,
                                          Tensor *dmerge, int cg_bytes, int vec_bytes,
-                                         int stages, int prefetch, int dir_mask) {
+                                         int stages, int prefetch, int dir_mask, int write) {
     gspn_bwd_impl(ctx, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge,
-                  Tuning{cg_bytes, vec_bytes, stages, prefetch, dir_mask});
+                  Tuning{cg_bytes, vec_bytes, stages, prefetch, dir_mask}, write != 0);
 }

@@ -16,7 +16,7 @@ void cuda_gspn_scan_fwd_tuned(Ctx *ctx, const Tensor *xc, const Tensor *gates,
 void cuda_gspn_scan_bwd_tuned(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
                               const Tensor *merge, int shared_w, const Tensor *hidden,
                               Tensor *dxc, Tensor *dgates, Tensor *dmerge, int cg_bytes,
-                              int vec_bytes, int stages, int prefetch, int dir_mask);
+                              int vec_bytes, int stages, int prefetch, int dir_mask, int write);
 // (cg_bytes, vec_bytes, stages, prefetch): cg_bytes 0 = chosen by the kernel; stages 0 = the pipelined kernels at their chosen
 // depth, 1 = the simple kernels (also what shared weights and odd Cc use), 2..4 = a fixed depth;
 // prefetch = L2 prefetch distance (it cannot change results; run to cover its addressing).
@@ -122,24 +122,37 @@ static int check_case(Ctx *g, const Shape *s, int shared_w, DType dt, const Tols
     Tensor *gdm = gpu_from(g, dmerge, DTYPE_F32);
     Tensor *gdx2 = gpu_from(g, dxc, dt), *gdg2 = gpu_from(g, dgates, dt);
     Tensor *gdm2 = gpu_from(g, dmerge, DTYPE_F32);
+    // gspn_scan_bwd_write: dxc and dgates start as NaN (every element must be written), dmerge
+    // from the same values (it still accumulates).
+    Tensor *gdxw = gpu_poisoned(4, xc->shape, dt), *gdgw = gpu_poisoned(4, gates->shape, dt);
+    Tensor *gdmw = gpu_from(g, dmerge, DTYPE_F32);
+    Tensor *dxcw = test_like(xc), *dgw = test_like(gates), *dmw = test_like(merge);
+    memcpy(dmw->data, dmerge->data, tensor_bytes(dmerge));
+    test_fill(dxcw, seed + 8, -1.0f, 1.0f);   // the CPU op must ignore these too
+    test_fill(dgw, seed + 9, -1.0f, 1.0f);
     Tensor *gy = gpu_poisoned(4, xc->shape, dt), *gy2 = gpu_poisoned(4, xc->shape, dt);
     Tensor *gh = gpu_poisoned(5, hidden->shape, DTYPE_F32);
 
     Ctx c = ctx_cpu();
     cpu_gspn_scan_fwd(&c, xc, gates, merge, shared_w, yc, hidden);
     cpu_gspn_scan_bwd(&c, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge);
+    cpu_gspn_scan_bwd_write(&c, dyc, xc, gates, merge, shared_w, hidden, dxcw, dgw, dmw);
 
     if (tuning == 0) {   // the entry points of ops.h
         cuda_gspn_scan_fwd(g, gx, gg, gm, shared_w, gy, gh);
         cuda_gspn_scan_fwd(g, gx, gg, gm, shared_w, gy2, NULL);
         cuda_gspn_scan_bwd(g, gdy, gx, gg, gm, shared_w, gh, gdx, gdg, gdm);
         cuda_gspn_scan_bwd(g, gdy, gx, gg, gm, shared_w, NULL, gdx2, gdg2, gdm2);
+        cuda_gspn_scan_bwd_write(g, gdy, gx, gg, gm, shared_w, gh, gdxw, gdgw, gdmw);
     } else {
         cuda_gspn_scan_fwd_tuned(g, gx, gg, gm, shared_w, gy, gh, cgb, vb, st, pf, 15);
         cuda_gspn_scan_fwd_tuned(g, gx, gg, gm, shared_w, gy2, NULL, cgb, vb, st, pf, 15);
-        cuda_gspn_scan_bwd_tuned(g, gdy, gx, gg, gm, shared_w, gh, gdx, gdg, gdm, cgb, vb, st, pf, 15);
+        cuda_gspn_scan_bwd_tuned(g, gdy, gx, gg, gm, shared_w, gh, gdx, gdg, gdm, cgb, vb, st, pf,
+                                 15, 0);
         cuda_gspn_scan_bwd_tuned(g, gdy, gx, gg, gm, shared_w, NULL, gdx2, gdg2, gdm2, cgb, vb,
-                                 st, pf, 15);
+                                 st, pf, 15, 0);
+        cuda_gspn_scan_bwd_tuned(g, gdy, gx, gg, gm, shared_w, gh, gdxw, gdgw, gdmw, cgb, vb, st,
+                                 pf, 15, 1);
     }
     CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -153,6 +166,8 @@ static int check_case(Ctx *g, const Shape *s, int shared_w, DType dt, const Tols
         {"dgates", gdg, dgates, tol->dgates}, {"dmerge", gdm, dmerge, tol->dmerge},
         {"dxc (recompute)", gdx2, dxc, tol->dxc}, {"dgates (recompute)", gdg2, dgates, tol->dgates},
         {"dmerge (recompute)", gdm2, dmerge, tol->dmerge},
+        {"dxc (write)", gdxw, dxcw, tol->dxc}, {"dgates (write)", gdgw, dgw, tol->dgates},
+        {"dmerge (write)", gdmw, dmw, tol->dmerge},
     };
     int fails = 0;
     printf("    %dx%dx%dx%d %s %s", s->B, s->H, s->W, s->Cc, dtype_name(dt),
@@ -167,9 +182,10 @@ static int check_case(Ctx *g, const Shape *s, int shared_w, DType dt, const Tols
     }
     printf("\n");
 
-    Tensor *cpu_all[] = {xc, gates, merge, dyc, yc, hidden, dxc, dgates, dmerge};
+    Tensor *cpu_all[] = {xc, gates, merge, dyc, yc, hidden, dxc, dgates, dmerge, dxcw, dgw, dmw};
     for (size_t i = 0; i < sizeof cpu_all / sizeof cpu_all[0]; i++) test_tensor_free(cpu_all[i]);
-    Tensor *gpu_all[] = {gx, gg, gm, gdy, gdx, gdg, gdm, gdx2, gdg2, gdm2, gy, gy2, gh};
+    Tensor *gpu_all[] = {gx, gg, gm, gdy, gdx, gdg, gdm, gdx2, gdg2, gdm2, gy, gy2, gh,
+                         gdxw, gdgw, gdmw};
     for (size_t i = 0; i < sizeof gpu_all / sizeof gpu_all[0]; i++) gpu_test_free(gpu_all[i]);
     return fails;
 }
