@@ -421,6 +421,10 @@ __global__ void gspn_merge_kernel(const T *__restrict__ ypart, long long plane, 
     }
 }
 
+// Slots of a pipelined backward stage per item (gspn_bwd_pipe_kernel): 7 inputs, and the 5 old
+// dgates when they are added to.
+__host__ __device__ constexpr int bwd_stage_slots(int dg_write) { return dg_write ? 7 : 12; }
+
 // ---- backward: one direction -------------------------------------------------------------------
 // Reverse scan. dxpart (B,H,W,Cc) = lam_d dh_d or NULL; dgates += the gate gradients of direction
 // d or NULL; dmpart[blockIdx.x] = this block's sum of u h dyc, or NULL.
@@ -812,8 +816,9 @@ gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
 }
 
 // Backward. Stage slots: q = 0 dyc, 1 xc, 2 lam, 3 u, 4..6 wt, 7..11 the old dgates of this
-// direction (lam, u, wt x3); then h[s-1] of the item (fp32, V floats) in its own array, read by
-// the item and its two neighbour lanes (visible to them after the step's barrier).
+// direction (lam, u, wt x3; not staged when dgates is written: a.dg_write); then h[s-1] of the
+// item (fp32, V floats) in its own array, read by the item and its two neighbour lanes (visible
+// to them after the step's barrier).
 template <typename T, int V, int D>
 __global__ void __launch_bounds__(PipeThreads<T, V>::bwd)
 gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
@@ -821,7 +826,8 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
                      const void *merge, int merge_bf16, T *__restrict__ dxpart,
                      T *__restrict__ dgates, double *__restrict__ dmpart, long long plane,
                      int nblk, ScanArgs a) {
-    constexpr int VB = V * (int)sizeof(T), NQ = 12, HB = V * 4;
+    constexpr int VB = V * (int)sizeof(T), HB = V * 4;
+    const int NQ = bwd_stage_slots(a.dg_write);
     const int d = blockIdx.x & 3;
     if (!((a.dir_mask >> d) & 1)) return;
     const DirGeom g = pick_dir(a, d);
@@ -830,7 +836,8 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
     // carries as the simple kernel's, except w_0 dh, which stays in a register (one item per thread)
     float *cm = reinterpret_cast<float *>(smem_raw), *cp = cm + 2 * rowf;
     unsigned char *stg = smem_raw + a.lane_bytes;                          // [D][NQ][items][VB]
-    unsigned char *hst = stg + (size_t)D * NQ * a.items_max * VB;          // [D][items][HB]
+    // [D][items][HB], 16-byte aligned for its cp.async (7 slots of 8 bytes need not be)
+    unsigned char *hst = stg + ((size_t)D * NQ * a.items_max * VB + 15) / 16 * 16;
     for (int i = threadIdx.x; i < 4 * rowf; i += blockDim.x) cm[i] = 0.0f;
 
     const int bg = blockIdx.x >> 2, b = bg / g.ngroups, c0 = (bg % g.ngroups) * g.CG;
@@ -1576,8 +1583,9 @@ int lane_state_bytes(const Plan &p, const ScanArgs &a, bool bwd) {
 size_t pipe_smem(const Plan &p, const ScanArgs &a, bool bwd, int D) {
     const size_t vb = (size_t)p.V * (p.bf16 ? 2 : 4);
     const size_t lane = (size_t)lane_state_bytes(p, a, bwd);
-    const size_t per_item = bwd ? 12 * vb + (size_t)p.V * 4 : 6 * vb;
-    return lane + (size_t)D * a.items_max * per_item;
+    if (!bwd) return lane + (size_t)D * a.items_max * 6 * vb;
+    const size_t inputs = (size_t)D * a.items_max * bwd_stage_slots(a.dg_write) * vb;
+    return lane + (inputs + 15) / 16 * 16 + (size_t)D * a.items_max * p.V * 4;
 }
 
 // Pipeline depth: the deepest (<= 4) with which all blocks are resident at once, else the
@@ -1660,11 +1668,11 @@ bool bwd_pipe(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gat
         return false;
     } else {
         ScanArgs a = scan_args(p);
+        a.dg_write = dg_write;   // smaller stages: pipe_smem
         const int D = pipe_stages(p, a, true, PipeThreads<T, V>::bwd, c);
         if (!D) return false;
         const size_t smem = pipe_smem(p, a, true, D);
         a.lane_bytes = lane_state_bytes(p, a, true);
-        a.dg_write = dg_write;
         const int nblk = p.B * p.ngroups;
         if (D == 2) launch_pipe(gspn_bwd_pipe_kernel<T, V, 2>, p, a, smem, 1, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
         else if (D == 3) launch_pipe(gspn_bwd_pipe_kernel<T, V, 3>, p, a, smem, 1, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
