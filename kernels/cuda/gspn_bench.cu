@@ -177,7 +177,7 @@ Result run_config(Ctx *ctx, const Config &cf, const Tune &tu, int reps = REPS) {
     r.bwd_must = x + x + g + h + x + g;
     r.bwd_acc = r.bwd_must + x + g;
     r.fwd_moved = 4 * x + g + h + 8 * x + x;
-    r.bwd_moved = 4 * x + 4 * x + g + h + g + 8 * x + 2 * x;   // written: no old dgates read
+    r.bwd_moved = 4 * x + 4 * x + g + h + g + 8 * x + x;   // written: no dgates / dxc read back
 
     Tensor *all[] = {&xc, &gates, &yc, &dyc, &dxc, &dgates, &hidden, &merge, &dmerge};
     for (Tensor *t : all) cuda_free(t->data);
