@@ -165,12 +165,13 @@ void tape_backward(Tape *t, Tensor *loss) {
     run_backward(t);
 }
 
-void tape_backward_from(Tape *t, int n, Tensor **outs, Tensor **grads) {
+static void backward_from(Tape *t, int n, Tensor **outs, Tensor **grads, bool consume) {
     for (int i = 0; i < n; i++) {
         CG_CHECK(outs[i]->requires_grad, "check that some parameter is trainable",
                  "backward: output %d does not depend on any trainable parameter", i);
         CG_CHECK(grads[i]->numel == outs[i]->numel, "", "backward: gradient %d has %zu elements, "
                  "its output %zu", i, grads[i]->numel, outs[i]->numel);
+        if (consume && tape_grad_adopt(t, outs[i], grads[i])) continue;
         // A seed is written (converted to the output's dtype), not added to a zeroed buffer,
         // unless an earlier seed already reached the same output.
         bool fresh;
@@ -179,4 +180,12 @@ void tape_backward_from(Tape *t, int n, Tensor **outs, Tensor **grads) {
         else op_accumulate(t->ctx, grads[i], g);
     }
     run_backward(t);
+}
+
+void tape_backward_from(Tape *t, int n, Tensor **outs, Tensor **grads) {
+    backward_from(t, n, outs, grads, false);
+}
+
+void tape_backward_from_consume(Tape *t, int n, Tensor **outs, Tensor **grads) {
+    backward_from(t, n, outs, grads, true);
 }

@@ -75,3 +75,7 @@ void tape_backward(Tape *t, Tensor *loss);
 // Like torch.autograd.backward(outs, grads): adds grads[i] into outs[i]'s gradient, then runs
 // every record backwards. grads[i] has outs[i]'s shape and dtype.
 void tape_backward_from(Tape *t, int n, Tensor **outs, Tensor **grads);
+// Like tape_backward_from, but a grads[i] with outs[i]'s dtype and size becomes outs[i]'s gradient
+// buffer itself (no copy), as torch's backward(grad) reads its argument in place: backward may
+// then write into it, so the caller's values are lost (refill it before reusing it).
+void tape_backward_from_consume(Tape *t, int n, Tensor **outs, Tensor **grads);

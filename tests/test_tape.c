@@ -239,7 +239,8 @@ static void test_param_done_reports_each_parameter_once_with_its_final_gradient(
 }
 
 // tape_backward_from(tokens, seed) is the gradient of sum(tokens * seed): the seed is written into
-// the fresh gradient of the output; a second seed for the same output adds to it.
+// the fresh gradient of the output; a second seed for the same output adds to it;
+// tape_backward_from_consume gives the same gradients through the seed's own buffer.
 typedef struct SeedCase {
     Net n;
     Tensor *seed;
@@ -290,6 +291,16 @@ static void test_backward_from_seeds_match_finite_differences(void **state) {
     tape_backward_from(&c.n.tape, 2, (Tensor *[]){y, y}, (Tensor *[]){half, half});
     assert_true(test_rel_err(tensor_f32(&w->grad), tensor_f32(once), once->numel) < 1e-6);
     assert_true(test_dot(once, once) > 0);
+
+    // Consumed (the seed becomes the output's gradient buffer): the same gradients.
+    Tensor *taken = test_like(c.seed);
+    memcpy(taken->data, c.seed->data, tensor_bytes(c.seed));
+    params_zero_grads(&c.n.params, &c.n.ctx);
+    y = seed_tokens(&c.n);
+    tape_backward_from_consume(&c.n.tape, 1, &y, &taken);
+    assert_ptr_equal(y->grad->data, taken->data);
+    assert_true(test_rel_err(tensor_f32(&w->grad), tensor_f32(once), once->numel) < 1e-6);
+    test_tensor_free(taken);
     test_tensor_free(once);
     test_tensor_free(half);
     test_tensor_free(c.seed);

@@ -384,8 +384,10 @@ enum { BLOCK_B = 32, BLOCK_C = 1152, BLOCK_MLP = 4304, BLOCK_HEADS = 16, BLOCK_L
 
 typedef struct BlockTimes { double fwd_ms, fwdbwd_ms, flops_fwd, act_gib; } BlockTimes;
 
+// dy0: the seed's values; dy, refilled from it before each repetition (outside the timing), is
+// consumed by the backward as torch's y.backward(dy) reads its argument (no copy).
 static double block_median(Tape *tape, Ctx *ctx, int warmup, int reps, bool backward,
-                           const Encoder *enc, Tensor *x, Tensor *dy) {
+                           const Encoder *enc, Tensor *x, const Tensor *dy0, Tensor *dy) {
     cudaStream_t s = cuda_stream_of(ctx);
     cudaEvent_t a, b;
     CUDA_CHECK(cudaEventCreate(&a));
@@ -395,9 +397,11 @@ static double block_median(Tape *tape, Ctx *ctx, int warmup, int reps, bool back
     for (int i = 0; i < warmup + reps; i++) {
         tape_reset(tape);
         x->grad = NULL;   // last repetition's gradient lived in the arena
+        if (backward)
+            CUDA_CHECK(cudaMemcpyAsync(dy->data, dy0->data, tensor_bytes(dy), cudaMemcpyDeviceToDevice, s));
         CUDA_CHECK(cudaEventRecord(a, s));
         Tensor *y = encoder_block_forward(tape, enc, &enc->blocks[0], x, NULL);
-        if (backward) tape_backward_from(tape, 1, &y, &dy);
+        if (backward) tape_backward_from_consume(tape, 1, &y, &dy);
         CUDA_CHECK(cudaEventRecord(b, s));
         CUDA_CHECK(cudaEventSynchronize(b));
         if (i >= warmup) t[i - warmup] = event_ms(a, b);
@@ -411,14 +415,16 @@ static double block_median(Tape *tape, Ctx *ctx, int warmup, int reps, bool back
 
 // One profiled forward + backward of the block (after the timed ones): the op table into prof.
 static void block_profile(FILE *prof, const char *label, Tape *tape, Ctx *ctx, const Encoder *enc,
-                          Tensor *x, Tensor *dy, double timed_ms) {
+                          Tensor *x, const Tensor *dy0, Tensor *dy, double timed_ms) {
     tape_reset(tape);
     x->grad = NULL;
+    CUDA_CHECK(cudaMemcpyAsync(dy->data, dy0->data, tensor_bytes(dy), cudaMemcpyDeviceToDevice,
+                               cuda_stream_of(ctx)));
     OpProfile *p = op_profile_start(ctx);
     op_profile_mark(p, "forward");
     Tensor *y = encoder_block_forward(tape, enc, &enc->blocks[0], x, NULL);
     op_profile_mark(p, "backward");
-    tape_backward_from(tape, 1, &y, &dy);
+    tape_backward_from_consume(tape, 1, &y, &dy);
     op_profile_stop(p);
     x->grad = NULL;
     OpPhase ph[2];
@@ -464,10 +470,11 @@ static BlockTimes bench_one_block(EncoderKind kind, int px, int warmup, int reps
     int N = (px / BLOCK_PATCH) * (px / BLOCK_PATCH);
     int shape[3] = {BLOCK_B, N, BLOCK_C};
     Tensor *x = random_tensor(&ctx, 3, shape, DTYPE_F32, 5, -2.0f, 2.0f);
-    Tensor *dy = random_tensor(&ctx, 3, shape, DTYPE_F32, 6, -1.0f, 1.0f);
+    Tensor *dy0 = random_tensor(&ctx, 3, shape, DTYPE_F32, 6, -1.0f, 1.0f);
+    Tensor *dy = random_tensor(&ctx, 3, shape, DTYPE_F32, 6, -1.0f, 1.0f);   // consumed copy
     x->requires_grad = true;
     BlockTimes bt;
-    bt.fwd_ms = block_median(&tape, &ctx, warmup, reps, false, &enc, x, dy);
+    bt.fwd_ms = block_median(&tape, &ctx, warmup, reps, false, &enc, x, dy0, dy);
     // A fresh arena for the other allocation sequence: the bump allocator never goes back to a
     // chunk it has passed, so a second sequence over the first one's chunks could need twice the
     // memory.
@@ -475,18 +482,19 @@ static BlockTimes bench_one_block(EncoderKind kind, int px, int warmup, int reps
     arena_free(&arena);
     arena_init(&arena, &ctx, (size_t)1 << 30);
     tape_init(&tape, &ctx, &arena);
-    bt.fwdbwd_ms = block_median(&tape, &ctx, warmup, reps, true, &enc, x, dy);
+    bt.fwdbwd_ms = block_median(&tape, &ctx, warmup, reps, true, &enc, x, dy0, dy);
     bt.act_gib = arena.peak / 1073741824.0;
     if (prof) {
         char label[64];
         snprintf(label, sizeof label, "%s block at %d px", kind == ENCODER_CGSPN ? "C-GSPN" : "attention", px);
-        block_profile(prof, label, &tape, &ctx, &enc, x, dy, bt.fwdbwd_ms);
+        block_profile(prof, label, &tape, &ctx, &enc, x, dy0, dy, bt.fwdbwd_ms);
     }
     // the block's FLOPs: the encoder's, less its patch embedding
     bt.flops_fwd = (encoder_flops_per_image(&ec) -
                     2.0 * N * BLOCK_C * 3 * BLOCK_PATCH * BLOCK_PATCH) * BLOCK_B;
     free_tensor(&ctx, x);
     free_tensor(&ctx, dy);
+    free_tensor(&ctx, dy0);
     tape_free(&tape);
     arena_free(&arena);
     params_free(&params, &ctx);
@@ -504,7 +512,8 @@ int bench_block_run(FILE *out) {
                  "flash attention); C-GSPN: Cc=%d; fp32 residual in and out, bf16 inside\n",
             BLOCK_B, BLOCK_C, BLOCK_MLP, BLOCK_HEADS, BLOCK_LATENT);
     fprintf(out, "fwd = forward without the tape; fwd+bwd = forward with the tape + backward from a "
-                 "random dy (input and weight gradients); medians after warm-up (CUDA events)\n");
+                 "random dy (input and weight gradients; dy used in place, as torch's backward(dy)); "
+                 "medians after warm-up (CUDA events)\n");
     const int pxs[2] = {1036, 2058};
     const int warm[2] = {2, 1}, reps[2] = {10, 5};
     BlockTimes t[2][2];   // [px][0 = C-GSPN, 1 = attention]
