@@ -18,6 +18,7 @@ OP_WEAK(layer_scale_bwd)
 OP_WEAK(linear_fwd)
 OP_WEAK(linear_bwd)
 OP_WEAK(linear_bwd_write)
+OP_WEAK(linear_residual_fwd)
 OP_WEAK(linear_gelu_fwd)
 OP_WEAK(linear_gelu_bwd)
 OP_WEAK(linear_dgelu_bwd)
@@ -101,6 +102,10 @@ void op_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, 
 void op_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
                    Tensor *dx, Tensor *dw, Tensor *db) {
     ROUTE(linear_bwd, ctx, dy, x, w, dx, dw, db);
+}
+void op_linear_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
+                           const Tensor *res, Tensor *y) {
+    ROUTE(linear_residual_fwd, ctx, x, w, b, res, y);
 }
 void op_linear_bwd_write(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
                          Tensor *dx, Tensor *dw, Tensor *db) {

@@ -59,6 +59,12 @@ OP_DECL(linear_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w
 // saves zeroing dx and reading it back (the dx GEMM runs with beta = 0).
 OP_DECL(linear_bwd_write, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
         Tensor *dx, Tensor *dw, Tensor *db)
+// y (N,M) = res + x w^T + b: a linear added onto a residual stream in one pass (on the GPU the
+// GEMM reads res as its C operand: no separate add, no activation-dtype copy of x w^T + b).
+// res and y share a dtype (fp32 in the encoders; y may not alias res), x and w the activation
+// dtype; b may be NULL. Forward only: the tape's backward of it is linear_bwd's.
+OP_DECL(linear_residual_fwd, Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
+        const Tensor *res, Tensor *y)
 // Linear then GELU: pre (N,M) = x w^T + b, y = gelu(pre), kind GELU_TANH or GELU_ERF. On the
 // GPU the tanh GELU is fused into the GEMM's epilogue (the GELU cuBLASLt computes); the erf GELU
 // (exact, timm's default) runs as the GEMM with its bias fused, then one GELU pass over pre.

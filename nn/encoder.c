@@ -71,10 +71,14 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
 // fp32 stream and writes the activation dtype (no separate cast pass).
 
 // The residual branch x of block b (branch 0: mixing layer, 1: MLP) under stochastic depth.
+static bool block_drop_path_active(const Tape *t, const Encoder *e) {
+    return e->drop_path.rate > 0.0f && e->cfg.depth >= 2 && t->grad_enabled;
+}
+
 static Tensor *block_drop_path(Tape *t, const Encoder *e, const Block *b, int branch, Tensor *x) {
     const EncoderDropPath *d = &e->drop_path;
     int depth = e->cfg.depth;
-    if (d->rate <= 0.0f || depth < 2 || !t->grad_enabled) return x;
+    if (!block_drop_path_active(t, e)) return x;
     int i = (int)(b - e->blocks);
     DropPathArgs a = {d->rate * (float)i / (float)(depth - 1), d->seed, d->step, 2 * i + branch,
                       d->first_sample};
@@ -94,7 +98,10 @@ Tensor *encoder_block_forward(Tape *t, const Encoder *e, const Block *b, Tensor 
     if (pp) *pp = mix;
     if (b->ls1) mix = nn_layer_scale(t, mix, b->ls1);
     x = nn_add(t, x, block_drop_path(t, e, b, 0, mix));
-    Tensor *m = mlp(t, &b->mlp, layernorm(t, &b->norm2, x));
+    Tensor *h2 = layernorm(t, &b->norm2, x);
+    // Without layer scale or an active drop path the MLP's fc2 writes x + MLP itself.
+    if (!b->ls2 && !block_drop_path_active(t, e)) return mlp_residual(t, &b->mlp, x, h2);
+    Tensor *m = mlp(t, &b->mlp, h2);
     if (b->ls2) m = nn_layer_scale(t, m, b->ls2);
     return nn_add(t, x, block_drop_path(t, e, b, 1, m));
 }

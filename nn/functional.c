@@ -78,17 +78,20 @@ Tensor *nn_gelu(Tape *t, Tensor *x, GeluKind kind) {
 
 // ---- MLP: linear + GELU + linear ----
 typedef struct { Tensor *x, *w1, *b1, *w2, *b2, *pre, *h, *y; GeluKind kind; } MlpRec;
-static void mlp_backward(Tape *t, void *p) {
-    MlpRec *r = p;
-    if (!NEED_GRAD(r)) return;
+// The MLP's backward from dy, the gradient of its output (fc2's y) in the activation dtype.
+static void mlp_backward_from(Tape *t, const MlpRec *r, const Tensor *dy) {
     bool fresh;
     Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
     Tensor *dw1 = tape_grad(t, r->w1), *db1 = tape_grad(t, r->b1);
     // dpre is written by linear_dgelu_bwd (never zeroed); not needed when fc1 wants nothing.
     Tensor *dpre = dx || dw1 || db1 ? tape_tensor_like(t, r->pre) : NULL;
-    op_linear_dgelu_bwd(t->ctx, r->y->grad, r->h, r->w2, r->pre, r->kind, dpre,
+    op_linear_dgelu_bwd(t->ctx, dy, r->h, r->w2, r->pre, r->kind, dpre,
                         tape_grad(t, r->w2), tape_grad(t, r->b2));
     if (dpre) (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, dpre, r->x, r->w1, dx, dw1, db1);
+}
+static void mlp_backward(Tape *t, void *p) {
+    MlpRec *r = p;
+    if (NEED_GRAD(r)) mlp_backward_from(t, r, r->y->grad);
 }
 Tensor *nn_mlp(Tape *t, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2, Tensor *b2, GeluKind kind) {
     CG_CHECK(tensor_last(x) == w1->shape[1] && w2->shape[1] == w1->shape[0], "",
@@ -104,6 +107,45 @@ Tensor *nn_mlp(Tape *t, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2, Tensor *b
     if (track)
         *(MlpRec *)tape_record(t, mlp_backward, sizeof(MlpRec)) =
             (MlpRec){x, w1, b1, w2, b2, pre, h, y, kind};
+    return y;
+}
+
+// ---- MLP onto a residual: y = res + MLP(x), fc2 writing the sum (linear_residual_fwd) ----
+typedef struct { MlpRec m; Tensor *res; } MlpResidualRec;   // m.y: the sum
+static void mlp_residual_backward(Tape *t, void *p) {
+    MlpResidualRec *r = p;
+    Tensor *dy = r->m.y->grad;
+    if (!dy) return;
+    // The branch's gradient in the activation dtype first: res may adopt dy itself, and the
+    // backward of what produced res then writes into it.
+    const MlpRec *m = &r->m;
+    Tensor *dm = NULL;
+    if (m->x->requires_grad || m->w1->requires_grad || (m->b1 && m->b1->requires_grad) ||
+        m->w2->requires_grad || (m->b2 && m->b2->requires_grad)) {
+        dm = new_shaped(t, m->h, m->w2->shape[0]);
+        op_scale_fwd(t->ctx, dy, 1.0f, dm);
+    }
+    pass_grad(t, r->res, dy);
+    if (dm) mlp_backward_from(t, m, dm);
+}
+Tensor *nn_mlp_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2,
+                        Tensor *b2, GeluKind kind) {
+    CG_CHECK(tensor_last(x) == w1->shape[1] && w2->shape[1] == w1->shape[0] &&
+                 res->numel == tensor_rows(x) * (size_t)w2->shape[0], "",
+             "MLP on a residual: input width %d, fc1 (%d, %d), fc2 (%d, %d), residual of %zu "
+             "elements", tensor_last(x), w1->shape[0], w1->shape[1], w2->shape[0], w2->shape[1],
+             res->numel);
+    Tensor *h = new_shaped(t, x, w1->shape[0]);
+    Tensor *y = tape_tensor_like(t, res);
+    tape_track(t, h, x, w1, b1);
+    bool track = tape_track(t, y, h, w2, b2);
+    if (t->grad_enabled && res->requires_grad) track = y->requires_grad = true;
+    Tensor *pre = track ? new_shaped(t, x, w1->shape[0]) : NULL;
+    op_linear_gelu_fwd(t->ctx, x, w1, b1, kind, pre, h);
+    op_linear_residual_fwd(t->ctx, h, w2, b2, res, y);
+    if (track)
+        *(MlpResidualRec *)tape_record(t, mlp_residual_backward, sizeof(MlpResidualRec)) =
+            (MlpResidualRec){{x, w1, b1, w2, b2, pre, h, y, kind}, res};
     return y;
 }
 

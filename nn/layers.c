@@ -89,6 +89,10 @@ Tensor *mlp(Tape *t, const Mlp *m, Tensor *x) {
     return nn_mlp(t, x, m->fc1.w, m->fc1.b, m->fc2.w, m->fc2.b, m->gelu);
 }
 
+Tensor *mlp_residual(Tape *t, const Mlp *m, Tensor *res, Tensor *x) {
+    return nn_mlp_residual(t, res, x, m->fc1.w, m->fc1.b, m->fc2.w, m->fc2.b, m->gelu);
+}
+
 Tensor *attention(Tape *t, const Attention *a, Tensor *x) {
     Tensor *qkv = linear(t, &a->qkv, x);          // (B,N,3C)
     Tensor *o = nn_attention(t, qkv, a->heads);   // (B,N,C)

@@ -34,6 +34,8 @@ void cgspn_layer_register(CgspnLayer *l, ParamTable *t, const char *prefix, int 
 Tensor *linear(Tape *t, const Linear *l, Tensor *x);
 Tensor *layernorm(Tape *t, const LayerNorm *l, Tensor *x);
 Tensor *mlp(Tape *t, const Mlp *m, Tensor *x);
+// res + mlp(x), the sum written by fc2 (nn_mlp_residual).
+Tensor *mlp_residual(Tape *t, const Mlp *m, Tensor *res, Tensor *x);
 Tensor *attention(Tape *t, const Attention *a, Tensor *x);      // x (B,N,C)
 Tensor *cgspn_layer(Tape *t, const CgspnLayer *l, Tensor *x);   // x (B,H,W,C)
 // Width of the gate projection for Cc latent channels.

@@ -31,6 +31,21 @@ void cpu_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
     cpu_sgemm(0, 1, (int)N, M, K, 1.0f, px, K, pw, K, b ? 1.0f : 0.0f, py, M);
 }
 
+// y = res + (x w^T + b), in the unfused ops' order (the same numbers as linear_fwd, then add_fwd).
+void cpu_linear_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
+                             const Tensor *res, Tensor *y) {
+    cpu_check_f32("linear_residual_fwd", "res", res);
+    cpu_check_f32("linear_residual_fwd", "y", y);
+    CG_CHECK(res->numel == y->numel && res->data != y->data, "",
+             "op linear_residual_fwd: res (%zu elements) must match y (%zu) and not alias it",
+             res->numel, y->numel);
+    cpu_linear_fwd(ctx, x, w, b, y);
+    const float *pr = tensor_f32(res);
+    float *py = tensor_f32(y);
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < y->numel; i++) py[i] = pr[i] + py[i];
+}
+
 // dx (N,K) += dy w; dw (M,K) += dy^T x; db (M) += sum_n dy
 void cpu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
                     Tensor *dx, Tensor *dw, Tensor *db) {

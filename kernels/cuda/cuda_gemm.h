@@ -9,14 +9,16 @@
 #include <stdint.h>
 #include "cuda_common.h"
 
-// D (m, n) = op(A) op(B) + beta * D, column-major, then the epilogue; compute and scale in fp32
+// D (m, n) = op(A) op(B) + beta * C (C = D unless c is set), column-major, then the epilogue;
+// compute and scale in fp32
 // (CUBLAS_COMPUTE_32F: exact fp32 for fp32 inputs, no TF32; fp32 accumulation for bf16 inputs).
 typedef struct CudaGemm {
     int trans_a, trans_b;           // op(A) = A^T when set (A stored (k, m)); likewise B (n, k)
     int m, n, k;
     const void *a;  int64_t lda;  cudaDataType_t a_type;
     const void *b;  int64_t ldb;  cudaDataType_t b_type;
-    void *d;        int64_t ldd;  cudaDataType_t d_type;   // C = D (read when beta != 0)
+    void *d;        int64_t ldd;  cudaDataType_t d_type;   // C = D (read when beta != 0) ...
+    const void *c;  int64_t ldc;  // ... unless c is set: C (m, n), D's dtype, read when beta != 0
     float beta;                     // 0: overwrite D; 1: accumulate into D
     cublasLtEpilogue_t epilogue;    // 0 means CUBLASLT_EPILOGUE_DEFAULT
     // BIAS / GELU*_BIAS: bias (m) read. BGRADA: bias (m) written; BGRADB: bias (n) written

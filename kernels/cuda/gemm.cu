@@ -10,6 +10,7 @@
 // and compares as bytes.
 typedef struct GemmKey {
     int64_t trans_a, trans_b, m, n, k, lda, ldb, ldd, ldaux;
+    int64_t ldc;     // a C operand apart from D (CudaGemm.c), else 0
     int64_t a_type, b_type, d_type, bias_type, epilogue;
     int64_t align;   // the bytes every pointer is aligned to (a power of two, 1..256)
 } GemmKey;
@@ -19,7 +20,7 @@ typedef struct GemmPlan {
     int used;
     int supported;   // 0: cuBLASLt has no algorithm for this key (remembered, not re-queried)
     cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatrixLayout_t la, lb, ld, lc;   // lc: C's layout (ld itself when C = D)
     cublasLtMatmulAlgo_t algo;
 } GemmPlan;
 
@@ -138,9 +139,9 @@ static int plan_tune(CudaCtx *c, GemmPlan *p, const CudaGemm *g,
         bool ok = true;
         for (int r = 0; r < 4 && ok; r++) {   // one warm-up, three timed
             if (r == 1) CUDA_CHECK(cudaEventRecord(e0, c->stream));
-            ok = cublasLtMatmul(c->lt, p->desc, &alpha, g->a, p->la, g->b, p->lb, &beta, d, p->ld, d,
-                                p->ld, &cand[i].algo, c->workspace, c->workspace_bytes,
-                                c->stream) == CUBLAS_STATUS_SUCCESS;
+            ok = cublasLtMatmul(c->lt, p->desc, &alpha, g->a, p->la, g->b, p->lb, &beta,
+                                g->c ? g->c : d, p->lc, d, p->ld, &cand[i].algo, c->workspace,
+                                c->workspace_bytes, c->stream) == CUBLAS_STATUS_SUCCESS;
         }
         if (!ok) continue;
         CUDA_CHECK(cudaEventRecord(e1, c->stream));
@@ -187,6 +188,8 @@ static void plan_build(CudaCtx *c, CudaGemmCache *s, GemmPlan *p, const CudaGemm
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, g->b_type, g->trans_b ? g->n : g->k,
                                             g->trans_b ? g->k : g->n, g->ldb));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->ld, g->d_type, g->m, g->n, g->ldd));
+    p->lc = p->ld;
+    if (g->c) CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, g->d_type, g->m, g->n, g->ldc));
 
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -203,7 +206,7 @@ static void plan_build(CudaCtx *c, CudaGemmCache *s, GemmPlan *p, const CudaGemm
     cublasLtMatmulHeuristicResult_t cand[TUNE_CANDIDATES];
     memset(cand, 0, sizeof cand);
     int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->ld, p->ld,
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc, p->ld,
                                                        pref, s->tune ? TUNE_CANDIDATES : 1, cand,
                                                        &found);
     cublasLtMatmulHeuristicResult_t res = cand[0];
@@ -229,6 +232,7 @@ static void plan_destroy(GemmPlan *p) {
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->la));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->lb));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->ld));
+    if (p->lc != p->ld) CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->lc));
     CUBLAS_CHECK(cublasLtMatmulDescDestroy(p->desc));
 }
 
@@ -243,7 +247,7 @@ extern "C" int cuda_gemm_try(Ctx *ctx, const CudaGemm *g) {
     CG_CHECK(g->k > 0, "", "cuda_gemm: a product over k = 0 (m=%d n=%d)", g->m, g->n);
 
     uintptr_t bits = (uintptr_t)g->a | (uintptr_t)g->b | (uintptr_t)g->d | (uintptr_t)g->bias |
-                     (uintptr_t)g->aux | (uintptr_t)256;
+                     (uintptr_t)g->aux | (uintptr_t)g->c | (uintptr_t)256;
     uint32_t align = (uint32_t)(bits & (~bits + 1));   // lowest set bit: 1..256
     GemmKey key;
     memset(&key, 0, sizeof key);
@@ -252,6 +256,7 @@ extern "C" int cuda_gemm_try(Ctx *ctx, const CudaGemm *g) {
     key.m = g->m; key.n = g->n; key.k = g->k;
     key.lda = g->lda; key.ldb = g->ldb; key.ldd = g->ldd;
     key.ldaux = epilogue_has_aux(epi) ? g->ldaux : 0;
+    key.ldc = g->c ? g->ldc : 0;
     key.a_type = g->a_type; key.b_type = g->b_type; key.d_type = g->d_type;
     key.bias_type = epilogue_reads_bias(epi) ? g->bias_type : 0;
     key.epilogue = epi;
@@ -271,7 +276,7 @@ extern "C" int cuda_gemm_try(Ctx *ctx, const CudaGemm *g) {
 
     float alpha = 1.0f, beta = g->beta;
     cublasStatus_t st = cublasLtMatmul(c->lt, p->desc, &alpha, g->a, p->la, g->b, p->lb, &beta,
-                                       g->d, p->ld, g->d, p->ld, &p->algo, c->workspace,
+                                       g->c ? g->c : g->d, p->lc, g->d, p->ld, &p->algo, c->workspace,
                                        c->workspace_bytes, c->stream);
     char buf[256];
     if (st == CUBLAS_STATUS_NOT_SUPPORTED && epi != CUBLASLT_EPILOGUE_DEFAULT) {

@@ -285,6 +285,39 @@ extern "C" void cuda_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, cons
     linear_forward(ctx, &s, x->data, w->data, b ? b->data : NULL, y->data);
 }
 
+// y = res + x w^T + b: one GEMM with res as C (beta = 1) and the bias in the epilogue, y and res
+// in their own dtype (fp32 in the encoders). Fallback (no such cuBLASLt algorithm): the linear
+// into an activation-dtype temporary, then the add (the unfused ops' numbers exactly).
+extern "C" void cuda_linear_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w,
+                                         const Tensor *b, const Tensor *res, Tensor *y) {
+    const char *op = "linear_residual_fwd";
+    LinearShape s = linear_shape(op, x, w);
+    cuda_check_matrix(op, "y", y, s.N, s.M);
+    cuda_check_matrix(op, "res", res, s.N, s.M);
+    CG_CHECK(res->dtype == y->dtype && res->data != y->data, "",
+             "op %s: res and y must share a dtype and not alias", op);
+    if (b) check_bias(op, &s, b);
+    if (s.N == 0) return;
+    CudaGemm g = gemm_forward(&s, x->data, w->data, y->data);
+    g.d_type = cuda_dtype_of(y->dtype);
+    g.c = res->data;
+    g.ldc = s.M;
+    g.beta = 1.0f;
+    if (b) {
+        g.epilogue = CUBLASLT_EPILOGUE_BIAS;
+        g.bias = b->data;
+        g.bias_type = cuda_dtype_of(b->dtype);
+    }
+    if (cuda_gemm_try(ctx, &g)) return;
+    void *tmp = temp_alloc(ctx, s.N * (size_t)s.M * dtype_size(s.act));
+    linear_forward(ctx, &s, x->data, w->data, b ? b->data : NULL, tmp);
+    Tensor branch = *y;
+    branch.data = tmp;
+    branch.dtype = s.act;
+    cuda_add_fwd(ctx, res, &branch, y);
+    temp_free(ctx, tmp);
+}
+
 static void linear_bwd_op(const char *op, Ctx *ctx, const Tensor *dy, const Tensor *x,
                           const Tensor *w, Tensor *dx, Tensor *dw, Tensor *db, float dx_beta) {
     LinearShape s = linear_shape(op, x, w);

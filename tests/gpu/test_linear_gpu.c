@@ -169,6 +169,49 @@ static int check_linear_bwd_write(Ctx *g, const Case *c, DType dt, uint64_t seed
     return fails;
 }
 
+// linear_residual_fwd: y (fp32, starts NaN) = res (fp32) + x w^T + b, the GEMM reading res as C.
+// The CPU adds the fp32 product to res; the fused GPU path does the same in the epilogue (only
+// the accumulation order differs), its fallback rounds the product to the activation dtype first.
+static int check_linear_residual_fwd(Ctx *g, const Case *c, DType dt, int bias, uint64_t seed) {
+    Ctx cpu = ctx_cpu();
+    int r = dt == DTYPE_BF16;
+    Tensor *x = host_rand(host_x(c, c->K), seed, r);
+    Tensor *w = host_rand(test_tensor(2, c->M, c->K), seed + 1, r);
+    Tensor *b = host_rand(test_tensor(1, c->M), seed + 2, r);
+    Tensor *res = host_rand(host_x(c, c->M), seed + 3, 0);
+    Tensor *y = host_x(c, c->M);
+    cpu_linear_residual_fwd(&cpu, x, w, bias ? b : NULL, res, y);
+    Tensor *gx = gpu_test_upload(g, x, dt), *gw = gpu_test_upload(g, w, dt);
+    Tensor *gb = gpu_test_upload(g, b, dt), *gres = gpu_test_upload(g, res, DTYPE_F32);
+    Tensor *gy = gpu_poison(g, y, DTYPE_F32);
+    int plans;
+    long queries, fused0, fused1;
+    cuda_gemm_cache_stats(g, &plans, &queries, &fused0);
+    op_linear_residual_fwd(g, gx, gw, bias ? gb : NULL, gres, gy);
+    cuda_gemm_cache_stats(g, &plans, &queries, &fused1);
+    if (bias) printf("    linear_residual_fwd N=%d K=%d M=%d %s: %s\n", c->N, c->K, c->M,
+                     dtype_name(dt), fused1 > fused0 ? "one GEMM (res as C, bias epilogue)" : "fallback");
+    int fails = check(g, bias ? "linear_residual_fwd" : "linear_residual_fwd(no b)", "y", c, gy, y,
+                      tols_for(dt)->act);
+    Tensor *gpu[] = {gx, gw, gb, gres, gy}, *host[] = {x, w, b, res, y};
+    for (int i = 0; i < 5; i++) { gpu_test_free(gpu[i]); test_tensor_free(host[i]); }
+    return fails;
+}
+
+static void test_linear_residual_matches_cpu(void **state) {
+    GPU_TEST_REQUIRE_DEVICE();
+    int fails = 0;
+    for (int d = 0; d < 2; d++) {
+        DType dt = d ? DTYPE_BF16 : DTYPE_F32;
+        Ctx g = cuda_ctx_create(0, dt);
+        for (int i = 0; i < NCASES; i++)
+            for (int bias = 0; bias < 2; bias++)
+                fails += check_linear_residual_fwd(&g, &CASES[i], dt, bias, 40 + 7 * i);
+        cuda_ctx_destroy(&g);
+    }
+    assert_int_equal(fails, 0);
+}
+
 static void test_linear_forward_matches_cpu(DType dt) {
     GPU_TEST_REQUIRE_DEVICE();
     Ctx g = cuda_ctx_create(0, dt);
@@ -457,6 +500,7 @@ int main(void) {
         cmocka_unit_test(test_linear_gelu_bf16_fused_matches_cpu_composition),
         cmocka_unit_test(test_fused_epilogues_match_unfused_paths),
         cmocka_unit_test(test_gemm_plans_are_cached_per_shape),
+        cmocka_unit_test(test_linear_residual_matches_cpu),
     };
     return cmocka_run_group_tests_name("linear_gpu", tests, NULL, NULL);
 }
