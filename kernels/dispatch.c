@@ -120,8 +120,9 @@ void op_linear_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tenso
     ROUTE(linear_gelu_bwd, ctx, dy, x, w, pre, kind, dx, dw, db);
 }
 void op_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
-                         const Tensor *pre, GeluKind kind, Tensor *dpre, Tensor *dw, Tensor *db) {
-    ROUTE(linear_dgelu_bwd, ctx, dy, h, w, pre, kind, dpre, dw, db);
+                         const Tensor *pre, GeluKind kind, Tensor *dpre, Tensor *dpre_db,
+                         Tensor *dw, Tensor *db) {
+    ROUTE(linear_dgelu_bwd, ctx, dy, h, w, pre, kind, dpre, dpre_db, dw, db);
 }
 void op_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
                       Tensor *y, Tensor *mean, Tensor *rstd) {

@@ -78,11 +78,12 @@ OP_DECL(linear_gelu_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tens
 // linear_gelu_fwd's fc1), with the GELU's backward fused into the dx product:
 //   dpre (N,K) = (dy w) * gelu'(pre), WRITTEN, not accumulated: the one exception to the
 //   rule above, since pre feeds only the GELU and nothing else adds to its gradient;
-//   dw (M,K) += dy^T h; db += sum_n dy. h, pre, dpre (N,K), dy (N,M).
+//   dw (M,K) += dy^T h; db += sum_n dy; dpre_db (K, fp32) += sum_n dpre, the bias gradient of
+//   the linear that produced pre (NULL: not wanted; needs dpre). h, pre, dpre (N,K), dy (N,M).
 // GPU: tanh through cuBLASLt's DGELU epilogue; erf as the product written into dpre (rounded
 // to its dtype, as an unfused linear backward would hand the GELU) scaled in place by gelu'(pre).
 OP_DECL(linear_dgelu_bwd, Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
-        const Tensor *pre, GeluKind kind, Tensor *dpre, Tensor *dw, Tensor *db)
+        const Tensor *pre, GeluKind kind, Tensor *dpre, Tensor *dpre_db, Tensor *dw, Tensor *db)
 
 // ---- normalization and activations ------------------------------------------------------------
 // LayerNorm over the last dim. x (N,C), w, b (C) -> y (N,C); saves mean, rstd (N) fp32.

@@ -85,9 +85,11 @@ static void mlp_backward_from(Tape *t, const MlpRec *r, const Tensor *dy) {
     Tensor *dw1 = tape_grad(t, r->w1), *db1 = tape_grad(t, r->b1);
     // dpre is written by linear_dgelu_bwd (never zeroed); not needed when fc1 wants nothing.
     Tensor *dpre = dx || dw1 || db1 ? tape_tensor_like(t, r->pre) : NULL;
-    op_linear_dgelu_bwd(t->ctx, dy, r->h, r->w2, r->pre, r->kind, dpre,
+    // fc1's bias gradient, the column sums of dpre, comes with dpre (one product on the GPU).
+    op_linear_dgelu_bwd(t->ctx, dy, r->h, r->w2, r->pre, r->kind, dpre, db1,
                         tape_grad(t, r->w2), tape_grad(t, r->b2));
-    if (dpre) (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, dpre, r->x, r->w1, dx, dw1, db1);
+    if (dpre && (dx || dw1))
+        (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, dpre, r->x, r->w1, dx, dw1, NULL);
 }
 static void mlp_backward(Tape *t, void *p) {
     MlpRec *r = p;

@@ -9,6 +9,20 @@
 enum { LINEAR_DB_CHUNK = 16 };
 
 // x (N,K), w (M,K), b (M) or NULL -> y (N,M) = x w^T + b
+// db (M) += column sums of dy (N,M), each over rows 0..N-1 in order, in double.
+static void colsum_add(const float *dy, size_t N, int M, float *db) {
+    int chunks = (M + LINEAR_DB_CHUNK - 1) / LINEAR_DB_CHUNK;
+    #pragma omp parallel for schedule(static)
+    for (int ch = 0; ch < chunks; ch++) {
+        int m0 = ch * LINEAR_DB_CHUNK;
+        int m1 = m0 + LINEAR_DB_CHUNK < M ? m0 + LINEAR_DB_CHUNK : M;
+        double sum[LINEAR_DB_CHUNK] = {0};
+        for (size_t n = 0; n < N; n++)
+            for (int m = m0; m < m1; m++) sum[m - m0] += dy[n * M + m];
+        for (int m = m0; m < m1; m++) db[m] += (float)sum[m - m0];
+    }
+}
+
 void cpu_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y) {
     cpu_check_f32("linear_fwd", "w", w);
     CG_CHECK(w->ndim == 2, "", "op linear_fwd: w must be (out, in), got rank %d", w->ndim);
@@ -67,19 +81,9 @@ void cpu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w
         cpu_check_same("linear_bwd", "dw", dw, "w", w);
         cpu_sgemm(1, 0, M, K, (int)N, 1.0f, pdy, M, px, K, 1.0f, tensor_f32(dw), K);
     }
-    if (db) {   // column sums of dy, each over rows 0..N-1 in order, in double
+    if (db) {
         cpu_check_numel("linear_bwd", "db", db, (size_t)M);
-        float *pdb = tensor_f32(db);
-        int chunks = (M + LINEAR_DB_CHUNK - 1) / LINEAR_DB_CHUNK;
-        #pragma omp parallel for schedule(static)
-        for (int ch = 0; ch < chunks; ch++) {
-            int m0 = ch * LINEAR_DB_CHUNK;
-            int m1 = m0 + LINEAR_DB_CHUNK < M ? m0 + LINEAR_DB_CHUNK : M;
-            double sum[LINEAR_DB_CHUNK] = {0};
-            for (size_t n = 0; n < N; n++)
-                for (int m = m0; m < m1; m++) sum[m - m0] += pdy[n * M + m];
-            for (int m = m0; m < m1; m++) pdb[m] += (float)sum[m - m0];
-        }
+        colsum_add(pdy, N, M, tensor_f32(db));
     }
 }
 
@@ -121,9 +125,11 @@ void cpu_linear_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tens
     free(dpre.data);
 }
 
-// dpre = (dy w) * gelu'(pre) (written); dw += dy^T h; db += sum_n dy.
+// dpre = (dy w) * gelu'(pre) (written); dpre_db += sum_n dpre; dw += dy^T h; db += sum_n dy.
 void cpu_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
-                          const Tensor *pre, GeluKind kind, Tensor *dpre, Tensor *dw, Tensor *db) {
+                          const Tensor *pre, GeluKind kind, Tensor *dpre, Tensor *dpre_db,
+                          Tensor *dw, Tensor *db) {
+    CG_CHECK(!dpre_db || dpre, "", "op linear_dgelu_bwd: dpre_db needs dpre");
     if (dpre) {
         cpu_check_same("linear_dgelu_bwd", "pre", pre, "h", h);
         cpu_check_same("linear_dgelu_bwd", "dpre", dpre, "h", h);
@@ -132,6 +138,10 @@ void cpu_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *h, const Ten
         memset(dpre->data, 0, dpre->numel * sizeof(float));
         cpu_gelu_bwd(ctx, &dh, pre, kind, dpre);
         free(dh.data);
+        if (dpre_db) {
+            cpu_check_numel("linear_dgelu_bwd", "dpre_db", dpre_db, (size_t)tensor_last(dpre));
+            colsum_add(tensor_f32(dpre), tensor_rows(dpre), tensor_last(dpre), tensor_f32(dpre_db));
+        }
     }
     if (dw || db) cpu_linear_bwd(ctx, dy, h, w, NULL, dw, db);
 }

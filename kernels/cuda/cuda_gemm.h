@@ -44,10 +44,11 @@ enum {
     CUDA_FUSE_BIAS_GRAD = 2,   // BGRADA / BGRADB
     CUDA_FUSE_GELU = 4,        // GELU, GELU_AUX(_BIAS)
     CUDA_FUSE_DGELU = 8,       // DGELU
-    CUDA_FUSE_ALL = 15,
+    CUDA_FUSE_DGELU_BGRAD = 16,   // DGELU_BGRAD: dpre and its column sums in one product
+    CUDA_FUSE_ALL = 31,
     // BGRADB is off by default: on the H200 the dw GEMM with it took longer than the dw GEMM plus
     // the separate column-sum kernel (ViT-B/16 qkv 0.377 vs 0.359 ms, so14 fc1 3.51 vs 3.20 ms).
-    CUDA_FUSE_DEFAULT = CUDA_FUSE_BIAS | CUDA_FUSE_GELU | CUDA_FUSE_DGELU,
+    CUDA_FUSE_DEFAULT = CUDA_FUSE_BIAS | CUDA_FUSE_GELU | CUDA_FUSE_DGELU | CUDA_FUSE_DGELU_BGRAD,
 };
 void cuda_gemm_set_fusion(Ctx *ctx, unsigned mask);
 // A device buffer of at least `bytes` owned by the context's GEMM cache, valid until the next

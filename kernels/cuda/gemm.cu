@@ -86,6 +86,7 @@ static int epilogue_has_aux(uint32_t e) { return (e & 128) != 0; }   // *_AUX, D
 // The CUDA_FUSE_* permissions an epilogue needs.
 static unsigned epilogue_fusion(uint32_t e) {
     if (e == CUBLASLT_EPILOGUE_DEFAULT) return 0;
+    if (e == CUBLASLT_EPILOGUE_DGELU_BGRAD) return CUDA_FUSE_DGELU | CUDA_FUSE_DGELU_BGRAD;
     unsigned need = 0;
     if (e & CUBLASLT_EPILOGUE_BIAS) need |= CUDA_FUSE_BIAS;
     if ((e & 16) || (e & CUBLASLT_EPILOGUE_BGRADA) || (e & CUBLASLT_EPILOGUE_BGRADB))

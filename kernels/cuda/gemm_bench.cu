@@ -131,10 +131,10 @@ extern "C" int cuda_bench_gemm(FILE *out) {
         bench_row(out, s, "bwd dx += dy w", bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, &dx, NULL, NULL); }));
         if (s->gelu == 2) {   // x stands in for h = gelu(pre) and for pre; dx receives dpre
             bench_row(out, s, "bwd dpre = dy w * gelu' (DGELU)",
-                      bench_ms(c, [&] { cuda_linear_dgelu_bwd(c, &dy, &x, &w, &x, GELU_TANH, &dx, NULL, NULL); }));
+                      bench_ms(c, [&] { cuda_linear_dgelu_bwd(c, &dy, &x, &w, &x, GELU_TANH, &dx, NULL, NULL, NULL); }));
             cuda_gemm_set_fusion(c, 0);
             bench_row(out, s, "bwd dpre unfused",
-                      bench_ms(c, [&] { cuda_linear_dgelu_bwd(c, &dy, &x, &w, &x, GELU_TANH, &dx, NULL, NULL); }));
+                      bench_ms(c, [&] { cuda_linear_dgelu_bwd(c, &dy, &x, &w, &x, GELU_TANH, &dx, NULL, NULL, NULL); }));
             cuda_gemm_set_fusion(c, CUDA_FUSE_DEFAULT);
         }
         bench_row(out, s, "bwd dw += dy^T x", bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, NULL, &dw, NULL); }));

@@ -420,8 +420,8 @@ extern "C" void cuda_linear_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x
 }
 
 extern "C" void cuda_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
-                                      const Tensor *pre, GeluKind kind, Tensor *dpre, Tensor *dw,
-                                      Tensor *db) {
+                                      const Tensor *pre, GeluKind kind, Tensor *dpre,
+                                      Tensor *dpre_db, Tensor *dw, Tensor *db) {
     CG_CHECK(kind == GELU_ERF || kind == GELU_TANH, "gelu is erf (exact) or tanh",
              "op linear_dgelu_bwd: unknown GELU kind %d", (int)kind);
     LinearShape s = linear_shape("linear_dgelu_bwd", h, w);
@@ -429,6 +429,9 @@ extern "C" void cuda_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *
     cuda_check_dtype("linear_dgelu_bwd", "dy", dy, s.act);
     if (dw) check_param_grad("linear_dgelu_bwd", "dw", dw, (size_t)s.M * s.K);
     if (db) check_param_grad("linear_dgelu_bwd", "db", db, (size_t)s.M);
+    CG_CHECK(!dpre_db || dpre, "", "op linear_dgelu_bwd: dpre_db needs dpre");
+    if (dpre_db) check_param_grad("linear_dgelu_bwd", "dpre_db", dpre_db, (size_t)s.K);
+    bool dpre_db_done = false;
     if (dpre) {
         cuda_check_matrix("linear_dgelu_bwd", "pre", pre, s.N, s.K);
         cuda_check_dtype("linear_dgelu_bwd", "pre", pre, s.act);
@@ -442,10 +445,23 @@ extern "C" void cuda_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *
         cuda_dgelu_scale(ctx, GELU_ERF, s.act, pre->data, dpre->data, s.N * (size_t)s.K);
     } else if (dpre) {   // dpre = (dy w) * gelu_tanh'(pre), written
         CudaGemm g = gemm_dx(&s, dy->data, w->data, dpre->data, cuda_dtype_of(s.act), 0.0f);
-        g.epilogue = CUBLASLT_EPILOGUE_DGELU;
         g.aux = pre->data;
         g.ldaux = s.K;
-        if (!cuda_gemm_try(ctx, &g)) {   // the product in fp32, then one rounding of the scaled value
+        if (dpre_db) {   // and its column sums (DGELU_BGRAD overwrites: fp32 scratch, then add)
+            float *tmp = (float *)cuda_gemm_scratch(ctx, (size_t)s.K * sizeof(float));
+            g.epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD;
+            g.bias = tmp;
+            g.bias_type = CUDA_R_32F;
+            if (cuda_gemm_try(ctx, &g)) {
+                add_f32_kernel<<<(s.K + 255) / 256, 256, 0, cuda_stream_of(ctx)>>>(
+                    (float *)dpre_db->data, tmp, s.K);
+                CUDA_CHECK_LAUNCH();
+                dpre_db_done = true;
+            }
+            g.bias = NULL;
+        }
+        g.epilogue = CUBLASLT_EPILOGUE_DGELU;
+        if (!dpre_db_done && !cuda_gemm_try(ctx, &g)) {   // the product in fp32, then one rounding of the scaled value
             size_t n = s.N * (size_t)s.K;
             float *tmp = (float *)temp_alloc(ctx, n * sizeof(float));
             CudaGemm p = gemm_dx(&s, dy->data, w->data, tmp, CUDA_R_32F, 0.0f);
@@ -460,6 +476,11 @@ extern "C" void cuda_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *
             CUDA_CHECK_LAUNCH();
             temp_free(ctx, tmp);
         }
+    }
+    if (dpre_db && !dpre_db_done) {   // the column sums of dpre (N,K) apart
+        LinearShape sp = s;
+        sp.M = s.K;
+        colsum_add(ctx, &sp, dpre->data, (float *)dpre_db->data);
     }
     linear_backward(ctx, &s, dy->data, h->data, w->data, NULL, dw ? (float *)dw->data : NULL,
                     db ? (float *)db->data : NULL);

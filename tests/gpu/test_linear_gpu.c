@@ -358,20 +358,24 @@ static int check_linear_dgelu_bwd(Ctx *g, const Case *c, DType dt, GeluKind kind
     Tensor *dpre = host_x(c, c->K);
     Tensor *dw = host_rand(test_tensor(2, c->M, c->K), seed + 3, 0);
     Tensor *db = host_rand(test_tensor(1, c->M), seed + 4, 0);
+    Tensor *dpdb = host_rand(test_tensor(1, c->K), seed + 5, 0);   // fc1's bias gradient
+    Tensor *gdpdb = gpu_test_upload(g, dpdb, DTYPE_F32);
     Tensor *gpre = gpu_test_upload(g, pre, dt), *gh = gpu_test_upload(g, h, dt);
     Tensor *gw = gpu_test_upload(g, w, dt), *gdy = gpu_test_upload(g, dy, dt);
     Tensor *gdpre = gpu_poison(g, dpre, dt), *gdw = gpu_test_upload(g, dw, DTYPE_F32);
     Tensor *gdb = gpu_test_upload(g, db, DTYPE_F32);
     for (int rep = 0; rep < 2; rep++) {   // dpre: written both times; dw, db: accumulated
-        cpu_linear_dgelu_bwd(&cpu, dy, h, w, pre, kind, dpre, dw, db);
-        op_linear_dgelu_bwd(g, gdy, gh, gw, gpre, kind, gdpre, gdw, gdb);
+        cpu_linear_dgelu_bwd(&cpu, dy, h, w, pre, kind, dpre, dpdb, dw, db);
+        op_linear_dgelu_bwd(g, gdy, gh, gw, gpre, kind, gdpre, gdpdb, gdw, gdb);
     }
     const Tols *t = tols_for(dt);
     int fails = check(g, "linear_dgelu_bwd", "dpre", c, gdpre, dpre, t->act) +
                 check(g, "linear_dgelu_bwd", "dw", c, gdw, dw, t->param) +
-                check(g, "linear_dgelu_bwd", "db", c, gdb, db, t->param);
-    Tensor *gpu[] = {gpre, gh, gw, gdy, gdpre, gdw, gdb}, *host[] = {pre, h, w, dy, dpre, dw, db};
-    for (int i = 0; i < 7; i++) { gpu_test_free(gpu[i]); test_tensor_free(host[i]); }
+                check(g, "linear_dgelu_bwd", "db", c, gdb, db, t->param) +
+                check(g, "linear_dgelu_bwd", "dpre_db", c, gdpdb, dpdb, t->act);
+    Tensor *gpu[] = {gpre, gh, gw, gdy, gdpre, gdw, gdb, gdpdb};
+    Tensor *host[] = {pre, h, w, dy, dpre, dw, db, dpdb};
+    for (int i = 0; i < 8; i++) { gpu_test_free(gpu[i]); test_tensor_free(host[i]); }
     return fails;
 }
 
@@ -434,7 +438,7 @@ static void test_fused_epilogues_match_unfused_paths(void **state) {
             o[4] = gpu_test_upload(&g, zb, DTYPE_F32);
             op_linear_bwd(&g, gdy, gx, gw, NULL, o[3], o[4]);
             o[5] = gpu_poison(&g, zx, dt);   // x stands in for h and for pre
-            op_linear_dgelu_bwd(&g, gdy, gx, gw, gx, GELU_TANH, o[5], NULL, NULL);
+            op_linear_dgelu_bwd(&g, gdy, gx, gw, gx, GELU_TANH, o[5], NULL, NULL, NULL);
             cuda_gemm_cache_stats(&g, &plans, &queries, &fused_after);
             printf("    %s fusion %s: %ld fused-epilogue launches (of 4 possible)\n", dtype_name(dt),
                    fused ? "on " : "off", fused_after - fused_before);
