@@ -48,7 +48,9 @@ enum {
     CUDA_FUSE_ALL = 31,
     // BGRADB is off by default: on the H200 the dw GEMM with it took longer than the dw GEMM plus
     // the separate column-sum kernel (ViT-B/16 qkv 0.377 vs 0.359 ms, so14 fc1 3.51 vs 3.20 ms).
-    CUDA_FUSE_DEFAULT = CUDA_FUSE_BIAS | CUDA_FUSE_GELU | CUDA_FUSE_DGELU | CUDA_FUSE_DGELU_BGRAD,
+    // DGELU_BGRAD is off too: in the so14 block at 2058 px (H200) linear_dgelu_bwd took ~3-4 ms
+    // longer with it, about what the column-sum kernel it replaces costs (block time unchanged).
+    CUDA_FUSE_DEFAULT = CUDA_FUSE_BIAS | CUDA_FUSE_GELU | CUDA_FUSE_DGELU,
 };
 void cuda_gemm_set_fusion(Ctx *ctx, unsigned mask);
 // A device buffer of at least `bytes` owned by the context's GEMM cache, valid until the next

@@ -135,7 +135,8 @@ static int child_step(Dist *d, void *arg) {
 static void run_case(StepCase c) {
     RankResult res[2];
     dist_test_run_ranks(g_dir, 2, OPEN_TCP, 60, 120, child_step, &c, res);
-    if (res[0].code == SKIP_CODE) {
+    // Either rank may find one GPU first; the other may then see it leave and stop with 1.
+    if (res[0].code == SKIP_CODE || res[1].code == SKIP_CODE) {
         printf("    fewer than two GPUs visible: skipped (run on nvidia-h200-x2)\n");
         skip();
     }
@@ -177,7 +178,7 @@ static int child_hang(Dist *d, void *arg) {
 static void test_a_hung_rank_makes_the_other_abort_nccl_and_exit_naming_the_timeout(void **state) {
     RankResult res[2];
     dist_test_run_ranks(g_dir, 2, OPEN_TCP, 3, 90, child_hang, NULL, res);
-    if (res[0].code == SKIP_CODE) skip();
+    if (res[0].code == SKIP_CODE || res[1].code == SKIP_CODE) skip();
     assert_int_equal(res[0].code, 1);
     assert_contains(res[0].err, "did not finish within 3 s");
     assert_contains(res[0].err, "all-reduce of gradient bucket");
