@@ -11,6 +11,7 @@ OP_WEAK(accumulate)
 OP_WEAK(add_fwd)
 OP_WEAK(scale_fwd)
 OP_WEAK(scale_bwd)
+OP_WEAK(cast_colsum)
 OP_WEAK(add_bcast_fwd)
 OP_WEAK(add_bcast_bwd)
 OP_WEAK(layer_scale_fwd)
@@ -83,6 +84,9 @@ void op_accumulate(Ctx *ctx, const Tensor *src, Tensor *dst) { ROUTE(accumulate,
 void op_add_fwd(Ctx *ctx, const Tensor *a, const Tensor *b, Tensor *y) { ROUTE(add_fwd, ctx, a, b, y); }
 void op_scale_fwd(Ctx *ctx, const Tensor *x, float s, Tensor *y) { ROUTE(scale_fwd, ctx, x, s, y); }
 void op_scale_bwd(Ctx *ctx, const Tensor *dy, float s, Tensor *dx) { ROUTE(scale_bwd, ctx, dy, s, dx); }
+void op_cast_colsum(Ctx *ctx, const Tensor *x, Tensor *y, Tensor *colsum) {
+    ROUTE(cast_colsum, ctx, x, y, colsum);
+}
 void op_add_bcast_fwd(Ctx *ctx, const Tensor *x, const Tensor *p, Tensor *y) {
     ROUTE(add_bcast_fwd, ctx, x, p, y);
 }

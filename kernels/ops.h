@@ -37,6 +37,10 @@ OP_DECL(accumulate, Ctx *ctx, const Tensor *src, Tensor *dst)
 OP_DECL(add_fwd, Ctx *ctx, const Tensor *a, const Tensor *b, Tensor *y)
 // y = s * x
 OP_DECL(scale_fwd, Ctx *ctx, const Tensor *x, float s, Tensor *y)
+// y = x, converted to y's dtype (written); colsum (the last dim of x, fp32) += the sums of x over
+// its rows, in the same pass (NULL: skipped). The gradient of a residual branch from the fp32
+// stream's gradient, with the branch's last bias gradient on the way.
+OP_DECL(cast_colsum, Ctx *ctx, const Tensor *x, Tensor *y, Tensor *colsum)
 // dx += s * dy
 OP_DECL(scale_bwd, Ctx *ctx, const Tensor *dy, float s, Tensor *dx)
 // Broadcast add over leading dims: x (R, P) + p (P) -> y (R, P)   (pos_embed: P = N*C)

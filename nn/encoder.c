@@ -85,23 +85,31 @@ static Tensor *block_drop_path(Tape *t, const Encoder *e, const Block *b, int br
     return nn_drop_path(t, x, &a);
 }
 
+// The sublayer's input h (B,T,C) through the mixing layer; res: as for the layers (nn/layers.h).
+static Tensor *block_mix(Tape *t, const Encoder *e, const Block *b, Tensor *h, Tensor *res) {
+    if (b->is_attention) return attention(t, &b->attn, h, res);
+    int B = h->shape[0], T = h->shape[1], C = h->shape[2];
+    Tensor *grid = nn_view(t, h, 4, (int[]){B, e->grid_h, e->grid_w, C});
+    Tensor *y = cgspn_layer(t, &b->gspn, grid, res);
+    return res ? y : nn_view(t, y, 3, (int[]){B, T, C});
+}
+
 Tensor *encoder_block_forward(Tape *t, const Encoder *e, const Block *b, Tensor *x, Tensor **pp) {
-    int B = x->shape[0], T = x->shape[1], C = x->shape[2];
+    // Without a tap, layer scale or an active drop path, the sublayer's last linear writes
+    // x + branch itself (one pass over the fp32 stream instead of a write and an add).
+    bool plain = !block_drop_path_active(t, e);
     Tensor *h = layernorm(t, &b->norm1, x);
-    Tensor *mix;
-    if (b->is_attention) {
-        mix = attention(t, &b->attn, h);
+    if (!pp && !b->ls1 && plain) {
+        x = block_mix(t, e, b, h, x);
     } else {
-        Tensor *grid = nn_view(t, h, 4, (int[]){B, e->grid_h, e->grid_w, C});
-        mix = nn_view(t, cgspn_layer(t, &b->gspn, grid), 3, (int[]){B, T, C});
+        Tensor *mix = block_mix(t, e, b, h, NULL);
+        if (pp) *pp = mix;
+        if (b->ls1) mix = nn_layer_scale(t, mix, b->ls1);
+        x = nn_add(t, x, block_drop_path(t, e, b, 0, mix));
     }
-    if (pp) *pp = mix;
-    if (b->ls1) mix = nn_layer_scale(t, mix, b->ls1);
-    x = nn_add(t, x, block_drop_path(t, e, b, 0, mix));
     Tensor *h2 = layernorm(t, &b->norm2, x);
-    // Without layer scale or an active drop path the MLP's fc2 writes x + MLP itself.
-    if (!b->ls2 && !block_drop_path_active(t, e)) return mlp_residual(t, &b->mlp, x, h2);
-    Tensor *m = mlp(t, &b->mlp, h2);
+    if (!b->ls2 && plain) return mlp(t, &b->mlp, h2, x);
+    Tensor *m = mlp(t, &b->mlp, h2, NULL);
     if (b->ls2) m = nn_layer_scale(t, m, b->ls2);
     return nn_add(t, x, block_drop_path(t, e, b, 1, m));
 }
@@ -163,7 +171,7 @@ Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens) {
         Tensor *cls = nn_slice_tokens(t, tokens, 0, 1);                    // (B,1,C)
         pooled = nn_view(t, cls, 2, (int[]){tokens->shape[0], tokens->shape[2]});
     }
-    return linear(t, &e->head, pooled);
+    return linear(t, &e->head, pooled, NULL);
 }
 
 double encoder_flops_per_image(const EncoderConfig *c) {

@@ -22,6 +22,21 @@ static void pass_grad(Tape *t, Tensor *x, Tensor *dy) {
     else op_accumulate(t->ctx, dy, dx);
 }
 
+// The gradient of a residual branch's output from dy, the gradient of res + branch (the fp32
+// stream), in the branch's dtype: dy itself when the dtypes agree (db untouched), else a converted
+// copy with the branch's last bias gradient db (may be NULL) summed in the same pass (*db_done).
+// Called before pass_grad(res, dy): res may adopt dy, and the backward of what produced res then
+// writes into it.
+static Tensor *branch_grad(Tape *t, Tensor *dy, const Tensor *branch_like, Tensor *db,
+                           bool *db_done) {
+    *db_done = false;
+    if (dy->dtype == branch_like->dtype) return dy;
+    Tensor *g = tape_tensor(t, dy->ndim, dy->shape, branch_like->dtype == DTYPE_F32);
+    op_cast_colsum(t->ctx, dy, g, db);
+    *db_done = db != NULL;
+    return g;
+}
+
 // ---- linear ----
 typedef struct { Tensor *x, *w, *b, *y; } LinearRec;
 static void linear_backward(Tape *t, void *p) {
@@ -39,6 +54,37 @@ Tensor *nn_linear(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
     op_linear_fwd(t->ctx, x, w, b, y);
     if (tape_track(t, y, x, w, b))
         *(LinearRec *)tape_record(t, linear_backward, sizeof(LinearRec)) = (LinearRec){x, w, b, y};
+    return y;
+}
+
+// ---- linear onto a residual: y = res + x w^T + b, the GEMM writing the sum ----
+typedef struct { Tensor *x, *w, *b, *res, *y; } LinearResidualRec;
+static void linear_residual_backward(Tape *t, void *p) {
+    LinearResidualRec *r = p;
+    Tensor *dy = r->y->grad;
+    if (!dy) return;
+    Tensor *dw = tape_grad(t, r->w), *db = tape_grad(t, r->b);
+    bool branch = dw || db || r->x->requires_grad, db_done = false;
+    Tensor *g = branch ? branch_grad(t, dy, r->x, db, &db_done) : NULL;
+    if (g) {
+        bool fresh;
+        Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
+        (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, g, r->x, r->w, dx, dw,
+                                                      db_done ? NULL : db);
+    }
+    pass_grad(t, r->res, dy);
+}
+Tensor *nn_linear_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tensor *b) {
+    CG_CHECK(tensor_last(x) == w->shape[1] && res->numel == tensor_rows(x) * (size_t)w->shape[0],
+             "", "linear on a residual: input width %d, weight (%d, %d), residual of %zu elements",
+             tensor_last(x), w->shape[0], w->shape[1], res->numel);
+    Tensor *y = tape_tensor_like(t, res);
+    bool track = tape_track(t, y, x, w, b);
+    if (t->grad_enabled && res->requires_grad) track = y->requires_grad = true;
+    op_linear_residual_fwd(t->ctx, x, w, b, res, y);
+    if (track)
+        *(LinearResidualRec *)tape_record(t, linear_residual_backward, sizeof(LinearResidualRec)) =
+            (LinearResidualRec){x, w, b, res, y};
     return y;
 }
 
@@ -79,7 +125,8 @@ Tensor *nn_gelu(Tape *t, Tensor *x, GeluKind kind) {
 // ---- MLP: linear + GELU + linear ----
 typedef struct { Tensor *x, *w1, *b1, *w2, *b2, *pre, *h, *y; GeluKind kind; } MlpRec;
 // The MLP's backward from dy, the gradient of its output (fc2's y) in the activation dtype.
-static void mlp_backward_from(Tape *t, const MlpRec *r, const Tensor *dy) {
+// db2: fc2's bias gradient, or NULL when the caller has it already (branch_grad).
+static void mlp_backward_from(Tape *t, const MlpRec *r, const Tensor *dy, Tensor *db2) {
     bool fresh;
     Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
     Tensor *dw1 = tape_grad(t, r->w1), *db1 = tape_grad(t, r->b1);
@@ -87,13 +134,13 @@ static void mlp_backward_from(Tape *t, const MlpRec *r, const Tensor *dy) {
     Tensor *dpre = dx || dw1 || db1 ? tape_tensor_like(t, r->pre) : NULL;
     // fc1's bias gradient, the column sums of dpre, comes with dpre (one product on the GPU).
     op_linear_dgelu_bwd(t->ctx, dy, r->h, r->w2, r->pre, r->kind, dpre, db1,
-                        tape_grad(t, r->w2), tape_grad(t, r->b2));
+                        tape_grad(t, r->w2), db2);
     if (dpre && (dx || dw1))
         (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, dpre, r->x, r->w1, dx, dw1, NULL);
 }
 static void mlp_backward(Tape *t, void *p) {
     MlpRec *r = p;
-    if (NEED_GRAD(r)) mlp_backward_from(t, r, r->y->grad);
+    if (NEED_GRAD(r)) mlp_backward_from(t, r, r->y->grad, tape_grad(t, r->b2));
 }
 Tensor *nn_mlp(Tape *t, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2, Tensor *b2, GeluKind kind) {
     CG_CHECK(tensor_last(x) == w1->shape[1] && w2->shape[1] == w1->shape[0], "",
@@ -118,17 +165,15 @@ static void mlp_residual_backward(Tape *t, void *p) {
     MlpResidualRec *r = p;
     Tensor *dy = r->m.y->grad;
     if (!dy) return;
-    // The branch's gradient in the activation dtype first: res may adopt dy itself, and the
-    // backward of what produced res then writes into it.
     const MlpRec *m = &r->m;
-    Tensor *dm = NULL;
     if (m->x->requires_grad || m->w1->requires_grad || (m->b1 && m->b1->requires_grad) ||
         m->w2->requires_grad || (m->b2 && m->b2->requires_grad)) {
-        dm = new_shaped(t, m->h, m->w2->shape[0]);
-        op_scale_fwd(t->ctx, dy, 1.0f, dm);
+        Tensor *db2 = tape_grad(t, m->b2);
+        bool db2_done;
+        Tensor *dm = branch_grad(t, dy, m->h, db2, &db2_done);
+        mlp_backward_from(t, m, dm, db2_done ? NULL : db2);
     }
     pass_grad(t, r->res, dy);
-    if (dm) mlp_backward_from(t, m, dm);
 }
 Tensor *nn_mlp_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2,
                         Tensor *b2, GeluKind kind) {

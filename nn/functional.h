@@ -5,6 +5,8 @@
 #include "../kernels/ops.h"
 
 Tensor *nn_linear(Tape *t, Tensor *x, Tensor *w, Tensor *b);            // (..,K) -> (..,M)
+// res + nn_linear(x, w, b) written by the GEMM (linear_residual_fwd; y has res's shape and dtype).
+Tensor *nn_linear_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tensor *b);
 // y in the context's activation dtype whatever x's (an fp32 residual stream is normalized
 // straight into a bf16 sublayer input on the GPU).
 Tensor *nn_layernorm(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps);

@@ -31,12 +31,12 @@ void attention_register(Attention *a, ParamTable *t, const char *prefix, int wid
 void cgspn_layer_register(CgspnLayer *l, ParamTable *t, const char *prefix, int width,
                           int latent, int shared_w, int out_norm, float ln_eps);
 
-Tensor *linear(Tape *t, const Linear *l, Tensor *x);
+// A layer given res (not NULL) returns res + layer(x), the sum written by its last linear (one
+// pass over the residual stream; the result has res's shape and dtype); NULL: layer(x).
+Tensor *linear(Tape *t, const Linear *l, Tensor *x, Tensor *res);
 Tensor *layernorm(Tape *t, const LayerNorm *l, Tensor *x);
-Tensor *mlp(Tape *t, const Mlp *m, Tensor *x);
-// res + mlp(x), the sum written by fc2 (nn_mlp_residual).
-Tensor *mlp_residual(Tape *t, const Mlp *m, Tensor *res, Tensor *x);
-Tensor *attention(Tape *t, const Attention *a, Tensor *x);      // x (B,N,C)
-Tensor *cgspn_layer(Tape *t, const CgspnLayer *l, Tensor *x);   // x (B,H,W,C)
+Tensor *mlp(Tape *t, const Mlp *m, Tensor *x, Tensor *res);
+Tensor *attention(Tape *t, const Attention *a, Tensor *x, Tensor *res);      // x (B,N,C)
+Tensor *cgspn_layer(Tape *t, const CgspnLayer *l, Tensor *x, Tensor *res);   // x (B,H,W,C)
 // Width of the gate projection for Cc latent channels.
 int cgspn_gate_width(int latent, int shared_w);

@@ -153,6 +153,23 @@ static void test_add_bcast_matches_reference_and_finite_differences(void **state
     test_tensor_free(c.x); test_tensor_free(c.p); test_tensor_free(c.y); test_tensor_free(c.r);
 }
 
+// y = x copied, colsum += the sums of x's rows, by hand on a (3, 2) x.
+static void test_cast_colsum_copies_and_sums_columns(void **state) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(2, 3, 2), *y = test_like(x), *cs = test_tensor(1, 2);
+    const float xv[6] = {1.5f, -2.0f, 0.25f, 4.0f, -3.0f, 0.5f};
+    memcpy(x->data, xv, sizeof xv);
+    tensor_f32(cs)[0] = 10.0f;
+    tensor_f32(cs)[1] = -1.0f;
+    cpu_cast_colsum(&ctx, x, y, cs);
+    for (int i = 0; i < 6; i++) assert_float_equal(tensor_f32(y)[i], xv[i], 0.0f);
+    assert_float_equal(tensor_f32(cs)[0], 10.0f + 1.5f + 0.25f - 3.0f, 1e-6f);
+    assert_float_equal(tensor_f32(cs)[1], -1.0f - 2.0f + 4.0f + 0.5f, 1e-6f);
+    cpu_cast_colsum(&ctx, x, y, NULL);   // the copy alone
+    assert_float_equal(tensor_f32(cs)[0], 8.75f, 1e-6f);
+    test_tensor_free(x); test_tensor_free(y); test_tensor_free(cs);
+}
+
 // x (2,7,6) * gamma (6)
 typedef struct { Tensor *x, *g, *y, *r; } LayerScaleCase;
 static double layer_scale_loss(void *u) {
@@ -623,6 +640,7 @@ int main(void) {
         cmocka_unit_test(test_zero_accumulate_add_scale_match_reference),
         cmocka_unit_test(test_scale_backward_matches_finite_differences),
         cmocka_unit_test(test_add_bcast_matches_reference_and_finite_differences),
+        cmocka_unit_test(test_cast_colsum_copies_and_sums_columns),
         cmocka_unit_test(test_layer_scale_matches_reference_and_finite_differences),
         cmocka_unit_test(test_concat_prefix_matches_reference_and_finite_differences),
         cmocka_unit_test(test_slice_tokens_matches_reference_and_finite_differences),

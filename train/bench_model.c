@@ -435,6 +435,8 @@ static void block_profile(FILE *prof, const char *label, Tape *tape, Ctx *ctx, c
     for (int k = 0; k < n; k++) fprintf(prof, "; %s %.2f ms", ph[k].name, ph[k].ms);
     fprintf(prof, "\n");
     op_profile_print(prof, p, ms);
+    fprintf(prof, "the calls in order (ms):\n");
+    op_profile_print_calls(prof, p, 4);
     op_profile_free(p);
 }
 

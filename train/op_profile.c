@@ -141,12 +141,33 @@ void op_profile_print(FILE *out, const OpProfile *p, double step_ms) {
     if (p->dropped) fprintf(out, "  (%d op calls past the profile's %d not timed)\n", p->dropped, PROF_MAX);
 }
 
+void op_profile_print_calls(FILE *out, const OpProfile *p, int per_line) {
+    if (!p) return;
+    int k = 0;
+    for (int ph = -1; ph < p->n_phases; ph++) {
+        bool any = false;
+        for (int i = 0; i < p->n; i++) {
+            if (p->phase_of[i] != ph) continue;
+            if (!any) fprintf(out, "  %s:", ph >= 0 ? p->phase[ph] : "before the first mark");
+            if (!any || k % per_line == 0) fprintf(out, "\n   ");
+            fprintf(out, " %s %.3f", p->name[i], event_ms(p->ev[2 * i], p->ev[2 * i + 1]));
+            any = true;
+            k++;
+        }
+        if (any) fprintf(out, "\n");
+        k = 0;
+    }
+}
+
 #else   // no CUDA: nothing to time
 
 OpProfile *op_profile_start(Ctx *ctx) { (void)ctx; return NULL; }
 void op_profile_mark(OpProfile *p, const char *phase) { (void)p; (void)phase; }
 void op_profile_stop(OpProfile *p) { (void)p; }
 void op_profile_free(OpProfile *p) { (void)p; }
+void op_profile_print_calls(FILE *out, const OpProfile *p, int per_line) {
+    (void)out; (void)p; (void)per_line;
+}
 double op_profile_total_ms(const OpProfile *p) { (void)p; return 0; }
 int op_profile_totals(const OpProfile *p, OpTotal *out, int max) { (void)p; (void)out; (void)max; return 0; }
 int op_profile_phases(const OpProfile *p, OpPhase *out, int max) { (void)p; (void)out; (void)max; return 0; }

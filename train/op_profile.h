@@ -39,3 +39,5 @@ int op_profile_totals(const OpProfile *p, OpTotal *out, int max);
 int op_profile_phases(const OpProfile *p, OpPhase *out, int max);
 // The op table against step_ms, with the part of the step outside ops.
 void op_profile_print(FILE *out, const OpProfile *p, double step_ms);
+// Every timed call in order (name and ms), `per_line` to a line: for short profiles (one block).
+void op_profile_print_calls(FILE *out, const OpProfile *p, int per_line);

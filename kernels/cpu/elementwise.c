@@ -60,6 +60,16 @@ void cpu_add_bcast_fwd(Ctx *ctx, const Tensor *x, const Tensor *p, Tensor *y) {
         for (size_t i = 0; i < P; i++) py[r * P + i] = px[r * P + i] + pp[i];
 }
 
+// out (P) += the sums of x (R, P) over its rows.
+static void colsum_rows(const float *x, size_t R, size_t P, float *out) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < P; i++) {
+        double s = 0;
+        for (size_t r = 0; r < R; r++) s += x[r * P + i];
+        out[i] += (float)s;
+    }
+}
+
 // dx += dy; dp (P) += sum over the R rows of dy.
 void cpu_add_bcast_bwd(Ctx *ctx, const Tensor *dy, Tensor *dx, Tensor *dp) {
     if (dx) cpu_accumulate(ctx, dy, dx);
@@ -67,14 +77,16 @@ void cpu_add_bcast_bwd(Ctx *ctx, const Tensor *dy, Tensor *dx, Tensor *dp) {
     size_t P = dp->numel, R = P ? dy->numel / P : 0;
     CG_CHECK(R * P == dy->numel, "", "op add_bcast_bwd: %zu elements do not split into rows of %zu",
              dy->numel, P);
-    const float *pdy = tensor_f32(dy);
-    float *pdp = tensor_f32(dp);
-    #pragma omp parallel for
-    for (size_t i = 0; i < P; i++) {
-        double s = 0;
-        for (size_t r = 0; r < R; r++) s += pdy[r * P + i];
-        pdp[i] += (float)s;
-    }
+    colsum_rows(tensor_f32(dy), R, P, tensor_f32(dp));
+}
+
+void cpu_cast_colsum(Ctx *ctx, const Tensor *x, Tensor *y, Tensor *colsum) {
+    cpu_scale_fwd(ctx, x, 1.0f, y);
+    if (!colsum) return;
+    size_t P = (size_t)tensor_last(x);
+    CG_CHECK(colsum->numel == P, "", "op cast_colsum: colsum has %zu elements, x's last dim is %zu",
+             colsum->numel, P);
+    colsum_rows(tensor_f32(x), tensor_rows(x), P, tensor_f32(colsum));
 }
 
 // x (R, C) * g (C) -> y (R, C); C = g->numel.

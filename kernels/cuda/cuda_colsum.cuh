@@ -32,6 +32,18 @@ static inline ColsumPlan colsum_plan(size_t R, size_t P) {
     return p;
 }
 
+// The plain column sum of x (R, P): acc += x[r, c..c+V).
+template <typename T> struct ColsumRows {
+    const T *x;
+    size_t P;
+    template <int V> __device__ void row(size_t r, size_t c, float *acc) const {
+        float v[V];
+        load_v<V>(x + r * P + c, v);
+        #pragma unroll
+        for (int j = 0; j < V; j++) acc[j] += v[j];
+    }
+};
+
 // f.row<V>(r, c, acc) adds f(r, c..c+V-1) into acc[0..V) (and may write side outputs, e.g. dx,
 // for exactly that (r, c) range: every element is visited once).
 template <int V, typename F>

@@ -67,16 +67,10 @@ void cuda_gemm_cache_stats(Ctx *ctx, int *plans, long *queries, long *fused_laun
 
 #ifdef __cplusplus
 // ---- checks shared by the GEMM ops (C++ only: used by the .cu files) ---------------------------
+#include "cuda_elem.cuh"   // cuda_check_tensor
 
 static inline cudaDataType_t cuda_dtype_of(DType dt) {
     return dt == DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-}
-
-// t is a tensor on the GPU (any dtype).
-static inline void cuda_check_tensor(const char *op, const char *name, const Tensor *t) {
-    CG_CHECK(t != NULL, "", "op %s: %s is NULL", op, name);
-    CG_CHECK(t->device == DEVICE_CUDA, "move the tensor to the GPU (or run with device = cpu)",
-             "op %s: %s is on the CPU, the CUDA backend needs it on the GPU", op, name);
 }
 
 // t is on the GPU and has dtype dt.

@@ -156,24 +156,22 @@ void cuda_add_bcast_fwd(Ctx *ctx, const Tensor *x, const Tensor *p, Tensor *y) {
     });
 }
 
-// One row range of dp = sum over rows of dy; dx += dy on the way (HAS_DX).
-template <typename T, bool HAS_DX> struct BcastBwdRows {
+// One row range of dp = sum over rows of dy, with dx += dy on the way.
+template <typename T> struct BcastBwdRows {
     const T *dy;
     T *dx;
     size_t P;
     template <int V> __device__ void row(size_t r, size_t c, float *acc) const {
         size_t i = r * P + c;
-        float g[V];
+        float g[V], d[V];
         load_v<V>(dy + i, g);
+        load_v<V>(dx + i, d);
         #pragma unroll
-        for (int j = 0; j < V; j++) acc[j] += g[j];
-        if (HAS_DX) {
-            float d[V];
-            load_v<V>(dx + i, d);
-            #pragma unroll
-            for (int j = 0; j < V; j++) d[j] += g[j];
-            store_v<V>(dx + i, d);
+        for (int j = 0; j < V; j++) {
+            acc[j] += g[j];
+            d[j] += g[j];
         }
+        store_v<V>(dx + i, d);
     }
 };
 
@@ -195,11 +193,47 @@ void cuda_add_bcast_bwd(Ctx *ctx, const Tensor *dy, Tensor *dx, Tensor *dp) {
     dispatch_dtype(dy->dtype, [&](auto tag) {
         using T = TAG_T(tag);
         if (dx)
-            launch_colsum(ctx, R, P, vec, BcastBwdRows<T, true>{(const T *)dy->data, (T *)dx->data, P},
+            launch_colsum(ctx, R, P, vec, BcastBwdRows<T>{(const T *)dy->data, (T *)dx->data, P},
                           tensor_f32(dp));
         else
-            launch_colsum(ctx, R, P, vec, BcastBwdRows<T, false>{(const T *)dy->data, nullptr, P},
-                          tensor_f32(dp));
+            launch_colsum(ctx, R, P, vec, ColsumRows<T>{(const T *)dy->data, P}, tensor_f32(dp));
+    });
+}
+
+// ---- cast with column sums: y = x (converted), colsum += sums of x over rows ------------------------
+
+template <typename TX, typename TY> struct CastColsumRows {
+    const TX *x;
+    TY *y;
+    size_t P;
+    template <int V> __device__ void row(size_t r, size_t c, float *acc) const {
+        size_t i = r * P + c;
+        float v[V];
+        load_v<V>(x + i, v);
+        #pragma unroll
+        for (int j = 0; j < V; j++) acc[j] += v[j];
+        store_v<V>(y + i, v);
+    }
+};
+
+void cuda_cast_colsum(Ctx *ctx, const Tensor *x, Tensor *y, Tensor *colsum) {
+    if (!colsum) {
+        cuda_scale_fwd(ctx, x, 1.0f, y);
+        return;
+    }
+    const char *op = "cast_colsum";
+    cuda_check_tensor(op, "x", x);
+    cuda_check_tensor(op, "y", y);
+    check_numel_eq(op, "y", y, "x", x);
+    cuda_check_f32(op, "colsum", colsum);
+    size_t P = (size_t)tensor_last(x), R = tensor_rows(x);
+    cuda_check_numel(op, "colsum", colsum, P);
+    bool vec = P % 8 == 0 && aligned16(x->data) && aligned16(y->data) && aligned16(colsum->data);
+    dispatch_dtype2(x->dtype, y->dtype, [&](auto tx, auto ty) {
+        using TX = TAG_T(tx);
+        using TY = TAG_T(ty);
+        launch_colsum(ctx, R, P, vec, CastColsumRows<TX, TY>{(const TX *)x->data, (TY *)y->data, P},
+                      tensor_f32(colsum));
     });
 }
 

@@ -34,6 +34,7 @@
 // handled by the heuristic: each plan is queried with the actual pointer alignment (see gemm.cu), and
 // cuBLASLt then picks a kernel that supports it (slower, never wrong); a fused epilogue it refuses
 // takes the fallback above. No padding copies are made.
+#include "cuda_colsum.cuh"
 #include "cuda_gemm.h"
 #include "gelu.h"
 #include "../ops.h"
@@ -67,26 +68,6 @@ __global__ void bias_add_kernel(T *y, const T *b, size_t n, int M) {
 __global__ void add_f32_kernel(float *dst, const float *src, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] += src[i];
-}
-
-// Column sums of dy (N,M), pass 1: partial[c][m] = sum of rows c*rows..(c+1)*rows-1 in order.
-template <typename T>
-__global__ void colsum_partial_kernel(const T *dy, size_t N, int M, size_t rows, float *partial) {
-    int m = blockIdx.x * blockDim.x + threadIdx.x;
-    if (m >= M) return;
-    size_t r0 = blockIdx.y * rows, r1 = r0 + rows < N ? r0 + rows : N;
-    float s = 0.0f;
-    for (size_t r = r0; r < r1; r++) s += cuda_to_f32(dy[r * M + m]);
-    partial[(size_t)blockIdx.y * M + m] = s;
-}
-
-// Pass 2: db[m] += sum over chunks in order (a fixed order: deterministic).
-__global__ void colsum_finish_kernel(const float *partial, int chunks, int M, float *db) {
-    int m = blockIdx.x * blockDim.x + threadIdx.x;
-    if (m >= M) return;
-    float s = 0.0f;
-    for (int c = 0; c < chunks; c++) s += partial[(size_t)c * M + m];
-    db[m] += s;
 }
 
 // y = gelu_tanh(pre) (in place when y == pre)
@@ -212,26 +193,13 @@ static void linear_forward(Ctx *ctx, const LinearShape *s, const void *x, const 
     CUDA_CHECK_LAUNCH();
 }
 
-// db (M) += column sums of dy (N,M), deterministic: fixed row chunks, then chunks in order.
+// db (M) += column sums of dy (N,M), in a fixed order (kernels/cuda/cuda_colsum.cuh).
 static void colsum_add(Ctx *ctx, const LinearShape *s, const void *dy, float *db) {
-    int mblocks = (s->M + 255) / 256;
-    size_t want = (size_t)cuda_ctx_of(ctx)->sm_count * 2048 / ((size_t)mblocks * 256);
-    size_t max_chunks = (s->N + 7) / 8;
-    size_t chunks = want < 1 ? 1 : want;
-    if (chunks > max_chunks) chunks = max_chunks;
-    if (chunks > 65535) chunks = 65535;
-    size_t rows = (s->N + chunks - 1) / chunks;
-    chunks = (s->N + rows - 1) / rows;
-    float *partial = (float *)cuda_gemm_scratch(ctx, chunks * s->M * sizeof(float));
-    cudaStream_t st = cuda_stream_of(ctx);
-    dim3 grid(mblocks, (unsigned)chunks);
+    bool vec = s->M % 8 == 0 && aligned16(dy);
     if (s->act == DTYPE_BF16)
-        colsum_partial_kernel<<<grid, 256, 0, st>>>((const __nv_bfloat16 *)dy, s->N, s->M, rows, partial);
+        launch_colsum(ctx, s->N, (size_t)s->M, vec, ColsumRows<bf16>{(const bf16 *)dy, (size_t)s->M}, db);
     else
-        colsum_partial_kernel<<<grid, 256, 0, st>>>((const float *)dy, s->N, s->M, rows, partial);
-    CUDA_CHECK_LAUNCH();
-    colsum_finish_kernel<<<mblocks, 256, 0, st>>>(partial, (int)chunks, s->M, db);
-    CUDA_CHECK_LAUNCH();
+        launch_colsum(ctx, s->N, (size_t)s->M, vec, ColsumRows<float>{(const float *)dy, (size_t)s->M}, db);
 }
 
 // dx (+)= dy w (dx_beta 1: added, 0: written); dw += dy^T x; db += sum_n dy (shapes checked by

@@ -39,6 +39,8 @@ static const NamedTol BF16_TOLS[] = {
     {"add_bcast_fwd.y", BF16_ROUNDED_TOL},
     {"add_bcast_bwd.dx", BF16_ROUNDED_TOL},
     {"add_bcast_bwd.dp", FP32_TOL},          // fp32 column sum of bf16 values
+    {"cast_colsum.y", BF16_ROUNDED_TOL},     // the fp32 stream rounded once
+    {"cast_colsum.colsum", FP32_TOL},        // fp32 column sum of the fp32 values
     {"layer_scale_fwd.y", BF16_ROUNDED_TOL},
     {"layer_scale_bwd.dx", BF16_ROUNDED_TOL},
     {"layer_scale_bwd.dg", FP32_TOL},        // fp32 column sum of products of bf16 values
@@ -271,6 +273,34 @@ static void test_add_bcast_matches_cpu(void **state) {
             check("add_bcast_bwd.dp", dt, gdp, dp);
             check("add_bcast_bwd.dx", dt, gdx_only, dx);
             check("add_bcast_bwd.dp", dt, gdp_only, dp);
+            release_all();
+        }
+}
+
+// A residual branch's gradient from the fp32 stream's: y (the activation dtype, starts NaN) = x,
+// colsum (fp32, starts nonzero) += the column sums of x; colsum NULL is skipped.
+static void test_cast_colsum_matches_cpu(void **state) {
+    static const int shapes[][2] = {{7, 6}, {37, 1152}, {4099, 64}, {9, 1155}};
+    for (int mi = 0; mi < 2; mi++)
+        for (int si = 0; si < 4; si++) {
+            DType dt = MODES[mi];
+            int R = shapes[si][0], C = shapes[si][1];
+            printf("  %s (%d, %d)\n", dtype_name(dt), R, C);
+            Tensor *x = rnd(HT(R, C), 1, -1, 1, DTYPE_F32), *gx = dev(x, DTYPE_F32);
+            Tensor *nan = HT(R, C);
+            for (size_t i = 0; i < nan->numel; i++) tensor_f32(nan)[i] = NAN;
+            Tensor *y = HT(R, C), *gy = dev(nan, dt), *gy_only = dev(nan, dt);
+            Tensor *cs = rnd(HT(C), 2, -1, 1, DTYPE_F32), *gcs = dev(cs, DTYPE_F32);
+            cpu_cast_colsum(&H, x, y, cs);
+            cuda_cast_colsum(&G, gx, gy, gcs);
+            cuda_cast_colsum(&G, gx, gy_only, NULL);
+            check("cast_colsum.y", dt, gy, y);
+            check("cast_colsum.y", dt, gy_only, y);
+            check("cast_colsum.colsum", dt, gcs, cs);
+            void *first = download_raw(gcs);
+            Tensor *gcs2 = dev(rnd(HT(C), 2, -1, 1, DTYPE_F32), DTYPE_F32);
+            cuda_cast_colsum(&G, gx, gy, gcs2);
+            assert_same_bits("cast_colsum.colsum", gcs2, first);
             release_all();
         }
 }
@@ -818,6 +848,7 @@ int main(void) {
         cmocka_unit_test(test_elementwise_ops_match_cpu),
         cmocka_unit_test(test_misaligned_views_take_the_scalar_path_correctly),
         cmocka_unit_test(test_add_bcast_matches_cpu),
+        cmocka_unit_test(test_cast_colsum_matches_cpu),
         cmocka_unit_test(test_layer_scale_matches_cpu),
         cmocka_unit_test(test_layernorm_matches_cpu),
         cmocka_unit_test(test_layernorm_fp32_input_bf16_output_matches_cpu),
