@@ -25,6 +25,7 @@ OP_WEAK(linear_gelu_bwd)
 OP_WEAK(linear_dgelu_bwd)
 OP_WEAK(layernorm_fwd)
 OP_WEAK(layernorm_bwd)
+OP_WEAK(add_layernorm_fwd)
 OP_WEAK(gelu_fwd)
 OP_WEAK(gelu_bwd)
 OP_WEAK(softmax_fwd)
@@ -135,6 +136,11 @@ void op_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *
 void op_layernorm_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
                       const Tensor *mean, const Tensor *rstd, Tensor *dx, Tensor *dw, Tensor *db) {
     ROUTE(layernorm_bwd, ctx, dy, x, w, mean, rstd, dx, dw, db);
+}
+void op_add_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *r, const Tensor *w,
+                          const Tensor *b, float eps, Tensor *h, Tensor *y, Tensor *mean,
+                          Tensor *rstd) {
+    ROUTE(add_layernorm_fwd, ctx, x, r, w, b, eps, h, y, mean, rstd);
 }
 void op_gelu_fwd(Ctx *ctx, const Tensor *x, GeluKind kind, Tensor *y) { ROUTE(gelu_fwd, ctx, x, kind, y); }
 void op_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, GeluKind kind, Tensor *dx) {

@@ -99,6 +99,11 @@ OP_DECL(layernorm_fwd, Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor 
         Tensor *y, Tensor *mean, Tensor *rstd)
 OP_DECL(layernorm_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
         const Tensor *mean, const Tensor *rstd, Tensor *dx, Tensor *dw, Tensor *db)
+// h = x + r (written, x's dtype; r in the activation dtype), then layernorm_fwd of h, in one pass:
+// the residual add of a block's mixing branch fused into the norm that reads the sum next. The
+// backward is the add's (the gradient of h reaches x and r) after layernorm_bwd's with x = h.
+OP_DECL(add_layernorm_fwd, Ctx *ctx, const Tensor *x, const Tensor *r, const Tensor *w,
+        const Tensor *b, float eps, Tensor *h, Tensor *y, Tensor *mean, Tensor *rstd)
 // GELU, exact (erf) or tanh approximation, elementwise.
 OP_DECL(gelu_fwd, Ctx *ctx, const Tensor *x, GeluKind kind, Tensor *y)
 OP_DECL(gelu_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, GeluKind kind, Tensor *dx)

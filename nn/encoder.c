@@ -85,29 +85,39 @@ static Tensor *block_drop_path(Tape *t, const Encoder *e, const Block *b, int br
     return nn_drop_path(t, x, &a);
 }
 
-// The sublayer's input h (B,T,C) through the mixing layer; res: as for the layers (nn/layers.h).
-static Tensor *block_mix(Tape *t, const Encoder *e, const Block *b, Tensor *h, Tensor *res) {
-    if (b->is_attention) return attention(t, &b->attn, h, res);
+// The mixing layer on the sublayer input h (B,T,C): its output (B,T,C), or with `out` its body
+// (attention_body, cgspn_layer_body) and *out its output projection.
+static Tensor *block_mix(Tape *t, const Encoder *e, const Block *b, Tensor *h, const Linear **out) {
+    if (b->is_attention) {
+        if (!out) return attention(t, &b->attn, h);
+        *out = &b->attn.proj;
+        return attention_body(t, &b->attn, h);
+    }
     int B = h->shape[0], T = h->shape[1], C = h->shape[2];
     Tensor *grid = nn_view(t, h, 4, (int[]){B, e->grid_h, e->grid_w, C});
-    Tensor *y = cgspn_layer(t, &b->gspn, grid, res);
-    return res ? y : nn_view(t, y, 3, (int[]){B, T, C});
+    if (!out) return nn_view(t, cgspn_layer(t, &b->gspn, grid), 3, (int[]){B, T, C});
+    *out = &b->gspn.up;
+    return cgspn_layer_body(t, &b->gspn, grid);
 }
 
 Tensor *encoder_block_forward(Tape *t, const Encoder *e, const Block *b, Tensor *x, Tensor **pp) {
-    // Without a tap, layer scale or an active drop path, the sublayer's last linear writes
-    // x + branch itself (one pass over the fp32 stream instead of a write and an add).
+    // Without a tap, layer scale or an active drop path, each residual add is fused: the mixing
+    // layer's output projection, the add and norm2 in one pass over the fp32 stream
+    // (nn_linear_add_layernorm), and fc2 writes x + MLP itself (nn_mlp_residual).
     bool plain = !block_drop_path_active(t, e);
-    Tensor *h = layernorm(t, &b->norm1, x);
+    Tensor *h = layernorm(t, &b->norm1, x), *h2;
     if (!pp && !b->ls1 && plain) {
-        x = block_mix(t, e, b, h, x);
+        const Linear *out;
+        Tensor *body = block_mix(t, e, b, h, &out);
+        x = nn_linear_add_layernorm(t, x, body, out->w, out->b, b->norm2.w, b->norm2.b,
+                                    b->norm2.eps, &h2);
     } else {
         Tensor *mix = block_mix(t, e, b, h, NULL);
         if (pp) *pp = mix;
         if (b->ls1) mix = nn_layer_scale(t, mix, b->ls1);
         x = nn_add(t, x, block_drop_path(t, e, b, 0, mix));
+        h2 = layernorm(t, &b->norm2, x);
     }
-    Tensor *h2 = layernorm(t, &b->norm2, x);
     if (!b->ls2 && plain) return mlp(t, &b->mlp, h2, x);
     Tensor *m = mlp(t, &b->mlp, h2, NULL);
     if (b->ls2) m = nn_layer_scale(t, m, b->ls2);
@@ -171,7 +181,7 @@ Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens) {
         Tensor *cls = nn_slice_tokens(t, tokens, 0, 1);                    // (B,1,C)
         pooled = nn_view(t, cls, 2, (int[]){tokens->shape[0], tokens->shape[2]});
     }
-    return linear(t, &e->head, pooled, NULL);
+    return linear(t, &e->head, pooled);
 }
 
 double encoder_flops_per_image(const EncoderConfig *c) {

@@ -57,7 +57,7 @@ Tensor *nn_linear(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
     return y;
 }
 
-// ---- linear onto a residual: y = res + x w^T + b, the GEMM writing the sum ----
+// ---- linear onto a residual: y = res + x w^T + b (nn_linear_add_layernorm below) ----
 typedef struct { Tensor *x, *w, *b, *res, *y; } LinearResidualRec;
 static void linear_residual_backward(Tape *t, void *p) {
     LinearResidualRec *r = p;
@@ -74,20 +74,6 @@ static void linear_residual_backward(Tape *t, void *p) {
     }
     pass_grad(t, r->res, dy);
 }
-Tensor *nn_linear_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tensor *b) {
-    CG_CHECK(tensor_last(x) == w->shape[1] && res->numel == tensor_rows(x) * (size_t)w->shape[0],
-             "", "linear on a residual: input width %d, weight (%d, %d), residual of %zu elements",
-             tensor_last(x), w->shape[0], w->shape[1], res->numel);
-    Tensor *y = tape_tensor_like(t, res);
-    bool track = tape_track(t, y, x, w, b);
-    if (t->grad_enabled && res->requires_grad) track = y->requires_grad = true;
-    op_linear_residual_fwd(t->ctx, x, w, b, res, y);
-    if (track)
-        *(LinearResidualRec *)tape_record(t, linear_residual_backward, sizeof(LinearResidualRec)) =
-            (LinearResidualRec){x, w, b, res, y};
-    return y;
-}
-
 // ---- layernorm ----
 typedef struct { Tensor *x, *w, *b, *mean, *rstd, *y; } LayerNormRec;
 static void layernorm_backward(Tape *t, void *p) {
@@ -96,15 +82,46 @@ static void layernorm_backward(Tape *t, void *p) {
     op_layernorm_bwd(t->ctx, r->y->grad, r->x, r->w, r->mean, r->rstd, tape_grad(t, r->x),
                      tape_grad(t, r->w), tape_grad(t, r->b));
 }
-Tensor *nn_layernorm(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps) {
-    Tensor *y = tape_tensor(t, x->ndim, x->shape, false);   // the activation dtype
+// The output y (the activation dtype) and the statistics of a LayerNorm of x.
+static Tensor *layernorm_outputs(Tape *t, const Tensor *x, Tensor **mean, Tensor **rstd) {
     int rows[1] = {(int)tensor_rows(x)};
-    Tensor *mean = tape_tensor(t, 1, rows, true), *rstd = tape_tensor(t, 1, rows, true);
-    op_layernorm_fwd(t->ctx, x, w, b, eps, y, mean, rstd);
+    *mean = tape_tensor(t, 1, rows, true);
+    *rstd = tape_tensor(t, 1, rows, true);
+    return tape_tensor(t, x->ndim, x->shape, false);
+}
+static void layernorm_track(Tape *t, Tensor *x, Tensor *w, Tensor *b, Tensor *mean, Tensor *rstd,
+                            Tensor *y) {
     if (tape_track(t, y, x, w, b))
         *(LayerNormRec *)tape_record(t, layernorm_backward, sizeof(LayerNormRec)) =
             (LayerNormRec){x, w, b, mean, rstd, y};
+}
+Tensor *nn_layernorm(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps) {
+    Tensor *mean, *rstd, *y = layernorm_outputs(t, x, &mean, &rstd);
+    op_layernorm_fwd(t->ctx, x, w, b, eps, y, mean, rstd);
+    layernorm_track(t, x, w, b, mean, rstd, y);
     return y;
+}
+
+Tensor *nn_linear_add_layernorm(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tensor *b,
+                                Tensor *ln_w, Tensor *ln_b, float eps, Tensor **normed) {
+    CG_CHECK(tensor_last(x) == w->shape[1] && res->numel == tensor_rows(x) * (size_t)w->shape[0],
+             "", "linear onto a residual: input width %d, weight (%d, %d), residual of %zu "
+             "elements", tensor_last(x), w->shape[0], w->shape[1], res->numel);
+    // The branch m (res's shape, the activation dtype) is not on the tape: its gradient is
+    // formed by the record's backward.
+    Tensor *m = tape_tensor(t, res->ndim, res->shape, false);
+    op_linear_fwd(t->ctx, x, w, b, m);
+    Tensor *h = tape_tensor_like(t, res);
+    Tensor *mean, *rstd, *y = layernorm_outputs(t, h, &mean, &rstd);
+    op_add_layernorm_fwd(t->ctx, res, m, ln_w, ln_b, eps, h, y, mean, rstd);
+    bool track = tape_track(t, h, x, w, b);
+    if (t->grad_enabled && res->requires_grad) track = h->requires_grad = true;
+    if (track)
+        *(LinearResidualRec *)tape_record(t, linear_residual_backward, sizeof(LinearResidualRec)) =
+            (LinearResidualRec){x, w, b, res, h};
+    layernorm_track(t, h, ln_w, ln_b, mean, rstd, y);
+    *normed = y;
+    return h;
 }
 
 // ---- gelu ----

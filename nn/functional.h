@@ -5,11 +5,14 @@
 #include "../kernels/ops.h"
 
 Tensor *nn_linear(Tape *t, Tensor *x, Tensor *w, Tensor *b);            // (..,K) -> (..,M)
-// res + nn_linear(x, w, b) written by the GEMM (linear_residual_fwd; y has res's shape and dtype).
-Tensor *nn_linear_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tensor *b);
 // y in the context's activation dtype whatever x's (an fp32 residual stream is normalized
 // straight into a bf16 sublayer input on the GPU).
 Tensor *nn_layernorm(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps);
+// h = res + nn_linear(x, w, b), returned (res's shape and dtype), and *normed = nn_layernorm(h,
+// ln_w, ln_b, eps): the linear writes the branch in the activation dtype and one pass adds it to
+// res and normalizes the sum (add_layernorm_fwd); the tape sees a linear onto res, then the norm.
+Tensor *nn_linear_add_layernorm(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tensor *b,
+                                Tensor *ln_w, Tensor *ln_b, float eps, Tensor **normed);
 Tensor *nn_gelu(Tape *t, Tensor *x, GeluKind kind);
 // MLP y = gelu(x w1^T + b1) w2^T + b2 as one record: linear_gelu_fwd, and in backward
 // linear_dgelu_bwd (fc2 with the GELU's backward fused, dpre written) then linear_bwd (fc1).

@@ -79,9 +79,7 @@ void cgspn_layer_register(CgspnLayer *l, ParamTable *t, const char *prefix, int 
     l->out_norm = out_norm;
 }
 
-Tensor *linear(Tape *t, const Linear *l, Tensor *x, Tensor *res) {
-    return res ? nn_linear_residual(t, res, x, l->w, l->b) : nn_linear(t, x, l->w, l->b);
-}
+Tensor *linear(Tape *t, const Linear *l, Tensor *x) { return nn_linear(t, x, l->w, l->b); }
 
 Tensor *layernorm(Tape *t, const LayerNorm *l, Tensor *x) {
     return nn_layernorm(t, x, l->w, l->b, l->eps);
@@ -92,16 +90,22 @@ Tensor *mlp(Tape *t, const Mlp *m, Tensor *x, Tensor *res) {
     return nn_mlp(t, x, m->fc1.w, m->fc1.b, m->fc2.w, m->fc2.b, m->gelu);
 }
 
-Tensor *attention(Tape *t, const Attention *a, Tensor *x, Tensor *res) {
-    Tensor *qkv = linear(t, &a->qkv, x, NULL);    // (B,N,3C)
-    Tensor *o = nn_attention(t, qkv, a->heads);   // (B,N,C)
-    return linear(t, &a->proj, o, res);
+Tensor *attention_body(Tape *t, const Attention *a, Tensor *x) {
+    Tensor *qkv = linear(t, &a->qkv, x);          // (B,N,3C)
+    return nn_attention(t, qkv, a->heads);        // (B,N,C)
 }
 
-Tensor *cgspn_layer(Tape *t, const CgspnLayer *l, Tensor *x, Tensor *res) {
-    Tensor *xc = linear(t, &l->down, x, NULL);    // (B,H,W,Cc)
-    Tensor *g = linear(t, &l->gate, xc, NULL);    // (B,H,W,G)
+Tensor *attention(Tape *t, const Attention *a, Tensor *x) {
+    return linear(t, &a->proj, attention_body(t, a, x));
+}
+
+Tensor *cgspn_layer_body(Tape *t, const CgspnLayer *l, Tensor *x) {
+    Tensor *xc = linear(t, &l->down, x);          // (B,H,W,Cc)
+    Tensor *g = linear(t, &l->gate, xc);          // (B,H,W,G)
     Tensor *yc = nn_gspn_scan(t, xc, g, l->merge, l->shared_w);
-    if (l->out_norm) yc = layernorm(t, &l->norm, yc);
-    return linear(t, &l->up, yc, res);            // (B,H,W,C), or res's shape
+    return l->out_norm ? layernorm(t, &l->norm, yc) : yc;
+}
+
+Tensor *cgspn_layer(Tape *t, const CgspnLayer *l, Tensor *x) {
+    return linear(t, &l->up, cgspn_layer_body(t, l, x));   // (B,H,W,C)
 }

@@ -31,12 +31,17 @@ void attention_register(Attention *a, ParamTable *t, const char *prefix, int wid
 void cgspn_layer_register(CgspnLayer *l, ParamTable *t, const char *prefix, int width,
                           int latent, int shared_w, int out_norm, float ln_eps);
 
-// A layer given res (not NULL) returns res + layer(x), the sum written by its last linear (one
-// pass over the residual stream; the result has res's shape and dtype); NULL: layer(x).
-Tensor *linear(Tape *t, const Linear *l, Tensor *x, Tensor *res);
+Tensor *linear(Tape *t, const Linear *l, Tensor *x);
 Tensor *layernorm(Tape *t, const LayerNorm *l, Tensor *x);
+// res not NULL: res + mlp(x), the sum written by fc2 (one pass over the residual stream; the
+// result has res's shape and dtype).
 Tensor *mlp(Tape *t, const Mlp *m, Tensor *x, Tensor *res);
-Tensor *attention(Tape *t, const Attention *a, Tensor *x, Tensor *res);      // x (B,N,C)
-Tensor *cgspn_layer(Tape *t, const CgspnLayer *l, Tensor *x, Tensor *res);   // x (B,H,W,C)
+Tensor *attention(Tape *t, const Attention *a, Tensor *x);      // x (B,N,C)
+Tensor *cgspn_layer(Tape *t, const CgspnLayer *l, Tensor *x);   // x (B,H,W,C)
+// The mixing layers up to their output projection (the layer is that projection of it), for a
+// block that fuses the projection with its residual add: attention's heads (B,N,C), C-GSPN's
+// latent after the scan and its norm (B,H,W,Cc).
+Tensor *attention_body(Tape *t, const Attention *a, Tensor *x);
+Tensor *cgspn_layer_body(Tape *t, const CgspnLayer *l, Tensor *x);
 // Width of the gate projection for Cc latent channels.
 int cgspn_gate_width(int latent, int shared_w);

@@ -300,7 +300,7 @@ static void test_stage1_loss_matches_ops_composed_by_hand(void **state) {
         int i = d.taps[j];
         Tensor *in = patches(&r, te, i == 0 ? h0 : tt.pb[i - 1]);
         Tensor *grid = nn_view(&r, in, 4, (int[]){3, 4, 4, 16});
-        Tensor *fs = cgspn_layer(&r, &se->blocks[i].gspn, layernorm(&r, &se->blocks[i].norm1, grid), NULL);
+        Tensor *fs = cgspn_layer(&r, &se->blocks[i].gspn, layernorm(&r, &se->blocks[i].norm1, grid));
         double l = tensor_f32(nn_mse(&r, fs, patches(&r, te, tt.pp[i])))[0];
         assert_close(parts[j], l, SAME_LOSS_TOL, "stage 1 block loss");
         sum += l;

@@ -284,7 +284,7 @@ Tensor *distill_loss_views(Distiller *d, Tape *t, Tensor *img, Tensor *teacher_i
             // The teacher's block input, patch tokens as the (H, W) grid; no gradient reaches it.
             Tensor *x = nn_view(t, tt.in[d->taps[j]], 4, (int[]){B, st->grid_h, st->grid_w, C});
             Tensor *h = layernorm(t, &b->norm1, x);   // reads fp32, writes the activation dtype
-            Tensor *fs = cgspn_layer(t, &b->gspn, h, NULL);                        // (B,H,W,C)
+            Tensor *fs = cgspn_layer(t, &b->gspn, h);                         // (B,H,W,C)
             Tensor *l = nn_mse(t, fs, tt.pp[d->taps[j]]);
             put(ctx, raw, j, l);
             sum = add_opt(t, sum, l);

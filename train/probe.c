@@ -201,7 +201,7 @@ int cmd_probe(int argc, char **argv) {
         labels_to_targets(labels, B, K, 0.0f, targets);
         Tensor *tgt = tape_tensor(&tape, 2, (int[]){B, K}, true);
         memcpy(tgt->data, targets, (size_t)B * K * sizeof(float));
-        Tensor *loss = nn_cross_entropy(&tape, linear(&tape, &lin, x, NULL), tgt);
+        Tensor *loss = nn_cross_entropy(&tape, linear(&tape, &lin, x), tgt);
         loss_sum += tensor_f32(loss)[0];
         tape_backward(&tape, loss);
         optimizer_step(&head, &cpu, &arena, &opt, step);

@@ -44,6 +44,18 @@ void cpu_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor 
     }
 }
 
+void cpu_add_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *r, const Tensor *w,
+                           const Tensor *b, float eps, Tensor *h, Tensor *y, Tensor *mean,
+                           Tensor *rstd) {
+    cpu_check_f32("add_layernorm_fwd", "x", x);
+    cpu_check_same("add_layernorm_fwd", "r", r, "x", x);
+    cpu_check_same("add_layernorm_fwd", "h", h, "x", x);
+    CG_CHECK(h->data != x->data && h->data != r->data, "", "op add_layernorm_fwd: h must not alias "
+             "x or r");
+    cpu_add_fwd(ctx, x, r, h);
+    cpu_layernorm_fwd(ctx, h, w, b, eps, y, mean, rstd);
+}
+
 // With xhat = (x - mean) * rstd and g = dy * w:
 //   dx += rstd * (g - mean_c(g) - xhat * mean_c(g * xhat));  dw += sum_n dy * xhat;  db += sum_n dy
 void cpu_layernorm_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,

@@ -12,6 +12,7 @@
 // slice is laid out by (pack slot, element, lane), so the 32 lanes of a warp touch 32
 // consecutive words (no bank conflicts).
 #include "cuda_elem.cuh"
+#include <type_traits>
 
 enum { LN_FWD_WARPS = 8, LN_BWD_WARPS = 4 };
 
@@ -43,17 +44,48 @@ static int ln_cached_packs(int C) {
 
 // ---- forward -------------------------------------------------------------------------------
 
-template <typename T, typename TY, typename TP, int V, int NP>
+// With TR not void (add_layernorm_fwd): the row of x + add is written to h and normalized.
+template <typename T, typename TY, typename TP, int V, int NP, typename TR = void>
 __global__ void __launch_bounds__(LN_FWD_WARPS * 32)
 ln_fwd_kernel(const T *__restrict__ x, const TP *__restrict__ w, const TP *__restrict__ b,
               float eps, TY *__restrict__ y, float *__restrict__ mean, float *__restrict__ rstd,
-              size_t N, int C) {
+              size_t N, int C, const TR *__restrict__ add = nullptr, T *__restrict__ h = nullptr) {
+    constexpr bool ADD = !std::is_void<TR>::value;
     size_t row = (size_t)blockIdx.x * LN_FWD_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= N) return;
     const T *xr = x + row * C;
     TY *yr = y + row * C;
     Vec<T, V> cache[NP > 0 ? NP : 1];
+    if constexpr (ADD) {   // h = x + add (rounded to T), then the passes read h
+        T *hr = h + row * C;
+        if constexpr (NP > 0) {
+            #pragma unroll
+            for (int k = 0; k < NP; k++) {
+                int c = (k * 32 + lane) * V;
+                if (c < C) {
+                    float vx[V], vr[V];
+                    load_v<V>(xr + c, vx);
+                    load_v<V>(add + row * C + c, vr);
+                    #pragma unroll
+                    for (int j = 0; j < V; j++) vx[j] += vr[j];
+                    cache[k] = Vec<T, V>::of(vx);
+                    cache[k].store(hr + c);
+                }
+            }
+        } else {
+            for (int c = lane * V; c < C; c += 32 * V) {
+                float vx[V], vr[V];
+                load_v<V>(xr + c, vx);
+                load_v<V>(add + row * C + c, vr);
+                #pragma unroll
+                for (int j = 0; j < V; j++) vx[j] += vr[j];
+                store_v<V>(hr + c, vx);
+            }
+            __syncwarp();   // the passes below read the row back (each lane its own channels)
+        }
+        xr = hr;
+    }
 
     float s = 0.0f;
     if constexpr (NP > 0) {
@@ -61,7 +93,7 @@ ln_fwd_kernel(const T *__restrict__ x, const TP *__restrict__ w, const TP *__res
         for (int k = 0; k < NP; k++) {
             int c = (k * 32 + lane) * V;
             if (c < C) {
-                cache[k] = Vec<T, V>::load(xr + c);
+                if constexpr (!ADD) cache[k] = Vec<T, V>::load(xr + c);
                 #pragma unroll
                 for (int j = 0; j < V; j++) s += cache[k].get(j);
             }
@@ -131,47 +163,76 @@ ln_fwd_kernel(const T *__restrict__ x, const TP *__restrict__ w, const TP *__res
     }
 }
 
-template <typename T, typename TY, typename TP, int V, int NP>
+template <typename T, typename TY, typename TP, int V, int NP, typename TR = void>
 static void ln_fwd_launch(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
-                          Tensor *y, Tensor *mean, Tensor *rstd, size_t N, int C) {
+                          Tensor *y, Tensor *mean, Tensor *rstd, size_t N, int C,
+                          const Tensor *r = nullptr, Tensor *h = nullptr) {
     unsigned blocks = (unsigned)ceil_div(N, LN_FWD_WARPS);
-    ln_fwd_kernel<T, TY, TP, V, NP><<<blocks, LN_FWD_WARPS * 32, 0, cuda_stream_of(ctx)>>>(
+    ln_fwd_kernel<T, TY, TP, V, NP, TR><<<blocks, LN_FWD_WARPS * 32, 0, cuda_stream_of(ctx)>>>(
         (const T *)x->data, w ? (const TP *)w->data : nullptr, b ? (const TP *)b->data : nullptr,
         eps, (TY *)y->data, mean ? tensor_f32(mean) : nullptr, rstd ? tensor_f32(rstd) : nullptr,
-        N, C);
+        N, C, r ? (const TR *)r->data : nullptr, h ? (T *)h->data : nullptr);
     CUDA_CHECK_LAUNCH();
 }
 
-void cuda_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
-                        Tensor *y, Tensor *mean, Tensor *rstd) {
-    const char *op = "layernorm_fwd";
+// layernorm_fwd, and add_layernorm_fwd when r (then h) is given.
+static void ln_fwd(const char *op, Ctx *ctx, const Tensor *x, const Tensor *r, const Tensor *w,
+                   const Tensor *b, float eps, Tensor *h, Tensor *y, Tensor *mean, Tensor *rstd) {
     cuda_check_tensor(op, "x", x);
     int C = tensor_last(x);
     size_t N = tensor_rows(x);
     cuda_check_numel(op, "y", y, x->numel);
     ln_check_pair(op, "y", y, "x", x);
+    if (r) {
+        cuda_check_numel(op, "r", r, x->numel);
+        cuda_check_numel(op, "h", h, x->numel);
+        cuda_check_same_dtype(op, "h", h, "x", x);
+        CG_CHECK(r->dtype == x->dtype || r->dtype == y->dtype, "",
+                 "op %s: r is %s, x %s and y %s", op, dtype_name(r->dtype), dtype_name(x->dtype),
+                 dtype_name(y->dtype));
+        CG_CHECK(h->data != x->data && h->data != r->data, "", "op %s: h must not alias x or r", op);
+    }
     if (w) cuda_check_numel(op, "w", w, (size_t)C);
     if (b) cuda_check_numel(op, "b", b, (size_t)C);
     if (w && b) cuda_check_same_dtype(op, "b", b, "w", w);
     if (mean) { cuda_check_f32(op, "mean", mean); cuda_check_numel(op, "mean", mean, N); }
     if (rstd) { cuda_check_f32(op, "rstd", rstd); cuda_check_numel(op, "rstd", rstd, N); }
     CG_CHECK(eps >= 0.0f, "layernorm eps is usually 1e-6 (timm ViT) or 1e-5",
-             "op layernorm_fwd: eps = %g is negative", eps);
+             "op %s: eps = %g is negative", op, eps);
     if (N == 0) return;
     DType pdt = w ? w->dtype : b ? b->dtype : x->dtype;
     bool vec = C % 8 == 0 && aligned16(x->data) && aligned16(y->data) &&
-               (!w || aligned16(w->data)) && (!b || aligned16(b->data));
+               (!w || aligned16(w->data)) && (!b || aligned16(b->data)) &&
+               (!r || (aligned16(r->data) && aligned16(h->data)));
     int np = vec ? ln_cached_packs(C) : 0;
     ln_dispatch(x->dtype, y->dtype, pdt, [&](auto tx, auto ty, auto tp) {
         using T = TAG_T(tx);
         using TY = TAG_T(ty);
         using TP = TAG_T(tp);
-        if (!vec) ln_fwd_launch<T, TY, TP, 1, 0>(ctx, x, w, b, eps, y, mean, rstd, N, C);
-        else if (np == 2) ln_fwd_launch<T, TY, TP, 8, 2>(ctx, x, w, b, eps, y, mean, rstd, N, C);
-        else if (np == 5) ln_fwd_launch<T, TY, TP, 8, 5>(ctx, x, w, b, eps, y, mean, rstd, N, C);
-        else if (np == 8) ln_fwd_launch<T, TY, TP, 8, 8>(ctx, x, w, b, eps, y, mean, rstd, N, C);
-        else ln_fwd_launch<T, TY, TP, 8, 0>(ctx, x, w, b, eps, y, mean, rstd, N, C);
+        auto launch = [&](auto tr) {
+            using TR = typename decltype(tr)::type;
+            if (!vec) ln_fwd_launch<T, TY, TP, 1, 0, TR>(ctx, x, w, b, eps, y, mean, rstd, N, C, r, h);
+            else if (np == 2) ln_fwd_launch<T, TY, TP, 8, 2, TR>(ctx, x, w, b, eps, y, mean, rstd, N, C, r, h);
+            else if (np == 5) ln_fwd_launch<T, TY, TP, 8, 5, TR>(ctx, x, w, b, eps, y, mean, rstd, N, C, r, h);
+            else if (np == 8) ln_fwd_launch<T, TY, TP, 8, 8, TR>(ctx, x, w, b, eps, y, mean, rstd, N, C, r, h);
+            else ln_fwd_launch<T, TY, TP, 8, 0, TR>(ctx, x, w, b, eps, y, mean, rstd, N, C, r, h);
+        };
+        if (!r) launch(DTypeTag<void>{});
+        else if (r->dtype == DTYPE_F32) launch(DTypeTag<float>{});
+        else launch(DTypeTag<bf16>{});
     });
+}
+
+void cuda_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
+                        Tensor *y, Tensor *mean, Tensor *rstd) {
+    ln_fwd("layernorm_fwd", ctx, x, NULL, w, b, eps, NULL, y, mean, rstd);
+}
+
+void cuda_add_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *r, const Tensor *w,
+                            const Tensor *b, float eps, Tensor *h, Tensor *y, Tensor *mean,
+                            Tensor *rstd) {
+    CG_CHECK(r && h, "", "op add_layernorm_fwd: r and h are required");
+    ln_fwd("add_layernorm_fwd", ctx, x, r, w, b, eps, h, y, mean, rstd);
 }
 
 // ---- backward --------------------------------------------------------------------------------

@@ -50,6 +50,11 @@ static const NamedTol BF16_TOLS[] = {
     {"layernorm_bwd.dx", BF16_ROUNDED_TOL},  // mean, rstd given: only the final rounding differs
     {"layernorm_bwd.dw", FP32_TOL},
     {"layernorm_bwd.db", FP32_TOL},
+    {"add_layernorm_fwd.h_f32", FP32_TOL},   // an fp32 sum of the same values: exact
+    {"add_layernorm_fwd.h", BF16_ROUNDED_TOL},
+    {"add_layernorm_fwd.y", BF16_ROUNDED_TOL},   // from the same h (a bf16 h rounded on both sides)
+    {"add_layernorm_fwd.mean", FP32_TOL},
+    {"add_layernorm_fwd.rstd", FP32_TOL},
     {"gelu_fwd.y", BF16_ROUNDED_TOL},
     {"gelu_bwd.dx", BF16_ROUNDED_TOL},
     {"softmax_fwd.y", BF16_ROUNDED_TOL},
@@ -424,6 +429,41 @@ static void test_layernorm_fp32_input_bf16_output_matches_cpu(void **state) {
         check("layernorm_bwd.db", DTYPE_F32, gdb, db);
         release_all();
     }
+}
+
+// add_layernorm_fwd: h = x + r, y = LayerNorm(h); both as the encoders use it (fp32 stream x,
+// r and y in the mode's dtype) and all in one dtype, on every LayerNorm path (scalar, cached at
+// each size, uncached). h and y start NaN: every element must be written.
+static void test_add_layernorm_matches_cpu(void **state) {
+    for (int mi = 0; mi < 2; mi++)
+        for (int xi = 0; xi < 2; xi++)
+            for (int si = 0; si < 7; si++) {
+                DType dt = MODES[mi], xdt = xi == 0 ? DTYPE_F32 : dt;
+                if (xi == 1 && dt == DTYPE_F32) continue;   // the same as xi == 0
+                int N = LN_SHAPES[si][0], C = LN_SHAPES[si][1];
+                printf("  x %s, r and y %s (%d, %d)\n", dtype_name(xdt), dtype_name(dt), N, C);
+                Tensor *x = rnd(HT(N, C), 1, -1, 3, xdt), *r = rnd(HT(N, C), 11, -1, 1, dt);
+                Tensor *w = rnd(HT(C), 2, 0.5f, 1.5f, dt), *b = rnd(HT(C), 3, -0.5f, 0.5f, dt);
+                Tensor *h = HT(N, C), *y = HT(N, C), *mean = HT(N), *rstd = HT(N);
+                Tensor *nan = HT(N, C);
+                for (size_t i = 0; i < nan->numel; i++) tensor_f32(nan)[i] = NAN;
+                Tensor *gh = dev(nan, xdt), *gy = dev(nan, dt);
+                Tensor *gmean = dev_zeros(mean, DTYPE_F32), *grstd = dev_zeros(rstd, DTYPE_F32);
+                if (xdt == DTYPE_F32) {
+                    cpu_add_layernorm_fwd(&H, x, r, w, b, 1e-6f, h, y, mean, rstd);
+                } else {   // the GPU's h is bf16, and it normalizes the rounded sum
+                    cpu_add_fwd(&H, x, r, h);
+                    gpu_test_round_to_bf16(h);
+                    cpu_layernorm_fwd(&H, h, w, b, 1e-6f, y, mean, rstd);
+                }
+                cuda_add_layernorm_fwd(&G, dev(x, xdt), dev(r, dt), dev(w, dt), dev(b, dt), 1e-6f,
+                                       gh, gy, gmean, grstd);
+                check(xdt == DTYPE_F32 ? "add_layernorm_fwd.h_f32" : "add_layernorm_fwd.h", dt, gh, h);
+                check("add_layernorm_fwd.y", dt, gy, y);
+                check("add_layernorm_fwd.mean", dt, gmean, mean);
+                check("add_layernorm_fwd.rstd", dt, grstd, rstd);
+                release_all();
+            }
 }
 
 static void test_gelu_matches_cpu(void **state) {
@@ -852,6 +892,7 @@ int main(void) {
         cmocka_unit_test(test_layer_scale_matches_cpu),
         cmocka_unit_test(test_layernorm_matches_cpu),
         cmocka_unit_test(test_layernorm_fp32_input_bf16_output_matches_cpu),
+        cmocka_unit_test(test_add_layernorm_matches_cpu),
         cmocka_unit_test(test_gelu_matches_cpu),
         cmocka_unit_test(test_softmax_matches_cpu),
         cmocka_unit_test(test_token_ops_match_cpu),
