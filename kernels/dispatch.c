@@ -134,8 +134,9 @@ void op_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *
     ROUTE(layernorm_fwd, ctx, x, w, b, eps, y, mean, rstd);
 }
 void op_layernorm_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
-                      const Tensor *mean, const Tensor *rstd, Tensor *dx, Tensor *dw, Tensor *db) {
-    ROUTE(layernorm_bwd, ctx, dy, x, w, mean, rstd, dx, dw, db);
+                      const Tensor *mean, const Tensor *rstd, Tensor *dx, Tensor *dw, Tensor *db,
+                      Tensor *dx_act, Tensor *dx_sum) {
+    ROUTE(layernorm_bwd, ctx, dy, x, w, mean, rstd, dx, dw, db, dx_act, dx_sum);
 }
 void op_add_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *r, const Tensor *w,
                           const Tensor *b, float eps, Tensor *h, Tensor *y, Tensor *mean,

@@ -97,8 +97,13 @@ OP_DECL(linear_dgelu_bwd, Ctx *ctx, const Tensor *dy, const Tensor *h, const Ten
 // reads it in bf16). In backward dy has y's dtype and dx has x's.
 OP_DECL(layernorm_fwd, Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
         Tensor *y, Tensor *mean, Tensor *rstd)
+// The hand-off (each may be NULL; both need dx): dx_act is written with the final dx (after the
+// add) in dy's dtype, and dx_sum (fp32, C) += its column sums: the gradient of a residual stream
+// that this norm's backward completes, passed on to the branch that wrote the stream with that
+// branch's last bias gradient (nn_linear_add_layernorm), in the same pass.
 OP_DECL(layernorm_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
-        const Tensor *mean, const Tensor *rstd, Tensor *dx, Tensor *dw, Tensor *db)
+        const Tensor *mean, const Tensor *rstd, Tensor *dx, Tensor *dw, Tensor *db,
+        Tensor *dx_act, Tensor *dx_sum)
 // h = x + r (written, x's dtype; r in the activation dtype), then layernorm_fwd of h, in one pass:
 // the residual add of a block's mixing branch fused into the norm that reads the sum next. The
 // backward is the add's (the gradient of h reaches x and r) after layernorm_bwd's with x = h.

@@ -57,30 +57,13 @@ Tensor *nn_linear(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
     return y;
 }
 
-// ---- linear onto a residual: y = res + x w^T + b (nn_linear_add_layernorm below) ----
-typedef struct { Tensor *x, *w, *b, *res, *y; } LinearResidualRec;
-static void linear_residual_backward(Tape *t, void *p) {
-    LinearResidualRec *r = p;
-    Tensor *dy = r->y->grad;
-    if (!dy) return;
-    Tensor *dw = tape_grad(t, r->w), *db = tape_grad(t, r->b);
-    bool branch = dw || db || r->x->requires_grad, db_done = false;
-    Tensor *g = branch ? branch_grad(t, dy, r->x, db, &db_done) : NULL;
-    if (g) {
-        bool fresh;
-        Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
-        (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, g, r->x, r->w, dx, dw,
-                                                      db_done ? NULL : db);
-    }
-    pass_grad(t, r->res, dy);
-}
 // ---- layernorm ----
 typedef struct { Tensor *x, *w, *b, *mean, *rstd, *y; } LayerNormRec;
 static void layernorm_backward(Tape *t, void *p) {
     LayerNormRec *r = p;
     if (!NEED_GRAD(r)) return;
     op_layernorm_bwd(t->ctx, r->y->grad, r->x, r->w, r->mean, r->rstd, tape_grad(t, r->x),
-                     tape_grad(t, r->w), tape_grad(t, r->b));
+                     tape_grad(t, r->w), tape_grad(t, r->b), NULL, NULL);
 }
 // The output y (the activation dtype) and the statistics of a LayerNorm of x.
 static Tensor *layernorm_outputs(Tape *t, const Tensor *x, Tensor **mean, Tensor **rstd) {
@@ -89,19 +72,46 @@ static Tensor *layernorm_outputs(Tape *t, const Tensor *x, Tensor **mean, Tensor
     *rstd = tape_tensor(t, 1, rows, true);
     return tape_tensor(t, x->ndim, x->shape, false);
 }
-static void layernorm_track(Tape *t, Tensor *x, Tensor *w, Tensor *b, Tensor *mean, Tensor *rstd,
-                            Tensor *y) {
-    if (tape_track(t, y, x, w, b))
-        *(LayerNormRec *)tape_record(t, layernorm_backward, sizeof(LayerNormRec)) =
-            (LayerNormRec){x, w, b, mean, rstd, y};
-}
 Tensor *nn_layernorm(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps) {
     Tensor *mean, *rstd, *y = layernorm_outputs(t, x, &mean, &rstd);
     op_layernorm_fwd(t->ctx, x, w, b, eps, y, mean, rstd);
-    layernorm_track(t, x, w, b, mean, rstd, y);
+    if (tape_track(t, y, x, w, b))
+        *(LayerNormRec *)tape_record(t, layernorm_backward, sizeof(LayerNormRec)) =
+            (LayerNormRec){x, w, b, mean, rstd, y};
     return y;
 }
 
+// ---- linear onto a residual, then LayerNorm: h = res + x w^T + b, y = layernorm(h) ----
+typedef struct { Tensor *x, *w, *b, *res; LayerNormRec ln; } LinearAddLayerNormRec;   // ln.x: h
+static void linear_add_layernorm_backward(Tape *t, void *p) {
+    LinearAddLayerNormRec *r = p;
+    Tensor *h = r->ln.x;
+    Tensor *dw = tape_grad(t, r->w), *db = tape_grad(t, r->b);
+    bool branch = dw || db || r->x->requires_grad;
+    // The norm's backward completes h's gradient: every other reader of h was recorded after
+    // this record, so its backward has run. On the way the norm hands the final gradient on in the
+    // branch's dtype, with the branch's bias gradient (when the dtypes differ; else it is h's).
+    Tensor *g = NULL;
+    bool db_done = false;
+    if (r->ln.y->grad) {
+        bool handoff = branch && h->dtype != r->x->dtype;
+        if (handoff) g = tape_tensor(t, h->ndim, h->shape, r->x->dtype == DTYPE_F32);
+        op_layernorm_bwd(t->ctx, r->ln.y->grad, h, r->ln.w, r->ln.mean, r->ln.rstd,
+                         tape_grad(t, h), tape_grad(t, r->ln.w), tape_grad(t, r->ln.b), g,
+                         handoff ? db : NULL);
+        db_done = handoff && db;
+    }
+    Tensor *dh = h->grad;
+    if (!dh) return;
+    if (branch && !g) g = branch_grad(t, dh, r->x, db, &db_done);
+    if (g) {
+        bool fresh;
+        Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
+        (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, g, r->x, r->w, dx, dw,
+                                                      db_done ? NULL : db);
+    }
+    pass_grad(t, r->res, dh);
+}
 Tensor *nn_linear_add_layernorm(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tensor *b,
                                 Tensor *ln_w, Tensor *ln_b, float eps, Tensor **normed) {
     CG_CHECK(tensor_last(x) == w->shape[1] && res->numel == tensor_rows(x) * (size_t)w->shape[0],
@@ -114,12 +124,12 @@ Tensor *nn_linear_add_layernorm(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tens
     Tensor *h = tape_tensor_like(t, res);
     Tensor *mean, *rstd, *y = layernorm_outputs(t, h, &mean, &rstd);
     op_add_layernorm_fwd(t->ctx, res, m, ln_w, ln_b, eps, h, y, mean, rstd);
-    bool track = tape_track(t, h, x, w, b);
-    if (t->grad_enabled && res->requires_grad) track = h->requires_grad = true;
-    if (track)
-        *(LinearResidualRec *)tape_record(t, linear_residual_backward, sizeof(LinearResidualRec)) =
-            (LinearResidualRec){x, w, b, res, h};
-    layernorm_track(t, h, ln_w, ln_b, mean, rstd, y);
+    tape_track(t, h, x, w, b);
+    if (t->grad_enabled && res->requires_grad) h->requires_grad = true;
+    if (tape_track(t, y, h, ln_w, ln_b))   // h needs a gradient, or a norm parameter is trained
+        *(LinearAddLayerNormRec *)tape_record(t, linear_add_layernorm_backward,
+                                              sizeof(LinearAddLayerNormRec)) =
+            (LinearAddLayerNormRec){x, w, b, res, {h, ln_w, ln_b, mean, rstd, y}};
     *normed = y;
     return h;
 }

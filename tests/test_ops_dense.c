@@ -319,17 +319,34 @@ static void test_layernorm_backward_matches_finite_differences(void **state) {
     Ctx ctx = ctx_cpu();
     ln_loss(&c);
     Tensor *dx = test_like(c.x), *dw = test_like(c.w), *db = test_like(c.b);
-    cpu_layernorm_bwd(&ctx, c.r, c.x, c.w, c.mean, c.rstd, dx, dw, db);
+    cpu_layernorm_bwd(&ctx, c.r, c.x, c.w, c.mean, c.rstd, dx, dw, db, NULL, NULL);
     assert_true(test_gradcheck("layernorm dx", ln_loss, &c, c.x, dx) < GRAD_TOL);
     assert_true(test_gradcheck("layernorm dw", ln_loss, &c, c.w, dw) < GRAD_TOL);
     assert_true(test_gradcheck("layernorm db", ln_loss, &c, c.b, db) < GRAD_TOL);
     // accumulation: a second call doubles every gradient
     Tensor *dx2 = test_like(c.x), *dw2 = test_like(c.w), *db2 = test_like(c.b);
     for (int rep = 0; rep < 2; rep++)
-        cpu_layernorm_bwd(&ctx, c.r, c.x, c.w, c.mean, c.rstd, dx2, dw2, db2);
+        cpu_layernorm_bwd(&ctx, c.r, c.x, c.w, c.mean, c.rstd, dx2, dw2, db2, NULL, NULL);
     assert_doubled("layernorm dx", dx, dx2);
     assert_doubled("layernorm dw", dw, dw2);
     assert_doubled("layernorm db", db, db2);
+    // the hand-off: a copy of the final dx (after a third add) and its column sums, added to
+    Tensor *act = test_like(c.x), *sums = test_like(c.w);
+    for (int k = 0; k < 7; k++) tensor_f32(sums)[k] = 1.0f;
+    cpu_layernorm_bwd(&ctx, c.r, c.x, c.w, c.mean, c.rstd, dx2, NULL, NULL, act, sums);
+    for (int n = 0; n < 5; n++)
+        for (int k = 0; k < 7; k++) {
+            float v = tensor_f32(dx2)[n * 7 + k];
+            assert_float_equal(v, 3.0f * tensor_f32(dx)[n * 7 + k], 1e-5f);
+            assert_float_equal(tensor_f32(act)[n * 7 + k], v, 0.0f);
+        }
+    for (int k = 0; k < 7; k++) {
+        double s = 1.0;
+        for (int n = 0; n < 5; n++) s += tensor_f32(dx2)[n * 7 + k];
+        assert_float_equal(tensor_f32(sums)[k], (float)s, 1e-5f);
+    }
+    test_tensor_free(act);
+    test_tensor_free(sums);
     Tensor *t[] = {dx, dw, db, dx2, dw2, db2};
     for (size_t i = 0; i < sizeof t / sizeof *t; i++) test_tensor_free(t[i]);
     ln_case_free(&c);

@@ -59,7 +59,10 @@ void cpu_add_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *r, const Ten
 // With xhat = (x - mean) * rstd and g = dy * w:
 //   dx += rstd * (g - mean_c(g) - xhat * mean_c(g * xhat));  dw += sum_n dy * xhat;  db += sum_n dy
 void cpu_layernorm_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
-                       const Tensor *mean, const Tensor *rstd, Tensor *dx, Tensor *dw, Tensor *db) {
+                       const Tensor *mean, const Tensor *rstd, Tensor *dx, Tensor *dw, Tensor *db,
+                       Tensor *dx_act, Tensor *dx_sum) {
+    CG_CHECK(dx || (!dx_act && !dx_sum), "", "op layernorm_bwd: dx_act and dx_sum hand dx on: "
+             "they need dx");
     cpu_check_f32("layernorm_bwd", "x", x);
     int C = tensor_last(x);
     size_t N = tensor_rows(x);
@@ -92,6 +95,12 @@ void cpu_layernorm_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor
                 float xhat = (xr[c] - m) * r;
                 dxr[c] += r * (g - mean_g - xhat * mean_gx);
             }
+        }
+        // the hand-off of the final dx: a copy, and its column sums
+        if (dx_act) cpu_scale_fwd(ctx, dx, 1.0f, dx_act);
+        if (dx_sum) {
+            cpu_check_numel("layernorm_bwd", "dx_sum", dx_sum, (size_t)C);
+            cpu_add_bcast_bwd(ctx, dx, NULL, dx_sum);
         }
     }
     if (dw) CG_CHECK(w, "", "op layernorm_bwd: dw given but the layer has no weight w");

@@ -257,35 +257,63 @@ template <int V> __device__ __forceinline__ int ln_acc_index(int c) {
     return ((c / (32 * V)) * V + c % V) * 32 + (c / V) % 32;
 }
 
-// Adds the block's warp slices (LN_BWD_WARPS, 2, L) in warp order and writes the block's
-// partial (2, C) row. Called by every thread of the block.
+// Adds the block's warp slices (LN_BWD_WARPS, NS, L) in warp order and writes the block's
+// partial (2, C) row of dw | db and, when NS is 3, its partial_s (C) row of the hand-off's column
+// sums. Called by every thread of the block.
 template <int V>
-__device__ __forceinline__ void ln_fold_warps(float *acc_all, int L, int C, float *partial) {
+__device__ __forceinline__ void ln_fold_warps(float *acc_all, int NS, int L, int C, float *partial,
+                                              float *partial_s) {
     __syncthreads();
-    for (int i = threadIdx.x; i < 2 * L; i += blockDim.x) {
+    for (int i = threadIdx.x; i < NS * L; i += blockDim.x) {
         float s = acc_all[i];
         #pragma unroll
-        for (int k = 1; k < LN_BWD_WARPS; k++) s += acc_all[(size_t)k * 2 * L + i];
+        for (int k = 1; k < LN_BWD_WARPS; k++) s += acc_all[(size_t)k * NS * L + i];
         acc_all[i] = s;
     }
     __syncthreads();
     float *out = partial + (size_t)blockIdx.x * 2 * C;
     for (int i = threadIdx.x; i < 2 * C; i += blockDim.x)
         out[i] = acc_all[(i < C ? 0 : L) + ln_acc_index<V>(i < C ? i : i - C)];
+    if (NS == 3)
+        for (int i = threadIdx.x; i < C; i += blockDim.x)
+            partial_s[(size_t)blockIdx.x * C + i] = acc_all[2 * L + ln_acc_index<V>(i)];
 }
 
-// partial: (gridDim.x, 2, C) fp32, this block's dw | db, or NULL when neither is wanted.
+// The hand-off of a row's final dx values d[0..V) at channel slot a (ln_acc_index): the copy in
+// dy's dtype, and their column sums into the warp's third slice acc_s. d is what dx holds (already
+// rounded to T).
+template <typename TY, int V>
+__device__ __forceinline__ void ln_handoff(const float *d, TY *dx_act, float *acc_s, int a) {
+    if (dx_act) store_v<V>(dx_act, d);
+    if (acc_s) {
+        #pragma unroll
+        for (int j = 0; j < V; j++) acc_s[a + 32 * j] += d[j];
+    }
+}
+
+// d[0..V) rounded to T, as a store of them to a T tensor reads back.
+template <typename T, int V> __device__ __forceinline__ void ln_round(float *d) {
+    Vec<T, V> q = Vec<T, V>::of(d);
+    #pragma unroll
+    for (int j = 0; j < V; j++) d[j] = q.get(j);
+}
+
+// partial: (gridDim.x, 2, C) fp32, this block's dw | db, or NULL when neither is wanted (then
+// partial_s is NULL too). The hand-off (dx given): dx_act, the final dx in dy's dtype, and
+// partial_s (gridDim.x, C), this block's column sums of the final dx (each NULL: not wanted).
 template <typename T, typename TY, typename TP, int NP>
 __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
 ln_bwd_cached_kernel(const TY *__restrict__ dy, const T *__restrict__ x, const TP *__restrict__ w,
                      const float *__restrict__ mean, const float *__restrict__ rstd,
-                     T *__restrict__ dx, float *__restrict__ partial, size_t N, int C) {
+                     T *__restrict__ dx, float *__restrict__ partial, size_t N, int C,
+                     TY *__restrict__ dx_act, float *__restrict__ partial_s) {
     constexpr int V = 8, L = NP * 32 * V;
-    extern __shared__ float acc_all[];   // (LN_BWD_WARPS, 2, L) when partial
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float *acc_w = acc_all + (size_t)warp * 2 * L, *acc_b = acc_w + L;
+    extern __shared__ float acc_all[];   // (LN_BWD_WARPS, NS, L) when partial
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, NS = partial_s ? 3 : 2;
+    float *acc_w = acc_all + (size_t)warp * NS * L, *acc_b = acc_w + L;
+    float *acc_s = partial_s ? acc_w + 2 * L : nullptr;
     if (partial) {
-        for (int i = lane; i < 2 * L; i += 32) acc_w[i] = 0.0f;
+        for (int i = lane; i < NS * L; i += 32) acc_w[i] = 0.0f;
         __syncwarp();
     }
     Vec<TY, V> cdy[NP];
@@ -337,6 +365,11 @@ ln_bwd_cached_kernel(const TY *__restrict__ dy, const T *__restrict__ x, const T
                         d[j] = cdx[k].get(j) + r * (g - mean_g - xhat[j] * mean_gx);
                     }
                     store_v<V>(dxr + c, d);
+                    if (dx_act || acc_s) {
+                        ln_round<T, V>(d);
+                        ln_handoff<TY, V>(d, dx_act ? dx_act + row * C + c : nullptr, acc_s,
+                                          (k * V) * 32 + lane);
+                    }
                 }
                 if (partial) {
                     int a = (k * V) * 32 + lane;   // ln_acc_index<V>(c); element j at a + 32 j
@@ -349,19 +382,22 @@ ln_bwd_cached_kernel(const TY *__restrict__ dy, const T *__restrict__ x, const T
             }
         }
     }
-    if (partial) ln_fold_warps<V>(acc_all, L, C, partial);
+    if (partial) ln_fold_warps<V>(acc_all, NS, L, C, partial, partial_s);
 }
 
 template <typename T, typename TY, typename TP, int V>
 __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
 ln_bwd_kernel(const TY *__restrict__ dy, const T *__restrict__ x, const TP *__restrict__ w,
               const float *__restrict__ mean, const float *__restrict__ rstd, T *__restrict__ dx,
-              float *__restrict__ partial, size_t N, int C) {
-    extern __shared__ float acc_all[];   // (LN_BWD_WARPS, 2, L) when partial
+              float *__restrict__ partial, size_t N, int C, TY *__restrict__ dx_act,
+              float *__restrict__ partial_s) {
+    extern __shared__ float acc_all[];   // (LN_BWD_WARPS, NS, L) when partial
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, L = ln_acc_len(C, V);
-    float *acc_w = acc_all + (size_t)warp * 2 * L, *acc_b = acc_w + L;
+    int NS = partial_s ? 3 : 2;
+    float *acc_w = acc_all + (size_t)warp * NS * L, *acc_b = acc_w + L;
+    float *acc_s = partial_s ? acc_w + 2 * L : nullptr;
     if (partial) {
-        for (int i = lane; i < 2 * L; i += 32) acc_w[i] = 0.0f;
+        for (int i = lane; i < NS * L; i += 32) acc_w[i] = 0.0f;
         __syncwarp();
     }
     size_t warps_total = (size_t)gridDim.x * LN_BWD_WARPS;
@@ -399,6 +435,11 @@ ln_bwd_kernel(const TY *__restrict__ dy, const T *__restrict__ x, const TP *__re
                     d[j] += r * (g - mean_g - xhat[j] * mean_gx);
                 }
                 store_v<V>(dx + row * C + c, d);
+                if (dx_act || acc_s) {
+                    ln_round<T, V>(d);
+                    ln_handoff<TY, V>(d, dx_act ? dx_act + row * C + c : nullptr, acc_s,
+                                      ln_acc_index<V>(c));
+                }
             }
             if (partial) {
                 int a = ln_acc_index<V>(c);   // element j at a + 32 j
@@ -410,18 +451,19 @@ ln_bwd_kernel(const TY *__restrict__ dy, const T *__restrict__ x, const TP *__re
             }
         }
     }
-    if (partial) ln_fold_warps<V>(acc_all, L, C, partial);
+    if (partial) ln_fold_warps<V>(acc_all, NS, L, C, partial, partial_s);
 }
 
 // Runs one of the kernels above on a grid that fills the GPU once (blocks per SM from the
-// occupancy), then adds the block partials in order into dw, db (kernels/cuda/reduce.cu).
+// occupancy), then adds the block partials in order into dw, db and dx_sum (kernels/cuda/reduce.cu).
+// smem: the bytes of the warps' (dw, db) slices; the hand-off's column sums add half as much.
 template <typename T, typename TY, typename TP, typename K>
 static void ln_bwd_run(Ctx *ctx, K kernel, size_t smem, const Tensor *dy, const Tensor *x,
                        const Tensor *w, const Tensor *mean, const Tensor *rstd, Tensor *dx,
-                       Tensor *dw, Tensor *db, size_t N, int C) {
+                       Tensor *dw, Tensor *db, Tensor *dx_act, Tensor *dx_sum, size_t N, int C) {
     CudaCtx *c = cuda_ctx_of(ctx);
-    bool want_wb = dw || db;
-    if (!want_wb) smem = 0;
+    bool want_sums = dw || db || dx_sum;
+    smem = !want_sums ? 0 : dx_sum ? smem * 3 / 2 : smem;
     if (smem > 48 * 1024) {
         int limit = 0;
         CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device));
@@ -435,21 +477,28 @@ static void ln_bwd_run(Ctx *ctx, K kernel, size_t smem, const Tensor *dy, const 
     size_t blocks = (size_t)(per_sm > 0 ? per_sm : 1) * c->sm_count;
     size_t need = ceil_div(N, LN_BWD_WARPS);
     if (blocks > need) blocks = need;
-    float *partial = want_wb ? (float *)cuda_scratch(ctx, blocks * 2 * C * sizeof(float)) : nullptr;
+    size_t wb = blocks * 2 * C, sums = dx_sum ? blocks * C : 0;
+    float *partial = want_sums ? (float *)cuda_scratch(ctx, (wb + sums) * sizeof(float)) : nullptr;
     kernel<<<(unsigned)blocks, LN_BWD_WARPS * 32, smem, c->stream>>>(
         (const TY *)dy->data, (const T *)x->data, w ? (const TP *)w->data : nullptr,
-        tensor_f32(mean), tensor_f32(rstd), dx ? (T *)dx->data : nullptr, partial, N, C);
+        tensor_f32(mean), tensor_f32(rstd), dx ? (T *)dx->data : nullptr, partial, N, C,
+        dx_act ? (TY *)dx_act->data : nullptr, dx_sum ? partial + wb : nullptr);
     CUDA_CHECK_LAUNCH();
-    if (want_wb)
+    if (dw || db)
         cuda_sum_partials(ctx, partial, (unsigned)blocks, 2 * (size_t)C, (size_t)C,
                           dw ? tensor_f32(dw) : nullptr, db ? tensor_f32(db) : nullptr);
+    if (dx_sum)
+        cuda_sum_partials(ctx, partial + wb, (unsigned)blocks, (size_t)C, (size_t)C,
+                          tensor_f32(dx_sum), nullptr);
 }
 
 void cuda_layernorm_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
                         const Tensor *mean, const Tensor *rstd, Tensor *dx, Tensor *dw,
-                        Tensor *db) {
+                        Tensor *db, Tensor *dx_act, Tensor *dx_sum) {
     const char *op = "layernorm_bwd";
     if (!dx && !dw && !db) return;
+    CG_CHECK(dx || (!dx_act && !dx_sum), "", "op layernorm_bwd: dx_act and dx_sum hand dx on: "
+             "they need dx");
     cuda_check_tensor(op, "x", x);
     int C = tensor_last(x);
     size_t N = tensor_rows(x);
@@ -469,15 +518,22 @@ void cuda_layernorm_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tenso
     if (dw) CG_CHECK(w, "", "op layernorm_bwd: dw given but the layer has no weight w");
     if (dw) { cuda_check_f32(op, "dw", dw); cuda_check_numel(op, "dw", dw, (size_t)C); }
     if (db) { cuda_check_f32(op, "db", db); cuda_check_numel(op, "db", db, (size_t)C); }
+    if (dx_act) {
+        cuda_check_numel(op, "dx_act", dx_act, x->numel);
+        cuda_check_same_dtype(op, "dx_act", dx_act, "dy", dy);
+    }
+    if (dx_sum) { cuda_check_f32(op, "dx_sum", dx_sum); cuda_check_numel(op, "dx_sum", dx_sum, (size_t)C); }
     if (N == 0) return;
     bool vec = C % 8 == 0 && aligned16(dy->data) && aligned16(x->data) &&
-               (!w || aligned16(w->data)) && (!dx || aligned16(dx->data));
+               (!w || aligned16(w->data)) && (!dx || aligned16(dx->data)) &&
+               (!dx_act || aligned16(dx_act->data));
     ln_dispatch(x->dtype, dy->dtype, w ? w->dtype : x->dtype, [&](auto tx, auto ty, auto tp) {
         using T = TAG_T(tx);
         using TY = TAG_T(ty);
         using TP = TAG_T(tp);
         auto run = [&](auto kernel, size_t smem) {
-            ln_bwd_run<T, TY, TP>(ctx, kernel, smem, dy, x, w, mean, rstd, dx, dw, db, N, C);
+            ln_bwd_run<T, TY, TP>(ctx, kernel, smem, dy, x, w, mean, rstd, dx, dw, db, dx_act,
+                                  dx_sum, N, C);
         };
         if (vec && C <= 2 * 256)
             run(ln_bwd_cached_kernel<T, TY, TP, 2>, (size_t)LN_BWD_WARPS * 2 * 2 * 256 * sizeof(float));

@@ -107,10 +107,10 @@ int cuda_bench_ops(FILE *out) {
         double ms = bench_ms(&ctx, 20, [&] { cuda_layernorm_fwd(&ctx, &x, &w, &b, 1e-6f, &y, &mean, &rstd); });
         snprintf(what, sizeof what, "layernorm_fwd bf16 (%zu, %d)", N, C);
         bench_line(out, what, ms, 2 * act + stats, copy_gbs);
-        ms = bench_ms(&ctx, 20, [&] { cuda_layernorm_bwd(&ctx, &dy, &x, &w, &mean, &rstd, &dx, &dw, &db); });
+        ms = bench_ms(&ctx, 20, [&] { cuda_layernorm_bwd(&ctx, &dy, &x, &w, &mean, &rstd, &dx, &dw, &db, NULL, NULL); });
         snprintf(what, sizeof what, "layernorm_bwd bf16 (%zu, %d) dx += , dw, db", N, C);
         bench_line(out, what, ms, 4 * act + stats, copy_gbs);
-        ms = bench_ms(&ctx, 20, [&] { cuda_layernorm_bwd(&ctx, &dy, &x, &w, &mean, &rstd, &dx, NULL, NULL); });
+        ms = bench_ms(&ctx, 20, [&] { cuda_layernorm_bwd(&ctx, &dy, &x, &w, &mean, &rstd, &dx, NULL, NULL, NULL, NULL); });
         snprintf(what, sizeof what, "layernorm_bwd bf16 (%zu, %d) dx only", N, C);
         bench_line(out, what, ms, 4 * act + stats, copy_gbs);
         ms = bench_ms(&ctx, 20, [&] { cuda_layer_scale_bwd(&ctx, &dy, &x, &w, &dx, &dw); });

@@ -50,6 +50,8 @@ static const NamedTol BF16_TOLS[] = {
     {"layernorm_bwd.dx", BF16_ROUNDED_TOL},  // mean, rstd given: only the final rounding differs
     {"layernorm_bwd.dw", FP32_TOL},
     {"layernorm_bwd.db", FP32_TOL},
+    {"layernorm_bwd.dx_act", BF16_ROUNDED_TOL},   // the final fp32 dx rounded once
+    {"layernorm_bwd.dx_sum", FP32_TOL},
     {"add_layernorm_fwd.h_f32", FP32_TOL},   // an fp32 sum of the same values: exact
     {"add_layernorm_fwd.h", BF16_ROUNDED_TOL},
     {"add_layernorm_fwd.y", BF16_ROUNDED_TOL},   // from the same h (a bf16 h rounded on both sides)
@@ -376,10 +378,10 @@ static void test_layernorm_matches_cpu(void **state) {
             Tensor *dw = rnd(HT(C), 6, -1, 1, DTYPE_F32), *db = rnd(HT(C), 7, -1, 1, DTYPE_F32);
             Tensor *gdx = dev(dx, dt), *gdw = dev(dw, DTYPE_F32), *gdb = dev(db, DTYPE_F32);
             Tensor *gdx_only = dev(dx, dt), *gdw_only = dev(dw, DTYPE_F32), *gdb_only = dev(db, DTYPE_F32);
-            cpu_layernorm_bwd(&H, dy, x, w, mean, rstd, dx, dw, db);
-            cuda_layernorm_bwd(&G, gdy, gx, gw, gm, gr, gdx, gdw, gdb);
-            cuda_layernorm_bwd(&G, gdy, gx, gw, gm, gr, gdx_only, NULL, NULL);
-            cuda_layernorm_bwd(&G, gdy, gx, gw, gm, gr, NULL, gdw_only, gdb_only);
+            cpu_layernorm_bwd(&H, dy, x, w, mean, rstd, dx, dw, db, NULL, NULL);
+            cuda_layernorm_bwd(&G, gdy, gx, gw, gm, gr, gdx, gdw, gdb, NULL, NULL);
+            cuda_layernorm_bwd(&G, gdy, gx, gw, gm, gr, gdx_only, NULL, NULL, NULL, NULL);
+            cuda_layernorm_bwd(&G, gdy, gx, gw, gm, gr, NULL, gdw_only, gdb_only, NULL, NULL);
             check("layernorm_bwd.dx", dt, gdx, dx);
             check("layernorm_bwd.dw", dt, gdw, dw);
             check("layernorm_bwd.db", dt, gdb, db);
@@ -389,8 +391,8 @@ static void test_layernorm_matches_cpu(void **state) {
             // without w (g = dy)
             Tensor *dx0 = rnd(HT(N, C), 8, -1, 1, dt), *db0 = rnd(HT(C), 9, -1, 1, DTYPE_F32);
             Tensor *gdx0 = dev(dx0, dt), *gdb0 = dev(db0, DTYPE_F32);
-            cpu_layernorm_bwd(&H, dy, x, NULL, mean, rstd, dx0, NULL, db0);
-            cuda_layernorm_bwd(&G, gdy, gx, NULL, gm, gr, gdx0, NULL, gdb0);
+            cpu_layernorm_bwd(&H, dy, x, NULL, mean, rstd, dx0, NULL, db0, NULL, NULL);
+            cuda_layernorm_bwd(&G, gdy, gx, NULL, gm, gr, gdx0, NULL, gdb0, NULL, NULL);
             check("layernorm_bwd.dx", dt, gdx0, dx0);
             check("layernorm_bwd.db", dt, gdb0, db0);
             release_all();
@@ -422,11 +424,29 @@ static void test_layernorm_fp32_input_bf16_output_matches_cpu(void **state) {
         Tensor *dx = rnd(HT(N, C), 5, -1, 1, DTYPE_F32);
         Tensor *dw = rnd(HT(C), 6, -1, 1, DTYPE_F32), *db = rnd(HT(C), 7, -1, 1, DTYPE_F32);
         Tensor *gdx = dev(dx, DTYPE_F32), *gdw = dev(dw, DTYPE_F32), *gdb = dev(db, DTYPE_F32);
-        cpu_layernorm_bwd(&H, dy, x, w, mean, rstd, dx, dw, db);
-        cuda_layernorm_bwd(&G, gdy, gx, gw, gm, gr, gdx, gdw, gdb);
+        cpu_layernorm_bwd(&H, dy, x, w, mean, rstd, dx, dw, db, NULL, NULL);
+        cuda_layernorm_bwd(&G, gdy, gx, gw, gm, gr, gdx, gdw, gdb, NULL, NULL);
         check("layernorm_bwd.dx", DTYPE_F32, gdx, dx);
         check("layernorm_bwd.dw", DTYPE_F32, gdw, dw);
         check("layernorm_bwd.db", DTYPE_F32, gdb, db);
+
+        // the hand-off of the final dx (in bf16, starts NaN) and its column sums, with and
+        // without dw, db, and each part alone
+        Tensor *nan = HT(N, C);
+        for (size_t i = 0; i < nan->numel; i++) tensor_f32(nan)[i] = NAN;
+        Tensor *act = HT(N, C), *sums = rnd(HT(C), 8, -1, 1, DTYPE_F32);
+        Tensor *dx2 = rnd(HT(N, C), 5, -1, 1, DTYPE_F32);
+        cpu_layernorm_bwd(&H, dy, x, w, mean, rstd, dx2, NULL, NULL, act, sums);
+        for (int variant = 0; variant < 3; variant++) {
+            Tensor *gdx2 = dev(rnd(HT(N, C), 5, -1, 1, DTYPE_F32), DTYPE_F32);
+            Tensor *gact = dev(nan, DTYPE_BF16), *gsums = dev(rnd(HT(C), 8, -1, 1, DTYPE_F32), DTYPE_F32);
+            Tensor *gdw2 = dev_zeros(dw, DTYPE_F32);
+            cuda_layernorm_bwd(&G, gdy, gx, gw, gm, gr, gdx2, variant == 0 ? gdw2 : NULL, NULL,
+                               variant != 2 ? gact : NULL, variant != 1 ? gsums : NULL);
+            check("layernorm_bwd.dx", DTYPE_F32, gdx2, dx2);
+            if (variant != 2) check("layernorm_bwd.dx_act", DTYPE_BF16, gact, act);
+            if (variant != 1) check("layernorm_bwd.dx_sum", DTYPE_F32, gsums, sums);
+        }
         release_all();
     }
 }
@@ -748,8 +768,8 @@ static void test_backward_twice_accumulates_twice(void **state) {
         Tensor *gdy = dev(dy, dt), *gx = dev(x, dt), *gw = dev(w, dt), *gm = dev(mean, DTYPE_F32);
         Tensor *gr = dev(rstd, DTYPE_F32), *gdx = dev(dx, dt), *gdw = dev(dw, DTYPE_F32);
         for (int k = 0; k < 2; k++) {
-            cpu_layernorm_bwd(&H, dy, x, w, mean, rstd, dx, dw, NULL);
-            cuda_layernorm_bwd(&G, gdy, gx, gw, gm, gr, gdx, gdw, NULL);
+            cpu_layernorm_bwd(&H, dy, x, w, mean, rstd, dx, dw, NULL, NULL, NULL);
+            cuda_layernorm_bwd(&G, gdy, gx, gw, gm, gr, gdx, gdw, NULL, NULL, NULL);
         }
         check("twice.layernorm_bwd.dx", dt, gdx, dx);
         check("twice.layernorm_bwd.dw", dt, gdw, dw);
@@ -798,12 +818,12 @@ static void test_reductions_are_bitwise_deterministic(void **state) {
         Tensor *gx = dev(x, dt), *gw = dev(w, dt), *gdy = dev(dy, dt);
         Tensor *gm = dev(mean, DTYPE_F32), *gr = dev(rstd, DTYPE_F32);
         Tensor *gdx = dev_zeros(x, dt), *gdw = dev_zeros(w, DTYPE_F32), *gdb = dev_zeros(w, DTYPE_F32);
-        cuda_layernorm_bwd(&G, gdy, gx, gw, gm, gr, gdx, gdw, gdb);
+        cuda_layernorm_bwd(&G, gdy, gx, gw, gm, gr, gdx, gdw, gdb, NULL, NULL);
         void *dx1 = download_raw(gdx), *dw1 = download_raw(gdw), *db1 = download_raw(gdb);
         cuda_zero(&G, gdx);
         cuda_zero(&G, gdw);
         cuda_zero(&G, gdb);
-        cuda_layernorm_bwd(&G, gdy, gx, gw, gm, gr, gdx, gdw, gdb);
+        cuda_layernorm_bwd(&G, gdy, gx, gw, gm, gr, gdx, gdw, gdb, NULL, NULL);
         assert_same_bits("layernorm_bwd.dx", gdx, dx1);
         assert_same_bits("layernorm_bwd.dw", gdw, dw1);
         assert_same_bits("layernorm_bwd.db", gdb, db1);

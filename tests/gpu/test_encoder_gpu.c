@@ -1,0 +1,133 @@
+// The tape on the GPU against the CPU reference, end to end: a hybrid encoder (two C-GSPN blocks,
+// one attention block, tanh and erf GELU) runs forward and backward from the same seed on the CPU
+// (fp32) and on the GPU (fp32, then bf16), with the same weights and image (rounded to bf16 on both
+// sides in bf16 mode). Compared: the output tokens, every parameter's gradient and the image's.
+// It covers what the op tests cannot: how nn/ composes the GPU ops, in particular the fused
+// residual paths of a block without taps (the mixing branch's projection, add and norm2 in one
+// pass with the norm's backward handing the gradient on; fc2 writing x + MLP) and the unfused path
+// a block takes when its post-propagation tap is kept. Bounds as for the timm parity: fp32 1e-4,
+// bf16 2e-2 (relative, norm-wise).
+#include "gpulib.h"
+#include "../../nn/encoder.h"
+
+#define FP32_BOUND 1e-4
+#define BF16_BOUND 2e-2
+
+typedef struct Side {
+    Ctx ctx;
+    Arena arena;
+    Tape tape;
+    ParamTable params;
+    Encoder enc;
+} Side;
+
+static EncoderConfig hybrid(GeluKind gelu) {
+    // Widths that are multiples of 8 (the GPU's vector paths), a head dim cuDNN takes.
+    EncoderConfig c = {.kind = ENCODER_HYBRID, .img_h = 32, .img_w = 24, .in_chans = 3,
+                       .patch = 4, .width = 64, .depth = 3, .heads = 2, .mlp_hidden = 96,
+                       .gelu = gelu, .ln_eps = 1e-6f, .qkv_bias = 1, .gspn_latent = 8,
+                       .gspn_out_norm = 1, .attn_every = 3, .avg_pool = 1};
+    return c;
+}
+
+static void side_init(Side *s, Ctx ctx, const EncoderConfig *cfg) {
+    memset(s, 0, sizeof *s);
+    s->ctx = ctx;
+    arena_init(&s->arena, &s->ctx, 1u << 24);
+    tape_init(&s->tape, &s->ctx, &s->arena);
+    params_init_table(&s->params);
+    encoder_register(&s->enc, cfg, &s->params);
+    params_alloc(&s->params, &s->ctx);
+}
+
+static void side_free(Side *s) {
+    tape_free(&s->tape);
+    arena_free(&s->arena);
+    params_free(&s->params, &s->ctx);
+}
+
+// Forward with or without taps, backward from seed; returns the output tokens.
+static Tensor *run(Side *s, Tensor *img, Tensor *seed, bool taps) {
+    tape_reset(&s->tape);
+    img->grad = NULL;
+    params_zero_grads(&s->params, &s->ctx);
+    EncoderTaps tp;
+    Tensor *y = encoder_forward(&s->tape, &s->enc, img, taps ? &tp : NULL);
+    tape_backward_from(&s->tape, 1, &y, &seed);
+    return y;
+}
+
+static void compare_with_cpu(GeluKind gelu, DType dt) {
+    EncoderConfig cfg = hybrid(gelu);
+    Side cpu, gpu;
+    side_init(&cpu, ctx_cpu(), &cfg);
+    params_initialize(&cpu.params, &cpu.ctx, 97);
+    side_init(&gpu, cuda_ctx_create(0, dt), &cfg);
+    for (int i = 0; i < cpu.params.n; i++) {
+        Tensor *v = &cpu.params.params[i]->value;
+        if (dt == DTYPE_BF16) gpu_test_round_to_bf16(v);
+        params_set_value(&gpu.params, i, &gpu.ctx, v->data);
+    }
+    int B = 2, N = (cfg.img_h / cfg.patch) * (cfg.img_w / cfg.patch);
+    Tensor *img = test_tensor(4, B, cfg.in_chans, cfg.img_h, cfg.img_w);
+    Tensor *seed = test_tensor(3, B, N, cfg.width);
+    test_fill(img, 5, -1, 1);
+    test_fill(seed, 6, -1, 1);
+    if (dt == DTYPE_BF16) {
+        gpu_test_round_to_bf16(img);
+        gpu_test_round_to_bf16(seed);
+    }
+    img->requires_grad = true;
+    Tensor *y = run(&cpu, img, seed, false);
+    Tensor *gimg = gpu_test_upload(&gpu.ctx, img, dt), *gseed = gpu_test_upload(&gpu.ctx, seed, dt);
+    gimg->requires_grad = true;
+    double bound = dt == DTYPE_F32 ? FP32_BOUND : BF16_BOUND;
+    for (int taps = 0; taps < 2; taps++) {
+        printf("  %s GELU, %s, %s\n", gelu == GELU_TANH ? "tanh" : "erf", dtype_name(dt),
+               taps ? "taps kept (unfused residual adds)" : "no taps (fused residual paths)");
+        // backward may write into the seed's gradient buffer: a fresh copy each run
+        Tensor *seed_copy = gpu_test_upload(&gpu.ctx, seed, dt);
+        Tensor *gy = run(&gpu, gimg, seed_copy, taps);
+        double worst = gpu_test_compare(&gpu.ctx, "tokens", gy, y);
+        worst = fmax(worst, gpu_test_compare(&gpu.ctx, "image grad", gimg->grad, img->grad));
+        for (int i = 0; i < cpu.params.n; i++) {
+            Param *pc = cpu.params.params[i], *pg = gpu.params.params[i];
+            float *h = tensor_to_host_f32(&gpu.ctx, &pg->grad);
+            double err = test_rel_err(h, pc->grad.data, pc->grad.numel);
+            free(h);
+            if (err > bound) printf("    %-36s rel err %.2e above %.0e\n", pc->name, err, bound);
+            assert_true(test_dot(&pc->grad, &pc->grad) > 0);   // every parameter is reached
+            worst = fmax(worst, err);
+        }
+        printf("    worst relative error %.2e (bound %.0e)\n", worst, bound);
+        assert_true(worst <= bound);
+        gpu_test_free(seed_copy);
+    }
+    gpu_test_free(gimg);
+    gpu_test_free(gseed);
+    test_tensor_free(img);
+    test_tensor_free(seed);
+    side_free(&gpu);
+    cuda_ctx_destroy(&gpu.ctx);
+    side_free(&cpu);
+}
+
+static void test_hybrid_encoder_fp32_matches_cpu(void **state) {
+    GPU_TEST_REQUIRE_DEVICE();
+    compare_with_cpu(GELU_TANH, DTYPE_F32);
+    compare_with_cpu(GELU_ERF, DTYPE_F32);
+}
+
+static void test_hybrid_encoder_bf16_matches_cpu(void **state) {
+    GPU_TEST_REQUIRE_DEVICE();
+    compare_with_cpu(GELU_TANH, DTYPE_BF16);
+    compare_with_cpu(GELU_ERF, DTYPE_BF16);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hybrid_encoder_fp32_matches_cpu),
+        cmocka_unit_test(test_hybrid_encoder_bf16_matches_cpu),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
