@@ -1,7 +1,8 @@
 // CUDA: LayerNorm over the last dim (kernels/ops.h; CPU reference kernels/cpu/layernorm.c).
 // x, dx in one dtype and y, dy in one dtype: the same (the activation dtype), or fp32 x and bf16
 // y (the encoders' fp32 residual stream normalized straight into a bf16 sublayer input); w and b
-// in the parameter dtype (either may be NULL); mean, rstd, dw, db fp32. One warp per row. When C is a multiple of 8, the pointers are
+// in the parameter dtype (either may be NULL); mean, rstd, dw, db fp32. One warp per row (short
+// rows, C <= 128: 4 to 16 lanes per row, several rows per warp). When C is a multiple of 8, the pointers are
 // aligned and C <= 2048 (forward) or 1280 (backward), the row stays in registers between the
 // passes (one read from memory); otherwise the passes read the row again (from L1/L2).
 //
@@ -163,6 +164,52 @@ ln_fwd_kernel(const T *__restrict__ x, const TP *__restrict__ w, const TP *__res
     }
 }
 
+// Short rows (C <= 128, a multiple of 8, aligned): lpr lanes per row (a power of two, 8 * lpr >= C),
+// 32 / lpr rows per warp at a time, one pack of 8 channels per lane (a warp per row would leave
+// most lanes idle on the C-GSPN latent's 64 channels).
+__device__ __forceinline__ float ln_seg_sum(float v, int lpr) {
+    for (int o = lpr / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static int ln_lanes_per_row(int C) { return C <= 32 ? 4 : C <= 64 ? 8 : 16; }
+
+template <typename T, typename TY, typename TP>
+__global__ void __launch_bounds__(LN_FWD_WARPS * 32)
+ln_fwd_short_kernel(const T *__restrict__ x, const TP *__restrict__ w, const TP *__restrict__ b,
+                    float eps, TY *__restrict__ y, float *__restrict__ mean,
+                    float *__restrict__ rstd, size_t N, int C, int lpr) {
+    constexpr int V = 8;
+    int lane = threadIdx.x % 32, c = (lane % lpr) * V;
+    size_t row = ((size_t)blockIdx.x * LN_FWD_WARPS + threadIdx.x / 32) * (32 / lpr) + lane / lpr;
+    bool on = row < N && c < C;   // every lane takes part in the shuffles
+    float v[V];
+    #pragma unroll
+    for (int j = 0; j < V; j++) v[j] = 0.0f;
+    if (on) load_v<V>(x + row * C + c, v);
+    float s = 0.0f;
+    #pragma unroll
+    for (int j = 0; j < V; j++) s += v[j];
+    float m = ln_seg_sum(s, lpr) / (float)C, q = 0.0f;
+    if (on) {
+        #pragma unroll
+        for (int j = 0; j < V; j++) q += (v[j] - m) * (v[j] - m);
+    }
+    float r = 1.0f / sqrtf(ln_seg_sum(q, lpr) / (float)C + eps);
+    if (on) {
+        float vw[V], vb[V], out[V];
+        if (w) load_v<V>(w + c, vw);
+        if (b) load_v<V>(b + c, vb);
+        #pragma unroll
+        for (int j = 0; j < V; j++) out[j] = (v[j] - m) * r * (w ? vw[j] : 1.0f) + (b ? vb[j] : 0.0f);
+        store_v<V>(y + row * C + c, out);
+        if (c == 0) {
+            if (mean) mean[row] = m;
+            if (rstd) rstd[row] = r;
+        }
+    }
+}
+
 template <typename T, typename TY, typename TP, int V, int NP, typename TR = void>
 static void ln_fwd_launch(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
                           Tensor *y, Tensor *mean, Tensor *rstd, size_t N, int C,
@@ -217,9 +264,21 @@ static void ln_fwd(const char *op, Ctx *ctx, const Tensor *x, const Tensor *r, c
             else if (np == 8) ln_fwd_launch<T, TY, TP, 8, 8, TR>(ctx, x, w, b, eps, y, mean, rstd, N, C, r, h);
             else ln_fwd_launch<T, TY, TP, 8, 0, TR>(ctx, x, w, b, eps, y, mean, rstd, N, C, r, h);
         };
-        if (!r) launch(DTypeTag<void>{});
-        else if (r->dtype == DTYPE_F32) launch(DTypeTag<float>{});
-        else launch(DTypeTag<bf16>{});
+        if (!r && vec && C <= 128) {
+            int lpr = ln_lanes_per_row(C);
+            unsigned blocks = (unsigned)ceil_div(N, (size_t)LN_FWD_WARPS * (32 / lpr));
+            ln_fwd_short_kernel<T, TY, TP><<<blocks, LN_FWD_WARPS * 32, 0, cuda_stream_of(ctx)>>>(
+                (const T *)x->data, w ? (const TP *)w->data : nullptr,
+                b ? (const TP *)b->data : nullptr, eps, (TY *)y->data,
+                mean ? tensor_f32(mean) : nullptr, rstd ? tensor_f32(rstd) : nullptr, N, C, lpr);
+            CUDA_CHECK_LAUNCH();
+        } else if (!r) {
+            launch(DTypeTag<void>{});
+        } else if (r->dtype == DTYPE_F32) {
+            launch(DTypeTag<float>{});
+        } else {
+            launch(DTypeTag<bf16>{});
+        }
     });
 }
 
@@ -385,6 +444,85 @@ ln_bwd_cached_kernel(const TY *__restrict__ dy, const T *__restrict__ x, const T
     if (partial) ln_fold_warps<V>(acc_all, NS, L, C, partial, partial_s);
 }
 
+// Short rows (as ln_fwd_short_kernel): lpr lanes per row, 32 / lpr rows per warp at a time. A
+// lane's 8 channels are the same in every row it visits, so its dw, db (and hand-off) sums stay
+// in registers; at the end the warp's row groups are added in a fixed butterfly and written
+// to its slice for ln_fold_warps.
+template <typename T, typename TY, typename TP>
+__global__ void __launch_bounds__(LN_BWD_WARPS * 32)
+ln_bwd_short_kernel(const TY *__restrict__ dy, const T *__restrict__ x, const TP *__restrict__ w,
+                    const float *__restrict__ mean, const float *__restrict__ rstd,
+                    T *__restrict__ dx, float *__restrict__ partial, size_t N, int C,
+                    TY *__restrict__ dx_act, float *__restrict__ partial_s, int lpr) {
+    constexpr int V = 8, L = 32 * V;   // ln_acc_len(C <= 256, 8)
+    extern __shared__ float acc_all[];  // (LN_BWD_WARPS, NS, L) when partial
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, NS = partial_s ? 3 : 2;
+    int c = (lane % lpr) * V, rpw = 32 / lpr;
+    float aw[V], ab[V], as[V];
+    #pragma unroll
+    for (int j = 0; j < V; j++) aw[j] = ab[j] = as[j] = 0.0f;
+    size_t step = (size_t)gridDim.x * LN_BWD_WARPS * rpw;
+    for (size_t row0 = ((size_t)blockIdx.x * LN_BWD_WARPS + warp) * rpw; row0 < N; row0 += step) {
+        size_t row = row0 + lane / lpr;
+        bool on = row < N && c < C;   // every lane takes part in the shuffles
+        float vdy[V], vx[V], vw[V], d[V];
+        #pragma unroll
+        for (int j = 0; j < V; j++) vdy[j] = vx[j] = d[j] = 0.0f, vw[j] = 1.0f;
+        float m = 0.0f, r = 0.0f;
+        if (on) {
+            load_v<V>(dy + row * C + c, vdy);
+            load_v<V>(x + row * C + c, vx);
+            if (w) load_v<V>(w + c, vw);
+            if (dx) load_v<V>(dx + row * C + c, d);
+            m = mean[row];
+            r = rstd[row];
+        }
+        float sg = 0.0f, sgx = 0.0f, xhat[V];
+        #pragma unroll
+        for (int j = 0; j < V; j++) {
+            xhat[j] = (vx[j] - m) * r;
+            sg += vdy[j] * vw[j];
+            sgx += vdy[j] * vw[j] * xhat[j];
+        }
+        float mean_g = ln_seg_sum(sg, lpr) / (float)C, mean_gx = ln_seg_sum(sgx, lpr) / (float)C;
+        if (!on) continue;
+        if (dx) {
+            #pragma unroll
+            for (int j = 0; j < V; j++) d[j] += r * (vdy[j] * vw[j] - mean_g - xhat[j] * mean_gx);
+            store_v<V>(dx + row * C + c, d);
+            if (dx_act || partial_s) {
+                ln_round<T, V>(d);
+                if (dx_act) store_v<V>(dx_act + row * C + c, d);
+                #pragma unroll
+                for (int j = 0; j < V; j++) as[j] += d[j];
+            }
+        }
+        #pragma unroll
+        for (int j = 0; j < V; j++) {
+            aw[j] += vdy[j] * xhat[j];
+            ab[j] += vdy[j];
+        }
+    }
+    if (!partial) return;
+    #pragma unroll
+    for (int j = 0; j < V; j++)
+        for (int o = lpr; o < 32; o <<= 1) {
+            aw[j] += __shfl_xor_sync(0xffffffffu, aw[j], o);
+            ab[j] += __shfl_xor_sync(0xffffffffu, ab[j], o);
+            as[j] += __shfl_xor_sync(0xffffffffu, as[j], o);
+        }
+    float *acc_w = acc_all + (size_t)warp * NS * L;
+    if (lane < lpr && c < C) {
+        #pragma unroll
+        for (int j = 0; j < V; j++) {   // ln_acc_index<8>(c + j) = c / 8 + 32 j
+            acc_w[c / V + 32 * j] = aw[j];
+            acc_w[L + c / V + 32 * j] = ab[j];
+            if (NS == 3) acc_w[2 * L + c / V + 32 * j] = as[j];
+        }
+    }
+    ln_fold_warps<V>(acc_all, NS, L, C, partial, partial_s);
+}
+
 template <typename T, typename TY, typename TP, int V>
 __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
 ln_bwd_kernel(const TY *__restrict__ dy, const T *__restrict__ x, const TP *__restrict__ w,
@@ -457,10 +595,12 @@ ln_bwd_kernel(const TY *__restrict__ dy, const T *__restrict__ x, const TP *__re
 // Runs one of the kernels above on a grid that fills the GPU once (blocks per SM from the
 // occupancy), then adds the block partials in order into dw, db and dx_sum (kernels/cuda/reduce.cu).
 // smem: the bytes of the warps' (dw, db) slices; the hand-off's column sums add half as much.
-template <typename T, typename TY, typename TP, typename K>
+// extra: the kernel's arguments after the common ones (the short kernel's lanes per row).
+template <typename T, typename TY, typename TP, typename K, typename... Extra>
 static void ln_bwd_run(Ctx *ctx, K kernel, size_t smem, const Tensor *dy, const Tensor *x,
                        const Tensor *w, const Tensor *mean, const Tensor *rstd, Tensor *dx,
-                       Tensor *dw, Tensor *db, Tensor *dx_act, Tensor *dx_sum, size_t N, int C) {
+                       Tensor *dw, Tensor *db, Tensor *dx_act, Tensor *dx_sum, size_t N, int C,
+                       Extra... extra) {
     CudaCtx *c = cuda_ctx_of(ctx);
     bool want_sums = dw || db || dx_sum;
     smem = !want_sums ? 0 : dx_sum ? smem * 3 / 2 : smem;
@@ -482,7 +622,7 @@ static void ln_bwd_run(Ctx *ctx, K kernel, size_t smem, const Tensor *dy, const 
     kernel<<<(unsigned)blocks, LN_BWD_WARPS * 32, smem, c->stream>>>(
         (const TY *)dy->data, (const T *)x->data, w ? (const TP *)w->data : nullptr,
         tensor_f32(mean), tensor_f32(rstd), dx ? (T *)dx->data : nullptr, partial, N, C,
-        dx_act ? (TY *)dx_act->data : nullptr, dx_sum ? partial + wb : nullptr);
+        dx_act ? (TY *)dx_act->data : nullptr, dx_sum ? partial + wb : nullptr, extra...);
     CUDA_CHECK_LAUNCH();
     if (dw || db)
         cuda_sum_partials(ctx, partial, (unsigned)blocks, 2 * (size_t)C, (size_t)C,
@@ -531,11 +671,14 @@ void cuda_layernorm_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tenso
         using T = TAG_T(tx);
         using TY = TAG_T(ty);
         using TP = TAG_T(tp);
-        auto run = [&](auto kernel, size_t smem) {
+        auto run = [&](auto kernel, size_t smem, auto... extra) {
             ln_bwd_run<T, TY, TP>(ctx, kernel, smem, dy, x, w, mean, rstd, dx, dw, db, dx_act,
-                                  dx_sum, N, C);
+                                  dx_sum, N, C, extra...);
         };
-        if (vec && C <= 2 * 256)
+        if (vec && C <= 128)
+            run(ln_bwd_short_kernel<T, TY, TP>, (size_t)LN_BWD_WARPS * 2 * 256 * sizeof(float),
+                ln_lanes_per_row(C));
+        else if (vec && C <= 2 * 256)
             run(ln_bwd_cached_kernel<T, TY, TP, 2>, (size_t)LN_BWD_WARPS * 2 * 2 * 256 * sizeof(float));
         else if (vec && C <= 5 * 256)
             run(ln_bwd_cached_kernel<T, TY, TP, 5>, (size_t)LN_BWD_WARPS * 2 * 5 * 256 * sizeof(float));

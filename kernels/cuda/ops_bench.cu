@@ -145,6 +145,77 @@ int cuda_bench_ops(FILE *out) {
         for (Tensor *t : all) cuda_free(t->data);
     }
 
+    // The encoders' residual stream at the same size: fp32 x (the stream), bf16 sublayer input
+    // and branch; the C-GSPN latent's LayerNorm (Cc = 64) over the same tokens.
+    {
+        size_t N = BENCH_LN_ROWS;
+        int C = BENCH_LN_C, Cc = 64;
+        Tensor x = bench_tensor(&ctx, N, C, DTYPE_F32, 21, -2.0f, 2.0f);
+        Tensor r = bench_tensor(&ctx, N, C, DTYPE_BF16, 22, -1.0f, 1.0f);
+        Tensor h = bench_tensor(&ctx, N, C, DTYPE_F32, 23, 0.0f, 0.0f);
+        Tensor y = bench_tensor(&ctx, N, C, DTYPE_BF16, 24, 0.0f, 0.0f);
+        Tensor dy = bench_tensor(&ctx, N, C, DTYPE_BF16, 25, -1.0f, 1.0f);
+        Tensor dx = bench_tensor(&ctx, N, C, DTYPE_F32, 26, -1.0f, 1.0f);
+        Tensor act = bench_tensor(&ctx, N, C, DTYPE_BF16, 27, 0.0f, 0.0f);
+        Tensor w = bench_tensor(&ctx, C, 0, DTYPE_BF16, 28, 0.5f, 1.5f);
+        Tensor b = bench_tensor(&ctx, C, 0, DTYPE_BF16, 29, -0.5f, 0.5f);
+        Tensor mean = bench_tensor(&ctx, N, 0, DTYPE_F32, 30, 0.0f, 0.0f);
+        Tensor rstd = bench_tensor(&ctx, N, 0, DTYPE_F32, 31, 0.0f, 0.0f);
+        Tensor dw = bench_tensor(&ctx, C, 0, DTYPE_F32, 32, 0.0f, 0.0f);
+        Tensor db = bench_tensor(&ctx, C, 0, DTYPE_F32, 33, 0.0f, 0.0f);
+        Tensor dsum = bench_tensor(&ctx, C, 0, DTYPE_F32, 34, 0.0f, 0.0f);
+        double f32 = (double)N * C * 4, b16 = (double)N * C * 2, stats = (double)N * 8;
+        char what[96];
+        double ms = bench_ms(&ctx, 20, [&] { cuda_layernorm_fwd(&ctx, &x, &w, &b, 1e-6f, &y, &mean, &rstd); });
+        snprintf(what, sizeof what, "layernorm_fwd fp32 -> bf16 (%zu, %d)", N, C);
+        bench_line(out, what, ms, f32 + b16 + stats, copy_gbs);
+        ms = bench_ms(&ctx, 20, [&] {
+            cuda_add_layernorm_fwd(&ctx, &x, &r, &w, &b, 1e-6f, &h, &y, &mean, &rstd);
+        });
+        snprintf(what, sizeof what, "add_layernorm_fwd fp32 + bf16 (%zu, %d)", N, C);
+        bench_line(out, what, ms, 2 * f32 + 2 * b16 + stats, copy_gbs);
+        ms = bench_ms(&ctx, 20, [&] {
+            cuda_layernorm_bwd(&ctx, &dy, &x, &w, &mean, &rstd, &dx, &dw, &db, NULL, NULL);
+        });
+        snprintf(what, sizeof what, "layernorm_bwd fp32 x (%zu, %d) dx += , dw, db", N, C);
+        bench_line(out, what, ms, 3 * f32 + b16 + stats, copy_gbs);
+        ms = bench_ms(&ctx, 20, [&] {
+            cuda_layernorm_bwd(&ctx, &dy, &x, &w, &mean, &rstd, &dx, &dw, &db, &act, &dsum);
+        });
+        snprintf(what, sizeof what, "layernorm_bwd fp32 x, hand-off (bf16 dx, its sums)");
+        bench_line(out, what, ms, 3 * f32 + 2 * b16 + stats, copy_gbs);
+        ms = bench_ms(&ctx, 20, [&] { cuda_cast_colsum(&ctx, &x, &act, &dsum); });
+        snprintf(what, sizeof what, "cast_colsum fp32 -> bf16 (%zu, %d)", N, C);
+        bench_line(out, what, ms, f32 + b16, copy_gbs);
+
+        size_t Nc = N * 4;   // the 2058 px grid's tokens, about
+        Tensor xc = bench_tensor(&ctx, Nc, Cc, DTYPE_BF16, 35, -2.0f, 2.0f), yc = xc, dyc = xc, dxc = xc;
+        yc.data = cuda_malloc(tensor_bytes(&xc));
+        dyc.data = cuda_malloc(tensor_bytes(&xc));
+        dxc.data = cuda_malloc(tensor_bytes(&xc));
+        CUDA_CHECK(cudaMemsetAsync(dyc.data, 0, tensor_bytes(&xc), c->stream));
+        CUDA_CHECK(cudaMemsetAsync(dxc.data, 0, tensor_bytes(&xc), c->stream));
+        Tensor wc = w, bc = b, meanc = bench_tensor(&ctx, Nc, 0, DTYPE_F32, 36, 0.0f, 0.0f), rstdc = meanc;
+        rstdc.data = cuda_malloc(tensor_bytes(&meanc));
+        tensor_set_shape(&wc, 1, &Cc);
+        tensor_set_shape(&bc, 1, &Cc);
+        Tensor dwc = dw, dbc = db;
+        tensor_set_shape(&dwc, 1, &Cc);
+        tensor_set_shape(&dbc, 1, &Cc);
+        double lat = (double)Nc * Cc * 2, statc = (double)Nc * 8;
+        ms = bench_ms(&ctx, 20, [&] { cuda_layernorm_fwd(&ctx, &xc, &wc, &bc, 1e-6f, &yc, &meanc, &rstdc); });
+        snprintf(what, sizeof what, "layernorm_fwd bf16 (%zu, %d) (short rows)", Nc, Cc);
+        bench_line(out, what, ms, 2 * lat + statc, copy_gbs);
+        ms = bench_ms(&ctx, 20, [&] {
+            cuda_layernorm_bwd(&ctx, &dyc, &xc, &wc, &meanc, &rstdc, &dxc, &dwc, &dbc, NULL, NULL);
+        });
+        snprintf(what, sizeof what, "layernorm_bwd bf16 (%zu, %d) dx += , dw, db", Nc, Cc);
+        bench_line(out, what, ms, 4 * lat + statc, copy_gbs);
+        Tensor *all[] = {&x, &r, &h, &y, &dy, &dx, &act, &w, &b, &mean, &rstd, &dw, &db, &dsum,
+                         &xc, &yc, &dyc, &dxc, &meanc, &rstdc};
+        for (Tensor *t : all) cuda_free(t->data);
+    }
+
     // AdamW over 400M parameters: bf16 param + fp32 master, and fp32 param alone.
     {
         size_t n = BENCH_ADAMW_PARAMS;

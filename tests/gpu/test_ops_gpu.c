@@ -345,11 +345,16 @@ static void test_layer_scale_matches_cpu(void **state) {
 // ---- LayerNorm, GELU, softmax ----------------------------------------------------------------------
 
 // 6, 33, 1155: scalar; 64, 1152, 1600: vector, row in registers; 2056: vector, read again.
-static const int LN_SHAPES[][2] = {{7, 6}, {7, 33}, {7, 1155}, {5, 64}, {37, 1152}, {3, 1600}, {3, 2056}};
+// scalar (6, 33, 1155); short rows, 4 / 8 / 16 lanes each (32, 64, 96, 128); cached (1152, 1600);
+// uncached vectors (2056)
+static const int LN_SHAPES[][2] = {{7, 6},    {7, 33},    {7, 1155},  {13, 32},  {5, 64},
+                                   {70, 64},  {9, 96},    {11, 128},  {37, 1152}, {3, 1600},
+                                   {3, 2056}};
+enum { N_LN_SHAPES = sizeof LN_SHAPES / sizeof LN_SHAPES[0] };
 
 static void test_layernorm_matches_cpu(void **state) {
     for (int mi = 0; mi < 2; mi++)
-        for (int si = 0; si < 7; si++) {
+        for (int si = 0; si < N_LN_SHAPES; si++) {
             DType dt = MODES[mi];
             int N = LN_SHAPES[si][0], C = LN_SHAPES[si][1];
             printf("  %s (%d, %d)\n", dtype_name(dt), N, C);
@@ -404,7 +409,7 @@ static void test_layernorm_matches_cpu(void **state) {
 // on the CPU side. y is one bf16 rounding of fp32 math: BF16_ROUNDED_TOL; mean, rstd, dx, dw, db
 // are fp32 math on identical inputs: FP32_TOL.
 static void test_layernorm_fp32_input_bf16_output_matches_cpu(void **state) {
-    for (int si = 0; si < 7; si++) {
+    for (int si = 0; si < N_LN_SHAPES; si++) {
         int N = LN_SHAPES[si][0], C = LN_SHAPES[si][1];
         printf("  fp32 -> bf16 (%d, %d)\n", N, C);
         Tensor *x = rnd(HT(N, C), 1, -1, 3, DTYPE_F32), *w = rnd(HT(C), 2, 0.5f, 1.5f, DTYPE_BF16);
@@ -457,7 +462,7 @@ static void test_layernorm_fp32_input_bf16_output_matches_cpu(void **state) {
 static void test_add_layernorm_matches_cpu(void **state) {
     for (int mi = 0; mi < 2; mi++)
         for (int xi = 0; xi < 2; xi++)
-            for (int si = 0; si < 7; si++) {
+            for (int si = 0; si < N_LN_SHAPES; si++) {
                 DType dt = MODES[mi], xdt = xi == 0 ? DTYPE_F32 : dt;
                 if (xi == 1 && dt == DTYPE_F32) continue;   // the same as xi == 0
                 int N = LN_SHAPES[si][0], C = LN_SHAPES[si][1];
