@@ -299,8 +299,9 @@ void cuda_add_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *r, const Te
 // dx += rstd (g - mean_g - xhat mean_gx) and adds dy xhat, dy into the warp's dw, db sums, which
 // live in the warp's own slice of shared memory (its lanes own fixed channels, its rows come in
 // order). At the end the block adds its warps' slices in warp order. Two kernels, by row length:
-// - cached (C a multiple of 8, C <= 1280, aligned): a lane loads its packs of dy and x for the
-//   row in one batch and keeps them in registers for both passes (one read of each per row);
+// - cached (C a multiple of 8, C <= 1280, aligned): a lane loads its packs of dy, x and dx for
+//   the row in one batch and keeps them in registers for both passes (one memory round trip per
+//   row);
 // - general: pass 2 reads the row again.
 
 // Channels of a warp's accumulator slice: C rounded up to whole rounds of 32 lanes x V.
@@ -374,10 +375,8 @@ ln_bwd_cached_kernel(const TY *__restrict__ dy, const T *__restrict__ x, const T
         for (int i = lane; i < NS * L; i += 32) acc_w[i] = 0.0f;
         __syncwarp();
     }
-    // dy and x stay in registers for both passes; dx is read in pass 2 only (caching it too
-    // would cost 40 more registers a lane and a quarter of the warps an SM can hold).
     Vec<TY, V> cdy[NP];
-    Vec<T, V> cx[NP];
+    Vec<T, V> cx[NP], cdx[NP];
     size_t warps_total = (size_t)gridDim.x * LN_BWD_WARPS;
     for (size_t row = (size_t)blockIdx.x * LN_BWD_WARPS + warp; row < N; row += warps_total) {
         const TY *dyr = dy + row * C;
@@ -390,6 +389,7 @@ ln_bwd_cached_kernel(const TY *__restrict__ dy, const T *__restrict__ x, const T
             if (c < C) {
                 cdy[k] = Vec<TY, V>::load(dyr + c);
                 cx[k] = Vec<T, V>::load(xr + c);
+                if (dxr) cdx[k] = Vec<T, V>::load(dxr + c);
             }
         }
         float sg = 0.0f, sgx = 0.0f;
@@ -418,11 +418,10 @@ ln_bwd_cached_kernel(const TY *__restrict__ dy, const T *__restrict__ x, const T
                 if (dxr) {
                     float vw[V], d[V];
                     if (w) load_v<V>(w + c, vw);
-                    load_v<V>(dxr + c, d);
                     #pragma unroll
                     for (int j = 0; j < V; j++) {
                         float g = cdy[k].get(j) * (w ? vw[j] : 1.0f);
-                        d[j] += r * (g - mean_g - xhat[j] * mean_gx);
+                        d[j] = cdx[k].get(j) + r * (g - mean_g - xhat[j] * mean_gx);
                     }
                     store_v<V>(dxr + c, d);
                     if (dx_act || acc_s) {
