@@ -56,8 +56,11 @@ colsum_kernel(size_t R, size_t P, size_t rows_per_split, F f, float *partial, fl
     float acc[V];
     #pragma unroll
     for (int j = 0; j < V; j++) acc[j] = 0.0f;
-    if (c < P)
+    if (c < P) {
+        // Unrolled so that rows' loads can be in flight together (where f's stores allow it).
+        #pragma unroll 4
         for (size_t r = r0 + threadIdx.y; r < r1; r += COLSUM_TY) f.template row<V>(r, c, acc);
+    }
     #pragma unroll
     for (int j = 0; j < V; j++) sm[threadIdx.y][threadIdx.x * V + j] = acc[j];
     __syncthreads();

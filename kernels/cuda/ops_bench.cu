@@ -187,6 +187,9 @@ int cuda_bench_ops(FILE *out) {
         ms = bench_ms(&ctx, 20, [&] { cuda_cast_colsum(&ctx, &x, &act, &dsum); });
         snprintf(what, sizeof what, "cast_colsum fp32 -> bf16 (%zu, %d)", N, C);
         bench_line(out, what, ms, f32 + b16, copy_gbs);
+        ms = bench_ms(&ctx, 20, [&] { cuda_add_bcast_bwd(&ctx, &act, NULL, &dsum); });
+        snprintf(what, sizeof what, "column sums bf16 (%zu, %d) (a bias gradient)", N, C);
+        bench_line(out, what, ms, b16, copy_gbs);
 
         size_t Nc = N * 4;   // the 2058 px grid's tokens, about
         Tensor xc = bench_tensor(&ctx, Nc, Cc, DTYPE_BF16, 35, -2.0f, 2.0f), yc = xc, dyc = xc, dxc = xc;
