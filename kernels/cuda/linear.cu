@@ -156,16 +156,20 @@ static CudaGemm gemm_dx(const LinearShape *s, const void *dy, const void *w, voi
 }
 
 // dw^T (K,M) += x^T dy (fp32)
-static CudaGemm gemm_dw(const LinearShape *s, const void *dy, const void *x, float *dw) {
+// dw^T (K,M) += x^T dy; transposed: d (M,K) = dy^T x written (dw's transpose, dw_transposed).
+static CudaGemm gemm_dw(const LinearShape *s, const void *dy, const void *x, float *d,
+                        bool transposed = false) {
     CudaGemm g;
     memset(&g, 0, sizeof g);
     cudaDataType_t t = cuda_dtype_of(s->act);
+    const void *a = transposed ? dy : x, *b = transposed ? x : dy;
+    int m = transposed ? s->M : s->K, n = transposed ? s->K : s->M;
     g.trans_b = 1;
-    g.m = s->K; g.n = s->M; g.k = (int)s->N;
-    g.a = x; g.lda = s->K; g.a_type = t;
-    g.b = dy; g.ldb = s->M; g.b_type = t;
-    g.d = dw; g.ldd = s->K; g.d_type = CUDA_R_32F;
-    g.beta = 1.0f;
+    g.m = m; g.n = n; g.k = (int)s->N;
+    g.a = a; g.lda = m; g.a_type = t;
+    g.b = b; g.ldb = n; g.b_type = t;
+    g.d = d; g.ldd = m; g.d_type = CUDA_R_32F;
+    g.beta = transposed ? 0.0f : 1.0f;
     return g;
 }
 
@@ -225,15 +229,7 @@ __global__ void add_transposed_kernel(float *dw, const float *t, int M, int K) {
 // 2%). The extra pass moves 3 x M x K floats.
 static void dw_transposed(Ctx *ctx, const LinearShape *s, const void *dy, const void *x, float *dw) {
     float *t = (float *)cuda_gemm_scratch(ctx, (size_t)s->M * s->K * sizeof(float));
-    CudaGemm g;
-    memset(&g, 0, sizeof g);
-    cudaDataType_t ty = cuda_dtype_of(s->act);
-    g.trans_b = 1;
-    g.m = s->M; g.n = s->K; g.k = (int)s->N;
-    g.a = dy; g.lda = s->M; g.a_type = ty;
-    g.b = x; g.ldb = s->K; g.b_type = ty;
-    g.d = t; g.ldd = s->M; g.d_type = CUDA_R_32F;
-    g.beta = 0.0f;
+    CudaGemm g = gemm_dw(s, dy, x, t, true);
     cuda_gemm(ctx, &g, "linear_bwd dw (transposed)");
     dim3 grid((unsigned)ceil_div((size_t)s->K, 32), (unsigned)ceil_div((size_t)s->M, 32)), block(32, 8);
     add_transposed_kernel<<<grid, block, 0, cuda_stream_of(ctx)>>>(dw, t, s->M, s->K);
