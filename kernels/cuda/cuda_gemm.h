@@ -47,7 +47,9 @@ enum {
     CUDA_FUSE_DGELU_BGRAD = 16,   // DGELU_BGRAD: dpre and its column sums in one product
     CUDA_FUSE_ALL = 31,
     // BGRADB is off by default: on the H200 the dw GEMM with it took longer than the dw GEMM plus
-    // the separate column-sum kernel (ViT-B/16 qkv 0.377 vs 0.359 ms, so14 fc1 3.51 vs 3.20 ms).
+    // the separate column-sum kernel (ViT-B/16 qkv 0.377 vs 0.359 ms, so14 fc1 3.51 vs 3.20 ms);
+    // so did BGRADA in a widening linear's transposed product (so14 fc1 3.66 vs 3.10 ms;
+    // results/gemm_tune/bgrada_transposed_h200.txt).
     // DGELU_BGRAD is off too: in the so14 block at 2058 px (H200) linear_dgelu_bwd took ~3-4 ms
     // longer with it, about what the column-sum kernel it replaces costs (block time unchanged).
     CUDA_FUSE_DEFAULT = CUDA_FUSE_BIAS | CUDA_FUSE_GELU | CUDA_FUSE_DGELU,

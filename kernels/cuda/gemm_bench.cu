@@ -141,7 +141,7 @@ extern "C" int cuda_bench_gemm(FILE *out) {
         bench_row(out, s, "bwd dw, db (default: colsum)",
                   bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, NULL, &dw, &db); }));
         cuda_gemm_set_fusion(c, CUDA_FUSE_ALL);
-        bench_row(out, s, "bwd dw, db (BGRADB + add)",
+        bench_row(out, s, "bwd dw, db (BGRAD* + add)",
                   bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, NULL, &dw, &db); }));
         cuda_gemm_set_fusion(c, CUDA_FUSE_DEFAULT);
 

@@ -226,14 +226,33 @@ __global__ void add_transposed_kernel(float *dw, const float *t, int M, int K) {
 // larger of the two output dims as cuBLASLt's m), then added transposed. For a linear that widens
 // (M > K: fc1, qkv) the direct product has the narrow side as m, which the H100 ran 24% slower
 // (so14 fc1 at 74^2: 3.26 ms against 2.63 ms for the same product the other way round; the H200
-// 2%). The extra pass moves 3 x M x K floats.
-static void dw_transposed(Ctx *ctx, const LinearShape *s, const void *dy, const void *x, float *dw) {
-    float *t = (float *)cuda_gemm_scratch(ctx, (size_t)s->M * s->K * sizeof(float));
+// 2%). The extra pass moves 3 x M x K floats. With db, the bias gradient comes from the same
+// product when fused epilogues allow it (BGRADA: the sums of op(A) = dy^T over k; it overwrites
+// its vector, so into scratch, then added); returns whether it did.
+static bool dw_transposed(Ctx *ctx, const LinearShape *s, const void *dy, const void *x, float *dw,
+                          float *db) {
+    float *t = (float *)cuda_gemm_scratch(ctx, ((size_t)s->M * s->K + s->M) * sizeof(float));
+    float *bias = t + (size_t)s->M * s->K;
     CudaGemm g = gemm_dw(s, dy, x, t, true);
-    cuda_gemm(ctx, &g, "linear_bwd dw (transposed)");
+    bool db_done = false;
+    if (db) {
+        g.epilogue = CUBLASLT_EPILOGUE_BGRADA;
+        g.bias = bias;
+        g.bias_type = CUDA_R_32F;
+        db_done = cuda_gemm_try(ctx, &g);
+        g.epilogue = (cublasLtEpilogue_t)0;
+        g.bias = NULL;
+    }
+    if (!db_done) cuda_gemm(ctx, &g, "linear_bwd dw (transposed)");
+    cudaStream_t st = cuda_stream_of(ctx);
     dim3 grid((unsigned)ceil_div((size_t)s->K, 32), (unsigned)ceil_div((size_t)s->M, 32)), block(32, 8);
-    add_transposed_kernel<<<grid, block, 0, cuda_stream_of(ctx)>>>(dw, t, s->M, s->K);
+    add_transposed_kernel<<<grid, block, 0, st>>>(dw, t, s->M, s->K);
     CUDA_CHECK_LAUNCH();
+    if (db_done) {
+        add_f32_kernel<<<(s->M + 255) / 256, 256, 0, st>>>(db, bias, s->M);
+        CUDA_CHECK_LAUNCH();
+    }
+    return db_done;
 }
 
 // dx (+)= dy w (dx_beta 1: added, 0: written); dw += dy^T x; db += sum_n dy (shapes checked by
@@ -246,7 +265,9 @@ static void linear_backward(Ctx *ctx, const LinearShape *s, const void *dy, cons
         cuda_gemm(ctx, &g, "linear_bwd dx");
     }
     int db_done = 0;
-    if (dw) {
+    if (dw && s->M > s->K) {
+        db_done = dw_transposed(ctx, s, dy, x, dw, db);
+    } else if (dw) {
         CudaGemm g = gemm_dw(s, dy, x, dw);
         int dw_done = 0;
         if (db) {   // BGRADB overwrites its vector: fp32 scratch, then db += scratch
@@ -262,8 +283,7 @@ static void linear_backward(Ctx *ctx, const LinearShape *s, const void *dy, cons
             g.epilogue = (cublasLtEpilogue_t)0;
             g.bias = NULL;
         }
-        if (!dw_done && s->M > s->K) dw_transposed(ctx, s, dy, x, dw);
-        else if (!dw_done) cuda_gemm(ctx, &g, "linear_bwd dw");
+        if (!dw_done) cuda_gemm(ctx, &g, "linear_bwd dw");
     }
     if (db && !db_done) colsum_add(ctx, s, dy, db);
 }
