@@ -1,9 +1,10 @@
 // Deterministic column sums for the CUDA ops: out[c] += sum over rows r of f(r, c), for the
 // reductions of a gradient over the rows of a matrix (add_bcast's dp, layer_scale's dg,
-// concat_prefix's dprefix). No atomics: the rows are cut into `splits` ranges that depend on the
-// shape alone; inside a range, thread row phase y (of 8) adds rows r0+y, r0+y+8, ... in order,
-// the 8 phases are added in order, and a second pass adds the ranges in order. The vector and
-// scalar paths use the same cut and the same order, so they agree bitwise.
+// concat_prefix's dprefix, linear's bias gradients, cast_colsum). No atomics: the rows are cut
+// into `splits` ranges that depend on the shape alone; inside a range, thread row phase y (of 8)
+// adds rows r0+y, r0+y+8, ... in order, the 8 phases are added in order, and a second pass adds
+// the ranges in order. The vector and scalar paths use the same cut and the same order, so they
+// agree bitwise.
 #pragma once
 #include "cuda_elem.cuh"
 
