@@ -15,8 +15,11 @@ $(BUILD)/config.mk: tools/probe.sh
 	@bash tools/probe.sh $@
 -include $(BUILD)/config.mk
 
-SRC_C   := $(wildcard nn/*.c train/*.c data/*.c dist/*.c kernels/*.c kernels/cpu/*.c)
-SRC_CU  := $(wildcard kernels/cuda/*.cu)
+# Layers (README, docs/layout.md): kernels/ (the base, the op table, the device interface and
+# the backends) <- nn/ <- train/; data/ and dist/ beside them; bench/ on top. tools/check_layers.sh
+# keeps the includes pointing one way.
+SRC_C   := $(wildcard kernels/*.c kernels/cpu/*.c nn/*.c data/*.c dist/*.c train/*.c bench/*.c)
+SRC_CU  := $(wildcard kernels/cuda/*.cu bench/cuda/*.cu)
 MAIN_O  := $(BUILD)/train/main.o
 OBJ     := $(filter-out $(MAIN_O),$(SRC_C:%.c=$(BUILD)/%.o))
 
@@ -121,12 +124,18 @@ $(BUILD)/tests/%: tests/%.c tests/testlib.h $(LIB)
 	$(CC) $(CFLAGS) $(CMOCKA_CFLAGS) -c $< -o $@.o
 	$(LINK) $(LINKFLAGS) -o $@ $@.o $(CUDA_OBJ) $(LIB) $(CMOCKA_LIBS) $(LDLIBS)
 
+# The CPU GEMM's GFLOP/s on the Fashion-MNIST ViT's shapes.
+$(BUILD)/bench/cpu/gemm_bench: bench/cpu/gemm_bench.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@.o
+	$(LINK) $(LINKFLAGS) -o $@ $@.o $(CUDA_OBJ) $(LIB) $(LDLIBS)
+
 # libcgspn.so: the C-GSPN scan behind the stable C ABI of kernels/cgspn.h (tools/cgspn_torch.py
 # loads it). Only the objects the ABI needs, compiled position-independent into build/pic/ with
 # every symbol hidden but the cgspn_* functions; the CUDA context and scan kernel join when CUDA
 # is on. --no-undefined makes a missing object a link error here rather than at load time.
 PIC_DIR    := $(BUILD)/pic
-LIBSO_C    := kernels/cgspn_abi.c kernels/cpu/gspn_scan.c nn/error.c nn/tensor.c
+LIBSO_C    := kernels/cgspn_abi.c kernels/cpu/gspn_scan.c kernels/error.c kernels/tensor.c
 LIBSO_OBJ  := $(LIBSO_C:%.c=$(PIC_DIR)/%.o)
 LIBSO_LIBS := -lm
 ifeq ($(CUDA_ON),1)
@@ -153,13 +162,15 @@ clean: clean-lib
 clean-lib:
 	rm -f libcgspn.so
 
-# Every CPU test binary runs, even after a failure; the target fails if any did.
+# The layering check first (tools/check_layers.py and its planted-violation test), then every
+# CPU test binary, even after a failure; the target fails if any did.
 # Then the 2-rank tests under mpirun (when tools/probe.sh found MPI).
 # With nvcc present the GPU tests are built too (not run): GPU code must always compile.
 test: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) $(TEST_BINS) $(if $(filter 1,$(HAVE_MPI)),$(MPI_TEST) $(MPI_TRAIN_TEST)) cgspn lib \
 	   $(if $(filter 1,$(CUDA_ON)),$(GPU_TEST_BINS))
-	@fail=0; for t in $(TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
+	@fail=0; echo "== tests/test_layers.sh (tools/check_layers.py)"; bash tests/test_layers.sh || fail=1; \
+	 for t in $(TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
 	 if [ "$(HAVE_MPI)" = 1 ]; then \
 	   echo "== $(MPIRUN) -np 2 $(MPI_TEST)"; $(MPIRUN) -np 2 $(MPI_TEST) || fail=1; \
 	   echo "== $(MPIRUN) -np 2 $(MPI_TRAIN_TEST)"; $(MPIRUN) -np 2 $(MPI_TRAIN_TEST) || fail=1; \
@@ -181,7 +192,7 @@ endif
 
 # Every benchmark on the GPU; the output (device and date first) is kept in build/bench.txt,
 # and tools/readme_bench.py copies it into README.md as produced. PyTorch's numbers first
-# (tests/bench_timm.py -> build/bench_timm.json, when python3 has torch and timm): `cgspn bench
+# (bench/bench_timm.py -> build/bench_timm.json, when python3 has torch and timm): `cgspn bench
 # vit` and `cgspn bench block` print them beside their own, with the ratios.
 bench:
 ifneq ($(CUDA_ON),1)
@@ -189,8 +200,8 @@ ifneq ($(CUDA_ON),1)
 else
 	@$(MAKE) --no-print-directory cgspn
 	@if python3 -c 'import torch, timm' 2>/dev/null; then \
-	   python3 tests/bench_timm.py --out $(BUILD)/bench_timm.json || \
-	   echo "make bench: tests/bench_timm.py reported failures (see above); going on"; \
+	   python3 bench/bench_timm.py --out $(BUILD)/bench_timm.json || \
+	   echo "make bench: bench/bench_timm.py reported failures (see above); going on"; \
 	 else echo "make bench: python3 has no torch and timm: no PyTorch columns"; fi
 	set -o pipefail; ./cgspn bench all 2>&1 | tee $(BUILD)/bench.txt
 endif

@@ -5,7 +5,7 @@
 // of the stream the caller seeds (the loader: (seed, epoch, image index)).
 #pragma once
 #include "resize.h"
-#include "../nn/rng.h"
+#include "../kernels/rng.h"
 #include <stdint.h>
 
 // A source rectangle in pixels (fractional for the eval crop).

@@ -5,7 +5,7 @@
 #include "shard_format.h"
 #include "shard_writer.h"
 #include "data_err.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include <errno.h>
 #include <math.h>
 #include <omp.h>

@@ -2,7 +2,7 @@
 #include "build.h"
 #include "idx.h"
 #include "data_err.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>

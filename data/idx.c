@@ -1,6 +1,6 @@
 // IDX reader: see idx.h.
 #include "idx.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include <errno.h>
 #include <stdarg.h>
 #include <stdbool.h>

@@ -9,7 +9,7 @@
 #include "loader.h"
 #include "data_err.h"
 #include "shard_format.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>

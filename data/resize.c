@@ -1,6 +1,6 @@
 // Separable antialiased resampling: see resize.h. Weights follow PIL's precompute_coeffs.
 #include "resize.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 // Sharded optimizer state in checkpoint folders (dist/ckpt_shard.h).
 #include "ckpt_shard.h"
 #include "../kernels/ops.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include "../nn/safetensors.h"
 #include <errno.h>
 #include <fcntl.h>

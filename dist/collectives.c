@@ -4,7 +4,7 @@
 // bits on every rank and in every run. The bytes each rank sends, (world - 1) / world of the
 // buffer per reduce-scatter or all-gather, equal a ring's.
 #include "dist_internal.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 
 void dist_part(size_t n, int world, int r, size_t *lo, size_t *hi) {
     size_t s = n / ((size_t)world * DIST_ALIGN) * DIST_ALIGN;

@@ -1,7 +1,7 @@
 // Bootstrap of the process group from the environment, the watchdog thread, and stopping the
 // job on a fault (dist/dist.h).
 #include "dist_internal.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>

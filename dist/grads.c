@@ -1,7 +1,7 @@
 // Bucketed gradient averaging and the ZeRO-1 shard (dist/grads.h).
 #include "grads.h"
 #include "../kernels/ops.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>

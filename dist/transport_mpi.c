@@ -3,7 +3,7 @@
 // it, and calls MPI_Abort from the thread that owns MPI. Built only when tools/probe.sh found
 // mpicc (CGSPN_HAVE_MPI); otherwise the stubs at the end explain how to get MPI.
 #include "dist_internal.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include <pthread.h>
 #include <sched.h>
 #include <time.h>

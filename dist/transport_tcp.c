@@ -12,7 +12,7 @@
 // different sequences of collectives stop with a message instead of mixing up data.
 #define _GNU_SOURCE   // POLLRDHUP
 #include "dist_internal.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>

@@ -5,7 +5,7 @@
 // gspn_scan.h (fp32, fp64; bf16 through fp32 copies) with workspace it allocates and checks
 // itself. The CUDA path calls the op's CUDA kernels (kernels/ops.h, weak so that a build without
 // them links and reports CGSPN_ERR_UNSUPPORTED) on the caller's stream, with a trap around them
-// (nn/error.h) that turns the framework's cg_fail into CGSPN_ERR_BACKEND.
+// (kernels/error.h) that turns the framework's cg_fail into CGSPN_ERR_BACKEND.
 #include <limits.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -14,7 +14,7 @@
 #include "cgspn.h"
 #include "ops.h"
 #include "cpu/gspn_scan.h"
-#include "../nn/error.h"
+#include "error.h"
 #ifdef CGSPN_CUDA
 #include <pthread.h>
 #include "cuda/cuda_common.h"

@@ -1,17 +1,17 @@
 // Backend context handed to every op: threads on the CPU; stream and library handles on the GPU.
 #pragma once
-#include "../nn/tensor.h"
+#include "tensor.h"
 
 typedef struct Ctx {
     Device device;     // where new activations are allocated
     DType act_dtype;   // activation dtype on this device (fp32 on the CPU)
     int deterministic; // 1: reductions in a fixed order (default)
-    void *cuda;        // CudaCtx* (kernels/cuda/cuda_ctx.h) when device == DEVICE_CUDA
+    void *cuda;        // CudaCtx* (kernels/device.h: device_open_gpu) when device == DEVICE_CUDA
     // Optional: called by kernels/dispatch.c before (end = 0) and after (end = 1) every op_*, with
     // the op's name (the per-op profile of `cgspn bench vit`). NULL: no calls.
     void (*profile)(struct Ctx *ctx, const char *op, int end);
     void *profile_data;  // the profiler's state
 } Ctx;
 
-// A CPU context. The CUDA one comes from cuda_ctx_create() (kernels/cuda/cuda_ctx.h).
+// A CPU context. The CUDA one comes from cuda_ctx_create() (kernels/device.h: device_open_gpu).
 Ctx ctx_cpu(void);

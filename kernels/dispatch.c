@@ -1,6 +1,6 @@
 // Routes each op_* to the backend of the context's device (kernels/ops.h has the contracts).
 #include "ops.h"
-#include "../nn/error.h"
+#include "error.h"
 
 #ifdef CGSPN_CUDA
 // CUDA kernels are weak references: an op whose kernel is not in this build fails by name
@@ -233,70 +233,4 @@ void op_gspn_scan_bwd_write(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const
                             const Tensor *merge, int shared_w, const Tensor *hidden,
                             Tensor *dxc, Tensor *dgates, Tensor *dmerge) {
     ROUTE(gspn_scan_bwd_write, ctx, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge);
-}
-
-#ifdef CGSPN_CUDA
-void *cuda_malloc(size_t bytes);
-void cuda_free(void *p);
-#endif
-
-void *device_alloc(Ctx *ctx, size_t bytes) {
-#ifdef CGSPN_CUDA
-    if (ctx->device == DEVICE_CUDA) return cuda_malloc(bytes);
-#endif
-    void *p = NULL;
-    size_t rounded = (bytes + 63) / 64 * 64;
-    if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0)
-        CG_FAIL("reduce batch_size or model size", "out of host memory allocating %zu bytes", bytes);
-    return p;
-}
-
-void device_free(Ctx *ctx, void *p) {
-#ifdef CGSPN_CUDA
-    if (ctx->device == DEVICE_CUDA) { cuda_free(p); return; }
-#endif
-    free(p);
-}
-
-#ifdef CGSPN_CUDA
-void cuda_tensor_upload(Ctx *ctx, Tensor *t, const void *host);
-void cuda_tensor_download(Ctx *ctx, const Tensor *t, void *host);
-#endif
-
-void tensor_upload(Ctx *ctx, Tensor *t, const void *host) {
-#ifdef CGSPN_CUDA
-    if (t->device == DEVICE_CUDA) { cuda_tensor_upload(ctx, t, host); return; }
-#endif
-    memcpy(t->data, host, tensor_bytes(t));
-}
-
-void tensor_download(Ctx *ctx, const Tensor *t, void *host) {
-#ifdef CGSPN_CUDA
-    if (t->device == DEVICE_CUDA) { cuda_tensor_download(ctx, t, host); return; }
-#endif
-    memcpy(host, t->data, tensor_bytes(t));
-}
-
-void tensor_upload_f32(Ctx *ctx, Tensor *t, const float *host) {
-    if (t->dtype == DTYPE_F32) {
-        tensor_upload(ctx, t, host);
-        return;
-    }
-    uint16_t *tmp = cg_malloc(t->numel * sizeof(uint16_t));
-    for (size_t i = 0; i < t->numel; i++) tmp[i] = f32_to_bf16(host[i]);
-    tensor_upload(ctx, t, tmp);
-    free(tmp);
-}
-
-float *tensor_to_host_f32(Ctx *ctx, const Tensor *t) {
-    float *out = cg_malloc(t->numel * sizeof(float));
-    if (t->dtype == DTYPE_F32) {
-        tensor_download(ctx, t, out);
-        return out;
-    }
-    uint16_t *raw = cg_malloc(t->numel * sizeof(uint16_t));
-    tensor_download(ctx, t, raw);
-    for (size_t i = 0; i < t->numel; i++) out[i] = bf16_to_f32(raw[i]);
-    free(raw);
-    return out;
 }

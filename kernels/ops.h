@@ -16,6 +16,7 @@
 //   An op accepts any mix that follows these rules (e.g. linear_bwd: bf16 dy, x, w; fp32 dw).
 #pragma once
 #include "ctx.h"
+#include "device.h"   // memory and copies: every op user needs them
 
 #ifdef __cplusplus
 extern "C" {
@@ -230,19 +231,6 @@ OP_DECL(gspn_scan_bwd, Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tens
 OP_DECL(gspn_scan_bwd_write, Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
         const Tensor *merge, int shared_w, const Tensor *hidden,
         Tensor *dxc, Tensor *dgates, Tensor *dmerge)
-
-// Memory on the context's device (64-byte aligned on the CPU); checked, never NULL.
-void *device_alloc(Ctx *ctx, size_t bytes);
-void device_free(Ctx *ctx, void *p);
-
-// Copies between host and the tensor's device; n = t->numel elements of t's dtype.
-void tensor_upload(Ctx *ctx, Tensor *t, const void *host);
-void tensor_download(Ctx *ctx, const Tensor *t, void *host);
-// Uploads fp32 host values into a tensor of any dtype (rounding to bf16 when needed).
-void tensor_upload_f32(Ctx *ctx, Tensor *t, const float *host);
-
-// A host fp32 copy of any tensor (converts bf16); caller frees.
-float *tensor_to_host_f32(Ctx *ctx, const Tensor *t);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
 #include "adaptor.h"
-#include "error.h"
+#include "../kernels/error.h"
 
 void adaptor_register(Adaptor *a, ParamTable *t, const char *prefix, int width, int hidden,
                       GeluKind gelu) {

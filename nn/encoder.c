@@ -1,5 +1,5 @@
 #include "encoder.h"
-#include "error.h"
+#include "../kernels/error.h"
 
 int encoder_block_is_attention(const EncoderConfig *cfg, int i) {
     if (cfg->kind == ENCODER_VIT) return 1;

@@ -1,5 +1,5 @@
 #include "functional.h"
-#include "error.h"
+#include "../kernels/error.h"
 
 // A record is the tensors the backward reads; `y` is always the op's output.
 #define NEED_GRAD(r) ((r)->y->grad != NULL)

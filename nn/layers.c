@@ -1,5 +1,5 @@
 #include "layers.h"
-#include "error.h"
+#include "../kernels/error.h"
 
 static void pname(char *buf, size_t n, const char *prefix, const char *leaf) {
     int len = snprintf(buf, n, "%s%s%s", prefix, prefix[0] ? "." : "", leaf);

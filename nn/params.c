@@ -1,5 +1,5 @@
 #include "params.h"
-#include "error.h"
+#include "../kernels/error.h"
 #include "../kernels/ops.h"
 #include <math.h>
 

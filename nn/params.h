@@ -13,8 +13,8 @@
 //            and p->master keep their shapes but have no data.
 // params_state_view is the one way to reach a range of the state in either layout.
 #pragma once
-#include "tensor.h"
-#include "rng.h"
+#include "../kernels/tensor.h"
+#include "../kernels/rng.h"
 #include "../kernels/ctx.h"
 
 typedef enum {

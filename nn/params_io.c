@@ -1,5 +1,5 @@
 #include "params_io.h"
-#include "error.h"
+#include "../kernels/error.h"
 #include "resample.h"
 #include "../kernels/ops.h"
 #include <math.h>

@@ -1,5 +1,5 @@
 #include "resample.h"
-#include "error.h"
+#include "../kernels/error.h"
 #include <math.h>
 
 static double bicubic_aa_filter(double x) {

@@ -1,6 +1,6 @@
 #include "safetensors.h"
-#include "error.h"
-#include "tensor.h"
+#include "../kernels/error.h"
+#include "../kernels/tensor.h"
 #include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>

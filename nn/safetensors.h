@@ -100,7 +100,7 @@ typedef int (*StFetchFn)(void *user, int i, void *buf, size_t bytes, char *err, 
 int st_write_err(const char *path, const StWriteTensor *t, int n, const StMeta *meta, int n_meta,
                  StFetchFn fetch, void *user, char *err, size_t en);
 
-// ---- conversions (bf16: f32_to_bf16 / bf16_to_f32 in nn/tensor.h) ---------------------------
+// ---- conversions (bf16: f32_to_bf16 / bf16_to_f32 in kernels/tensor.h) ---------------------------
 float st_f16_to_f32(uint16_t h);           // IEEE half, subnormals, Inf and NaN included
 
 #ifdef __cplusplus

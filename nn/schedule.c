@@ -1,6 +1,6 @@
 #include <math.h>
 #include "schedule.h"
-#include "error.h"
+#include "../kernels/error.h"
 
 float lr_schedule(const LrSchedule *s, long step) {
     CG_CHECK(step >= 0 && s->warmup_steps >= 0, "", "lr schedule: step %ld, warmup %ld", step,

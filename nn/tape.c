@@ -1,5 +1,5 @@
 #include "tape.h"
-#include "error.h"
+#include "../kernels/error.h"
 #include "../kernels/ops.h"
 
 void tape_init(Tape *t, Ctx *ctx, Arena *arena) {

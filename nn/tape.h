@@ -3,7 +3,7 @@
 // and each backward accumulates into the .grad of its inputs. With gradients disabled nothing
 // is recorded. Activations and records live in the arena, reset every step.
 #pragma once
-#include "arena.h"
+#include "../kernels/arena.h"
 
 typedef struct Tape Tape;
 typedef void (*TapeBackwardFn)(Tape *t, void *record);

@@ -1,5 +1,5 @@
 #include "targets.h"
-#include "error.h"
+#include "../kernels/error.h"
 
 void labels_to_targets(const int *labels, int batch, int classes, float smoothing,
                        float *targets) {

@@ -9,7 +9,7 @@
 #include "testlib.h"
 #include "../kernels/cgspn.h"
 #include "../kernels/ops.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 
 // fp64 vs fp32 on scans of a few steps over values of order 1: each fp32 rounding is ~6e-8
 // relative and a result carries a few dozen of them, so 1e-5 in norm is a wide margin that a

@@ -17,7 +17,7 @@
 #include "../train/classify.h"
 #include "../train/distill.h"
 #include "../train/data_parallel.h"
-#include "../train/device.h"
+#include "../train/device_config.h"
 #include "../train/model_config.h"
 #include "../nn/safetensors.h"
 #include <omp.h>

@@ -2,7 +2,7 @@
 // gradient-checked against central finite differences for every parameter and the input.
 #include "testlib.h"
 #include "../nn/encoder.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 
 typedef struct Net {
     Ctx ctx;

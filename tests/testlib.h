@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
-#include "../nn/tensor.h"
+#include "../kernels/tensor.h"
 
 // Central differences in fp32 with this step: truncation error ~ eps^2 * f''' stays near 1e-4
 // for the smooth ops tested, round-off ~ 1e-7 * |L| / eps near 1e-5 for the small losses used.

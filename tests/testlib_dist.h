@@ -8,7 +8,7 @@
 #include "../dist/grads.h"
 #include "../train/optimizer.h"
 #include "../kernels/ops.h"
-#include "../nn/arena.h"
+#include "../kernels/arena.h"
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>

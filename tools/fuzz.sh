@@ -16,9 +16,9 @@ make -s cgspn
 flags="-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -DIMAGE_MAX_PIXELS=(1ull<<22)"
 libs="-lpng -lturbojpeg -lzstd -lz -lm -lpthread"
-clang $flags tests/fuzz/fuzz_shard.c data/shard.c data/dataset.c data/shard_writer.c nn/error.c \
+clang $flags tests/fuzz/fuzz_shard.c data/shard.c data/dataset.c data/shard_writer.c kernels/error.c \
       $libs -o "$out/fuzz_shard"
-clang $flags tests/fuzz/fuzz_image.c data/image_decode.c nn/error.c $libs -o "$out/fuzz_image"
+clang $flags tests/fuzz/fuzz_image.c data/image_decode.c kernels/error.c $libs -o "$out/fuzz_image"
 
 # Seed corpora.
 seeds=$out/seeds

@@ -1,6 +1,6 @@
 #include "checkpoint.h"
 #include "../kernels/ops.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include "../nn/params_io.h"
 #include "../nn/safetensors.h"
 #include <dirent.h>

@@ -7,7 +7,7 @@
 //                           master.NAME      fp32 master weights (when the values are bf16)
 //                           ema.NAME         EMA weights, F32 (only when the trainer keeps them;
 //                                            from the masters of a bf16 EMA table)
-//                           rng              U64 (n, 4): the trainer's RNG states (nn/rng.h)
+//                           rng              U64 (n, 4): the trainer's RNG states (kernels/rng.h)
 //                           cursor           U8 (bytes): the data cursor, opaque to this module
 //                         metadata: format = cgspn-train-state, version = 1, step
 //     config.cfg          the resolved config (config_print)
@@ -22,7 +22,7 @@
 #pragma once
 #include "config.h"
 #include "../nn/params.h"
-#include "../nn/rng.h"
+#include "../kernels/rng.h"
 #include <stdint.h>
 
 #define CKPT_MAX_RNGS   16

@@ -3,11 +3,11 @@
 #include "config.h"
 #include "data_config.h"
 #include "data_parallel.h"
-#include "device.h"
+#include "device_config.h"
 #include "model_config.h"
 #include "optimizer.h"
 #include "runlog.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include <math.h>
 #include <omp.h>
 #include <signal.h>

@@ -1,5 +1,5 @@
 #include "cli_args.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 
 const char *cli_take_flag(int *argc, char **argv, int first, const char *name) {
     size_t len = strlen(name);

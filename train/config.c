@@ -1,7 +1,7 @@
 // Config files, overrides, validation, printing: see config.h. The key table is config_keys.h.
 #include "config.h"
-#include "device.h"
-#include "../nn/error.h"
+#include "device_config.h"
+#include "../kernels/error.h"
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>

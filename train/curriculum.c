@@ -7,7 +7,7 @@
 #include "cli_args.h"
 #include "distill.h"
 #include "runlog.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include <errno.h>
 #include <omp.h>
 #include <sys/stat.h>

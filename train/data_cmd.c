@@ -3,7 +3,7 @@
 #include "../data/build.h"
 #include "../data/dataset.h"
 #include "../data/shard_format.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include <dirent.h>
 #include <omp.h>
 #include <stdlib.h>

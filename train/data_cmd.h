@@ -10,10 +10,10 @@ int cmd_data(int argc, char **argv);
 int data_build_main(int argc, char **argv);     // train/data_cmd.c
 int data_verify_main(int argc, char **argv);    // train/data_cmd.c
 int data_inspect_main(int argc, char **argv);   // train/data_inspect.c
-int data_bench_main(int argc, char **argv);     // train/data_bench.c
-int data_synth_main(int argc, char **argv);     // train/data_bench.c
+int data_bench_main(int argc, char **argv);     // bench/data_bench.c
+int data_synth_main(int argc, char **argv);     // bench/data_bench.c
 // `cgspn data bench` with its defaults (synthetic 224 px JPEGs, full augmentation), in the
-// form of train/bench.c's table: {"data", data_bench_run, "loader img/s at 224 px"}.
+// form of bench/bench.c's table: {"data", data_bench_run, "loader img/s at 224 px"}.
 int data_bench_run(FILE *out);
 
 // Writes count synthetic images (smooth colour fields, shapes and noise, sizes around

@@ -1,6 +1,6 @@
 #include "data_config.h"
-#include "../nn/error.h"
-#include "device.h"
+#include "../kernels/error.h"
+#include "device_config.h"
 #include <math.h>
 #include <stdlib.h>
 

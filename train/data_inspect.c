@@ -5,7 +5,7 @@
 #include "../data/image.h"
 #include "../data/resize.h"
 #include "../data/shard_format.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include <stdlib.h>
 #include <string.h>
 #include <zstd.h>

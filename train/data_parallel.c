@@ -1,7 +1,7 @@
 // Data parallelism in the training loops (train/data_parallel.h).
 #include "data_parallel.h"
 #include "data_config.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include <limits.h>
 
 void dp_open(DataParallel *p, Dist *d, ParamTable *params, Ctx *ctx, const Config *c) {

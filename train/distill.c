@@ -3,12 +3,12 @@
 #include "cli_args.h"
 #include "data_config.h"
 #include "data_parallel.h"
-#include "device.h"
+#include "device_config.h"
 #include "model_config.h"
 #include "optimizer.h"
 #include "resolution.h"
 #include "runlog.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include "../nn/safetensors.h"
 #include <math.h>
 #include <omp.h>

@@ -5,10 +5,10 @@
 #include "classify.h"
 #include "cli_args.h"
 #include "data_config.h"
-#include "device.h"
+#include "device_config.h"
 #include "model_config.h"
 #include "runlog.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include "../nn/params_io.h"
 #include <omp.h>
 #include <sys/stat.h>

@@ -2,7 +2,7 @@
 #include "checkpoint.h"
 #include "cli_args.h"
 #include "distill.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include "../nn/safetensors.h"
 #include <sys/stat.h>
 

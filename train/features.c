@@ -1,9 +1,9 @@
 #include "features.h"
 #include "cli_args.h"
 #include "config.h"
-#include "device.h"
+#include "device_config.h"
 #include "model_config.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include "../nn/params_io.h"
 #include "../nn/safetensors.h"
 

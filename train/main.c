@@ -1,5 +1,5 @@
 // cgspn: one binary, one command per job (DESIGN §1).
-#include "bench.h"
+#include "../bench/bench.h"
 #include "classify.h"
 #include "curriculum.h"
 #include "data_cmd.h"
@@ -8,7 +8,7 @@
 #include "features.h"
 #include "probe.h"
 #include "../dist/dist.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include <stdlib.h>
 #include <unistd.h>
 

@@ -1,5 +1,5 @@
 #include "model_config.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 
 EncoderConfig encoder_config_from(const Config *c) {
     EncoderConfig e = {0};

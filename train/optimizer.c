@@ -1,7 +1,7 @@
 #include "optimizer.h"
 #include "../kernels/ops.h"
-#include "../nn/error.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
+#include "../kernels/error.h"
 #include <math.h>
 
 StepStats optimizer_step(ParamTable *t, Ctx *ctx, Arena *scratch, const OptimizerConfig *o,

@@ -3,7 +3,7 @@
 #pragma once
 #include "../nn/params.h"
 #include "../nn/schedule.h"
-#include "../nn/arena.h"
+#include "../kernels/arena.h"
 #include "../dist/grads.h"
 #include "config.h"
 

@@ -1,8 +1,8 @@
 // Student and teacher images of a Stage 2 step at their resolutions: see resolution.h.
 #include "resolution.h"
 #include "../kernels/ops.h"
-#include "../nn/error.h"
-#include "../nn/rng.h"
+#include "../kernels/error.h"
+#include "../kernels/rng.h"
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 #include "runlog.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>

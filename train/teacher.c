@@ -2,7 +2,7 @@
 #include "checkpoint.h"
 #include "model_config.h"
 #include "../kernels/ops.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include <stdarg.h>
 #include <sys/stat.h>
 

@@ -1,8 +1,8 @@
 // Argument checks shared by the CPU ops: a wrong shape stops with a message that names the op,
 // the argument and both shapes.
 #pragma once
-#include "../../nn/error.h"
-#include "../../nn/tensor.h"
+#include "../error.h"
+#include "../tensor.h"
 
 // t is a CPU fp32 tensor.
 static inline void cpu_check_f32(const char *op, const char *name, const Tensor *t) {

@@ -1,7 +1,7 @@
 // CPU reference: drop path (stochastic depth) and the EMA of weights (kernels/ops.h).
 #include "../ops.h"
 #include "../drop_path_mask.h"
-#include "../../nn/error.h"
+#include "../error.h"
 
 // Elements per sample of x (B, ...), checking the op's arguments.
 static size_t drop_path_per_sample(const char *op, const Tensor *x, const Tensor *y,

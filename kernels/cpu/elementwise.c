@@ -2,7 +2,7 @@
 // Reductions over rows (dp, dg) give each output element to one thread, which sums its rows
 // in order in double: the result does not depend on the thread count.
 #include "../ops.h"
-#include "../../nn/error.h"
+#include "../error.h"
 
 static void check_numel(const char *op, const Tensor *a, const Tensor *b) {
     CG_CHECK(a->numel == b->numel, "", "op %s: tensors of %zu and %zu elements", op, a->numel,

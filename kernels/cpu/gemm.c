@@ -12,7 +12,7 @@
 // a target attribute, chosen at run time when the CPU has both) and a baseline SSE2 one. The
 // build has no -march flag, so the binary still runs on any x86-64.
 #include "gemm.h"
-#include "../../nn/error.h"
+#include "../error.h"
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>

@@ -17,7 +17,7 @@
 #include <string.h>
 #include "gspn_scan.h"
 #include "../ops.h"
-#include "../../nn/error.h"
+#include "../error.h"
 
 // One scan direction over one image of H x W tokens.
 typedef struct ScanDir {

@@ -4,7 +4,7 @@
 // partials are added in index order, so the loss does not depend on the thread count.
 #include <math.h>
 #include "../ops.h"
-#include "../../nn/error.h"
+#include "../error.h"
 
 // Elements per partial sum of the MSE.
 #define MSE_BLOCK 4096

@@ -2,7 +2,7 @@
 // norm, and the AdamW update of one parameter tensor.
 #include <math.h>
 #include "../ops.h"
-#include "../../nn/error.h"
+#include "../error.h"
 
 // Elements per partial sum of sumsq; partials are added in index order (thread-count independent).
 #define SUMSQ_BLOCK 4096

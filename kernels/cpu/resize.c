@@ -10,7 +10,7 @@
 // ratio and H != W.
 #include <math.h>
 #include "../ops.h"
-#include "../../nn/error.h"
+#include "../error.h"
 
 // Where output coordinate `dst` reads from along one axis.
 typedef struct { int i0, i1; float l0, l1; } ResizeTap;

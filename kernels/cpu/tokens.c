@@ -2,7 +2,7 @@
 // (kernels/ops.h). A token tensor is (B, N, C): B = shape[0], C = last dim, N = the rest, so a
 // (B, H, W, C) grid counts as N = H*W tokens.
 #include "../ops.h"
-#include "../../nn/error.h"
+#include "../error.h"
 
 typedef struct { size_t B, N, C; } TokenDims;
 

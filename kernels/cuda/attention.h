@@ -1,5 +1,6 @@
 // Attention on the GPU (kernels/cuda/attention.cu): the op's two paths, selectable for tests and
-// the benchmark. Plain C header (no CUDA includes), so tests and the CLI can call it.
+// the benchmark (bench/cuda/attention_bench.cu). Plain C header (no CUDA includes), so tests can
+// call it.
 //
 //   cuDNN    cuDNN's fused flash attention (SDPA forward and backward graphs through the backend
 //            API, kernels/cuda/attention_cudnn.cu): bf16 activations, head_dim a multiple of 8.
@@ -34,13 +35,6 @@ int cuda_attention_built_with_cudnn(void);
 // Frees the attention state (cuDNN handle, plans, workspace); registered with
 // cuda_ctx_on_destroy when the state is created.
 void cuda_attention_release(Ctx *ctx);
-
-// `cgspn bench attention`: forward and forward+backward time and TFLOP/s, cuDNN path against the
-// fallback, bf16, for ViT-B/16 at 224 px (B=256, N=197, 12 heads, D=64) and the so14 ViT at
-// 378 px and 1036 px (B=32, N=729 and 5476, 16 heads, D=72). Prints one table to out; returns 0,
-// or 1 when no GPU is visible.
-int cuda_bench_attention(FILE *out);
-
 #ifdef __cplusplus
 }
 #endif

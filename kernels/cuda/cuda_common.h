@@ -5,7 +5,7 @@
 #include <cuda_bf16.h>
 #include <cublasLt.h>
 #include "../ctx.h"
-#include "../../nn/error.h"
+#include "../error.h"
 
 #define CUDA_CHECK(call)                                                                     \
     do {                                                                                     \
@@ -69,9 +69,22 @@ void cuda_ctx_on_destroy(Ctx *ctx, CudaRelease release);
 // Growing frees the old buffer in stream order (cudaFreeAsync), so queued kernels that still
 // read it finish first; no cudaMalloc per call.
 void *cuda_scratch(Ctx *ctx, size_t bytes);
-// Bandwidth of the memory-bound ops (LayerNorm, AdamW, ...) at training sizes against a
-// device-to-device copy timed in the same run (kernels/cuda/ops_bench.cu); 0 on success.
-int cuda_bench_ops(FILE *out);
+
+// The GPU half of kernels/device.h (kernels/cuda/cuda_ctx.cu, kernels/cuda/cuda_device.cu);
+// kernels/device.c routes to them.
+void cuda_tensor_upload(Ctx *ctx, Tensor *t, const void *host);
+void cuda_tensor_download(Ctx *ctx, const Tensor *t, void *host);
+void cuda_device_props(int device, char *name, size_t name_n, int *sm_count, size_t *total_bytes);
+void cuda_memory_info(size_t *free_bytes, size_t *total_bytes);
+void cuda_copy(Ctx *ctx, void *dst, const void *src, size_t bytes);
+void cuda_synchronize(Ctx *ctx);
+void *cuda_event_create(void);                 // a cudaEvent_t behind a pointer
+void cuda_event_record(void *event, Ctx *ctx);
+void cuda_event_wait(void *event);
+double cuda_event_ms(void *from, void *to);
+void cuda_event_destroy(void *event);
+void *cuda_pinned_alloc(size_t bytes);         // NULL when page-locked memory is not available
+bool cuda_pinned_free(void *p);                // false: p is not page-locked (the caller frees it)
 #ifdef __cplusplus
 }
 #endif

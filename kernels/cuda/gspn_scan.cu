@@ -1920,7 +1920,7 @@ extern "C" void cuda_gspn_scan_bwd_write(Ctx *ctx, const Tensor *dyc, const Tens
                   GSPN_TUNING_DEFAULT, true);
 }
 
-// For the benchmark (kernels/cuda/gspn_bench.cu): the same ops with another tuning.
+// For the benchmark (bench/cuda/gspn_bench.cu): the same ops with another tuning.
 extern "C" void cuda_gspn_scan_fwd_tuned(Ctx *ctx, const Tensor *xc, const Tensor *gates,
                                          const Tensor *merge, int shared_w, Tensor *yc,
                                          Tensor *hidden, int cg_bytes, int vec_bytes, int stages,

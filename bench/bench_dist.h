@@ -1,5 +1,5 @@
 // `cgspn bench distill`: Stage 2 distillation img/s of the so14 C-GSPN student on 1 GPU and on
-// every rank of an mpirun launch, and the scaling (issue 8). train/bench_dist.c says what is
+// every rank of an mpirun launch, and the scaling (issue 8). bench/bench_dist.c says what is
 // timed. Runs on the CPU too (device = cpu, with small configs: the CPU test of its logic).
 #pragma once
 

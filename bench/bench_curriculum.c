@@ -10,13 +10,13 @@
 // blocks (the paper's), batches 1 and 4. On a CPU: the tiny model (configs/cgspn_tiny.cfg) at
 // 56 px with a 42 px teacher, so the benchmark runs everywhere.
 #include "bench_model.h"
-#include "device.h"
-#include "distill.h"
-#include "optimizer.h"
-#include "resolution.h"
-#include "runlog.h"
-#include "../nn/error.h"
-#include "../nn/rng.h"
+#include "../train/device_config.h"
+#include "../train/distill.h"
+#include "../train/optimizer.h"
+#include "../train/resolution.h"
+#include "../train/runlog.h"
+#include "../kernels/error.h"
+#include "../kernels/rng.h"
 #include <math.h>
 
 #define CURRICULUM_BENCH_WARMUP 2
@@ -74,8 +74,7 @@ static void bench_case(FILE *out, const CurriculumCase *cc, Ctx *ctx) {
     c.tap_pp = c.tap_pb = 1;
     c.adaptors = 1;
     c.gamma = 0;
-    char dev[256];
-    device_name(ctx, dev, sizeof dev);
+    const DeviceInfo dev = device_info(ctx);
     Distiller d;
     memset(&d, 0, sizeof d);
     teacher_init_fresh(&d.teacher, &c, cc->teacher_px, ctx, 7);
@@ -93,7 +92,7 @@ static void bench_case(FILE *out, const CurriculumCase *cc, Ctx *ctx) {
     int P = c.patch, gs = cc->student_px / P, gt = cc->teacher_px / P;
     fprintf(out, "%s on %s: student %d px (%dx%d tokens), teacher %d px (%dx%d tokens, taps upsampled "
             "to %dx%d), taps %s (PP + PB, adaptors); %d timed steps after %d warmup, median\n",
-            cc->label, dev, cc->student_px, gs, gs, cc->teacher_px, gt, gt, gs, gs, cc->taps,
+            cc->label, dev.name, cc->student_px, gs, gs, cc->teacher_px, gt, gt, gs, gs, cc->taps,
             CURRICULUM_BENCH_STEPS, CURRICULUM_BENCH_WARMUP);
     fprintf(out, "  %5s %10s %10s %14s %12s %10s\n", "batch", "step ms", "img/s", "host resize ms",
             "act GiB", "loss");

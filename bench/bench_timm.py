@@ -5,9 +5,9 @@ Times timm's models and timm's ViT block, eager and torch.compile, and writes th
 flat JSON object (build/bench_timm.json) that the cgspn benches read and print beside their own
 (with the ratios). `make bench` runs this first when python3 has torch and timm.
 
-    python3 tests/bench_timm.py                          # everything, on the GPU
-    python3 tests/bench_timm.py --only vit --no-compile  # eager ViT steps only
-    python3 tests/bench_timm.py --smoke --device cpu     # tiny sizes: checks the script runs
+    python3 bench/bench_timm.py                          # everything, on the GPU
+    python3 bench/bench_timm.py --only vit --no-compile  # eager ViT steps only
+    python3 bench/bench_timm.py --smoke --device cpu     # tiny sizes: checks the script runs
 
 vit: one training step as cgspn's bench runs it: forward under torch.autocast(bfloat16) (fp32
 parameters, cast per forward: PyTorch's mixed precision), cross-entropy on random labels,

@@ -1,31 +1,23 @@
-// Per-op and per-phase GPU time (train/op_profile.h).
+// Per-op and per-phase GPU time (bench/op_profile.h).
 #include "op_profile.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef CGSPN_CUDA
-#include "../kernels/cuda/cuda_common.h"
+#include "../kernels/device.h"
 
 enum { PROF_MAX = 8192, PROF_NAMES = 160 };
 
 struct OpProfile {
     Ctx *ctx;
-    cudaStream_t stream;
-    cudaEvent_t ev[2 * PROF_MAX];                    // (op, start|end)
+    DeviceEvent *ev[2 * PROF_MAX];                    // (op, start|end)
     const char *name[PROF_MAX];
     int phase_of[PROF_MAX];                          // the phase each op started in
-    cudaEvent_t mark[OP_PROFILE_MAX_PHASES + 1];     // phase starts, then the stop
+    DeviceEvent *mark[OP_PROFILE_MAX_PHASES + 1];     // phase starts, then the stop
     const char *phase[OP_PROFILE_MAX_PHASES];
     int n, depth, dropped, n_phases;
     bool stopped;
 };
-
-static double event_ms(cudaEvent_t a, cudaEvent_t b) {
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    return ms;
-}
 
 static void profile_hook(Ctx *ctx, const char *op, int end) {
     OpProfile *p = ctx->profile_data;
@@ -37,10 +29,10 @@ static void profile_hook(Ctx *ctx, const char *op, int end) {
         }
         p->name[p->n] = op;
         p->phase_of[p->n] = p->n_phases - 1;
-        CUDA_CHECK(cudaEventRecord(p->ev[2 * p->n], p->stream));
+        device_event_record(p->ev[2 * p->n]);
     } else {
         if (--p->depth > 0 || p->n >= PROF_MAX) return;
-        CUDA_CHECK(cudaEventRecord(p->ev[2 * p->n + 1], p->stream));
+        device_event_record(p->ev[2 * p->n + 1]);
         p->n++;
     }
 }
@@ -48,10 +40,9 @@ static void profile_hook(Ctx *ctx, const char *op, int end) {
 OpProfile *op_profile_start(Ctx *ctx) {
     if (ctx->device != DEVICE_CUDA) return NULL;
     OpProfile *p = cg_calloc(1, sizeof *p);
-    for (int i = 0; i < 2 * PROF_MAX; i++) CUDA_CHECK(cudaEventCreate(&p->ev[i]));
-    for (int i = 0; i <= OP_PROFILE_MAX_PHASES; i++) CUDA_CHECK(cudaEventCreate(&p->mark[i]));
+    for (int i = 0; i < 2 * PROF_MAX; i++) p->ev[i] = device_event_create(ctx);
+    for (int i = 0; i <= OP_PROFILE_MAX_PHASES; i++) p->mark[i] = device_event_create(ctx);
     p->ctx = ctx;
-    p->stream = cuda_stream_of(ctx);
     ctx->profile = profile_hook;
     ctx->profile_data = p;
     return p;
@@ -62,13 +53,13 @@ void op_profile_mark(OpProfile *p, const char *phase) {
     CG_CHECK(p->n_phases < OP_PROFILE_MAX_PHASES && !p->stopped, "",
              "op_profile_mark: at most %d phases, before op_profile_stop", OP_PROFILE_MAX_PHASES);
     p->phase[p->n_phases] = phase;
-    CUDA_CHECK(cudaEventRecord(p->mark[p->n_phases++], p->stream));
+    device_event_record(p->mark[p->n_phases++]);
 }
 
 void op_profile_stop(OpProfile *p) {
     if (!p || p->stopped) return;
-    CUDA_CHECK(cudaEventRecord(p->mark[p->n_phases], p->stream));
-    CUDA_CHECK(cudaEventSynchronize(p->mark[p->n_phases]));
+    device_event_record(p->mark[p->n_phases]);
+    device_event_wait(p->mark[p->n_phases]);
     p->ctx->profile = NULL;
     p->ctx->profile_data = NULL;
     p->stopped = true;
@@ -77,15 +68,15 @@ void op_profile_stop(OpProfile *p) {
 void op_profile_free(OpProfile *p) {
     if (!p) return;
     op_profile_stop(p);
-    for (int i = 0; i < 2 * PROF_MAX; i++) CUDA_CHECK(cudaEventDestroy(p->ev[i]));
-    for (int i = 0; i <= OP_PROFILE_MAX_PHASES; i++) CUDA_CHECK(cudaEventDestroy(p->mark[i]));
+    for (int i = 0; i < 2 * PROF_MAX; i++) device_event_free(p->ev[i]);
+    for (int i = 0; i <= OP_PROFILE_MAX_PHASES; i++) device_event_free(p->mark[i]);
     free(p);
 }
 
 double op_profile_total_ms(const OpProfile *p) {
     if (!p) return 0;
-    cudaEvent_t first = p->n_phases ? p->mark[0] : p->ev[0];
-    return p->n || p->n_phases ? event_ms(first, p->mark[p->n_phases]) : 0;
+    const DeviceEvent *first = p->n_phases ? p->mark[0] : p->ev[0];
+    return p->n || p->n_phases ? device_event_ms(first, p->mark[p->n_phases]) : 0;
 }
 
 static int cmp_total(const void *a, const void *b) {
@@ -103,7 +94,7 @@ int op_profile_totals(const OpProfile *p, OpTotal *out, int max) {
         if (k == nt && nt < PROF_NAMES) tot[nt++] = (OpTotal){p->name[i], 0, 0};
         if (k < nt) {
             tot[k].calls++;
-            tot[k].ms += event_ms(p->ev[2 * i], p->ev[2 * i + 1]);
+            tot[k].ms += device_event_ms(p->ev[2 * i], p->ev[2 * i + 1]);
         }
     }
     qsort(tot, (size_t)nt, sizeof *tot, cmp_total);
@@ -115,11 +106,11 @@ int op_profile_totals(const OpProfile *p, OpTotal *out, int max) {
 int op_profile_phases(const OpProfile *p, OpPhase *out, int max) {
     if (!p) return 0;
     int n = p->n_phases < max ? p->n_phases : max;
-    for (int k = 0; k < n; k++) out[k] = (OpPhase){p->phase[k], event_ms(p->mark[k], p->mark[k + 1]), 0, 0};
+    for (int k = 0; k < n; k++) out[k] = (OpPhase){p->phase[k], device_event_ms(p->mark[k], p->mark[k + 1]), 0, 0};
     for (int i = 0; i < p->n; i++) {
         int k = p->phase_of[i];
         if (k < 0 || k >= n) continue;
-        out[k].op_ms += event_ms(p->ev[2 * i], p->ev[2 * i + 1]);
+        out[k].op_ms += device_event_ms(p->ev[2 * i], p->ev[2 * i + 1]);
         out[k].ops++;
     }
     return n;
@@ -150,7 +141,7 @@ void op_profile_print_calls(FILE *out, const OpProfile *p, int per_line) {
             if (p->phase_of[i] != ph) continue;
             if (!any) fprintf(out, "  %s:", ph >= 0 ? p->phase[ph] : "before the first mark");
             if (!any || k % per_line == 0) fprintf(out, "\n   ");
-            fprintf(out, " %s %.3f", p->name[i], event_ms(p->ev[2 * i], p->ev[2 * i + 1]));
+            fprintf(out, " %s %.3f", p->name[i], device_event_ms(p->ev[2 * i], p->ev[2 * i + 1]));
             any = true;
             k++;
         }
@@ -158,19 +149,3 @@ void op_profile_print_calls(FILE *out, const OpProfile *p, int per_line) {
         k = 0;
     }
 }
-
-#else   // no CUDA: nothing to time
-
-OpProfile *op_profile_start(Ctx *ctx) { (void)ctx; return NULL; }
-void op_profile_mark(OpProfile *p, const char *phase) { (void)p; (void)phase; }
-void op_profile_stop(OpProfile *p) { (void)p; }
-void op_profile_free(OpProfile *p) { (void)p; }
-void op_profile_print_calls(FILE *out, const OpProfile *p, int per_line) {
-    (void)out; (void)p; (void)per_line;
-}
-double op_profile_total_ms(const OpProfile *p) { (void)p; return 0; }
-int op_profile_totals(const OpProfile *p, OpTotal *out, int max) { (void)p; (void)out; (void)max; return 0; }
-int op_profile_phases(const OpProfile *p, OpPhase *out, int max) { (void)p; (void)out; (void)max; return 0; }
-void op_profile_print(FILE *out, const OpProfile *p, double step_ms) { (void)out; (void)p; (void)step_ms; }
-
-#endif

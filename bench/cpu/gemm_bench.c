@@ -1,11 +1,11 @@
 // GFLOP/s of cpu_sgemm on the shapes of the Fashion-MNIST ViT (128 images x 49 tokens = 6272
 // rows, width 64, MLP 256, qkv 192), forward and both backward products of linear.
-// Build and run: make build/tests/bench_gemm && ./build/tests/bench_gemm   (OMP_NUM_THREADS=n;
+// Build and run: make build/bench/cpu/gemm_bench && ./build/bench/cpu/gemm_bench   (OMP_NUM_THREADS=n;
 // GEMM_BASELINE=1 measures the non-AVX2 fallback kernel)
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include "../kernels/cpu/gemm.h"
+#include "../../kernels/cpu/gemm.h"
 
 static double now_s(void) { return omp_get_wtime(); }
 

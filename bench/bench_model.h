@@ -1,6 +1,6 @@
-// `cgspn bench vit` and `cgspn bench block` (train/bench_model.c): whole training steps and single
+// `cgspn bench vit` and `cgspn bench block` (bench/bench_model.c): whole training steps and single
 // so14-width blocks on the GPU, beside PyTorch's numbers from the same device run
-// (tests/bench_timm.py writes build/bench_timm.json; `make bench` runs it first).
+// (bench/bench_timm.py writes build/bench_timm.json; `make bench` runs it first).
 #pragma once
 #include <stdio.h>
 
@@ -11,7 +11,7 @@ int bench_vit_run(FILE *out);
 // One so14-width block (B = 32, C = 1152, MLP 4304) at 1036 px (74x74 tokens) and 2058 px
 // (147x147): C-GSPN (Cc = 64) against cgspn's attention block and timm's SDPA block (compiled).
 int bench_block_run(FILE *out);
-// One resolution-curriculum Stage-k step (train/bench_curriculum.c): the so14 student at 1036 px
+// One resolution-curriculum Stage-k step (bench/bench_curriculum.c): the so14 student at 1036 px
 // with its 756 px C-GSPN teacher (taps upsampled), batches 1 and 4, on the GPU; a tiny case on a
 // CPU. img/s, step time, the host resize of the teacher's image, activation memory.
 int bench_curriculum_run(FILE *out);

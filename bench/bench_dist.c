@@ -1,4 +1,4 @@
-// `cgspn bench distill` (train/bench_dist.h): Stage 2 distillation throughput on 1 GPU and on
+// `cgspn bench distill` (bench/bench_dist.h): Stage 2 distillation throughput on 1 GPU and on
 // every rank of the launch, and the scaling between them.
 //
 // What a timed step is: exactly the step of `cgspn distill` (train/distill.c) without the data
@@ -16,15 +16,15 @@
 //   N GPUs    all ranks together, global batch = per-GPU batch x N.
 // scaling = img/s on N GPUs / img/s on 1 GPU (ideal: N).
 #include "bench_dist.h"
-#include "cli_args.h"
-#include "config.h"
-#include "data_parallel.h"
-#include "device.h"
-#include "distill.h"
+#include "../train/cli_args.h"
+#include "../train/config.h"
+#include "../train/data_parallel.h"
+#include "../train/device_config.h"
+#include "../train/distill.h"
 #include "op_profile.h"
-#include "runlog.h"
-#include "../nn/error.h"
-#include "../nn/rng.h"
+#include "../train/runlog.h"
+#include "../kernels/error.h"
+#include "../kernels/rng.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,36 +1,38 @@
 #include "bench.h"
-#include "data_cmd.h"
+#include "../train/data_cmd.h"
 #include "bench_model.h"
 #include "bench_dist.h"
-#include "../nn/error.h"
+#include "../kernels/error.h"
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
-#ifdef CGSPN_CUDA
-#include "../kernels/cuda/gemm_bench.h"
-#include "../kernels/cuda/gspn_bench.h"
-#include "../kernels/cuda/attention.h"
-#include "../kernels/cuda/cuda_common.h"
-#endif
+#include "cuda/kernel_bench.h"
+#include "../kernels/device.h"
+
+// The CUDA micro-benchmarks are weak references: a build without the CUDA backend links
+// without them, and asking for one says so (as kernels/dispatch.c does for ops).
+#pragma weak cuda_bench_gspn
+#pragma weak cuda_bench_gemm
+#pragma weak cuda_bench_attention
+#pragma weak cuda_bench_ops
 
 typedef struct Bench {
     const char *name;
-    int (*run)(FILE *out);
+    int (*run)(FILE *out);   // NULL: a CUDA micro-benchmark this build does not have
     const char *summary;
+    bool gpu_only;           // `all` leaves it out in a build without CUDA
 } Bench;
 
 static const Bench kBenches[] = {
-#ifdef CGSPN_CUDA
-    {"gspn", cuda_bench_gspn, "C-GSPN scan fwd/bwd in GB/s vs a device copy (latent 27^2..147^2, 1024^2)"},
-    {"gemm", cuda_bench_gemm, "bf16 linear GEMMs (ViT-B/16, so14 MLP) in TFLOP/s vs the bf16 peak"},
-    {"attention", cuda_bench_attention, "attention fwd/bwd (cuDNN SDPA and fallback), ViT-B/16 and so14"},
-    {"ops", cuda_bench_ops, "memory-bound ops (LayerNorm, GELU, AdamW, ...) in GB/s vs a device copy"},
-    {"vit", bench_vit_run, "ViT-B/16 and so14 ViT training steps: img/s, MFU, memory, vs timm eager/compiled"},
-    {"block", bench_block_run, "one so14-width block at 1036/2058 px: C-GSPN vs attention vs PyTorch SDPA"},
-#endif
-    {"curriculum", bench_curriculum_run, "a curriculum Stage-k step: so14 student at 1036 px + its 756 px teacher (GPU; tiny on a CPU)"},
-    {"data", data_bench_run, "the data loader's img/s at 224 px (decode + augmentation, CPU)"},
-    {NULL, NULL, NULL},
+    {"gspn", cuda_bench_gspn, "C-GSPN scan fwd/bwd in GB/s vs a device copy (latent 27^2..147^2, 1024^2)", true},
+    {"gemm", cuda_bench_gemm, "bf16 linear GEMMs (ViT-B/16, so14 MLP) in TFLOP/s vs the bf16 peak", true},
+    {"attention", cuda_bench_attention, "attention fwd/bwd (cuDNN SDPA and fallback), ViT-B/16 and so14", true},
+    {"ops", cuda_bench_ops, "memory-bound ops (LayerNorm, GELU, AdamW, ...) in GB/s vs a device copy", true},
+    {"vit", bench_vit_run, "ViT-B/16 and so14 ViT training steps: img/s, MFU, memory, vs timm eager/compiled", true},
+    {"block", bench_block_run, "one so14-width block at 1036/2058 px: C-GSPN vs attention vs PyTorch SDPA", true},
+    {"curriculum", bench_curriculum_run, "a curriculum Stage-k step: so14 student at 1036 px + its 756 px teacher (GPU; tiny on a CPU)", false},
+    {"data", data_bench_run, "the data loader's img/s at 224 px (decode + augmentation, CPU)", false},
+    {NULL, NULL, NULL, false},
 };
 
 static void bench_usage(FILE *f) {
@@ -41,9 +43,7 @@ static void bench_usage(FILE *f) {
     for (const Bench *b = kBenches; b->name; b++) fprintf(f, "  %-10s %s\n", b->name, b->summary);
     fprintf(f, "  %-10s %s\n", "distill", "Stage 2 distillation img/s of the so14 student on 1 GPU and on "
             "all ranks (mpirun), the scaling (cgspn bench distill --help); not part of all");
-#ifndef CGSPN_CUDA
-    fprintf(f, "  (the GPU benchmarks need a build with nvcc on PATH)\n");
-#endif
+    if (!device_has_cuda()) fprintf(f, "  (the GPU benchmarks need a build with nvcc on PATH)\n");
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -62,6 +62,11 @@ int cmd_bench(int argc, char **argv) {
         for (const Bench *b = kBenches; b->name; b++) {
             if (!all && strcmp(argv[i], b->name) != 0) continue;
             found = true;
+            if (b->gpu_only && !device_has_cuda()) {
+                if (all) continue;
+                CG_FAIL("rebuild on a machine with nvcc on PATH (make clean && make)",
+                        "bench %s: this build has no CUDA backend", b->name);
+            }
             printf("== cgspn bench %s\n", b->name);
             status |= b->run(stdout);
             printf("\n");

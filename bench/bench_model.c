@@ -1,4 +1,4 @@
-// `cgspn bench vit` and `cgspn bench block` (train/bench_model.h).
+// `cgspn bench vit` and `cgspn bench block` (bench/bench_model.h).
 //
 // Timing: CUDA events on the context's stream around each phase, median over the timed
 // repetitions after warm-up (first-call setup: GEMM plans, cuDNN graphs, arena chunks). Inputs
@@ -14,15 +14,14 @@
 // scratch); "GPU mem" is how much of the GPU's memory the run took (cudaMemGetInfo before the
 // model and after the timed steps: parameters, gradients, moments, masters, arena, workspaces).
 #include "bench_model.h"
-#ifdef CGSPN_CUDA
-#include "config.h"
-#include "model_config.h"
+#include "../train/config.h"
+#include "../train/model_config.h"
 #include "op_profile.h"
-#include "optimizer.h"
-#include "../kernels/cuda/cuda_common.h"
+#include "../train/optimizer.h"
+#include "../kernels/device.h"
 #include "../nn/encoder.h"
-#include "../nn/error.h"
-#include "../nn/rng.h"
+#include "../kernels/error.h"
+#include "../kernels/rng.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,27 +44,13 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-static double event_ms(cudaEvent_t a, cudaEvent_t b) {
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    return ms;
-}
-
 static void print_header(FILE *out, const char *what) {
-    struct cudaDeviceProp p;
-    CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+    const DeviceInfo d = device_gpu_info(0);
     time_t now = time(NULL);
     char date[32];
     strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
-    fprintf(out, "cgspn bench %s: %s (%d SMs, %.1f GiB), %s, bf16\n", what, p.name,
-            p.multiProcessorCount, p.totalGlobalMem / 1073741824.0, date);
-}
-
-static size_t gpu_free_bytes(void) {
-    size_t free_b = 0, total_b = 0;
-    CUDA_CHECK(cudaDeviceSynchronize());
-    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    return free_b;
+    fprintf(out, "cgspn bench %s: %s (%d SMs, %.1f GiB), %s, bf16\n", what, d.name, d.sm_count,
+            d.total_bytes / 1073741824.0, date);
 }
 
 // A tensor with its own device memory (outside the tape's arena), random in [lo, hi): a random
@@ -89,11 +74,10 @@ static Tensor *random_tensor(Ctx *ctx, int ndim, const int *shape, DType dt, uin
     size_t done = block * dtype_size(dt), total = tensor_bytes(t);
     while (done < total) {
         size_t n = done < total - done ? done : total - done;
-        CUDA_CHECK(cudaMemcpyAsync((char *)t->data + done, t->data, n, cudaMemcpyDeviceToDevice,
-                                   cuda_stream_of(ctx)));
+        device_copy(ctx, (char *)t->data + done, t->data, n);
         done += n;
     }
-    CUDA_CHECK(cudaStreamSynchronize(cuda_stream_of(ctx)));
+    device_synchronize(ctx);
     return t;
 }
 
@@ -103,7 +87,7 @@ static void free_tensor(Ctx *ctx, Tensor *t) {
     free(t);
 }
 
-// ---- PyTorch's numbers (tests/bench_timm.py) ------------------------------------------------------
+// ---- PyTorch's numbers (bench/bench_timm.py) ------------------------------------------------------
 
 static char *read_text(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -154,7 +138,7 @@ static char *load_timm_json(FILE *out) {
     if (!path || !path[0]) path = BENCH_TIMM_JSON;
     char *json = read_text(path);
     if (!json) {
-        fprintf(out, "PyTorch: %s not found (`make bench` runs tests/bench_timm.py first, on a "
+        fprintf(out, "PyTorch: %s not found (`make bench` runs bench/bench_timm.py first, on a "
                      "machine with torch and timm)\n", path);
         return NULL;
     }
@@ -163,11 +147,10 @@ static char *load_timm_json(FILE *out) {
     json_string(json, "date", date, sizeof date);
     json_string(json, "torch", torch_v, sizeof torch_v);
     json_string(json, "timm", timm_v, sizeof timm_v);
-    struct cudaDeviceProp p;
-    CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
-    fprintf(out, "PyTorch: %s (tests/bench_timm.py on %s, %s; torch %s, timm %s)%s\n", path, dev,
+    const DeviceInfo gpu = device_gpu_info(0);
+    fprintf(out, "PyTorch: %s (bench/bench_timm.py on %s, %s; torch %s, timm %s)%s\n", path, dev,
             date, torch_v, timm_v,
-            strcmp(dev, p.name) == 0 ? "" : "  ** another device: ratios are not comparable **");
+            strcmp(dev, gpu.name) == 0 ? "" : "  ** another device: ratios are not comparable **");
     return json;
 }
 
@@ -203,18 +186,17 @@ typedef struct VitRun {
 } VitRun;
 
 // One training step; ev (4) mark start, forward + loss, backward, optimizer.
-static StepStats vit_step(VitRun *r, long step, cudaEvent_t *ev, float *loss_out) {
-    cudaStream_t s = cuda_stream_of(r->ctx);
+static StepStats vit_step(VitRun *r, long step, DeviceEvent **ev, float *loss_out) {
     tape_reset(r->tape);
-    CUDA_CHECK(cudaEventRecord(ev[0], s));
+    device_event_record(ev[0]);
     Tensor *logits = encoder_head(r->tape, r->enc, encoder_forward(r->tape, r->enc, r->img, NULL));
     Tensor *loss = nn_cross_entropy(r->tape, logits, r->tgt);
-    CUDA_CHECK(cudaEventRecord(ev[1], s));
+    device_event_record(ev[1]);
     tape_backward(r->tape, loss);
-    CUDA_CHECK(cudaEventRecord(ev[2], s));
+    device_event_record(ev[2]);
     StepStats st = optimizer_step(r->params, r->ctx, r->arena, &r->opt, step);
-    CUDA_CHECK(cudaEventRecord(ev[3], s));
-    CUDA_CHECK(cudaEventSynchronize(ev[3]));
+    device_event_record(ev[3]);
+    device_event_wait(ev[3]);
     CG_CHECK(st.finite, "", "bench vit: the gradient norm is not finite at step %ld", step + 1);
     if (loss_out) tensor_download(r->ctx, loss, loss_out);
     return st;
@@ -226,8 +208,8 @@ static void bench_one_vit(FILE *out, const VitCase *vc, VitRow *row, bool profil
     config_load_file(&c, vc->config);
     if (c.num_classes == 0) c.num_classes = 1000;   // the so14 teacher shape has no head
     EncoderConfig ec = encoder_config_from(&c);
-    Ctx ctx = cuda_ctx_create(0, DTYPE_BF16);
-    size_t free0 = gpu_free_bytes();
+    Ctx ctx = device_open_gpu(0, DTYPE_BF16);
+    size_t free0 = device_memory_free(&ctx);
     Encoder enc;
     ParamTable params;
     params_init_table(&params);
@@ -257,8 +239,8 @@ static void bench_one_vit(FILE *out, const VitCase *vc, VitRow *row, bool profil
     VitRun run = {&ctx, &enc, &params, &arena, &tape, img, tgt,
                   {.schedule = {1e-4f, 1e-4f, 0, 1000000}, .beta1 = 0.9f, .beta2 = 0.999f,
                    .eps = 1e-8f, .weight_decay = 0.05f, .grad_clip = 1.0f}};
-    cudaEvent_t ev[4];
-    for (int i = 0; i < 4; i++) CUDA_CHECK(cudaEventCreate(&ev[i]));
+    DeviceEvent *ev[4];
+    for (int i = 0; i < 4; i++) ev[i] = device_event_create(&ctx);
     long step = 0;
     for (int i = 0; i < VIT_WARMUP; i++) vit_step(&run, step++, ev, NULL);
     double st_ms[VIT_STEPS], f_ms[VIT_STEPS], b_ms[VIT_STEPS], o_ms[VIT_STEPS];
@@ -267,10 +249,10 @@ static void bench_one_vit(FILE *out, const VitCase *vc, VitRow *row, bool profil
     StepStats last = {0};
     for (int i = 0; i < VIT_STEPS; i++) {
         last = vit_step(&run, step++, ev, i == VIT_STEPS - 1 ? &row->loss : NULL);
-        st_ms[i] = event_ms(ev[0], ev[3]);
-        f_ms[i] = event_ms(ev[0], ev[1]);
-        b_ms[i] = event_ms(ev[1], ev[2]);
-        o_ms[i] = event_ms(ev[2], ev[3]);
+        st_ms[i] = device_event_ms(ev[0], ev[3]);
+        f_ms[i] = device_event_ms(ev[0], ev[1]);
+        b_ms[i] = device_event_ms(ev[1], ev[2]);
+        o_ms[i] = device_event_ms(ev[2], ev[3]);
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     row->wall_ms = ((t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6) / VIT_STEPS;
@@ -283,29 +265,29 @@ static void bench_one_vit(FILE *out, const VitCase *vc, VitRow *row, bool profil
     row->opt_ms = median(o_ms, VIT_STEPS);
     row->flops = 3.0 * encoder_flops_per_image(&ec) * B;
     row->act_gib = arena.peak / 1073741824.0;
-    row->gpu_gib = (double)(free0 - gpu_free_bytes()) / 1073741824.0;
+    row->gpu_gib = (double)(free0 - device_memory_free(&ctx)) / 1073741824.0;
 
     if (profile) {
         OpProfile *p = op_profile_start(&ctx);
         vit_step(&run, step++, ev, NULL);
         op_profile_stop(p);
-        double ms = event_ms(ev[0], ev[3]);
+        double ms = device_event_ms(ev[0], ev[3]);
         fprintf(out, "\nper-op profile of one %s step (batch %d): %.2f ms with an event pair "
                      "around every op (%.2f ms without)\n", vc->label, B, ms, row->step_ms);
         op_profile_print(out, p, ms);
         op_profile_free(p);
     }
-    for (int i = 0; i < 4; i++) CUDA_CHECK(cudaEventDestroy(ev[i]));
+    for (int i = 0; i < 4; i++) device_event_free(ev[i]);
     free_tensor(&ctx, img);
     free_tensor(&ctx, tgt);
     tape_free(&tape);
     arena_free(&arena);
     params_free(&params, &ctx);
-    cuda_ctx_destroy(&ctx);
+    device_close(&ctx);
 }
 
 int bench_vit_run(FILE *out) {
-    if (cuda_device_count() == 0) {
+    if (device_gpu_count() == 0) {
         fprintf(out, "bench vit: no CUDA device visible\n");
         return 1;
     }
@@ -388,28 +370,25 @@ typedef struct BlockTimes { double fwd_ms, fwdbwd_ms, flops_fwd, act_gib; } Bloc
 // consumed by the backward as torch's y.backward(dy) reads its argument (no copy).
 static double block_median(Tape *tape, Ctx *ctx, int warmup, int reps, bool backward,
                            const Encoder *enc, Tensor *x, const Tensor *dy0, Tensor *dy) {
-    cudaStream_t s = cuda_stream_of(ctx);
-    cudaEvent_t a, b;
-    CUDA_CHECK(cudaEventCreate(&a));
-    CUDA_CHECK(cudaEventCreate(&b));
+    DeviceEvent *a = device_event_create(ctx), *b = device_event_create(ctx);
     double t[32];
     tape_set_grad_enabled(tape, backward);
     for (int i = 0; i < warmup + reps; i++) {
         tape_reset(tape);
         x->grad = NULL;   // last repetition's gradient lived in the arena
         if (backward)
-            CUDA_CHECK(cudaMemcpyAsync(dy->data, dy0->data, tensor_bytes(dy), cudaMemcpyDeviceToDevice, s));
-        CUDA_CHECK(cudaEventRecord(a, s));
+            device_copy(ctx, dy->data, dy0->data, tensor_bytes(dy));
+        device_event_record(a);
         Tensor *y = encoder_block_forward(tape, enc, &enc->blocks[0], x, NULL);
         if (backward) tape_backward_from_consume(tape, 1, &y, &dy);
-        CUDA_CHECK(cudaEventRecord(b, s));
-        CUDA_CHECK(cudaEventSynchronize(b));
-        if (i >= warmup) t[i - warmup] = event_ms(a, b);
+        device_event_record(b);
+        device_event_wait(b);
+        if (i >= warmup) t[i - warmup] = device_event_ms(a, b);
     }
     tape_set_grad_enabled(tape, true);
     x->grad = NULL;
-    CUDA_CHECK(cudaEventDestroy(a));
-    CUDA_CHECK(cudaEventDestroy(b));
+    device_event_free(a);
+    device_event_free(b);
     return median(t, reps);
 }
 
@@ -418,8 +397,7 @@ static void block_profile(FILE *prof, const char *label, Tape *tape, Ctx *ctx, c
                           Tensor *x, const Tensor *dy0, Tensor *dy, double timed_ms) {
     tape_reset(tape);
     x->grad = NULL;
-    CUDA_CHECK(cudaMemcpyAsync(dy->data, dy0->data, tensor_bytes(dy), cudaMemcpyDeviceToDevice,
-                               cuda_stream_of(ctx)));
+    device_copy(ctx, dy->data, dy0->data, tensor_bytes(dy));
     OpProfile *p = op_profile_start(ctx);
     op_profile_mark(p, "forward");
     Tensor *y = encoder_block_forward(tape, enc, &enc->blocks[0], x, NULL);
@@ -458,7 +436,7 @@ static BlockTimes bench_one_block(EncoderKind kind, int px, int warmup, int reps
     ec.qkv_bias = 1;
     ec.gspn_latent = BLOCK_LATENT;
     ec.gspn_out_norm = 1;
-    Ctx ctx = cuda_ctx_create(0, DTYPE_BF16);
+    Ctx ctx = device_open_gpu(0, DTYPE_BF16);
     Encoder enc;
     ParamTable params;
     params_init_table(&params);
@@ -500,12 +478,12 @@ static BlockTimes bench_one_block(EncoderKind kind, int px, int warmup, int reps
     tape_free(&tape);
     arena_free(&arena);
     params_free(&params, &ctx);
-    cuda_ctx_destroy(&ctx);
+    device_close(&ctx);
     return bt;
 }
 
 int bench_block_run(FILE *out) {
-    if (cuda_device_count() == 0) {
+    if (device_gpu_count() == 0) {
         fprintf(out, "bench block: no CUDA device visible\n");
         return 1;
     }
@@ -589,16 +567,3 @@ int bench_block_run(FILE *out) {
     free(profile_text);
     return 0;
 }
-
-#else   // no CUDA backend in this build
-
-int bench_vit_run(FILE *out) {
-    fprintf(out, "bench vit: this build has no CUDA backend\n");
-    return 1;
-}
-int bench_block_run(FILE *out) {
-    fprintf(out, "bench block: this build has no CUDA backend\n");
-    return 1;
-}
-
-#endif

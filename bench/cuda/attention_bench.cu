@@ -8,9 +8,10 @@
 // Times are medians of CUDA-event-timed single calls after warm-up (graph building, first-call
 // setup); inputs are uniform in [-1, 1) (never zeros). The backward time includes the add that
 // folds cuDNN's dq, dk, dv into dqkv (the op's += contract); its own time is shown beside it.
-#include "attention.h"
-#include "attention_internal.h"
-#include "../ops.h"
+#include "../../kernels/cuda/attention.h"
+#include "../../kernels/cuda/attention_internal.h"
+#include "../../kernels/ops.h"
+#include "kernel_bench.h"
 #include <algorithm>
 #include <stdint.h>
 #include <time.h>

@@ -1,7 +1,8 @@
-// The backend a command runs on, from the config keys `device` and `precision`.
+// The backend a command runs on, from the config keys `device` and `precision` (the device
+// itself, its memory and timing: kernels/device.h).
 #pragma once
 #include "config.h"
-#include "../kernels/ctx.h"
+#include "../kernels/device.h"
 
 // device = auto picks the GPU when this build has CUDA and one is visible, else the CPU with
 // a one-line notice; precision = auto is bf16 on the GPU and fp32 on the CPU.
@@ -11,17 +12,6 @@ Ctx device_open(const Config *c);
 // Whether device_open would pick the CPU: device = cpu, or auto without a visible GPU (or
 // without a CUDA build). Opens nothing.
 bool device_is_cpu(const Config *c);
-void device_close(Ctx *ctx);
-// "cpu (2 threads, fp32)" / "cuda:0 NVIDIA H100 (bf16)"
-void device_describe(const Ctx *ctx, FILE *f);
-// The GPU's name ("NVIDIA H100 80GB HBM3"), or "cpu".
-void device_name(const Ctx *ctx, char *out, size_t n);
 // Peak FLOP/s for the MFU column: the config's peak_tflops when set, else a table by GPU name for
 // the run's precision (bf16 tensor cores or fp32); 0 on the CPU or for an unknown GPU.
 double device_peak_flops(const Ctx *ctx, const Config *c);
-// Bytes in use on the GPU (all allocations, cudaMemGetInfo); 0 on the CPU.
-size_t device_memory_used(const Ctx *ctx);
-// Page-locked host memory for the loader's batch buffers when a GPU is present (faster
-// uploads), plain malloc otherwise; free with device_pinned_free.
-void *device_pinned_alloc(size_t bytes);
-void device_pinned_free(void *p);

@@ -2,7 +2,7 @@
 // Chunks are kept across resets, so after the first step nothing is allocated.
 #pragma once
 #include "tensor.h"
-#include "../kernels/ctx.h"
+#include "ctx.h"
 
 typedef struct ArenaChunk {
     char *base;

@@ -2,7 +2,8 @@
 // tokens of 1152 channels; AdamW over 400M parameters), as GB/s of the bytes each op must move,
 // against a device-to-device cudaMemcpy timed in the same run (bytes read + written).
 #include <time.h>
-#include "cuda_elem.cuh"
+#include "../../kernels/cuda/cuda_elem.cuh"
+#include "kernel_bench.h"
 
 enum { BENCH_LN_ROWS = 32 * 74 * 74, BENCH_LN_C = 1152 };
 #define BENCH_ADAMW_PARAMS 400000000ull

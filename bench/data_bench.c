@@ -1,15 +1,15 @@
 // `cgspn data bench` (loader throughput) and `cgspn data synth` (a synthetic ImageFolder).
 #define _XOPEN_SOURCE 700   // nftw
-#include "data_cmd.h"
-#include "config.h"
-#include "data_config.h"
-#include "runlog.h"
+#include "../train/data_cmd.h"
+#include "../train/config.h"
+#include "../train/data_config.h"
+#include "../train/runlog.h"
 #include "../data/build.h"
 #include "../data/image.h"
 #include "../data/loader.h"
 #include "../data/shard_format.h"
-#include "../nn/error.h"
-#include "../nn/rng.h"
+#include "../kernels/error.h"
+#include "../kernels/rng.h"
 #include "../data/data_err.h"
 #include <errno.h>
 #include <ftw.h>

@@ -1,4 +1,4 @@
-// `cgspn bench gspn` (kernels/cuda/gspn_bench.h): the C-GSPN scan's forward and backward time
+// `cgspn bench gspn` (bench/cuda/kernel_bench.h): the C-GSPN scan's forward and backward time
 // against the device-to-device copy bandwidth measured in the same run.
 //
 // Byte model, per token (B*H*W tokens), e = bytes per activation element, G gates per token
@@ -17,9 +17,9 @@
 // really moves (the header of gspn_scan.cu derives them), to show how close the kernels run to
 // the copy rate on their own traffic. For shared weights that formula is a lower bound: each
 // direction fetches whole 64-byte DRAM atoms for its 38-byte gate chunk (gspn_scan_notes.md).
-#include "cuda_common.h"
-#include "gspn_bench.h"
-#include "../ops.h"
+#include "../../kernels/cuda/cuda_common.h"
+#include "kernel_bench.h"
+#include "../../kernels/ops.h"
 #include <algorithm>
 #include <stdint.h>
 #include <time.h>

@@ -1,6 +1,6 @@
 #include "arena.h"
 #include "error.h"
-#include "../kernels/ops.h"
+#include "ops.h"
 
 void arena_init(Arena *a, Ctx *ctx, size_t chunk_bytes) {
     memset(a, 0, sizeof(*a));

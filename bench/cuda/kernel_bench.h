@@ -1,0 +1,30 @@
+// The CUDA micro-benchmarks behind `cgspn bench gspn|gemm|attention|ops` (bench/cuda/*.cu),
+// each timing the backend's kernels directly against the device's copy bandwidth or bf16 peak.
+// Plain C header (no CUDA includes). Each prints one table (device and date first) to out and
+// returns 0, or 1 when no GPU is visible. bench/bench.c reaches them through weak references,
+// so a build without CUDA links and says so.
+#pragma once
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+// The C-GSPN scan (kernels/cuda/gspn_scan.cu): per config the forward and backward time, the
+// bytes that must move, GB/s and percent of the copy bandwidth.
+int cuda_bench_gspn(FILE *out);
+// One bf16 configuration with a given tuning (kernels/cuda/gspn_scan.cu's Tuning); reps = 0 runs
+// forward and backward once, untimed, for a profiler.
+int cuda_bench_gspn_config(FILE *out, int B, int H, int W, int Cc, int shared, int cg, int vec,
+                           int stages, int prefetch, int dirs, int reps);
+// bf16 linear GEMMs through the CUDA ops: per shape and product ms, TFLOP/s, percent of peak.
+int cuda_bench_gemm(FILE *out);
+// Attention forward and forward+backward time and TFLOP/s, cuDNN path against the fallback,
+// bf16, for ViT-B/16 at 224 px (B=256, N=197, 12 heads, D=64) and the so14 ViT at 378 px and
+// 1036 px (B=32, N=729 and 5476, 16 heads, D=72).
+int cuda_bench_attention(FILE *out);
+// The memory-bound ops (LayerNorm, AdamW, ...) at training sizes against a device-to-device
+// copy timed in the same run.
+int cuda_bench_ops(FILE *out);
+#ifdef __cplusplus
+}
+#endif

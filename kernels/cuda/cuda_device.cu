@@ -1,0 +1,61 @@
+// The GPU half of the device interface (kernels/device.h): facts about the GPU, copies on the
+// context's stream, timing events and page-locked host memory.
+#include "cuda_common.h"
+#include <string.h>
+
+extern "C" void cuda_device_props(int device, char *name, size_t name_n, int *sm_count,
+                                  size_t *total_bytes) {
+    struct cudaDeviceProp p;
+    CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+    snprintf(name, name_n, "%s", p.name);
+    *sm_count = p.multiProcessorCount;
+    *total_bytes = p.totalGlobalMem;
+}
+
+extern "C" void cuda_memory_info(size_t *free_bytes, size_t *total_bytes) {
+    CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
+extern "C" void cuda_copy(Ctx *ctx, void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_stream_of(ctx)));
+}
+
+extern "C" void cuda_synchronize(Ctx *ctx) { CUDA_CHECK(cudaStreamSynchronize(cuda_stream_of(ctx))); }
+
+extern "C" void *cuda_event_create(void) {
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreate(&e));
+    return (void *)e;
+}
+
+extern "C" void cuda_event_record(void *event, Ctx *ctx) {
+    CUDA_CHECK(cudaEventRecord((cudaEvent_t)event, cuda_stream_of(ctx)));
+}
+
+extern "C" void cuda_event_wait(void *event) { CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)event)); }
+
+extern "C" double cuda_event_ms(void *from, void *to) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, (cudaEvent_t)from, (cudaEvent_t)to));
+    return ms;
+}
+
+extern "C" void cuda_event_destroy(void *event) { CUDA_CHECK(cudaEventDestroy((cudaEvent_t)event)); }
+
+extern "C" void *cuda_pinned_alloc(size_t bytes) {
+    void *p = NULL;
+    if (cuda_device_count() > 0 && cudaMallocHost(&p, bytes) == cudaSuccess) return p;
+    (void)cudaGetLastError();
+    return NULL;
+}
+
+extern "C" bool cuda_pinned_free(void *p) {
+    struct cudaPointerAttributes a;
+    if (p && cuda_device_count() > 0 && cudaPointerGetAttributes(&a, p) == cudaSuccess &&
+        a.type == cudaMemoryTypeHost) {
+        CUDA_CHECK(cudaFreeHost(p));
+        return true;
+    }
+    (void)cudaGetLastError();   // not page-locked: it came from malloc
+    return false;
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# tools/check_layers.py passes on the tree and fails, naming the file, on a copy of the tree
+# with a planted upward include (kernels/ -> nn/), a backend include in train/ and a
+# CGSPN_CUDA test in nn/.
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+check="$root/tools/check_layers.py"
+fail=0
+expect() {   # expect NAME COND
+    if eval "$2"; then echo "[       OK ] $1"; else echo "[  FAILED  ] $1"; fail=1; fi
+}
+
+out=$(python3 "$check" "$root"); rc=$?
+expect "the tree's includes point down" "[ $rc -eq 0 ]"
+[ $rc -eq 0 ] || echo "$out"
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for d in kernels nn data dist train bench; do cp -r "$root/$d" "$tmp/"; done
+python3 "$check" "$tmp" >/dev/null
+expect "a clean copy passes" "[ $? -eq 0 ]"
+
+printf '#include "../../nn/tape.h"\n' >> "$tmp/kernels/cpu/gelu.c"
+printf '#include "../kernels/cuda/cuda_common.h"\n' >> "$tmp/train/eval.c"
+printf '#ifdef CGSPN_CUDA\n#endif\n' >> "$tmp/nn/tape.c"
+out=$(python3 "$check" "$tmp"); rc=$?
+expect "planted violations fail the check" "[ $rc -eq 1 ]"
+expect "kernels/ -> nn/ is named" "grep -q 'kernels/cpu/gelu.c:[0-9]*: includes nn/tape.h' <<<\"\$out\""
+expect "train/ -> kernels/cuda/ is named" "grep -q 'train/eval.c:[0-9]*: includes kernels/cuda/cuda_common.h' <<<\"\$out\""
+expect "CGSPN_CUDA in nn/ is named" "grep -q 'nn/tape.c:[0-9]*: tests CGSPN_CUDA' <<<\"\$out\""
+expect "exactly the three planted problems" "[ \$(grep -c '^check_layers: [a-z]*/' <<<\"\$out\") -eq 3 ]"
+[ $fail -eq 0 ] || echo "$out"
+exit $fail
