@@ -9,14 +9,23 @@ LDLIBS  += -lpng -lturbojpeg -lzstd -lz -lm -lpthread
 BUILD   := build
 NPROC   := $(shell nproc 2>/dev/null || echo 2)
 
+.DEFAULT_GOAL := all
+
 # Optional toolchains, detected by compiling probes (tools/probe.sh), cached in build/config.mk.
-$(BUILD)/config.mk: tools/probe.sh
+# The cache is dropped, and the probe runs again, whenever what it would find can have changed
+# (tools/probe.sh --signature: a tool or header installed or removed). `make test`, `make demo`
+# and `make fmnist-shards` install packages first and then build in a make of their own, which
+# reads the findings made after the install.
+ifneq ($(shell bash tools/probe.sh --signature),$(shell sed -n 's/^PROBE_SIGNATURE := //p' $(BUILD)/config.mk 2>/dev/null))
+$(shell rm -f $(BUILD)/config.mk)
+endif
+$(BUILD)/config.mk: tools/probe.sh tools/install_deps.sh
 	@mkdir -p $(BUILD)
 	@bash tools/probe.sh $@
 -include $(BUILD)/config.mk
 
 # Layers (README, docs/layout.md): kernels/ (the base, the op table, the device interface and
-# the backends) <- nn/ <- train/; data/ and dist/ beside them; bench/ on top. tools/check_layers.sh
+# the backends) <- nn/ <- train/; data/ and dist/ beside them; bench/ on top. tools/check_layers.py
 # keeps the includes pointing one way.
 SRC_C   := $(wildcard kernels/*.c kernels/cpu/*.c nn/*.c data/*.c dist/*.c train/*.c bench/*.c)
 SRC_CU  := $(wildcard kernels/cuda/*.cu bench/cuda/*.cu)
@@ -91,11 +100,21 @@ MPIRUN    := mpirun --allow-run-as-root --oversubscribe
 GPU_TESTS_C   := $(wildcard tests/gpu/test_*.c)
 GPU_TEST_BINS := $(GPU_TESTS_C:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 
-.PHONY: all deps test test-gpu demo bench bench-gspn clean fmnist-shards
+.PHONY: all deps test test-run test-gpu demo demo-run bench bench-gspn clean fmnist-shards \
+        fmnist-shards-run required-headers
 all: cgspn
 
 deps:
 	@bash tools/install_deps.sh
+
+# Before compiling anything: the headers ./cgspn needs (tools/install_deps.sh's build group), or
+# one line naming the packages instead of a compiler error.
+required-headers:
+ifneq ($(strip $(MISSING_BUILD_PACKAGES)),)
+	@echo "cgspn: cannot build: missing $(strip $(MISSING_BUILD_PACKAGES)) (headers such as zstd.h, png.h, turbojpeg.h); run make deps, or apt-get install $(strip $(MISSING_BUILD_PACKAGES))"; exit 1
+else
+	@true
+endif
 
 # Everything but main goes into one archive, so a test links only the objects it uses.
 LIB := $(BUILD)/libcgspn_core.a
@@ -106,11 +125,11 @@ $(LIB): $(OBJ)
 cgspn: $(MAIN_O) $(LIB)
 	$(LINK) $(LINKFLAGS) -o $@ $(MAIN_O) $(CUDA_OBJ) $(LIB) $(LDLIBS)
 
-$(BUILD)/%.o: %.c $(BUILD)/config.mk
+$(BUILD)/%.o: %.c $(BUILD)/config.mk | required-headers
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.cu $(BUILD)/config.mk
+$(BUILD)/%.o: %.cu $(BUILD)/config.mk | required-headers
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
@@ -162,20 +181,27 @@ clean: clean-lib
 clean-lib:
 	rm -f libcgspn.so
 
-# The layering check first (tools/check_layers.py and its planted-violation test), then every
+# `make test` installs what is missing, then runs test-run in a new make (the probe's findings
+# after the install). The layering check first (tools/check_layers.py and its planted-violation test), then every
 # CPU test binary, even after a failure; the target fails if any did.
 # Then the 2-rank tests under mpirun (when tools/probe.sh found MPI).
 # With nvcc present the GPU tests are built too (not run): GPU code must always compile.
 test: deps
+	@$(MAKE) --no-print-directory test-run
+
+test-run:
 	@$(MAKE) --no-print-directory -j$(NPROC) $(TEST_BINS) $(if $(filter 1,$(HAVE_MPI)),$(MPI_TEST) $(MPI_TRAIN_TEST)) cgspn lib \
 	   $(if $(filter 1,$(CUDA_ON)),$(GPU_TEST_BINS))
 	@fail=0; echo "== tests/test_layers.sh (tools/check_layers.py)"; bash tests/test_layers.sh || fail=1; \
+	 echo "== tests/test_build_probe.sh (the probe follows what is installed)"; bash tests/test_build_probe.sh || fail=1; \
 	 for t in $(TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
 	 if [ "$(HAVE_MPI)" = 1 ]; then \
 	   echo "== $(MPIRUN) -np 2 $(MPI_TEST)"; $(MPIRUN) -np 2 $(MPI_TEST) || fail=1; \
 	   echo "== $(MPIRUN) -np 2 $(MPI_TRAIN_TEST)"; $(MPIRUN) -np 2 $(MPI_TRAIN_TEST) || fail=1; \
 	   echo "== tests/test_dist_fault.sh"; MPIRUN="$(MPIRUN)" bash tests/test_dist_fault.sh $(MPI_TEST) ./cgspn || fail=1; \
-	 else echo "== $(MPI_TEST): skipped, no MPI found (mpicc; see build/config.mk and tools/install_deps.sh)"; fi; \
+	 elif [ "$${CI:-}" = true ]; then \
+	   echo "== FAILED: the multi-process tests (test_dist_mpi, test_dist_train, test_dist_fault.sh) cannot run: this build has no MPI (no mpicc when tools/probe.sh ran); CI must run them: make deps installs libopenmpi-dev openmpi-bin"; fail=1; \
+	 else echo "!! SKIPPED the multi-process tests (test_dist_mpi, test_dist_train, test_dist_fault.sh): this build has no MPI (no mpicc when tools/probe.sh ran); make deps (or apt-get install libopenmpi-dev openmpi-bin) installs it, then make test"; fi; \
 	 if [ $$fail -ne 0 ]; then echo "make test: FAILED"; exit 1; fi; echo "make test: all passed"
 
 # On the GPU machine: every CUDA op against the CPU reference.
@@ -208,10 +234,18 @@ endif
 
 # The Fashion-MNIST shards the fmnist configs train on (data/shards/fmnist), built once from
 # the Debian dataset (FMNIST_SRC=DIR for another IDX folder).
-fmnist-shards: deps cgspn
+fmnist-shards:
+	@bash tools/install_deps.sh build data
+	@$(MAKE) --no-print-directory fmnist-shards-run
+
+fmnist-shards-run: cgspn
 	@bash tools/fmnist_shards.sh
 
-demo: deps cgspn fmnist-shards
+demo:
+	@bash tools/install_deps.sh build data
+	@$(MAKE) --no-print-directory demo-run
+
+demo-run: cgspn fmnist-shards-run
 	@bash tools/demo.sh
 
 clean:

@@ -1,13 +1,33 @@
 #!/usr/bin/env bash
 # Detects optional toolchains by compiling and linking small probes (never by asking dpkg),
 # and writes the result as make variables to $1 (build/config.mk).
+#   tools/probe.sh OUT          probe and write OUT
+#   tools/probe.sh --signature  one word that changes whenever what the probe would find can
+#                               have changed (a tool or header installed or removed, the roots
+#                               below); the Makefile probes again when it differs from OUT's
 set -u
+cd "$(dirname "$0")/.."
+cc=${CC:-gcc}
+
+signature() {
+    { command -v nvcc mpicc mpirun pkg-config 2>/dev/null
+      echo "missing: $(bash tools/install_deps.sh --check build test mpi)"
+      echo "roots: ${CMOCKA_ROOT:-} ${CUDNN_ROOT:-} cc: $cc"; } | md5sum | cut -c1-32
+}
+if [ "${1:-}" = --signature ]; then
+    signature
+    exit 0
+fi
+
 out=$1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cc=${CC:-gcc}
 {
-echo "# written by tools/probe.sh; delete to re-probe"
+echo "# written by tools/probe.sh; probed again when tools/probe.sh --signature changes"
+echo "PROBE_SIGNATURE := $(signature)"
+# What ./cgspn compiles against (tools/install_deps.sh's build group): the Makefile names what is
+# missing in one line before compiling anything.
+echo "MISSING_BUILD_PACKAGES := $(bash tools/install_deps.sh --check build)"
 # nvcc that can compile and link a kernel
 if command -v nvcc >/dev/null 2>&1; then
     cat > "$tmp/p.cu" <<'CU'

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The build probe (tools/probe.sh, cached in build/config.mk) follows what is installed: a copy
+# of the Makefile and tools/ first probes with MPI hidden from PATH, then with it visible, as
+# after `make test` installs OpenMPI; the second probe must find MPI without deleting anything
+# by hand. Also: plain `make` builds ./cgspn, and tools/install_deps.sh judges packages by
+# their files (a dataset folder given by FMNIST_SRC counts).
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+fail=0
+expect() {   # expect NAME COND
+    if eval "$2"; then echo "[       OK ] $1"; else echo "[  FAILED  ] $1"; fail=1; fi
+}
+mpicc_path=$(command -v mpicc) || {
+    echo "test_build_probe: no mpicc on PATH (make deps installs OpenMPI): cannot run"
+    [ "${CI:-}" = true ] && exit 1 || exit 0
+}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/repo" "$tmp/bin"
+cp "$root/Makefile" "$tmp/repo/" && cp -r "$root/tools" "$tmp/repo/"
+# PATH without MPI (and without nvcc, to keep the probe short): every command of mpicc's folder
+# but the MPI ones, and the rest of PATH without that folder.
+mpidir=$(dirname "$mpicc_path")
+for f in "$mpidir"/*; do
+    case $(basename "$f") in mpi*|orte*|ompi*|opal*|oshrun|shmem*) ;; *) ln -s "$f" "$tmp/bin/";; esac
+done
+rest=$(tr ':' '\n' <<<"$PATH" | grep -v -x -e "$mpidir" -e "$(readlink -f "$mpidir")" -e '/bin' \
+       -e '/usr/bin' | grep -v cuda | paste -sd:)
+no_mpi_path="$tmp/bin:$rest"
+with_mpi_path="$tmp/bin:$mpidir:$rest"
+cd "$tmp/repo"
+
+PATH=$no_mpi_path make -s build/config.mk >/dev/null 2>&1
+expect "first probe, MPI hidden: no HAVE_MPI" "! grep -q '^HAVE_MPI := 1' build/config.mk"
+PATH=$with_mpi_path make -s build/config.mk >/dev/null 2>&1
+expect "MPI installed since: the next make probes again and finds it" \
+       "grep -q '^HAVE_MPI := 1' build/config.mk"
+sig=$(grep '^PROBE_SIGNATURE' build/config.mk)
+PATH=$with_mpi_path make -s build/config.mk >/dev/null 2>&1
+expect "nothing changed: the cached findings stay" "[ \"\$(grep '^PROBE_SIGNATURE' build/config.mk)\" = \"\$sig\" ]"
+goal=$(PATH=$with_mpi_path make -pq 2>/dev/null | sed -n 's/^\.DEFAULT_GOAL := //p')
+all_deps=$(PATH=$with_mpi_path make -pq 2>/dev/null | sed -n 's/^all: *//p')
+expect "plain make builds ./cgspn (default goal all: cgspn)" "[ \"\$goal\" = all ] && [ \"\$all_deps\" = cgspn ]"
+
+mkdir -p "$tmp/fmnist"
+out=$(FMNIST_SRC="$tmp/fmnist" bash tools/install_deps.sh --check data)
+expect "install_deps --check: a dataset folder without the files is missing" \
+       "[ \"\$out\" = dataset-fashion-mnist ]"
+touch "$tmp/fmnist/train-images-idx3-ubyte.gz"
+out=$(FMNIST_SRC="$tmp/fmnist" bash tools/install_deps.sh --check data)
+expect "install_deps --check: the files there count as installed" "[ -z \"\$out\" ]"
+out=$(PATH=$no_mpi_path bash tools/install_deps.sh --check mpi)
+expect "install_deps --check: MPI hidden is missing" "[ \"\$out\" = 'libopenmpi-dev openmpi-bin' ]"
+exit $fail
