@@ -1,20 +1,111 @@
 #!/usr/bin/env python3
-"""Copies benchmark output into README.md verbatim: `tools/readme_bench.py [FILE [NAME]]` puts
-FILE (default build/bench.txt, the `make bench` output) between the markers
+"""Copies benchmark output into the docs verbatim.
+
+Usage: tools/readme_bench.py [FILE [NAME]] [--doc PATH]
+
+FILE (default build/bench.txt, the `make bench` output) goes between the markers
 <!-- bench:begin --> and <!-- bench:end -->, or, with NAME, between <!-- bench:NAME:begin -->
 and <!-- bench:NAME:end --> (a bench run outside `make bench`, e.g. under mpirun, saved under
-results/). Numbers are never typed by hand: this script is the only way they reach the README."""
+results/: NAME is `distill` for results/bench_distill_h200x2.txt, `curriculum` for
+results/bench_curriculum_h200.txt). The markers live in docs/benchmarks.md, where every
+measured table is; --doc PATH names another file that holds them.
+
+Without NAME (the `make bench` output) the headline lines are also copied into README.md,
+between <!-- bench:headline:begin --> and <!-- bench:headline:end -->: from `cgspn bench vit`
+its header line, the step table and the PyTorch table with the ratios; from `cgspn bench block`
+its header line, the block table and the speed-ups. Each excerpt is the file's own lines, in
+order. When FILE lacks those sections (a partial run), README.md is left as it is, with a note.
+
+Numbers are never typed by hand: this script is the only way they reach the docs. Run it from
+the repository root; running it again on the same FILE changes nothing."""
+import re
 import sys
 
-src = sys.argv[1] if len(sys.argv) > 1 else "build/bench.txt"
-name = sys.argv[2] if len(sys.argv) > 2 else ""
-text = open(src).read().rstrip()
-readme = open("README.md").read()
-tag = f"bench:{name}:" if name else "bench:"
-begin, end = f"<!-- {tag}begin -->", f"<!-- {tag}end -->"
-if begin not in readme or end not in readme:
-    sys.exit(f"README.md has no {begin} / {end} markers")
-head, rest = readme.split(begin, 1)
-_, tail = rest.split(end, 1)
-open("README.md", "w").write(head + begin + "\n```\n" + text + "\n```\n" + end + tail)
-print(f"README.md: {begin} section replaced from {src}")
+DEFAULT_DOC = "docs/benchmarks.md"
+README = "README.md"
+
+
+def paste(path, tag, text):
+    """Replaces what lies between <!-- {tag}begin --> and <!-- {tag}end --> in path by text."""
+    doc = open(path).read()
+    begin, end = f"<!-- {tag}begin -->", f"<!-- {tag}end -->"
+    if begin not in doc or end not in doc:
+        sys.exit(f"{path} has no {begin} / {end} markers")
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    open(path, "w").write(head + begin + "\n```\n" + text + "\n```\n" + end + tail)
+    print(f"{path}: {begin} section replaced")
+
+
+def sections(text):
+    """The `== cgspn bench NAME` sections of a bench output: {NAME: [lines after the == line]}."""
+    out, name = {}, None
+    for line in text.split("\n"):
+        m = re.match(r"== cgspn bench (\w+)", line)
+        if m:
+            name = m.group(1)
+            out[name] = []
+        elif name:
+            out[name].append(line)
+    return out
+
+
+def first(lines, pattern, frm=0):
+    """Index of the first line at or after frm that matches pattern, or None."""
+    return next((k for k in range(frm, len(lines)) if re.match(pattern, lines[k])), None)
+
+
+def headline(text):
+    """The headline excerpt of a `make bench` output, or None when a part is missing."""
+    s = sections(text)
+    vit, block = s.get("vit"), s.get("block")
+    if not vit or not block:
+        return None
+    # bench vit: the step table through the PyTorch table's "(ratios are ..." line.
+    a = first(vit, r"model\s+img\s+batch")
+    b = None if a is None else first(vit, r"\(ratios are", a)
+    # bench block: the block table through the last line of the speed-ups table.
+    c = first(block, r"\s+px\s+tokens\s+block")
+    d = None if c is None else first(block, r"speed-ups", c)
+    e = None if d is None else first(block, r"\s*$", d)
+    if None in (a, b, c, d):
+        return None
+    e = len(block) if e is None else e
+    return "\n".join(["== cgspn bench vit", vit[0]] + vit[a:b + 1] +
+                     ["", "== cgspn bench block", block[0]] + block[c:e])
+
+
+def main(argv):
+    doc = DEFAULT_DOC
+    args = []
+    k = 0
+    while k < len(argv):
+        if argv[k] == "--doc" and k + 1 < len(argv):
+            doc = argv[k + 1]
+            k += 2
+        elif argv[k].startswith("--doc="):
+            doc = argv[k].split("=", 1)[1]
+            k += 1
+        elif argv[k] in ("-h", "--help"):
+            print(__doc__)
+            return 0
+        else:
+            args.append(argv[k])
+            k += 1
+    src = args[0] if len(args) > 0 else "build/bench.txt"
+    name = args[1] if len(args) > 1 else ""
+    text = open(src).read().rstrip()
+    paste(doc, f"bench:{name}:" if name else "bench:", text)
+    print(f"  from {src}")
+    if name:
+        return 0
+    h = headline(text)
+    if h is None:
+        print(f"{README}: headline left as it is ({src} has no complete `bench vit` and `bench block` tables)")
+        return 0
+    paste(README, "bench:headline:", h)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
