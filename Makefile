@@ -217,7 +217,7 @@ else
 endif
 
 # Every benchmark on the GPU; the output (device and date first) is kept in build/bench.txt,
-# and tools/readme_bench.py copies it into README.md as produced. PyTorch's numbers first
+# and tools/readme_bench.py copies it into docs/benchmarks.md (and README.md's headline) as produced. PyTorch's numbers first
 # (bench/bench_timm.py -> build/bench_timm.json, when python3 has torch and timm): `cgspn bench
 # vit` and `cgspn bench block` print them beside their own, with the ratios.
 bench:
