@@ -2,7 +2,7 @@
 // type is int, float (C float), string (char[CONFIG_STR_MAX]) or bool (0, 1, true, false).
 // Lists (tap indices, curriculum resolutions) are string keys, parsed where they are used
 // (config_parse_int_list). Keys whose value is one of a few words also get a line in
-// kChoices (train/config.c), which validates them and lists the words in --help.
+// kChoices (train/config_table.c), which validates them and lists the words in --help.
 // Adding a key is one line here; the Config field, parsing, printing and help follow.
 // No include guard: this file is included once per expansion of X.
 

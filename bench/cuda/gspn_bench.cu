@@ -135,7 +135,7 @@ struct Result {
 };
 
 struct Tune {
-    int cg, vec, stages, prefetch, dirs;   // gspn_scan.cu's Tuning
+    int cg, vec, stages, prefetch, dirs;   // Tuning (gspn_scan_common.cuh)
 };
 const Tune DEFAULT_TUNE = {0, 0, 0, 0, 15};   // auto channel group and vectors
 

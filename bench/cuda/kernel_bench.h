@@ -12,8 +12,8 @@ extern "C" {
 // The C-GSPN scan (kernels/cuda/gspn_scan.cu): per config the forward and backward time, the
 // bytes that must move, GB/s and percent of the copy bandwidth.
 int cuda_bench_gspn(FILE *out);
-// One bf16 configuration with a given tuning (kernels/cuda/gspn_scan.cu's Tuning); reps = 0 runs
-// forward and backward once, untimed, for a profiler.
+// One bf16 configuration with a given tuning (Tuning, kernels/cuda/gspn_scan_common.cuh);
+// reps = 0 runs forward and backward once, untimed, for a profiler.
 int cuda_bench_gspn_config(FILE *out, int B, int H, int W, int Cc, int shared, int cg, int vec,
                            int stages, int prefetch, int dirs, int reps);
 // bf16 linear GEMMs through the CUDA ops: per shape and product ms, TFLOP/s, percent of peak.

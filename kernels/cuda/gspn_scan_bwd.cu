@@ -1,0 +1,719 @@
+// The C-GSPN scan's backward pass on the GPU: kernels, launches, entry (design: gspn_scan.cu).
+#include "gspn_scan_common.cuh"
+
+namespace gspn {
+namespace {
+
+// dL/dwt from dL/dw through the normalization (as the CPU reference's weights_backward). For
+// S > S_MIN the weights are a_k / S, so 1/S = w_k / a_k is already known: w_1 / a_1 (a_1, the
+// centre, always exists and is > 0). fp32 divides as the reference does.
+template <typename T>
+__device__ __forceinline__ void weights_bwd(const float (&a)[3], const float (&w)[3], float S,
+                                            const float (&dw)[3], float (&dwt)[3]) {
+    if (S > S_MIN) {
+        const float mean = w[0] * dw[0] + w[1] * dw[1] + w[2] * dw[2];
+        if constexpr (sizeof(T) == 4) {
+#pragma unroll
+            for (int k = 0; k < 3; k++) dwt[k] = a[k] * (1.0f - a[k]) * (dw[k] - mean) / S;
+        } else {
+            const float invS = recip<T>(S);
+#pragma unroll
+            for (int k = 0; k < 3; k++) dwt[k] = a[k] * (1.0f - a[k]) * (dw[k] - mean) * invS;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 3; k++) dwt[k] = a[k] * (1.0f - a[k]) * dw[k] * (1.0f / S_MIN);
+    }
+}
+
+// ---- backward: one direction -------------------------------------------------------------------
+// Reverse scan. dxpart (B,H,W,Cc) = lam_d dh_d or NULL; dgates += the gate gradients of direction
+// d or NULL; dmpart[blockIdx.x] = this block's sum of u h dyc, or NULL.
+template <typename T, int V, bool SH>
+__global__ void __launch_bounds__(SCAN_THREADS_MAX)
+gspn_bwd_dir_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
+                    const T *__restrict__ gates, const float *__restrict__ hid,
+                    const void *merge, int merge_bf16, T *__restrict__ dxpart,
+                    T *__restrict__ dgates, double *__restrict__ dmpart, DirGeom g) {
+    // Carries into step s-1 from step s: cm[l] = w_{-1} dh (goes to lane l-1), cp[l] = w_{+1} dh
+    // (to lane l+1), both double buffered; c0[l] = w_0 dh (to lane l, read only by its owner).
+    extern __shared__ float smem[];
+    const int rowf = (g.N + 2) * g.CG;
+    float *cm = smem, *cp = smem + 2 * rowf, *c0s = smem + 4 * rowf;
+    for (int i = threadIdx.x; i < 5 * rowf; i += blockDim.x) smem[i] = 0.0f;
+    __syncthreads();
+    const int b = blockIdx.x / g.ngroups, c0 = (blockIdx.x % g.ngroups) * g.CG;
+    const long long img = (long long)b * g.img_tokens;
+    const int Cc = g.Cc;
+    const float m = load_param(merge, merge_bf16, g.d);
+    double dm_acc = 0.0;
+
+    for (int k = 0; k < g.L; k++) {
+        const int s = g.L - 1 - k;
+        const float *rm = cm + (k & 1) * rowf, *rp = cp + (k & 1) * rowf;
+        float *wm_s = cm + ((k + 1) & 1) * rowf, *wp_s = cp + ((k + 1) & 1) * rowf;
+        const long long ts = img + g.first + (long long)s * g.sstride;
+        const long long tsp = ts - g.sstride;   // step s-1 (used only when s > 0)
+        for (int e = threadIdx.x; e < g.items; e += blockDim.x) {
+            int l, v0, v1;
+            item_of<SH>(g, e, l, v0, v1, V);
+            const long long t = ts + (long long)l * g.lstride;
+            const T *gp = gates + t * g.G + g.goff;
+            T *dgp = dgates ? dgates + t * g.G + g.goff : nullptr;
+            const bool has_m = l > 0, has_p = l < g.N - 1;
+            float sa[3] = {0, 0, 0}, sw[3] = {0, 0, 0}, sS = 0.0f, dws[3] = {0, 0, 0};
+            if (SH && s > 0)
+                sS = weights<T>(to_f32(gp[2 * Cc]), to_f32(gp[2 * Cc + 1]), to_f32(gp[2 * Cc + 2]),
+                                has_m, has_p, sa, sw);
+            for (int v = v0; v < v1; v++) {
+                const int cl = v * V, c = c0 + cl;
+                const long long o = t * Cc + c;
+                const int si = (l + 1) * g.CG + cl;   // this lane's slot in shared memory
+                float dy[V], x[V], lam[V], u[V], hc[V];
+                ldv<T, V>(dyc + o, dy);
+                ldv<T, V>(xc + o, x);
+                if (SH) {
+                    ldv_unaligned<T, V>(gp + c, lam);
+                    ldv_unaligned<T, V>(gp + Cc + c, u);
+                } else {
+                    ldv<T, V>(gp + c, lam);
+                    ldv<T, V>(gp + Cc + c, u);
+                }
+                ldf_ro<V>(hid + o, hc);
+                float hm[V], h0[V], hp[V], wtm[V], wt0[V], wtp[V];
+#pragma unroll
+                for (int i = 0; i < V; i++) hm[i] = h0[i] = hp[i] = wtm[i] = wt0[i] = wtp[i] = 0.0f;
+                if (s > 0) {
+                    const long long op = (tsp + (long long)l * g.lstride) * Cc + c;
+                    ldf_ro<V>(hid + op, h0);
+                    if (has_m) ldf_ro<V>(hid + op - g.lstride * Cc, hm);
+                    if (has_p) ldf_ro<V>(hid + op + g.lstride * Cc, hp);
+                    if (!SH) {
+                        ldv<T, V>(gp + 2 * Cc + c, wtm);
+                        ldv<T, V>(gp + 3 * Cc + c, wt0);
+                        ldv<T, V>(gp + 4 * Cc + c, wtp);
+                    }
+                }
+                float crp[V], cr0[V], crm[V];
+                ldf<V>(rp + si - g.CG, crp);   // w_{+1} dh of lane l-1
+                ldf<V>(c0s + si, cr0);         // w_0 dh of lane l
+                ldf<V>(rm + si + g.CG, crm);   // w_{-1} dh of lane l+1
+
+                float dh[V], dlam[V], du[V], dx[V], nm[V], n0[V], np[V];
+                float dwt[3][V];
+#pragma unroll
+                for (int i = 0; i < V; i++) {
+                    dm_acc += (double)u[i] * hc[i] * dy[i];
+                    du[i] = m * hc[i] * dy[i];
+                    dh[i] = crp[i] + cr0[i] + crm[i] + m * u[i] * dy[i];
+                    dx[i] = lam[i] * dh[i];
+                    dlam[i] = x[i] * dh[i];
+                    const float dw[3] = {dh[i] * hm[i], dh[i] * h0[i], dh[i] * hp[i]};
+                    if (SH) {
+                        dws[0] += dw[0];
+                        dws[1] += dw[1];
+                        dws[2] += dw[2];
+                        nm[i] = sw[0] * dh[i];
+                        n0[i] = sw[1] * dh[i];
+                        np[i] = sw[2] * dh[i];
+                    } else {
+                        float a[3], w[3], gw[3];
+                        const float S = weights<T>(wtm[i], wt0[i], wtp[i], has_m, has_p, a, w);
+                        weights_bwd<T>(a, w, S, dw, gw);
+                        dwt[0][i] = gw[0];
+                        dwt[1][i] = gw[1];
+                        dwt[2][i] = gw[2];
+                        nm[i] = w[0] * dh[i];
+                        n0[i] = w[1] * dh[i];
+                        np[i] = w[2] * dh[i];
+                    }
+                }
+                if (dxpart) stv<T, V>(dxpart + o, dx);
+                if (dgp) {
+                    float ol[V], ou[V];
+                    if (SH) {
+                        ldv_unaligned<T, V>(dgp + c, ol);
+                        ldv_unaligned<T, V>(dgp + Cc + c, ou);
+                    } else {
+                        ldv_rw<T, V>(dgp + c, ol);
+                        ldv_rw<T, V>(dgp + Cc + c, ou);
+                    }
+#pragma unroll
+                    for (int i = 0; i < V; i++) {
+                        ol[i] += dlam[i];
+                        ou[i] += du[i];
+                    }
+                    if (SH) {
+                        stv_unaligned<T, V>(dgp + c, ol);
+                        stv_unaligned<T, V>(dgp + Cc + c, ou);
+                    } else {
+                        stv<T, V>(dgp + c, ol);
+                        stv<T, V>(dgp + Cc + c, ou);
+                        if (s > 0) {   // at s = 0, h[-1] = 0: the weights have no gradient
+#pragma unroll
+                            for (int q = 0; q < 3; q++) {
+                                float ow[V];
+                                ldv_rw<T, V>(dgp + (2 + q) * Cc + c, ow);
+#pragma unroll
+                                for (int i = 0; i < V; i++) ow[i] += dwt[q][i];
+                                stv<T, V>(dgp + (2 + q) * Cc + c, ow);
+                            }
+                        }
+                    }
+                }
+                if (s > 0) {
+                    stf<V>(wm_s + si, nm);
+                    stf<V>(wp_s + si, np);
+                    stf<V>(c0s + si, n0);
+                }
+            }
+            if (SH && s > 0 && dgp) {
+                float gw[3];
+                weights_bwd<T>(sa, sw, sS, dws, gw);
+#pragma unroll
+                for (int q = 0; q < 3; q++)
+                    dgp[2 * Cc + q] = from_f32<T>(to_f32(dgp[2 * Cc + q]) + gw[q]);
+            }
+        }
+        __syncthreads();
+    }
+
+    if (dmpart) {   // block sum of dm_acc: warps, then the warps in order
+        __shared__ double red[SCAN_THREADS_MAX / 32];
+        for (int off = 16; off > 0; off >>= 1) dm_acc += __shfl_xor_sync(0xffffffffu, dm_acc, off);
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = dm_acc;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            double sum = 0.0;
+            for (int w = 0; w < (int)(blockDim.x + 31) / 32; w++) sum += red[w];
+            dmpart[blockIdx.x] = sum;
+        }
+    }
+}
+
+// dxc (+)= ((dxpart_TB + dxpart_BT) + dxpart_LR) + dxpart_RL; write: dxc's old values unread
+template <typename T, int V>
+__global__ void gspn_dx_finalize_kernel(const T *__restrict__ dxpart, long long plane,
+                                        T *__restrict__ dxc, int write) {
+    const long long nvec = plane / V;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < nvec;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long o = i * V;
+        float p0[V], p1[V], p2[V], p3[V], acc[V];
+        ldv<T, V>(dxpart + o, p0);
+        ldv<T, V>(dxpart + plane + o, p1);
+        ldv<T, V>(dxpart + 2 * plane + o, p2);
+        ldv<T, V>(dxpart + 3 * plane + o, p3);
+        if (write) {
+#pragma unroll
+            for (int k = 0; k < V; k++) acc[k] = 0.0f;
+        } else {
+            ldv_rw<T, V>(dxc + o, acc);
+        }
+#pragma unroll
+        for (int k = 0; k < V; k++) acc[k] += ((p0[k] + p1[k]) + p2[k]) + p3[k];
+        stv<T, V>(dxc + o, acc);
+    }
+}
+
+// dmerge[d] += sum over the blocks of direction d of dmpart (one warp per direction, fixed order).
+__global__ void gspn_dmerge_finalize_kernel(const double *__restrict__ dmpart, int nblk,
+                                            void *dmerge, int dmerge_bf16) {
+    const int d = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (d >= DIRS) return;
+    double acc = 0.0;
+    for (int i = lane; i < nblk; i += 32) acc += dmpart[d * nblk + i];
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) {
+        if (dmerge_bf16) {
+            __nv_bfloat16 *p = static_cast<__nv_bfloat16 *>(dmerge) + d;
+            *p = __float2bfloat16_rn(__bfloat162float(*p) + (float)acc);
+        } else {
+            static_cast<float *>(dmerge)[d] += (float)acc;
+        }
+    }
+}
+
+// Backward. Stage slots: q = 0 dyc, 1 xc, 2 lam, 3 u, 4..6 wt, 7..11 the old dgates of this
+// direction (lam, u, wt x3; not staged when dgates is written: a.dg_write); then h[s-1] of the
+// item (fp32, V floats) in its own array, read by the item and its two neighbour lanes (visible
+// to them after the step's barrier).
+template <typename T, int V, int D>
+__global__ void __launch_bounds__(PipeThreads<T, V>::bwd)
+gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
+                     const T *__restrict__ gates, const float *__restrict__ hid,
+                     const void *merge, int merge_bf16, T *__restrict__ dxpart,
+                     T *__restrict__ dgates, double *__restrict__ dmpart, long long plane,
+                     int nblk, ScanArgs a) {
+    constexpr int VB = V * (int)sizeof(T), HB = V * 4;
+    const int NQ = bwd_stage_slots(a.dg_write);
+    const int d = blockIdx.x & 3;
+    if (!((a.dir_mask >> d) & 1)) return;
+    const DirGeom g = pick_dir(a, d);
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int rowf = (g.N + 2) * g.CG;
+    // carries as the simple kernel's, except w_0 dh, which stays in a register (one item per thread)
+    float *cm = reinterpret_cast<float *>(smem_raw), *cp = cm + 2 * rowf;
+    unsigned char *stg = smem_raw + a.lane_bytes;                          // [D][NQ][items][VB]
+    // [D][items][HB], 16-byte aligned for its cp.async (7 slots of 8 bytes need not be)
+    unsigned char *hst = stg + ((size_t)D * NQ * a.items_max * VB + 15) / 16 * 16;
+    for (int i = threadIdx.x; i < 4 * rowf; i += blockDim.x) cm[i] = 0.0f;
+
+    const int bg = blockIdx.x >> 2, b = bg / g.ngroups, c0 = (bg % g.ngroups) * g.CG;
+    const int e = threadIdx.x;
+    const bool active = e < g.items;
+    const int l = e / g.nvg, cl = (e % g.nvg) * V, c = c0 + cl;
+    const bool has_m = l > 0, has_p = l < g.N - 1;
+    const int Cc = g.Cc;
+    const long long tl = (long long)b * g.img_tokens + g.first + (long long)l * g.lstride;
+    hid += d * plane;
+    if (dxpart) dxpart += d * plane;
+    const float m = load_param(merge, merge_bf16, d);
+    auto slot = [&](int st, int q) {
+        return stg + ((size_t)(st * NQ + q) * a.items_max + e) * VB;
+    };
+    auto hslot = [&](int st, int item) {
+        return reinterpret_cast<const float *>(hst + ((size_t)st * a.items_max + item) * HB);
+    };
+    auto issue = [&](int k) {
+        if (active && k < g.L) {
+            const int s = g.L - 1 - k, st = k % D;
+            const long long t = tl + (long long)s * g.sstride, o = t * Cc + c;
+            const T *gp = gates + t * g.G + g.goff + c;
+            cp_async<VB>(slot(st, 0), dyc + o);
+            cp_async<VB>(slot(st, 1), xc + o);
+#pragma unroll
+            for (int q = 0; q < 5; q++) cp_async<VB>(slot(st, 2 + q), gp + q * Cc);
+            if (dgates && !a.dg_write) {   // the old values, to add to
+                const T *dgp = dgates + t * g.G + g.goff + c;
+#pragma unroll
+                for (int q = 0; q < 5; q++) cp_async<VB>(slot(st, 7 + q), dgp + q * Cc);
+            }
+            if (s > 0) {
+                const float *hp = hid + o - g.sstride * Cc;   // h[s-1] of this lane
+                unsigned char *dst = hst + ((size_t)st * a.items_max + e) * HB;
+#pragma unroll
+                for (int q = 0; q < HB / 16; q++) cp_async<16>(dst + 16 * q, hp + 4 * q);
+            }
+        }
+        cp_async_commit();
+    };
+
+    float hc[V];   // h[s] of this item: the previous step's h[s-1]
+    float cr0[V];  // w_0 dh of this item at the previous step: its carry into this step
+#pragma unroll
+    for (int i = 0; i < V; i++) cr0[i] = 0.0f;
+    if (active) ldf_ro<V>(hid + (tl + (long long)(g.L - 1) * g.sstride) * Cc + c, hc);
+#pragma unroll
+    for (int p = 0; p < D - 1; p++) issue(p);
+    cp_async_wait<D - 2>();
+    __syncthreads();   // carries zeroed, step 0's stage visible to the neighbours
+
+    double dm_acc = 0.0;
+    const bool pf = prefetch_lane(g, a, l, e, bg % g.ngroups);
+    for (int k = 0; k < g.L; k++) {
+        const int s = g.L - 1 - k, st = k % D;
+        const int sp = s - (D - 1 + a.prefetch);
+        if (pf && sp >= 0) {
+            const long long t = tl + (long long)sp * g.sstride;
+            l2_prefetch(dyc + t * Cc, Cc * sizeof(T));
+            l2_prefetch(xc + t * Cc, Cc * sizeof(T));
+            l2_prefetch(gates + t * g.G + g.goff, 5 * Cc * sizeof(T));
+            if (dgates && !a.dg_write) l2_prefetch(dgates + t * g.G + g.goff, 5 * Cc * sizeof(T));
+            if (sp > 0) l2_prefetch(hid + (t - g.sstride) * Cc, Cc * 4);
+        }
+        issue(k + D - 1);
+        const float *rm = cm + (k & 1) * rowf, *rp = cp + (k & 1) * rowf;
+        float *wm_s = cm + ((k + 1) & 1) * rowf, *wp_s = cp + ((k + 1) & 1) * rowf;
+        if (active) {
+            const long long o = (tl + (long long)s * g.sstride) * Cc + c;
+            const int si = (l + 1) * g.CG + cl;
+            float dy[V], x[V], lam[V], u[V], hm[V], h0[V], hp[V], wtm[V], wt0[V], wtp[V];
+            lds_v<T, V>(slot(st, 0), dy);
+            lds_v<T, V>(slot(st, 1), x);
+            lds_v<T, V>(slot(st, 2), lam);
+            lds_v<T, V>(slot(st, 3), u);
+#pragma unroll
+            for (int i = 0; i < V; i++) hm[i] = h0[i] = hp[i] = 0.0f;
+            if (s > 0) {
+                lds_v<T, V>(slot(st, 4), wtm);
+                lds_v<T, V>(slot(st, 5), wt0);
+                lds_v<T, V>(slot(st, 6), wtp);
+                ldf<V>(hslot(st, e), h0);
+                if (has_m) ldf<V>(hslot(st, e - g.nvg), hm);
+                if (has_p) ldf<V>(hslot(st, e + g.nvg), hp);
+            }
+            float crp[V], crm[V];
+            ldf<V>(rp + si - g.CG, crp);
+            ldf<V>(rm + si + g.CG, crm);
+
+            float dh[V], dlam[V], du[V], dx[V], nm[V], n0[V], np[V], dwt[3][V];
+#pragma unroll
+            for (int i = 0; i < V; i++) {
+                dm_acc += (double)u[i] * hc[i] * dy[i];
+                du[i] = m * hc[i] * dy[i];
+                dh[i] = crp[i] + cr0[i] + crm[i] + m * u[i] * dy[i];
+                dx[i] = lam[i] * dh[i];
+                dlam[i] = x[i] * dh[i];
+                dwt[0][i] = dwt[1][i] = dwt[2][i] = nm[i] = n0[i] = np[i] = 0.0f;
+                if (s > 0) {
+                    const float dw[3] = {dh[i] * hm[i], dh[i] * h0[i], dh[i] * hp[i]};
+                    float aa[3], w[3], gw[3];
+                    const float S = weights<T>(wtm[i], wt0[i], wtp[i], has_m, has_p, aa, w);
+                    weights_bwd<T>(aa, w, S, dw, gw);
+                    dwt[0][i] = gw[0];
+                    dwt[1][i] = gw[1];
+                    dwt[2][i] = gw[2];
+                    nm[i] = w[0] * dh[i];
+                    n0[i] = w[1] * dh[i];
+                    np[i] = w[2] * dh[i];
+                }
+            }
+            if (dxpart) stv<T, V>(dxpart + o, dx);
+            if (dgates) {
+                T *dgp = dgates + (tl + (long long)s * g.sstride) * g.G + g.goff + c;
+                float ol[V], ou[V];
+                if (a.dg_write) {
+#pragma unroll
+                    for (int i = 0; i < V; i++) ol[i] = ou[i] = 0.0f;
+                } else {
+                    lds_v<T, V>(slot(st, 7), ol);
+                    lds_v<T, V>(slot(st, 8), ou);
+                }
+#pragma unroll
+                for (int i = 0; i < V; i++) {
+                    ol[i] += dlam[i];
+                    ou[i] += du[i];
+                }
+                stv<T, V>(dgp, ol);
+                stv<T, V>(dgp + Cc, ou);
+                // at s = 0, h[-1] = 0: the weights have no gradient (written as 0 in write mode)
+                if (s > 0 || a.dg_write) {
+#pragma unroll
+                    for (int q = 0; q < 3; q++) {
+                        float ow[V];
+                        if (a.dg_write) {
+#pragma unroll
+                            for (int i = 0; i < V; i++) ow[i] = 0.0f;
+                        } else {
+                            lds_v<T, V>(slot(st, 9 + q), ow);
+                        }
+#pragma unroll
+                        for (int i = 0; i < V; i++) ow[i] += dwt[q][i];
+                        stv<T, V>(dgp + (2 + q) * Cc, ow);
+                    }
+                }
+            }
+            if (s > 0) {
+                stf<V>(wm_s + si, nm);
+                stf<V>(wp_s + si, np);
+#pragma unroll
+                for (int i = 0; i < V; i++) {
+                    cr0[i] = n0[i];
+                    hc[i] = h0[i];
+                }
+            }
+        }
+        cp_async_wait<D - 2>();   // step k+1's stage has landed (this thread's copies)
+        __syncthreads();          // ... and everyone's: the neighbours' h[s-2] are visible
+    }
+
+    if (dmpart) {
+        __shared__ double red[BWD_RED_WARPS];
+        for (int off = 16; off > 0; off >>= 1) dm_acc += __shfl_xor_sync(0xffffffffu, dm_acc, off);
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = dm_acc;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            double sum = 0.0;
+            for (int w = 0; w < (int)(blockDim.x + 31) / 32; w++) sum += red[w];
+            dmpart[d * nblk + bg] = sum;
+        }
+    }
+}
+
+// Backward. Stage per lane: nw gate chunk words, nw old dgates chunk words, (padding to 16
+// bytes) Cc floats of h[s-1]. Carry rows [2][N+2][Cc+4]: dh, w_{-1}, w_0, w_{+1}, pad.
+template <typename T, int V>
+__global__ void __launch_bounds__(SH_BWD_THREADS)
+gspn_bwd_sh_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
+                   const T *__restrict__ gates, const float *__restrict__ hid,
+                   const void *merge, int merge_bf16, T *__restrict__ dxpart,
+                   T *__restrict__ dgates, double *__restrict__ dmpart, long long plane, int nblk,
+                   ShArgs a) {
+    const int d = blockIdx.x & 3;
+    const DirGeom g = pick_dir_sh(a, d);
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int N = g.N, Cc = g.Cc, CW = Cc + 4, CH = 2 * Cc + 3;
+    const int hoff = (2 * a.nw + 3) & ~3, per = hoff + Cc;
+    const int rowf = (N + 2) * CW;
+    float *rows = reinterpret_cast<float *>(smem_raw);
+    uint32_t *stg = reinterpret_cast<uint32_t *>(smem_raw + a.row_bytes);   // [N][per]
+    for (int i = threadIdx.x; i < 2 * rowf; i += blockDim.x) rows[i] = 0.0f;
+    const int b = blockIdx.x >> 2;
+    const long long img = (long long)b * g.img_tokens;
+    const uint32_t *gw = reinterpret_cast<const uint32_t *>(gates);
+    const uint32_t *dgw = reinterpret_cast<const uint32_t *>(dgates);
+    hid += d * plane;
+    const uint32_t *hw = reinterpret_cast<const uint32_t *>(hid);
+    if (dxpart) dxpart += d * plane;
+    const float m = load_param(merge, merge_bf16, d);
+    double dm_acc = 0.0;
+
+    for (int k = 0; k < g.L; k++) {
+        const int s = g.L - 1 - k;
+        const long long ts = img + g.first + (long long)s * g.sstride;
+        __syncthreads();   // the stage's last step is stored; the carries of step s+1 are written
+        {
+            // lane l's chunk starts at byte gb0 + l * gstep; its h[s-1] at word hw0 + l * hstep
+            const long long gb0 = (ts * g.G + g.goff) * (long long)sizeof(T);
+            const long long gstep = g.lstride * g.G * (long long)sizeof(T);
+            const long long hw0 = (ts - g.sstride) * Cc, hstep = g.lstride * Cc;
+            LaneWalk lw(per);
+            for (int f = threadIdx.x; f < N * per; f += blockDim.x, lw.next(per)) {
+                const int w = lw.w;
+                const uint32_t *src = nullptr;
+                if (w < 2 * a.nw) {
+                    const long long cw = (gb0 + lw.l * gstep) >> 2;
+                    if (w < a.nw) src = gw + cw + w;
+                    else if (dgates) src = dgw + cw + (w - a.nw);
+                } else if (w >= hoff && s > 0) {
+                    src = hw + hw0 + lw.l * hstep + (w - hoff);   // h[s-1] of lane l
+                }
+                if (src) cp_async<4>(stg + f, src);
+                else stg[f] = 0u;
+            }
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+
+        const float *rk = rows + (k & 1) * rowf;   // carries from step s+1
+        float *wk = rows + ((k + 1) & 1) * rowf;   // carries into step s-1
+        for (int l = threadIdx.x; l < N; l += blockDim.x) {
+            const long long t = ts + (long long)l * g.lstride;
+            if (s > 0) {   // the lines step s-1 will copy and load
+                const long long t1 = t - g.sstride;
+                const T *gp = gates + t1 * g.G + g.goff;
+                l2_prefetch_line(gp);
+                l2_prefetch_line(gp + 2 * Cc + 2);
+                if (dgates) {
+                    l2_prefetch_line(dgates + t1 * g.G + g.goff);
+                    l2_prefetch_line(dgates + t1 * g.G + g.goff + 2 * Cc + 2);
+                }
+                l2_prefetch_line(xc + t1 * Cc);
+                l2_prefetch_line(dyc + t1 * Cc);
+                if (s > 1) l2_prefetch_line(hid + (t1 - g.sstride) * Cc);
+            }
+            int off;
+            chunk_word<T>(g, t, off);
+            unsigned char *lane = reinterpret_cast<unsigned char *>(stg + (size_t)l * per);
+            const unsigned char *gc = lane + off;
+            unsigned char *dgc = lane + 4 * a.nw + off;
+            const float *hs = reinterpret_cast<const float *>(stg + (size_t)l * per + hoff);
+            const bool has_m = l > 0, has_p = l < N - 1;
+            float sa[3] = {0, 0, 0}, sw[3] = {0, 0, 0}, sS = 0.0f, dws[3] = {0, 0, 0};
+            if (s > 0)
+                sS = weights<T>(sm_el<T>(gc, 2 * Cc), sm_el<T>(gc, 2 * Cc + 1),
+                                sm_el<T>(gc, 2 * Cc + 2), has_m, has_p, sa, sw);
+            // dL/dh of step s+1 reaching lane l: w_{+1} dh of lane l-1, w_0 dh of lane l,
+            // w_{-1} dh of lane l+1 (halo rows are zero)
+            const float *cm = rk + l * CW, *c0 = rk + (l + 1) * CW, *cp = rk + (l + 2) * CW;
+            const float wpm = cm[Cc + 2], w00 = c0[Cc + 1], wmp = cp[Cc];
+            for (int c = 0; c < Cc; c += V) {
+                const long long o = t * Cc + c;
+                float dy[V], x[V], hc[V], hm[V], h0[V], hp[V], dm_[V], d0[V], dp[V];
+                ldv<T, V>(dyc + o, dy);
+                ldv<T, V>(xc + o, x);
+                ldf_ro<V>(hid + o, hc);
+                ldf<V>(hs + c, h0);
+#pragma unroll
+                for (int i = 0; i < V; i++) hm[i] = hp[i] = 0.0f;
+                if (has_m) ldf<V>(hs + c - per, hm);
+                if (has_p) ldf<V>(hs + c + per, hp);
+                ldf<V>(cm + c, dm_);
+                ldf<V>(c0 + c, d0);
+                ldf<V>(cp + c, dp);
+                float dh[V], dx[V];
+#pragma unroll
+                for (int i = 0; i < V; i++) {
+                    const float lam = sm_el<T>(gc, c + i), u = sm_el<T>(gc, Cc + c + i);
+                    dm_acc += (double)u * hc[i] * dy[i];
+                    const float du = m * hc[i] * dy[i];
+                    dh[i] = wpm * dm_[i] + w00 * d0[i] + wmp * dp[i] + m * u * dy[i];
+                    dx[i] = lam * dh[i];
+                    dws[0] += dh[i] * hm[i];
+                    dws[1] += dh[i] * h0[i];
+                    dws[2] += dh[i] * hp[i];
+                    if (dgates) {
+                        sm_st<T>(dgc, c + i, sm_el<T>(dgc, c + i) + x[i] * dh[i]);
+                        sm_st<T>(dgc, Cc + c + i, sm_el<T>(dgc, Cc + c + i) + du);
+                    }
+                }
+                stf<V>(wk + (l + 1) * CW + c, dh);
+                if (dxpart) stv<T, V>(dxpart + o, dx);
+            }
+            float *wr = wk + (l + 1) * CW + Cc;
+            wr[0] = sw[0];
+            wr[1] = sw[1];
+            wr[2] = sw[2];
+            if (s > 0 && dgates) {   // at s = 0, h[-1] = 0: the weights have no gradient
+                float gwt[3];
+                weights_bwd<T>(sa, sw, sS, dws, gwt);
+#pragma unroll
+                for (int q = 0; q < 3; q++)
+                    sm_st<T>(dgc, 2 * Cc + q, sm_el<T>(dgc, 2 * Cc + q) + gwt[q]);
+            }
+        }
+        if (dgates) {
+            __syncthreads();   // the new dgates chunks are staged
+            const int nq = s > 0 ? CH : 2 * Cc;
+            // lane l's chunk starts at element e0 + l * estep of dgates
+            const long long e0 = ts * g.G + g.goff, estep = g.lstride * g.G;
+            LaneWalk lw(nq);
+            for (int f = threadIdx.x; f < N * nq; f += blockDim.x, lw.next(nq)) {
+                const long long el = e0 + lw.l * estep;
+                const int off = (int)((el * (long long)sizeof(T)) & 3);
+                const unsigned char *dgc =
+                    reinterpret_cast<const unsigned char *>(stg + (size_t)lw.l * per + a.nw) + off;
+                dgates[el + lw.w] = *reinterpret_cast<const T *>(dgc + lw.w * (int)sizeof(T));
+            }
+        }
+    }
+
+    if (dmpart) {
+        __shared__ double red[SH_BWD_THREADS / 32];
+        for (int off = 16; off > 0; off >>= 1) dm_acc += __shfl_xor_sync(0xffffffffu, dm_acc, off);
+        __syncthreads();
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = dm_acc;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            double sum = 0.0;
+            for (int w = 0; w < (int)(blockDim.x + 31) / 32; w++) sum += red[w];
+            dmpart[d * nblk + b] = sum;
+        }
+    }
+}
+
+// ---- host side -----------------------------------------------------------------------------
+template <typename T, int V, bool SH>
+void launch_bwd_dir(const DirGeom &g, int B, const T *dyc, const T *xc, const T *gates,
+                    const float *hid, const void *merge, int merge_bf16, T *dxpart, T *dgates,
+                    double *dmpart, cudaStream_t st) {
+    const size_t smem = 5 * (size_t)(g.N + 2) * g.CG * sizeof(float);
+    CG_CHECK(smem <= smem_limit(), "use gspn_shared_w = 0 or a smaller grid",
+             "gspn_scan (CUDA): a line of %d lanes x %d channels needs %zu bytes of shared memory",
+             g.N, g.CG, smem);
+    auto k = gspn_bwd_dir_kernel<T, V, SH>;
+    set_smem(k, smem);
+    k<<<B * g.ngroups, scan_threads(g), smem, st>>>(dyc, xc, gates, hid, merge, merge_bf16, dxpart,
+                                                   dgates, dmpart, g);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int V>
+bool bwd_pipe(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gates,
+              const float *hid, const void *merge, int merge_bf16, T *dxpart, T *dgates,
+              double *dmpart, bool dg_write) {
+    if constexpr (V * sizeof(T) < 8) {
+        return false;
+    } else {
+        ScanArgs a = scan_args(p);
+        a.dg_write = dg_write;   // smaller stages: pipe_smem
+        const int D = pipe_stages(p, a, true, PipeThreads<T, V>::bwd, c);
+        if (!D) return false;
+        const size_t smem = pipe_smem(p, a, true, D);
+        a.lane_bytes = lane_state_bytes(p, a, true);
+        const int nblk = p.B * p.ngroups;
+        if (D == 2) launch_pipe(gspn_bwd_pipe_kernel<T, V, 2>, p, a, smem, 1, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
+        else if (D == 3) launch_pipe(gspn_bwd_pipe_kernel<T, V, 3>, p, a, smem, 1, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
+        else launch_pipe(gspn_bwd_pipe_kernel<T, V, 4>, p, a, smem, 1, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
+        return true;
+    }
+}
+
+template <typename T, int V>
+bool bwd_sh(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gates,
+            const float *hid, const void *merge, int merge_bf16, T *dxpart, T *dgates,
+            double *dmpart) {
+    ShArgs a;
+    const size_t smem = sh_plan(p, true, 1, a);
+    if (!smem || !aligned4(gates) || (dgates && !aligned4(dgates))) return false;
+    auto k = gspn_bwd_sh_kernel<T, V>;
+    set_smem(k, smem);
+    k<<<DIRS * p.B, sh_threads(a, true), smem, c->stream>>>(dyc, xc, gates, hid, merge, merge_bf16,
+                                                       dxpart, dgates, dmpart, p.plane,
+                                                       p.B * p.ngroups, a);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+template <typename T, int V, bool SH>
+void scan_bwd(Ctx *ctx, const Plan &p, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
+              const Tensor *merge, const Tensor *hidden, Tensor *dxc, Tensor *dgates,
+              Tensor *dmerge, bool write) {
+    CudaCtx *c = cuda_ctx_of(ctx);
+    const int nblk = p.B * p.ngroups;   // blocks per direction
+    const size_t part_bytes = dxc ? DIRS * (size_t)p.plane * sizeof(T) : 0;
+    const size_t hid_bytes = hidden ? 0 : DIRS * (size_t)p.plane * sizeof(float);
+    const size_t dm_bytes = dmerge ? DIRS * (size_t)nblk * sizeof(double) : 0;
+    char *scratch = static_cast<char *>(scratch_alloc(c, part_bytes + hid_bytes + dm_bytes));
+    T *dxpart = dxc ? reinterpret_cast<T *>(scratch) : nullptr;
+    float *hid = hidden ? tensor_f32(hidden) : reinterpret_cast<float *>(scratch + part_bytes);
+    double *dmpart = dmerge ? reinterpret_cast<double *>(scratch + part_bytes + hid_bytes) : nullptr;
+    const T *x = static_cast<const T *>(xc->data), *g = static_cast<const T *>(gates->data);
+
+    if (!hidden) fwd_scans<T, V, SH>(c, p, x, g, hid, nullptr);   // recompute h
+    const T *dy = static_cast<const T *>(dyc->data);
+    T *dg = dgates ? static_cast<T *>(dgates->data) : nullptr;
+    const int mbf = merge->dtype == DTYPE_BF16;
+    // write: the pipelined kernel writes dgates; the other kernels add, into zeros.
+    bool done = !SH && bwd_pipe<T, V>(c, p, dy, x, g, hid, merge->data, mbf, dxpart, dg, dmpart, write);
+    if (!done && write && dg)
+        CUDA_CHECK(cudaMemsetAsync(dg, 0, tensor_bytes(dgates), c->stream));
+    if (!done && SH) done = bwd_sh<T, V>(c, p, dy, x, g, hid, merge->data, mbf, dxpart, dg, dmpart);
+    if (!done) {
+        CUDA_CHECK(cudaEventRecord(c->fork, c->stream));
+        for (int d = 0; d < DIRS; d++) {
+            CUDA_CHECK(cudaStreamWaitEvent(c->side[d], c->fork, 0));
+            launch_bwd_dir<T, V, SH>(dir_geom(p, d), p.B, dy, x, g, hid + d * p.plane, merge->data,
+                                     mbf, dxpart ? dxpart + d * p.plane : nullptr, dg,
+                                     dmpart ? dmpart + d * nblk : nullptr, c->side[d]);
+            CUDA_CHECK(cudaEventRecord(c->join[d], c->side[d]));
+        }
+        for (int d = 0; d < DIRS; d++) CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->join[d], 0));
+    }
+    if (dxc) {
+        const long long nvec = p.plane / V;
+        gspn_dx_finalize_kernel<T, V><<<ew_blocks(nvec, c), EW_THREADS, 0, c->stream>>>(
+            dxpart, p.plane, static_cast<T *>(dxc->data), write ? 1 : 0);
+        CUDA_CHECK_LAUNCH();
+    }
+    if (dmerge) {
+        gspn_dmerge_finalize_kernel<<<1, 32 * DIRS, 0, c->stream>>>(dmpart, nblk, dmerge->data,
+                                                                     dmerge->dtype == DTYPE_BF16);
+        CUDA_CHECK_LAUNCH();
+    }
+    CUDA_CHECK(cudaFreeAsync(scratch, c->stream));
+}
+
+}  // namespace
+
+void gspn_bwd_impl(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
+                   const Tensor *merge, int shared_w, const Tensor *hidden, Tensor *dxc,
+                   Tensor *dgates, Tensor *dmerge, Tuning tu, bool write) {
+    const void *ptrs[] = {dyc->data, xc->data, gates->data, hidden ? hidden->data : nullptr,
+                          dxc ? dxc->data : nullptr, dgates ? dgates->data : nullptr};
+    const Plan p = make_plan(xc, gates, merge, shared_w, tu, true, ptrs, 6);
+    check_dtype_like("dyc", dyc, xc);
+    check_dtype_like("dxc", dxc, xc);
+    check_dtype_like("dgates", dgates, gates);
+    CG_CHECK(!dmerge || (dmerge->numel == DIRS && dmerge->device == DEVICE_CUDA), "",
+             "gspn_scan (CUDA): dmerge must be 4 elements on the GPU");
+    CG_CHECK(!hidden || (hidden->numel == DIRS * (size_t)p.plane && hidden->dtype == DTYPE_F32 &&
+                         hidden->device == DEVICE_CUDA),
+             "", "gspn_scan (CUDA): hidden must be (4, B, H, W, Cc) fp32 on the GPU");
+    if (p.plane == 0 || (!dxc && !dgates && !dmerge)) return;
+    GSPN_DISPATCH(p, scan_bwd, ctx, p, dyc, xc, gates, merge, hidden, dxc, dgates, dmerge, write);
+}
+
+}  // namespace gspn

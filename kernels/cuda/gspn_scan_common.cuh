@@ -1,0 +1,489 @@
+// What the C-GSPN scan's files share: constants, device loads, weights, geometry, the plan.
+// The design is in kernels/cuda/gspn_scan.cu's header; gspn_scan_fwd.cu and gspn_scan_bwd.cu
+// hold the two passes' kernels and launches, gspn_scan.cu the plan of a call and the C entries.
+#pragma once
+#include "cuda_common.h"
+#include "../ops.h"
+#include <stdint.h>
+
+namespace gspn {
+
+constexpr int DIRS = 4;
+constexpr float S_MIN = 1e-7f;            // w_k = a_k / max(S, S_MIN), as the CPU reference
+constexpr int SCAN_THREADS_MAX = 512;     // threads per scan block (lanes beyond loop)
+constexpr int EW_THREADS = 256;           // elementwise kernels
+// Pipelined kernels: one item per thread, so a whole line must fit one block. Their register
+// needs set the bound: 16-byte vectors (8 bf16 channels a thread) ~80 (fwd) / ~155 (bwd);
+// 8-byte vectors (4 channels) ~56 / ~104, which allows bigger blocks.
+template <typename T, int V>
+struct PipeThreads {
+    static constexpr bool narrow = V * sizeof(T) == 8;
+    static constexpr int fwd = narrow ? 1024 : 512;
+    static constexpr int bwd = narrow ? 608 : 384;
+};
+constexpr int BWD_RED_WARPS = 32;         // block reduction slots (up to 1024 threads)
+
+// ---- loads and stores of V consecutive elements, converted to / from fp32 ----------------------
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);   // .x (low half) = lo
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+// 32-bit words -> V floats
+template <typename T, int V, int NW>
+__device__ __forceinline__ void unpack(const uint32_t (&w)[NW], float (&o)[V]) {
+    if constexpr (sizeof(T) == 4) {
+#pragma unroll
+        for (int i = 0; i < V; i++) o[i] = __uint_as_float(w[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < V / 2; i++) {
+            o[2 * i] = bf16_lo(w[i]);
+            o[2 * i + 1] = bf16_hi(w[i]);
+        }
+    }
+}
+template <typename T, int V, int NW>
+__device__ __forceinline__ void pack(const float (&v)[V], uint32_t (&w)[NW]) {
+    if constexpr (sizeof(T) == 4) {
+#pragma unroll
+        for (int i = 0; i < V; i++) w[i] = __float_as_uint(v[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < V / 2; i++) w[i] = pack_bf16(v[2 * i], v[2 * i + 1]);
+    }
+}
+
+// Read-only load of V elements; p aligned to V * sizeof(T) when that is 4, 8 or 16 bytes.
+template <typename T, int V>
+__device__ __forceinline__ void ldv(const T *p, float (&o)[V]) {
+    constexpr int BYTES = V * (int)sizeof(T);
+    if constexpr (BYTES == 16) {
+        uint4 r = __ldg(reinterpret_cast<const uint4 *>(p));
+        uint32_t w[4] = {r.x, r.y, r.z, r.w};
+        unpack<T, V>(w, o);
+    } else if constexpr (BYTES == 8) {
+        uint2 r = __ldg(reinterpret_cast<const uint2 *>(p));
+        uint32_t w[2] = {r.x, r.y};
+        unpack<T, V>(w, o);
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; i++) o[i] = to_f32(p[i]);
+    }
+}
+// Plain load (the buffer is written by this kernel too: no read-only path).
+template <typename T, int V>
+__device__ __forceinline__ void ldv_rw(const T *p, float (&o)[V]) {
+    constexpr int BYTES = V * (int)sizeof(T);
+    if constexpr (BYTES == 16) {
+        uint4 r = *reinterpret_cast<const uint4 *>(p);
+        uint32_t w[4] = {r.x, r.y, r.z, r.w};
+        unpack<T, V>(w, o);
+    } else if constexpr (BYTES == 8) {
+        uint2 r = *reinterpret_cast<const uint2 *>(p);
+        uint32_t w[2] = {r.x, r.y};
+        unpack<T, V>(w, o);
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; i++) o[i] = to_f32(p[i]);
+    }
+}
+// Unaligned: element by element (the shared-weight gate layout has odd offsets).
+template <typename T, int V>
+__device__ __forceinline__ void ldv_unaligned(const T *p, float (&o)[V]) {
+#pragma unroll
+    for (int i = 0; i < V; i++) o[i] = to_f32(p[i]);
+}
+template <typename T, int V>
+__device__ __forceinline__ void stv(T *p, const float (&v)[V]) {
+    constexpr int BYTES = V * (int)sizeof(T);
+    if constexpr (BYTES == 16) {
+        uint32_t w[4];
+        pack<T, V>(v, w);
+        *reinterpret_cast<uint4 *>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else if constexpr (BYTES == 8) {
+        uint32_t w[2];
+        pack<T, V>(v, w);
+        *reinterpret_cast<uint2 *>(p) = make_uint2(w[0], w[1]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; i++) p[i] = from_f32<T>(v[i]);
+    }
+}
+template <typename T, int V>
+__device__ __forceinline__ void stv_unaligned(T *p, const float (&v)[V]) {
+#pragma unroll
+    for (int i = 0; i < V; i++) p[i] = from_f32<T>(v[i]);
+}
+// fp32 vectors (hidden, shared memory): V floats, 16-byte pieces when V % 4 == 0.
+template <int V>
+__device__ __forceinline__ void ldf(const float *p, float (&o)[V]) {
+    if constexpr (V % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < V; i += 4) {
+            float4 r = *reinterpret_cast<const float4 *>(p + i);
+            o[i] = r.x; o[i + 1] = r.y; o[i + 2] = r.z; o[i + 3] = r.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; i++) o[i] = p[i];
+    }
+}
+template <int V>
+__device__ __forceinline__ void ldf_ro(const float *p, float (&o)[V]) {
+    if constexpr (V % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < V; i += 4) {
+            float4 r = __ldg(reinterpret_cast<const float4 *>(p + i));
+            o[i] = r.x; o[i + 1] = r.y; o[i + 2] = r.z; o[i + 3] = r.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; i++) o[i] = __ldg(p + i);
+    }
+}
+template <int V>
+__device__ __forceinline__ void stf(float *p, const float (&v)[V]) {
+    if constexpr (V % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < V; i += 4)
+            *reinterpret_cast<float4 *>(p + i) = make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; i++) p[i] = v[i];
+    }
+}
+// Streaming store (hidden is read back only by the backward pass).
+template <int V>
+__device__ __forceinline__ void stf_stream(float *p, const float (&v)[V]) {
+    if constexpr (V % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < V; i += 4)
+            __stcs(reinterpret_cast<float4 *>(p + i), make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]));
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; i++) __stcs(p + i, v[i]);
+    }
+}
+
+// ---- the weights (DESIGN §5 step 3) --------------------------------------------------------
+// fp32 activations use the accurate expf and IEEE division (the fp32 path is held to 1e-5 against
+// the CPU); bf16 ones the approximate exp2 / reciprocal units (~2 ulp, far below bf16 rounding of
+// the gates). The scans are instruction-bound when every reciprocal is the IEEE sequence (about a
+// dozen instructions; ncu: issue-active ~53%, "wait" stalls on top), so this matters.
+template <typename T>
+__device__ __forceinline__ float recip(float x) {
+    if constexpr (sizeof(T) == 4) return 1.0f / x;
+    else return __fdividef(1.0f, x);
+}
+template <typename T>
+__device__ __forceinline__ float sigmoid(float x) {
+    if constexpr (sizeof(T) == 4) return 1.0f / (1.0f + expf(-x));
+    else return __fdividef(1.0f, 1.0f + __expf(-x));
+}
+
+// a_k = sigmoid(wt_k) for neighbours that exist (else 0), S their sum, w_k = a_k / max(S, S_MIN).
+template <typename T>
+__device__ __forceinline__ float weights(float wm, float w0, float wp, bool has_m, bool has_p,
+                                         float (&a)[3], float (&w)[3]) {
+    a[0] = has_m ? sigmoid<T>(wm) : 0.0f;
+    a[1] = sigmoid<T>(w0);
+    a[2] = has_p ? sigmoid<T>(wp) : 0.0f;
+    const float S = a[0] + a[1] + a[2];
+    const float inv = recip<T>(fmaxf(S, S_MIN));
+#pragma unroll
+    for (int k = 0; k < 3; k++) w[k] = a[k] * inv;
+    return S;
+}
+
+__device__ __forceinline__ float load_param(const void *p, int bf16, int i) {
+    return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16 *>(p)[i])
+                : static_cast<const float *>(p)[i];
+}
+
+// ---- geometry -------------------------------------------------------------------------------
+// Direction d as (step s, lane l): token = first + s * sstride + l * lstride within an image; the
+// neighbour k of (s, l) is (s-1, l+k). TB: rows down, lanes = columns; BT: rows up; LR: columns
+// right, lanes = rows; RL: columns left.
+struct DirGeom {
+    int d;
+    int N, L;                           // lanes, steps
+    long long first, sstride, lstride;  // in tokens, within one image
+    long long img_tokens;               // H * W
+    int Cc, G, goff;                    // channels, gates per token, direction d's first gate
+    int CG, ngroups, nvg;               // channels per block, blocks per image, vectors per item
+    int items;                          // work items per block and step
+};
+
+// Per-channel: item = (lane, one vector of V channels of the block's group).
+// Shared weights: item = lane, all Cc channels (CG = Cc), so the weight gradient's sum over the
+// channels stays in one thread.
+template <bool SH>
+__device__ __forceinline__ void item_of(const DirGeom &g, int e, int &l, int &v0, int &v1, int V) {
+    if (SH) {
+        l = e; v0 = 0; v1 = g.CG / V;
+    } else {
+        l = e / g.nvg; v0 = e % g.nvg; v1 = v0 + 1;
+    }
+}
+
+// Slots of a pipelined backward stage per item (gspn_bwd_pipe_kernel): 7 inputs, and the 5 old
+// dgates when they are added to.
+__host__ __device__ constexpr int bwd_stage_slots(int dg_write) { return dg_write ? 7 : 12; }
+
+// ---- pipelined scans (per-channel weights, 8- or 16-byte vectors) ------------------------------
+// The same scans with the loads of the next D-1 steps in flight: each thread copies its item's
+// inputs for step s+D-1 into a shared-memory stage with cp.async while it computes step s, so
+// the memory system always has D-1 steps of every block's traffic to work on (the simple kernels
+// above wait for each step's loads before computing it). One launch covers the four directions;
+// blockIdx.x = (image, channel group) * 4 + direction, so the four scans of one image slice run
+// side by side and can share xc / dyc in L2 (the four read them at different steps).
+// No L2 cache-policy hints on cp.async: fractional policies there are miscompiled by ptxas before
+// 13.4.59 (triton-lang/triton#11660; this project's machines have 13.0) and faulted here with
+// "illegal instruction".
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void *dst, const void *src) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(d), "l"(src), "n"(BYTES)
+                     : "memory");
+}
+// L2 prefetch of `bytes` (a multiple of 16) at a 16-byte aligned address (sm_90 bulk copy engine;
+// nothing on older GPUs).
+__device__ __forceinline__ void l2_prefetch(const void *src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// V elements of T staged in shared memory -> floats.
+template <typename T, int V>
+__device__ __forceinline__ void lds_v(const unsigned char *p, float (&o)[V]) {
+    constexpr int BYTES = V * (int)sizeof(T);
+    if constexpr (BYTES == 16) {
+        uint4 r = *reinterpret_cast<const uint4 *>(p);
+        uint32_t w[4] = {r.x, r.y, r.z, r.w};
+        unpack<T, V>(w, o);
+    } else {
+        uint2 r = *reinterpret_cast<const uint2 *>(p);
+        uint32_t w[2] = {r.x, r.y};
+        unpack<T, V>(w, o);
+    }
+}
+
+// The four directions' geometry; a block takes g[blockIdx.x & 3]. Shared-memory layout sizes
+// are the largest over the directions (H != W gives TB/BT and LR/RL different lane counts).
+struct ScanArgs {
+    DirGeom g[DIRS];
+    int items_max;       // staging slots per stage
+    int lanes_max;       // lanes + 2 halo lanes of the longer line
+    int lane_bytes;      // bytes of the per-lane state region (h or carries), 16-aligned
+    int prefetch;        // L2 prefetch distance in steps (0: none)
+    int dir_mask;        // directions to run (bit d); 15 except in the benchmark's diagnostics
+    int dg_write;        // backward: write dgates (gspn_scan_bwd_write) instead of adding into it
+};
+
+// L2 prefetch of step s's whole token rows (all Cc channels, not just this block's group), so
+// that DRAM is read in full lines once and the ngroups blocks of an image slice, which each read
+// a 32-byte piece of every row, hit L2. Block group grp prefetches lanes l = grp (mod ngroups),
+// one thread per lane. Rows: xc / dyc (Cc elements), the direction's gates and dgates
+// (5 Cc), hidden (Cc floats).
+__device__ __forceinline__ bool prefetch_lane(const DirGeom &g, const ScanArgs &a, int l, int e,
+                                              int grp) {
+    return a.prefetch > 0 && e < g.items && e % g.nvg == 0 && l % g.ngroups == grp;
+}
+
+__device__ __forceinline__ DirGeom pick_dir(const ScanArgs &a, int d) {
+    return d == 0 ? a.g[0] : d == 1 ? a.g[1] : d == 2 ? a.g[2] : a.g[3];
+}
+
+// ---- shared weights: the gate chunks staged whole, coalesced -----------------------------------
+// With gspn_shared_w a direction's gates of one token are one chunk of CH = 2 Cc + 3 elements at
+// an element offset d * CH (odd for d = 1, 3): the simple kernels load it element by element, so
+// every load instruction of a warp touches 32 lines (TB: 152-byte token stride; LR: a row apart),
+// 19 such loads per lane and step at Cc = 8. That made them L1-bound: 15 us (forward) and 53 us
+// (backward) per step at 1024^2 (H100), against the ~2 us the bytes need. These kernels copy each
+// lane's chunk as the 4-byte words that cover it (the chunk starts 2-byte aligned in bf16, so
+// Cc + 2 words; 2 Cc + 3 in fp32), the words of consecutive lanes on consecutive threads, into
+// shared memory, and read the elements from there. One launch for the four directions,
+// blockIdx.x = image * 4 + direction (ngroups = 1: a thread owns all Cc channels of its lanes, so
+// the weight gradient's sum over channels stays in one thread, as in the simple kernel).
+// Forward: the chunk and xc words of step s+1 are copied (cp.async) while step s computes, two
+// stages. Backward: the chunk, the old dgates chunk and h[s-1] (for the neighbour lanes) are
+// copied at the top of each step (one stage: the carries take the rest of shared memory); the new
+// dgates are written into the staged chunk and stored element by element, consecutive elements on
+// consecutive threads (only this direction's elements: the words also hold 2 bytes of the next
+// chunk, which another block owns). Carries: dh (Cc floats) and the step's three weights per
+// lane; a lane computes w_{+1}[l-1] dh[l-1] + w_0[l] dh[l] + w_{-1}[l+1] dh[l+1] itself.
+constexpr int SH_FWD_THREADS = 1024;   // forward: ~50 registers
+constexpr int SH_BWD_THREADS = 512;    // backward: ~105-125 registers
+
+// L2 prefetch of the line holding p (the staged kernels fetch the next step's lines early, so
+// their copies and loads at the top of a step find them in L2).
+__device__ __forceinline__ void l2_prefetch_line(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+// Walks f = threadIdx.x, threadIdx.x + blockDim.x, ... < n as (lane, word) = divmod(f, per)
+// without a division per element.
+struct LaneWalk {
+    int l, w, dl, dw;
+    __device__ LaneWalk(int per) {
+        l = threadIdx.x / per;
+        w = threadIdx.x - l * per;
+        dl = blockDim.x / per;
+        dw = blockDim.x - dl * per;
+    }
+    __device__ void next(int per) {
+        l += dl;
+        w += dw;
+        if (w >= per) {
+            w -= per;
+            l++;
+        }
+    }
+};
+
+struct ShArgs {
+    DirGeom g[DIRS];
+    int lanes_max;   // lanes of the longer line
+    int nw;          // 4-byte words covering one lane's gate chunk
+    int sgroups;     // forward: channel groups (blocks) per image and direction (1, see fwd_sh)
+    int xtw;         // 4-byte words of one token's xc
+    int xw;          // 4-byte words of one channel group's xc (forward stage)
+    int row_bytes;   // bytes of the per-lane rows (h or carries), 16-aligned
+};
+
+__device__ __forceinline__ DirGeom pick_dir_sh(const ShArgs &a, int d) {
+    return d == 0 ? a.g[0] : d == 1 ? a.g[1] : d == 2 ? a.g[2] : a.g[3];
+}
+
+// Word index of the first word covering token t's chunk of direction g.d; off = byte offset of
+// the chunk's first element in that word (0, or 2 for bf16 at odd d).
+template <typename T>
+__device__ __forceinline__ long long chunk_word(const DirGeom &g, long long t, int &off) {
+    const long long byte = (t * g.G + g.goff) * (long long)sizeof(T);
+    off = (int)(byte & 3);
+    return byte >> 2;
+}
+template <typename T>
+__device__ __forceinline__ float sm_el(const unsigned char *p, int q) {
+    return to_f32(*reinterpret_cast<const T *>(p + q * (int)sizeof(T)));
+}
+template <typename T>
+__device__ __forceinline__ void sm_st(unsigned char *p, int q, float v) {
+    *reinterpret_cast<T *>(p + q * (int)sizeof(T)) = from_f32<T>(v);
+}
+
+// ---- host side -----------------------------------------------------------------------------
+struct Plan {
+    int B, H, W, Cc, G, block;
+    bool shared, bf16;
+    int V, CG, ngroups, nvg;
+    long long plane;   // B*H*W*Cc
+    int stages;        // as Tuning::stages
+    int prefetch;      // as Tuning::prefetch
+    int dir_mask;      // as Tuning::dir_mask
+};
+
+// Tuning (the benchmark sweeps it): cg_bytes = bytes of one token's channels a block owns with
+// per-channel weights (32 = one sector); vec_bytes = bytes a thread loads at once (16 or 8);
+// cg_bytes = 0 picks both (auto_tuning). stages = cp.async pipeline depth of the pipelined
+// kernels (0: the largest that keeps enough blocks resident; 1: the simple kernels).
+struct Tuning {
+    int cg_bytes, vec_bytes, stages, prefetch;
+    int dir_mask;   // benchmark diagnostics only: run these directions of the pipelined kernels
+};
+
+// The plan of a call and the launch geometry (gspn_scan.cu, each described there).
+Plan make_plan(const Tensor *xc, const Tensor *gates, const Tensor *merge, int shared_w,
+               Tuning tu, bool bwd, const void *const *ptrs, int nptrs);
+void check_dtype_like(const char *what, const Tensor *t, const Tensor *ref);
+DirGeom dir_geom(const Plan &p, int d);
+int scan_threads(const DirGeom &g);
+size_t smem_limit();
+int ew_blocks(long long nvec, const CudaCtx *c);
+ScanArgs scan_args(const Plan &p);
+int lane_state_bytes(const Plan &p, const ScanArgs &a, bool bwd);
+size_t pipe_smem(const Plan &p, const ScanArgs &a, bool bwd, int D);
+int pipe_stages(const Plan &p, const ScanArgs &a, bool bwd, int max_threads, const CudaCtx *c);
+bool aligned4(const void *p);
+size_t sh_plan(const Plan &p, bool bwd, int sgroups, ShArgs &a);
+int sh_threads(const ShArgs &a, bool bwd);
+void *scratch_alloc(CudaCtx *c, size_t bytes);
+
+template <typename K>
+void set_smem(K kernel, size_t bytes) {
+    if (bytes > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)bytes));
+}
+
+template <typename K, typename... Args>
+void launch_pipe(K kernel, const Plan &p, const ScanArgs &a, size_t smem, int ipt,
+                 cudaStream_t st, Args... args) {
+    set_smem(kernel, smem);
+    const int threads = ((a.items_max + ipt - 1) / ipt + 31) / 32 * 32;
+    kernel<<<DIRS * p.B * p.ngroups, threads, smem, st>>>(args..., a);
+    CUDA_CHECK_LAUNCH();
+}
+
+// (dtype, vector width, weight variant) -> the instantiation.
+#define GSPN_DISPATCH(p, FN, ...)                                                              \
+    do {                                                                                       \
+        if ((p).bf16) {                                                                        \
+            if ((p).V == 8) {                                                                  \
+                if ((p).shared) FN<__nv_bfloat16, 8, true>(__VA_ARGS__);                       \
+                else FN<__nv_bfloat16, 8, false>(__VA_ARGS__);                                 \
+            } else if ((p).V == 4) {                                                           \
+                if ((p).shared) FN<__nv_bfloat16, 4, true>(__VA_ARGS__);                       \
+                else FN<__nv_bfloat16, 4, false>(__VA_ARGS__);                                 \
+            } else {                                                                           \
+                if ((p).shared) FN<__nv_bfloat16, 1, true>(__VA_ARGS__);                       \
+                else FN<__nv_bfloat16, 1, false>(__VA_ARGS__);                                 \
+            }                                                                                  \
+        } else {                                                                               \
+            if ((p).V == 4) {                                                                  \
+                if ((p).shared) FN<float, 4, true>(__VA_ARGS__);                               \
+                else FN<float, 4, false>(__VA_ARGS__);                                         \
+            } else {                                                                           \
+                if ((p).shared) FN<float, 1, true>(__VA_ARGS__);                               \
+                else FN<float, 1, false>(__VA_ARGS__);                                         \
+            }                                                                                  \
+        }                                                                                      \
+    } while (0)
+
+// The instantiations GSPN_DISPATCH picks from (explicitly instantiated by gspn_scan_fwd.cu).
+#define GSPN_INSTANCES(X)                                                                      \
+    X(__nv_bfloat16, 8, true) X(__nv_bfloat16, 8, false)                                       \
+    X(__nv_bfloat16, 4, true) X(__nv_bfloat16, 4, false)                                       \
+    X(__nv_bfloat16, 1, true) X(__nv_bfloat16, 1, false)                                       \
+    X(float, 4, true) X(float, 4, false)                                                       \
+    X(float, 1, true) X(float, 1, false)
+
+// The four forward scans (gspn_scan_fwd.cu; the backward recomputes h with them).
+template <typename T, int V, bool SH>
+void fwd_scans(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, T *ypart);
+
+// The two passes with a tuning (gspn_scan_fwd.cu, gspn_scan_bwd.cu); gspn_scan.cu's C entries.
+void gspn_fwd_impl(Ctx *ctx, const Tensor *xc, const Tensor *gates, const Tensor *merge,
+                   int shared_w, Tensor *yc, Tensor *hidden, Tuning tu);
+void gspn_bwd_impl(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
+                   const Tensor *merge, int shared_w, const Tensor *hidden, Tensor *dxc,
+                   Tensor *dgates, Tensor *dmerge, Tuning tu, bool write);
+
+}  // namespace gspn

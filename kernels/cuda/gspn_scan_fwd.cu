@@ -1,0 +1,443 @@
+// The C-GSPN scan's forward pass on the GPU: kernels, launches, entry (design: gspn_scan.cu).
+#include "gspn_scan_common.cuh"
+
+namespace gspn {
+namespace {
+
+// ---- forward: one direction -------------------------------------------------------------------
+// xc (B,H,W,Cc), gates (B,H,W,G) -> hid (B,H,W,Cc) fp32 or NULL, ypart = u_d * h_d (B,H,W,Cc).
+template <typename T, int V, bool SH>
+__global__ void __launch_bounds__(SCAN_THREADS_MAX)
+gspn_fwd_dir_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
+                    float *__restrict__ hid, T *__restrict__ ypart, DirGeom g) {
+    extern __shared__ float smem[];     // h of the previous / current step: [2][N+2][CG]
+    const int rowf = (g.N + 2) * g.CG;
+    for (int i = threadIdx.x; i < 2 * rowf; i += blockDim.x) smem[i] = 0.0f;
+    __syncthreads();
+    const int b = blockIdx.x / g.ngroups, c0 = (blockIdx.x % g.ngroups) * g.CG;
+    const long long img = (long long)b * g.img_tokens;
+    const int Cc = g.Cc;
+
+    for (int s = 0; s < g.L; s++) {
+        const float *prev = smem + (s & 1) * rowf;
+        float *cur = smem + ((s + 1) & 1) * rowf;
+        const long long ts = img + g.first + (long long)s * g.sstride;
+        for (int e = threadIdx.x; e < g.items; e += blockDim.x) {
+            int l, v0, v1;
+            item_of<SH>(g, e, l, v0, v1, V);
+            const long long t = ts + (long long)l * g.lstride;
+            const T *gp = gates + t * g.G + g.goff;
+            const bool has_m = l > 0, has_p = l < g.N - 1;
+            float sa[3], sw[3];
+            if (SH && s > 0)
+                weights<T>(to_f32(gp[2 * Cc]), to_f32(gp[2 * Cc + 1]), to_f32(gp[2 * Cc + 2]),
+                           has_m, has_p, sa, sw);
+            for (int v = v0; v < v1; v++) {
+                const int cl = v * V, c = c0 + cl;
+                const long long o = t * Cc + c;
+                float x[V], lam[V], u[V], h[V];
+                ldv<T, V>(xc + o, x);
+                if (SH) {
+                    ldv_unaligned<T, V>(gp + c, lam);
+                    ldv_unaligned<T, V>(gp + Cc + c, u);
+                } else {
+                    ldv<T, V>(gp + c, lam);
+                    ldv<T, V>(gp + Cc + c, u);
+                }
+#pragma unroll
+                for (int i = 0; i < V; i++) h[i] = lam[i] * x[i];
+                if (s > 0) {
+                    float hm[V], h0[V], hp[V];
+                    const float *pr = prev + (l + 1) * g.CG + cl;
+                    ldf<V>(pr - g.CG, hm);
+                    ldf<V>(pr, h0);
+                    ldf<V>(pr + g.CG, hp);
+                    if (SH) {
+#pragma unroll
+                        for (int i = 0; i < V; i++) {
+                            h[i] += sw[0] * hm[i];
+                            h[i] += sw[1] * h0[i];
+                            h[i] += sw[2] * hp[i];
+                        }
+                    } else {
+                        float wm[V], w0[V], wp[V];
+                        ldv<T, V>(gp + 2 * Cc + c, wm);
+                        ldv<T, V>(gp + 3 * Cc + c, w0);
+                        ldv<T, V>(gp + 4 * Cc + c, wp);
+#pragma unroll
+                        for (int i = 0; i < V; i++) {
+                            float a[3], w[3];
+                            weights<T>(wm[i], w0[i], wp[i], has_m, has_p, a, w);
+                            h[i] += w[0] * hm[i];
+                            h[i] += w[1] * h0[i];
+                            h[i] += w[2] * hp[i];
+                        }
+                    }
+                }
+                stf<V>(cur + (l + 1) * g.CG + cl, h);
+                if (hid) stf_stream<V>(hid + o, h);
+                float y[V];
+#pragma unroll
+                for (int i = 0; i < V; i++) y[i] = u[i] * h[i];
+                if (ypart) stv<T, V>(ypart + o, y);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// yc = sum_d m_d ypart_d, in the fixed order TB, BT, LR, RL.
+template <typename T, int V>
+__global__ void gspn_merge_kernel(const T *__restrict__ ypart, long long plane, const void *merge,
+                                  int merge_bf16, T *__restrict__ yc) {
+    const float m0 = load_param(merge, merge_bf16, 0), m1 = load_param(merge, merge_bf16, 1);
+    const float m2 = load_param(merge, merge_bf16, 2), m3 = load_param(merge, merge_bf16, 3);
+    const long long nvec = plane / V;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < nvec;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long o = i * V;
+        float y0[V], y1[V], y2[V], y3[V], acc[V];
+        ldv<T, V>(ypart + o, y0);
+        ldv<T, V>(ypart + plane + o, y1);
+        ldv<T, V>(ypart + 2 * plane + o, y2);
+        ldv<T, V>(ypart + 3 * plane + o, y3);
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            acc[k] = m0 * y0[k];
+            acc[k] += m1 * y1[k];
+            acc[k] += m2 * y2[k];
+            acc[k] += m3 * y3[k];
+        }
+        stv<T, V>(yc + o, acc);
+    }
+}
+
+// Forward. Stage slot q of item e: q = 0 xc, 1 lam, 2 u, 3..5 wt_{-1,0,+1}. A thread owns IPT
+// items, e = threadIdx.x + i * blockDim.x (IPT = 2 lets a 147-lane line take 64-byte channel
+// groups: 1176 items on 608 threads).
+template <typename T, int V, int D, int IPT>
+__global__ void __launch_bounds__(PipeThreads<T, V>::fwd)
+gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
+                     float *__restrict__ hid, T *__restrict__ ypart, long long plane,
+                     ScanArgs a) {
+    constexpr int VB = V * (int)sizeof(T), NQ = 6;
+    const int d = blockIdx.x & 3;
+    if (!((a.dir_mask >> d) & 1)) return;
+    const DirGeom g = pick_dir(a, d);
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    float *hbuf = reinterpret_cast<float *>(smem_raw);   // [2][N+2][CG]
+    unsigned char *stg = smem_raw + a.lane_bytes;          // [D][NQ][items_max][VB]
+    const int rowf = (g.N + 2) * g.CG;
+    for (int i = threadIdx.x; i < 2 * rowf; i += blockDim.x) hbuf[i] = 0.0f;
+
+    const int bg = blockIdx.x >> 2, b = bg / g.ngroups, c0 = (bg % g.ngroups) * g.CG;
+    const int Cc = g.Cc;
+    int e[IPT], l[IPT], cl[IPT], c[IPT];
+    bool active[IPT];
+    long long tl[IPT];
+#pragma unroll
+    for (int it = 0; it < IPT; it++) {
+        e[it] = threadIdx.x + it * blockDim.x;
+        active[it] = e[it] < g.items;
+        l[it] = e[it] / g.nvg;
+        cl[it] = (e[it] % g.nvg) * V;
+        c[it] = c0 + cl[it];
+        tl[it] = (long long)b * g.img_tokens + g.first + (long long)l[it] * g.lstride;
+    }
+    if (hid) hid += d * plane;
+    if (ypart) ypart += d * plane;
+    auto slot = [&](int st, int q, int item) {
+        return stg + ((size_t)(st * NQ + q) * a.items_max + item) * VB;
+    };
+    auto issue = [&](int s) {
+#pragma unroll
+        for (int it = 0; it < IPT; it++) {
+            if (active[it] && s < g.L) {
+                const long long t = tl[it] + (long long)s * g.sstride;
+                const T *gp = gates + t * g.G + g.goff + c[it];
+                const int st = s % D;
+                cp_async<VB>(slot(st, 0, e[it]), xc + t * Cc + c[it]);
+#pragma unroll
+                for (int q = 0; q < 5; q++) cp_async<VB>(slot(st, 1 + q, e[it]), gp + q * Cc);
+            }
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int p = 0; p < D - 1; p++) issue(p);
+    __syncthreads();   // hbuf zeroed
+
+    const bool pf = prefetch_lane(g, a, l[0], e[0], bg % g.ngroups);
+    for (int s = 0; s < g.L; s++) {
+        const int sp = s + D - 1 + a.prefetch;
+        if (pf && sp < g.L) {
+            const long long t = tl[0] + (long long)sp * g.sstride;
+            l2_prefetch(xc + t * Cc, Cc * sizeof(T));
+            l2_prefetch(gates + t * g.G + g.goff, 5 * Cc * sizeof(T));
+        }
+        issue(s + D - 1);
+        cp_async_wait<D - 1>();   // this thread's copies of step s have landed
+        const float *prev = hbuf + (s & 1) * rowf;
+        float *cur = hbuf + ((s + 1) & 1) * rowf;
+        const int st = s % D;
+#pragma unroll
+        for (int it = 0; it < IPT; it++) {
+            if (!active[it]) continue;
+            const long long o = (tl[it] + (long long)s * g.sstride) * Cc + c[it];
+            float x[V], lam[V], u[V], h[V];
+            lds_v<T, V>(slot(st, 0, e[it]), x);
+            lds_v<T, V>(slot(st, 1, e[it]), lam);
+            lds_v<T, V>(slot(st, 2, e[it]), u);
+#pragma unroll
+            for (int i = 0; i < V; i++) h[i] = lam[i] * x[i];
+            if (s > 0) {
+                const bool has_m = l[it] > 0, has_p = l[it] < g.N - 1;
+                float wm[V], w0[V], wp[V], hm[V], h0[V], hp[V];
+                lds_v<T, V>(slot(st, 3, e[it]), wm);
+                lds_v<T, V>(slot(st, 4, e[it]), w0);
+                lds_v<T, V>(slot(st, 5, e[it]), wp);
+                const float *pr = prev + (l[it] + 1) * g.CG + cl[it];
+                ldf<V>(pr - g.CG, hm);
+                ldf<V>(pr, h0);
+                ldf<V>(pr + g.CG, hp);
+#pragma unroll
+                for (int i = 0; i < V; i++) {
+                    float aa[3], w[3];
+                    weights<T>(wm[i], w0[i], wp[i], has_m, has_p, aa, w);
+                    h[i] += w[0] * hm[i];
+                    h[i] += w[1] * h0[i];
+                    h[i] += w[2] * hp[i];
+                }
+            }
+            stf<V>(cur + (l[it] + 1) * g.CG + cl[it], h);
+            if (hid) stf_stream<V>(hid + o, h);
+            if (ypart) {
+                float y[V];
+#pragma unroll
+                for (int i = 0; i < V; i++) y[i] = u[i] * h[i];
+                stv<T, V>(ypart + o, y);
+            }
+        }
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+}
+
+// Forward. Stage per lane: nw chunk words, then xw xc words.
+template <typename T, int V>
+__global__ void __launch_bounds__(SH_FWD_THREADS)
+gspn_fwd_sh_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
+                   float *__restrict__ hid, T *__restrict__ ypart, long long plane, ShArgs a) {
+    const int d = blockIdx.x & 3;
+    const DirGeom g = pick_dir_sh(a, d);
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    // block = (image, channel group, direction); the group's CG channels start at c0
+    const int bg = blockIdx.x >> 2, grp = bg % a.sgroups;
+    const int N = g.N, Cc = g.Cc, CG = Cc / a.sgroups, c0 = grp * CG, per = a.nw + a.xw;
+    const int rowf = (N + 2) * CG;
+    float *hbuf = reinterpret_cast<float *>(smem_raw);                      // [2][N+2][CG]
+    uint32_t *stg = reinterpret_cast<uint32_t *>(smem_raw + a.row_bytes);   // [2][lanes_max][per]
+    const int stage_words = a.lanes_max * per;
+    for (int i = threadIdx.x; i < 2 * rowf; i += blockDim.x) hbuf[i] = 0.0f;
+    const long long img = (long long)(bg / a.sgroups) * g.img_tokens;
+    const uint32_t *gw = reinterpret_cast<const uint32_t *>(gates);
+    const uint32_t *xw = reinterpret_cast<const uint32_t *>(xc);
+    if (hid) hid += d * plane;
+    if (ypart) ypart += d * plane;
+    auto issue = [&](int s) {
+        if (s < g.L) {
+            uint32_t *st = stg + (s & 1) * stage_words;
+            const long long ts = img + g.first + (long long)s * g.sstride;
+            // lane l's chunk starts at byte gb0 + l * gstep; its xc at word xw0 + l * xstep
+            const long long gb0 = (ts * g.G + g.goff) * (long long)sizeof(T);
+            const long long gstep = g.lstride * g.G * (long long)sizeof(T);
+            const long long xw0 = ts * a.xtw + grp * a.xw, xstep = g.lstride * a.xtw;
+            LaneWalk lw(per);
+            for (int f = threadIdx.x; f < N * per; f += blockDim.x, lw.next(per)) {
+                const uint32_t *src = lw.w < a.nw ? gw + ((gb0 + lw.l * gstep) >> 2) + lw.w
+                                                  : xw + xw0 + lw.l * xstep + (lw.w - a.nw);
+                cp_async<4>(st + f, src);
+            }
+        }
+        cp_async_commit();
+    };
+
+    issue(0);
+    for (int s = 0; s < g.L; s++) {
+        cp_async_wait<0>();
+        // Everyone's copies of step s have landed; h of step s-1 is written; stage (s+1)&1 was
+        // last read at step s-1 and may be refilled.
+        __syncthreads();
+        issue(s + 1);
+        const uint32_t *st = stg + (s & 1) * stage_words;
+        const float *prev = hbuf + (s & 1) * rowf;
+        float *cur = hbuf + ((s + 1) & 1) * rowf;
+        const long long ts = img + g.first + (long long)s * g.sstride;
+        for (int l = threadIdx.x; l < N; l += blockDim.x) {
+            const long long t = ts + (long long)l * g.lstride;
+            if (s + 2 < g.L) {   // the lines step s+2 will copy
+                const long long t2 = t + 2 * g.sstride;
+                const T *gp = gates + t2 * g.G + g.goff;
+                l2_prefetch_line(gp);
+                l2_prefetch_line(gp + 2 * Cc + 2);
+                l2_prefetch_line(xc + t2 * Cc);
+            }
+            int off;
+            chunk_word<T>(g, t, off);
+            const unsigned char *gc = reinterpret_cast<const unsigned char *>(st + l * per) + off;
+            const unsigned char *xs = reinterpret_cast<const unsigned char *>(st + l * per + a.nw);
+            float sa[3], sw[3] = {0.0f, 0.0f, 0.0f};
+            if (s > 0)
+                weights<T>(sm_el<T>(gc, 2 * Cc), sm_el<T>(gc, 2 * Cc + 1), sm_el<T>(gc, 2 * Cc + 2),
+                           l > 0, l < N - 1, sa, sw);
+            for (int c = 0; c < CG; c += V) {   // channels c0 + c ...
+                float h[V], u[V];
+#pragma unroll
+                for (int i = 0; i < V; i++) {
+                    h[i] = sm_el<T>(gc, c0 + c + i) * sm_el<T>(xs, c + i);
+                    u[i] = sm_el<T>(gc, Cc + c0 + c + i);
+                }
+                if (s > 0) {
+                    float hm[V], h0[V], hp[V];
+                    const float *pr = prev + (l + 1) * CG + c;
+                    ldf<V>(pr - CG, hm);
+                    ldf<V>(pr, h0);
+                    ldf<V>(pr + CG, hp);
+#pragma unroll
+                    for (int i = 0; i < V; i++) {
+                        h[i] += sw[0] * hm[i];
+                        h[i] += sw[1] * h0[i];
+                        h[i] += sw[2] * hp[i];
+                    }
+                }
+                stf<V>(cur + (l + 1) * CG + c, h);
+                const long long o = t * Cc + c0 + c;
+                if (hid) stf_stream<V>(hid + o, h);
+                if (ypart) {
+                    float y[V];
+#pragma unroll
+                    for (int i = 0; i < V; i++) y[i] = u[i] * h[i];
+                    stv<T, V>(ypart + o, y);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+}
+
+// ---- host side -----------------------------------------------------------------------------
+template <typename T, int V, bool SH>
+void launch_fwd_dir(const DirGeom &g, int B, const T *xc, const T *gates, float *hid, T *ypart,
+                    cudaStream_t st) {
+    const size_t smem = 2 * (size_t)(g.N + 2) * g.CG * sizeof(float);
+    CG_CHECK(smem <= smem_limit(), "use gspn_shared_w = 0 or a smaller grid",
+             "gspn_scan (CUDA): a line of %d lanes x %d channels needs %zu bytes of shared memory",
+             g.N, g.CG, smem);
+    auto k = gspn_fwd_dir_kernel<T, V, SH>;
+    set_smem(k, smem);
+    k<<<B * g.ngroups, scan_threads(g), smem, st>>>(xc, gates, hid, ypart, g);
+    CUDA_CHECK_LAUNCH();
+}
+
+// The four forward scans, concurrently on the side streams. hid (4 slices) and/or ypart
+// (4 slices) may be NULL.
+template <typename T, int V, bool SH>
+void fwd_all(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, T *ypart) {
+    CUDA_CHECK(cudaEventRecord(c->fork, c->stream));
+    for (int d = 0; d < DIRS; d++) {
+        CUDA_CHECK(cudaStreamWaitEvent(c->side[d], c->fork, 0));
+        launch_fwd_dir<T, V, SH>(dir_geom(p, d), p.B, xc, gates, hid ? hid + d * p.plane : nullptr,
+                                 ypart ? ypart + d * p.plane : nullptr, c->side[d]);
+        CUDA_CHECK(cudaEventRecord(c->join[d], c->side[d]));
+    }
+    for (int d = 0; d < DIRS; d++) CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->join[d], 0));
+}
+
+template <typename T, int V>
+bool fwd_pipe(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, T *ypart) {
+    if constexpr (V * sizeof(T) < 8) {
+        return false;
+    } else {
+        ScanArgs a = scan_args(p);
+        constexpr int MAXT = PipeThreads<T, V>::fwd;
+        const int D = pipe_stages(p, a, false, 2 * MAXT, c);
+        if (!D) return false;
+        const size_t smem = pipe_smem(p, a, false, D);
+        a.lane_bytes = lane_state_bytes(p, a, false);
+        const int ipt = a.items_max > MAXT ? 2 : 1;
+#define GSPN_FWD_PIPE(DD, II)                                                                  \
+    launch_pipe(gspn_fwd_pipe_kernel<T, V, DD, II>, p, a, smem, II, c->stream, xc, gates, hid, \
+                ypart, p.plane)
+        if (ipt == 1) {
+            if (D == 2) GSPN_FWD_PIPE(2, 1);
+            else if (D == 3) GSPN_FWD_PIPE(3, 1);
+            else GSPN_FWD_PIPE(4, 1);
+        } else {
+            if (D == 2) GSPN_FWD_PIPE(2, 2);
+            else if (D == 3) GSPN_FWD_PIPE(3, 2);
+            else GSPN_FWD_PIPE(4, 2);
+        }
+#undef GSPN_FWD_PIPE
+        return true;
+    }
+}
+
+// Forward: one block per (image, direction). A split of the channels over two blocks per image
+// (sgroups = 2: 128 blocks at the 1024^2 benchmark instead of 64, each with the whole gate chunk)
+// measured 2.5x slower (H200: 28.8 ms against 11.6 ms), so sgroups stays 1.
+template <typename T, int V>
+bool fwd_sh(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, T *ypart) {
+    if (!aligned4(xc) || !aligned4(gates)) return false;
+    ShArgs a;
+    const size_t smem = sh_plan(p, false, 1, a);
+    if (!smem) return false;
+    auto k = gspn_fwd_sh_kernel<T, V>;
+    set_smem(k, smem);
+    k<<<DIRS * p.B, sh_threads(a, false), smem, c->stream>>>(xc, gates, hid, ypart, p.plane, a);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+}  // namespace
+
+// The four forward scans by the fastest path that applies. hid and/or ypart may be NULL.
+template <typename T, int V, bool SH>
+void fwd_scans(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, T *ypart) {
+    const bool done = SH ? fwd_sh<T, V>(c, p, xc, gates, hid, ypart)
+                         : fwd_pipe<T, V>(c, p, xc, gates, hid, ypart);
+    if (!done) fwd_all<T, V, SH>(c, p, xc, gates, hid, ypart);
+}
+#define GSPN_FWD_SCANS(T, V, SH)                                                               \
+    template void fwd_scans<T, V, SH>(CudaCtx *, const Plan &, const T *, const T *, float *, T *);
+GSPN_INSTANCES(GSPN_FWD_SCANS)
+#undef GSPN_FWD_SCANS
+
+template <typename T, int V, bool SH>
+void scan_fwd(Ctx *ctx, const Plan &p, const Tensor *xc, const Tensor *gates, const Tensor *merge,
+              Tensor *yc, Tensor *hidden) {
+    CudaCtx *c = cuda_ctx_of(ctx);
+    T *ypart = static_cast<T *>(scratch_alloc(c, DIRS * (size_t)p.plane * sizeof(T)));
+    const T *x = static_cast<const T *>(xc->data), *g = static_cast<const T *>(gates->data);
+    float *hid = hidden ? tensor_f32(hidden) : nullptr;
+    fwd_scans<T, V, SH>(c, p, x, g, hid, ypart);
+    const long long nvec = p.plane / V;
+    gspn_merge_kernel<T, V><<<ew_blocks(nvec, c), EW_THREADS, 0, c->stream>>>(
+        ypart, p.plane, merge->data, merge->dtype == DTYPE_BF16, static_cast<T *>(yc->data));
+    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(cudaFreeAsync(ypart, c->stream));
+}
+
+void gspn_fwd_impl(Ctx *ctx, const Tensor *xc, const Tensor *gates, const Tensor *merge,
+                   int shared_w, Tensor *yc, Tensor *hidden, Tuning tu) {
+    const void *ptrs[] = {xc->data, gates->data, yc ? yc->data : nullptr,
+                          hidden ? hidden->data : nullptr};
+    const Plan p = make_plan(xc, gates, merge, shared_w, tu, false, ptrs, 4);
+    check_dtype_like("yc", yc, xc);
+    CG_CHECK(!hidden || (hidden->numel == DIRS * (size_t)p.plane && hidden->dtype == DTYPE_F32 &&
+                         hidden->device == DEVICE_CUDA),
+             "", "gspn_scan (CUDA): hidden must be (4, B, H, W, Cc) fp32 on the GPU");
+    if (p.plane == 0) return;
+    GSPN_DISPATCH(p, scan_fwd, ctx, p, xc, gates, merge, yc, hidden);
+}
+
+}  // namespace gspn
