@@ -192,6 +192,7 @@ test: deps
 test-run:
 	@$(MAKE) --no-print-directory -j$(NPROC) $(TEST_BINS) $(if $(filter 1,$(HAVE_MPI)),$(MPI_TEST) $(MPI_TRAIN_TEST)) cgspn lib \
 	   $(if $(filter 1,$(CUDA_ON)),$(GPU_TEST_BINS))
+	@bash tools/fmnist_shards.sh   # so the README's recipes (and mpirun -np 2 ...) run right after
 	@fail=0; echo "== tests/test_layers.sh (tools/check_layers.py)"; bash tests/test_layers.sh || fail=1; \
 	 echo "== tests/test_build_probe.sh (the probe follows what is installed)"; bash tests/test_build_probe.sh || fail=1; \
 	 for t in $(TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
