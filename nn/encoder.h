@@ -22,6 +22,7 @@ typedef struct EncoderConfig {
     int gspn_latent;          // C-GSPN latent channels Cc
     int gspn_shared_w, gspn_out_norm;
     int attn_every;           // hybrid: blocks attn_every, 2*attn_every, ... (1-based) attend
+    int grad_checkpoint;      // 0 = off; N: blocks 0, N, 2N, ... recompute their forward in backward
 } EncoderConfig;
 
 typedef struct Block {

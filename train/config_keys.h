@@ -74,6 +74,7 @@ X(float,  grad_clip,        1.0f,      "clip the global gradient norm to this; 0
 X(float,  label_smoothing,  0.0f,      "cross-entropy label smoothing")
 X(int,    accum_steps,      1,         "gradient accumulation: micro-batches of batch_size / accum_steps per optimizer step")
 X(float,  drop_path,        0.0f,      "stochastic depth rate of the last block, linear from 0 over depth (timm drop_path_rate)")
+X(int,    grad_checkpoint,  0,         "activation recomputation: 0 = off; N = every N-th block (blocks 0, N, 2N, ...) keeps only its input and recomputes its forward during backward (1 = every block; timm set_grad_checkpointing)")
 X(float,  ema_decay,        0.0f,      "EMA of the weights, updated every step and evaluated beside them (timm model_ema_decay); 0 = off")
 X(string, on_nonfinite,     "stop",    "a NaN/Inf loss or gradient norm: stop (naming the step; the last checkpoint stays the newest) or skip the update and count it")
 X(int,    seed,             1,         "seed for initialization, data order and augmentation")

@@ -27,6 +27,9 @@ EncoderConfig encoder_config_from(const Config *c) {
     e.gspn_shared_w = c->gspn_shared_w;
     e.gspn_out_norm = c->gspn_out_norm;
     e.attn_every = c->attn_every;
+    e.grad_checkpoint = c->grad_checkpoint;
+    CG_CHECK(e.grad_checkpoint >= 0, "grad_checkpoint = 0 (off), 1 (every block) or N (every N-th)",
+             "grad_checkpoint %d is negative", e.grad_checkpoint);
     CG_CHECK(e.kind != ENCODER_HYBRID || e.attn_every > 0, "set attn_every (e.g. 9)",
              "model = hybrid needs attn_every > 0");
     return e;
