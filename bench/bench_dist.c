@@ -116,6 +116,7 @@ static BenchResult bench_steps(const Config *c, Dist *d, int warmup, int steps, 
         dd.student.drop_path.step = s;
         op_profile_mark(prof, "forward (teacher, student, losses)");
         Tensor *loss = distill_loss(&dd, &tape, x, NULL, &raw);
+        tape_keep(&tape, loss);   // read after the step
         op_profile_mark(prof, "backward");
         dp_backward(&dp, &tape, loss, true);
         op_profile_mark(prof, "optimizer (after the last bucket)");

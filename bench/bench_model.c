@@ -191,6 +191,7 @@ static StepStats vit_step(VitRun *r, long step, DeviceEvent **ev, float *loss_ou
     device_event_record(ev[0]);
     Tensor *logits = encoder_head(r->tape, r->enc, encoder_forward(r->tape, r->enc, r->img, NULL));
     Tensor *loss = nn_cross_entropy(r->tape, logits, r->tgt);
+    tape_keep(r->tape, loss);   // read after the step
     device_event_record(ev[1]);
     tape_backward(r->tape, loss);
     device_event_record(ev[2]);

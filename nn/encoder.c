@@ -139,10 +139,34 @@ Tensor *encoder_embed(Tape *t, const Encoder *e, Tensor *img) {
     return nn_cast(t, x, DTYPE_F32);
 }
 
+bool encoder_block_is_checkpointed(const EncoderConfig *cfg, int i) {
+    return cfg->grad_checkpoint > 0 && i % cfg->grad_checkpoint == 0;
+}
+
+// A block as a checkpointed segment (nn/tape.h): outs[0] the block's output, outs[1] its
+// mixing layer's output when a tap wants it. Recomputed in backward with the same drop-path
+// masks: they are a function of the encoder's drop_path fields, unchanged within a step.
+typedef struct { const Encoder *e; const Block *b; bool want_pp; } BlockSegment;
+static void block_segment(Tape *t, const void *arg, Tensor *x, Tensor **outs) {
+    const BlockSegment *s = arg;
+    outs[0] = encoder_block_forward(t, s->e, s->b, x, s->want_pp ? &outs[1] : NULL);
+}
+
+// Block i from x, checkpointed when the config asks for it.
+static Tensor *block_forward_planned(Tape *t, const Encoder *e, int i, Tensor *x, Tensor **pp) {
+    if (!encoder_block_is_checkpointed(&e->cfg, i) || !t->grad_enabled)
+        return encoder_block_forward(t, e, &e->blocks[i], x, pp);
+    BlockSegment s = {e, &e->blocks[i], pp != NULL};
+    Tensor *outs[2];
+    tape_checkpoint(t, block_segment, &s, sizeof s, x, pp ? 2 : 1, outs);
+    if (pp) *pp = outs[1];
+    return outs[0];
+}
+
 Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *taps) {
     Tensor *x = encoder_embed(t, e, img);
     for (int i = 0; i < e->cfg.depth; i++) {
-        x = encoder_block_forward(t, e, &e->blocks[i], x, taps ? &taps->pp[i] : NULL);
+        x = block_forward_planned(t, e, i, x, taps ? &taps->pp[i] : NULL);
         if (taps) taps->pb[i] = x;
     }
     return layernorm(t, &e->norm, x);

@@ -83,6 +83,11 @@ int encoder_set_image_size_err(Encoder *e, int img_h, int img_w, char *err, size
 void encoder_set_image_size(Encoder *e, int img_h, int img_w);
 // Class token or mean of patch tokens of the normed tokens, then the head: (B, num_classes).
 Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens);
+// Whether block i (0-based) is recomputed in backward (grad_checkpoint): it keeps only its input
+// (and its outputs) between forward and backward. A C-GSPN block then keeps neither its latent
+// nor the scan's hidden states (4 directions x Cc fp32 per token); the recomputation makes them
+// again, one block at a time.
+bool encoder_block_is_checkpointed(const EncoderConfig *cfg, int i);
 // Whether block i (0-based) is an attention block for this encoder.
 int encoder_block_is_attention(const EncoderConfig *cfg, int i);
 // Multiply-accumulates of one image's forward pass (for MFU and logs).

@@ -23,7 +23,19 @@ void tape_reset(Tape *t) {
     t->n = 0;
     t->n_uses = 0;
     if (t->seen) memset(t->seen, 0, (size_t)t->cap_seen * sizeof *t->seen);
-    arena_reset(t->arena);
+    arena_reset(t->arena);   // the arena's clock back to 0: tape_clock() is t->n
+}
+
+// The memory plan (tape.h): a block made while the tape holds n records can be read only by
+// records n and later, so the arena stamps it n (its release time in backward).
+static void tape_clock(Tape *t) { t->arena->stamp = t->n; }
+
+void tape_keep(Tape *t, const Tensor *x) {
+    if (x) arena_restamp(t->arena, x->data, ARENA_KEEP);
+}
+
+void tape_release(Tape *t, const Tensor *x) {
+    if (x) arena_release(t->arena, x->data);
 }
 
 void tape_set_param_done(Tape *t, TapeParamDoneFn fn, void *user) {
@@ -108,13 +120,25 @@ void *tape_record(Tape *t, TapeBackwardFn fn, size_t bytes) {
     }
     void *record = arena_host_alloc(t->arena, bytes);
     t->entries[t->n++] = (TapeEntry){fn, record};
+    tape_clock(t);
     return record;
+}
+
+// x's gradient buffer (same dtype as the activation, as in llm.c), released with x: x's readers
+// are the only records that use it.
+static Tensor *new_grad(Tape *t, const Tensor *x) {
+    Tensor *g = arena_host_alloc(t->arena, sizeof(Tensor));
+    tensor_set_shape(g, x->ndim, x->shape);
+    g->dtype = x->dtype;
+    g->device = t->ctx->device;
+    g->data = arena_alloc_stamped(t->arena, tensor_bytes(g), arena_stamp_of(t->arena, x->data));
+    return g;
 }
 
 Tensor *tape_grad(Tape *t, Tensor *x) {
     if (!x || !x->requires_grad) return NULL;
     if (!x->grad) {
-        Tensor *g = tape_tensor_like(t, x);   // same dtype as the activation, as in llm.c
+        Tensor *g = new_grad(t, x);
         op_zero(t->ctx, g);
         x->grad = g;
     }
@@ -125,7 +149,7 @@ Tensor *tape_grad_fresh(Tape *t, Tensor *x, bool *fresh) {
     *fresh = false;
     if (!x || !x->requires_grad) return NULL;
     if (!x->grad) {
-        x->grad = tape_tensor_like(t, x);
+        x->grad = new_grad(t, x);
         *fresh = true;
     }
     return x->grad;
@@ -139,7 +163,19 @@ bool tape_grad_adopt(Tape *t, Tensor *x, Tensor *g) {
     v->grad = NULL;
     v->requires_grad = false;
     x->grad = v;
+    // The buffer now also serves x: it dies when the later of its users does (x + y may adopt
+    // dy for both).
+    int sx = arena_stamp_of(t->arena, x->data), sg = arena_stamp_of(t->arena, g->data);
+    if (sg != ARENA_KEEP && (sx == ARENA_KEEP || sx < sg)) arena_restamp(t->arena, g->data, sx);
     return true;
+}
+
+// Record i's backward; then every block stamped i or later is dead (tape_clock): released.
+// Temporaries made by the backward are stamped i; gradients take their activation's stamp.
+static void run_record(Tape *t, int i) {
+    t->arena->stamp = i;
+    t->entries[i].backward(t, t->entries[i].record);
+    arena_release_from(t->arena, i);
 }
 
 // Every record in reverse; after record i, the parameters it read first are reported final.
@@ -149,10 +185,81 @@ static void run_backward(Tape *t) {
     for (; t->param_done && u >= 0 && t->uses[u].entry >= t->n; u--)
         t->param_done(t->param_done_user, t->uses[u].grad);
     for (int i = t->n - 1; i >= 0; i--) {
-        t->entries[i].backward(t, t->entries[i].record);
+        run_record(t, i);
         for (; t->param_done && u >= 0 && t->uses[u].entry == i; u--)
             t->param_done(t->param_done_user, t->uses[u].grad);
     }
+    tape_clock(t);   // what is made after backward (the optimizer's scratch) lives to the reset
+}
+
+// ---- activation checkpointing --------------------------------------------------------------------
+
+typedef struct {
+    TapeSegmentFn fn;
+    const void *arg;         // a copy in the arena's host memory
+    Tensor *x;
+    int n_out;
+    Tensor *outs[TAPE_SEGMENT_MAX_OUTS];
+} SegmentRec;
+
+// Runs the segment again from x with gradients on (records appended after the tape's end), seeds
+// its outputs with the gradients the first outputs received, runs those records backwards and
+// drops them: x and the parameters receive what the segment's records would have given them.
+static void segment_backward(Tape *t, void *p) {
+    SegmentRec *r = p;
+    bool any = false;
+    for (int k = 0; k < r->n_out; k++) any |= r->outs[k] && r->outs[k]->grad;
+    if (!any) return;
+    const int base = t->n;
+    bool was = tape_set_grad_enabled(t, true);
+    tape_clock(t);
+    Tensor *outs[TAPE_SEGMENT_MAX_OUTS] = {0};
+    r->fn(t, r->arg, r->x, outs);
+    tape_set_grad_enabled(t, was);
+    for (int k = 0; k < r->n_out; k++) {
+        Tensor *g = r->outs[k] ? r->outs[k]->grad : NULL;
+        if (!g || !outs[k] || !outs[k]->requires_grad || tape_grad_adopt(t, outs[k], g)) continue;
+        bool fresh;   // not adopted (another dtype or size): written or added like any seed
+        Tensor *d = tape_grad_fresh(t, outs[k], &fresh);
+        if (fresh) op_scale_fwd(t->ctx, g, 1.0f, d);
+        else op_accumulate(t->ctx, g, d);
+    }
+    for (int i = t->n - 1; i >= base; i--) run_record(t, i);
+    t->n = base;
+}
+
+void tape_checkpoint(Tape *t, TapeSegmentFn fn, const void *arg, size_t arg_bytes, Tensor *x,
+                     int n_out, Tensor **outs) {
+    CG_CHECK(n_out >= 1 && n_out <= TAPE_SEGMENT_MAX_OUTS, "", "a checkpointed segment has "
+             "%d outputs (1 to %d)", n_out, TAPE_SEGMENT_MAX_OUTS);
+    for (int k = 0; k < n_out; k++) outs[k] = NULL;
+    if (!t->grad_enabled) {
+        fn(t, arg, x, outs);
+        return;
+    }
+    // The segment's record goes first, so what the segment makes is stamped after it.
+    const int c = t->n;
+    SegmentRec *r = tape_record(t, segment_backward, sizeof(SegmentRec));
+    void *copy = arena_host_alloc(t->arena, arg_bytes);
+    memcpy(copy, arg, arg_bytes);
+    *r = (SegmentRec){fn, copy, x, n_out, {0}};
+    fn(t, copy, x, outs);
+    // The outputs the segment made live until its record's backward; the rest is released now.
+    bool made[TAPE_SEGMENT_MAX_OUTS] = {0};
+    for (int k = 0; k < n_out; k++) {
+        if (!outs[k] || arena_stamp_of(t->arena, outs[k]->data) <= c) continue;
+        made[k] = true;
+        arena_restamp(t->arena, outs[k]->data, ARENA_KEEP);
+    }
+    bool recorded = t->n > c + 1;
+    t->n = recorded ? c + 1 : c;
+    // Parameters first read inside the segment are final once its record has run.
+    for (int u = t->n_uses - 1; u >= 0 && t->uses[u].entry > c; u--) t->uses[u].entry = c;
+    arena_release_from(t->arena, c + 1);
+    for (int k = 0; k < n_out; k++)
+        if (made[k]) arena_restamp(t->arena, outs[k]->data, c);
+    tape_clock(t);
+    memcpy(r->outs, outs, (size_t)n_out * sizeof *outs);
 }
 
 void tape_backward(Tape *t, Tensor *loss) {

@@ -2,6 +2,15 @@
 // record (its backward function and what it saved); tape_backward walks the records in reverse
 // and each backward accumulates into the .grad of its inputs. With gradients disabled nothing
 // is recorded. Activations and records live in the arena, reset every step.
+//
+// Memory plan: a tensor made while the tape holds n records can only be read by records n and
+// later (a record saves what exists when it is appended). So once backward has run record n,
+// the tensor and its gradient are dead, and the arena releases them (kernels/arena.h stamps);
+// each backward's temporaries are released after it. The peak is the forward's saved
+// activations plus one record's backward, not every activation and every gradient at once.
+// What a caller reads after backward (an input's gradient, a logged value) must either be read
+// before it or be kept with tape_keep. Released bytes are poisoned on the CPU (NaN), so a read
+// of a dead tensor shows in the tests.
 #pragma once
 #include "../kernels/arena.h"
 
@@ -46,6 +55,23 @@ void tape_free(Tape *t);
 void tape_reset(Tape *t);
 // Returns the previous setting.
 bool tape_set_grad_enabled(Tape *t, bool enabled);
+
+// x (and its gradient, when backward makes one) lives until the reset, not only until its last
+// reader's backward: for what the caller reads after backward.
+void tape_keep(Tape *t, const Tensor *x);
+// x's storage is free for reuse now (x made by the caller, read by no record).
+void tape_release(Tape *t, const Tensor *x);
+
+// Activation checkpointing (timm's set_grad_checkpointing): fn runs a piece of the forward from
+// x and sets outs[0..n_out-1] (an entry may stay NULL). tape_checkpoint runs it, keeps only x and
+// the outputs, and records one entry whose backward runs fn again from x with gradients on and
+// backpropagates through that. fn must be a pure function of (arg, x) and the parameters: the
+// recomputation gives the same bits, so gradients are bitwise those of the plain forward.
+// arg (arg_bytes) is copied. Without gradients fn just runs.
+#define TAPE_SEGMENT_MAX_OUTS 4
+typedef void (*TapeSegmentFn)(Tape *t, const void *arg, Tensor *x, Tensor **outs);
+void tape_checkpoint(Tape *t, TapeSegmentFn fn, const void *arg, size_t arg_bytes, Tensor *x,
+                     int n_out, Tensor **outs);
 
 // A new activation of the context's dtype (fp32 when f32) on the context's device.
 Tensor *tape_tensor(Tape *t, int ndim, const int *shape, bool f32);

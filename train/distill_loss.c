@@ -42,6 +42,7 @@ Tensor *distill_loss_views(Distiller *d, Tape *t, Tensor *img, Tensor *teacher_i
     Ctx *ctx = t->ctx;
     const Encoder *st = &d->student;
     Tensor *raw = tape_tensor(t, 1, (int[]){d->n_raw}, true);
+    tape_keep(t, raw);   // read by the caller, after backward too
     op_zero(ctx, raw);
     TeacherWant want = {0};
     TeacherTaps tt;

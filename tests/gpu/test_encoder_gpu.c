@@ -53,6 +53,7 @@ static Tensor *run(Side *s, Tensor *img, Tensor *seed, bool taps) {
     params_zero_grads(&s->params, &s->ctx);
     EncoderTaps tp;
     Tensor *y = encoder_forward(&s->tape, &s->enc, img, taps ? &tp : NULL);
+    tape_keep(&s->tape, y);   // compared after backward
     tape_backward_from(&s->tape, 1, &y, &seed);
     return y;
 }
