@@ -10,10 +10,11 @@
 // The full recipe, so that every random source is covered: random-resized crops, flips,
 // RandAugment, erasing, mixup/cutmix, label smoothing, drop path over 2 blocks, an EMA, and
 // gradient accumulation (2 micro-batches of 4 per step). device "cpu" (fp32) or "cuda"
-// (precision auto: bf16 weights and activations, fp32 masters).
+// (precision auto: bf16 weights and activations, fp32 masters). grad_checkpoint: the config key.
 static inline Config resume_recipe_config(const char *dir, const char *model, const char *device,
-                                          const char *run_name, long total) {
+                                          const char *run_name, long total, int grad_checkpoint) {
     Config c = fixture_config(dir, model, run_name, total);
+    c.grad_checkpoint = grad_checkpoint;
     snprintf(c.device, sizeof c.device, "%s", device);
     c.depth = 2;
     c.rrc_scale_min = 0.5f;
@@ -54,18 +55,19 @@ static inline int resume_logged_losses(const char *dir, const char *run, char ou
 }
 
 // Builds the fixture shards in DIR and checks a MODEL ("vit", "cgspn") run on DEVICE.
-static inline void resume_is_bit_exact(const char *dir, const char *model, const char *device) {
+static inline void resume_is_bit_exact(const char *dir, const char *model, const char *device,
+                                       int grad_checkpoint) {
     enum { N = 5, TOTAL = 2 * N };   // 48 images / batch 8 = 6 steps per epoch: crosses an epoch
     fixture_build_shards(dir, 48, 16);
     float full[TOTAL], split_losses[TOTAL];
     memset(split_losses, 0xff, sizeof split_losses);
 
-    Config a = resume_recipe_config(dir, model, device, "full", TOTAL);
+    Config a = resume_recipe_config(dir, model, device, "full", TOTAL, grad_checkpoint);
     TrainOptions oa = {.step_losses = full};
     TrainResult ra = classify_train(&a, &oa);
     assert_int_equal(ra.step, TOTAL);
 
-    Config b = resume_recipe_config(dir, model, device, "split", TOTAL);   // stopped after N
+    Config b = resume_recipe_config(dir, model, device, "split", TOTAL, grad_checkpoint);   // stopped after N
     TrainOptions ob = {.stop_after = N, .step_losses = split_losses};
     TrainResult rb = classify_train(&b, &ob);
     assert_int_equal(rb.step, N);
@@ -76,7 +78,7 @@ static inline void resume_is_bit_exact(const char *dir, const char *model, const
     resume_assert_bits_equal(full, split_losses, TOTAL, model);
 
     // Resuming the uninterrupted run's middle checkpoint by path, into another run folder.
-    Config d = resume_recipe_config(dir, model, device, "from_path", TOTAL);
+    Config d = resume_recipe_config(dir, model, device, "from_path", TOTAL, grad_checkpoint);
     snprintf(d.resume, sizeof d.resume, "%s/full/step_%08d", dir, N);
     float from_path[TOTAL];
     memcpy(from_path, full, sizeof from_path);

@@ -417,10 +417,14 @@ static void test_kill9_mid_write_leaves_previous_checkpoint_newest(void **state)
 // ---- cgspn train resumes bit-exactly (tests/resume_check.h) --------------------------------
 
 static void test_vit_training_resumes_bit_exactly(void **state) {
-    resume_is_bit_exact(g_dir, "vit", "cpu");
+    resume_is_bit_exact(g_dir, "vit", "cpu", 0);
 }
 static void test_cgspn_training_resumes_bit_exactly(void **state) {
-    resume_is_bit_exact(g_dir, "cgspn", "cpu");
+    resume_is_bit_exact(g_dir, "cgspn", "cpu", 0);
+}
+// Every block recomputed in backward (grad_checkpoint = 1), drop path on: still bit-exact.
+static void test_cgspn_training_with_recomputation_resumes_bit_exactly(void **state) {
+    resume_is_bit_exact(g_dir, "cgspn", "cpu", 1);
 }
 
 int main(void) {
@@ -435,6 +439,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_kill9_mid_write_leaves_previous_checkpoint_newest, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_vit_training_resumes_bit_exactly, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_cgspn_training_resumes_bit_exactly, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_cgspn_training_with_recomputation_resumes_bit_exactly, setup_dir, teardown_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

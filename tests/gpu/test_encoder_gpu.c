@@ -83,9 +83,14 @@ static void compare_with_cpu(GeluKind gelu, DType dt) {
     Tensor *gimg = gpu_test_upload(&gpu.ctx, img, dt), *gseed = gpu_test_upload(&gpu.ctx, seed, dt);
     gimg->requires_grad = true;
     double bound = dt == DTYPE_F32 ? FP32_BOUND : BF16_BOUND;
-    for (int taps = 0; taps < 2; taps++) {
-        printf("  %s GELU, %s, %s\n", gelu == GELU_TANH ? "tanh" : "erf", dtype_name(dt),
-               taps ? "taps kept (unfused residual adds)" : "no taps (fused residual paths)");
+    // Runs 0, 1: every activation kept, without and with taps; 2, 3: every block recomputed in
+    // backward (grad_checkpoint = 1), without and with taps.
+    for (int run_i = 0; run_i < 4; run_i++) {
+        int taps = run_i % 2;
+        gpu.enc.cfg.grad_checkpoint = run_i / 2;
+        printf("  %s GELU, %s, %s%s\n", gelu == GELU_TANH ? "tanh" : "erf", dtype_name(dt),
+               taps ? "taps kept (unfused residual adds)" : "no taps (fused residual paths)",
+               run_i / 2 ? ", every block recomputed" : "");
         // backward may write into the seed's gradient buffer: a fresh copy each run
         Tensor *seed_copy = gpu_test_upload(&gpu.ctx, seed, dt);
         Tensor *gy = run(&gpu, gimg, seed_copy, taps);

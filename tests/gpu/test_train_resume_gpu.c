@@ -14,18 +14,25 @@ static int teardown_dir(void **state) { return test_remove_dir(g_dir); }
 
 static void test_vit_training_on_the_gpu_resumes_bit_exactly(void **state) {
     GPU_TEST_REQUIRE_DEVICE();
-    resume_is_bit_exact(g_dir, "vit", "cuda");
+    resume_is_bit_exact(g_dir, "vit", "cuda", 0);
 }
 
 static void test_cgspn_training_on_the_gpu_resumes_bit_exactly(void **state) {
     GPU_TEST_REQUIRE_DEVICE();
-    resume_is_bit_exact(g_dir, "cgspn", "cuda");
+    resume_is_bit_exact(g_dir, "cgspn", "cuda", 0);
+}
+
+// Every block recomputed in backward (grad_checkpoint = 1): bit-exact on the GPU too.
+static void test_vit_training_with_recomputation_on_the_gpu_resumes_bit_exactly(void **state) {
+    GPU_TEST_REQUIRE_DEVICE();
+    resume_is_bit_exact(g_dir, "vit", "cuda", 1);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_vit_training_on_the_gpu_resumes_bit_exactly, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_cgspn_training_on_the_gpu_resumes_bit_exactly, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_vit_training_with_recomputation_on_the_gpu_resumes_bit_exactly, setup_dir, teardown_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
