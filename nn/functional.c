@@ -124,6 +124,7 @@ Tensor *nn_linear_add_layernorm(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tens
     Tensor *h = tape_tensor_like(t, res);
     Tensor *mean, *rstd, *y = layernorm_outputs(t, h, &mean, &rstd);
     op_add_layernorm_fwd(t->ctx, res, m, ln_w, ln_b, eps, h, y, mean, rstd);
+    tape_release(t, m);
     tape_track(t, h, x, w, b);
     if (t->grad_enabled && res->requires_grad) h->requires_grad = true;
     if (tape_track(t, y, h, ln_w, ln_b))   // h needs a gradient, or a norm parameter is trained
@@ -150,18 +151,26 @@ Tensor *nn_gelu(Tape *t, Tensor *x, GeluKind kind) {
 }
 
 // ---- MLP: linear + GELU + linear ----
-typedef struct { Tensor *x, *w1, *b1, *w2, *b2, *pre, *h, *y; GeluKind kind; } MlpRec;
+// The record keeps fc1's output pre, not h = gelu(pre): backward makes h again from pre (one
+// elementwise pass, as torch.compile's partitioner does), so the forward keeps 2 bytes less per
+// hidden unit and token (the widest activation of a block). On the CPU the bits are the
+// forward's; on the GPU the forward's h came from the fp32 product (the GEMM's GELU epilogue),
+// the recomputed one from pre rounded to the activation dtype.
+typedef struct { Tensor *x, *w1, *b1, *w2, *b2, *pre, *y; GeluKind kind; } MlpRec;
 // The MLP's backward from dy, the gradient of its output (fc2's y) in the activation dtype.
 // db2: fc2's bias gradient, or NULL when the caller has it already (branch_grad).
 static void mlp_backward_from(Tape *t, const MlpRec *r, const Tensor *dy, Tensor *db2) {
     bool fresh;
     Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
     Tensor *dw1 = tape_grad(t, r->w1), *db1 = tape_grad(t, r->b1);
+    Tensor *h = tape_tensor_like(t, r->pre);
+    op_gelu_fwd(t->ctx, r->pre, r->kind, h);
     // dpre is written by linear_dgelu_bwd (never zeroed); not needed when fc1 wants nothing.
     Tensor *dpre = dx || dw1 || db1 ? tape_tensor_like(t, r->pre) : NULL;
     // fc1's bias gradient, the column sums of dpre, comes with dpre (one product on the GPU).
-    op_linear_dgelu_bwd(t->ctx, dy, r->h, r->w2, r->pre, r->kind, dpre, db1,
+    op_linear_dgelu_bwd(t->ctx, dy, h, r->w2, r->pre, r->kind, dpre, db1,
                         tape_grad(t, r->w2), db2);
+    tape_release(t, h);
     if (dpre && (dx || dw1))
         (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, dpre, r->x, r->w1, dx, dw1, NULL);
 }
@@ -180,9 +189,10 @@ Tensor *nn_mlp(Tape *t, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2, Tensor *b
     Tensor *pre = track ? new_shaped(t, x, w1->shape[0]) : NULL;
     op_linear_gelu_fwd(t->ctx, x, w1, b1, kind, pre, h);
     op_linear_fwd(t->ctx, h, w2, b2, y);
+    tape_release(t, h);   // made again from pre in backward
     if (track)
         *(MlpRec *)tape_record(t, mlp_backward, sizeof(MlpRec)) =
-            (MlpRec){x, w1, b1, w2, b2, pre, h, y, kind};
+            (MlpRec){x, w1, b1, w2, b2, pre, y, kind};
     return y;
 }
 
@@ -197,7 +207,7 @@ static void mlp_residual_backward(Tape *t, void *p) {
         m->w2->requires_grad || (m->b2 && m->b2->requires_grad)) {
         Tensor *db2 = tape_grad(t, m->b2);
         bool db2_done;
-        Tensor *dm = branch_grad(t, dy, m->h, db2, &db2_done);
+        Tensor *dm = branch_grad(t, dy, m->pre, db2, &db2_done);
         mlp_backward_from(t, m, dm, db2_done ? NULL : db2);
     }
     pass_grad(t, r->res, dy);
@@ -217,9 +227,10 @@ Tensor *nn_mlp_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w1, Tensor *b1,
     Tensor *pre = track ? new_shaped(t, x, w1->shape[0]) : NULL;
     op_linear_gelu_fwd(t->ctx, x, w1, b1, kind, pre, h);
     op_linear_residual_fwd(t->ctx, h, w2, b2, res, y);
+    tape_release(t, h);   // made again from pre in backward
     if (track)
         *(MlpResidualRec *)tape_record(t, mlp_residual_backward, sizeof(MlpResidualRec)) =
-            (MlpResidualRec){{x, w1, b1, w2, b2, pre, h, y, kind}, res};
+            (MlpResidualRec){{x, w1, b1, w2, b2, pre, y, kind}, res};
     return y;
 }
 
