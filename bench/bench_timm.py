@@ -3,7 +3,8 @@
 
 Times timm's models and timm's ViT block, eager and torch.compile, and writes the numbers as one
 flat JSON object (build/bench_timm.json) that the cgspn benches read and print beside their own
-(with the ratios). `make bench` runs this first when python3 has torch and timm.
+(with the ratios). `make bench` runs this first when python3 has torch and timm. Progress lines
+(with the seconds since the start) go to stderr.
 
     python3 bench/bench_timm.py                          # everything, on the GPU
     python3 bench/bench_timm.py --only vit --no-compile  # eager ViT steps only
@@ -14,19 +15,32 @@ parameters, cast per forward: PyTorch's mixed precision), cross-entropy on rando
 backward, clip_grad_norm_(1.0), fused AdamW (lr 1e-4, weight decay 0.05), zero_grad. Models:
 vit_base_patch16_224 at 224 px, batch 256; vit_so400m_patch14_siglip_378 at 378 px, batch 32,
 with a 1000-class head on the mean token (global_pool="avg", as cgspn's so14 bench) and
-SigLIP's tanh GELU (act_layer="gelu_tanh", as tests/parity_timm.py and configs/vit_so14.cfg). Steps are
-queued back to back with a CUDA event between steps (no host sync inside the timed run: PyTorch's
-best case); the median step of --steps after --warmup. Memory: torch.cuda.max_memory_reserved
-(and _allocated) over the timed steps.
+SigLIP's tanh GELU (act_layer="gelu_tanh", as tests/parity_timm.py and configs/vit_so14.cfg).
+Each model four ways: eager, compiled, and both with timm's gradient checkpointing
+(model.set_grad_checkpointing(True): every block under non-reentrant torch.utils.checkpoint),
+"eager_ckpt" and "compiled_ckpt". Steps are queued back to back with a CUDA event between steps
+(no host sync inside the timed run: PyTorch's best case); the median step of --steps after
+--warmup. Memory: torch.cuda.max_memory_reserved (and _allocated) over the timed steps, the peak
+statistics reset (after empty_cache) before them, so each configuration has its own.
 
 block: timm's ViT Block (width 1152, 16 heads, MLP 4304, GELU tanh, qkv bias; attention through
 F.scaled_dot_product_attention) on x (32, N, 1152) fp32 under bf16 autocast, N = 74^2 (1036 px)
 and 147^2 (2058 px); fwd = forward under no_grad, fwd+bwd = forward + backward from a random dy
-(input and weight gradients). Median of CUDA-event-timed calls after warm-up.
+(input and weight gradients). Median of CUDA-event-timed calls after warm-up; memory: the peak
+over the timed calls.
 
-Keys: "<model>/<eager|compiled>/step_ms", ".../img_per_s", ".../peak_reserved_gib",
-"block/<px>/<eager|compiled>/fwd_ms", ".../fwdbwd_ms"; a failed measurement leaves its key out
-and records "<...>/error".
+Keys:
+  "<model>/<mode>/step_ms", ".../img_per_s", ".../peak_reserved_gib", ".../peak_allocated_gib"
+      mode = eager, compiled, eager_ckpt, compiled_ckpt;
+      "<model>/<compiled|compiled_ckpt>/compile_s";
+      "<model>/batch", "<model>/img", "<model>/timm_model";
+  "block/<px>/<eager|compiled>/fwd_ms", ".../fwdbwd_ms", ".../peak_reserved_gib" and
+      ".../peak_allocated_gib" (of fwd+bwd), ".../fwd_peak_reserved_gib",
+      ".../fwdbwd_peak_reserved_gib";
+      "block/<px>/tokens";
+Memory keys are written on CUDA devices only. A failed measurement leaves its keys out and
+records "<...>/error" ("block/<px>/<mode>/<fwd|fwdbwd>_error").
+--smoke: batch 2, the block at 70 px; the vit models without compiled_ckpt.
 """
 import argparse
 import datetime
@@ -52,6 +66,13 @@ VIT_MODELS = {
 }
 BLOCK_PX = [1036, 2058]
 BLOCK_B, BLOCK_C, BLOCK_HEADS, BLOCK_MLP, PATCH = 32, 1152, 16, 4304, 14
+
+T0 = time.perf_counter()
+
+
+def progress(msg):
+    """A progress line on stderr with the seconds since the start."""
+    print(f"[bench_timm {time.perf_counter() - T0:7.1f} s] {msg}", file=sys.stderr, flush=True)
 
 
 class Timer:
@@ -117,19 +138,24 @@ def bench_vit(key, args, device, out, save):
             opt.zero_grad(set_to_none=True)
         return step
 
-    modes = [("eager", model)]
+    modes = [("eager", False), ("eager_ckpt", True)]
     if not args.no_compile:
-        modes.append(("compiled", None))
-    for mode, fwd in modes:
+        modes.append(("compiled", False))
+        if not args.smoke:   # one compile per model is check enough on the CPU
+            modes.append(("compiled_ckpt", True))
+    for mode, ckpt in modes:
         tag = f"{key}/{mode}"
         try:
+            model.set_grad_checkpointing(ckpt)   # timm's: checkpoint_seq over the blocks
+            reset_memory(device)
+            progress(f"{tag}: batch {batch}")
             t0 = time.perf_counter()
-            if fwd is None:
-                fwd = torch.compile(model)
+            # A fresh torch.compile per mode; dynamo guards on model.grad_checkpointing anyway.
+            fwd = torch.compile(model) if mode.startswith("compiled") else model
             step = make_step(fwd)
             step()   # the first call compiles
             timer.sync()
-            if mode == "compiled":
+            if mode.startswith("compiled"):
                 out[f"{tag}/compile_s"] = time.perf_counter() - t0
             for _ in range(args.warmup):
                 step()
@@ -146,13 +172,14 @@ def bench_vit(key, args, device, out, save):
             for k, v in memory_stats(device).items():
                 out[f"{tag}/{k}"] = v
             save()
-            print(f"  {key:9s} {mode:9s} batch {batch:4d}: {ms:8.2f} ms/step  "
+            print(f"  {key:9s} {mode:13s} batch {batch:4d}: {ms:8.2f} ms/step  "
                   f"{batch / (ms * 1e-3):8.0f} img/s  "
                   f"{out.get(tag + '/peak_reserved_gib', 0):6.2f} GiB reserved", flush=True)
         except Exception as e:   # record and go on with the next measurement
             out[f"{tag}/error"] = f"{type(e).__name__}: {e}"[:500]
             print(f"  {key} {mode}: FAILED {type(e).__name__}: {e}", flush=True)
             traceback.print_exc()
+    model.set_grad_checkpointing(False)
     del model, opt, x, y
     reset_memory(device)
 
@@ -201,7 +228,7 @@ def bench_block(args, device, out, save):
                     reset_memory(device)
                     for _ in range(warm + 1):   # + 1: the first call compiles
                         call()
-                    timer.sync()
+                    reset_memory(device)   # the peak of the timed calls, not of the compile
                     times = []
                     for _ in range(reps):
                         a = timer.mark()
@@ -210,10 +237,13 @@ def bench_block(args, device, out, save):
                         times.append(timer.ms(a, b))
                     ms = statistics.median(times)
                     out[f"{tag}/{what}_ms"] = ms
-                    save()
                     mem = memory_stats(device)
                     if mem:
                         out[f"{tag}/{what}_peak_reserved_gib"] = mem["peak_reserved_gib"]
+                        if what == "fwdbwd":   # the block's memory: that of forward + backward
+                            out[f"{tag}/peak_reserved_gib"] = mem["peak_reserved_gib"]
+                            out[f"{tag}/peak_allocated_gib"] = mem["peak_allocated_gib"]
+                    save()
                     print(f"  block {px:5d} px ({n:6d} tokens) {mode:9s} {what:7s}: {ms:9.2f} ms",
                           flush=True)
                 except Exception as e:
