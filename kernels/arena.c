@@ -11,6 +11,7 @@ void arena_init(Arena *a, Ctx *ctx, size_t chunk_bytes) {
     a->chunk_bytes = chunk_bytes;
     a->spare = -1;
     a->max_stamp = -1;
+    a->scope_head = -1;
     a->poison = ctx->device == DEVICE_CPU && !getenv("NOPOISON");
 }
 
@@ -123,6 +124,12 @@ static void stamp_link(Arena *a, int s, int stamp) {
     ArenaBlock *b = &a->blocks[s];
     b->stamp = stamp;
     b->stamp_prev = b->stamp_next = -1;
+    if (stamp == ARENA_SCOPE) {
+        b->stamp_next = a->scope_head;
+        if (a->scope_head >= 0) a->blocks[a->scope_head].stamp_prev = s;
+        a->scope_head = s;
+        return;
+    }
     if (stamp < 0) return;
     if (stamp >= a->cap_stamps) {
         int cap = a->cap_stamps ? a->cap_stamps : 256;
@@ -140,9 +147,10 @@ static void stamp_link(Arena *a, int s, int stamp) {
 
 static void stamp_unlink(Arena *a, int s) {
     ArenaBlock *b = &a->blocks[s];
-    if (b->stamp < 0) return;
+    if (b->stamp == ARENA_KEEP) return;
+    int *head = b->stamp == ARENA_SCOPE ? &a->scope_head : &a->stamp_head[b->stamp];
     if (b->stamp_prev >= 0) a->blocks[b->stamp_prev].stamp_next = b->stamp_next;
-    else a->stamp_head[b->stamp] = b->stamp_next;
+    else *head = b->stamp_next;
     if (b->stamp_next >= 0) a->blocks[b->stamp_next].stamp_prev = b->stamp_prev;
     b->stamp = ARENA_KEEP;
 }
@@ -175,6 +183,7 @@ void arena_reset(Arena *a) {
     a->n_addr = 0;
     for (int i = 0; i <= a->max_stamp && i < a->cap_stamps; i++) a->stamp_head[i] = -1;
     a->max_stamp = -1;
+    a->scope_head = -1;
     a->stamp = 0;
     a->in_use = 0;
     for (int i = 0; i < a->n_host; i++) a->host[i].used = 0;
@@ -279,6 +288,10 @@ void arena_release_from(Arena *a, int stamp) {
         while (a->stamp_head[st] >= 0) release_block(a, a->stamp_head[st]);
     }
     if (a->max_stamp >= stamp) a->max_stamp = stamp - 1;
+}
+
+void arena_release_scope(Arena *a) {
+    while (a->scope_head >= 0) release_block(a, a->scope_head);
 }
 
 int arena_stamp_of(Arena *a, const void *p) {

@@ -14,6 +14,9 @@
 #include "ctx.h"
 
 #define ARENA_KEEP (-1)
+// Blocks of a scope: released together by arena_release_scope (a frozen teacher's block: what
+// it makes beyond the taps it hands on is dead once the block has run).
+#define ARENA_SCOPE (-2)
 
 typedef struct ArenaChunk {
     char *base;
@@ -47,6 +50,7 @@ typedef struct Arena {
     int *by_addr;            // open-addressing map: a used block's start address -> its slot
     int cap_addr, n_addr;
     int *stamp_head;         // per stamp, the first used block with it (-1: none)
+    int scope_head;          // the first used block stamped ARENA_SCOPE (-1: none)
     int cap_stamps, max_stamp;
     int stamp;               // the stamp of blocks handed out now (the tape sets it)
     bool poison;             // fill released bytes with 0xFF (NaN in fp32 and bf16): finds reads
@@ -63,6 +67,8 @@ void *arena_alloc_stamped(Arena *a, size_t bytes, int stamp);
 void arena_release(Arena *a, const void *p);
 // Releases every block stamped `stamp` or later.
 void arena_release_from(Arena *a, int stamp);
+// Releases every block stamped ARENA_SCOPE.
+void arena_release_scope(Arena *a);
 // The stamp of the block that holds p; ARENA_KEEP when p is not from this arena.
 int  arena_stamp_of(Arena *a, const void *p);
 // Gives the block that holds p another release time (nothing when p is not from this arena).

@@ -58,8 +58,8 @@ void distiller_free(Distiller *d);
 void distiller_init_student(Distiller *d, const Config *c, FILE *f);
 
 // The step's loss on img (B, in_chans, H, W) and, when gamma > 0, soft targets (B, K) (else
-// NULL). Records the student on t (the teacher runs in its own scratch arena, its kept taps on
-// t's arena). *raw receives a device fp32 vector of d->n_raw values: the loss terms of the step
+// NULL). Records the student on t (the teacher runs on t's arena without records, each block's
+// activations released when it is done; its kept taps live until the student's backward). *raw receives a device fp32 vector of d->n_raw values: the loss terms of the step
 // (distill_parts turns them into the logged parts) and last the total.
 Tensor *distill_loss(Distiller *d, Tape *t, Tensor *img, Tensor *targets, Tensor **raw);
 // The same with the teacher seeing teacher_img (B, in_chans, h, w), the student's image at the

@@ -25,17 +25,14 @@ int teacher_image_side(const Config *c) {
     return c->teacher_img_size > 0 ? c->teacher_img_size : c->img_size;
 }
 
-// The encoder of T->cfg at image side x side: parameters registered and allocated frozen, the
-// scratch arena and gradient-free tape ready.
+// The encoder of T->cfg at image side x side: parameters registered and allocated frozen.
 static void teacher_build(Teacher *T, int side, Ctx *ctx) {
     T->cfg.img_size = side;
     EncoderConfig ecfg = encoder_config_from(&T->cfg);
+    ecfg.grad_checkpoint = 0;   // frozen: nothing to recompute
     params_init_table(&T->params);
     encoder_register(&T->enc, &ecfg, &T->params);
     params_alloc_frozen(&T->params, ctx);
-    arena_init(&T->scratch, ctx, 64u << 20);
-    tape_init(&T->tape, ctx, &T->scratch);
-    tape_set_grad_enabled(&T->tape, false);
 }
 
 int teacher_load_err(Teacher *T, const Config *c, Ctx *ctx, char *err, size_t n) {
@@ -123,8 +120,6 @@ void teacher_load(Teacher *T, const Config *c, Ctx *ctx) {
 }
 
 void teacher_free(Teacher *T, Ctx *ctx) {
-    tape_free(&T->tape);
-    arena_free(&T->scratch);
     params_free(&T->params, ctx);
     load_report_free(&T->report);
 }
@@ -154,24 +149,39 @@ void teacher_forward(Teacher *T, Tape *keep, Tensor *img, const TeacherWant *wan
         if (want->in[i] && i - 1 > last) last = i - 1;
     }
     Ctx *ctx = keep->ctx;
-    tape_reset(&T->tape);
-    Tensor *x0 = encoder_embed(&T->tape, &T->enc, img);             // (B, prefix+N, C) fp32
+    // The teacher runs on keep's arena without gradients, each piece in a scope: what a block
+    // makes beyond the taps and the stream it hands on is released when the block is done, for
+    // the student's forward and backward to reuse.
+    Arena *arena = keep->arena;
+    Tape run;
+    tape_init(&run, ctx, arena);
+    tape_set_grad_enabled(&run, false);
+    const int clock = arena->stamp;
+    arena->stamp = ARENA_SCOPE;
+    Tensor *x0 = encoder_embed(&run, &T->enc, img);                 // (B, prefix+N, C) fp32
+    arena->stamp = clock;
     // The residual stream between blocks, in two buffers of the step's arena (ping-pong).
     Tensor *buf[2] = {tape_tensor(keep, x0->ndim, x0->shape, true),
                       tape_tensor(keep, x0->ndim, x0->shape, true)};
     op_scale_fwd(ctx, x0, 1.0f, buf[0]);
+    arena_release_scope(arena);
     Tensor *x = buf[0];
     for (int i = 0; i < depth && i <= last + 1; i++) {
         if (want->in[i]) out->in[i] = keep_patches(keep, T, x);
         if (i > last) break;
-        tape_reset(&T->tape);   // the previous block's activations are dead
         Tensor *pp;
-        Tensor *y = encoder_block_forward(&T->tape, &T->enc, &T->enc.blocks[i], x, &pp);
+        arena->stamp = ARENA_SCOPE;
+        Tensor *y = encoder_block_forward(&run, &T->enc, &T->enc.blocks[i], x, &pp);
+        arena->stamp = clock;
         if (want->pp[i]) out->pp[i] = keep_patches(keep, T, pp);
         x = buf[(i + 1) & 1];
         op_scale_fwd(ctx, y, 1.0f, x);
+        arena_release_scope(arena);   // the block's activations are dead
         if (want->pb[i]) out->pb[i] = keep_patches(keep, T, x);
     }
+    tape_release(keep, buf[0]);   // the taps are copies
+    tape_release(keep, buf[1]);
+    tape_free(&run);
 }
 
 void teacher_taps_resize(Tape *keep, const Teacher *T, TeacherTaps *tt, int grid_h, int grid_w) {

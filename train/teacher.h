@@ -5,8 +5,8 @@
 // ViT converted to safetensors (timm names; teacher_prefix is stripped, e.g. visual.trunk.).
 // It runs at the run's image size: a pos_embed made for another grid is resampled as timm's
 // resample_abs_pos_embed does. Its parameters are values only (no gradients or optimizer
-// state; bf16 on the GPU), and it runs block by block with gradients off in a scratch arena
-// reset before every block, so only the taps asked for outlive a block.
+// state; bf16 on the GPU), and it runs block by block with gradients off on the step's arena,
+// each block's activations released when it is done, so only the taps asked for outlive a block.
 #pragma once
 #include "config.h"
 #include "../nn/encoder.h"
@@ -16,8 +16,6 @@ typedef struct Teacher {
     Config cfg;              // the teacher's config (img_size set to the run's)
     Encoder enc;
     ParamTable params;       // frozen
-    Arena scratch;           // one block's activations
-    Tape tape;               // on scratch, gradients off
     char weights[1024];      // the safetensors file loaded
     char config_path[1024];  // the config file its model keys came from
     LoadReport report;       // of the load (extra tensors, pos_embed resampling)
