@@ -158,29 +158,27 @@ void teacher_forward(Teacher *T, Tape *keep, Tensor *img, const TeacherWant *wan
     tape_set_grad_enabled(&run, false);
     const int clock = arena->stamp;
     arena->stamp = ARENA_SCOPE;
-    Tensor *x0 = encoder_embed(&run, &T->enc, img);                 // (B, prefix+N, C) fp32
-    arena->stamp = clock;
-    // The residual stream between blocks, in two buffers of the step's arena (ping-pong).
-    Tensor *buf[2] = {tape_tensor(keep, x0->ndim, x0->shape, true),
-                      tape_tensor(keep, x0->ndim, x0->shape, true)};
-    op_scale_fwd(ctx, x0, 1.0f, buf[0]);
+    Tensor *x = encoder_embed(&run, &T->enc, img);                  // (B, prefix+N, C) fp32
+    arena_restamp(arena, x->data, clock);   // the stream a block hands on outlives the scope
     arena_release_scope(arena);
-    Tensor *x = buf[0];
     for (int i = 0; i < depth && i <= last + 1; i++) {
+        arena->stamp = clock;
         if (want->in[i]) out->in[i] = keep_patches(keep, T, x);
         if (i > last) break;
-        Tensor *pp;
-        arena->stamp = ARENA_SCOPE;
-        Tensor *y = encoder_block_forward(&run, &T->enc, &T->enc.blocks[i], x, &pp);
+        Tensor *pp = NULL;
+        arena->stamp = ARENA_SCOPE;   // the block's activations are dead once it has run
+        Tensor *y = encoder_block_forward(&run, &T->enc, &T->enc.blocks[i], x,
+                                          want->pp[i] ? &pp : NULL);
         arena->stamp = clock;
-        if (want->pp[i]) out->pp[i] = keep_patches(keep, T, pp);
-        x = buf[(i + 1) & 1];
-        op_scale_fwd(ctx, y, 1.0f, x);
-        arena_release_scope(arena);   // the block's activations are dead
+        if (pp) out->pp[i] = keep_patches(keep, T, pp);
+        arena_restamp(arena, y->data, clock);
+        arena_release_scope(arena);
+        tape_release(keep, x);
+        x = y;
         if (want->pb[i]) out->pb[i] = keep_patches(keep, T, x);
     }
-    tape_release(keep, buf[0]);   // the taps are copies
-    tape_release(keep, buf[1]);
+    arena->stamp = clock;
+    tape_release(keep, x);   // the taps are copies
     tape_free(&run);
 }
 
