@@ -12,7 +12,7 @@ void arena_init(Arena *a, Ctx *ctx, size_t chunk_bytes) {
     a->spare = -1;
     a->max_stamp = -1;
     a->scope_head = -1;
-    a->poison = ctx->device == DEVICE_CPU && !getenv("NOPOISON");
+    a->poison = ctx->device == DEVICE_CPU;
 }
 
 void arena_free(Arena *a) {

@@ -2,6 +2,7 @@
 // kernels/cuda/ when this build has it. The one host file besides kernels/dispatch.c that
 // tests CGSPN_CUDA.
 #include "device.h"
+#include "alloc_count.h"
 #include "error.h"
 #include <omp.h>
 #include <stdlib.h>
@@ -105,6 +106,7 @@ void *device_alloc(Ctx *ctx, size_t bytes) {
     size_t rounded = (bytes + 63) / 64 * 64;
     if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0)
         CG_FAIL("reduce batch_size or model size", "out of host memory allocating %zu bytes", bytes);
+    alloc_count_add(DEVICE_CPU, p, rounded ? rounded : 64);
     return p;
 }
 
@@ -112,7 +114,29 @@ void device_free(Ctx *ctx, void *p) {
 #ifdef CGSPN_CUDA
     if (ctx->device == DEVICE_CUDA) { cuda_free(p); return; }
 #endif
+    alloc_count_remove(DEVICE_CPU, p);
     free(p);
+}
+
+DeviceMemoryUse device_memory_use(const Ctx *ctx) {
+    DeviceMemoryUse u = {0};
+    alloc_count_get(ctx->device, &u.now, &u.peak);
+#ifdef CGSPN_CUDA
+    if (ctx->device == DEVICE_CUDA) {
+        size_t pool_now = 0, pool_peak = 0;
+        cuda_pool_reserved(ctx, &pool_now, &pool_peak);
+        u.now += pool_now;
+        u.peak += pool_peak;
+    }
+#endif
+    return u;
+}
+
+void device_memory_reset_peak(Ctx *ctx) {
+    alloc_count_reset_peak(ctx->device);
+#ifdef CGSPN_CUDA
+    if (ctx->device == DEVICE_CUDA) cuda_pool_reset_peak(ctx);
+#endif
 }
 
 void tensor_upload(Ctx *ctx, Tensor *t, const void *host) {

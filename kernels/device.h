@@ -37,6 +37,16 @@ void device_describe(const Ctx *ctx, FILE *f);
 size_t device_memory_used(const Ctx *ctx);
 size_t device_memory_free(Ctx *ctx);
 
+// Device memory this process holds on the context's kind of device: what device_alloc and the
+// GPU libraries' workspaces hold (counted per allocation), plus on the GPU what the stream-ordered
+// pool of per-op temporaries has reserved (it keeps it between steps, as PyTorch's caching
+// allocator does, so `peak` compares with torch.cuda.max_memory_reserved). Not the CUDA context
+// itself. now: at the call; peak: most at once since the last device_memory_reset_peak (an upper
+// bound: the pool's high-water mark is added to the allocations' one).
+typedef struct DeviceMemoryUse { size_t now, peak; } DeviceMemoryUse;
+DeviceMemoryUse device_memory_use(const Ctx *ctx);
+void device_memory_reset_peak(Ctx *ctx);
+
 // Memory on the context's device (64-byte aligned on the CPU); checked, never NULL.
 void *device_alloc(Ctx *ctx, size_t bytes);
 void device_free(Ctx *ctx, void *p);

@@ -76,6 +76,10 @@ void cuda_tensor_upload(Ctx *ctx, Tensor *t, const void *host);
 void cuda_tensor_download(Ctx *ctx, const Tensor *t, void *host);
 void cuda_device_props(int device, char *name, size_t name_n, int *sm_count, size_t *total_bytes);
 void cuda_memory_info(size_t *free_bytes, size_t *total_bytes);
+// What the context's device's stream-ordered pool has reserved: now and its high-water mark
+// since the last cuda_pool_reset_peak.
+void cuda_pool_reserved(const Ctx *ctx, size_t *now, size_t *peak);
+void cuda_pool_reset_peak(Ctx *ctx);
 void cuda_copy(Ctx *ctx, void *dst, const void *src, size_t bytes);
 void cuda_synchronize(Ctx *ctx);
 void *cuda_event_create(void);                 // a cudaEvent_t behind a pointer

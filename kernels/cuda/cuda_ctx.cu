@@ -1,6 +1,7 @@
 // The CUDA context: device selection, streams, cuBLASLt handle, tensor copies.
 #include "cuda_common.h"
 #include "../ops.h"
+#include "../alloc_count.h"
 #include <stdlib.h>
 
 extern "C" int cuda_device_count(void) {
@@ -22,11 +23,14 @@ extern "C" void *cuda_malloc(size_t bytes) {
                 "cudaMalloc of %.2f GiB failed (%s); %.2f of %.2f GiB free", bytes / 1073741824.0,
                 cudaGetErrorString(err), free_b / 1073741824.0, total_b / 1073741824.0);
     }
+    alloc_count_add(DEVICE_CUDA, p, bytes ? bytes : 1);
     return p;
 }
 
 extern "C" void cuda_free(void *p) {
-    if (p) CUDA_CHECK(cudaFree(p));
+    if (!p) return;
+    alloc_count_remove(DEVICE_CUDA, p);
+    CUDA_CHECK(cudaFree(p));
 }
 
 // Rounded up to whole MiB and at least doubled, so a sequence of growing requests reallocates
@@ -64,6 +68,13 @@ extern "C" Ctx cuda_ctx_create(int device, DType act_dtype) {
         CUDA_CHECK(cudaStreamCreateWithFlags(&c->side[i], cudaStreamNonBlocking));
         CUDA_CHECK(cudaEventCreateWithFlags(&c->join[i], cudaEventDisableTiming));
     }
+    // The stream-ordered pool (per-op temporaries, cuda_scratch) keeps what it has reserved
+    // between steps, as PyTorch's caching allocator does: no allocation from the driver per step,
+    // and device_memory_use reads its high-water mark as torch reports peak reserved memory.
+    cudaMemPool_t pool;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+    uint64_t keep = UINT64_MAX;
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     CUBLAS_CHECK(cublasLtCreate(&c->lt));
     // CGSPN_GEMM_WORKSPACE_MB: cuBLASLt's workspace (default 32 MiB); the heuristic only offers
     // algorithms (split-k among them) whose workspace fits.

@@ -16,6 +16,27 @@ extern "C" void cuda_memory_info(size_t *free_bytes, size_t *total_bytes) {
     CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
 }
 
+static cudaMemPool_t default_pool(const Ctx *ctx) {
+    cudaMemPool_t pool;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, ((const CudaCtx *)ctx->cuda)->device));
+    return pool;
+}
+
+extern "C" void cuda_pool_reserved(const Ctx *ctx, size_t *now, size_t *peak) {
+    cudaMemPool_t pool = default_pool(ctx);
+    uint64_t cur = 0, high = 0;
+    CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &cur));
+    CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &high));
+    *now = (size_t)cur;
+    *peak = (size_t)high;
+}
+
+// The high-water mark can only be set to 0, which the pool takes as "from now".
+extern "C" void cuda_pool_reset_peak(Ctx *ctx) {
+    uint64_t zero = 0;
+    CUDA_CHECK(cudaMemPoolSetAttribute(default_pool(ctx), cudaMemPoolAttrReservedMemHigh, &zero));
+}
+
 extern "C" void cuda_copy(Ctx *ctx, void *dst, const void *src, size_t bytes) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_stream_of(ctx)));
 }

@@ -307,12 +307,9 @@ int sh_threads(const ShArgs &a, bool bwd) {
     return t > cap ? cap : t;
 }
 
-// Scratch in the stream-ordered pool, kept by the pool between calls (no cudaMalloc per call).
+// Scratch in the stream-ordered pool, kept by the pool between calls (no cudaMalloc per call;
+// cuda_ctx_create sets the pool to keep what it reserves).
 void *scratch_alloc(CudaCtx *c, size_t bytes) {
-    cudaMemPool_t pool;
-    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, c->device));
-    uint64_t keep = UINT64_MAX;
-    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     void *ptr = nullptr;
     CUDA_CHECK(cudaMallocAsync(&ptr, bytes ? bytes : 16, c->stream));
     return ptr;
