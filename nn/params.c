@@ -164,6 +164,10 @@ static void *state_buffer(const ParamTable *t, ParamState kind) {
     return kind == PARAM_STATE_M ? t->m : kind == PARAM_STATE_V ? t->v : t->masters;
 }
 
+size_t params_state_bytes(const ParamTable *t, ParamState kind) {
+    return state_buffer(t, kind) ? t->state_total * sizeof(float) : 0;
+}
+
 // The first piece of the shard at or after (param, start) in table order.
 static int shard_lower_bound(const ParamTable *t, int param, size_t start) {
     int lo = 0, hi = t->n_shard;

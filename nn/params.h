@@ -92,6 +92,8 @@ Tensor params_state_view(const ParamTable *t, ParamState kind, int param, size_t
 // Writes a whole parameter's state from host fp32 (numel values): every element in the whole
 // layout, the shard's pieces of it when sharded (the rest is not this table's to keep).
 void params_upload_state(ParamTable *t, Ctx *ctx, ParamState kind, int param, const float *host);
+// Bytes of one kind of optimizer state the table holds on its device (0 when it holds none).
+size_t params_state_bytes(const ParamTable *t, ParamState kind);
 void params_zero_grads(ParamTable *t, Ctx *ctx);
 void params_zero_moments(ParamTable *t, Ctx *ctx);
 void params_free(ParamTable *t, Ctx *ctx);

@@ -4,7 +4,9 @@
 // but what the caller keeps; the arena's placement repeatable.
 #include "testlib.h"
 #include "../nn/encoder.h"
+#include "../kernels/device.h"
 #include "../kernels/error.h"
+#include "../train/memory_report.h"
 
 typedef struct Run {
     Ctx ctx;
@@ -166,6 +168,41 @@ static void test_backward_releases_and_placement_repeats(void **state) {
     run_free(&r);
 }
 
+// The memory plan a command prints accounts for every byte the process holds on the device (on
+// the CPU: device_alloc's), and the measured peak sees an allocation made and freed in between.
+static void test_memory_plan_accounts_for_every_byte(void **state) {
+    EncoderConfig c = tiny(ENCODER_CGSPN, 3);
+    Run r;
+    run_init(&r, &c, 0.0f);
+    step(&r, false);
+    const ParamTable *tables[1] = {&r.params};
+    MemoryPlan m = memory_plan(&r.ctx, tables, 1, &r.arena);
+    const size_t n = r.params.total;
+    assert_int_equal(m.params, n * (sizeof(float) + sizeof(float)));   // fp32 values + gradients
+    assert_int_equal(m.masters, 0);                                      // none in fp32
+    assert_int_equal(m.optimizer, 2 * n * sizeof(float));                // AdamW's m and v
+    assert_int_equal(m.activations, r.arena.reserved);
+    assert_true(m.activations > 0);
+    assert_int_equal(m.workspaces, 0);   // the CPU has no workspaces beside these
+    DeviceMemoryUse u = device_memory_use(&r.ctx);
+    assert_int_equal(m.total, u.now);
+    assert_true(u.peak >= u.now);
+
+    device_memory_reset_peak(&r.ctx);
+    assert_int_equal(device_memory_use(&r.ctx).peak, u.now);
+    void *p = device_alloc(&r.ctx, 1u << 20);
+    assert_int_equal(device_memory_use(&r.ctx).now, u.now + (1u << 20));
+    device_free(&r.ctx, p);
+    assert_int_equal(device_memory_use(&r.ctx).now, u.now);
+    assert_int_equal(memory_peak_take(&r.ctx), u.now + (1u << 20));   // the window saw it
+    assert_int_equal(memory_peak_take(&r.ctx), u.now);                // a new window did not
+    char buf[32];
+    assert_string_equal(format_bytes(3u << 20, buf, sizeof buf), "3.0 MiB");
+    assert_string_equal(format_bytes((size_t)3 << 30, buf, sizeof buf), "3.00 GiB");
+    run_free(&r);
+    assert_int_equal(device_memory_use(&r.ctx).now, 0);   // nothing held after the run is freed
+}
+
 // Blocks of the arena: best fit, released spans merge, a released block's bytes are reused.
 static void test_arena_best_fit_merge_and_stamps(void **state) {
     Ctx cpu = ctx_cpu();
@@ -204,6 +241,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_arena_best_fit_merge_and_stamps),
         cmocka_unit_test(test_backward_releases_and_placement_repeats),
+        cmocka_unit_test(test_memory_plan_accounts_for_every_byte),
         cmocka_unit_test(test_vit_recomputation_is_bitwise),
         cmocka_unit_test(test_cgspn_recomputation_is_bitwise),
         cmocka_unit_test(test_hybrid_recomputation_with_taps_and_drop_path_is_bitwise),

@@ -4,6 +4,7 @@
 #include "data_config.h"
 #include "data_parallel.h"
 #include "device_config.h"
+#include "memory_report.h"
 #include "model_config.h"
 #include "optimizer.h"
 #include "runlog.h"
@@ -337,9 +338,8 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
     int K = c->num_classes;
     double flops_step = 3.0 * encoder_flops_per_image(&ecfg) * c->batch_size;   // forward + backward
     double peak = device_peak_flops(&ctx, c) * dp.world;   // every rank's GPU
-    // values and gradients whole; moments and masters as the table keeps them (a shard: zero = 1)
-    size_t param_bytes = params.total * (dtype_size(params.dtype) + sizeof(float)) +
-                         params.state_total * (2 + (params.masters ? 1 : 0)) * sizeof(float);
+    const ParamTable *tables[2] = {&params, &ema.table};
+    memory_peak_take(&ctx);   // the window of the first progress line starts here
     EvalResult ev = {0}, ev_ema = {0};
     RunState rs = {c, &log, &params, &ema, &ctx, train, micro, &dp};
     SignalGuard sg;
@@ -423,6 +423,11 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
             loss_n++;
         }
 
+        if (step == first) {   // the arena's placement is now the one of every step
+            MemoryPlan plan = memory_plan(&ctx, tables, ema.on ? 2 : 1, &arena);
+            if (log.tty) printf("\r\033[K");
+            memory_plan_print(stdout, &plan);
+        }
         bool last = step + 1 == total;
         bool stop = o->stop_after > 0 && step + 1 == o->stop_after && !last;
         bool interrupted = shared[1] > 0 && !last;
@@ -430,7 +435,8 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
         if ((c->log_every > 0 && (step + 1) % c->log_every == 0) || last) {
             double t = now_seconds(), dt = (t - t_prev) / timed_n;
             double mean = loss_n ? loss_sum / loss_n : NAN;
-            size_t mem = gpu ? device_memory_used(&ctx) : arena.peak + param_bytes;
+            size_t mem = memory_peak_take(&ctx);   // measured, since the last line
+            char mem_s[32];
             char eta[32], perf[64];
             if (peak > 0)
                 snprintf(perf, sizeof perf, "MFU %.1f%%", 100 * flops_step / dt / peak);
@@ -438,14 +444,14 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
                 snprintf(perf, sizeof perf, "%.2f GFLOP/s", flops_step / dt / 1e9);
             if (log.tty) printf("\r\033[K");
             printf("step %6ld/%ld | epoch %lld | loss %.4f | lr %.2e | grad_norm %.3f | %.1f ms/step"
-                   " | %.0f img/s | %s | mem %.1f MiB | ETA %s\n",
+                   " | %.0f img/s | %s | mem %s | ETA %s\n",
                    step + 1, total, (long long)epoch + 1, mean, st.lr, st.grad_norm, dt * 1e3,
-                   c->batch_size / dt, perf, mem / 1048576.0,
+                   c->batch_size / dt, perf, format_bytes(mem, mem_s, sizeof mem_s),
                    format_duration((total - step - 1) * dt, eta, sizeof(eta)));
-            const char *keys[] = {"loss", "lr", "grad_norm", "ms_per_step", "img_per_s", "mem_mib",
+            const char *keys[] = {"loss", "lr", "grad_norm", "ms_per_step", "img_per_s", "mem_gib",
                                   "mfu"};
             double vals[] = {mean, st.lr, st.grad_norm, dt * 1e3, c->batch_size / dt,
-                             mem / 1048576.0, peak > 0 ? flops_step / dt / peak : 0};
+                             mem / 1073741824.0, peak > 0 ? flops_step / dt / peak : 0};
             runlog_metrics(&log, step + 1, peak > 0 ? 7 : 6, keys, vals);
             loss_sum = 0;
             loss_n = 0;

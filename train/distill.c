@@ -5,6 +5,7 @@
 #include "data_config.h"
 #include "data_parallel.h"
 #include "device_config.h"
+#include "memory_report.h"
 #include "model_config.h"
 #include "optimizer.h"
 #include "resolution.h"
@@ -217,13 +218,15 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
     tape_init(&tape, &ctx, &arena);
     int B = c->batch_size, K = c->num_classes;
     float *raw = cg_malloc((size_t)d.n_raw * sizeof(float)), parts[DISTILL_MAX_PARTS];
-    int n_keys = 5 + d.n_parts;
+    int n_keys = 6 + d.n_parts;
     const char **keys = cg_malloc((size_t)n_keys * sizeof(char *));
     double *vals = cg_malloc((size_t)n_keys * sizeof(double));
     char (*part_keys)[DISTILL_PART_NAME + 8] = cg_malloc((size_t)d.n_parts * sizeof *part_keys);
     for (int k = 0; k < d.n_parts; k++) snprintf(part_keys[k], sizeof part_keys[k], "loss_%s", d.part_names[k]);
     double t_prev = now_seconds();
     EvalResult ev = {0};
+    const ParamTable *tables[2] = {&d.params, &d.teacher.params};
+    memory_peak_take(&ctx);   // the window of the first progress line starts here
 
     long step = first;
     for (; step < total; step++) {
@@ -266,28 +269,35 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         distill_parts(&d, raw, parts);
         for (int k = 0; k < d.n_parts; k++) part_sums[k] += parts[k];
 
+        if (step == first) {   // the arena's placement is now the one of every step
+            MemoryPlan plan = memory_plan(&ctx, tables, 2, &arena);
+            if (log.tty) printf("\r\033[K");
+            memory_plan_print(stdout, &plan);
+        }
         bool last = step + 1 == total;
         bool stop = o->stop_after > 0 && step + 1 == o->stop_after && !last;
         if ((c->log_every > 0 && (step + 1) % c->log_every == 0) || last) {
             double t = now_seconds(), dt = (t - t_prev) / loss_n;
+            size_t mem = memory_peak_take(&ctx);   // measured, since the last line
+            char mem_s[32];
             char eta[32];
             if (log.tty) printf("\r\033[K");
             printf("step %6ld/%ld | epoch %ld | loss %.4f | lr %.2e | grad_norm %.3f | %.1f ms/step"
-                   " | %.0f img/s | mem %.1f MiB | ETA %s\n",
+                   " | %.0f img/s | mem %s | ETA %s\n",
                    step + 1, total, epoch + 1, loss_sum / loss_n, ss.lr, ss.grad_norm, dt * 1e3,
-                   B / dt, arena.peak / 1048576.0,
+                   B / dt, format_bytes(mem, mem_s, sizeof mem_s),
                    format_duration((total - step - 1) * dt, eta, sizeof(eta)));
             printf("      ");
             for (int k = 0; k < d.n_parts; k++)
                 printf(" %s %.4f", d.part_names[k], part_sums[k] / (double)loss_n);
             printf("\n");
             keys[0] = "loss", keys[1] = "lr", keys[2] = "grad_norm", keys[3] = "ms_per_step",
-            keys[4] = "img_per_s";
+            keys[4] = "img_per_s", keys[5] = "mem_gib";
             vals[0] = loss_sum / loss_n, vals[1] = ss.lr, vals[2] = ss.grad_norm, vals[3] = dt * 1e3,
-            vals[4] = B / dt;
+            vals[4] = B / dt, vals[5] = mem / 1073741824.0;
             for (int k = 0; k < d.n_parts; k++) {
-                keys[5 + k] = part_keys[k];
-                vals[5 + k] = part_sums[k] / (double)loss_n;
+                keys[6 + k] = part_keys[k];
+                vals[6 + k] = part_sums[k] / (double)loss_n;
                 part_sums[k] = 0;
             }
             runlog_metrics(&log, step + 1, n_keys, keys, vals);
