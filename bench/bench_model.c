@@ -317,7 +317,9 @@ int bench_vit_run(FILE *out) {
 enum { BLOCK_B = 32, BLOCK_C = 1152, BLOCK_MLP = 4304, BLOCK_HEADS = 16, BLOCK_LATENT = 64,
        BLOCK_PATCH = 14 };
 
-typedef struct BlockTimes { double fwd_ms, fwdbwd_ms, flops_fwd, act_gib; } BlockTimes;
+// gpu_gib: device_memory_use's peak over the fwd+bwd repetitions (reset before them): the block's
+// parameters and their gradients, x, dy and its seed, the arena, workspaces, the pool.
+typedef struct BlockTimes { double fwd_ms, fwdbwd_ms, flops_fwd, act_gib, gpu_gib; } BlockTimes;
 
 // dy0: the seed's values; dy, refilled from it before each repetition (outside the timing), is
 // consumed by the backward as torch's y.backward(dy) reads its argument (no copy).
@@ -415,8 +417,10 @@ static BlockTimes bench_one_block(EncoderKind kind, int px, int warmup, int reps
     arena_free(&arena);
     arena_init(&arena, &ctx, (size_t)1 << 30);
     tape_init(&tape, &ctx, &arena);
+    device_memory_reset_peak(&ctx);   // PyTorch's block peak: its fwd+bwd calls alone
     bt.fwdbwd_ms = block_median(&tape, &ctx, warmup, reps, true, &enc, x, dy0, dy);
     bt.act_gib = arena.peak / 1073741824.0;
+    bt.gpu_gib = device_memory_use(&ctx).peak / 1073741824.0;
     if (prof) {
         char label[64];
         snprintf(label, sizeof label, "%s block at %d px", kind == ENCODER_CGSPN ? "C-GSPN" : "attention", px);
@@ -447,6 +451,8 @@ int bench_block_run(FILE *out) {
     fprintf(out, "fwd = forward without the tape; fwd+bwd = forward with the tape + backward from a "
                  "random dy (input and weight gradients; dy used in place, as torch's backward(dy)); "
                  "medians after warm-up (CUDA events)\n");
+    fprintf(out, "GPU GiB = peak over the fwd+bwd calls (cgspn: device_memory_use; PyTorch: "
+                 "max_memory_reserved); no recomputation here: one block, nothing to recompute\n");
     const int pxs[2] = {1036, 2058};
     const int warm[2] = {2, 1}, reps[2] = {10, 5};
     BlockTimes t[2][2];   // [px][0 = C-GSPN, 1 = attention]
@@ -470,8 +476,8 @@ int bench_block_run(FILE *out) {
         fputs(buf, out);
         free(buf);
     }
-    fprintf(out, "\n%5s %8s %-28s %9s %9s %11s %9s %9s\n", "px", "tokens", "block", "fwd ms",
-            "TFLOP/s", "fwd+bwd ms", "TFLOP/s", "act GiB");
+    fprintf(out, "\n%5s %8s %-28s %9s %9s %11s %9s %9s %9s\n", "px", "tokens", "block", "fwd ms",
+            "TFLOP/s", "fwd+bwd ms", "TFLOP/s", "act GiB", "GPU GiB");
     for (int i = 0; i < 2; i++) {
         int g = pxs[i] / BLOCK_PATCH;
         char tok[32];
@@ -479,9 +485,9 @@ int bench_block_run(FILE *out) {
         const char *names[2] = {"C-GSPN (cgspn)", "attention (cgspn)"};
         for (int k = 0; k < 2; k++) {
             BlockTimes *b = &t[i][k];
-            fprintf(out, "%5d %8s %-28s %9.2f %9.1f %11.2f %9.1f %9.2f\n", pxs[i], tok, names[k],
-                    b->fwd_ms, b->flops_fwd / (b->fwd_ms * 1e-3) / 1e12, b->fwdbwd_ms,
-                    3 * b->flops_fwd / (b->fwdbwd_ms * 1e-3) / 1e12, b->act_gib);
+            fprintf(out, "%5d %8s %-28s %9.2f %9.1f %11.2f %9.1f %9.2f %9.2f\n", pxs[i], tok,
+                    names[k], b->fwd_ms, b->flops_fwd / (b->fwd_ms * 1e-3) / 1e12, b->fwdbwd_ms,
+                    3 * b->flops_fwd / (b->fwdbwd_ms * 1e-3) / 1e12, b->act_gib, b->gpu_gib);
         }
         const char *modes[2] = {"eager", "compiled"};
         for (int m = 0; m < 2; m++) {
@@ -489,30 +495,34 @@ int bench_block_run(FILE *out) {
             snprintf(k1, sizeof k1, "block/%d/%s/fwd_ms", pxs[i], modes[m]);
             snprintf(k2, sizeof k2, "block/%d/%s/fwdbwd_ms", pxs[i], modes[m]);
             double f = timm_json_number(json, k1), fb = timm_json_number(json, k2);
+            double gib = timm_json_numberf(json, "block/%d/%s/peak_reserved_gib", pxs[i], modes[m]);
             snprintf(label, sizeof label, "PyTorch SDPA (timm, %s)", modes[m]);
             if (f > 0 || fb > 0)
-                fprintf(out, "%5d %8s %-28s %9.2f %9.1f %11.2f %9.1f\n", pxs[i], tok, label, f,
-                        f > 0 ? t[i][1].flops_fwd / (f * 1e-3) / 1e12 : 0, fb,
-                        fb > 0 ? 3 * t[i][1].flops_fwd / (fb * 1e-3) / 1e12 : 0);
+                fprintf(out, "%5d %8s %-28s %9.2f %9.1f %11.2f %9.1f %9s %9.2f\n", pxs[i], tok,
+                        label, f, f > 0 ? t[i][1].flops_fwd / (f * 1e-3) / 1e12 : 0, fb,
+                        fb > 0 ? 3 * t[i][1].flops_fwd / (fb * 1e-3) / 1e12 : 0, "", gib);
         }
     }
     fprintf(out, "\nspeed-ups (time of the other / time of the C-GSPN block; issue 4 targets: fwd+bwd "
                  ">= 3x the compiled PyTorch block at 1036 px, >= 10x at 2058 px)\n");
-    fprintf(out, "%5s %-34s %8s %9s\n", "px", "against", "fwd", "fwd+bwd");
+    fprintf(out, "(mem = the C-GSPN block's GPU GiB / the other's: below 1 = C-GSPN needs less)\n");
+    fprintf(out, "%5s %-34s %8s %9s %7s\n", "px", "against", "fwd", "fwd+bwd", "mem");
     for (int i = 0; i < 2; i++) {
         const BlockTimes *c = &t[i][0];
-        fprintf(out, "%5d %-34s %7.2fx %8.2fx\n", pxs[i], "attention block (cgspn)",
-                t[i][1].fwd_ms / c->fwd_ms, t[i][1].fwdbwd_ms / c->fwdbwd_ms);
+        fprintf(out, "%5d %-34s %7.2fx %8.2fx %6.2fx\n", pxs[i], "attention block (cgspn)",
+                t[i][1].fwd_ms / c->fwd_ms, t[i][1].fwdbwd_ms / c->fwdbwd_ms,
+                t[i][1].gpu_gib > 0 ? c->gpu_gib / t[i][1].gpu_gib : 0);
         const char *modes[2] = {"eager", "compiled"};
         for (int m = 0; m < 2; m++) {
             char k1[96], k2[96], label[64];
             snprintf(k1, sizeof k1, "block/%d/%s/fwd_ms", pxs[i], modes[m]);
             snprintf(k2, sizeof k2, "block/%d/%s/fwdbwd_ms", pxs[i], modes[m]);
             double f = timm_json_number(json, k1), fb = timm_json_number(json, k2);
+            double gib = timm_json_numberf(json, "block/%d/%s/peak_reserved_gib", pxs[i], modes[m]);
             snprintf(label, sizeof label, "PyTorch SDPA block (%s)", modes[m]);
             if (f > 0 || fb > 0)
-                fprintf(out, "%5d %-34s %7.2fx %8.2fx\n", pxs[i], label, f / c->fwd_ms,
-                        fb / c->fwdbwd_ms);
+                fprintf(out, "%5d %-34s %7.2fx %8.2fx %6.2fx\n", pxs[i], label, f / c->fwd_ms,
+                        fb / c->fwdbwd_ms, gib > 0 ? c->gpu_gib / gib : 0);
         }
     }
     free(json);
