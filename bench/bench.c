@@ -56,7 +56,9 @@ int cmd_bench(int argc, char **argv) {
     }
     // distill takes options of its own (and runs under mpirun): bench_dist.h.
     if (strcmp(argv[2], "distill") == 0) {
-        printf("== cgspn bench distill\n");
+        printf("== cgspn bench distill");   // with its options: `make bench` runs it more than once
+        for (int i = 3; i < argc; i++) printf(" %s", argv[i]);
+        printf("\n");
         return bench_distill_cmd(argc, argv, 3);
     }
     int status = 0;

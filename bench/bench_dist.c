@@ -300,7 +300,7 @@ static void print_memory_vs_torch(const BenchResult *rows, int n, int img_size) 
             printf("| %d | %d | %.1f | %.2f | %s | %d | %.1f | %.2f | %.2fx | %.2fx |%s\n",
                    r->grad_checkpoint, r->global_batch, r->img_per_s, gib, mode, tb, ips, tgib,
                    ips > 0 ? r->img_per_s / ips : 0, tgib > 0 ? gib / tgib : 0,
-                   tb == r->global_batch ? "" : " (batch differs)");
+                   tb == r->global_batch || tb == 0 ? "" : " (batch differs)");
         }
     }
     printf("(PyTorch: timm so14-shaped ViT student and teacher, the same taps, adaptors and loss; "
