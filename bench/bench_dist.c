@@ -270,8 +270,8 @@ DistillProbe bench_distill_alone(const Config *c, int warmup, int steps) {
 }
 
 static void print_table_head(void) {
-    printf("| GPUs | grad_checkpoint | global batch | ms/step | img/s | scaling | loss | GPU GiB (peak, rank 0) |\n"
-           "|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("| GPUs | grad_checkpoint | global batch | ms/step | img/s | scaling | loss | "
+           "GPU GiB (peak, rank 0) |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
 }
 
 static void print_table_row(const BenchResult *r, int steps, double one_ips) {
@@ -285,7 +285,8 @@ static void print_table_row(const BenchResult *r, int steps, double one_ips) {
 static void print_memory_vs_torch(const BenchResult *rows, int n, int img_size) {
     char *json = timm_json_load(stdout);
     if (!json) return;
-    printf("| grad_checkpoint | batch | img/s | GPU GiB (peak) | PyTorch | batch | img/s | GiB (peak reserved) | img/s ratio | mem ratio |\n"
+    printf("| grad_checkpoint | batch | img/s | GPU GiB (peak) | PyTorch | batch | img/s | "
+           "GiB (peak reserved) | img/s ratio | mem ratio |\n"
            "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < n; i++) {
         const BenchResult *r = &rows[i];

@@ -176,9 +176,13 @@ static ProbeOutcome probe_in_child(void *arg, int batch, ProbeResult *r) {
         out = PROBE_FAILED;
         char line[300];
         last_line(text, line, sizeof line);
-        if (exited0) snprintf(why, sizeof why, "failed: %s", got == sizeof *r ? "the loss is not finite" : "no result");
-        else if (WIFSIGNALED(status)) snprintf(why, sizeof why, "failed: killed by signal %d; %s", WTERMSIG(status), line);
-        else snprintf(why, sizeof why, "failed (exit %d): %s", WEXITSTATUS(status), line);
+        if (exited0)
+            snprintf(why, sizeof why, "failed: %s",
+                     got == sizeof *r ? "the loss is not finite" : "no result");
+        else if (WIFSIGNALED(status))
+            snprintf(why, sizeof why, "failed: killed by signal %d; %s", WTERMSIG(status), line);
+        else
+            snprintf(why, sizeof why, "failed (exit %d): %s", WEXITSTATUS(status), line);
         if (!a->failure[0])
             snprintf(a->failure, sizeof a->failure, "batch %d %s", batch, why);
     }
