@@ -221,7 +221,8 @@ endif
 # Every benchmark on the GPU; the output (device and date first) is kept in build/bench.txt,
 # and tools/readme_bench.py copies it into docs/benchmarks.md (and README.md's headline) as produced. PyTorch's numbers first
 # (bench/bench_timm.py -> build/bench_timm.json, when python3 has torch and timm): `cgspn bench
-# vit` and `cgspn bench block` print them beside their own, with the ratios.
+# vit`, `block`, `distill --memory=1` (grad_checkpoint 0 and 1) and `distill --max-batch` (the
+# largest batch at 378 and 1036 px) print them beside their own, with the ratios.
 bench:
 ifneq ($(CUDA_ON),1)
 	@echo "make bench: no working nvcc found (see build/config.mk)"; exit 1
@@ -232,6 +233,8 @@ else
 	   echo "make bench: bench/bench_timm.py reported failures (see above); going on"; \
 	 else echo "make bench: python3 has no torch and timm: no PyTorch columns"; fi
 	set -o pipefail; ./cgspn bench all 2>&1 | tee $(BUILD)/bench.txt
+	set -o pipefail; ./cgspn bench distill --memory=1 2>&1 | tee -a $(BUILD)/bench.txt
+	set -o pipefail; ./cgspn bench distill --max-batch 2>&1 | tee -a $(BUILD)/bench.txt
 endif
 
 # The Fashion-MNIST shards the fmnist configs train on (data/shards/fmnist), built once from

@@ -28,8 +28,8 @@ static const Bench kBenches[] = {
     {"gemm", cuda_bench_gemm, "bf16 linear GEMMs (ViT-B/16, so14 MLP) in TFLOP/s vs the bf16 peak", true},
     {"attention", cuda_bench_attention, "attention fwd/bwd (cuDNN SDPA and fallback), ViT-B/16 and so14", true},
     {"ops", cuda_bench_ops, "memory-bound ops (LayerNorm, GELU, AdamW, ...) in GB/s vs a device copy", true},
-    {"vit", bench_vit_run, "ViT-B/16 and so14 ViT training steps: img/s, MFU, memory, vs timm eager/compiled", true},
-    {"block", bench_block_run, "one so14-width block at 1036/2058 px: C-GSPN vs attention vs PyTorch SDPA", true},
+    {"vit", bench_vit_run, "ViT-B/16 and so14 ViT training steps, grad_checkpoint 0 and 1: img/s, MFU, GPU memory, vs timm eager/compiled", true},
+    {"block", bench_block_run, "one so14-width block at 1036/2058 px: C-GSPN vs attention vs PyTorch SDPA, time and GPU memory", true},
     {"curriculum", bench_curriculum_run, "a curriculum Stage-k step: so14 student at 1036 px + its 756 px teacher (GPU; tiny on a CPU)", false},
     {"data", data_bench_run, "the data loader's img/s at 224 px (decode + augmentation, CPU)", false},
     {NULL, NULL, NULL, false},
@@ -37,12 +37,15 @@ static const Bench kBenches[] = {
 
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: cgspn bench NAME... | all\n"
-               "       [mpirun -np N] cgspn bench distill [STUDENT_CFG] [--zero=1] [--key=value ...]\n"
+               "       [mpirun -np N] cgspn bench distill [STUDENT_CFG] [--zero=1] [--memory=1] [--key=value ...]\n"
+               "       cgspn bench distill [STUDENT_CFG] --max-batch [--sizes=378,1036]\n"
                "Runs benchmarks on the GPU and prints their tables (device and date first).\n"
                "`make bench` runs them all and keeps the output in build/bench.txt.\n\nbenchmarks:\n");
     for (const Bench *b = kBenches; b->name; b++) fprintf(f, "  %-10s %s\n", b->name, b->summary);
-    fprintf(f, "  %-10s %s\n", "distill", "Stage 2 distillation img/s of the so14 student on 1 GPU and on "
-            "all ranks (mpirun), the scaling (cgspn bench distill --help); not part of all");
+    fprintf(f, "  %-10s %s\n", "distill", "Stage 2 distillation img/s and peak GPU memory of the so14 "
+            "student on 1 GPU and on all ranks (mpirun), the scaling; --memory=1: grad_checkpoint 0 and 1 "
+            "beside PyTorch; --max-batch: the largest batch at 378 and 1036 px beside PyTorch's "
+            "(cgspn bench distill --help); not part of all");
     if (!device_has_cuda()) fprintf(f, "  (the GPU benchmarks need a build with nvcc on PATH)\n");
 }
 
@@ -53,7 +56,9 @@ int cmd_bench(int argc, char **argv) {
     }
     // distill takes options of its own (and runs under mpirun): bench_dist.h.
     if (strcmp(argv[2], "distill") == 0) {
-        printf("== cgspn bench distill\n");
+        printf("== cgspn bench distill");   // with its options: `make bench` runs it more than once
+        for (int i = 3; i < argc; i++) printf(" %s", argv[i]);
+        printf("\n");
         return bench_distill_cmd(argc, argv, 3);
     }
     int status = 0;

@@ -15,7 +15,16 @@
 //             so no rank waits for another; the table shows rank 0's, and the spread.
 //   N GPUs    all ranks together, global batch = per-GPU batch x N.
 // scaling = img/s on N GPUs / img/s on 1 GPU (ideal: N).
+//
+// GPU GiB (peak): device_memory_use's peak from the context's opening through the timed steps
+// (parameters, gradients, AdamW state, the frozen teacher, arena, workspaces, the stream-ordered
+// pool; this process's own), torch.cuda.max_memory_reserved's counterpart.
+// --memory=1: the 1-GPU step with grad_checkpoint 0 and 1, beside PyTorch's ViT -> ViT step
+// (bench/bench_timm.py, distill/<px>/<eager|compiled>[_ckpt]). --max-batch: the largest batch
+// that fits, in bench/bench_max_batch.c.
 #include "bench_dist.h"
+#include "bench_max_batch.h"
+#include "timm_json.h"
 #include "../train/cli_args.h"
 #include "../train/config.h"
 #include "../train/data_parallel.h"
@@ -23,6 +32,7 @@
 #include "../train/distill.h"
 #include "op_profile.h"
 #include "../train/runlog.h"
+#include "../kernels/device.h"
 #include "../kernels/error.h"
 #include "../kernels/rng.h"
 #include <math.h>
@@ -56,8 +66,8 @@ typedef struct BenchResult {
     double seconds;          // the timed steps, the slowest rank's
     double img_per_s;        // global
     float loss;              // of the last step (a finite number shows the step did real work)
-    int world, global_batch;
-    size_t gpu_mem;          // this rank's GPU memory in use after the steps (0 on the CPU)
+    int world, global_batch, grad_checkpoint;
+    size_t gpu_peak;         // this rank's device_memory_use peak since its context opened
     BenchProfile prof;
 } BenchResult;
 
@@ -80,6 +90,7 @@ static BenchResult bench_steps(const Config *c, Dist *d, int warmup, int steps, 
                                bool describe, bool profile) {
     BenchResult r = {0};
     Ctx ctx = device_open(c);
+    device_memory_reset_peak(&ctx);   // the peak covers everything this measurement allocates
     if (describe) device_describe(&ctx, stdout);
     Distiller dd;
     distiller_init(&dd, c, &ctx);
@@ -143,7 +154,8 @@ static BenchResult bench_steps(const Config *c, Dist *d, int warmup, int steps, 
     r.world = d->world;
     r.global_batch = c->batch_size * d->world;
     r.img_per_s = (double)r.global_batch * steps / r.seconds;
-    r.gpu_mem = device_memory_used(&ctx);
+    r.gpu_peak = device_memory_use(&ctx).peak;
+    r.grad_checkpoint = c->grad_checkpoint;
     tape_free(&tape);
     arena_free(&arena);
     arena_free(&inputs);
@@ -205,15 +217,28 @@ static void print_profiles(const BenchProfile *one, const BenchProfile *all, int
 static void bench_distill_usage(FILE *f) {
     fprintf(f, "usage: [mpirun -np N] cgspn bench distill [STUDENT_CFG] [--steps=N] [--warmup=N]\n"
                "                                 [--overlap=0|1] [--profile=1] [--key=value ...]\n"
+               "       [mpirun -np N] cgspn bench distill [STUDENT_CFG] --memory=1 [...]\n"
+               "       cgspn bench distill [STUDENT_CFG] --max-batch [--sizes=378,1036]\n"
+               "                                 [--max-batch-cap=N] [--steps=N] [--warmup=N]\n"
                "Stage 2 distillation img/s on 1 GPU and on the N ranks of the launch, and the\n"
-               "scaling. Defaults: student %s, teacher_config %s (teacher =\n"
-               "random weights), %d images per GPU, taps every 9, adaptors, %d warm-up and %d\n"
-               "timed steps. --zero=1 shards the optimizer (ZeRO-1); --overlap=0 launches every\n"
-               "gradient bucket after backward instead of during it. --profile=1 adds one step timed\n"
-               "op by op on rank 0, 1 GPU against N GPUs (phases, collectives, the ops that\n"
-               "changed most).\n"
+               "scaling, with each rank's peak GPU memory (device_memory_use: parameters,\n"
+               "gradients, AdamW state, teacher, activations, workspaces). Defaults: student %s,\n"
+               "teacher_config %s (teacher = random weights), %d images per GPU, taps every 9,\n"
+               "adaptors, %d warm-up and %d timed steps, grad_checkpoint as configured (0: off).\n"
+               "--zero=1 shards the optimizer (ZeRO-1); --overlap=0 launches every gradient bucket\n"
+               "after backward instead of during it. --profile=1 adds one step timed op by op on\n"
+               "rank 0, 1 GPU against N GPUs (phases, collectives, the ops that changed most).\n"
+               "--memory=1: the 1-GPU step with grad_checkpoint 0 and 1 (every block recomputed in\n"
+               "backward), img/s and peak GPU memory beside PyTorch's ViT -> ViT step (eager,\n"
+               "compiled, each with and without gradient checkpointing; build/bench_timm.json).\n"
+               "--max-batch: one process, one GPU: for each side of --sizes (default 378,1036)\n"
+               "and grad_checkpoint 0 and 1, the largest per-GPU batch that runs (doubling from 8\n"
+               "up to --max-batch-cap, default %d, then bisection), each candidate in a child\n"
+               "process of its own (%d warm-up + %d timed steps unless --warmup/--steps say\n"
+               "otherwise), img/s and peak GPU memory at it, beside PyTorch's largest batch.\n"
                "Example: mpirun -np 2 ./cgspn bench distill --zero=1\n",
-            BENCH_STUDENT_CFG, BENCH_TEACHER_CFG, BENCH_BATCH_PER_GPU, BENCH_WARMUP, BENCH_STEPS);
+            BENCH_STUDENT_CFG, BENCH_TEACHER_CFG, BENCH_BATCH_PER_GPU, BENCH_WARMUP, BENCH_STEPS,
+            MAX_BATCH_CAP, MAX_BATCH_WARMUP, MAX_BATCH_STEPS);
 }
 
 static int parse_count(const char *flag, const char *v, int fallback, int min) {
@@ -225,15 +250,85 @@ static int parse_count(const char *flag, const char *v, int fallback, int min) {
     return (int)k;
 }
 
+// A switch given bare (--max-batch) or with a value (--max-batch=1); removed from argv.
+static bool take_switch(int *argc, char **argv, int first, const char *name) {
+    for (int i = first; i < *argc; i++)
+        if (strcmp(argv[i], name) == 0) {
+            for (int k = i; k + 1 < *argc; k++) argv[k] = argv[k + 1];
+            (*argc)--;
+            return true;
+        }
+    return parse_count(name, cli_take_flag(argc, argv, first, name), 0, 0) != 0;
+}
+
+DistillProbe bench_distill_alone(const Config *c, int warmup, int steps) {
+    Dist alone;
+    dist_init_single(&alone);
+    alone.timeout_s = BENCH_DIST_TIMEOUT_S;
+    BenchResult r = bench_steps(c, &alone, warmup, steps, true, false, false);
+    return (DistillProbe){r.img_per_s, r.gpu_peak / 1073741824.0, r.loss};
+}
+
+static void print_table_head(void) {
+    printf("| GPUs | grad_checkpoint | global batch | ms/step | img/s | scaling | loss | "
+           "GPU GiB (peak, rank 0) |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+}
+
+static void print_table_row(const BenchResult *r, int steps, double one_ips) {
+    printf("| %d | %d | %d | %.1f | %.1f | %.2fx | %.4f | %.2f |\n", r->world, r->grad_checkpoint,
+           r->global_batch, 1e3 * r->seconds / steps, r->img_per_s, r->img_per_s / one_ips, r->loss,
+           r->gpu_peak / 1073741824.0);
+}
+
+// --memory=1 on rank 0: each grad_checkpoint row beside PyTorch's step at the same side,
+// distill/<px>/<eager|compiled>[_ckpt] (bench/bench_timm.py).
+static void print_memory_vs_torch(const BenchResult *rows, int n, int img_size) {
+    char *json = timm_json_load(stdout);
+    if (!json) return;
+    printf("| grad_checkpoint | batch | img/s | GPU GiB (peak) | PyTorch | batch | img/s | "
+           "GiB (peak reserved) | img/s ratio | mem ratio |\n"
+           "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|\n");
+    for (int i = 0; i < n; i++) {
+        const BenchResult *r = &rows[i];
+        const double gib = r->gpu_peak / 1073741824.0;
+        const char *modes[2] = {"eager", "compiled"};
+        for (int m = 0; m < 2; m++) {
+            char mode[32];
+            snprintf(mode, sizeof mode, "%s%s", modes[m], r->grad_checkpoint ? "_ckpt" : "");
+            double ips = timm_json_numberf(json, "distill/%d/%s/img_per_s", img_size, mode);
+            double tgib = timm_json_numberf(json, "distill/%d/%s/peak_reserved_gib", img_size, mode);
+            int tb = (int)timm_json_numberf(json, "distill/%d/%s/batch", img_size, mode);
+            printf("| %d | %d | %.1f | %.2f | %s | %d | %.1f | %.2f | %.2fx | %.2fx |%s\n",
+                   r->grad_checkpoint, r->global_batch, r->img_per_s, gib, mode, tb, ips, tgib,
+                   ips > 0 ? r->img_per_s / ips : 0, tgib > 0 ? gib / tgib : 0,
+                   tb == r->global_batch || tb == 0 ? "" : " (batch differs)");
+        }
+    }
+    printf("(PyTorch: timm so14-shaped ViT student and teacher, the same taps, adaptors and loss; "
+           "grad_checkpoint 1 against set_grad_checkpointing(True); img/s ratio = cgspn / PyTorch, "
+           "mem ratio = cgspn GiB / PyTorch GiB; 0 = not measured)\n");
+    free(json);
+}
+
 int bench_distill_cmd(int argc, char **argv, int first) {
     if (cli_wants_help(argc, argv, first)) {
         bench_distill_usage(stdout);
         return 0;
     }
-    const int steps = parse_count("--steps", cli_take_flag(&argc, argv, first, "--steps"), BENCH_STEPS, 1);
-    const int warmup = parse_count("--warmup", cli_take_flag(&argc, argv, first, "--warmup"), BENCH_WARMUP, 0);
+    const bool max_batch = take_switch(&argc, argv, first, "--max-batch");
+    const bool memory = take_switch(&argc, argv, first, "--memory");
+    const char *sizes = cli_take_flag(&argc, argv, first, "--sizes");
+    const int cap = parse_count("--max-batch-cap", cli_take_flag(&argc, argv, first, "--max-batch-cap"),
+                                MAX_BATCH_CAP, 1);
+    CG_CHECK(!sizes || max_batch, "--sizes=378,1036 --max-batch", "--sizes is a --max-batch option");
+    const int steps = parse_count("--steps", cli_take_flag(&argc, argv, first, "--steps"),
+                                  max_batch ? MAX_BATCH_STEPS : BENCH_STEPS, 1);
+    const int warmup = parse_count("--warmup", cli_take_flag(&argc, argv, first, "--warmup"),
+                                   max_batch ? MAX_BATCH_WARMUP : BENCH_WARMUP, 0);
     const bool overlap = parse_count("--overlap", cli_take_flag(&argc, argv, first, "--overlap"), 1, 0) != 0;
     const bool profile = parse_count("--profile", cli_take_flag(&argc, argv, first, "--profile"), 0, 0) != 0;
+    CG_CHECK(!(max_batch && (memory || profile)), "run them one at a time",
+             "--max-batch goes with neither --memory nor --profile");
     Config c;
     config_defaults(&c);
     // The defaults that make it the so14 Stage 2 benchmark; a config file or --key=value wins.
@@ -256,6 +351,13 @@ int bench_distill_cmd(int argc, char **argv, int first) {
     CG_CHECK(rest == 0, "see cgspn bench distill --help", "unexpected argument '%s'", argv[first]);
 
     Dist *world = dist_process();
+    if (max_batch) {   // before any CUDA call: its probes fork (bench/bench_max_batch.c)
+        CG_CHECK(world->world == 1, "run it without mpirun: cgspn bench distill --max-batch",
+                 "bench distill --max-batch runs in one process on one GPU (this launch has %d "
+                 "ranks)", world->world);
+        return bench_distill_max_batch(&c, student_cfg, sizes ? sizes : MAX_BATCH_SIZES, cap,
+                                       warmup, steps);
+    }
     Dist alone;
     dist_init_single(&alone);
     alone.timeout_s = BENCH_DIST_TIMEOUT_S;
@@ -263,8 +365,25 @@ int bench_distill_cmd(int argc, char **argv, int first) {
     if (main_rank)
         printf("distill Stage 2 step (teacher forward, student forward + backward, AdamW): student "
                "%s, teacher %s, %d px, %d images per GPU, taps %s, zero = %d, overlap = %d, %d "
-               "warm-up + %d timed steps\n", student_cfg,
-               c.teacher_config, c.img_size, c.batch_size, c.taps, c.zero, overlap, warmup, steps);
+               "warm-up + %d timed steps%s\n", student_cfg,
+               c.teacher_config, c.img_size, c.batch_size, c.taps, c.zero, overlap, warmup, steps,
+               memory ? ", 1 GPU with grad_checkpoint 0 and 1" : "");
+
+    if (memory) {   // 1 GPU (every rank alone), without and with recomputation
+        BenchResult rows[2];
+        for (int g = 0; g < 2; g++) {
+            Config cg = c;
+            cg.grad_checkpoint = g;
+            rows[g] = bench_steps(&cg, &alone, warmup, steps, overlap, main_rank && g == 0, false);
+        }
+        if (main_rank) {
+            print_table_head();
+            for (int g = 0; g < 2; g++) print_table_row(&rows[g], steps, rows[g].img_per_s);
+            printf("\n");
+            print_memory_vs_torch(rows, 2, c.img_size);
+        }
+        return isfinite(rows[0].loss) && isfinite(rows[1].loss) ? 0 : 1;
+    }
 
     // 1 GPU: every rank alone at the same time.
     BenchResult one = bench_steps(&c, &alone, warmup, steps, overlap, main_rank, profile);
@@ -278,14 +397,9 @@ int bench_distill_cmd(int argc, char **argv, int first) {
     if (world->world > 1) all = bench_steps(&c, world, warmup, steps, overlap, false, profile);
 
     if (main_rank) {
-        printf("| GPUs | global batch | ms/step | img/s | scaling | loss | GPU mem (rank 0) |\n"
-               "|---:|---:|---:|---:|---:|---:|---:|\n");
-        printf("| 1 | %d | %.1f | %.1f | 1.00x | %.4f | %.1f GiB |\n", one.global_batch,
-               1e3 * one.seconds / steps, one.img_per_s, one.loss, one.gpu_mem / 1073741824.0);
-        if (world->world > 1)
-            printf("| %d | %d | %.1f | %.1f | %.2fx | %.4f | %.1f GiB |\n", all.world, all.global_batch,
-                   1e3 * all.seconds / steps, all.img_per_s, all.img_per_s / one.img_per_s, all.loss,
-                   all.gpu_mem / 1073741824.0);
+        print_table_head();
+        print_table_row(&one, steps, one.img_per_s);
+        if (world->world > 1) print_table_row(&all, steps, one.img_per_s);
         if (world->world > 1)
             printf("1-GPU img/s across the %d GPUs (each alone): %.1f .. %.1f\n", world->world, lo, hi);
         printf("scaling %d GPUs / 1 GPU: %.3f (zero = %d, overlap = %d)\n", all.world,

@@ -1,7 +1,20 @@
 // `cgspn bench distill`: Stage 2 distillation img/s of the so14 C-GSPN student on 1 GPU and on
-// every rank of an mpirun launch, and the scaling (issue 8). bench/bench_dist.c says what is
-// timed. Runs on the CPU too (device = cpu, with small configs: the CPU test of its logic).
+// every rank of an mpirun launch, and the scaling (issue 8), with each rank's peak GPU memory;
+// --memory=1 and --max-batch set it beside PyTorch's ViT -> ViT step (issue 18).
+// bench/bench_dist.c says what is timed. Runs on the CPU too (device = cpu, with small configs:
+// the CPU test of its logic, tests/test_bench_dist.c).
 #pragma once
+#include "../train/config.h"
 
-// argv[first..argc-1]: [STUDENT_CFG] [--steps=N] [--warmup=N] [--overlap=0|1] [--key=value ...]
+// argv[first..argc-1]: [STUDENT_CFG] [--steps=N] [--warmup=N] [--overlap=0|1] [--profile=1]
+// [--memory=1] [--max-batch [--sizes=378,1036] [--max-batch-cap=N]] [--key=value ...]
 int bench_distill_cmd(int argc, char **argv, int first);
+
+// One Stage 2 measurement of config c (batch_size per GPU) in a world of one: what each
+// --max-batch probe runs in its child process.
+typedef struct DistillProbe {
+    double img_per_s;   // over the timed steps
+    double gpu_gib;     // device_memory_use peak since the context opened
+    float loss;         // of the last timed step
+} DistillProbe;
+DistillProbe bench_distill_alone(const Config *c, int warmup, int steps);

@@ -10,13 +10,19 @@
 // step time, against 989 TFLOP/s, the dense bf16 tensor-core peak of the H100 and H200 SXM
 // (NVIDIA datasheet); not measured here (`cgspn bench gemm` measures what cuBLASLt reaches).
 //
-// Memory: "act peak" is the arena's high-water mark (activations, their gradients and tape
-// scratch); "GPU mem" is how much of the GPU's memory the run took (cudaMemGetInfo before the
-// model and after the timed steps: parameters, gradients, moments, masters, arena, workspaces).
+// Memory: "act GiB" is the arena's high-water mark (activations, their gradients and tape
+// scratch); "GPU GiB" is device_memory_use's peak from the context's opening through the timed
+// steps: parameters, gradients, moments, masters, arena, workspaces and the stream-ordered pool,
+// this process's own (torch.cuda.max_memory_reserved's counterpart; PyTorch's number also covers
+// its model, gradients and AdamW state, allocated before its statistics are reset).
+//
+// Every case runs twice: grad_checkpoint = 0 and 1 (every block recomputed in backward), beside
+// timm's eager/compiled and eager_ckpt/compiled_ckpt (set_grad_checkpointing).
 #include "bench_model.h"
 #include "../train/config.h"
 #include "../train/model_config.h"
 #include "op_profile.h"
+#include "timm_json.h"
 #include "../train/optimizer.h"
 #include "../kernels/device.h"
 #include "../nn/encoder.h"
@@ -28,7 +34,6 @@
 #include <time.h>
 
 #define BENCH_PEAK_TFLOPS 989.0   // H100 / H200 SXM, dense bf16 (datasheet)
-#define BENCH_TIMM_JSON "build/bench_timm.json"
 
 enum { VIT_WARMUP = 5, VIT_STEPS = 20 };
 
@@ -87,73 +92,6 @@ static void free_tensor(Ctx *ctx, Tensor *t) {
     free(t);
 }
 
-// ---- PyTorch's numbers (bench/bench_timm.py) ------------------------------------------------------
-
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = cg_malloc((size_t)(n > 0 ? n : 0) + 1);
-    size_t got = n > 0 ? fread(s, 1, (size_t)n, f) : 0;
-    s[got] = 0;
-    fclose(f);
-    return s;
-}
-
-// The number under "key" in the flat JSON object bench_timm.py writes; 0 when absent or null.
-static double json_number(const char *json, const char *key) {
-    if (!json) return 0;
-    char pat[192];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    const char *p = strstr(json, pat);
-    if (!p) return 0;
-    p += strlen(pat);
-    while (*p == ' ') p++;
-    char *end;
-    double v = strtod(p, &end);
-    return end == p ? 0 : v;
-}
-
-static void json_string(const char *json, const char *key, char *buf, size_t n) {
-    snprintf(buf, n, "?");
-    if (!json) return;
-    char pat[192];
-    snprintf(pat, sizeof pat, "\"%s\": \"", key);
-    const char *p = strstr(json, pat);
-    if (!p) return;
-    p += strlen(pat);
-    size_t i = 0;
-    while (p[i] && p[i] != '"' && i + 1 < n) {
-        buf[i] = p[i];
-        i++;
-    }
-    buf[i] = 0;
-}
-
-// Loads build/bench_timm.json (or $CGSPN_BENCH_TIMM_JSON) and says where the numbers come from.
-static char *load_timm_json(FILE *out) {
-    const char *path = getenv("CGSPN_BENCH_TIMM_JSON");
-    if (!path || !path[0]) path = BENCH_TIMM_JSON;
-    char *json = read_text(path);
-    if (!json) {
-        fprintf(out, "PyTorch: %s not found (`make bench` runs bench/bench_timm.py first, on a "
-                     "machine with torch and timm)\n", path);
-        return NULL;
-    }
-    char dev[128], date[64], torch_v[64], timm_v[64];
-    json_string(json, "device", dev, sizeof dev);
-    json_string(json, "date", date, sizeof date);
-    json_string(json, "torch", torch_v, sizeof torch_v);
-    json_string(json, "timm", timm_v, sizeof timm_v);
-    const DeviceInfo gpu = device_gpu_info(0);
-    fprintf(out, "PyTorch: %s (bench/bench_timm.py on %s, %s; torch %s, timm %s)%s\n", path, dev,
-            date, torch_v, timm_v,
-            strcmp(dev, gpu.name) == 0 ? "" : "  ** another device: ratios are not comparable **");
-    return json;
-}
-
 // ---- bench vit -----------------------------------------------------------------------------------
 
 typedef struct VitCase {
@@ -171,8 +109,9 @@ static const VitCase VIT_CASES[] = {
 typedef struct VitRow {
     int img, batch;
     double step_ms, fwd_ms, bwd_ms, opt_ms, wall_ms, flops;
-    double act_gib, gpu_gib;
+    double act_gib, gpu_gib;   // arena peak; device_memory_use peak
     float loss, grad_norm;
+    int ckpt;                  // grad_checkpoint
 } VitRow;
 
 typedef struct VitRun {
@@ -203,14 +142,16 @@ static StepStats vit_step(VitRun *r, long step, DeviceEvent **ev, float *loss_ou
     return st;
 }
 
-static void bench_one_vit(FILE *out, const VitCase *vc, VitRow *row, bool profile) {
+// ckpt: grad_checkpoint (0 off, 1 every block recomputed in backward).
+static void bench_one_vit(FILE *out, const VitCase *vc, int ckpt, VitRow *row, bool profile) {
     Config c;
     config_defaults(&c);
     config_load_file(&c, vc->config);
     if (c.num_classes == 0) c.num_classes = 1000;   // the so14 teacher shape has no head
+    c.grad_checkpoint = ckpt;
     EncoderConfig ec = encoder_config_from(&c);
     Ctx ctx = device_open_gpu(0, DTYPE_BF16);
-    size_t free0 = device_memory_free(&ctx);
+    device_memory_reset_peak(&ctx);   // the peak covers everything this run allocates
     Encoder enc;
     ParamTable params;
     params_init_table(&params);
@@ -266,7 +207,8 @@ static void bench_one_vit(FILE *out, const VitCase *vc, VitRow *row, bool profil
     row->opt_ms = median(o_ms, VIT_STEPS);
     row->flops = 3.0 * encoder_flops_per_image(&ec) * B;
     row->act_gib = arena.peak / 1073741824.0;
-    row->gpu_gib = (double)(free0 - device_memory_free(&ctx)) / 1073741824.0;
+    row->gpu_gib = device_memory_use(&ctx).peak / 1073741824.0;
+    row->ckpt = ckpt;
 
     if (profile) {
         OpProfile *p = op_profile_start(&ctx);
@@ -297,60 +239,70 @@ int bench_vit_run(FILE *out) {
                  "of %d steps after %d warm-up (CUDA events)\n", VIT_STEPS, VIT_WARMUP);
     fprintf(out, "MFU = 3 x forward FLOPs (encoder_flops_per_image) x batch / step time / %.0f "
                  "TFLOP/s (H100/H200 SXM dense bf16, datasheet, not measured)\n", BENCH_PEAK_TFLOPS);
-    int n = (int)(sizeof VIT_CASES / sizeof VIT_CASES[0]);
-    VitRow rows[8];
+    const int n_cases = (int)(sizeof VIT_CASES / sizeof VIT_CASES[0]);
+    const int n = 2 * n_cases;   // each case with grad_checkpoint = 0, then 1
+    VitRow rows[2 * 8];
+    char labels[2 * 8][32];
+    const VitCase *cases[2 * 8];
     memset(rows, 0, sizeof rows);
     char *profile_text = NULL;
     size_t profile_len = 0;
     FILE *prof = open_memstream(&profile_text, &profile_len);
+    CG_CHECK(prof != NULL, "", "bench vit: open_memstream failed");
     for (int i = 0; i < n; i++) {
-        fprintf(stderr, "bench vit: %s ...\n", VIT_CASES[i].label);
-        bench_one_vit(prof, &VIT_CASES[i], &rows[i], i == 0);
+        const VitCase *vc = &VIT_CASES[i / 2];
+        const int ckpt = i % 2;
+        cases[i] = vc;
+        snprintf(labels[i], sizeof labels[i], "%s%s", vc->label, ckpt ? " ckpt" : "");
+        fprintf(stderr, "bench vit: %s ...\n", labels[i]);
+        bench_one_vit(prof, vc, ckpt, &rows[i], i == 0);   // the op profile: the first case only
     }
     fclose(prof);
-    fprintf(out, "\n%-9s %4s %5s %8s %7s %7s %7s %8s %8s %6s %8s %8s %7s\n", "model", "img",
+    fprintf(out, "ckpt = grad_checkpoint 1 (every block recomputed in backward); GPU GiB = "
+                 "device_memory_use peak (parameters, gradients, AdamW state, arena, workspaces, "
+                 "pool), act GiB = the arena's peak\n");
+    fprintf(out, "\n%-14s %4s %5s %8s %7s %7s %7s %8s %8s %6s %8s %8s %7s\n", "model", "img",
             "batch", "step ms", "fwd ms", "bwd ms", "opt ms", "img/s", "TFLOP/s", "MFU",
             "act GiB", "GPU GiB", "loss");
     for (int i = 0; i < n; i++) {
         const VitRow *r = &rows[i];
         double tf = r->flops / (r->step_ms * 1e-3) / 1e12;
-        fprintf(out, "%-9s %4d %5d %8.2f %7.2f %7.2f %7.2f %8.0f %8.1f %5.1f%% %8.2f %8.2f %7.3f\n",
-                VIT_CASES[i].label, r->img, r->batch, r->step_ms, r->fwd_ms, r->bwd_ms, r->opt_ms,
+        fprintf(out, "%-14s %4d %5d %8.2f %7.2f %7.2f %7.2f %8.0f %8.1f %5.1f%% %8.2f %8.2f %7.3f\n",
+                labels[i], r->img, r->batch, r->step_ms, r->fwd_ms, r->bwd_ms, r->opt_ms,
                 r->batch / (r->step_ms * 1e-3), tf, 100.0 * tf / BENCH_PEAK_TFLOPS, r->act_gib,
                 r->gpu_gib, r->loss);
     }
     fprintf(out, "(host wall clock per step, mean of the timed steps:");
-    for (int i = 0; i < n; i++) fprintf(out, " %s %.2f ms", VIT_CASES[i].label, rows[i].wall_ms);
+    for (int i = 0; i < n; i++) fprintf(out, " %s %.2f ms", labels[i], rows[i].wall_ms);
     fprintf(out, ")\n\n");
 
-    char *json = load_timm_json(out);
+    char *json = timm_json_load(out);
     if (json) {
-        fprintf(out, "%-9s %5s %9s %9s %11s %11s %10s %10s %11s %14s\n", "model", "batch",
+        fprintf(out, "%-14s %5s %9s %9s %11s %11s %9s %9s %9s %11s %14s %9s\n", "model", "batch",
                 "eager ms", "eager/s", "compiled ms", "compiled/s", "eager GiB", "comp. GiB",
-                "cgspn/eager", "cgspn/compiled");
+                "cgspn GiB", "cgspn/eager", "cgspn/compiled", "mem ratio");
         for (int i = 0; i < n; i++) {
-            char k[128];
-            const char *key = VIT_CASES[i].key;
-            snprintf(k, sizeof k, "%s/batch", key);
-            int tb = (int)json_number(json, k);
-            double e_ms, c_ms, e_gib, c_gib;
-            snprintf(k, sizeof k, "%s/eager/step_ms", key);
-            e_ms = json_number(json, k);
-            snprintf(k, sizeof k, "%s/compiled/step_ms", key);
-            c_ms = json_number(json, k);
-            snprintf(k, sizeof k, "%s/eager/peak_reserved_gib", key);
-            e_gib = json_number(json, k);
-            snprintf(k, sizeof k, "%s/compiled/peak_reserved_gib", key);
-            c_gib = json_number(json, k);
+            const char *key = cases[i]->key;
+            const char *eager = rows[i].ckpt ? "eager_ckpt" : "eager";
+            const char *comp = rows[i].ckpt ? "compiled_ckpt" : "compiled";
+            int tb = (int)timm_json_numberf(json, "%s/batch", key);
+            double e_ms = timm_json_numberf(json, "%s/%s/step_ms", key, eager);
+            double c_ms = timm_json_numberf(json, "%s/%s/step_ms", key, comp);
+            double e_gib = timm_json_numberf(json, "%s/%s/peak_reserved_gib", key, eager);
+            double c_gib = timm_json_numberf(json, "%s/%s/peak_reserved_gib", key, comp);
             double ours = rows[i].batch / (rows[i].step_ms * 1e-3);
             double e_ips = e_ms > 0 ? tb / (e_ms * 1e-3) : 0, c_ips = c_ms > 0 ? tb / (c_ms * 1e-3) : 0;
-            fprintf(out, "%-9s %5d %9.2f %9.0f %11.2f %11.0f %10.2f %10.2f %10.2fx %13.2fx%s\n",
-                    VIT_CASES[i].label, tb, e_ms, e_ips, c_ms, c_ips, e_gib, c_gib,
+            fprintf(out, "%-14s %5d %9.2f %9.0f %11.2f %11.0f %9.2f %9.2f %9.2f %10.2fx %13.2fx "
+                         "%8.2fx%s\n",
+                    labels[i], tb, e_ms, e_ips, c_ms, c_ips, e_gib, c_gib, rows[i].gpu_gib,
                     e_ips > 0 ? ours / e_ips : 0, c_ips > 0 ? ours / c_ips : 0,
+                    c_gib > 0 ? rows[i].gpu_gib / c_gib : 0,
                     tb == rows[i].batch ? "" : "  (batch differs)");
         }
-        fprintf(out, "(ratios are img/s over img/s; 0 = not measured; GiB = torch's peak reserved "
-                     "memory)\n");
+        fprintf(out, "(ckpt rows against timm's eager_ckpt and compiled_ckpt, set_grad_checkpointing; "
+                     "eager/comp. GiB = torch.cuda.max_memory_reserved over the timed steps; "
+                     "mem ratio = cgspn GiB / comp. GiB)\n");
+        fprintf(out, "(ratios are img/s over img/s; 0 = not measured)\n");
         free(json);
     }
     if (profile_text) {
@@ -365,7 +317,9 @@ int bench_vit_run(FILE *out) {
 enum { BLOCK_B = 32, BLOCK_C = 1152, BLOCK_MLP = 4304, BLOCK_HEADS = 16, BLOCK_LATENT = 64,
        BLOCK_PATCH = 14 };
 
-typedef struct BlockTimes { double fwd_ms, fwdbwd_ms, flops_fwd, act_gib; } BlockTimes;
+// gpu_gib: device_memory_use's peak over the fwd+bwd repetitions (reset before them): the block's
+// parameters and their gradients, x, dy and its seed, the arena, workspaces, the pool.
+typedef struct BlockTimes { double fwd_ms, fwdbwd_ms, flops_fwd, act_gib, gpu_gib; } BlockTimes;
 
 // dy0: the seed's values; dy, refilled from it before each repetition (outside the timing), is
 // consumed by the backward as torch's y.backward(dy) reads its argument (no copy).
@@ -463,8 +417,10 @@ static BlockTimes bench_one_block(EncoderKind kind, int px, int warmup, int reps
     arena_free(&arena);
     arena_init(&arena, &ctx, (size_t)1 << 30);
     tape_init(&tape, &ctx, &arena);
+    device_memory_reset_peak(&ctx);   // PyTorch's block peak: its fwd+bwd calls alone
     bt.fwdbwd_ms = block_median(&tape, &ctx, warmup, reps, true, &enc, x, dy0, dy);
     bt.act_gib = arena.peak / 1073741824.0;
+    bt.gpu_gib = device_memory_use(&ctx).peak / 1073741824.0;
     if (prof) {
         char label[64];
         snprintf(label, sizeof label, "%s block at %d px", kind == ENCODER_CGSPN ? "C-GSPN" : "attention", px);
@@ -495,6 +451,8 @@ int bench_block_run(FILE *out) {
     fprintf(out, "fwd = forward without the tape; fwd+bwd = forward with the tape + backward from a "
                  "random dy (input and weight gradients; dy used in place, as torch's backward(dy)); "
                  "medians after warm-up (CUDA events)\n");
+    fprintf(out, "GPU GiB = peak over the fwd+bwd calls (cgspn: device_memory_use; PyTorch: "
+                 "max_memory_reserved); no recomputation here: one block, nothing to recompute\n");
     const int pxs[2] = {1036, 2058};
     const int warm[2] = {2, 1}, reps[2] = {10, 5};
     BlockTimes t[2][2];   // [px][0 = C-GSPN, 1 = attention]
@@ -513,13 +471,13 @@ int bench_block_run(FILE *out) {
         char *buf = NULL;
         size_t len = 0;
         FILE *m = open_memstream(&buf, &len);
-        json = load_timm_json(m);
+        json = timm_json_load(m);
         fclose(m);
         fputs(buf, out);
         free(buf);
     }
-    fprintf(out, "\n%5s %8s %-28s %9s %9s %11s %9s %9s\n", "px", "tokens", "block", "fwd ms",
-            "TFLOP/s", "fwd+bwd ms", "TFLOP/s", "act GiB");
+    fprintf(out, "\n%5s %8s %-28s %9s %9s %11s %9s %9s %9s\n", "px", "tokens", "block", "fwd ms",
+            "TFLOP/s", "fwd+bwd ms", "TFLOP/s", "act GiB", "GPU GiB");
     for (int i = 0; i < 2; i++) {
         int g = pxs[i] / BLOCK_PATCH;
         char tok[32];
@@ -527,40 +485,44 @@ int bench_block_run(FILE *out) {
         const char *names[2] = {"C-GSPN (cgspn)", "attention (cgspn)"};
         for (int k = 0; k < 2; k++) {
             BlockTimes *b = &t[i][k];
-            fprintf(out, "%5d %8s %-28s %9.2f %9.1f %11.2f %9.1f %9.2f\n", pxs[i], tok, names[k],
-                    b->fwd_ms, b->flops_fwd / (b->fwd_ms * 1e-3) / 1e12, b->fwdbwd_ms,
-                    3 * b->flops_fwd / (b->fwdbwd_ms * 1e-3) / 1e12, b->act_gib);
+            fprintf(out, "%5d %8s %-28s %9.2f %9.1f %11.2f %9.1f %9.2f %9.2f\n", pxs[i], tok,
+                    names[k], b->fwd_ms, b->flops_fwd / (b->fwd_ms * 1e-3) / 1e12, b->fwdbwd_ms,
+                    3 * b->flops_fwd / (b->fwdbwd_ms * 1e-3) / 1e12, b->act_gib, b->gpu_gib);
         }
         const char *modes[2] = {"eager", "compiled"};
         for (int m = 0; m < 2; m++) {
             char k1[96], k2[96], label[64];
             snprintf(k1, sizeof k1, "block/%d/%s/fwd_ms", pxs[i], modes[m]);
             snprintf(k2, sizeof k2, "block/%d/%s/fwdbwd_ms", pxs[i], modes[m]);
-            double f = json_number(json, k1), fb = json_number(json, k2);
+            double f = timm_json_number(json, k1), fb = timm_json_number(json, k2);
+            double gib = timm_json_numberf(json, "block/%d/%s/peak_reserved_gib", pxs[i], modes[m]);
             snprintf(label, sizeof label, "PyTorch SDPA (timm, %s)", modes[m]);
             if (f > 0 || fb > 0)
-                fprintf(out, "%5d %8s %-28s %9.2f %9.1f %11.2f %9.1f\n", pxs[i], tok, label, f,
-                        f > 0 ? t[i][1].flops_fwd / (f * 1e-3) / 1e12 : 0, fb,
-                        fb > 0 ? 3 * t[i][1].flops_fwd / (fb * 1e-3) / 1e12 : 0);
+                fprintf(out, "%5d %8s %-28s %9.2f %9.1f %11.2f %9.1f %9s %9.2f\n", pxs[i], tok,
+                        label, f, f > 0 ? t[i][1].flops_fwd / (f * 1e-3) / 1e12 : 0, fb,
+                        fb > 0 ? 3 * t[i][1].flops_fwd / (fb * 1e-3) / 1e12 : 0, "", gib);
         }
     }
     fprintf(out, "\nspeed-ups (time of the other / time of the C-GSPN block; issue 4 targets: fwd+bwd "
                  ">= 3x the compiled PyTorch block at 1036 px, >= 10x at 2058 px)\n");
-    fprintf(out, "%5s %-34s %8s %9s\n", "px", "against", "fwd", "fwd+bwd");
+    fprintf(out, "(mem = the C-GSPN block's GPU GiB / the other's: below 1 = C-GSPN needs less)\n");
+    fprintf(out, "%5s %-34s %8s %9s %7s\n", "px", "against", "fwd", "fwd+bwd", "mem");
     for (int i = 0; i < 2; i++) {
         const BlockTimes *c = &t[i][0];
-        fprintf(out, "%5d %-34s %7.2fx %8.2fx\n", pxs[i], "attention block (cgspn)",
-                t[i][1].fwd_ms / c->fwd_ms, t[i][1].fwdbwd_ms / c->fwdbwd_ms);
+        fprintf(out, "%5d %-34s %7.2fx %8.2fx %6.2fx\n", pxs[i], "attention block (cgspn)",
+                t[i][1].fwd_ms / c->fwd_ms, t[i][1].fwdbwd_ms / c->fwdbwd_ms,
+                t[i][1].gpu_gib > 0 ? c->gpu_gib / t[i][1].gpu_gib : 0);
         const char *modes[2] = {"eager", "compiled"};
         for (int m = 0; m < 2; m++) {
             char k1[96], k2[96], label[64];
             snprintf(k1, sizeof k1, "block/%d/%s/fwd_ms", pxs[i], modes[m]);
             snprintf(k2, sizeof k2, "block/%d/%s/fwdbwd_ms", pxs[i], modes[m]);
-            double f = json_number(json, k1), fb = json_number(json, k2);
+            double f = timm_json_number(json, k1), fb = timm_json_number(json, k2);
+            double gib = timm_json_numberf(json, "block/%d/%s/peak_reserved_gib", pxs[i], modes[m]);
             snprintf(label, sizeof label, "PyTorch SDPA block (%s)", modes[m]);
             if (f > 0 || fb > 0)
-                fprintf(out, "%5d %-34s %7.2fx %8.2fx\n", pxs[i], label, f / c->fwd_ms,
-                        fb / c->fwdbwd_ms);
+                fprintf(out, "%5d %-34s %7.2fx %8.2fx %6.2fx\n", pxs[i], label, f / c->fwd_ms,
+                        fb / c->fwdbwd_ms, gib > 0 ? c->gpu_gib / gib : 0);
         }
     }
     free(json);

@@ -5,8 +5,10 @@
 #include <stdio.h>
 
 // ViT-B/16 at 224 px (batch 256) and the so14 ViT at 378 px (batch 32), bf16: step time
-// (forward + cross-entropy + backward + AdamW with global-norm clipping), img/s, MFU, peak memory,
-// the ratio to timm eager and torch.compile, and a per-op profile of one ViT-B/16 step.
+// (forward + cross-entropy + backward + AdamW with global-norm clipping), img/s, MFU, peak GPU
+// memory (device_memory_use), each with grad_checkpoint 0 and 1; the ratios to timm eager and
+// torch.compile (with and without gradient checkpointing), img/s and memory; a per-op profile of
+// one ViT-B/16 step.
 int bench_vit_run(FILE *out);
 // One so14-width block (B = 32, C = 1152, MLP 4304) at 1036 px (74x74 tokens) and 2058 px
 // (147x147): C-GSPN (Cc = 64) against cgspn's attention block and timm's SDPA block (compiled).

@@ -12,9 +12,13 @@ measured table is; --doc PATH names another file that holds them.
 
 Without NAME (the `make bench` output) the headline lines are also copied into README.md,
 between <!-- bench:headline:begin --> and <!-- bench:headline:end -->: from `cgspn bench vit`
-its header line, the step table and the PyTorch table with the ratios; from `cgspn bench block`
-its header line, the block table and the speed-ups. Each excerpt is the file's own lines, in
-order. When FILE lacks those sections (a partial run), README.md is left as it is, with a note.
+its header line, the step table (grad_checkpoint 0 and 1) and the PyTorch table with the
+ratios of img/s and of GPU memory; from `cgspn bench block` its header line, the block table and
+the speed-ups (with the memory ratio); from `cgspn bench distill --memory=1` (when present) the
+table of grad_checkpoint 0 and 1 beside PyTorch's step; from `cgspn bench distill --max-batch`
+(when present) the largest-batch table and the issue's peer line. Each excerpt is the file's own
+lines, in order. When FILE lacks the vit or block section (a partial run), README.md is left as
+it is, with a note.
 
 Numbers are never typed by hand: this script is the only way they reach the docs. Run it from
 the repository root; running it again on the same FILE changes nothing."""
@@ -38,10 +42,11 @@ def paste(path, tag, text):
 
 
 def sections(text):
-    """The `== cgspn bench NAME` sections of a bench output: {NAME: [lines after the == line]}."""
+    """The `== cgspn bench NAME [OPTIONS]` sections of a bench output: {"NAME [OPTIONS]": [lines
+    after the == line]} ("vit", "distill --memory=1", ...)."""
     out, name = {}, None
     for line in text.split("\n"):
-        m = re.match(r"== cgspn bench (\w+)", line)
+        m = re.match(r"== cgspn bench (\w+.*?)\s*$", line)
         if m:
             name = m.group(1)
             out[name] = []
@@ -53,6 +58,11 @@ def sections(text):
 def first(lines, pattern, frm=0):
     """Index of the first line at or after frm that matches pattern, or None."""
     return next((k for k in range(frm, len(lines)) if re.match(pattern, lines[k])), None)
+
+
+def section_with(s, name, option):
+    """The lines of the first section NAME whose options include OPTION (None when absent)."""
+    return next((v for k, v in s.items() if k.split()[0] == name and option in k.split()[1:]), None)
 
 
 def headline(text):
@@ -71,8 +81,24 @@ def headline(text):
     if None in (a, b, c, d):
         return None
     e = len(block) if e is None else e
-    return "\n".join(["== cgspn bench vit", vit[0]] + vit[a:b + 1] +
-                     ["", "== cgspn bench block", block[0]] + block[c:e])
+    out = (["== cgspn bench vit", vit[0]] + vit[a:b + 1] +
+           ["", "== cgspn bench block", block[0]] + block[c:e])
+    # bench distill --memory=1: its first line and the table beside PyTorch's step.
+    mem = section_with(s, "distill", "--memory=1")
+    f = None if not mem else first(mem, r"\| grad_checkpoint \| batch \| img/s")
+    g = None if f is None else first(mem, r"\(PyTorch:", f)
+    if g is not None:
+        out += ["", "== cgspn bench distill --memory=1", mem[0]] + mem[f:g + 1]
+    # bench distill --max-batch: its first line, the table and the issue's peer line.
+    mb = section_with(s, "distill", "--max-batch")
+    h = None if not mb else first(mb, r"\| px \| grad_checkpoint \| max batch")
+    k = None if h is None else first(mb, r"\(max batch:", h)
+    if k is not None:
+        peer = first(mb, r"issue 18's peer", k)
+        out += ["", "== cgspn bench distill --max-batch", mb[0]] + mb[h:k + 1]
+        if peer is not None:
+            out.append(mb[peer])
+    return "\n".join(out)
 
 
 def main(argv):
