@@ -30,6 +30,7 @@
 #include "../train/data_parallel.h"
 #include "../train/device_config.h"
 #include "../train/distill.h"
+#include "../train/memory_report.h"
 #include "op_profile.h"
 #include "../train/runlog.h"
 #include "../kernels/device.h"
@@ -84,14 +85,16 @@ static Tensor *random_images(Arena *a, Ctx *ctx, const Config *c, int B, uint64_
 }
 
 // warmup + steps distillation steps of config c (batch_size = per-rank batch) across group d.
-// describe: print the device (rank 0's first call).
+// say: SAY_DEVICE prints the device first (rank 0's first call), SAY_PLAN the memory plan after
+// the steps (rank 0's).
 // profile: one more step, timed op by op (BenchProfile).
+enum { SAY_DEVICE = 1, SAY_PLAN = 2 };
 static BenchResult bench_steps(const Config *c, Dist *d, int warmup, int steps, bool overlap,
-                               bool describe, bool profile) {
+                               int say, bool profile) {
     BenchResult r = {0};
     Ctx ctx = device_open(c);
     device_memory_reset_peak(&ctx);   // the peak covers everything this measurement allocates
-    if (describe) device_describe(&ctx, stdout);
+    if (say & SAY_DEVICE) device_describe(&ctx, stdout);
     Distiller dd;
     distiller_init(&dd, c, &ctx);
     distiller_init_student(&dd, c, NULL);
@@ -155,6 +158,12 @@ static BenchResult bench_steps(const Config *c, Dist *d, int warmup, int steps, 
     r.global_batch = c->batch_size * d->world;
     r.img_per_s = (double)r.global_batch * steps / r.seconds;
     r.gpu_peak = device_memory_use(&ctx).peak;
+    if (say & SAY_PLAN) {   // the split of what this rank holds, as cgspn distill prints it
+        const ParamTable *tables[2] = {&dd.params, &dd.teacher.params};
+        MemoryPlan plan = memory_plan(&ctx, tables, 2, &arena);
+        printf("grad_checkpoint %d, batch %d: ", c->grad_checkpoint, c->batch_size);
+        memory_plan_print(stdout, &plan);
+    }
     r.grad_checkpoint = c->grad_checkpoint;
     tape_free(&tape);
     arena_free(&arena);
@@ -265,7 +274,7 @@ DistillProbe bench_distill_alone(const Config *c, int warmup, int steps) {
     Dist alone;
     dist_init_single(&alone);
     alone.timeout_s = BENCH_DIST_TIMEOUT_S;
-    BenchResult r = bench_steps(c, &alone, warmup, steps, true, false, false);
+    BenchResult r = bench_steps(c, &alone, warmup, steps, true, 0, false);
     return (DistillProbe){r.img_per_s, r.gpu_peak / 1073741824.0, r.loss};
 }
 
@@ -374,7 +383,8 @@ int bench_distill_cmd(int argc, char **argv, int first) {
         for (int g = 0; g < 2; g++) {
             Config cg = c;
             cg.grad_checkpoint = g;
-            rows[g] = bench_steps(&cg, &alone, warmup, steps, overlap, main_rank && g == 0, false);
+            rows[g] = bench_steps(&cg, &alone, warmup, steps, overlap,
+                                  main_rank ? (g == 0 ? SAY_DEVICE : 0) | SAY_PLAN : 0, false);
         }
         if (main_rank) {
             print_table_head();
@@ -386,7 +396,8 @@ int bench_distill_cmd(int argc, char **argv, int first) {
     }
 
     // 1 GPU: every rank alone at the same time.
-    BenchResult one = bench_steps(&c, &alone, warmup, steps, overlap, main_rank, profile);
+    BenchResult one = bench_steps(&c, &alone, warmup, steps, overlap,
+                                  main_rank ? SAY_DEVICE | SAY_PLAN : 0, profile);
     double *ones = cg_malloc((size_t)world->world * sizeof(double));
     dist_all_gather_bytes(world, &one.img_per_s, ones, sizeof(double), "the 1-GPU results");
     double lo = ones[0], hi = ones[0];
@@ -394,7 +405,7 @@ int bench_distill_cmd(int argc, char **argv, int first) {
     free(ones);
     // N GPUs together.
     BenchResult all = one;
-    if (world->world > 1) all = bench_steps(&c, world, warmup, steps, overlap, false, profile);
+    if (world->world > 1) all = bench_steps(&c, world, warmup, steps, overlap, 0, profile);
 
     if (main_rank) {
         print_table_head();
