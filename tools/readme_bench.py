@@ -7,10 +7,11 @@ FILE (default build/bench.txt, the `make bench` output) goes between the markers
 <!-- bench:begin --> and <!-- bench:end -->, or, with NAME, between <!-- bench:NAME:begin -->
 and <!-- bench:NAME:end --> (a bench run outside `make bench`, e.g. under mpirun, saved under
 results/: NAME is `distill` for results/bench_distill_h200x2.txt, `curriculum` for
-results/bench_curriculum_h200.txt). The markers live in docs/benchmarks.md, where every
+results/bench_curriculum_h200.txt, `memory` for results/bench_memory_h100.txt). The markers live in docs/benchmarks.md, where every
 measured table is; --doc PATH names another file that holds them.
 
-Without NAME (the `make bench` output) the headline lines are also copied into README.md,
+When FILE has the `bench vit` and `bench block` sections (the `make bench` output, or a run of
+those benchmarks under a NAME) the headline lines are also copied into README.md,
 between <!-- bench:headline:begin --> and <!-- bench:headline:end -->: from `cgspn bench vit`
 its header line, the step table (grad_checkpoint 0 and 1) and the PyTorch table with the
 ratios of img/s and of GPU memory; from `cgspn bench block` its header line, the block table and
@@ -123,9 +124,9 @@ def main(argv):
     text = open(src).read().rstrip()
     paste(doc, f"bench:{name}:" if name else "bench:", text)
     print(f"  from {src}")
-    if name:
-        return 0
     h = headline(text)
+    if h is None and name:
+        return 0   # a run of other benchmarks (distill under mpirun, curriculum): no headline
     if h is None:
         print(f"{README}: headline left as it is ({src} has no complete `bench vit` and `bench block` tables)")
         return 0
