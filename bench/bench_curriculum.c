@@ -85,7 +85,7 @@ static void bench_case(FILE *out, const CurriculumCase *cc, Ctx *ctx) {
     OptimizerConfig opt = {.schedule = {1e-4f, 1e-4f, 0, 1000000}, .beta1 = 0.9f, .beta2 = 0.999f,
                            .eps = 1e-8f, .weight_decay = 0.05f, .grad_clip = 1.0f};
     Arena arena;
-    arena_init(&arena, ctx, ctx->device == DEVICE_CUDA ? (size_t)1 << 30 : 64u << 20);
+    arena_init(&arena, ctx, ARENA_CHUNK_BYTES);
     Tape tape;
     tape_init(&tape, ctx, &arena);
     float *raw = cg_malloc((size_t)d.n_raw * sizeof(float));

@@ -103,7 +103,7 @@ static BenchResult bench_steps(const Config *c, Dist *d, int warmup, int steps, 
     dp.overlap = overlap;
     Arena inputs, arena;
     arena_init(&inputs, &ctx, 16u << 20);
-    arena_init(&arena, &ctx, 256u << 20);
+    arena_init(&arena, &ctx, ARENA_CHUNK_BYTES);
     Tape tape;
     tape_init(&tape, &ctx, &arena);
     // Different images on every rank, as a real run's slices are.

@@ -159,7 +159,7 @@ static void bench_one_vit(FILE *out, const VitCase *vc, int ckpt, VitRow *row, b
     params_alloc(&params, &ctx);
     params_initialize(&params, &ctx, 1234);
     Arena arena;
-    arena_init(&arena, &ctx, (size_t)1 << 30);
+    arena_init(&arena, &ctx, ARENA_CHUNK_BYTES);
     Tape tape;
     tape_init(&tape, &ctx, &arena);
 
@@ -399,7 +399,7 @@ static BlockTimes bench_one_block(EncoderKind kind, int px, int warmup, int reps
     params_alloc(&params, &ctx);
     params_initialize(&params, &ctx, 4321);
     Arena arena;
-    arena_init(&arena, &ctx, (size_t)1 << 30);
+    arena_init(&arena, &ctx, ARENA_CHUNK_BYTES);
     Tape tape;
     tape_init(&tape, &ctx, &arena);
     int N = (px / BLOCK_PATCH) * (px / BLOCK_PATCH);
@@ -410,12 +410,11 @@ static BlockTimes bench_one_block(EncoderKind kind, int px, int warmup, int reps
     x->requires_grad = true;
     BlockTimes bt;
     bt.fwd_ms = block_median(&tape, &ctx, warmup, reps, false, &enc, x, dy0, dy);
-    // A fresh arena for the other allocation sequence: the bump allocator never goes back to a
-    // chunk it has passed, so a second sequence over the first one's chunks could need twice the
-    // memory.
+    // A fresh arena for the other allocation sequence: its chunks are those this sequence needs,
+    // as in a run that only trains.
     tape_free(&tape);
     arena_free(&arena);
-    arena_init(&arena, &ctx, (size_t)1 << 30);
+    arena_init(&arena, &ctx, ARENA_CHUNK_BYTES);
     tape_init(&tape, &ctx, &arena);
     device_memory_reset_peak(&ctx);   // PyTorch's block peak: its fwd+bwd calls alone
     bt.fwdbwd_ms = block_median(&tape, &ctx, warmup, reps, true, &enc, x, dy0, dy);

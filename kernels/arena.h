@@ -13,6 +13,12 @@
 #include "tensor.h"
 #include "ctx.h"
 
+// The chunk a step's arena grows by (a larger tensor gets a chunk of its own size): what train,
+// distill, curriculum and the benches use, so a bench's memory is a run's. Measured on an H100
+// against 256 MiB and 1 GiB (2026-11-25, bench vit and bench distill --memory=1): the lowest peak
+// for ViT-B/16, so14 ViT and the so14 Stage 2 step; larger chunks leave their tail unused.
+#define ARENA_CHUNK_BYTES ((size_t)64 << 20)
+
 #define ARENA_KEEP (-1)
 // Blocks of a scope: released together by arena_release_scope (a frozen teacher's block: what
 // it makes beyond the taps it hands on is dead once the block has run).

@@ -37,7 +37,7 @@ EvalResult classify_evaluate_dp(Ctx *ctx, const Encoder *e, Loader *val, DataPar
     if (at.step != 0 && loader_cursor_set(val, (LoaderCursor){at.epoch, 0}, err, sizeof err) != 0)
         CG_FAIL("", "%s", err);
     Arena arena;
-    arena_init(&arena, ctx, 64u << 20);
+    arena_init(&arena, ctx, ARENA_CHUNK_BYTES);
     Tape tape;
     tape_init(&tape, ctx, &arena);
     tape_set_grad_enabled(&tape, false);
@@ -332,7 +332,7 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
     printf("\n");
 
     Arena arena;
-    arena_init(&arena, &ctx, 64u << 20);
+    arena_init(&arena, &ctx, ARENA_CHUNK_BYTES);
     Tape tape;
     tape_init(&tape, &ctx, &arena);
     int K = c->num_classes;

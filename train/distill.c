@@ -213,7 +213,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
     printf(", lr %g, warmup %ld\n", opt.schedule.base_lr, warmup);
 
     Arena arena;
-    arena_init(&arena, &ctx, 64u << 20);
+    arena_init(&arena, &ctx, ARENA_CHUNK_BYTES);
     Tape tape;
     tape_init(&tape, &ctx, &arena);
     int B = c->batch_size, K = c->num_classes;
@@ -381,7 +381,7 @@ static void distill_loss_once(const Config *c, const char *images, const char *o
     describe(&d, c, stdout);
     distiller_init_student(&d, c, stdout);
     Arena arena;
-    arena_init(&arena, &ctx, 64u << 20);
+    arena_init(&arena, &ctx, ARENA_CHUNK_BYTES);
     Tape tape;
     tape_init(&tape, &ctx, &arena);
     StFile f;

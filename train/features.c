@@ -130,7 +130,7 @@ int cmd_features(int argc, char **argv) {
     encoder_describe(&enc, &params, stdout);
 
     Arena arena;
-    arena_init(&arena, &ctx, 256u << 20);
+    arena_init(&arena, &ctx, ARENA_CHUNK_BYTES);
     Tape tape;
     tape_init(&tape, &ctx, &arena);
     tape_set_grad_enabled(&tape, grads != NULL);

@@ -48,7 +48,7 @@ typedef struct Features { float *x; int *labels; int n, classes; } Features;
 // Pooled head inputs (n, C) and labels of every image of the loader's split, in order.
 static Features pooled_features(Ctx *ctx, const Encoder *e, Loader *l) {
     Arena arena;
-    arena_init(&arena, ctx, 64u << 20);
+    arena_init(&arena, ctx, ARENA_CHUNK_BYTES);
     Tape tape;
     tape_init(&tape, ctx, &arena);
     tape_set_grad_enabled(&tape, false);
