@@ -19,9 +19,14 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
     e->grid_w = cfg->img_w / cfg->patch;
     int C = cfg->width;
     bool vit = cfg->kind == ENCODER_VIT;
-    e->prefix = vit && cfg->class_token ? 1 : 0;
-    CG_CHECK(vit || !cfg->class_token, "set class_token = 0 for C-GSPN and hybrid encoders",
-             "C-GSPN propagation runs on the token grid and has no class token");
+    e->prefix = vit ? (cfg->class_token ? 1 : 0) + cfg->reg_tokens : 0;
+    CG_CHECK(vit || (!cfg->class_token && !cfg->reg_tokens),
+             "set class_token = 0 and reg_tokens = 0 for C-GSPN and hybrid encoders",
+             "C-GSPN propagation runs on the token grid and has no class or register tokens");
+    CG_CHECK(cfg->reg_tokens >= 0 && cfg->reg_tokens <= 64, "e.g. reg_tokens = 4 (DINOv2 reg4)",
+             "reg_tokens %d not in [0, 64]", cfg->reg_tokens);
+    CG_CHECK(!cfg->fc_norm || cfg->avg_pool || !cfg->class_token, "set global_pool = avg with fc_norm",
+             "fc_norm norms the mean of the patch tokens (timm: global_pool avg), not the class token");
 
     // PyTorch's Conv2d layout (D, Cin, p, p) and default init (fan-in uniform), as in timm.
     e->patch_embed.w = params_add(t, "patch_embed.proj.weight", 4,
@@ -29,11 +34,17 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
                                   INIT_FAN_IN_UNIFORM, 0, true);
     e->patch_embed.b = params_add(t, "patch_embed.proj.bias", 1, (int[]){C}, INIT_FAN_IN_UNIFORM,
                                   (float)(cfg->in_chans * cfg->patch * cfg->patch), false);
-    if (e->prefix)
+    if (vit && cfg->class_token)
         e->cls_token = params_add(t, "cls_token", 2, (int[]){1, C}, INIT_TRUNC_NORMAL, 1e-6f, false);
-    if (vit && cfg->pos_embed)
-        e->pos_embed = params_add(t, "pos_embed", 2, (int[]){e->prefix + e->grid_h * e->grid_w, C},
-                                  INIT_TRUNC_NORMAL, 0.02f, false);
+    if (vit && cfg->reg_tokens)
+        e->reg_token = params_add(t, "reg_token", 2, (int[]){cfg->reg_tokens, C}, INIT_TRUNC_NORMAL,
+                                  1e-6f, false);
+    if (vit && cfg->pos_embed) {
+        int embedded = (cfg->no_embed_class ? 0 : e->prefix) + e->grid_h * e->grid_w;
+        e->pos_embed = params_add(t, "pos_embed", 2, (int[]){embedded, C}, INIT_TRUNC_NORMAL,
+                                  0.02f, false);
+    }
+    if (cfg->norm_pre) layernorm_register(&e->norm_pre, t, "norm_pre", C, cfg->ln_eps);
     for (int i = 0; i < cfg->depth; i++) {
         Block *b = &e->blocks[i];
         char p[32], name[PARAM_NAME_MAX];   // "blocks.N" fits in 32
@@ -62,7 +73,7 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
             b->ls2 = params_add(t, name, 1, (int[]){C}, INIT_CONST, cfg->layer_scale_init, false);
         }
     }
-    layernorm_register(&e->norm, t, "norm", C, cfg->ln_eps);
+    layernorm_register(&e->norm, t, cfg->fc_norm ? "fc_norm" : "norm", C, cfg->ln_eps);
     if (cfg->num_classes > 0) linear_register(&e->head, t, "head", C, cfg->num_classes, true, 0.02f);
 }
 
@@ -134,8 +145,13 @@ Tensor *encoder_embed(Tape *t, const Encoder *e, Tensor *img) {
     int B = img->shape[0], N = e->grid_h * e->grid_w;
     Tensor *x = nn_patch_embed(t, img, e->patch_embed.w, e->patch_embed.b, c->patch); // (B,H,W,C)
     x = nn_view(t, x, 3, (int[]){B, N, c->width});
+    // timm's _pos_embed: [class, registers, patches]; pos_embed added after the prefix tokens
+    // are prepended, or with no_embed_class to the patch tokens before.
+    if (e->pos_embed && c->no_embed_class) x = nn_add_bcast(t, x, e->pos_embed);
+    if (e->reg_token) x = nn_concat_prefix(t, e->reg_token, x);
     if (e->cls_token) x = nn_concat_prefix(t, e->cls_token, x);
-    if (e->pos_embed) x = nn_add_bcast(t, x, e->pos_embed);
+    if (e->pos_embed && !c->no_embed_class) x = nn_add_bcast(t, x, e->pos_embed);
+    if (c->norm_pre) x = layernorm(t, &e->norm_pre, x);
     return nn_cast(t, x, DTYPE_F32);
 }
 
@@ -169,7 +185,7 @@ Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *tap
         x = block_forward_planned(t, e, i, x, taps ? &taps->pp[i] : NULL);
         if (taps) taps->pb[i] = x;
     }
-    return layernorm(t, &e->norm, x);
+    return e->cfg.fc_norm ? x : layernorm(t, &e->norm, x);
 }
 
 int encoder_set_image_size_err(Encoder *e, int img_h, int img_w, char *err, size_t n) {
@@ -194,10 +210,9 @@ void encoder_set_image_size(Encoder *e, int img_h, int img_w) {
     if (encoder_set_image_size_err(e, img_h, img_w, err, sizeof err) != 0) CG_FAIL("", "%s", err);
 }
 
-Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens) {
-    CG_CHECK(e->cfg.num_classes > 0, "set num_classes", "this encoder has no classification head");
+Tensor *encoder_pool(Tape *t, const Encoder *e, Tensor *tokens) {
     Tensor *pooled;
-    if (e->cfg.avg_pool || !e->prefix) {
+    if (e->cfg.avg_pool || !e->cls_token) {
         Tensor *patches = e->prefix ? nn_slice_tokens(t, tokens, e->prefix, tokens->shape[1] - e->prefix)
                                     : tokens;
         pooled = nn_mean_tokens(t, patches);                               // (B,C)
@@ -205,12 +220,17 @@ Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens) {
         Tensor *cls = nn_slice_tokens(t, tokens, 0, 1);                    // (B,1,C)
         pooled = nn_view(t, cls, 2, (int[]){tokens->shape[0], tokens->shape[2]});
     }
-    return linear(t, &e->head, pooled);
+    return e->cfg.fc_norm ? layernorm(t, &e->norm, pooled) : pooled;
+}
+
+Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens) {
+    CG_CHECK(e->cfg.num_classes > 0, "set num_classes", "this encoder has no classification head");
+    return linear(t, &e->head, encoder_pool(t, e, tokens));
 }
 
 double encoder_flops_per_image(const EncoderConfig *c) {
     double N = (double)(c->img_h / c->patch) * (c->img_w / c->patch);
-    double T = N + (c->kind == ENCODER_VIT && c->class_token ? 1 : 0);
+    double T = N + (c->kind == ENCODER_VIT ? (c->class_token ? 1 : 0) + c->reg_tokens : 0);
     double C = c->width, macs = N * C * c->in_chans * c->patch * c->patch;
     for (int i = 0; i < c->depth; i++) {
         if (encoder_block_is_attention(c, i)) {

@@ -14,8 +14,14 @@ typedef struct EncoderConfig {
     GeluKind gelu;
     float ln_eps;
     int class_token;          // ViT: prepend a learned class token
+    int reg_tokens;           // ViT: learned register tokens after it (timm reg_token (1,R,C))
     int pos_embed;            // ViT: learned absolute position embedding
+    int no_embed_class;       // pos_embed covers the patch tokens only, added before the prefix
+                              // tokens are prepended (timm no_embed_class)
+    int norm_pre;             // LayerNorm on the tokens before the first block (timm norm_pre)
     int avg_pool;             // head on the mean of patch tokens (else on the class token)
+    int fc_norm;              // the pooled vector is normed (fc_norm) and the tokens are not (timm
+                              // fc_norm: its final norm is the identity)
     float layer_scale_init;   // 0 = no layer scale
     int qkv_bias;
     int num_classes;          // 0 = no head (feature extractor, teacher)
@@ -49,12 +55,15 @@ typedef struct EncoderDropPath {
 typedef struct Encoder {
     EncoderConfig cfg;
     EncoderDropPath drop_path;
-    int grid_h, grid_w, prefix;   // token grid and number of prefix (class) tokens
+    int grid_h, grid_w, prefix;   // token grid and number of prefix tokens (class + registers)
     Linear patch_embed;           // w (width, in_chans, patch, patch): PyTorch's conv weight
     Tensor *cls_token;            // (1, width) or NULL
-    Tensor *pos_embed;            // (prefix + grid_h*grid_w, width) or NULL
+    Tensor *reg_token;            // (reg_tokens, width) or NULL
+    Tensor *pos_embed;            // (prefix + grid_h*grid_w, width), (grid_h*grid_w, width) with
+                                  // no_embed_class, or NULL
+    LayerNorm norm_pre;           // when cfg.norm_pre
     Block blocks[ENCODER_MAX_DEPTH];
-    LayerNorm norm;
+    LayerNorm norm;               // the tokens' final norm, or with cfg.fc_norm the pooled vector's
     Linear head;
 } Encoder;
 
@@ -65,7 +74,8 @@ typedef struct EncoderTaps {
 
 // Registers every parameter (timm names) in t; call params_alloc/params_initialize after.
 void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t);
-// img (B,in_chans,img_h,img_w) NCHW -> tokens after the final norm (B, prefix+H*W, C).
+// img (B,in_chans,img_h,img_w) NCHW -> tokens after the final norm (B, prefix+H*W, C) (not
+// normed with fc_norm: timm's forward_features).
 // taps may be NULL.
 Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *taps);
 // The tokens before the first block (patch embed, class token, pos_embed): img ->
@@ -81,7 +91,11 @@ Tensor *encoder_block_forward(Tape *t, const Encoder *e, const Block *b, Tensor 
 // resolution curriculum. 0, or -1 with a message.
 int encoder_set_image_size_err(Encoder *e, int img_h, int img_w, char *err, size_t n);
 void encoder_set_image_size(Encoder *e, int img_h, int img_w);
-// Class token or mean of patch tokens of the normed tokens, then the head: (B, num_classes).
+// The summary vector of encoder_forward's tokens (B, C): the class token, or the mean of the
+// patch tokens (registers and class token left out), then fc_norm when the config has it (timm's
+// forward_head with pre_logits).
+Tensor *encoder_pool(Tape *t, const Encoder *e, Tensor *tokens);
+// encoder_pool, then the head: (B, num_classes).
 Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens);
 // Whether block i (0-based) is recomputed in backward (grad_checkpoint): it keeps only its input
 // (and its outputs) between forward and backward. A C-GSPN block then keeps neither its latent

@@ -2,6 +2,7 @@
 // gradient-checked against central finite differences for every parameter and the input.
 #include "testlib.h"
 #include "../nn/encoder.h"
+#include "../nn/params_io.h"
 #include "../kernels/error.h"
 
 typedef struct Net {
@@ -109,6 +110,73 @@ static void test_vit_avg_pool_backward_matches_finite_differences(void **state) 
     net_init(&n, &c, 2);
     assert_true(check_all(&n) < GRAD_TOL);
     net_free(&n);
+}
+
+// timm's teacher layouts: register tokens, pos_embed without the prefix slots (no_embed_class:
+// DeiT-III, DINOv2), layer scale, the class token's summary.
+static void test_vit_registers_no_embed_class_backward_matches_finite_differences(void **state) {
+    (void)state;
+    Net n;
+    EncoderConfig c = tiny(ENCODER_VIT);
+    c.reg_tokens = 2;
+    c.no_embed_class = 1;
+    c.layer_scale_init = 0.5f;
+    net_init(&n, &c, 2);
+    assert_int_equal(n.enc.prefix, 3);
+    assert_true(check_all(&n) < GRAD_TOL);
+    net_free(&n);
+}
+
+// fc_norm: the mean of the patch tokens (registers and class token left out) is normed, the
+// tokens are not (timm: norm is the identity); norm_pre (OpenCLIP ln_pre) before the blocks.
+static void test_vit_registers_fc_norm_norm_pre_backward_matches_finite_differences(void **state) {
+    (void)state;
+    Net n;
+    EncoderConfig c = tiny(ENCODER_VIT);
+    c.reg_tokens = 3;
+    c.avg_pool = 1;
+    c.fc_norm = 1;
+    c.norm_pre = 1;
+    net_init(&n, &c, 2);
+    assert_non_null(params_find(&n.params, "fc_norm.weight"));
+    assert_null(params_find(&n.params, "norm.weight"));
+    assert_true(check_all(&n) < GRAD_TOL);
+    net_free(&n);
+}
+
+// The token layout of timm's _pos_embed, exactly: with a zero patch embedding the tokens are
+// [class, registers, patches] with pos_embed on every token, or with no_embed_class on the
+// patch tokens only; reg_token is (R, C) here and (1, R, C) in a timm file.
+static void test_vit_prefix_tokens_follow_timms_layout(void **state) {
+    (void)state;
+    for (int no_embed_class = 0; no_embed_class <= 1; no_embed_class++) {
+        EncoderConfig c = tiny(ENCODER_VIT);
+        c.reg_tokens = 2;
+        c.no_embed_class = no_embed_class;
+        Net n;
+        net_init(&n, &c, 1);
+        op_zero(&n.ctx, n.enc.patch_embed.w);
+        op_zero(&n.ctx, n.enc.patch_embed.b);
+        const int P = 3, N = n.enc.grid_h * n.enc.grid_w, C = c.width;
+        Param *pos = params_find(&n.params, "pos_embed"), *reg = params_find(&n.params, "reg_token");
+        assert_int_equal(pos->value.shape[0], (no_embed_class ? 0 : P) + N);
+        int64_t file_shape[4];
+        assert_int_equal(params_file_shape(reg, file_shape), 3);
+        assert_true(file_shape[0] == 1 && file_shape[1] == 2 && file_shape[2] == C);
+        tape_reset(&n.tape);
+        Tensor *x = encoder_embed(&n.tape, &n.enc, n.img);   // (1, P + N, C)
+        assert_int_equal(x->shape[1], P + N);
+        const float *y = tensor_f32(x), *cls = tensor_f32(n.enc.cls_token),
+                    *rg = tensor_f32(n.enc.reg_token), *pe = tensor_f32(n.enc.pos_embed);
+        for (int tkn = 0; tkn < P + N; tkn++)
+            for (int k = 0; k < C; k++) {
+                float base = tkn == 0 ? cls[k] : tkn < P ? rg[(tkn - 1) * C + k] : 0.0f;
+                int row = no_embed_class ? tkn - P : tkn;   // the pos_embed row of this token
+                float want = base + (row >= 0 ? pe[row * C + k] : 0.0f);
+                assert_float_equal(y[(size_t)tkn * C + k], want, 1e-6f);
+            }
+        net_free(&n);
+    }
 }
 
 static void test_cgspn_backward_matches_finite_differences(void **state) {
@@ -311,6 +379,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vit_backward_matches_finite_differences),
         cmocka_unit_test(test_vit_avg_pool_backward_matches_finite_differences),
+        cmocka_unit_test(test_vit_registers_no_embed_class_backward_matches_finite_differences),
+        cmocka_unit_test(test_vit_registers_fc_norm_norm_pre_backward_matches_finite_differences),
+        cmocka_unit_test(test_vit_prefix_tokens_follow_timms_layout),
         cmocka_unit_test(test_cgspn_backward_matches_finite_differences),
         cmocka_unit_test(test_cgspn_shared_w_without_out_norm_backward_matches_finite_differences),
         cmocka_unit_test(test_hybrid_backward_matches_finite_differences),

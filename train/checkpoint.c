@@ -17,7 +17,8 @@
 // Model keys whose values are shown when a resume is refused for changed shapes.
 static const char *const kModelKeys[] = {
     "model", "img_size", "in_chans", "patch", "width", "depth", "heads", "mlp_hidden",
-    "class_token", "pos_embed", "layer_scale_init", "num_classes", "qkv_bias", "gspn_latent",
+    "class_token", "reg_tokens", "pos_embed", "no_embed_class", "norm_pre", "fc_norm",
+    "layer_scale_init", "num_classes", "qkv_bias", "gspn_latent",
     "gspn_shared_w", "gspn_out_norm", "attn_every",
 };
 

@@ -17,11 +17,15 @@ static void features_usage(FILE *f) {
         "writes to F:\n"
         "  blocks.N.pp   (B, T, C)  mixing-layer output before the residual add (PP tap)\n"
         "  blocks.N.pb   (B, T, C)  block output (PB tap)\n"
-        "  norm          (B, T, C)  tokens after the final norm (T includes a class token)\n"
+        "  norm          (B, T, C)  tokens after the final norm (T includes the class and\n"
+        "                           register tokens; with fc_norm not normed, as timm's)\n"
+        "  pooled        (B, C)     the summary: class token or mean of the patch tokens, then\n"
+        "                           fc_norm when the model has it (timm pre_logits)\n"
         "  logits        (B, K)     when the model has a head (num_classes > 0)\n"
         "With --grads, X must also hold \"probe_norm\" (shape of norm) and, with a head,\n"
-        "\"probe_logits\": the loss sum(norm * probe_norm) + sum(logits * probe_logits) is\n"
-        "backpropagated and every parameter's gradient is written to G under its name.\n"
+        "\"probe_logits\" (and may hold \"probe_pooled\"): the loss sum(norm * probe_norm) +\n"
+        "sum(logits * probe_logits) (+ sum(pooled * probe_pooled)) is backpropagated and every\n"
+        "parameter's gradient is written to G under its name.\n"
         "All outputs are F32.\n");
 }
 
@@ -137,6 +141,7 @@ int cmd_features(int argc, char **argv) {
     Tensor *x = read_input(&imgs, &tape, "images", 4, false);
     EncoderTaps taps;
     Tensor *norm = encoder_forward(&tape, &enc, x, &taps);
+    Tensor *pooled = encoder_pool(&tape, &enc, norm);
     Tensor *logits = ecfg.num_classes > 0 ? encoder_head(&tape, &enc, norm) : NULL;
 
     Outputs o = {0};
@@ -149,14 +154,15 @@ int cmd_features(int argc, char **argv) {
         outputs_add(&o, &ctx, name, taps.pb[i], 3, (int[]){B, T, C});
     }
     outputs_add(&o, &ctx, "norm", norm, 3, (int[]){B, T, C});
+    outputs_add(&o, &ctx, "pooled", pooled, 2, (int[]){B, C});
     if (logits) outputs_add(&o, &ctx, "logits", logits, 2, (int[]){B, ecfg.num_classes});
     outputs_write(&o, out);
-    printf("wrote %s: %d blocks x (pp, pb), norm%s for %d images\n", out, ecfg.depth,
+    printf("wrote %s: %d blocks x (pp, pb), norm, pooled%s for %d images\n", out, ecfg.depth,
            logits ? ", logits" : "", B);
 
     if (grads) {
         // d(sum(norm * probe))/dnorm = probe: the probes seed the backward pass directly.
-        Tensor *outs[2] = {norm, logits}, *seeds[2];
+        Tensor *outs[3] = {norm, logits, pooled}, *seeds[3];
         seeds[0] = read_input(&imgs, &tape, "probe_norm", 3, true);
         CG_CHECK(seeds[0], "add a tensor probe_norm of the norm output's shape", "%s: --grads "
                  "needs the tensor probe_norm", images);
@@ -167,8 +173,15 @@ int cmd_features(int argc, char **argv) {
                      "needs probe_logits for a model with a head", images);
             check_same_shape(images, "probe_logits", seeds[1], logits);
         }
+        int n_out = 1;
+        if (logits) outs[n_out] = logits, seeds[n_out++] = seeds[1];
+        Tensor *probe_pooled = read_input(&imgs, &tape, "probe_pooled", 2, pooled->dtype != DTYPE_F32);
+        if (probe_pooled) {
+            check_same_shape(images, "probe_pooled", probe_pooled, pooled);
+            outs[n_out] = pooled, seeds[n_out++] = probe_pooled;
+        }
         params_zero_grads(&params, &ctx);
-        tape_backward_from(&tape, logits ? 2 : 1, outs, seeds);
+        tape_backward_from(&tape, n_out, outs, seeds);
         for (int i = 0; i < params.n; i++) {
             Param *p = params.params[i];
             outputs_add(&o, &ctx, p->name, &p->grad, p->value.ndim, p->value.shape);

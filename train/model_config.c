@@ -18,8 +18,12 @@ EncoderConfig encoder_config_from(const Config *c) {
     e.ln_eps = c->ln_eps;
     bool vit = e.kind == ENCODER_VIT;
     e.class_token = vit && c->class_token;
+    e.reg_tokens = vit ? c->reg_tokens : 0;
     e.pos_embed = vit && c->pos_embed;
+    e.no_embed_class = e.pos_embed && c->no_embed_class;
+    e.norm_pre = c->norm_pre;
     e.avg_pool = strcmp(c->global_pool, "avg") == 0 || !e.class_token;
+    e.fc_norm = c->fc_norm;
     e.layer_scale_init = c->layer_scale_init;
     e.qkv_bias = c->qkv_bias;
     e.num_classes = c->num_classes;
@@ -35,13 +39,24 @@ EncoderConfig encoder_config_from(const Config *c) {
     return e;
 }
 
+const char *encoder_prefix_text(const Encoder *e, char *buf, size_t n) {
+    buf[0] = 0;
+    if (e->cls_token) snprintf(buf, n, " + class token");
+    if (e->reg_token) {
+        size_t len = strlen(buf);
+        snprintf(buf + len, n - len, " + %d registers", e->cfg.reg_tokens);
+    }
+    return buf;
+}
+
 void encoder_describe(const Encoder *e, const ParamTable *t, FILE *f) {
     const EncoderConfig *c = &e->cfg;
     static const char *kinds[] = {"vit", "cgspn", "hybrid"};
+    char prefix[64];
     fprintf(f, "model: %s, %d blocks, width %d, %dx%d tokens%s, %.3f M parameters (%.3f M trainable)",
             kinds[c->kind], c->depth, c->width, e->grid_h, e->grid_w,
-            e->prefix ? " + class token" : "", params_count(t, false) / 1e6,
-            params_count(t, true) / 1e6);
+            encoder_prefix_text(e, prefix, sizeof prefix),
+            params_count(t, false) / 1e6, params_count(t, true) / 1e6);
     if (c->kind != ENCODER_VIT)
         fprintf(f, ", C-GSPN latent %d%s", c->gspn_latent, c->gspn_shared_w ? " (shared w)" : "");
     fprintf(f, "\n");

@@ -64,14 +64,7 @@ static Features pooled_features(Ctx *ctx, const Encoder *e, Loader *l) {
         Tensor *x = tape_tensor(&tape, 4, (int[]){b->count, b->channels, b->height, b->width}, true);
         tensor_upload(ctx, x, b->images);
         Tensor *tokens = encoder_forward(&tape, e, x, NULL);
-        Tensor *pooled;
-        if (e->cfg.avg_pool || !e->prefix) {
-            Tensor *patches = e->prefix ? nn_slice_tokens(&tape, tokens, e->prefix, e->grid_h * e->grid_w)
-                                        : tokens;
-            pooled = nn_mean_tokens(&tape, patches);
-        } else {
-            pooled = nn_view(&tape, nn_slice_tokens(&tape, tokens, 0, 1), 2, (int[]){b->count, C});
-        }
+        Tensor *pooled = encoder_pool(&tape, e, tokens);   // (B, C)
         float *host = tensor_to_host_f32(ctx, pooled);
         CG_CHECK(f.n + b->count <= total, "", "the loader gave more images than the split holds");
         memcpy(f.x + (size_t)f.n * C, host, (size_t)b->count * C * sizeof(float));
