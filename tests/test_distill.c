@@ -38,6 +38,10 @@ static void assert_close(double a, double b, double tol, const char *what) {
 
 // ---- tiny teacher and student ------------------------------------------------------------------
 
+// Register tokens of the teacher write_teacher writes (0: a plain ViT; else also no_embed_class
+// and layer scale, DINOv2-reg / DeiT-III style).
+static int g_teacher_regs;
+
 // The model keys of a tiny Fashion-MNIST-shaped ViT teacher (class token) / C-GSPN student.
 static Config tiny_teacher_config(void) {
     Config c;
@@ -45,6 +49,9 @@ static Config tiny_teacher_config(void) {
     snprintf(c.model, sizeof c.model, "vit");
     c.img_size = 28, c.in_chans = 1, c.patch = 7, c.width = 16, c.depth = 2, c.heads = 2;
     c.mlp_hidden = 24, c.num_classes = 10, c.class_token = 1, c.pos_embed = 1;
+    c.reg_tokens = g_teacher_regs;
+    c.no_embed_class = g_teacher_regs > 0;
+    c.layer_scale_init = g_teacher_regs > 0 ? 0.5f : 0.0f;
     snprintf(c.device, sizeof c.device, "cpu");
     return c;
 }
@@ -54,6 +61,7 @@ static Config tiny_run_config(int stage, const char *model) {
     Config c = tiny_teacher_config();
     snprintf(c.model, sizeof c.model, "%s", model);
     c.class_token = 0, c.pos_embed = 0, c.gspn_latent = 4;
+    c.reg_tokens = 0, c.no_embed_class = 0, c.layer_scale_init = 0;
     if (strcmp(model, "hybrid") == 0) c.attn_every = 2;
     snprintf(c.global_pool, sizeof c.global_pool, "avg");
     c.stage = stage;
@@ -325,12 +333,13 @@ static void test_stage1_loss_matches_ops_composed_by_hand(void **state) {
     distiller_free(&d);
 }
 
-static void stage2_matches(bool adaptors, bool pp, float gamma) {
+static void stage2_matches(bool adaptors, bool pp, float gamma, float summary) {
     write_teacher(28, "", NULL, false);
     Config c = tiny_run_config(2, "cgspn");
     c.adaptors = adaptors;
     c.tap_pp = pp;
     c.gamma = gamma;
+    c.summary_weight = summary;
     c.alpha = 0.3f, c.beta = 0.6f, c.lambda1 = 1.5f, c.lambda2 = 2.5f;
     snprintf(c.taps, sizeof c.taps, "%s", "1,2");
     Ctx ctx = ctx_cpu();
@@ -340,10 +349,10 @@ static void stage2_matches(bool adaptors, bool pp, float gamma) {
     randomize(&d.params, 1200, -0.5f, 0.5f);
     int n_adaptor = 0;
     for (int i = 0; i < d.params.n; i++) n_adaptor += strncmp(d.params.params[i]->name, "adaptors.", 9) == 0;
-    assert_int_equal(n_adaptor, adaptors ? (pp ? 2 : 1) * 2 * 4 : 0);
-    // The head and final norm train only with the CE term.
+    assert_int_equal(n_adaptor, (adaptors ? (pp ? 2 : 1) * 2 * 4 : 0) + (summary > 0 ? 4 : 0));
+    // The head trains only with the CE term, the final norm with CE or the summary.
     assert_int_equal(params_find(&d.params, "head.weight")->trainable, gamma > 0);
-    assert_int_equal(params_find(&d.params, "norm.weight")->trainable, gamma > 0);
+    assert_int_equal(params_find(&d.params, "norm.weight")->trainable, gamma > 0 || summary > 0);
 
     Arena arena;
     arena_init(&arena, &ctx, 1u << 20);
@@ -362,7 +371,7 @@ static void stage2_matches(bool adaptors, bool pp, float gamma) {
     tape_init(&r, &ctx, &a2);
     tape_set_grad_enabled(&r, false);
     EncoderTaps tt, st;
-    encoder_forward(&r, &d.teacher.enc, img, &tt);
+    Tensor *teacher_tokens = encoder_forward(&r, &d.teacher.enc, img, &tt);
     Tensor *tokens = encoder_forward(&r, &d.student, img, &st);
     double lpp[2], lpb[2], sum_pp = 0, sum_pb = 0;
     for (int i = 0; i < 2; i++) {
@@ -377,12 +386,23 @@ static void stage2_matches(bool adaptors, bool pp, float gamma) {
     }
     double want = (pp ? 0.3 * sum_pp / 2 : 0) + 0.6 * sum_pb / 2;
     if (gamma > 0) want += gamma * tensor_f32(nn_cross_entropy(&r, encoder_head(&r, &d.student, tokens), targets))[0];
+    double l_summary = 0;   // the student's pooled vector, adapted, against the teacher's class token
+    if (summary > 0) {
+        Tensor *s = adaptor_forward(&r, &d.ad_summary, encoder_pool(&r, &d.student, tokens));
+        l_summary = tensor_f32(nn_mse(&r, s, encoder_pool(&r, &d.teacher.enc, teacher_tokens)))[0];
+        assert_true(l_summary > 1e-3);
+        want += summary * l_summary;
+    }
     assert_close(got, want, SAME_LOSS_TOL, "stage 2 loss");
     int k = 0;
     for (int i = 0; i < 2 && pp; i++) assert_close(parts[k++], lpp[i], SAME_LOSS_TOL, "L_PP per tap");
     for (int i = 0; i < 2; i++) assert_close(parts[k++], lpb[i], SAME_LOSS_TOL, "L_PB per tap");
     assert_string_equal(d.part_names[0], pp ? "pp_b1" : "pb_b1");
-    assert_int_equal(d.n_parts, (pp ? 2 + 2 : 0) + 2 + 2 + (gamma > 0));
+    assert_int_equal(d.n_parts, (pp ? 2 + 2 : 0) + 2 + 2 + (gamma > 0) + (summary > 0));
+    if (summary > 0) {
+        assert_string_equal(d.part_names[d.n_parts - 1], "summary");
+        assert_close(parts[d.n_parts - 1], l_summary, SAME_LOSS_TOL, "summary part");
+    }
 
     tape_backward(&t, loss);   // every trainable parameter on the path gets a gradient
     for (int i = 0; i < d.params.n; i++) {
@@ -401,11 +421,25 @@ static void stage2_matches(bool adaptors, bool pp, float gamma) {
 }
 
 static void test_stage2_loss_matches_ops_composed_by_hand(void **state) {
-    stage2_matches(true, true, 0.0f);
+    stage2_matches(true, true, 0.0f, 0.0f);
 }
 
 static void test_stage2_loss_without_adaptors_pb_only_with_ce_matches(void **state) {
-    stage2_matches(false, false, 0.7f);
+    stage2_matches(false, false, 0.7f, 0.0f);
+}
+
+// RADIO's summary loss beside the taps: the student's pooled vector through adaptors.summary
+// against the teacher's class token; every block and the final norm then train.
+static void test_stage2_summary_loss_matches_ops_composed_by_hand(void **state) {
+    stage2_matches(true, true, 0.0f, 0.8f);
+}
+
+// A teacher with register tokens, pos_embed on the patch tokens only and layer scale (DINOv2-reg,
+// DeiT-III): its taps are its patch tokens, its summary its class token.
+static void test_stage2_with_a_register_teacher_matches_ops_composed_by_hand(void **state) {
+    g_teacher_regs = 2;
+    stage2_matches(true, true, 0.0f, 0.8f);
+    g_teacher_regs = 0;
 }
 
 // ---- student from teacher, teacher loading ------------------------------------------------------------
@@ -656,6 +690,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_stage1_loss_matches_ops_composed_by_hand, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_stage2_loss_matches_ops_composed_by_hand, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_stage2_loss_without_adaptors_pb_only_with_ce_matches, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_stage2_summary_loss_matches_ops_composed_by_hand, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_stage2_with_a_register_teacher_matches_ops_composed_by_hand, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_student_copies_teacher_where_shapes_match_and_reports_it, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_teacher_pos_embed_is_resampled_to_the_run_grid, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_teacher_missing_or_misshaped_tensor_fails_with_a_clear_message, setup_dir, teardown_dir),

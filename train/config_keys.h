@@ -120,6 +120,7 @@ X(float,  beta,             0.5f,      "Stage 2 weight of the mean PB tap loss")
 X(float,  lambda1,          2.3333333f, "Stage 2 KL weight in the PP tap loss (MSE + lambda1 KL)")
 X(float,  lambda2,          2.3333333f, "Stage 2 KL weight in the PB tap loss (MSE + lambda2 KL)")
 X(float,  gamma,            0.0f,      "Stage 2 weight of cross-entropy on the labels through the student's head; 0 = off")
+X(float,  summary_weight,   0.0f,      "Stage 2 weight of the summary loss: MSE of the student's pooled vector (through an adaptor) to the teacher's summary (class token or fc_norm mean); 0 = off")
 
 // resolution (DESIGN §6 resolution curriculum; paper App. G.1 multi-resolution distillation)
 X(int,    teacher_img_size, 0,         "image side the teacher sees; 0 = img_size. When it differs, the teacher gets the student's augmented image resized (antialiased) to it and its PP/PB taps are bilinearly resized (half-pixel centres) to the student's grid")

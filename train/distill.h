@@ -9,9 +9,11 @@
 // Stage 2: full student forward; at each tapped block (taps), PP and PB of student and teacher
 //   on patch tokens; per tap L = MSE(A(v_s), v_t) + lambda KL(P(A(v_s)) || P(v_t)), A an
 //   adaptor (nn/adaptor.h, or the identity with adaptors = 0); total = alpha mean(L_PP) +
-//   beta mean(L_PB) (+ gamma CE through the student's head). Adaptors are parameters named
-//   adaptors.N.pp.* / adaptors.N.pb.* (N the 0-based block), saved in checkpoints and dropped
-//   by `cgspn export`.
+//   beta mean(L_PB) (+ gamma CE through the student's head) (+ summary_weight MSE(A(pool_s),
+//   summary_t), RADIO's summary loss: the student's pooled vector through an adaptor against
+//   the teacher's class token or fc_norm mean). Adaptors are parameters named
+//   adaptors.N.pp.* / adaptors.N.pb.* (N the 0-based block) and adaptors.summary.*, saved in
+//   checkpoints and dropped by `cgspn export`.
 #pragma once
 #include "classify.h"
 #include "teacher.h"
@@ -19,7 +21,7 @@
 
 int cmd_distill(int argc, char **argv);
 
-#define DISTILL_MAX_PARTS (2 * ENCODER_MAX_DEPTH + 5)
+#define DISTILL_MAX_PARTS (2 * ENCODER_MAX_DEPTH + 6)
 #define DISTILL_PART_NAME 16
 #define ADAPTOR_PREFIX "adaptors."
 
@@ -33,11 +35,14 @@ typedef struct Distiller {
     int taps[ENCODER_MAX_DEPTH];     // their 0-based block indices, ascending
     bool tap_pp, tap_pb, use_adaptors;
     Adaptor ad_pp[ENCODER_MAX_DEPTH], ad_pb[ENCODER_MAX_DEPTH];   // by tap index
-    float alpha, beta, lambda1, lambda2, gamma;
+    float alpha, beta, lambda1, lambda2, gamma, summary_weight;
     bool trains_head;                // gamma > 0: CE through norm and head
+    bool trains_summary;             // summary_weight > 0: the pooled student, through ad_summary,
+    Adaptor ad_summary;              // against the teacher's summary (adaptors.summary.*)
     // The loss parts a step reports (host, from the device vector distill_loss fills):
     // Stage 1: mse_bK per aligned block (K 1-based); Stage 2: pp_bK and pb_bK per tap
-    // (L_PP, L_PB), then mse_pp, kl_pp, mse_pb, kl_pb (means over taps), ce when gamma > 0.
+    // (L_PP, L_PB), then mse_pp, kl_pp, mse_pb, kl_pb (means over taps), ce when gamma > 0,
+    // summary when summary_weight > 0.
     int n_parts;
     char part_names[DISTILL_MAX_PARTS][DISTILL_PART_NAME];
     int n_raw;                       // values of the device vector (see distill_parts)

@@ -68,6 +68,7 @@ Tensor *distill_loss_views(Distiller *d, Tape *t, Tensor *img, Tensor *teacher_i
             want.pp[d->taps[j]] = d->tap_pp;
             want.pb[d->taps[j]] = d->tap_pb;
         }
+        want.summary = d->trains_summary;
         teacher_forward(&d->teacher, t, teacher_img, &want, &tt);
         teacher_taps_resize(t, &d->teacher, &tt, st->grid_h, st->grid_w);   // Up(): on the student's grid
         EncoderTaps taps;
@@ -95,6 +96,12 @@ Tensor *distill_loss_views(Distiller *d, Tape *t, Tensor *img, Tensor *teacher_i
             put(ctx, raw, 4 * d->n_taps, ce);
             total = add_opt(t, total, nn_scale(t, ce, d->gamma));
         }
+        if (d->trains_summary) {   // (B, C): the student's pooled vector, adapted, in fp32
+            Tensor *s = adaptor_forward(t, &d->ad_summary, encoder_pool(t, st, tokens));
+            Tensor *l = nn_mse(t, nn_cast(t, s, DTYPE_F32), tt.summary);
+            put(ctx, raw, 4 * d->n_taps + 1, l);
+            total = add_opt(t, total, nn_scale(t, l, d->summary_weight));
+        }
     }
     put(ctx, raw, d->n_raw - 1, total);
     *raw_out = raw;
@@ -117,4 +124,5 @@ void distill_parts(const Distiller *d, const float *raw, float *parts) {
         parts[k++] = (float)(s / nt);
     }
     if (d->trains_head) parts[k++] = raw[4 * nt];
+    if (d->trains_summary) parts[k++] = raw[4 * nt + 1];
 }

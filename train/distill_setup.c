@@ -117,8 +117,15 @@ int distiller_init_with_teacher_err(Distiller *d, const Config *c, Ctx *ctx, cha
         d->lambda2 = c->lambda2;
         d->gamma = c->gamma;
         d->trains_head = c->gamma > 0;
-        if (d->n_taps >= 0 && !d->tap_pp && !d->tap_pb && !d->trains_head)
-            rc = cg_set_error(err, n, "stage 2 with tap_pp = 0, tap_pb = 0 and gamma = 0 has no loss");
+        d->summary_weight = c->summary_weight;
+        d->trains_summary = c->summary_weight > 0;
+        if (d->n_taps >= 0 && !d->tap_pp && !d->tap_pb && !d->trains_head && !d->trains_summary)
+            rc = cg_set_error(err, n, "stage 2 with tap_pp = 0, tap_pb = 0, gamma = 0 and "
+                              "summary_weight = 0 has no loss");
+        if (rc == 0 && d->trains_summary && d->teacher.enc.cfg.width != s.width)
+            rc = cg_set_error(err, n, "summary_weight: the teacher's summary is %d wide, the "
+                              "student's pooled vector %d\n  hint: a student of the teacher's width",
+                              d->teacher.enc.cfg.width, s.width);
         if (d->n_taps < 0 || rc != 0) {
             params_free(&d->params, ctx);
             teacher_free(&d->teacher, ctx);
@@ -142,12 +149,16 @@ int distiller_init_with_teacher_err(Distiller *d, const Config *c, Ctx *ctx, cha
                 adaptor_register(&d->ad_pb[j], &d->params, prefix, s.width, hidden, s.gelu);
             }
         }
+        if (d->trains_summary)
+            adaptor_register(&d->ad_summary, &d->params, ADAPTOR_PREFIX "summary", s.width, hidden,
+                             s.gelu);
         for (int j = 0; j < d->n_taps && d->tap_pp; j++) add_part(d, "pp_b%d", d->taps[j] + 1);
         for (int j = 0; j < d->n_taps && d->tap_pb; j++) add_part(d, "pb_b%d", d->taps[j] + 1);
         if (d->tap_pp) add_part(d, "mse_pp", 0), add_part(d, "kl_pp", 0);
         if (d->tap_pb) add_part(d, "mse_pb", 0), add_part(d, "kl_pb", 0);
         if (d->trains_head) add_part(d, "ce", 0);
-        d->n_raw = 4 * d->n_taps + 2;   // per tap mse_pp, kl_pp, mse_pb, kl_pb; ce; total
+        if (d->trains_summary) add_part(d, "summary", 0);
+        d->n_raw = 4 * d->n_taps + 3;   // per tap mse_pp, kl_pp, mse_pb, kl_pb; ce; summary; total
     }
     params_alloc(&d->params, ctx);
     params_initialize(&d->params, ctx, (uint64_t)c->seed);
@@ -160,11 +171,13 @@ int distiller_init_with_teacher_err(Distiller *d, const Config *c, Ctx *ctx, cha
             set_trainable_block(&d->params, d->taps[j], "gspn.", true);
             if (norm1) set_trainable_block(&d->params, d->taps[j], "norm1.", true);
         }
-    } else if (!d->trains_head) {   // nothing after the last tap, nor the final norm and head
-        params_set_trainable(&d->params, "norm.", false);
-        params_set_trainable(&d->params, "head.", false);
-        for (int i = d->taps[d->n_taps - 1] + 1; i < s.depth; i++)
-            set_trainable_block(&d->params, i, "", false);
+    } else if (!d->trains_head) {   // the head is not reached; with the summary every block
+        params_set_trainable(&d->params, "head.", false);   // and the final norm are
+        if (!d->trains_summary) {   // nothing after the last tap, nor the final norm
+            params_set_trainable(&d->params, "norm.", false);
+            for (int i = d->taps[d->n_taps - 1] + 1; i < s.depth; i++)
+                set_trainable_block(&d->params, i, "", false);
+        }
     }
     return 0;
 }

@@ -143,9 +143,9 @@ static Tensor *keep_patches(Tape *keep, const Teacher *T, const Tensor *x) {
 void teacher_forward(Teacher *T, Tape *keep, Tensor *img, const TeacherWant *want,
                      TeacherTaps *out) {
     memset(out, 0, sizeof *out);
-    int depth = T->enc.cfg.depth, last = -1;   // the last block that has to run
+    int depth = T->enc.cfg.depth, last = want->summary ? depth - 1 : -1;   // the last block to run
     for (int i = 0; i < depth; i++) {
-        if (want->pp[i] || want->pb[i]) last = i;
+        if (want->pp[i] || want->pb[i]) last = i > last ? i : last;
         if (want->in[i] && i - 1 > last) last = i - 1;
     }
     Ctx *ctx = keep->ctx;
@@ -178,6 +178,15 @@ void teacher_forward(Teacher *T, Tape *keep, Tensor *img, const TeacherWant *wan
         if (want->pb[i]) out->pb[i] = keep_patches(keep, T, x);
     }
     arena->stamp = clock;
+    if (want->summary) {
+        arena->stamp = ARENA_SCOPE;
+        Tensor *tokens = T->enc.cfg.fc_norm ? x : layernorm(&run, &T->enc.norm, x);
+        Tensor *s = encoder_pool(&run, &T->enc, tokens);                     // (B, C)
+        arena->stamp = clock;
+        out->summary = tape_tensor(keep, 2, s->shape, true);
+        op_scale_fwd(ctx, s, 1.0f, out->summary);   // fp32, converting on the way
+        arena_release_scope(arena);
+    }
     tape_release(keep, x);   // the taps are copies
     tape_free(&run);
 }

@@ -39,15 +39,19 @@ void teacher_free(Teacher *T, Ctx *ctx);
 // "teacher: vit, 4 blocks, ... from PATH (config CFG)" and the load report.
 void teacher_describe(const Teacher *T, FILE *f);
 
-// What the teacher keeps per block i (0-based), patch tokens only (a class token dropped), as
-// (B, H*W, C) tensors on the caller's tape's arena: in = the block's input h_t(i-1) (fp32
-// residual stream; for i = 0 the tokens after pos_embed), pp = the mixing layer's output before
-// the residual add (activation dtype), pb = the block's output (fp32).
+// What the teacher keeps per block i (0-based), patch tokens only (class and register tokens
+// dropped), as (B, H*W, C) tensors on the caller's tape's arena: in = the block's input h_t(i-1)
+// (fp32 residual stream; for i = 0 the tokens after pos_embed), pp = the mixing layer's output
+// before the residual add (activation dtype), pb = the block's output (fp32); and summary, the
+// teacher's summary vector (B, C) fp32 after every block: encoder_pool of its final tokens (the
+// class token, or the mean of the patch tokens, fc_norm'ed when the model has it).
 typedef struct TeacherTaps {
     Tensor *in[ENCODER_MAX_DEPTH], *pp[ENCODER_MAX_DEPTH], *pb[ENCODER_MAX_DEPTH];
+    Tensor *summary;
 } TeacherTaps;
 typedef struct TeacherWant {
     bool in[ENCODER_MAX_DEPTH], pp[ENCODER_MAX_DEPTH], pb[ENCODER_MAX_DEPTH];
+    bool summary;
 } TeacherWant;
 
 // Runs the teacher on img (B, in_chans, H, W) up to the last block a wanted tap needs; the
