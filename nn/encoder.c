@@ -32,8 +32,10 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
     e->patch_embed.w = params_add(t, "patch_embed.proj.weight", 4,
                                   (int[]){C, cfg->in_chans, cfg->patch, cfg->patch},
                                   INIT_FAN_IN_UNIFORM, 0, true);
-    e->patch_embed.b = params_add(t, "patch_embed.proj.bias", 1, (int[]){C}, INIT_FAN_IN_UNIFORM,
-                                  (float)(cfg->in_chans * cfg->patch * cfg->patch), false);
+    // timm ties the patch embedding's bias to norm_pre (bias = not pre_norm: CLIP's conv1 has none).
+    if (!cfg->norm_pre)
+        e->patch_embed.b = params_add(t, "patch_embed.proj.bias", 1, (int[]){C}, INIT_FAN_IN_UNIFORM,
+                                      (float)(cfg->in_chans * cfg->patch * cfg->patch), false);
     if (vit && cfg->class_token)
         e->cls_token = params_add(t, "cls_token", 2, (int[]){1, C}, INIT_TRUNC_NORMAL, 1e-6f, false);
     if (vit && cfg->reg_tokens)

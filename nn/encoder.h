@@ -18,7 +18,8 @@ typedef struct EncoderConfig {
     int pos_embed;            // ViT: learned absolute position embedding
     int no_embed_class;       // pos_embed covers the patch tokens only, added before the prefix
                               // tokens are prepended (timm no_embed_class)
-    int norm_pre;             // LayerNorm on the tokens before the first block (timm norm_pre)
+    int norm_pre;             // LayerNorm on the tokens before the first block (timm norm_pre);
+                              // the patch embedding then has no bias, as timm's pre_norm ViT
     int avg_pool;             // head on the mean of patch tokens (else on the class token)
     int fc_norm;              // the pooled vector is normed (fc_norm) and the tokens are not (timm
                               // fc_norm: its final norm is the identity)

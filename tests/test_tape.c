@@ -140,6 +140,7 @@ static void test_vit_registers_fc_norm_norm_pre_backward_matches_finite_differen
     net_init(&n, &c, 2);
     assert_non_null(params_find(&n.params, "fc_norm.weight"));
     assert_null(params_find(&n.params, "norm.weight"));
+    assert_null(params_find(&n.params, "patch_embed.proj.bias"));   // timm: bias = not pre_norm
     assert_true(check_all(&n) < GRAD_TOL);
     net_free(&n);
 }
