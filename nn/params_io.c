@@ -93,6 +93,64 @@ static int param_index(const ParamTable *t, const char *name) {
     return -1;
 }
 
+// OpenCLIP's own names of a ViT image tower (after its "visual." prefix) and timm's: a file of
+// either kind loads. "#" stands for the block number. OpenCLIP's "proj" (the projection into the
+// joint embedding) has no counterpart in the encoder: it stays an extra tensor.
+static const struct { const char *openclip, *timm; } kOpenClipNames[] = {
+    {"conv1.weight", "patch_embed.proj.weight"},
+    {"class_embedding", "cls_token"},
+    {"positional_embedding", "pos_embed"},
+    {"ln_pre.", "norm_pre."},
+    {"ln_post.", "norm."},
+    {"transformer.resblocks.#.ln_1.", "blocks.#.norm1."},
+    {"transformer.resblocks.#.ln_2.", "blocks.#.norm2."},
+    {"transformer.resblocks.#.attn.in_proj_weight", "blocks.#.attn.qkv.weight"},
+    {"transformer.resblocks.#.attn.in_proj_bias", "blocks.#.attn.qkv.bias"},
+    {"transformer.resblocks.#.attn.out_proj.", "blocks.#.attn.proj."},
+    {"transformer.resblocks.#.mlp.c_fc.", "blocks.#.mlp.fc1."},
+    {"transformer.resblocks.#.mlp.c_proj.", "blocks.#.mlp.fc2."},
+    {"transformer.resblocks.#.ls_1.", "blocks.#.ls1."},
+    {"transformer.resblocks.#.ls_2.", "blocks.#.ls2."},
+};
+
+// name in OpenCLIP's form -> timm's into out (a pattern ending in "." maps a prefix and keeps
+// the rest); false when no pattern matches.
+static bool openclip_to_timm(const char *name, char *out, size_t n) {
+    for (size_t i = 0; i < sizeof kOpenClipNames / sizeof kOpenClipNames[0]; i++) {
+        const char *pat = kOpenClipNames[i].openclip, *hash = strchr(pat, '#');
+        size_t head = hash ? (size_t)(hash - pat) : strlen(pat);
+        if (strncmp(name, pat, head) != 0) continue;
+        const char *rest = name + head, *tail = pat + head;
+        long block = -1;
+        if (hash) {   // the block number, then the pattern's tail
+            char *end;
+            block = strtol(rest, &end, 10);
+            if (end == rest || block < 0) continue;
+            rest = end;
+            tail = hash + 1;
+        }
+        size_t tl = strlen(tail);
+        bool prefix_only = pat[strlen(pat) - 1] == '.';
+        if (strncmp(rest, tail, tl) != 0 || (!prefix_only && rest[tl] != 0)) continue;
+        const char *to = kOpenClipNames[i].timm, *to_hash = strchr(to, '#');
+        if (to_hash)
+            snprintf(out, n, "%.*s%ld%s%s", (int)(to_hash - to), to, block, to_hash + 1, rest + tl);
+        else
+            snprintf(out, n, "%s%s", to, rest + tl);
+        return true;
+    }
+    return false;
+}
+
+// The parameter a file tensor (its name after the stripped prefix) fills: by timm's name, or by
+// OpenCLIP's; -1 when none.
+static int file_param_index(const ParamTable *t, const char *name) {
+    int k = param_index(t, name);
+    char timm[PARAM_NAME_MAX];
+    if (k < 0 && openclip_to_timm(name, timm, sizeof timm)) k = param_index(t, timm);
+    return k;
+}
+
 // A hint for parameters the file lacks: the prefix given that nothing carries, and a prefix
 // that would make them match, when there is one.
 static void missing_hint(const StFile *f, const char *missing, const char *prefix, char *err, size_t n) {
@@ -162,7 +220,7 @@ int params_load_safetensors_err(ParamTable *t, Ctx *ctx, const char *path, const
     int rc = 0;
     for (int i = 0; i < f.n; i++) {
         const StTensor *ft = &f.tensors[i];
-        int k = plen && strncmp(ft->name, strip_prefix, plen) != 0 ? -1 : param_index(t, ft->name + plen);
+        int k = plen && strncmp(ft->name, strip_prefix, plen) != 0 ? -1 : file_param_index(t, ft->name + plen);
         if (k < 0) list_add(&r->extra, &r->n_extra, ft->name);
         else match[k] = ft;
     }

@@ -33,8 +33,11 @@ typedef struct LoadReport {
 } LoadReport;
 
 // Fills every parameter from the tensor of the same name in the file at path, after removing
-// strip_prefix (NULL or "" = none; e.g. OpenCLIP's "visual.trunk.") from the file's names; file
-// tensors without the prefix are extras. Shapes must match (up to the forms above): a mismatch
+// strip_prefix (NULL or "" = none; e.g. OpenCLIP's "visual.trunk." for a timm trunk, "visual."
+// for its own ViT) from the file's names; file tensors without the prefix are extras. A name is
+// timm's, or OpenCLIP's own for a ViT image tower (conv1, class_embedding, positional_embedding,
+// ln_pre, transformer.resblocks.N.{ln_1, attn.in_proj_*, attn.out_proj, ln_2, mlp.c_fc,
+// mlp.c_proj, ls_1, ls_2}, ln_post; its "proj" stays extra). Shapes must match (up to the forms above): a mismatch
 // is an error naming the tensor and both shapes; missing parameters are an error naming them
 // unless r->allow_missing; extra tensors are listed in r, never an error. Everything is checked
 // before any parameter changes, so on error the table is untouched. r may be NULL (strict).

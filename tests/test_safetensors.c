@@ -480,6 +480,82 @@ static void test_prefix_4d_conv_and_bf16_load_into_fp32_table(void **state) {
     model_free(b);
 }
 
+// OpenCLIP's own names for its ViT image tower (open_clip's VisionTransformer under "visual."),
+// written out by hand for a 2-block CLIP-like model (norm_pre, layer scale, no head): the file
+// loads into timm's names, value for value; its "proj" stays extra.
+static const char *openclip_name(const char *timm, char *out, size_t n) {
+    static const char *const pairs[][2] = {
+        {"patch_embed.proj.weight", "conv1.weight"}, {"cls_token", "class_embedding"},
+        {"pos_embed", "positional_embedding"}, {"norm_pre.weight", "ln_pre.weight"},
+        {"norm_pre.bias", "ln_pre.bias"}, {"norm.weight", "ln_post.weight"}, {"norm.bias", "ln_post.bias"},
+    };
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
+        if (strcmp(timm, pairs[i][0]) == 0) return snprintf(out, n, "visual.%s", pairs[i][1]), out;
+    static const char *const block[][2] = {
+        {"norm1.", "ln_1."}, {"norm2.", "ln_2."}, {"attn.qkv.weight", "attn.in_proj_weight"},
+        {"attn.qkv.bias", "attn.in_proj_bias"}, {"attn.proj.", "attn.out_proj."},
+        {"mlp.fc1.", "mlp.c_fc."}, {"mlp.fc2.", "mlp.c_proj."}, {"ls1.", "ls_1."}, {"ls2.", "ls_2."},
+    };
+    int b, used;
+    assert_int_equal(sscanf(timm, "blocks.%d.%n", &b, &used), 1);
+    const char *rest = timm + used;
+    for (size_t i = 0; i < sizeof block / sizeof block[0]; i++) {
+        size_t len = strlen(block[i][0]);
+        if (strncmp(rest, block[i][0], len) == 0) {
+            snprintf(out, n, "visual.transformer.resblocks.%d.%s%s", b, block[i][1], rest + len);
+            return out;
+        }
+    }
+    fail_msg("no OpenCLIP name for %s", timm);
+    return NULL;
+}
+
+static void test_openclip_names_load_into_timms(void **state) {
+    Config c;
+    config_defaults(&c);
+    c.width = 16, c.depth = 2, c.heads = 2, c.mlp_hidden = 32, c.patch = 7, c.num_classes = 0;
+    c.norm_pre = 1, c.layer_scale_init = 0.5f;
+    EncoderConfig ec = encoder_config_from(&c);
+    Model a = {.ctx = ctx_cpu()}, b = {.ctx = ctx_cpu()};
+    Model *m[2] = {&a, &b};
+    for (int i = 0; i < 2; i++) {
+        params_init_table(&m[i]->t);
+        encoder_register(&m[i]->enc, &ec, &m[i]->t);
+        params_alloc(&m[i]->t, &m[i]->ctx);
+        params_initialize(&m[i]->t, &m[i]->ctx, 10 + (uint64_t)i);
+        test_fill(&m[i]->t.params[0]->value, 20 + (uint64_t)i, -1, 1);   // norms differ too
+    }
+    int n = a.t.n;
+    StWriteTensor *w = calloc((size_t)n + 1, sizeof(StWriteTensor));
+    char (*names)[128] = calloc((size_t)n, sizeof *names);
+    for (int i = 0; i < n; i++) {
+        const Param *p = a.t.params[i];
+        w[i] = (StWriteTensor){openclip_name(p->name, names[i], sizeof names[i]), ST_F32, 0, {0},
+                               p->value.data};
+        w[i].ndim = p->value.ndim;   // OpenCLIP's forms: class_embedding (C), positional_embedding (T, C)
+        for (int d = 0; d < p->value.ndim; d++) w[i].shape[d] = p->value.shape[d];
+        if (strcmp(p->name, "cls_token") == 0) w[i].ndim = 1, w[i].shape[0] = c.width;
+    }
+    float proj[16 * 4] = {0};
+    w[n] = (StWriteTensor){"visual.proj", ST_F32, 2, {16, 4}, proj};
+    const char *path = tmp_path("open_clip_vit.safetensors");
+    char err[2048];
+    assert_int_equal(st_write_err(path, w, n + 1, NULL, 0, NULL, NULL, err, sizeof err), 0);
+    assert_false(tables_equal(&a.t, &b.t));
+    LoadReport r = {0};
+    if (params_load_safetensors_err(&b.t, &b.ctx, path, "visual.", &r, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(r.n_loaded, n);
+    assert_int_equal(r.n_extra, 1);
+    assert_string_equal(r.extra[0], "visual.proj");
+    assert_true(tables_equal(&a.t, &b.t));
+    load_report_free(&r);
+    free(w);
+    free(names);
+    params_free(&a.t, &a.ctx);
+    params_free(&b.t, &b.ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_writer_output_is_byte_identical_to_reference_implementation, setup_dir, teardown_dir),
@@ -496,6 +572,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_shape_mismatch_names_tensor_and_both_shapes, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_missing_tensors_are_errors_unless_allowed, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_prefix_4d_conv_and_bf16_load_into_fp32_table, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_openclip_names_load_into_timms, setup_dir, teardown_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
