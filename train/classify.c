@@ -339,6 +339,8 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
     double flops_step = 3.0 * encoder_flops_per_image(&ecfg) * c->batch_size;   // forward + backward
     double peak = device_peak_flops(&ctx, c) * dp.world;   // every rank's GPU
     const ParamTable *tables[2] = {&params, &ema.table};
+    MemoryPlan held = memory_plan(&ctx, tables, ema.on ? 2 : 1, &arena);
+    memory_header_print(stdout, &held);
     memory_peak_take(&ctx);   // the window of the first progress line starts here
     EvalResult ev = {0}, ev_ema = {0};
     RunState rs = {c, &log, &params, &ema, &ctx, train, micro, &dp};

@@ -227,6 +227,8 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
     double t_prev = now_seconds();
     EvalResult ev = {0};
     const ParamTable *tables[2] = {&d.params, &d.teacher.params};
+    MemoryPlan held = memory_plan(&ctx, tables, 2, &arena);
+    memory_header_print(stdout, &held);
     memory_peak_take(&ctx);   // the window of the first progress line starts here
 
     long step = first;

@@ -39,6 +39,13 @@ void memory_plan_print(FILE *f, const MemoryPlan *m) {
     fprintf(f, " %s (per device)\n", unit);
 }
 
+void memory_header_print(FILE *f, const MemoryPlan *m) {
+    char a[32], b[32], c[32];
+    fprintf(f, "memory: parameters %s + masters %s + optimizer %s held; activations and workspaces "
+               "are planned in the first step (per device)\n", format_bytes(m->params, a, sizeof a),
+            format_bytes(m->masters, b, sizeof b), format_bytes(m->optimizer, c, sizeof c));
+}
+
 const char *format_bytes(size_t bytes, char *buf, size_t n) {
     if (bytes >= GIB) snprintf(buf, n, "%.2f GiB", bytes / GIB);
     else snprintf(buf, n, "%.1f MiB", bytes / 1048576.0);

@@ -23,5 +23,8 @@ MemoryPlan memory_plan(const Ctx *ctx, const ParamTable *const *tables, int n_ta
 void memory_plan_print(FILE *f, const MemoryPlan *m);
 // "13.52 GiB", or "61.3 MiB" under 1 GiB; returns buf.
 const char *format_bytes(size_t bytes, char *buf, size_t n);
+// The header's line, before the first step: "memory: parameters 0.65 + masters 0.33 + optimizer
+// 0.65 GiB held; activations and workspaces are planned in the first step (per device)".
+void memory_header_print(FILE *f, const MemoryPlan *m);
 // The measured peak since the last call (device_memory_use), and a new measuring window.
 size_t memory_peak_take(Ctx *ctx);
