@@ -94,8 +94,8 @@ static void bench_case(FILE *out, const CurriculumCase *cc, Ctx *ctx) {
             "to %dx%d), taps %s (PP + PB, adaptors); %d timed steps after %d warmup, median\n",
             cc->label, dev.name, cc->student_px, gs, gs, cc->teacher_px, gt, gt, gs, gs, cc->taps,
             CURRICULUM_BENCH_STEPS, CURRICULUM_BENCH_WARMUP);
-    fprintf(out, "  %5s %10s %10s %14s %12s %10s\n", "batch", "step ms", "img/s", "host resize ms",
-            "act GiB", "loss");
+    fprintf(out, "  %5s %10s %10s %14s %12s %10s %10s\n", "batch", "step ms", "img/s",
+            "host resize ms", "act GiB", "GPU GiB", "loss");
     for (int bi = 0; bi < 2 && cc->batches[bi] > 0; bi++) {
         int B = cc->batches[bi], C = c.in_chans, S = cc->student_px;
         Batch b = {0};
@@ -105,6 +105,7 @@ static void bench_case(FILE *out, const CurriculumCase *cc, Ctx *ctx) {
         rng_seed(&r, 99);
         for (size_t i = 0; i < (size_t)B * C * S * S; i++) b.images[i] = 2 * rng_uniform(&r) - 1;
         arena.peak = 0;
+        device_memory_reset_peak(ctx);
         double ms[CURRICULUM_BENCH_STEPS], rs[CURRICULUM_BENCH_STEPS], resize_ms = 0;
         float loss = 0;
         long step = 0;
@@ -116,11 +117,14 @@ static void bench_case(FILE *out, const CurriculumCase *cc, Ctx *ctx) {
             ms[i] = (now_seconds() - t0) * 1e3;
         }
         double step_ms = median(ms, CURRICULUM_BENCH_STEPS);
-        fprintf(out, "  %5d %10.1f %10.2f %14.1f %12.2f %10.4f\n", B, step_ms, B / (step_ms * 1e-3),
-                median(rs, CURRICULUM_BENCH_STEPS), arena.peak / 1073741824.0, (double)loss);
+        fprintf(out, "  %5d %10.1f %10.2f %14.1f %12.2f %10.2f %10.4f\n", B, step_ms,
+                B / (step_ms * 1e-3), median(rs, CURRICULUM_BENCH_STEPS), arena.peak / 1073741824.0,
+                device_memory_use(ctx).peak / 1073741824.0, (double)loss);
         free(b.images);
     }
-    fprintf(out, "  (step ms: wall time of the whole step, host resize of the teacher's image included)\n");
+    fprintf(out, "  (step ms: wall time of the whole step, host resize of the teacher's image included; "
+                 "act GiB: the arena's peak; GPU GiB: device_memory_use's peak over the batch's steps, "
+                 "everything the process holds)\n");
     free(raw);
     tape_free(&tape);
     arena_free(&arena);
