@@ -73,31 +73,6 @@ void device_describe(const Ctx *ctx, FILE *f) {
             d.total_bytes / 1073741824.0, prec);
 }
 
-size_t device_memory_used(const Ctx *ctx) {
-#ifdef CGSPN_CUDA
-    if (ctx->device == DEVICE_CUDA) {
-        size_t free_b = 0, total = 0;
-        cuda_memory_info(&free_b, &total);
-        return total - free_b;
-    }
-#endif
-    (void)ctx;
-    return 0;
-}
-
-size_t device_memory_free(Ctx *ctx) {
-#ifdef CGSPN_CUDA
-    if (ctx->device == DEVICE_CUDA) {
-        size_t free_b = 0, total = 0;
-        cuda_synchronize(ctx);
-        cuda_memory_info(&free_b, &total);
-        return free_b;
-    }
-#endif
-    (void)ctx;
-    return 0;
-}
-
 void *device_alloc(Ctx *ctx, size_t bytes) {
 #ifdef CGSPN_CUDA
     if (ctx->device == DEVICE_CUDA) return cuda_malloc(bytes);

@@ -32,11 +32,6 @@ DeviceInfo device_info(const Ctx *ctx);
 DeviceInfo device_gpu_info(int gpu);
 // "device: cpu (2 threads, fp32)" / "device: cuda:0 NVIDIA H100, 132 SMs, 79.1 GiB (bf16)"
 void device_describe(const Ctx *ctx, FILE *f);
-// The GPU's memory in use by all processes and free now (cudaMemGetInfo, after the context's
-// queued work); both 0 on the CPU.
-size_t device_memory_used(const Ctx *ctx);
-size_t device_memory_free(Ctx *ctx);
-
 // Device memory this process holds on the context's kind of device: what device_alloc and the
 // GPU libraries' workspaces hold (counted per allocation), plus on the GPU what the stream-ordered
 // pool of per-op temporaries has reserved (it keeps it between steps, as PyTorch's caching

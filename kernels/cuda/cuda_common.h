@@ -75,7 +75,6 @@ void *cuda_scratch(Ctx *ctx, size_t bytes);
 void cuda_tensor_upload(Ctx *ctx, Tensor *t, const void *host);
 void cuda_tensor_download(Ctx *ctx, const Tensor *t, void *host);
 void cuda_device_props(int device, char *name, size_t name_n, int *sm_count, size_t *total_bytes);
-void cuda_memory_info(size_t *free_bytes, size_t *total_bytes);
 // What the context's device's stream-ordered pool has reserved: now and its high-water mark
 // since the last cuda_pool_reset_peak.
 void cuda_pool_reserved(const Ctx *ctx, size_t *now, size_t *peak);

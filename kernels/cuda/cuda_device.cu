@@ -12,10 +12,6 @@ extern "C" void cuda_device_props(int device, char *name, size_t name_n, int *sm
     *total_bytes = p.totalGlobalMem;
 }
 
-extern "C" void cuda_memory_info(size_t *free_bytes, size_t *total_bytes) {
-    CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
-}
-
 static cudaMemPool_t default_pool(const Ctx *ctx) {
     cudaMemPool_t pool;
     CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, ((const CudaCtx *)ctx->cuda)->device));
