@@ -259,17 +259,6 @@ static int parse_count(const char *flag, const char *v, int fallback, int min) {
     return (int)k;
 }
 
-// A switch given bare (--max-batch) or with a value (--max-batch=1); removed from argv.
-static bool take_switch(int *argc, char **argv, int first, const char *name) {
-    for (int i = first; i < *argc; i++)
-        if (strcmp(argv[i], name) == 0) {
-            for (int k = i; k + 1 < *argc; k++) argv[k] = argv[k + 1];
-            (*argc)--;
-            return true;
-        }
-    return parse_count(name, cli_take_flag(argc, argv, first, name), 0, 0) != 0;
-}
-
 DistillProbe bench_distill_alone(const Config *c, int warmup, int steps) {
     Dist alone;
     dist_init_single(&alone);
@@ -324,8 +313,8 @@ int bench_distill_cmd(int argc, char **argv, int first) {
         bench_distill_usage(stdout);
         return 0;
     }
-    const bool max_batch = take_switch(&argc, argv, first, "--max-batch");
-    const bool memory = take_switch(&argc, argv, first, "--memory");
+    const bool max_batch = cli_take_switch(&argc, argv, first, "--max-batch");
+    const bool memory = cli_take_switch(&argc, argv, first, "--memory");
     const char *sizes = cli_take_flag(&argc, argv, first, "--sizes");
     const int cap = parse_count("--max-batch-cap", cli_take_flag(&argc, argv, first, "--max-batch-cap"),
                                 MAX_BATCH_CAP, 1);

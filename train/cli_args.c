@@ -23,6 +23,20 @@ const char *cli_take_flag(int *argc, char **argv, int first, const char *name) {
     return NULL;
 }
 
+bool cli_take_switch(int *argc, char **argv, int first, const char *name) {
+    for (int i = first; i < *argc; i++)
+        if (strcmp(argv[i], name) == 0) {
+            for (int k = i; k + 1 < *argc; k++) argv[k] = argv[k + 1];
+            (*argc)--;
+            return true;
+        }
+    const char *v = cli_take_flag(argc, argv, first, name);
+    if (!v) return false;
+    CG_CHECK(strcmp(v, "0") == 0 || strcmp(v, "1") == 0, "", "%s=%s: expected %s, %s=1 or %s=0",
+             name, v, name, name, name);
+    return v[0] == '1';
+}
+
 int cli_wants_help(int argc, char **argv, int first) {
     for (int i = first; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return 1;

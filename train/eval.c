@@ -30,23 +30,13 @@ static bool is_dir(const char *p) {
 }
 
 // Removes a bare flag (no value) from argv; returns whether it was there.
-static bool take_switch(int *argc, char **argv, int first, const char *name) {
-    for (int i = first; i < *argc; i++) {
-        if (strcmp(argv[i], name) != 0) continue;
-        for (int k = i; k + 1 < *argc; k++) argv[k] = argv[k + 1];
-        (*argc)--;
-        return true;
-    }
-    return false;
-}
-
 int cmd_eval(int argc, char **argv) {
     if (cli_wants_help(argc, argv, 2)) {
         eval_usage(stdout);
         return 0;
     }
     const char *weights = cli_take_flag(&argc, argv, 2, "--weights");
-    bool use_ema = take_switch(&argc, argv, 2, "--ema");
+    bool use_ema = cli_take_switch(&argc, argv, 2, "--ema");
     if (!weights) {
         eval_usage(stderr);
         CG_FAIL("see the usage above", "cgspn eval needs --weights");
