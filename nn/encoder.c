@@ -187,6 +187,10 @@ Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *tap
         x = block_forward_planned(t, e, i, x, taps ? &taps->pp[i] : NULL);
         if (taps) taps->pb[i] = x;
     }
+    return encoder_final_norm(t, e, x);
+}
+
+Tensor *encoder_final_norm(Tape *t, const Encoder *e, Tensor *x) {
     return e->cfg.fc_norm ? x : layernorm(t, &e->norm, x);
 }
 

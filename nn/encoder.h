@@ -92,6 +92,9 @@ Tensor *encoder_block_forward(Tape *t, const Encoder *e, const Block *b, Tensor 
 // resolution curriculum. 0, or -1 with a message.
 int encoder_set_image_size_err(Encoder *e, int img_h, int img_w, char *err, size_t n);
 void encoder_set_image_size(Encoder *e, int img_h, int img_w);
+// The last block's output x -> encoder_forward's tokens: the final norm, or with fc_norm x itself
+// (the norm then applies to the pooled vector, encoder_pool).
+Tensor *encoder_final_norm(Tape *t, const Encoder *e, Tensor *x);
 // The summary vector of encoder_forward's tokens (B, C): the class token, or the mean of the
 // patch tokens (registers and class token left out), then fc_norm when the config has it (timm's
 // forward_head with pre_logits).

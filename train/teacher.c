@@ -180,8 +180,7 @@ void teacher_forward(Teacher *T, Tape *keep, Tensor *img, const TeacherWant *wan
     arena->stamp = clock;
     if (want->summary) {
         arena->stamp = ARENA_SCOPE;
-        Tensor *tokens = T->enc.cfg.fc_norm ? x : layernorm(&run, &T->enc.norm, x);
-        Tensor *s = encoder_pool(&run, &T->enc, tokens);                     // (B, C)
+        Tensor *s = encoder_pool(&run, &T->enc, encoder_final_norm(&run, &T->enc, x));   // (B, C)
         arena->stamp = clock;
         out->summary = tape_tensor(keep, 2, s->shape, true);
         op_scale_fwd(ctx, s, 1.0f, out->summary);   // fp32, converting on the way
