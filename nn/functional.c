@@ -415,7 +415,8 @@ static void slice_backward(Tape *t, void *p) {
 Tensor *nn_slice_tokens(Tape *t, Tensor *x, int start, int count) {
     CG_CHECK(x->ndim == 3 && start >= 0 && start + count <= x->shape[1], "",
              "token slice [%d, %d) of %d tokens", start, start + count, x->shape[1]);
-    Tensor *y = tape_tensor(t, 3, (int[]){x->shape[0], count, x->shape[2]}, false);
+    // x's dtype: a slice of the fp32 residual stream (fc_norm models' tokens) stays fp32
+    Tensor *y = tape_tensor(t, 3, (int[]){x->shape[0], count, x->shape[2]}, x->dtype == DTYPE_F32);
     op_slice_tokens_fwd(t->ctx, x, start, y);
     if (tape_track(t, y, x, NULL, NULL))
         *(SliceRec *)tape_record(t, slice_backward, sizeof(SliceRec)) = (SliceRec){x, y, start};
@@ -430,7 +431,7 @@ static void mean_tokens_backward(Tape *t, void *p) {
 }
 Tensor *nn_mean_tokens(Tape *t, Tensor *x) {
     CG_CHECK(x->ndim == 3, "", "mean over tokens expects (B,N,C)");
-    Tensor *y = tape_tensor(t, 2, (int[]){x->shape[0], x->shape[2]}, false);
+    Tensor *y = tape_tensor(t, 2, (int[]){x->shape[0], x->shape[2]}, x->dtype == DTYPE_F32);
     op_mean_tokens_fwd(t->ctx, x, y);
     if (tape_track(t, y, x, NULL, NULL))
         *(UnaryRec *)tape_record(t, mean_tokens_backward, sizeof(UnaryRec)) = (UnaryRec){x, y};

@@ -31,8 +31,8 @@ Tensor *nn_layer_scale(Tape *t, Tensor *x, Tensor *g);
 // Stochastic depth (kernels/ops.h drop_path_fwd): x itself when a->prob is 0.
 Tensor *nn_drop_path(Tape *t, Tensor *x, const DropPathArgs *a);
 Tensor *nn_concat_prefix(Tape *t, Tensor *prefix, Tensor *x);   // (P,C), (B,N,C) -> (B,P+N,C)
-Tensor *nn_slice_tokens(Tape *t, Tensor *x, int start, int count);
-Tensor *nn_mean_tokens(Tape *t, Tensor *x);                // (B,N,C) -> (B,C)
+Tensor *nn_slice_tokens(Tape *t, Tensor *x, int start, int count);   // x's dtype
+Tensor *nn_mean_tokens(Tape *t, Tensor *x);                // (B,N,C) -> (B,C), x's dtype
 Tensor *nn_resize_bilinear(Tape *t, Tensor *x, int h2, int w2); // (B,H,W,C) -> (B,h2,w2,C)
 // x converted to dtype (a copy; x itself when it already has it); the gradient flows back.
 Tensor *nn_cast(Tape *t, Tensor *x, DType dtype);

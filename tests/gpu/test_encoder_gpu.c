@@ -6,7 +6,9 @@
 // residual paths of a block without taps (the mixing branch's projection, add and norm2 in one
 // pass with the norm's backward handing the gradient on; fc2 writing x + MLP) and the unfused path
 // a block takes when its post-propagation tap is kept. Bounds as for the timm parity: fp32 1e-4,
-// bf16 2e-2 (relative, norm-wise).
+// bf16 2e-2 (relative, norm-wise). A second model is a ViT of the teacher families (class token and
+// registers, pos_embed without the prefix, norm_pre, fc_norm): its pooled vector is the output,
+// so the fp32 residual stream is sliced and averaged in a bf16 run.
 #include "gpulib.h"
 #include "../../nn/encoder.h"
 
@@ -30,6 +32,15 @@ static EncoderConfig hybrid(GeluKind gelu) {
     return c;
 }
 
+static EncoderConfig vit_fc_norm(void) {
+    EncoderConfig c = {.kind = ENCODER_VIT, .img_h = 16, .img_w = 24, .in_chans = 3, .patch = 4,
+                       .width = 64, .depth = 2, .heads = 2, .mlp_hidden = 96, .gelu = GELU_ERF,
+                       .ln_eps = 1e-6f, .qkv_bias = 1, .pos_embed = 1, .class_token = 1,
+                       .reg_tokens = 2, .no_embed_class = 1, .norm_pre = 1, .fc_norm = 1,
+                       .avg_pool = 1};
+    return c;
+}
+
 static void side_init(Side *s, Ctx ctx, const EncoderConfig *cfg) {
     memset(s, 0, sizeof *s);
     s->ctx = ctx;
@@ -46,20 +57,21 @@ static void side_free(Side *s) {
     params_free(&s->params, &s->ctx);
 }
 
-// Forward with or without taps, backward from seed; returns the output tokens.
-static Tensor *run(Side *s, Tensor *img, Tensor *seed, bool taps) {
+// Forward with or without taps, backward from seed; returns the output tokens, or with pool the
+// pooled vector (B, C).
+static Tensor *run(Side *s, Tensor *img, Tensor *seed, bool taps, bool pool) {
     tape_reset(&s->tape);
     img->grad = NULL;
     params_zero_grads(&s->params, &s->ctx);
     EncoderTaps tp;
     Tensor *y = encoder_forward(&s->tape, &s->enc, img, taps ? &tp : NULL);
+    if (pool) y = encoder_pool(&s->tape, &s->enc, y);
     tape_keep(&s->tape, y);   // compared after backward
     tape_backward_from(&s->tape, 1, &y, &seed);
     return y;
 }
 
-static void compare_with_cpu(GeluKind gelu, DType dt) {
-    EncoderConfig cfg = hybrid(gelu);
+static void compare_with_cpu(EncoderConfig cfg, bool pool, DType dt) {
     Side cpu, gpu;
     side_init(&cpu, ctx_cpu(), &cfg);
     params_initialize(&cpu.params, &cpu.ctx, 97);
@@ -69,9 +81,9 @@ static void compare_with_cpu(GeluKind gelu, DType dt) {
         if (dt == DTYPE_BF16) gpu_test_round_to_bf16(v);
         params_set_value(&gpu.params, i, &gpu.ctx, v->data);
     }
-    int B = 2, N = (cfg.img_h / cfg.patch) * (cfg.img_w / cfg.patch);
+    int B = 2, N = (cfg.img_h / cfg.patch) * (cfg.img_w / cfg.patch) + cpu.enc.prefix;
     Tensor *img = test_tensor(4, B, cfg.in_chans, cfg.img_h, cfg.img_w);
-    Tensor *seed = test_tensor(3, B, N, cfg.width);
+    Tensor *seed = pool ? test_tensor(2, B, cfg.width) : test_tensor(3, B, N, cfg.width);
     test_fill(img, 5, -1, 1);
     test_fill(seed, 6, -1, 1);
     if (dt == DTYPE_BF16) {
@@ -79,7 +91,7 @@ static void compare_with_cpu(GeluKind gelu, DType dt) {
         gpu_test_round_to_bf16(seed);
     }
     img->requires_grad = true;
-    Tensor *y = run(&cpu, img, seed, false);
+    Tensor *y = run(&cpu, img, seed, false, pool);
     Tensor *gimg = gpu_test_upload(&gpu.ctx, img, dt), *gseed = gpu_test_upload(&gpu.ctx, seed, dt);
     gimg->requires_grad = true;
     double bound = dt == DTYPE_F32 ? FP32_BOUND : BF16_BOUND;
@@ -88,12 +100,13 @@ static void compare_with_cpu(GeluKind gelu, DType dt) {
     for (int run_i = 0; run_i < 4; run_i++) {
         int taps = run_i % 2;
         gpu.enc.cfg.grad_checkpoint = run_i / 2;
-        printf("  %s GELU, %s, %s%s\n", gelu == GELU_TANH ? "tanh" : "erf", dtype_name(dt),
+        printf("  %s, %s GELU, %s, %s%s\n", cfg.kind == ENCODER_VIT ? "ViT, fc_norm pooled" : "hybrid",
+               cfg.gelu == GELU_TANH ? "tanh" : "erf", dtype_name(dt),
                taps ? "taps kept (unfused residual adds)" : "no taps (fused residual paths)",
                run_i / 2 ? ", every block recomputed" : "");
         // backward may write into the seed's gradient buffer: a fresh copy each run
         Tensor *seed_copy = gpu_test_upload(&gpu.ctx, seed, dt);
-        Tensor *gy = run(&gpu, gimg, seed_copy, taps);
+        Tensor *gy = run(&gpu, gimg, seed_copy, taps, pool);
         double worst = gpu_test_compare(&gpu.ctx, "tokens", gy, y);
         worst = fmax(worst, gpu_test_compare(&gpu.ctx, "image grad", gimg->grad, img->grad));
         for (int i = 0; i < cpu.params.n; i++) {
@@ -120,20 +133,28 @@ static void compare_with_cpu(GeluKind gelu, DType dt) {
 
 static void test_hybrid_encoder_fp32_matches_cpu(void **state) {
     GPU_TEST_REQUIRE_DEVICE();
-    compare_with_cpu(GELU_TANH, DTYPE_F32);
-    compare_with_cpu(GELU_ERF, DTYPE_F32);
+    compare_with_cpu(hybrid(GELU_TANH), false, DTYPE_F32);
+    compare_with_cpu(hybrid(GELU_ERF), false, DTYPE_F32);
 }
 
 static void test_hybrid_encoder_bf16_matches_cpu(void **state) {
     GPU_TEST_REQUIRE_DEVICE();
-    compare_with_cpu(GELU_TANH, DTYPE_BF16);
-    compare_with_cpu(GELU_ERF, DTYPE_BF16);
+    compare_with_cpu(hybrid(GELU_TANH), false, DTYPE_BF16);
+    compare_with_cpu(hybrid(GELU_ERF), false, DTYPE_BF16);
+}
+
+// Registers, no_embed_class, norm_pre and fc_norm pooling (issue 19's teacher families).
+static void test_vit_fc_norm_pooled_matches_cpu(void **state) {
+    GPU_TEST_REQUIRE_DEVICE();
+    compare_with_cpu(vit_fc_norm(), true, DTYPE_F32);
+    compare_with_cpu(vit_fc_norm(), true, DTYPE_BF16);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hybrid_encoder_fp32_matches_cpu),
         cmocka_unit_test(test_hybrid_encoder_bf16_matches_cpu),
+        cmocka_unit_test(test_vit_fc_norm_pooled_matches_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
