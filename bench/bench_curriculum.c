@@ -49,8 +49,8 @@ static float bench_step(Distiller *d, ResolutionViews *v, const Batch *b, Tape *
                         const OptimizerConfig *opt, long step, float *raw, double *resize_ms) {
     tape_reset(tape);
     double t0 = now_seconds();
-    Tensor *x, *xt;
-    resolution_views_upload(v, tape, b, v->img_size, &x, &xt);
+    Tensor *x, *xt[DISTILL_MAX_TEACHERS];
+    distill_views(d, v, tape, b, v->img_size, &x, xt);
     *resize_ms = (now_seconds() - t0) * 1e3;
     Tensor *raw_dev;
     Tensor *loss = distill_loss_views(d, tape, x, xt, NULL, &raw_dev);
@@ -77,7 +77,7 @@ static void bench_case(FILE *out, const CurriculumCase *cc, Ctx *ctx) {
     const DeviceInfo dev = device_info(ctx);
     Distiller d;
     memset(&d, 0, sizeof d);
-    teacher_init_fresh(&d.teacher, &c, cc->teacher_px, ctx, 7);
+    teacher_init_fresh(&d.teachers[0].teacher, &c, cc->teacher_px, ctx, 7);
     char err[4096];
     if (distiller_init_with_teacher_err(&d, &c, ctx, err, sizeof err) != 0) CG_FAIL("", "%s", err);
     ResolutionViews v;

@@ -159,7 +159,7 @@ static BenchResult bench_steps(const Config *c, Dist *d, int warmup, int steps, 
     r.img_per_s = (double)r.global_batch * steps / r.seconds;
     r.gpu_peak = device_memory_use(&ctx).peak;
     if (say & SAY_PLAN) {   // the split of what this rank holds, as cgspn distill prints it
-        const ParamTable *tables[2] = {&dd.params, &dd.teacher.params};
+        const ParamTable *tables[2] = {&dd.params, &dd.teachers[0].teacher.params};
         MemoryPlan plan = memory_plan(&ctx, tables, 2, &arena);
         printf("grad_checkpoint %d, batch %d: ", c->grad_checkpoint, c->batch_size);
         memory_plan_print(stdout, &plan);

@@ -88,13 +88,13 @@ static void loss_with_teacher_at(int sh, int sw, int th, int tw) {
     Ctx ctx = ctx_cpu();
     Distiller d;
     memset(&d, 0, sizeof d);
-    teacher_init_fresh(&d.teacher, &c, c.img_size, &ctx, 77);
+    teacher_init_fresh(&d.teachers[0].teacher, &c, c.img_size, &ctx, 77);
     char err[4096];
     if (distiller_init_with_teacher_err(&d, &c, &ctx, err, sizeof err) != 0) fail_msg("%s", err);
     randomize(&d.params, 500);             // adaptors included: not the identity
-    randomize(&d.teacher.params, 900);
+    randomize(&d.teachers[0].teacher.params, 900);
     encoder_set_image_size(&d.student, sh, sw);
-    encoder_set_image_size(&d.teacher.enc, th, tw);
+    encoder_set_image_size(&d.teachers[0].teacher.enc, th, tw);
     int P = c.patch, B = 2, Hs = sh / P, Ws = sw / P, Ht = th / P, Wt = tw / P, C = c.width;
 
     Arena arena;
@@ -104,7 +104,7 @@ static void loss_with_teacher_at(int sh, int sw, int th, int tw) {
     Tensor *img = test_tensor(4, B, 1, sh, sw), *timg = test_tensor(4, B, 1, th, tw), *raw;
     test_fill(img, 31, -1, 1);
     test_fill(timg, 32, -1, 1);
-    Tensor *loss = distill_loss_views(&d, &t, img, timg, NULL, &raw);
+    Tensor *loss = distill_loss_views(&d, &t, img, &timg, NULL, &raw);
     double got = tensor_f32(loss)[0];
 
     Arena a2;
@@ -113,7 +113,7 @@ static void loss_with_teacher_at(int sh, int sw, int th, int tw) {
     tape_init(&r, &ctx, &a2);
     tape_set_grad_enabled(&r, false);
     EncoderTaps tt, st;
-    encoder_forward(&r, &d.teacher.enc, timg, &tt);
+    encoder_forward(&r, &d.teachers[0].teacher.enc, timg, &tt);
     encoder_forward(&r, &d.student, img, &st);
     double sum_pp = 0, sum_pb = 0;
     for (int i = 0; i < c.depth; i++) {
@@ -123,9 +123,9 @@ static void loss_with_teacher_at(int sh, int sw, int th, int tw) {
             Tensor *g = nn_view(&r, src[k], 4, (int[]){B, Ht, Wt, C});
             up[k] = nn_view(&r, nn_resize_bilinear(&r, g, Hs, Ws), 3, (int[]){B, Hs * Ws, C});
         }
-        Tensor *vs = adaptor_forward(&r, &d.ad_pp[i], st.pp[i]);
+        Tensor *vs = adaptor_forward(&r, &d.teachers[0].ad_pp[i], st.pp[i]);
         sum_pp += tensor_f32(nn_mse(&r, vs, up[0]))[0] + 1.5 * tensor_f32(nn_token_kl(&r, vs, up[0]))[0];
-        vs = adaptor_forward(&r, &d.ad_pb[i], st.pb[i]);
+        vs = adaptor_forward(&r, &d.teachers[0].ad_pb[i], st.pb[i]);
         sum_pb += tensor_f32(nn_mse(&r, vs, up[1]))[0] + 2.5 * tensor_f32(nn_token_kl(&r, vs, up[1]))[0];
     }
     double want = 0.3 * sum_pp / c.depth + 0.6 * sum_pb / c.depth;

@@ -7,7 +7,9 @@
 #include "testlib.h"
 #include "train_fixture.h"
 #include "../train/checkpoint.h"
+#include "../train/data_parallel.h"
 #include "../train/distill.h"
+#include "../kernels/error.h"
 #include "../train/export.h"
 #include "../train/model_config.h"
 #include "../nn/params_io.h"
@@ -80,10 +82,11 @@ static void randomize(ParamTable *t, uint64_t seed, float lo, float hi) {
     }
 }
 
-// Writes a random tiny ViT teacher (weights + cfg) into the temp folder, with a pos_embed for
-// the grid of img_size (the run's, or another one to test resampling).
-static void write_teacher(int img_size, const char *prefix, const char *skip, bool wrong_shape) {
-    Config tc = tiny_teacher_config();
+// Writes a random ViT teacher of model keys tc (weights NAME.safetensors + NAME.cfg) into the temp
+// folder, with a pos_embed for the grid of img_size (the run's, or another one to test
+// resampling); the cfg says img_size 28.
+static void write_teacher_as(Config tc, const char *name, int img_size, const char *prefix,
+                             const char *skip, bool wrong_shape) {
     tc.img_size = img_size;
     Ctx ctx = ctx_cpu();
     Encoder e;
@@ -108,14 +111,20 @@ static void write_teacher(int img_size, const char *prefix, const char *skip, bo
         if (wrong_shape && strcmp(p->name, "blocks.1.mlp.fc1.weight") == 0) w[k].shape[0] = 12;   // 12*16 of 24*16 values
         k++;
     }
-    char err[1024];
-    if (st_write_err(tmp_path("teacher.safetensors"), w, k, NULL, 0, NULL, NULL, err, sizeof err) != 0)
+    char err[1024], path[300];
+    snprintf(path, sizeof path, "%s.safetensors", name);
+    if (st_write_err(tmp_path(path), w, k, NULL, 0, NULL, NULL, err, sizeof err) != 0)
         fail_msg("%s", err);
     tc.img_size = 28;
-    assert_int_equal(config_save(&tc, tmp_path("teacher.cfg")), 0);
+    snprintf(path, sizeof path, "%s.cfg", name);
+    assert_int_equal(config_save(&tc, tmp_path(path)), 0);
     free(w);
     free(names);
     params_free(&t, &ctx);
+}
+
+static void write_teacher(int img_size, const char *prefix, const char *skip, bool wrong_shape) {
+    write_teacher_as(tiny_teacher_config(), "teacher", img_size, prefix, skip, wrong_shape);
 }
 
 static Tensor *random_images(int batch, uint64_t seed) {
@@ -137,23 +146,29 @@ typedef struct TapCase {
     float lambda;
 } TapCase;
 
-static void tap_case_init(TapCase *c, bool with_adaptor, uint64_t seed) {
+// vs (2, 3, 6) against vt (2, 3, out): out = 6 with the residual adaptor, else a width-changing
+// one (a teacher of another width).
+static void tap_case_init_out(TapCase *c, bool with_adaptor, int out, uint64_t seed) {
     memset(c, 0, sizeof *c);
     c->ctx = ctx_cpu();
     arena_init(&c->arena, &c->ctx, 1u << 20);
     tape_init(&c->tape, &c->ctx, &c->arena);
     params_init_table(&c->params);
-    adaptor_register(&c->ad, &c->params, "adaptors.0.pp", 6, 5, GELU_ERF);
+    adaptor_register(&c->ad, &c->params, "adaptors.0.pp", 6, out, 5, GELU_ERF);
     params_alloc(&c->params, &c->ctx);
     params_initialize(&c->params, &c->ctx, 3);
     randomize(&c->params, seed, -0.5f, 0.5f);   // W2 != 0, so every adaptor parameter matters
     c->with_adaptor = with_adaptor;
     c->vs = test_tensor(3, 2, 3, 6);
-    c->vt = test_tensor(3, 2, 3, 6);
+    c->vt = test_tensor(3, 2, 3, out);
     test_fill(c->vs, seed + 100, -1.5f, 1.5f);
     test_fill(c->vt, seed + 200, -1.5f, 1.5f);
     c->vs->requires_grad = true;
     c->lambda = 7.0f / 3.0f;
+}
+
+static void tap_case_init(TapCase *c, bool with_adaptor, uint64_t seed) {
+    tap_case_init_out(c, with_adaptor, 6, seed);
 }
 
 static void tap_case_free(TapCase *c) {
@@ -207,6 +222,20 @@ static void test_adaptor_tap_gradients_match_finite_differences(void **state) {
     TapCase c;
     tap_case_init(&c, true, 31);
     assert_true(tap_case_check(&c) < GRAD_TOL);
+    tap_case_free(&c);
+}
+
+// A teacher of another width: the adaptor maps 6 -> 4 without the residual, W2 drawn at random.
+static void test_width_changing_adaptor_gradients_match_finite_differences(void **state) {
+    TapCase c;
+    tap_case_init_out(&c, true, 4, 51);
+    assert_false(c.ad.residual);
+    assert_true(tap_case_check(&c) < GRAD_TOL);
+    params_initialize(&c.params, &c.ctx, 3);   // the registered init: W2 random, not zero
+    const float *w2 = tensor_f32(c.ad.fc2.w);
+    double s = 0;
+    for (size_t i = 0; i < c.ad.fc2.w->numel; i++) s += fabs(w2[i]);
+    assert_true(s > 0);
     tap_case_free(&c);
 }
 
@@ -274,8 +303,8 @@ static void test_stage1_loss_matches_ops_composed_by_hand(void **state) {
     Distiller d;
     char err[4096];
     if (distiller_init_err(&d, &c, &ctx, err, sizeof err) != 0) fail_msg("%s", err);
-    assert_int_equal(d.n_taps, 2);
-    assert_int_equal(d.taps[0], 0), assert_int_equal(d.taps[1], 2);
+    assert_int_equal(d.teachers[0].n_taps, 2);
+    assert_int_equal(d.teachers[0].taps[0], 0), assert_int_equal(d.teachers[0].taps[1], 2);
     randomize(&d.params, 900, -0.5f, 0.5f);
     // Only the C-GSPN layers train.
     for (int i = 0; i < d.params.n; i++) {
@@ -299,13 +328,13 @@ static void test_stage1_loss_matches_ops_composed_by_hand(void **state) {
     Tape r;
     tape_init(&r, &ctx, &a2);
     tape_set_grad_enabled(&r, false);
-    const Encoder *te = &d.teacher.enc, *se = &d.student;
+    const Encoder *te = &d.teachers[0].teacher.enc, *se = &d.student;
     EncoderTaps tt;
     Tensor *h0 = encoder_embed(&r, te, img);
     encoder_forward(&r, te, img, &tt);
     double sum = 0;
     for (int j = 0; j < 2; j++) {
-        int i = d.taps[j];
+        int i = d.teachers[0].taps[j];
         Tensor *in = patches(&r, te, i == 0 ? h0 : tt.pb[i - 1]);
         Tensor *grid = nn_view(&r, in, 4, (int[]){3, 4, 4, 16});
         Tensor *fs = cgspn_layer(&r, &se->blocks[i].gspn, layernorm(&r, &se->blocks[i].norm1, grid));
@@ -371,15 +400,15 @@ static void stage2_matches(bool adaptors, bool pp, float gamma, float summary) {
     tape_init(&r, &ctx, &a2);
     tape_set_grad_enabled(&r, false);
     EncoderTaps tt, st;
-    Tensor *teacher_tokens = encoder_forward(&r, &d.teacher.enc, img, &tt);
+    Tensor *teacher_tokens = encoder_forward(&r, &d.teachers[0].teacher.enc, img, &tt);
     Tensor *tokens = encoder_forward(&r, &d.student, img, &st);
     double lpp[2], lpb[2], sum_pp = 0, sum_pb = 0;
     for (int i = 0; i < 2; i++) {
-        Tensor *vs = st.pp[i], *vt = patches(&r, &d.teacher.enc, tt.pp[i]);
-        if (adaptors && pp) vs = adaptor_forward(&r, &d.ad_pp[i], vs);
+        Tensor *vs = st.pp[i], *vt = patches(&r, &d.teachers[0].teacher.enc, tt.pp[i]);
+        if (adaptors && pp) vs = adaptor_forward(&r, &d.teachers[0].ad_pp[i], vs);
         lpp[i] = tensor_f32(nn_mse(&r, vs, vt))[0] + 1.5 * tensor_f32(nn_token_kl(&r, vs, vt))[0];
-        vs = st.pb[i], vt = patches(&r, &d.teacher.enc, tt.pb[i]);
-        if (adaptors) vs = adaptor_forward(&r, &d.ad_pb[i], vs);
+        vs = st.pb[i], vt = patches(&r, &d.teachers[0].teacher.enc, tt.pb[i]);
+        if (adaptors) vs = adaptor_forward(&r, &d.teachers[0].ad_pb[i], vs);
         lpb[i] = tensor_f32(nn_mse(&r, vs, vt))[0] + 2.5 * tensor_f32(nn_token_kl(&r, vs, vt))[0];
         sum_pp += lpp[i];
         sum_pb += lpb[i];
@@ -388,8 +417,8 @@ static void stage2_matches(bool adaptors, bool pp, float gamma, float summary) {
     if (gamma > 0) want += gamma * tensor_f32(nn_cross_entropy(&r, encoder_head(&r, &d.student, tokens), targets))[0];
     double l_summary = 0;   // the student's pooled vector, adapted, against the teacher's class token
     if (summary > 0) {
-        Tensor *s = adaptor_forward(&r, &d.ad_summary, encoder_pool(&r, &d.student, tokens));
-        l_summary = tensor_f32(nn_mse(&r, s, encoder_pool(&r, &d.teacher.enc, teacher_tokens)))[0];
+        Tensor *s = adaptor_forward(&r, &d.teachers[0].ad_summary, encoder_pool(&r, &d.student, tokens));
+        l_summary = tensor_f32(nn_mse(&r, s, encoder_pool(&r, &d.teachers[0].teacher.enc, teacher_tokens)))[0];
         assert_true(l_summary > 1e-3);
         want += summary * l_summary;
     }
@@ -442,6 +471,195 @@ static void test_stage2_with_a_register_teacher_matches_ops_composed_by_hand(voi
     g_teacher_regs = 0;
 }
 
+// ---- several teachers --------------------------------------------------------------------------------
+
+// Teacher 2 of another shape: class token and 2 registers (no_embed_class, layer scale), width 12,
+// depth 4, patch 4, seen at 32 px (8x8 tokens, its taps resized to the student's 4x4).
+static Config second_teacher_config(void) {
+    Config c = tiny_teacher_config();
+    c.width = 12, c.heads = 2, c.depth = 4, c.patch = 4, c.mlp_hidden = 20;
+    c.reg_tokens = 2, c.no_embed_class = 1, c.layer_scale_init = 0.5f;
+    return c;
+}
+
+// t2.cfg: teacher 2's keys (its own weights, side, normalization, loss weights, summary).
+static void write_second_teacher(bool phi_s) {
+    write_teacher_as(second_teacher_config(), "teacher2", 32, "", NULL, false);
+    FILE *f = fopen(tmp_path("t2.cfg"), "w");
+    assert_non_null(f);
+    fprintf(f, "teacher = %s\nteacher_config = %s\nteacher_img_size = 32\nteacher_mean = 0.2\n"
+            "teacher_std = 0.5\nalpha = 0.4\nbeta = 0.9\nlambda1 = 1.0\nsummary_weight = 0.7\n"
+            "adaptor_hidden = 6\nphi_s = %d\n", tmp_path("teacher2.safetensors"),
+            tmp_path("teacher2.cfg"), phi_s);
+    fclose(f);
+}
+
+// dst's values from src by name; src_prefix / dst_prefix: adaptors renamed between them.
+static void copy_values(ParamTable *dst, const ParamTable *src, const char *src_prefix,
+                        const char *dst_prefix) {
+    for (int i = 0; i < dst->n; i++) {
+        Param *p = dst->params[i];
+        char name[PARAM_NAME_MAX];
+        size_t dl = strlen(dst_prefix);
+        if (strncmp(p->name, dst_prefix, dl) == 0)
+            snprintf(name, sizeof name, "%s%s", src_prefix, p->name + dl);
+        else
+            snprintf(name, sizeof name, "%s", p->name);
+        const Param *q = params_find(src, name);
+        if (!q) fail_msg("%s (as %s) is not in the source table", p->name, name);
+        assert_int_equal(q->value.numel, p->value.numel);
+        memcpy(p->value.data, q->value.data, tensor_bytes(&p->value));
+    }
+}
+
+typedef struct OneLoss {
+    float loss, parts[DISTILL_MAX_PARTS];
+} OneLoss;
+
+// d's loss on the batch b (the student at 28 px, each teacher its view), its parts.
+static OneLoss loss_on(Distiller *d, const Config *c, const Batch *b) {
+    const float mean[1] = {0.3f}, std[1] = {0.8f};   // the student's normalization
+    distill_set_normalization(d, mean, std);
+    Arena arena;
+    arena_init(&arena, d->ctx, 1u << 22);
+    Tape t;
+    tape_init(&t, d->ctx, &arena);
+    ResolutionViews v;
+    char err[512];
+    if (resolution_views_init_err(&v, c, err, sizeof err) != 0) fail_msg("%s", err);
+    Tensor *x, *views[DISTILL_MAX_TEACHERS], *raw;
+    distill_views(d, &v, &t, b, 28, &x, views);
+    OneLoss r;
+    r.loss = tensor_f32(distill_loss_views(d, &t, x, views, NULL, &raw))[0];
+    distill_parts(d, tensor_f32(raw), r.parts);
+    resolution_views_free(&v);
+    tape_free(&t);
+    arena_free(&arena);
+    return r;
+}
+
+// Two teachers of different shape: the loss is teacher 1's alone plus teacher 2's alone (same
+// student and adaptor values), the parts are theirs side by side, teacher 2's taps pair with its
+// proportional blocks, its view is the image resized and renormalized, and every trainable
+// parameter gets a gradient.
+static void test_two_teachers_loss_is_the_sum_of_each_teachers_alone(void **state) {
+    write_teacher(28, "", NULL, false);
+    write_second_teacher(false);
+    Config c = tiny_run_config(2, "cgspn");
+    snprintf(c.taps, sizeof c.taps, "1,2");
+    c.summary_weight = 0.8f;
+    Config c1 = c, c2 = c;
+    snprintf(c.extra_teachers, sizeof c.extra_teachers, "%s", tmp_path("t2.cfg"));
+    config_load_file(&c2, tmp_path("t2.cfg"));   // teacher 2 as the only teacher
+    Ctx ctx = ctx_cpu();
+    Distiller d, d1, d2;
+    char err[4096];
+    if (distiller_init_err(&d, &c, &ctx, err, sizeof err) != 0) fail_msg("%s", err);
+    if (distiller_init_err(&d1, &c1, &ctx, err, sizeof err) != 0) fail_msg("%s", err);
+    if (distiller_init_err(&d2, &c2, &ctx, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_int_equal(d.n_teachers, 2);
+    const DistillTeacher *t2 = &d.teachers[1];
+    assert_int_equal(t2->teacher_blocks[0], 1);   // student block 1 of 2 -> teacher block 2 of 4
+    assert_int_equal(t2->teacher_blocks[1], 3);
+    assert_int_equal(t2->side, 32);
+    assert_false(t2->ad_pp[0].residual);   // 16 -> 12
+    assert_non_null(params_find(&d.params, "adaptors.t2.0.pp.fc2.weight"));
+    assert_int_equal(params_find(&d.params, "adaptors.t2.summary.fc2.bias")->value.numel, 12);
+    randomize(&d.params, 1700, -0.5f, 0.5f);
+    copy_values(&d1.params, &d.params, "", "");
+    copy_values(&d2.params, &d.params, "adaptors.t2.", "adaptors.");
+
+    float *host = cg_malloc(3 * 28 * 28 * sizeof(float));
+    Tensor *img = random_images(3, 91);
+    memcpy(host, img->data, 3 * 28 * 28 * sizeof(float));
+    Batch b = {.images = host, .count = 3, .channels = 1, .height = 28, .width = 28};
+    OneLoss both = loss_on(&d, &c, &b), one = loss_on(&d1, &c1, &b), two = loss_on(&d2, &c2, &b);
+    assert_close(both.loss, one.loss + two.loss, SAME_LOSS_TOL, "two teachers = the sum");
+    assert_int_equal(d.n_parts, d1.n_parts + d2.n_parts);
+    for (int k = 0; k < d1.n_parts; k++) {
+        assert_string_equal(d.part_names[k], d1.part_names[k]);
+        assert_close(both.parts[k], one.parts[k], SAME_LOSS_TOL, d1.part_names[k]);
+    }
+    for (int k = 0; k < d2.n_parts; k++) {
+        char want[DISTILL_PART_NAME + 4];
+        snprintf(want, sizeof want, "t2.%s", d2.part_names[k]);
+        assert_string_equal(d.part_names[d1.n_parts + k], want);
+        assert_close(both.parts[d1.n_parts + k], two.parts[k], SAME_LOSS_TOL, want);
+    }
+    assert_string_equal(d.part_names[d.n_parts - 1], "t2.summary");
+
+    // Teacher 2's view: the image resized to 32 px, then (x * 0.8 + 0.3 - 0.2) / 0.5.
+    Arena arena;
+    arena_init(&arena, &ctx, 1u << 22);
+    Tape t;
+    tape_init(&t, &ctx, &arena);
+    ResolutionViews v;
+    if (resolution_views_init_err(&v, &c, err, sizeof err) != 0) fail_msg("%s", err);
+    Tensor *x, *views[DISTILL_MAX_TEACHERS], *raw;
+    distill_views(&d, &v, &t, &b, 28, &x, views);
+    float *want = cg_malloc(3 * 32 * 32 * sizeof(float));
+    resolution_resize_batch(&v, host, 3, 1, 28, 28, want, 32, 32);
+    double worst = 0;
+    for (int i = 0; i < 3 * 32 * 32; i++)
+        worst = fmax(worst, fabs(tensor_f32(views[1])[i] - (want[i] * 0.8 + 0.1) / 0.5));
+    assert_true(worst < 1e-5);
+    assert_ptr_equal(views[0], x);   // teacher 1 sees the loader's tensor itself
+    Tensor *loss = distill_loss_views(&d, &t, x, views, NULL, &raw);
+    tape_backward(&t, loss);
+    for (int i = 0; i < d.params.n; i++) {
+        const Param *p = d.params.params[i];
+        double sum = 0;
+        for (size_t q = 0; q < p->grad.numel; q++) sum += fabs(tensor_f32(&p->grad)[q]);
+        if (p->trainable && !(sum > 0)) fail_msg("no gradient reached %s", p->name);
+    }
+    free(want);
+    resolution_views_free(&v);
+    tape_free(&t);
+    arena_free(&arena);
+    free(host);
+    test_tensor_free(img);
+    distiller_free(&d);
+    distiller_free(&d1);
+    distiller_free(&d2);
+}
+
+// What a teacher file or a multi-teacher run may not do, each refused with a message naming it.
+static void test_teacher_files_refuse_run_keys_and_bad_pairings(void **state) {
+    write_teacher(28, "", NULL, false);
+    write_second_teacher(false);
+    Ctx ctx = ctx_cpu();
+    char err[4096];
+    struct { const char *file_text; const char *want; int stage; } cases[] = {
+        {"img_size = 32\n", "sets img_size, a key of the run", 2},
+        {"alpha = 0.1\n", "does not set teacher", 2},
+        {"", "stage 1 aligns the student with one teacher", 1},
+        {"adaptors = 0\n", "adaptors = 0 with a teacher of width 12", 2},
+        {"teacher_taps = 4\n", "names 1 teacher blocks for 2 taps", 2},
+        {"teacher_taps = 2,5\n", "block 5 is not in 1..4", 2},
+        {"teacher_mean = 0.1,0.2\nteacher_std = 0.5,0.5\n", "one per input channel (1)", 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        FILE *f = fopen(tmp_path("bad.cfg"), "w");
+        assert_non_null(f);
+        bool sets_teacher = strstr(cases[i].want, "does not set teacher") == NULL;
+        if (sets_teacher)
+            fprintf(f, "include = t2.cfg\n");
+        fprintf(f, "%s", cases[i].file_text);
+        fclose(f);
+        Config c = tiny_run_config(cases[i].stage, "cgspn");
+        snprintf(c.taps, sizeof c.taps, "1,2");
+        snprintf(c.extra_teachers, sizeof c.extra_teachers, "%s", tmp_path("bad.cfg"));
+        Distiller d;
+        if (distiller_init_err(&d, &c, &ctx, err, sizeof err) == 0) {
+            distiller_free(&d);
+            fail_msg("case %zu (%s) was accepted", i, cases[i].want);
+        }
+        if (!strstr(err, cases[i].want)) fail_msg("case %zu: '%s' not in: %s", i, cases[i].want, err);
+        if (cases[i].stage == 2 && !strstr(err, "teacher 2 (") && !strstr(err, "extra_teachers"))
+            fail_msg("case %zu does not name the teacher: %s", i, err);
+    }
+}
+
 // ---- student from teacher, teacher loading ------------------------------------------------------------
 
 static void test_student_copies_teacher_where_shapes_match_and_reports_it(void **state) {
@@ -451,10 +669,10 @@ static void test_student_copies_teacher_where_shapes_match_and_reports_it(void *
     Distiller d;
     distiller_init(&d, &c, &ctx);
     CopyReport r;
-    student_copy_from_teacher(&d.params, &d.teacher.params, &ctx, ADAPTOR_PREFIX, &r);
+    student_copy_from_teacher(&d.params, &d.teachers[0].teacher.params, &ctx, ADAPTOR_PREFIX, &r);
     int attn = 0;
     for (int i = 0; i < r.n_copied; i++) {
-        const Param *s = params_find(&d.params, r.copied[i]), *t = params_find(&d.teacher.params, r.copied[i]);
+        const Param *s = params_find(&d.params, r.copied[i]), *t = params_find(&d.teachers[0].teacher.params, r.copied[i]);
         assert_non_null(s);
         assert_memory_equal(s->value.data, t->value.data, tensor_bytes(&s->value));
         assert_null(strstr(r.copied[i], "gspn"));
@@ -556,19 +774,28 @@ static Config run_config(int stage, const char *run, long total) {
     return c;
 }
 
-static void resume_is_bit_exact(int stage) {
+// two_teachers: Stage 2 from the run's teacher and teacher 2 (t2.cfg), both PHI-S standardized
+// (the statistics of the first run are checkpointed and used again after the resume).
+static void resume_is_bit_exact(int stage, bool two_teachers) {
     enum { N = 4, TOTAL = 2 * N };   // 40 images / batch 8 = 5 steps per epoch: crosses an epoch
     write_teacher(28, "", NULL, false);
+    if (two_teachers) write_second_teacher(true);
     fixture_build_shards(g_dir, 40, 16);
     float full[TOTAL], split[TOTAL];
     memset(split, 0xff, sizeof split);
     char sa[32], sb[32];
-    snprintf(sa, sizeof sa, "full%d", stage);
-    snprintf(sb, sizeof sb, "split%d", stage);
+    snprintf(sa, sizeof sa, "full%d%s", stage, two_teachers ? "t" : "");
+    snprintf(sb, sizeof sb, "split%d%s", stage, two_teachers ? "t" : "");
     Config a = run_config(stage, sa, TOTAL);
+    if (two_teachers) {
+        snprintf(a.extra_teachers, sizeof a.extra_teachers, "%s", tmp_path("t2.cfg"));
+        a.phi_s = 1;
+        a.phi_s_batches = 2;
+    }
     DistillOptions oa = {.step_losses = full};
     assert_int_equal(distill_train(&a, &oa).step, TOTAL);
-    Config b = run_config(stage, sb, TOTAL);
+    Config b = a;
+    snprintf(b.run_name, sizeof b.run_name, "%s", sb);
     DistillOptions ob = {.stop_after = N, .step_losses = split};
     assert_int_equal(distill_train(&b, &ob).step, N);
     snprintf(b.resume, sizeof b.resume, "auto");
@@ -609,8 +836,11 @@ static void resume_is_bit_exact(int stage) {
     }
 }
 
-static void test_stage1_run_resumes_bit_exactly(void **state) { resume_is_bit_exact(1); }
-static void test_stage2_run_resumes_bit_exactly(void **state) { resume_is_bit_exact(2); }
+static void test_stage1_run_resumes_bit_exactly(void **state) { resume_is_bit_exact(1, false); }
+static void test_stage2_run_resumes_bit_exactly(void **state) { resume_is_bit_exact(2, false); }
+static void test_stage2_two_teachers_phi_s_run_resumes_bit_exactly(void **state) {
+    resume_is_bit_exact(2, true);
+}
 
 static void test_stage2_init_from_stage1_and_export_drops_adaptors(void **state) {
     write_teacher(28, "", NULL, false);
@@ -681,10 +911,81 @@ static void test_stage2_init_from_stage1_and_export_drops_adaptors(void **state)
     st_close(&out);
 }
 
+// PHI-S: after the statistics of 2 batches, the same batches' teacher features, standardized,
+// have mean 0 in every channel and mean square 1 per channel (trace(cov) / C = 1); the
+// statistics are not trained.
+static void test_phi_s_standardizes_the_gathered_features(void **state) {
+    write_teacher(28, "", NULL, false);
+    write_second_teacher(true);
+    fixture_build_shards(g_dir, 40, 16);
+    Config c = run_config(2, "phis", 4);
+    snprintf(c.extra_teachers, sizeof c.extra_teachers, "%s", tmp_path("t2.cfg"));
+    Ctx ctx = ctx_cpu();
+    Distiller d;
+    distiller_init(&d, &c, &ctx);
+    DataParallel dp;
+    dp_open(&dp, NULL, &d.params, &ctx, &c);
+    Loader *l = dp_loader_open(&dp, &c, 1, c.batch_size, false);
+    float mean[3], std[3];
+    loader_norm(l, mean, std);
+    distill_set_normalization(&d, mean, std);
+    ResolutionViews v;
+    char err[512];
+    if (resolution_views_init_err(&v, &c, err, sizeof err) != 0) fail_msg("%s", err);
+    distill_phi_s_gather(&d, l, &v, &dp, 2, stdout);
+    loader_close(l);
+    const DistillTeacher *t2 = &d.teachers[1];
+    assert_false(d.teachers[0].phi_s);
+    assert_true(t2->phi_s);
+    assert_false(params_find(&d.params, "adaptors.t2.1.pb.phi_s.scale")->trainable);
+
+    l = dp_loader_open(&dp, &c, 1, c.batch_size, false);   // the same 2 batches again
+    Arena arena;
+    arena_init(&arena, &ctx, 1u << 22);
+    Tape t;
+    tape_init(&t, &ctx, &arena);
+    const PhiS *ps[] = {&t2->phi_pp[1], &t2->phi_pb[1], &t2->phi_summary};
+    int C = 12;
+    double sum[3][12] = {{0}}, sq[3] = {0}, rows[3] = {0};
+    for (int i = 0; i < 2; i++) {
+        const Batch *b = loader_next(l, err, sizeof err);
+        assert_non_null(b);
+        tape_reset(&t);
+        Tensor *x, *views[DISTILL_MAX_TEACHERS];
+        distill_views(&d, &v, &t, b, 28, &x, views);
+        TeacherTaps tt;
+        distill_teacher_targets(&d.teachers[1], &t, views[1], &d.student, &tt);
+        Tensor *feats[] = {tt.pp[t2->teacher_blocks[1]], tt.pb[t2->teacher_blocks[1]], tt.summary};
+        for (int f = 0; f < 3; f++) {
+            const float *y = tensor_f32(feats[f]), *shift = tensor_f32(ps[f]->shift),
+                        *scale = tensor_f32(ps[f]->scale);
+            size_t n = feats[f]->numel / C;
+            for (size_t r = 0; r < n; r++)
+                for (int k = 0; k < C; k++) {
+                    double z = (y[r * C + k] + shift[k]) * scale[k];
+                    sum[f][k] += z;
+                    sq[f] += z * z;
+                }
+            rows[f] += n;
+        }
+    }
+    for (int f = 0; f < 3; f++) {
+        for (int k = 0; k < C; k++) assert_true(fabs(sum[f][k] / rows[f]) < 1e-4);
+        assert_close(sq[f] / rows[f] / C, 1.0, 1e-4, "PHI-S mean square per channel");
+    }
+    loader_close(l);
+    tape_free(&t);
+    arena_free(&arena);
+    resolution_views_free(&v);
+    dp_close(&dp);
+    distiller_free(&d);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mse_and_kl_tap_gradients_match_finite_differences),
         cmocka_unit_test(test_adaptor_tap_gradients_match_finite_differences),
+        cmocka_unit_test(test_width_changing_adaptor_gradients_match_finite_differences),
         cmocka_unit_test(test_adaptor_starts_as_the_identity),
         cmocka_unit_test(test_taps_parse_lists_every_and_all),
         cmocka_unit_test_setup_teardown(test_stage1_loss_matches_ops_composed_by_hand, setup_dir, teardown_dir),
@@ -692,11 +993,15 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_stage2_loss_without_adaptors_pb_only_with_ce_matches, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_stage2_summary_loss_matches_ops_composed_by_hand, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_stage2_with_a_register_teacher_matches_ops_composed_by_hand, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_two_teachers_loss_is_the_sum_of_each_teachers_alone, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_teacher_files_refuse_run_keys_and_bad_pairings, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_student_copies_teacher_where_shapes_match_and_reports_it, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_teacher_pos_embed_is_resampled_to_the_run_grid, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_teacher_missing_or_misshaped_tensor_fails_with_a_clear_message, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_stage1_run_resumes_bit_exactly, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_stage2_run_resumes_bit_exactly, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_stage2_two_teachers_phi_s_run_resumes_bit_exactly, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_phi_s_standardizes_the_gathered_features, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_stage2_init_from_stage1_and_export_drops_adaptors, setup_dir, teardown_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

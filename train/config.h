@@ -65,6 +65,12 @@ void config_print_help(FILE *f);
 // Returns 0, or -1 with errno set; check it with CG_CHECK_ERRNO(config_save(c, p) == 0, p).
 int  config_save(const Config *c, const char *path);
 
+// The first key (in config_keys.h order) whose value differs between a and b, leaving out the
+// n_except keys named in except; NULL when none does. A file that may set only some keys (a
+// Stage 2 teacher file) is loaded on top of a copy and compared.
+const char *config_first_difference(const Config *a, const Config *b, const char *const *except,
+                                    int n_except);
+
 // "378, 518,756" -> {378, 518, 756}: comma and/or space separated ints, for list keys.
 // Returns the count (0 for an empty string), or -1 with a message naming `key` when an item is
 // not an int or there are more than max of them.

@@ -121,6 +121,12 @@ X(float,  lambda1,          2.3333333f, "Stage 2 KL weight in the PP tap loss (M
 X(float,  lambda2,          2.3333333f, "Stage 2 KL weight in the PB tap loss (MSE + lambda2 KL)")
 X(float,  gamma,            0.0f,      "Stage 2 weight of cross-entropy on the labels through the student's head; 0 = off")
 X(float,  summary_weight,   0.0f,      "Stage 2 weight of the summary loss: MSE of the student's pooled vector (through an adaptor) to the teacher's summary (class token or fc_norm mean); 0 = off")
+X(string, teacher_taps,     "",        "Stage 2: the teacher block (1-based) each of taps pairs with, one per tap; empty = the same block when depths agree, else the proportional one round(b * teacher depth / student depth)")
+X(string, teacher_mean,     "",        "Stage 2: the teacher's input normalization mean per channel (e.g. 0.481,0.458,0.408 for OpenCLIP); empty = the student's, with teacher_std")
+X(string, teacher_std,      "",        "Stage 2: the teacher's input normalization std per channel; empty = the student's")
+X(bool,   phi_s,            0,         "Stage 2: standardize each teacher tap and summary (PHI-S: per-channel mean removed, one isotropic scale sqrt(trace(cov) / C)) with statistics gathered over phi_s_batches training batches before step 1 and saved in the checkpoints")
+X(int,    phi_s_batches,    16,        "Stage 2 with phi_s: training batches (per rank) the teacher statistics are gathered over")
+X(string, extra_teachers,   "",        "Stage 2 with several teachers: teacher files (comma separated) after the run config's own teacher; each sets teacher keys only (teacher, teacher_config, teacher_prefix, teacher_img_size, teacher_mean/std, taps, teacher_taps, tap_pp, tap_pb, adaptors, adaptor_hidden, alpha, beta, lambda1, lambda2, summary_weight, phi_s) on top of the run config's values")
 
 // resolution (DESIGN §6 resolution curriculum; paper App. G.1 multi-resolution distillation)
 X(int,    teacher_img_size, 0,         "image side the teacher sees; 0 = img_size. When it differs, the teacher gets the student's augmented image resized (antialiased) to it and its PP/PB taps are bilinearly resized (half-pixel centres) to the student's grid")

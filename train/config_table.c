@@ -76,6 +76,23 @@ void config_defaults(Config *c) {
 #undef X
 }
 
+const char *config_first_difference(const Config *a, const Config *b, const char *const *except,
+                                    int n_except) {
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const CfgKey *k = &kKeys[i];
+        bool skip = false;
+        for (int j = 0; j < n_except && !skip; j++) skip = strcmp(except[j], k->name) == 0;
+        if (skip) continue;
+        const void *x = cfield(a, k), *y = cfield(b, k);
+        _Static_assert(sizeof(int) == 4 && sizeof(float) == 4, "int and float keys compare 4 bytes");
+        bool same = k->type == CFG_STRING ? strcmp(x, y) == 0
+                  : k->type == CFG_BOOL   ? *(const bool *)x == *(const bool *)y
+                  : memcmp(x, y, 4) == 0;   // int, float: the bits
+        if (!same) return k->name;
+    }
+    return NULL;
+}
+
 // ---------------------------------------------------------------------------------------------
 // "Did you mean": the known key closest to an unknown one.
 

@@ -189,6 +189,9 @@ CurriculumResult curriculum_run(const Config *c, const CurriculumOptions *o) {
              "stages are skipped, an interrupted one resumes)", c->resume);
     CG_CHECK(!c->multires[0], "use multires with cgspn distill (one multi-resolution Stage 2 run)",
              "multires = %s: the curriculum trains one resolution per stage", c->multires);
+    CG_CHECK(!c->extra_teachers[0], "distill from several teachers with cgspn distill, then start the "
+             "curriculum from that student (init)", "extra_teachers = %s: each curriculum stage "
+             "distills from the previous stage's student alone", c->extra_teachers);
     CG_CHECK(c->teacher_img_size == 0, "leave teacher_img_size at 0",
              "teacher_img_size = %d: the curriculum sets each stage's teacher resolution (the "
              "previous stage's)", c->teacher_img_size);

@@ -80,23 +80,46 @@ static void describe(const Distiller *d, const Config *c, FILE *f) {
     fprintf(f, "\n");
     size_t trainable = params_count(&d->params, true), adaptors = count_values(&d->params, true, false);
     if (d->stage == 1) {
-        fprintf(f, "distill: stage 1, %d C-GSPN layers aligned (blocks", d->n_taps);
-        for (int j = 0; j < d->n_taps; j++) fprintf(f, "%s%d", j ? "," : " ", d->taps[j] + 1);
+        const DistillTeacher *t0 = &d->teachers[0];
+        fprintf(f, "distill: stage 1, %d C-GSPN layers aligned (blocks", t0->n_taps);
+        for (int j = 0; j < t0->n_taps; j++) fprintf(f, "%s%d", j ? "," : " ", t0->taps[j] + 1);
         fprintf(f, "), training %s; %.3f M trainable parameters\n",
                 strcmp(c->stage1_train, "gspn") == 0 ? "the C-GSPN layers" : "the C-GSPN layers and norm1",
                 trainable / 1e6);
         return;
     }
-    fprintf(f, "distill: stage 2, taps at blocks");
-    for (int j = 0; j < d->n_taps; j++) fprintf(f, "%s%d", j ? "," : " ", d->taps[j] + 1);
-    fprintf(f, " (%s%s%s), ", d->tap_pp ? "PP" : "", d->tap_pp && d->tap_pb ? " + " : "",
-            d->tap_pb ? "PB" : "");
-    if (d->use_adaptors) fprintf(f, "adaptors (%.3f M), ", adaptors / 1e6);
-    else fprintf(f, "no adaptors, ");
-    fprintf(f, "alpha %g beta %g lambda1 %g lambda2 %g gamma %g; %.3f M trainable parameters "
-            "(adaptors included)\n",
-            (double)d->alpha, (double)d->beta, (double)d->lambda1, (double)d->lambda2,
-            (double)d->gamma, trainable / 1e6);
+    fprintf(f, "distill: stage 2 from %d teacher%s, gamma %g; adaptors %.3f M; %.3f M trainable "
+            "parameters (adaptors included)\n", d->n_teachers, d->n_teachers > 1 ? "s" : "",
+            (double)d->gamma, adaptors / 1e6, trainable / 1e6);
+    for (int k = 0; k < d->n_teachers; k++) {
+        const DistillTeacher *dt = &d->teachers[k];
+        const Teacher *T = &dt->teacher;
+        fprintf(f, "  teacher %d%s%s%s: taps at student blocks", k + 1, dt->file[0] ? " (" : "",
+                dt->file, dt->file[0] ? ")" : "");
+        bool same = true;
+        for (int j = 0; j < dt->n_taps; j++) {
+            fprintf(f, "%s%d", j ? "," : " ", dt->taps[j] + 1);
+            same &= dt->teacher_blocks[j] == dt->taps[j];
+        }
+        if (!same) {   // paired with other teacher blocks (teacher_taps, or proportional depth)
+            fprintf(f, " <- teacher blocks");
+            for (int j = 0; j < dt->n_taps; j++) fprintf(f, "%s%d", j ? "," : " ", dt->teacher_blocks[j] + 1);
+        }
+        fprintf(f, " (%s%s%s), ", dt->tap_pp ? "PP" : "", dt->tap_pp && dt->tap_pb ? " + " : "",
+                dt->tap_pb ? "PB" : "");
+        if (dt->use_adaptors) fprintf(f, "adaptors %d -> %d", e->cfg.width, T->enc.cfg.width);
+        else fprintf(f, "no adaptors");
+        fprintf(f, ", alpha %g beta %g lambda1 %g lambda2 %g", (double)dt->alpha, (double)dt->beta,
+                (double)dt->lambda1, (double)dt->lambda2);
+        if (dt->trains_summary) fprintf(f, ", summary_weight %g", (double)dt->summary_weight);
+        fprintf(f, "; %d px", dt->side);
+        if (dt->have_norm)
+            fprintf(f, ", renormalized to mean %g,%g,%g std %g,%g,%g", (double)dt->mean[0],
+                    (double)dt->mean[1], (double)dt->mean[2], (double)dt->std[0], (double)dt->std[1],
+                    (double)dt->std[2]);
+        if (dt->phi_s) fprintf(f, ", PHI-S standardized");
+        fprintf(f, "\n");
+    }
 }
 
 // "resolution: student 518 px (37x37 tokens), teacher 378 px (27x27), taps resized bilinearly"
@@ -110,9 +133,11 @@ static void describe_resolution(const Distiller *d, const ResolutionViews *v, FI
     } else {
         fprintf(f, "%d px (%dx%d tokens)", v->img_size, v->img_size / p, v->img_size / p);
     }
-    fprintf(f, ", teacher %d px (%dx%d tokens, the student's image resized, antialiased); teacher "
-            "taps resized bilinearly (half-pixel centres) to the student's grid\n", v->teacher_side,
-            d->teacher.enc.grid_h, d->teacher.enc.grid_w);
+    for (int k = 0; k < d->n_teachers; k++)
+        fprintf(f, ", teacher %d %d px (%dx%d tokens)", k + 1, d->teachers[k].side,
+                d->teachers[k].teacher.enc.grid_h, d->teachers[k].teacher.enc.grid_w);
+    fprintf(f, "; teachers see the student's image resized (antialiased), their taps resized "
+            "bilinearly (half-pixel centres) to the student's grid\n");
 }
 
 static void save_checkpoint(const Config *c, const RunLog *log, const Distiller *d, Ctx *ctx,
@@ -152,7 +177,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
     CG_CHECK(c->drop_path >= 0 && c->drop_path < 1, "", "drop_path %g: expected [0, 1)", c->drop_path);
     Distiller d;
     distiller_init(&d, c, &ctx);
-    teacher_describe(&d.teacher, stdout);
+    for (int k = 0; k < d.n_teachers; k++) teacher_describe(&d.teachers[k].teacher, stdout);
     describe(&d, c, stdout);
     // Stochastic depth in the Stage 2 student, as cgspn train has it (the teacher runs without).
     if (d.stage == 2) d.student.drop_path = (EncoderDropPath){.rate = c->drop_path, .seed = (uint64_t)c->seed};
@@ -162,9 +187,14 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
     ResolutionViews views;
     char verr[1024];
     if (resolution_views_init_err(&views, c, verr, sizeof verr) != 0) CG_FAIL("", "%s", verr);
-    if (views.n_multires > 0 || views.teacher_side != c->img_size) describe_resolution(&d, &views, stdout);
+    bool other_side = false;
+    for (int k = 0; k < d.n_teachers; k++) other_side |= d.teachers[k].side != c->img_size;
+    if (views.n_multires > 0 || other_side) describe_resolution(&d, &views, stdout);
     bool gpu = ctx.device == DEVICE_CUDA, has_head = c->num_classes > 0;
     Loader *train = dp_loader_open(&dp, c, 1, c->batch_size, gpu);
+    float norm_mean[3], norm_std[3];   // the student's input normalization
+    loader_norm(train, norm_mean, norm_std);
+    distill_set_normalization(&d, norm_mean, norm_std);
     Loader *val = has_head ? dp_loader_open(&dp, c, 0, c->eval_batch_size > 0 ? c->eval_batch_size
                                                                   : c->batch_size, gpu) : NULL;
     RunPlan plan = run_plan(c, (long)loader_steps_per_epoch(train), 1,
@@ -205,6 +235,11 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         printf("resumed from %s at step %ld\n", from, first);
     } else {
         distiller_init_student(&d, c, stdout);
+        if (d.stage == 2) {   // PHI-S statistics on a loader of their own (train's cursor stays)
+            Loader *stats = dp_loader_open(&dp, c, 1, c->batch_size, gpu);
+            distill_phi_s_gather(&d, stats, &views, &dp, c->phi_s_batches, stdout);
+            loader_close(stats);
+        }
     }
     RunLog log;
     dp_runlog_open(&dp, &log, c, "distill");
@@ -226,8 +261,10 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
     for (int k = 0; k < d.n_parts; k++) snprintf(part_keys[k], sizeof part_keys[k], "loss_%s", d.part_names[k]);
     double t_prev = now_seconds();
     EvalResult ev = {0};
-    const ParamTable *tables[2] = {&d.params, &d.teacher.params};
-    MemoryPlan held = memory_plan(&ctx, tables, 2, &arena);
+    const ParamTable *tables[1 + DISTILL_MAX_TEACHERS] = {&d.params};
+    for (int k = 0; k < d.n_teachers; k++) tables[1 + k] = &d.teachers[k].teacher.params;
+    int n_tables = 1 + d.n_teachers;
+    MemoryPlan held = memory_plan(&ctx, tables, n_tables, &arena);
     memory_header_print(stdout, &held);
     memory_peak_take(&ctx);   // the window of the first progress line starts here
 
@@ -240,8 +277,8 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         // The student's image at this step's side (multires) and the teacher's at its own.
         int side = resolution_student_side(&views, step);
         encoder_set_image_size(&d.student, side, side);
-        Tensor *x, *xt;
-        resolution_views_upload(&views, &tape, b, side, &x, &xt);
+        Tensor *x, *xt[DISTILL_MAX_TEACHERS];
+        distill_views(&d, &views, &tape, b, side, &x, xt);
         Tensor *tgt = NULL;
         if (d.trains_head) {   // the loader's soft targets (label smoothing, mixup), K wide
             CG_CHECK(b->classes <= K, "set num_classes to the dataset's class count or more",
@@ -273,7 +310,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         for (int k = 0; k < d.n_parts; k++) part_sums[k] += parts[k];
 
         if (step == first) {   // the arena's placement is now the one of every step
-            MemoryPlan plan = memory_plan(&ctx, tables, 2, &arena);
+            MemoryPlan plan = memory_plan(&ctx, tables, n_tables, &arena);
             if (log.tty) printf("\r\033[K");
             memory_plan_print(stdout, &plan);
         }
@@ -358,20 +395,29 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
     return res;
 }
 
-// A float tensor of the file as an fp32 tensor of the tape, or NULL when absent.
-static Tensor *read_f32(StFile *f, Tape *t, const char *name, int ndim) {
+// A float tensor of the file as fp32 host values (shape into shape[]), or NULL when absent.
+static float *read_host_f32(StFile *f, const char *name, int ndim, int *shape) {
     const StTensor *s = st_find(f, name);
     if (!s) return NULL;
     CG_CHECK(s->ndim == ndim, "", "%s: tensor %s has %d dims, expected %d", f->path, name, s->ndim, ndim);
-    int shape[TENSOR_MAX_DIMS];
     for (int i = 0; i < ndim; i++) shape[i] = (int)s->shape[i];
     float *host = cg_malloc(s->numel * sizeof(float));
     char err[1024];
     if (st_read_f32_err(f, s, host, err, sizeof err) != 0) CG_FAIL("", "%s", err);
-    Tensor *x = tape_tensor(t, ndim, shape, true);
-    tensor_upload(t->ctx, x, host);
-    free(host);
-    return x;
+    return host;
+}
+
+// The student's normalization for teachers with teacher_mean / teacher_std: data_mean, data_std.
+static void images_normalization(const Distiller *d, const Config *c, float *mean, float *std) {
+    bool needed = false;
+    for (int k = 0; k < d->n_teachers; k++) needed |= d->teachers[k].have_norm;
+    if (!needed) return;
+    char err[512];
+    int nm = config_parse_float_list("data_mean", c->data_mean, mean, 3, err, sizeof err);
+    int ns = config_parse_float_list("data_std", c->data_std, std, 3, err, sizeof err);
+    CG_CHECK(nm == d->student.cfg.in_chans && ns == nm, "set data_mean and data_std (how the images "
+             "were normalized)", "--images with teacher_mean / teacher_std: the images' own "
+             "normalization is needed to renormalize them for the teacher");
 }
 
 // `--images X --loss-out L`: the loss of one batch and its gradients, written as fp32.
@@ -380,22 +426,42 @@ static void distill_loss_once(const Config *c, const char *images, const char *o
     device_describe(&ctx, stdout);
     Distiller d;
     distiller_init(&d, c, &ctx);
-    teacher_describe(&d.teacher, stdout);
+    for (int k = 0; k < d.n_teachers; k++) teacher_describe(&d.teachers[k].teacher, stdout);
     describe(&d, c, stdout);
     distiller_init_student(&d, c, stdout);
+    CG_CHECK(!c->phi_s, "set phi_s = 0", "--images: the PHI-S statistics come from a training run");
+    float mean[3] = {0}, std[3] = {1, 1, 1};
+    images_normalization(&d, c, mean, std);
+    distill_set_normalization(&d, mean, std);
     Arena arena;
     arena_init(&arena, &ctx, ARENA_CHUNK_BYTES);
     Tape tape;
     tape_init(&tape, &ctx, &arena);
     StFile f;
     st_open(&f, images);
-    Tensor *img = read_f32(&f, &tape, "images", 4), *tgt = read_f32(&f, &tape, "targets", 2);
-    CG_CHECK(img, "write the batch as a float tensor named \"images\" (B,C,H,W)", "%s: no tensor "
+    int ishape[4], tshape[2];
+    float *img_host = read_host_f32(&f, "images", 4, ishape);
+    CG_CHECK(img_host, "write the batch as a float tensor named \"images\" (B,C,H,W)", "%s: no tensor "
              "\"images\"", images);
-    CG_CHECK(tgt || !d.trains_head, "add \"targets\" (B, num_classes), rows summing to 1",
+    CG_CHECK(ishape[2] == c->img_size && ishape[3] == c->img_size, "set img_size to the images' side",
+             "%s: images of %dx%d, img_size is %d", images, ishape[2], ishape[3], c->img_size);
+    float *tgt_host = read_host_f32(&f, "targets", 2, tshape);
+    CG_CHECK(tgt_host || !d.trains_head, "add \"targets\" (B, num_classes), rows summing to 1",
              "%s: gamma > 0 needs targets", images);
+    Tensor *tgt = NULL;
+    if (tgt_host) {
+        tgt = tape_tensor(&tape, 2, tshape, true);
+        tensor_upload(&ctx, tgt, tgt_host);
+    }
+    ResolutionViews views;
+    char verr[1024];
+    if (resolution_views_init_err(&views, c, verr, sizeof verr) != 0) CG_FAIL("", "%s", verr);
+    Batch b = {.images = img_host, .count = ishape[0], .channels = ishape[1], .height = ishape[2],
+               .width = ishape[3]};
+    Tensor *img, *teacher_imgs[DISTILL_MAX_TEACHERS];
+    distill_views(&d, &views, &tape, &b, c->img_size, &img, teacher_imgs);
     Tensor *raw;
-    Tensor *loss = distill_loss(&d, &tape, img, tgt, &raw);
+    Tensor *loss = distill_loss_views(&d, &tape, img, teacher_imgs, tgt, &raw);
     params_zero_grads(&d.params, &ctx);
     tape_backward(&tape, loss);
     float *rawh = tensor_to_host_f32(&ctx, raw), parts[DISTILL_MAX_PARTS];
@@ -428,6 +494,8 @@ static void distill_loss_once(const Config *c, const char *images, const char *o
     printf("\nwrote %s: loss, %d parts, %d gradients\n", out, d.n_parts, k - 1 - d.n_parts);
     for (int i = 0; i < n; i++) free(data[i]);
     free(data); free(names); free(w); free(rawh);
+    free(img_host); free(tgt_host);
+    resolution_views_free(&views);
     st_close(&f);
     tape_free(&tape);
     arena_free(&arena);

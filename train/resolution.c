@@ -62,33 +62,48 @@ void resolution_resize_batch(ResolutionViews *v, const float *images, int B, int
     }
 }
 
-// The batch at side x side as a new tensor of t: the loader's images, or their resize.
-static Tensor *view_at(ResolutionViews *v, Tape *t, const Batch *b, int side, Tensor **loader_img) {
-    if (side == b->height && side == b->width) {
+ChannelAffine channel_affine_renormalize(const float *mean_s, const float *std_s, const float *mean_t,
+                                         const float *std_t, int channels) {
+    ChannelAffine a = {{1, 1, 1}, {0, 0, 0}};
+    for (int c = 0; c < channels && c < 3; c++) {
+        a.scale[c] = std_s[c] / std_t[c];
+        a.shift[c] = (mean_s[c] - mean_t[c]) / std_t[c];
+    }
+    return a;
+}
+
+Tensor *resolution_view(ResolutionViews *v, Tape *t, const Batch *b, int side,
+                        const ChannelAffine *affine, Tensor **loader_img) {
+    if (side == b->height && side == b->width && !affine) {
         if (!*loader_img) {
             *loader_img = tape_tensor(t, 4, (int[]){b->count, b->channels, b->height, b->width}, true);
             tensor_upload(t->ctx, *loader_img, b->images);
         }
         return *loader_img;
     }
-    size_t need = (size_t)b->count * b->channels * side * side;
+    size_t plane = (size_t)side * side, need = (size_t)b->count * b->channels * plane;
     if (need > v->host_cap) {
         free(v->host);
         v->host = cg_malloc(need * sizeof(float));
         v->host_cap = need;
     }
-    resolution_resize_batch(v, b->images, b->count, b->channels, b->height, b->width, v->host, side, side);
+    if (side == b->height && side == b->width)
+        memcpy(v->host, b->images, need * sizeof(float));
+    else
+        resolution_resize_batch(v, b->images, b->count, b->channels, b->height, b->width, v->host,
+                                side, side);
+    if (affine) {
+        CG_CHECK(b->channels <= 3, "", "a renormalized view of %d-channel images (at most 3)",
+                 b->channels);
+        int planes = b->count * b->channels;
+        #pragma omp parallel for schedule(static)
+        for (int p = 0; p < planes; p++) {
+            int c = p % b->channels;
+            float *x = v->host + (size_t)p * plane;
+            for (size_t i = 0; i < plane; i++) x[i] = x[i] * affine->scale[c] + affine->shift[c];
+        }
+    }
     Tensor *x = tape_tensor(t, 4, (int[]){b->count, b->channels, side, side}, true);
     tensor_upload(t->ctx, x, v->host);   // synchronous: v->host is free again on return
     return x;
-}
-
-void resolution_views_upload(ResolutionViews *v, Tape *t, const Batch *b, int side, Tensor **student,
-                             Tensor **teacher) {
-    CG_CHECK(b->height == v->img_size && b->width == v->img_size, "",
-             "resolution views: a batch of %dx%d images, img_size is %d", b->height, b->width,
-             v->img_size);
-    Tensor *loader_img = NULL;
-    *student = view_at(v, t, b, side, &loader_img);
-    *teacher = view_at(v, t, b, v->teacher_side, &loader_img);
 }

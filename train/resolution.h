@@ -33,11 +33,20 @@ int  resolution_views_init_err(ResolutionViews *v, const Config *c, char *err, s
 void resolution_views_free(ResolutionViews *v);
 // The student's side at 0-based step: img_size, or the multires draw of that step.
 int  resolution_student_side(const ResolutionViews *v, long step);
-// Puts batch b (images (B, C, img_size, img_size), host) on t's device as the student's image at
-// `side` (*student, (B, C, side, side)) and the teacher's (*teacher, (B, C, teacher_side, ..));
-// both are the loader's tensor when their side is img_size.
-void resolution_views_upload(ResolutionViews *v, Tape *t, const Batch *b, int side, Tensor **student,
-                             Tensor **teacher);
+// A per-channel map of normalized images, x -> x * scale[c] + shift[c]: from the loader's
+// normalization (mean_s, std_s) to a teacher's (mean_t, std_t), scale = std_s / std_t and
+// shift = (mean_s - mean_t) / std_t.
+typedef struct ChannelAffine {
+    float scale[3], shift[3];
+} ChannelAffine;
+ChannelAffine channel_affine_renormalize(const float *mean_s, const float *std_s, const float *mean_t,
+                                         const float *std_t, int channels);
+
+// Batch b at side x side as a tensor of t, each channel then mapped by affine (NULL: as the
+// loader normalized it). With side = img_size and no affine it is the loader's images, uploaded
+// once into *loader_img (NULL before the first view of a batch) and shared by the views.
+Tensor *resolution_view(ResolutionViews *v, Tape *t, const Batch *b, int side,
+                        const ChannelAffine *affine, Tensor **loader_img);
 // images (B, C, h, w) -> out (B, C, h2, w2), every plane through resize_f32 (OpenMP over planes).
 void resolution_resize_batch(ResolutionViews *v, const float *images, int B, int C, int h, int w,
                              float *out, int h2, int w2);
