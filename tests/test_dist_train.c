@@ -447,6 +447,68 @@ static void test_distill_stage2_two_rank_zero1_resume_is_bit_exact(void **state)
     if (g_dist->rank == 0) assert_ckpt_files_same("dfull", "dsplit", STEPS, 1);
 }
 
+// Two teachers of different shape (teacher 2: registers, no_embed_class, depth 3, its own input
+// normalization), both PHI-S standardized: 2 ranks equal 1 rank of twice the batch (the
+// statistics too: each rank's slice means, averaged), and the 2-rank run resumes bit-exactly.
+static void make_second_teacher(void) {
+    static bool made;
+    if (made) return;
+    Config t = fixture_config(g_dir, "vit", "teacher2", 1);
+    gpu_sizes(&t);
+    t.reg_tokens = 2, t.no_embed_class = 1, t.depth = 3;
+    TrainOptions o = {.dist = &g_single};
+    if (g_dist->rank == 0) {
+        assert_int_equal(classify_train(&t, &o).step, 1);
+        char path[300];
+        snprintf(path, sizeof path, "%s/t2.cfg", g_dir);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fprintf(f, "teacher = %s/teacher2\nteacher_mean = 0.25\nteacher_std = 0.4\nbeta = 0.7\n"
+                "summary_weight = 0.5\n", g_dir);
+        fclose(f);
+    }
+    dist_barrier(g_dist, "teacher 2 written");
+    made = true;
+}
+
+static Config two_teacher_config(const char *run, const char *precision) {
+    Config c = distill_config_as(run, 0, precision);
+    snprintf(c.extra_teachers, sizeof c.extra_teachers, "%s/t2.cfg", g_dir);
+    c.phi_s = 1;
+    c.phi_s_batches = 2;
+    return c;
+}
+
+static void test_distill_two_teachers_two_ranks_equal_one_and_resume_bit_exactly(void **state) {
+    make_teacher();
+    make_second_teacher();
+    char ref[64];
+    snprintf(ref, sizeof ref, "tref_r%d", g_dist->rank);
+    float a[STEPS], b[STEPS];
+    Config one = two_teacher_config(ref, "fp32");
+    DistillOptions oa = {.step_losses = a, .dist = &g_single};
+    assert_int_equal(distill_train(&one, &oa).step, STEPS);
+    Config two = two_teacher_config("ttwo", "fp32");
+    DistillOptions ob = {.step_losses = b, .dist = g_dist};
+    assert_int_equal(distill_train(&two, &ob).step, STEPS);
+    assert_losses_close("distill, two teachers", b, a, 0, STEPS);
+
+    float full[STEPS], split[STEPS];
+    Config f = two_teacher_config("tfull", "bf16");
+    DistillOptions of = {.step_losses = full, .dist = g_dist};
+    assert_int_equal(distill_train(&f, &of).step, STEPS);
+    Config s = two_teacher_config("tsplit", "bf16");
+    DistillOptions os = {.stop_after = STOP_AT, .step_losses = split, .dist = g_dist};
+    assert_int_equal(distill_train(&s, &os).step, STOP_AT);
+    snprintf(s.resume, sizeof s.resume, "auto");
+    DistillOptions oc = {.step_losses = split, .dist = g_dist};
+    assert_int_equal(distill_train(&s, &oc).step, STEPS);
+    for (int i = 0; i < STEPS; i++)
+        if (memcmp(&full[i], &split[i], sizeof(float)) != 0)
+            fail_msg("two teachers, step %d: loss %.9g vs %.9g after the resume", i + 1, full[i], split[i]);
+    if (g_dist->rank == 0) assert_ckpt_files_same("tfull", "tsplit", STEPS, 0);
+}
+
 int main(int argc, char **argv) {
     omp_set_num_threads(1);   // two ranks share the cores of a CI machine
     const char *dev = getenv("CGSPN_TEST_DEVICE");
@@ -486,6 +548,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_distill_stage2_two_ranks_equal_one_rank_of_twice_the_batch),
         cmocka_unit_test(test_distill_stage2_two_ranks_zero1_equal_one_rank_of_twice_the_batch),
         cmocka_unit_test(test_distill_stage2_two_rank_zero1_resume_is_bit_exact),
+        cmocka_unit_test(test_distill_two_teachers_two_ranks_equal_one_and_resume_bit_exactly),
     };
     int failed = cmocka_run_group_tests_name(g_dist->rank ? "dist_train (rank 1)" : "dist_train (rank 0)",
                                              tests, NULL, NULL);
