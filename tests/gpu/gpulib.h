@@ -36,6 +36,15 @@ static inline Tensor *gpu_test_zeros(Ctx *ctx, const Tensor *host, DType dtype) 
     return d;
 }
 
+// Every byte of a device buffer set to `byte` (0xff: NaN in fp32 and bf16, so an element an op
+// fails to write shows), complete before the call returns. The library's stream does not wait
+// for the legacy default stream (cudaStreamNonBlocking), so a plain cudaMemset could land after
+// the op under test when the GPU is busy: each test memset goes through here.
+static inline void gpu_test_memset(void *p, int byte, size_t bytes) {
+    CUDA_CHECK(cudaMemset(p, byte, bytes));
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 static inline void gpu_test_free(Tensor *d) {
     if (!d) return;
     cuda_free(d->data);

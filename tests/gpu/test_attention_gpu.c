@@ -108,7 +108,7 @@ static void result_free(Result *r) {
 
 // Poisons a GPU tensor (NaN in fp32 and bf16), so an element no kernel writes shows.
 static void gpu_poison(Ctx *ctx, Tensor *t) {
-    CUDA_CHECK(cudaMemset(t->data, 0xff, tensor_bytes(t)));
+    gpu_test_memset(t->data, 0xff, tensor_bytes(t));
     (void)ctx;
 }
 
@@ -249,7 +249,7 @@ static float *backward_n_times(Ctx *g, const Case *c, DType dt, CudaAttnPath wan
     Tensor *qkv = gpu_test_upload(g, c->qkv, dt), *out = gpu_test_upload(g, c->out, dt);
     Tensor *lse = gpu_test_upload(g, c->lse, DTYPE_F32), *dout = gpu_test_upload(g, c->dout, dt);
     Tensor *dqkv = gpu_test_upload(g, c->dqkv0, dt);
-    CUDA_CHECK(cudaMemset(dqkv->data, 0, tensor_bytes(dqkv)));
+    gpu_test_memset(dqkv->data, 0, tensor_bytes(dqkv));
     for (int i = 0; i < n; i++)
         *path = cuda_attention_bwd_path(g, dout, qkv, out, lse, c->s.H, dqkv, want, deterministic);
     float *h = tensor_to_host_f32(g, dqkv);

@@ -74,7 +74,7 @@ static Tensor *gpu_poisoned(int ndim, const int *shape, DType dt) {
     g->dtype = dt;
     g->device = DEVICE_CUDA;
     g->data = cuda_malloc(tensor_bytes(g));
-    CUDA_CHECK(cudaMemset(g->data, 0xff, tensor_bytes(g)));
+    gpu_test_memset(g->data, 0xff, tensor_bytes(g));
     CUDA_CHECK(cudaDeviceSynchronize());   // the context's streams do not wait for stream 0
     return g;
 }

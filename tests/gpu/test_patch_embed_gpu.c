@@ -67,8 +67,8 @@ static int check_case(Ctx *g, const PatchCase *c, DType dt, DType img_dt, uint64
     Tensor *gimg = gpu_test_upload(g, img, img_dt), *gw = gpu_test_upload(g, w, dt);
     Tensor *gb = gpu_test_upload(g, b, dt);
     Tensor *gcols = gpu_test_upload(g, cols, dt), *gy = gpu_test_upload(g, y, dt);
-    CUDA_CHECK(cudaMemset(gcols->data, 0xff, tensor_bytes(gcols)));   // NaN: all must be written
-    CUDA_CHECK(cudaMemset(gy->data, 0xff, tensor_bytes(gy)));
+    gpu_test_memset(gcols->data, 0xff, tensor_bytes(gcols));   // NaN: all must be written
+    gpu_test_memset(gy->data, 0xff, tensor_bytes(gy));
     CUDA_CHECK(cudaDeviceSynchronize());
     op_patch_embed_fwd(g, gimg, gw, gb, c->p, gcols, gy);
     int fails = check(g, "patch_embed_fwd cols", c, img_dt, gcols, cols, r ? BF16_COLS_TOL : FP32_TOL) +
