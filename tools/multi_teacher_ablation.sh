@@ -8,7 +8,7 @@
 #        teacher 1  $TEACHER_CFG (configs/fmnist_vit.cfg: class token, width 128, 6 blocks)
 #        teacher 2  $TEACHER2_CFG (configs/fmnist_vit_reg.cfg: class token + 4 registers,
 #                   no_embed_class, layer scale, width 96, 4 blocks)
-#   2. four Stage 2 runs of the C-GSPN student $STUDENT_CFG (teacher 1's shape), each from teacher
+#   2. for each of $SEEDS, four Stage 2 runs of the C-GSPN student $STUDENT_CFG (teacher 1's shape), each from teacher
 #      1's copied init (no Stage 1), $STAGE2_EPOCHS epochs, configs/fmnist_distill_stage2.cfg:
 #        teacher 1 | teacher 1 + teacher 2 (its file checkpoints/mt_teacher2.cfg: taps paired with
 #        its blocks proportionally, adaptors 128 -> 96) | both again with phi_s = 1
@@ -21,7 +21,8 @@
 #
 # Environment: TEACHER_CFG, TEACHER2_CFG, STUDENT_CFG (configs/fmnist_cgspn.cfg; on a CPU
 # fmnist_cgspn_cpu.cfg with TEACHER_CFG=configs/fmnist_vit_cpu.cfg), TEACHER_EPOCHS (30),
-# STAGE2_EPOCHS (20), PROBE_EPOCHS (2), ABLATION_OUT. Arguments go to every cgspn command.
+# STAGE2_EPOCHS (20), PROBE_EPOCHS (2), SEEDS (the students' seeds, "1 2": every run once per seed),
+# ABLATION_OUT. Arguments go to every cgspn command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TEACHER_CFG=${TEACHER_CFG:-configs/fmnist_vit.cfg}
@@ -30,6 +31,7 @@ STUDENT_CFG=${STUDENT_CFG:-configs/fmnist_cgspn.cfg}
 TEACHER_EPOCHS=${TEACHER_EPOCHS:-30}
 STAGE2_EPOCHS=${STAGE2_EPOCHS:-20}
 PROBE_EPOCHS=${PROBE_EPOCHS:-2}
+SEEDS=${SEEDS:-"1 2"}
 ABLATION_OUT=${ABLATION_OUT:-checkpoints/multi_teacher_ablation.md}
 CK=checkpoints
 mkdir -p "$CK"
@@ -57,51 +59,63 @@ cat > "$CK"/mt_teacher2.cfg <<CFG
 teacher = $CK/mt_teacher2
 CFG
 
-runs=(mt_one mt_two mt_one_phis mt_two_phis)
-for run in "${runs[@]}"; do
-    flags=()
-    case $run in
-        mt_two*) flags+=(--extra_teachers="$CK"/mt_teacher2.cfg);;
-    esac
-    case $run in
-        *_phis) flags+=(--phi_s=1);;
-    esac
-    rm -rf "${CK:?}/$run"
-    echo "== $run: cgspn distill (${flags[*]:-one teacher})"
-    ./cgspn distill configs/fmnist_distill_stage2.cfg --include="$STUDENT_CFG" --run_name="$run" \
-        --teacher="$CK"/mt_teacher1 --epochs="$STAGE2_EPOCHS" "${flags[@]}" "$@" > "$CK/$run.log" 2>&1 \
-        || { echo "$run failed; its log: $CK/$run.log" >&2; tail -5 "$CK/$run.log" >&2; exit 1; }
-    ./cgspn export "$CK/$run" --out "$CK/$run.safetensors" > /dev/null
-    ./cgspn probe "$CK/$run/config.cfg" --weights "$CK/$run.safetensors" --epochs="$PROBE_EPOCHS" \
-        --lr=5e-3 --warmup_steps=20 --weight_decay=0 "$@" > "$CK/$run.probe.log" 2>&1
+variants=(mt_one mt_two mt_one_phis mt_two_phis)
+for seed in $SEEDS; do
+    for variant in "${variants[@]}"; do
+        run=${variant}_s$seed
+        flags=(--seed="$seed")
+        case $variant in
+            mt_two*) flags+=(--extra_teachers="$CK"/mt_teacher2.cfg);;
+        esac
+        case $variant in
+            *_phis) flags+=(--phi_s=1);;
+        esac
+        rm -rf "${CK:?}/$run"
+        echo "== $run: cgspn distill ${flags[*]}"
+        ./cgspn distill configs/fmnist_distill_stage2.cfg --include="$STUDENT_CFG" --run_name="$run" \
+            --teacher="$CK"/mt_teacher1 --epochs="$STAGE2_EPOCHS" "${flags[@]}" "$@" > "$CK/$run.log" 2>&1 \
+            || { echo "$run failed; its log: $CK/$run.log" >&2; tail -5 "$CK/$run.log" >&2; exit 1; }
+        ./cgspn export "$CK/$run" --out "$CK/$run.safetensors" > /dev/null
+        ./cgspn probe "$CK/$run/config.cfg" --weights "$CK/$run.safetensors" --epochs="$PROBE_EPOCHS" \
+            --lr=5e-3 --warmup_steps=20 --weight_decay=0 "$@" > "$CK/$run.probe.log" 2>&1
+    done
 done
 
+# "mean (lo..hi)" of the numbers on stdin with D decimals ($1), n/a for none.
+summary() { awk -v d="$1" '$1 != "n/a" && $1 != "" { s += $1; n++; if (n == 1 || $1 < lo) lo = $1; if (n == 1 || $1 > hi) hi = $1 }
+    END { f = "%." d "f"; if (!n) print "n/a"; else if (n == 1) printf f, s;
+          else printf f " (" f ".." f ")", s / n, lo, hi }'; }
 rows=()
-for run in "${runs[@]}"; do
-    case $run in
+for variant in "${variants[@]}"; do
+    case $variant in
         mt_one) label="teacher 1";;
         mt_two) label="teachers 1 + 2";;
         mt_one_phis) label="teacher 1, PHI-S";;
         mt_two_phis) label="teachers 1 + 2, PHI-S";;
     esac
-    head=$(pct "$CK/$run.probe.log" "own head: test top1")
-    probe=$(pct "$CK/$run.probe.log" "test top1")
-    # (|| true: a part the run does not have, t2.mse_pb with one teacher, is "n/a")
-    pb1=$(grep -o ' mse_pb [0-9.e+-]*' "$CK/$run.log" | tail -1 | awk '{print $2}' || true)
-    pb2=$(grep -o 't2.mse_pb [0-9.e+-]*' "$CK/$run.log" | tail -1 | awk '{print $2}' || true)
-    took=$(grep '^done:' "$CK/$run.log" | tail -1 | sed 's/.* in \([0-9hms]*\).*/\1/' || true)
-    rows+=("| $label | ${head}% | ${probe}% | ${pb1:-n/a} | ${pb2:-n/a} | ${took:-n/a} |")
+    heads=() probes=() pb1s=() pb2s=() took=""
+    for seed in $SEEDS; do
+        run=${variant}_s$seed
+        heads+=("$(pct "$CK/$run.probe.log" "own head: test top1")")
+        probes+=("$(pct "$CK/$run.probe.log" "test top1")")
+        # (|| true: a part the run does not have, t2.mse_pb with one teacher, is "n/a")
+        pb1s+=("$(grep -o ' mse_pb [0-9.e+-]*' "$CK/$run.log" | tail -1 | awk '{print $2}' || true)")
+        pb2s+=("$(grep -o 't2.mse_pb [0-9.e+-]*' "$CK/$run.log" | tail -1 | awk '{print $2}' || true)")
+        took+="$(grep '^done:' "$CK/$run.log" | tail -1 | sed 's/.* in \([0-9hms]*\).*/\1/' || true) "
+    done
+    rows+=("| $label | $(printf '%s\n' "${heads[@]}" | summary 2) | $(printf '%s\n' "${probes[@]}" | summary 2) | $(printf '%s\n' "${pb1s[@]}" | summary 4) | $(printf '%s\n' "${pb2s[@]}" | summary 4) | ${took% } |")
 done
-device=$(grep -m1 '^device:' "$CK"/mt_one.log | sed 's/^device: //')
+device=$(grep -m1 '^device:' "$CK"/mt_one_s"${SEEDS%% *}".log | sed 's/^device: //')
 {
     echo "# One teacher against two, without and with PHI-S (tools/multi_teacher_ablation.sh)"
     echo
     echo "device: ${device}; $(date -u +%Y-%m-%d). Teacher 1 $TEACHER_CFG: test top1 ${t1acc}%; teacher 2"
     echo "$TEACHER2_CFG (registers, another width and depth): ${t2acc}%; both $TEACHER_EPOCHS epochs."
     echo "Student $STUDENT_CFG, Stage 2 only ($STAGE2_EPOCHS epochs, configs/fmnist_distill_stage2.cfg) from"
-    echo "teacher 1's copied init; arguments: ${*:-none}"
+    echo "teacher 1's copied init; student seeds $SEEDS (each cell: the mean over seeds, (lowest..highest));"
+    echo "arguments: ${*:-none}"
     echo
-    echo "| Stage 2 from | top1, teacher 1's head | top1, ${PROBE_EPOCHS}-epoch linear probe | PB MSE to teacher 1 | PB MSE to teacher 2 | time |"
+    echo "| Stage 2 from | top1 %, teacher 1's head | top1 %, ${PROBE_EPOCHS}-epoch linear probe | PB MSE to teacher 1 | PB MSE to teacher 2 | time per run |"
     echo "|---|---|---|---|---|---|"
     printf '%s\n' "${rows[@]}"
     echo
