@@ -33,6 +33,7 @@ OP_WEAK(softmax_bwd)
 OP_WEAK(attention_fwd)
 OP_WEAK(attention_bwd)
 OP_WEAK(attention_bwd_write)
+OP_WEAK(attention_pool_fwd)
 OP_WEAK(patch_embed_fwd)
 OP_WEAK(patch_embed_bwd)
 OP_WEAK(concat_prefix_fwd)
@@ -150,6 +151,9 @@ void op_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, GeluKind kind, Ten
 void op_softmax_fwd(Ctx *ctx, const Tensor *x, Tensor *y) { ROUTE(softmax_fwd, ctx, x, y); }
 void op_softmax_bwd(Ctx *ctx, const Tensor *dy, const Tensor *y, Tensor *dx) {
     ROUTE(softmax_bwd, ctx, dy, y, dx);
+}
+void op_attention_pool_fwd(Ctx *ctx, const Tensor *q, const Tensor *kv, int heads, Tensor *out) {
+    ROUTE(attention_pool_fwd, ctx, q, kv, heads, out);
 }
 void op_attention_fwd(Ctx *ctx, const Tensor *qkv, int heads, Tensor *out, Tensor *lse) {
     ROUTE(attention_fwd, ctx, qkv, heads, out, lse);

@@ -132,6 +132,12 @@ OP_DECL(attention_bwd, Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Te
 OP_DECL(attention_bwd_write, Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Tensor *out,
         const Tensor *lse, int heads, Tensor *dqkv)
 
+// Attention pooling with one learned query (timm AttentionPoolLatent, SigLIP's MAP head), forward
+// only (it runs in frozen teachers and feature extraction): q (C) the query after its projection,
+// shared by the batch; kv (B,N,2C) each token's k | v, each (heads, D); out (B,C), head h at
+// channels h*D..: out_b,h = softmax_n(scale q_h . k_b,n,h) v_b,n,h, scale D^-0.5.
+OP_DECL(attention_pool_fwd, Ctx *ctx, const Tensor *q, const Tensor *kv, int heads, Tensor *out)
+
 // ---- patch embedding and token layout --------------------------------------------------------
 // Conv p x p stride p with bias, via im2col: img (B,Cin,Hi,Wi) NCHW -> cols (B*H*W, Cin*p*p)
 // -> y (B,H,W,D), H = Hi/p, W = Wi/p. w (D, Cin*p*p) is PyTorch's (D,Cin,p,p) flattened

@@ -76,6 +76,16 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
         }
     }
     layernorm_register(&e->norm, t, cfg->fc_norm ? "fc_norm" : "norm", C, cfg->ln_eps);
+    if (cfg->map_pool) {
+        CG_CHECK(!cfg->fc_norm, "set fc_norm = 0 with global_pool = map", "a MAP head has no fc_norm");
+        MapPool *m = &e->map;
+        m->latent = params_add(t, "attn_pool.latent", 2, (int[]){1, C}, INIT_TRUNC_NORMAL, 0.02f, false);
+        linear_register(&m->q, t, "attn_pool.q", C, C, cfg->qkv_bias, 0.02f);
+        linear_register(&m->kv, t, "attn_pool.kv", C, 2 * C, cfg->qkv_bias, 0.02f);
+        linear_register(&m->proj, t, "attn_pool.proj", C, C, true, 0.02f);
+        layernorm_register(&m->norm, t, "attn_pool.norm", C, cfg->ln_eps);
+        mlp_register(&m->mlp, t, "attn_pool.mlp", C, cfg->mlp_hidden, cfg->gelu);
+    }
     if (cfg->num_classes > 0) linear_register(&e->head, t, "head", C, cfg->num_classes, true, 0.02f);
 }
 
@@ -216,7 +226,17 @@ void encoder_set_image_size(Encoder *e, int img_h, int img_w) {
     if (encoder_set_image_size_err(e, img_h, img_w, err, sizeof err) != 0) CG_FAIL("", "%s", err);
 }
 
+// timm AttentionPoolLatent (one latent, pool 'token'): tokens (B,N,C) -> (B,C).
+static Tensor *map_pool(Tape *t, const Encoder *e, Tensor *tokens) {
+    const MapPool *m = &e->map;
+    Tensor *q = linear(t, &m->q, m->latent);                                   // (1,C)
+    Tensor *kv = linear(t, &m->kv, tokens);                                    // (B,N,2C)
+    Tensor *x = linear(t, &m->proj, nn_attention_pool(t, q, kv, e->cfg.heads)); // (B,C)
+    return mlp(t, &m->mlp, layernorm(t, &m->norm, x), nn_cast(t, x, DTYPE_F32));
+}
+
 Tensor *encoder_pool(Tape *t, const Encoder *e, Tensor *tokens) {
+    if (e->cfg.map_pool) return map_pool(t, e, tokens);
     Tensor *pooled;
     if (e->cfg.avg_pool || !e->cls_token) {
         Tensor *patches = e->prefix ? nn_slice_tokens(t, tokens, e->prefix, tokens->shape[1] - e->prefix)

@@ -23,6 +23,8 @@ typedef struct EncoderConfig {
     int avg_pool;             // head on the mean of patch tokens (else on the class token)
     int fc_norm;              // the pooled vector is normed (fc_norm) and the tokens are not (timm
                               // fc_norm: its final norm is the identity)
+    int map_pool;             // the pooled vector is timm's AttentionPoolLatent of every token
+                              // (global_pool = map: SigLIP's MAP head), forward only
     float layer_scale_init;   // 0 = no layer scale
     int qkv_bias;
     int num_classes;          // 0 = no head (feature extractor, teacher)
@@ -31,6 +33,15 @@ typedef struct EncoderConfig {
     int attn_every;           // hybrid: blocks attn_every, 2*attn_every, ... (1-based) attend
     int grad_checkpoint;      // 0 = off; N: blocks 0, N, 2N, ... recompute their forward in backward
 } EncoderConfig;
+
+// timm's AttentionPoolLatent with one latent (attn_pool.*): q = latent Wq + bq (C), k | v =
+// tokens Wkv + bkv, x = proj(attention(q, k, v)), pooled = x + mlp(norm(x)).
+typedef struct MapPool {
+    Tensor *latent;           // (1, C), file (1, 1, C)
+    Linear q, kv, proj;
+    LayerNorm norm;
+    Mlp mlp;
+} MapPool;
 
 typedef struct Block {
     LayerNorm norm1, norm2;
@@ -65,6 +76,7 @@ typedef struct Encoder {
     LayerNorm norm_pre;           // when cfg.norm_pre
     Block blocks[ENCODER_MAX_DEPTH];
     LayerNorm norm;               // the tokens' final norm, or with cfg.fc_norm the pooled vector's
+    MapPool map;                  // when cfg.map_pool
     Linear head;
 } Encoder;
 
@@ -96,8 +108,8 @@ void encoder_set_image_size(Encoder *e, int img_h, int img_w);
 // (the norm then applies to the pooled vector, encoder_pool).
 Tensor *encoder_final_norm(Tape *t, const Encoder *e, Tensor *x);
 // The summary vector of encoder_forward's tokens (B, C): the class token, or the mean of the
-// patch tokens (registers and class token left out), then fc_norm when the config has it (timm's
-// forward_head with pre_logits).
+// patch tokens (registers and class token left out), then fc_norm when the config has it, or
+// with map_pool the MAP head over every token (timm's forward_head with pre_logits).
 Tensor *encoder_pool(Tape *t, const Encoder *e, Tensor *tokens);
 // encoder_pool, then the head: (B, num_classes).
 Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens);

@@ -558,3 +558,16 @@ Tensor *nn_gspn_scan(Tape *t, Tensor *xc, Tensor *gates, Tensor *merge, int shar
             (GspnRec){xc, gates, merge, hidden, y, shared_w};
     return y;
 }
+
+// Forward only: a MAP head runs in frozen teachers and feature extraction, never under training.
+Tensor *nn_attention_pool(Tape *t, Tensor *q, Tensor *kv, int heads) {
+    CG_CHECK(kv->ndim == 3 && tensor_last(kv) % 2 == 0, "", "attention pooling: kv (B, N, 2C)");
+    int B = kv->shape[0], C = tensor_last(kv) / 2;
+    Tensor *y = tape_tensor(t, 2, (int[]){B, C}, kv->dtype == DTYPE_F32);
+    y->dtype = kv->dtype;
+    CG_CHECK(!tape_track(t, y, q, kv, NULL), "distill from a MAP-head teacher, or train with "
+             "global_pool = token or avg", "attention pooling (global_pool = map) has no backward: "
+             "it runs in frozen teachers and feature extraction");
+    op_attention_pool_fwd(t->ctx, q, kv, heads, y);
+    return y;
+}

@@ -23,6 +23,9 @@ Tensor *nn_mlp_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w1, Tensor *b1,
                         Tensor *b2, GeluKind kind);
 Tensor *nn_softmax(Tape *t, Tensor *x);
 Tensor *nn_attention(Tape *t, Tensor *qkv, int heads);                   // (B,N,3C) -> (B,N,C)
+// One query per head against every token (kernels/ops.h attention_pool_fwd): q (C), kv (B,N,2C)
+// -> (B,C) in kv's dtype. Forward only: it fails when a gradient would be recorded.
+Tensor *nn_attention_pool(Tape *t, Tensor *q, Tensor *kv, int heads);
 Tensor *nn_patch_embed(Tape *t, Tensor *img, Tensor *w, Tensor *b, int patch); // -> (B,H,W,D)
 Tensor *nn_add(Tape *t, Tensor *a, Tensor *b);
 Tensor *nn_scale(Tape *t, Tensor *x, float s);

@@ -23,7 +23,7 @@ static bool is_token_param(const char *name) {
     const char *last = strrchr(name, '.');
     last = last ? last + 1 : name;
     return strcmp(last, "pos_embed") == 0 || strcmp(last, "cls_token") == 0 ||
-           strcmp(last, "reg_token") == 0;
+           strcmp(last, "reg_token") == 0 || strcmp(last, "latent") == 0;   // attn_pool.latent
 }
 
 int params_file_shape(const Param *p, int64_t *shape) {

@@ -17,7 +17,8 @@ Run on the GPU machine from the repository root after `make`:
 
 Error per tensor: max |cgspn - timm| / max |timm| (relative to the tensor's scale).
 Bounds (issue 4): fp32 <= 1e-4, bf16 <= 2e-2. Exit status 1 when any tensor is over its bound.
-The SigLIP MAP pooling head is out of scope: the so400m shape is compared up to the final norm.
+SigLIP's MAP head (attn_pool) runs forward only in cgspn (teachers, features): siglip_b16_map
+compares its pooled output, and its backward starts at the final norm; the so400m shape drops it.
 """
 import argparse
 import os
@@ -45,7 +46,13 @@ MODELS = {
     "vit_s16_fc_norm": ("vit_small_patch16_224", "configs/vit_s16_fc_norm.cfg", 2, 224,
                         {"global_pool": "avg", "fc_norm": True, "num_classes": 10},
                         ["--num_classes=10"]),
+    # SigLIP's MAP head (attn_pool), forward only: its pooled output is compared, the backward
+    # runs from the final norm alone
+    "siglip_b16_map": ("vit_base_patch16_siglip_224", "configs/siglip_b16_map.cfg", 2, 224,
+                       {"num_classes": 0, "act_layer": "gelu_tanh"}, []),
 }
+# Models whose MAP head cgspn runs (forward only); vit_so14 drops its head.
+MAP_HEAD = {"siglip_b16_map"}
 NORM_WEIGHTS = ("norm1.weight", "norm2.weight", "norm.weight", "norm_pre.weight", "fc_norm.weight")
 BOUND = {"fp32": 1e-4, "bf16": 2e-2}
 
@@ -54,7 +61,7 @@ def rel_err(a, b):
     return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
 
 
-def timm_reference(model, images, probe_norm, probe_logits, probe_pooled):
+def timm_reference(model, images, probe_norm, probe_logits, probe_pooled, map_head=False):
     """Features, norm output, pooled summary, logits and parameter gradients of the timm model
     (fp32, CPU)."""
     feats = {}
@@ -68,6 +75,9 @@ def timm_reference(model, images, probe_norm, probe_logits, probe_pooled):
     x = model.forward_features(images)            # after the final norm (identity with fc_norm)
     feats["norm"] = x
     loss = (x * probe_norm).sum()
+    if map_head:                                  # compared, not backpropagated
+        with torch.no_grad():
+            feats["pooled"] = model.forward_head(x.detach(), pre_logits=True)
     if probe_pooled is not None:                  # class token or fc_norm(mean of patches)
         pooled = model.forward_head(x, pre_logits=True)
         feats["pooled"] = pooled
@@ -89,12 +99,13 @@ def run_model(key, precisions, device, workdir, cgspn):
     model = timm.create_model(timm_name, pretrained=False, **timm_kwargs).float().eval()
     with torch.no_grad():
         for n, p in model.named_parameters():
-            if n.startswith("attn_pool") or n.startswith("head") and key == "vit_so14":
+            if key == "vit_so14" and (n.startswith("attn_pool") or n.startswith("head")):
                 continue
             std = 0.02 if p.ndim > 1 else 0.1
             p.copy_(torch.randn_like(p) * std + (1.0 if n.endswith(NORM_WEIGHTS) else 0.0))
+    map_head = key in MAP_HEAD
     params = {n: p.detach().contiguous() for n, p in model.named_parameters()
-              if not n.startswith("attn_pool")}
+              if map_head or not n.startswith("attn_pool")}
     wpath = os.path.join(workdir, f"{key}.safetensors")
     save_file(params, wpath)
 
@@ -113,7 +124,8 @@ def run_model(key, precisions, device, workdir, cgspn):
         inputs["probe_pooled"] = probe_pooled
     save_file(inputs, ipath)
 
-    ref_feats, ref_grads = timm_reference(model, images, probe_norm, probe_logits, probe_pooled)
+    ref_feats, ref_grads = timm_reference(model, images, probe_norm, probe_logits, probe_pooled,
+                                          map_head)
 
     ok = True
     for precision in precisions:

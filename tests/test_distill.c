@@ -43,6 +43,8 @@ static void assert_close(double a, double b, double tol, const char *what) {
 // Register tokens of the teacher write_teacher writes (0: a plain ViT; else also no_embed_class
 // and layer scale, DINOv2-reg / DeiT-III style).
 static int g_teacher_regs;
+// 1: the teacher pools with a MAP head (SigLIP's attn_pool) and has no class token.
+static int g_teacher_map;
 
 // The model keys of a tiny Fashion-MNIST-shaped ViT teacher (class token) / C-GSPN student.
 static Config tiny_teacher_config(void) {
@@ -54,6 +56,10 @@ static Config tiny_teacher_config(void) {
     c.reg_tokens = g_teacher_regs;
     c.no_embed_class = g_teacher_regs > 0;
     c.layer_scale_init = g_teacher_regs > 0 ? 0.5f : 0.0f;
+    if (g_teacher_map) {
+        c.class_token = 0;
+        snprintf(c.global_pool, sizeof c.global_pool, "map");
+    }
     snprintf(c.device, sizeof c.device, "cpu");
     return c;
 }
@@ -65,7 +71,7 @@ static Config tiny_run_config(int stage, const char *model) {
     c.class_token = 0, c.pos_embed = 0, c.gspn_latent = 4;
     c.reg_tokens = 0, c.no_embed_class = 0, c.layer_scale_init = 0;
     if (strcmp(model, "hybrid") == 0) c.attn_every = 2;
-    snprintf(c.global_pool, sizeof c.global_pool, "avg");
+    snprintf(c.global_pool, sizeof c.global_pool, "avg");   // the student's, whatever the teacher's
     c.stage = stage;
     snprintf(c.teacher, sizeof c.teacher, "%s", tmp_path("teacher.safetensors"));
     snprintf(c.teacher_config, sizeof c.teacher_config, "%s", tmp_path("teacher.cfg"));
@@ -111,7 +117,7 @@ static void write_teacher_as(Config tc, const char *name, int img_size, const ch
         if (wrong_shape && strcmp(p->name, "blocks.1.mlp.fc1.weight") == 0) w[k].shape[0] = 12;   // 12*16 of 24*16 values
         k++;
     }
-    char err[1024], path[300];
+    char err[1024], path[64];
     snprintf(path, sizeof path, "%s.safetensors", name);
     if (st_write_err(tmp_path(path), w, k, NULL, 0, NULL, NULL, err, sizeof err) != 0)
         fail_msg("%s", err);
@@ -660,6 +666,13 @@ static void test_teacher_files_refuse_run_keys_and_bad_pairings(void **state) {
     }
 }
 
+// A SigLIP-style teacher: no class token, its summary the MAP head's output (forward only).
+static void test_stage2_summary_from_a_map_head_teacher_matches_ops_composed_by_hand(void **state) {
+    g_teacher_map = 1;
+    stage2_matches(true, true, 0.0f, 0.8f);
+    g_teacher_map = 0;
+}
+
 // ---- student from teacher, teacher loading ------------------------------------------------------------
 
 static void test_student_copies_teacher_where_shapes_match_and_reports_it(void **state) {
@@ -993,6 +1006,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_stage2_loss_without_adaptors_pb_only_with_ce_matches, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_stage2_summary_loss_matches_ops_composed_by_hand, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_stage2_with_a_register_teacher_matches_ops_composed_by_hand, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_stage2_summary_from_a_map_head_teacher_matches_ops_composed_by_hand, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_two_teachers_loss_is_the_sum_of_each_teachers_alone, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_teacher_files_refuse_run_keys_and_bad_pairings, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_student_copies_teacher_where_shapes_match_and_reports_it, setup_dir, teardown_dir),

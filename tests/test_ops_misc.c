@@ -326,6 +326,34 @@ static void test_mean_tokens_matches_reference_and_finite_differences(void **sta
     test_tensor_free(x); test_tensor_free(grid);
 }
 
+// ---- attention pooling ------------------------------------------------------------------------
+
+// One query shared by every token: full self-attention over rows q | k_n | v_n gives every row
+// the pooled output, so the tested attention op is the reference.
+static void test_attention_pool_equals_attention_with_the_query_in_every_row(void **state) {
+    Ctx ctx = ctx_cpu();
+    enum { B = 2, N = 9, C = 12, HEADS = 3 };
+    Tensor *q = test_tensor(1, C), *kv = test_tensor(3, B, N, 2 * C), *y = test_tensor(2, B, C);
+    test_fill(q, 71, -1.5f, 1.5f);
+    test_fill(kv, 72, -1.5f, 1.5f);
+    Tensor *qkv = test_tensor(3, B, N, 3 * C), *out = test_tensor(3, B, N, C);
+    Tensor *lse = test_tensor(3, B, HEADS, N);
+    for (int r = 0; r < B * N; r++) {
+        memcpy(tensor_f32(qkv) + (size_t)r * 3 * C, q->data, C * sizeof(float));
+        memcpy(tensor_f32(qkv) + (size_t)r * 3 * C + C, tensor_f32(kv) + (size_t)r * 2 * C,
+               2 * C * sizeof(float));
+    }
+    cpu_attention_pool_fwd(&ctx, q, kv, HEADS, y);
+    cpu_attention_fwd(&ctx, qkv, HEADS, out, lse);
+    for (int b = 0; b < B; b++)
+        for (int n = 0; n < N; n++)
+            for (int c = 0; c < C; c++)
+                assert_float_equal(tensor_f32(y)[b * C + c], tensor_f32(out)[((size_t)b * N + n) * C + c],
+                                   1e-5);
+    test_tensor_free(q); test_tensor_free(kv); test_tensor_free(y);
+    test_tensor_free(qkv); test_tensor_free(out); test_tensor_free(lse);
+}
+
 // ---- bilinear resize -------------------------------------------------------------------------
 
 // Resizes a single-channel grid given as rows and compares with values known by hand.
@@ -645,6 +673,7 @@ int main(void) {
         cmocka_unit_test(test_concat_prefix_matches_reference_and_finite_differences),
         cmocka_unit_test(test_slice_tokens_matches_reference_and_finite_differences),
         cmocka_unit_test(test_mean_tokens_matches_reference_and_finite_differences),
+        cmocka_unit_test(test_attention_pool_equals_attention_with_the_query_in_every_row),
         cmocka_unit_test(test_resize_forward_matches_pytorch_values_by_hand),
         cmocka_unit_test(test_resize_matches_reference_and_finite_differences),
         cmocka_unit_test(test_cross_entropy_matches_reference_and_finite_differences),

@@ -25,7 +25,7 @@ static const CfgKey kKeys[] = {
 static const struct { const char *key, *words; } kChoices[] = {
     {"model",       "vit|cgspn|hybrid"},
     {"gelu",        "erf|tanh"},
-    {"global_pool", "token|avg"},
+    {"global_pool", "token|avg|map"},
     {"precision",   "auto|fp32|bf16"},
     {"device",      "auto|cpu|cuda"},
     {"interpolation", "bilinear|bicubic"},

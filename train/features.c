@@ -20,12 +20,14 @@ static void features_usage(FILE *f) {
         "  norm          (B, T, C)  tokens after the final norm (T includes the class and\n"
         "                           register tokens; with fc_norm not normed, as timm's)\n"
         "  pooled        (B, C)     the summary: class token or mean of the patch tokens, then\n"
-        "                           fc_norm when the model has it (timm pre_logits)\n"
+        "                           fc_norm when the model has it, or the MAP head's output\n"
+        "                           (global_pool = map) (timm pre_logits)\n"
         "  logits        (B, K)     when the model has a head (num_classes > 0)\n"
         "With --grads, X must also hold \"probe_norm\" (shape of norm) and, with a head,\n"
         "\"probe_logits\" (and may hold \"probe_pooled\"): the loss sum(norm * probe_norm) +\n"
         "sum(logits * probe_logits) (+ sum(pooled * probe_pooled)) is backpropagated and every\n"
-        "parameter's gradient is written to G under its name.\n"
+        "parameter's gradient is written to G under its name. A MAP head runs forward only:\n"
+        "its model backpropagates probe_norm alone (no probe_logits, no probe_pooled).\n"
         "All outputs are F32.\n");
 }
 
@@ -141,8 +143,13 @@ int cmd_features(int argc, char **argv) {
     Tensor *x = read_input(&imgs, &tape, "images", 4, false);
     EncoderTaps taps;
     Tensor *norm = encoder_forward(&tape, &enc, x, &taps);
+    // A MAP head (global_pool = map) runs forward only: its pooled vector and logits are not
+    // recorded, and --grads then backpropagates probe_norm alone.
+    bool recorded_head = !ecfg.map_pool;
+    bool was = tape_set_grad_enabled(&tape, tape.grad_enabled && recorded_head);
     Tensor *pooled = encoder_pool(&tape, &enc, norm);
     Tensor *logits = ecfg.num_classes > 0 ? encoder_head(&tape, &enc, norm) : NULL;
+    tape_set_grad_enabled(&tape, was);
 
     Outputs o = {0};
     int B = norm->shape[0], T = norm->shape[1], C = norm->shape[2];
@@ -162,20 +169,22 @@ int cmd_features(int argc, char **argv) {
 
     if (grads) {
         // d(sum(norm * probe))/dnorm = probe: the probes seed the backward pass directly.
-        Tensor *outs[3] = {norm, logits, pooled}, *seeds[3];
+        Tensor *outs[3] = {norm, recorded_head ? logits : NULL, pooled}, *seeds[3];
         seeds[0] = read_input(&imgs, &tape, "probe_norm", 3, true);
         CG_CHECK(seeds[0], "add a tensor probe_norm of the norm output's shape", "%s: --grads "
                  "needs the tensor probe_norm", images);
         check_same_shape(images, "probe_norm", seeds[0], norm);
-        if (logits) {
+        if (logits && recorded_head) {
             seeds[1] = read_input(&imgs, &tape, "probe_logits", 2, true);
             CG_CHECK(seeds[1], "add a tensor probe_logits of the logits' shape", "%s: --grads "
                      "needs probe_logits for a model with a head", images);
             check_same_shape(images, "probe_logits", seeds[1], logits);
         }
         int n_out = 1;
-        if (logits) outs[n_out] = logits, seeds[n_out++] = seeds[1];
+        if (outs[1]) outs[n_out] = logits, seeds[n_out++] = seeds[1];
         Tensor *probe_pooled = read_input(&imgs, &tape, "probe_pooled", 2, pooled->dtype != DTYPE_F32);
+        CG_CHECK(!probe_pooled || recorded_head, "leave probe_pooled out for a MAP-head model",
+                 "%s: probe_pooled with global_pool = map, whose head has no backward", images);
         if (probe_pooled) {
             check_same_shape(images, "probe_pooled", probe_pooled, pooled);
             outs[n_out] = pooled, seeds[n_out++] = probe_pooled;

@@ -22,7 +22,8 @@ EncoderConfig encoder_config_from(const Config *c) {
     e.pos_embed = vit && c->pos_embed;
     e.no_embed_class = e.pos_embed && c->no_embed_class;
     e.norm_pre = c->norm_pre;
-    e.avg_pool = strcmp(c->global_pool, "avg") == 0 || !e.class_token;
+    e.map_pool = strcmp(c->global_pool, "map") == 0;
+    e.avg_pool = !e.map_pool && (strcmp(c->global_pool, "avg") == 0 || !e.class_token);
     e.fc_norm = c->fc_norm;
     e.layer_scale_init = c->layer_scale_init;
     e.qkv_bias = c->qkv_bias;

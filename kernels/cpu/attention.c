@@ -164,3 +164,39 @@ void cpu_attention_bwd_write(Ctx *ctx, const Tensor *dout, const Tensor *qkv, co
     memset(dqkv->data, 0, tensor_bytes(dqkv));
     cpu_attention_bwd(ctx, dout, qkv, out, lse, heads, dqkv);
 }
+
+// Attention pooling with one query per head (kernels/ops.h attention_pool_fwd): per (b, h) the
+// scores of the N keys, their softmax, the weighted sum of the values.
+void cpu_attention_pool_fwd(Ctx *ctx, const Tensor *q, const Tensor *kv, int heads, Tensor *out) {
+    (void)ctx;
+    const char *op = "attention_pool_fwd";
+    cpu_check_f32(op, "q", q);
+    cpu_check_f32(op, "kv", kv);
+    cpu_check_f32(op, "out", out);
+    int C = (int)q->numel, B = kv->shape[0];
+    CG_CHECK(heads > 0 && C % heads == 0 && kv->ndim == 3 && kv->shape[2] == 2 * C &&
+             out->numel == (size_t)B * C, "", "op %s: q of %d, kv (%d, %d, %d), out of %zu, %d heads",
+             op, C, kv->shape[0], kv->ndim == 3 ? kv->shape[1] : -1, tensor_last(kv), out->numel, heads);
+    int N = kv->shape[1], D = C / heads;
+    float scale = 1.0f / sqrtf((float)D);
+    #pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * heads; bh++) {
+        int b = bh / heads, h = bh % heads;
+        const float *qh = tensor_f32(q) + h * D, *kvb = tensor_f32(kv) + (size_t)b * N * 2 * C;
+        float *S = cg_malloc((size_t)N * sizeof(float)), lse;
+        for (int n = 0; n < N; n++) {
+            const float *k = kvb + (size_t)n * 2 * C + h * D;
+            float s = 0;
+            for (int d = 0; d < D; d++) s += qh[d] * k[d];
+            S[n] = scale * s;
+        }
+        attn_softmax_rows(S, 1, N, &lse);
+        float *o = tensor_f32(out) + (size_t)b * C + h * D;
+        for (int d = 0; d < D; d++) o[d] = 0;
+        for (int n = 0; n < N; n++) {
+            const float *v = kvb + (size_t)n * 2 * C + C + h * D;
+            for (int d = 0; d < D; d++) o[d] += S[n] * v[d];
+        }
+        free(S);
+    }
+}

@@ -536,6 +536,23 @@ static void test_softmax_matches_cpu(void **state) {
         }
 }
 
+// SigLIP's MAP head shapes among them: 1369 tokens of head dim 72 (so400m at 518 px).
+static void test_attention_pool_matches_cpu(void **state) {
+    static const int shapes[][4] = {{2, 7, 16, 2}, {3, 50, 64, 4}, {1, 1369, 1152, 16}};   // B N C H
+    for (int mi = 0; mi < 2; mi++)
+        for (int si = 0; si < 3; si++) {
+            DType dt = MODES[mi];
+            int B = shapes[si][0], N = shapes[si][1], C = shapes[si][2], heads = shapes[si][3];
+            printf("  %s B=%d N=%d C=%d heads=%d\n", dtype_name(dt), B, N, C, heads);
+            Tensor *q = rnd(HT(C), 1, -1, 1, dt), *kv = rnd(HT(B, N, 2 * C), 2, -1, 1, dt);
+            Tensor *y = HT(B, C), *gy = dev_zeros(y, dt);
+            cpu_attention_pool_fwd(&H, q, kv, heads, y);
+            cuda_attention_pool_fwd(&G, dev(q, dt), dev(kv, dt), heads, gy);
+            check("attention_pool_fwd.out", dt, gy, y);
+            release_all();
+        }
+}
+
 // ---- token layout ------------------------------------------------------------------------------------
 
 static void test_token_ops_match_cpu(void **state) {
@@ -920,6 +937,7 @@ int main(void) {
         cmocka_unit_test(test_add_layernorm_matches_cpu),
         cmocka_unit_test(test_gelu_matches_cpu),
         cmocka_unit_test(test_softmax_matches_cpu),
+        cmocka_unit_test(test_attention_pool_matches_cpu),
         cmocka_unit_test(test_token_ops_match_cpu),
         cmocka_unit_test(test_resize_bilinear_matches_cpu),
         cmocka_unit_test(test_cross_entropy_matches_cpu),
