@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """cgspn against timm: per-block PP/PB features, final-norm tokens, the pooled summary, logits, and
 one backward pass, for ViT-B/16, the so400m shape and the teacher families: DeiT-III
-(no_embed_class, layer scale), DINOv2 with registers (518 px, patch 14), timm's CLIP image tower
-(norm_pre) and fc_norm pooling.
+(no_embed_class, layer scale; also on 224 x 320 images), DINOv2 with registers (518 px, patch 14),
+timm's CLIP image tower (norm_pre), fc_norm pooling and SigLIP's MAP head.
 
 Builds a random-init timm model (pretrained=False; every tensor, biases and norms included,
 redrawn so nothing is trivially 0 or 1), exports it to safetensors with timm's names, runs
@@ -46,6 +46,9 @@ MODELS = {
     "vit_s16_fc_norm": ("vit_small_patch16_224", "configs/vit_s16_fc_norm.cfg", 2, 224,
                         {"global_pool": "avg", "fc_norm": True, "num_classes": 10},
                         ["--num_classes=10"]),
+    # a non-square input: 224 x 320 images, 14 x 20 tokens (timm img_size=(224, 320))
+    "deit3_s16_224x320": ("deit3_small_patch16_224", "configs/deit3_s16.cfg", 2, (224, 320),
+                          {"num_classes": 10, "img_size": (224, 320)}, ["--num_classes=10"]),
     # SigLIP's MAP head (attn_pool), forward only: its pooled output is compared, the backward
     # runs from the final norm alone
     "siglip_b16_map": ("vit_base_patch16_siglip_224", "configs/siglip_b16_map.cfg", 2, 224,
@@ -109,7 +112,8 @@ def run_model(key, precisions, device, workdir, cgspn):
     wpath = os.path.join(workdir, f"{key}.safetensors")
     save_file(params, wpath)
 
-    images = torch.randn(batch, 3, img, img)
+    height, width = img if isinstance(img, tuple) else (img, img)
+    images = torch.randn(batch, 3, height, width)
     tokens = model.patch_embed.num_patches + model.num_prefix_tokens   # class + registers
     probe_norm = torch.randn(batch, tokens, model.embed_dim)
     probe_logits = torch.randn(batch, model.num_classes) if model.num_classes > 0 else None

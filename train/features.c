@@ -118,10 +118,11 @@ int cmd_features(int argc, char **argv) {
     const StTensor *it = st_find(&imgs, "images");
     CG_CHECK(it && it->ndim == 4, "write the batch as a float tensor named \"images\" (B,C,H,W)",
              "%s: no 4-D tensor \"images\"", images);
+    // The images' own H x W, square or not: the token grid follows, and a pos_embed of another
+    // grid is resampled to it (below).
     c.img_size = (int)it->shape[2];
-    CG_CHECK(it->shape[2] == it->shape[3], "", "%s: images must be square", images);
-
     EncoderConfig ecfg = encoder_config_from(&c);
+    ecfg.img_w = (int)it->shape[3];
     Encoder enc;
     ParamTable params;
     params_init_table(&params);
