@@ -52,6 +52,13 @@ int build_shards(const BuildSource *src, const BuildOptions *o, BuildStats *st, 
 // ROOT/CLASS/**/*.{png,jpg,jpeg} (any case); classes are ROOT's subfolders in sorted order,
 // files sorted within each. Other files are counted as ignored.
 int  build_source_imagefolder(BuildSource *src, const char *root, char *err, size_t n);
+// A flat folder of images and a label file naming each one's class (ImageNet's val/ with a
+// "NAME WNID" / "NAME,WNID" list, or Kaggle's LOC_val_solution.csv: header, then
+// ImageId,"WNID x y ..."); names may leave out the image extension. Classes are the label
+// file's class names in sorted order; images are in sorted path order. Files the label file does
+// not name are not read.
+int  build_source_labeled_folder(BuildSource *src, const char *dir, const char *labels, char *err,
+                                 size_t n);
 // MNIST-style IDX files in dir: split "train" reads train-*, any other split t10k-*.
 // Class names are Fashion-MNIST's when dir's name contains "fashion", else the digits.
 int  build_source_idx(BuildSource *src, const char *dir, const char *split, char *err, size_t n);

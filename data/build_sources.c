@@ -134,6 +134,111 @@ int build_source_imagefolder(BuildSource *src, const char *root, char *err, size
     return 0;
 }
 
+// ---- a flat folder and a label file (ImageNet's val/ as distributed) ---------------------------
+
+typedef struct LabelLine {
+    char *file, *cls;
+} LabelLine;
+
+static int cmp_label_line(const void *a, const void *b) {
+    return strcmp(((const LabelLine *)a)->file, ((const LabelLine *)b)->file);
+}
+
+// "NAME CLASS", "NAME,CLASS" or Kaggle's "ImageId,PredictionString" row (the class is the first
+// word of the prediction string). Returns 0 with the two fields cut in place, -1 when a field is
+// missing.
+static int split_label_line(char *line, char **file, char **cls) {
+    char *p = line;
+    while (*p == ' ' || *p == '\t') p++;
+    *file = p;
+    while (*p && *p != ',' && *p != ' ' && *p != '\t') p++;
+    if (!*p) return -1;
+    *p++ = '\0';
+    while (*p == ' ' || *p == '\t' || *p == ',') p++;
+    *cls = p;
+    while (*p && *p != ' ' && *p != '\t' && *p != ',' && *p != '\r' && *p != '\n') p++;
+    *p = '\0';
+    return **file && **cls ? 0 : -1;
+}
+
+// dir/name, or dir/name with an image extension (Kaggle's ImageIds have none); NULL if neither.
+static char *resolve_image(const char *dir, const char *name) {
+    static const char *const exts[] = {"", ".JPEG", ".jpg", ".jpeg", ".png", ".PNG"};
+    struct stat st;
+    for (size_t e = 0; e < sizeof exts / sizeof exts[0]; e++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%.3000s%s", dir, name, exts[e]);
+        if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && is_image_name(path)) return cg_strdup(path);
+    }
+    return NULL;
+}
+
+int build_source_labeled_folder(BuildSource *src, const char *dir, const char *labels, char *err,
+                                size_t n) {
+    memset(src, 0, sizeof *src);
+    FILE *fp = fopen(labels, "r");
+    if (!fp) return data_fail(err, n, "%s: cannot read the label file: %s", labels, strerror(errno));
+    LabelLine *rows = NULL;
+    size_t count = 0, cap = 0;
+    char line[8192];
+    int lineno = 0, rc = 0;
+    while (rc == 0 && fgets(line, sizeof line, fp)) {
+        lineno++;
+        char *file, *cls, *q = line;
+        while (*q == ' ' || *q == '\t') q++;
+        if (*q == '\n' || *q == '\r' || *q == '\0' || *q == '#') continue;
+        if (lineno == 1 && strncasecmp(q, "ImageId", 7) == 0) continue;   // Kaggle's header
+        if (split_label_line(line, &file, &cls) != 0) {
+            rc = data_fail(err, n, "%s line %d: expected 'NAME CLASS' (or NAME,CLASS; Kaggle's "
+                           "LOC_val_solution.csv rows work too)", labels, lineno);
+            break;
+        }
+        if (count == cap) {
+            cap = cap ? 2 * cap : 1024;
+            rows = cg_realloc(rows, cap * sizeof *rows);
+        }
+        rows[count].file = resolve_image(dir, file);
+        rows[count].cls = cg_strdup(cls);
+        if (!rows[count].file)
+            rc = data_fail(err, n, "%s line %d: no image %s/%s (with or without .JPEG, .jpg, .jpeg, "
+                           ".png)", labels, lineno, dir, file);
+        count++;
+    }
+    fclose(fp);
+    if (rc == 0 && count == 0) rc = data_fail(err, n, "%s: no labeled images", labels);
+    // Classes: the label file's class names in sorted order (ImageNet's val names all 1000
+    // wnids, so its indices are the train ImageFolder's).
+    char **classes = NULL;
+    int k = 0;
+    if (rc == 0) {
+        char **names = cg_malloc(count * sizeof(char *));
+        for (size_t i = 0; i < count; i++) names[i] = rows[i].cls;
+        qsort(names, count, sizeof(char *), cmp_str);
+        classes = cg_malloc(count * sizeof(char *));
+        for (size_t i = 0; i < count; i++)
+            if (i == 0 || strcmp(names[i], names[i - 1]) != 0) classes[k++] = cg_strdup(names[i]);
+        free(names);
+        qsort(rows, count, sizeof *rows, cmp_label_line);
+        for (size_t i = 1; i < count && rc == 0; i++)
+            if (strcmp(rows[i].file, rows[i - 1].file) == 0)
+                rc = data_fail(err, n, "%s: %s is labeled twice", labels, rows[i].file);
+    }
+    FolderCtx *f = cg_calloc(1, sizeof *f);
+    for (size_t i = 0; i < count; i++) {
+        if (rc == 0) {
+            char *const *hit = bsearch(&rows[i].cls, classes, (size_t)k, sizeof(char *), cmp_str);
+            add_file(f, rows[i].file, (int)(hit - classes));
+        }
+        free(rows[i].file);
+        free(rows[i].cls);
+    }
+    free(rows);
+    src->ctx = f, src->class_names = classes, src->num_classes = k;
+    src->count = f->count, src->get = folder_get, src->name = folder_name;
+    if (rc != 0) build_source_free(src);
+    return rc;
+}
+
 static int idx_get(void *ctx, uint64_t i, int channels, int min_side, Image *im, int *label,
                    int *warning, char *err, size_t n) {
     const FmnistSplit *s = &((IdxCtx *)ctx)->split;

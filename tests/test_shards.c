@@ -293,6 +293,70 @@ static void test_imagefolder_build_of_pngs_reads_back_exactly_in_sorted_order(vo
     mem_free(&m);
 }
 
+// ImageNet's val/ as distributed: a flat folder and a label file. Plain "NAME CLASS" lines and
+// Kaggle's LOC_val_solution.csv (header; names without the extension; the class the first word of
+// the prediction string) give the same dataset: classes in sorted order, images in path order.
+static void test_flat_folder_with_a_label_file_builds_like_an_imagefolder(void **state) {
+    (void)state;
+    char root[600];   // tmp_path's buffers are reused
+    snprintf(root, sizeof root, "%s", tmp_path("flat"));
+    mkdir(root, 0755);
+    MemSet m = {5, 3, calloc(5, sizeof(int)), calloc(5, sizeof(int)), calloc(5, sizeof(int)),
+                calloc(5, sizeof(uint8_t *)), -1};
+    static const char *const wnid[5] = {"n02", "n01", "n02", "n03", "n01"};   // of val_0..4
+    uint64_t seed = 19;
+    char p[700];
+    for (int i = 0; i < 5; i++) {
+        m.h[i] = m.w[i] = 16;
+        m.label[i] = wnid[i][2] - '1';   // sorted classes n01, n02, n03
+        m.pix[i] = malloc(16 * 16 * 3);
+        for (int j = 0; j < 16 * 16 * 3; j++) m.pix[i][j] = (uint8_t)test_rng_next(&seed);
+        snprintf(p, sizeof p, "%s/val_%d.png", root, i);
+        write_png_rgb(p, m.pix[i], 16, 16, 3);
+    }
+    snprintf(p, sizeof p, "%s/unlisted.png", root);   // not in the label file: not read
+    write_png_rgb(p, m.pix[0], 16, 16, 3);
+    FILE *plain = fopen(tmp_path("labels.txt"), "w"), *kaggle = fopen(tmp_path("sol.csv"), "w");
+    assert_non_null(plain), assert_non_null(kaggle);
+    fprintf(kaggle, "ImageId,PredictionString\n");
+    for (int i = 4; i >= 0; i--) {   // any order
+        fprintf(plain, "val_%d.png %s\n", i, wnid[i]);
+        fprintf(kaggle, "val_%d,%s 1 2 3 4 %s 5 6 7 8\n", i, wnid[i], wnid[i]);
+    }
+    fclose(plain), fclose(kaggle);
+    const char *files[2] = {"labels.txt", "sol.csv"};
+    for (int f = 0; f < 2; f++) {
+        BuildSource src;
+        char err[2048], out[64];
+        if (build_source_labeled_folder(&src, root, tmp_path(files[f]), err, sizeof err))
+            fail_msg("%s", err);
+        assert_int_equal(src.num_classes, 3);
+        assert_string_equal(src.class_names[0], "n01");
+        assert_string_equal(src.class_names[2], "n03");
+        snprintf(out, sizeof out, "out_%d", f);
+        BuildOptions o = build_opts(tmp_path(out), 16, 3);
+        o.layout = SHARD_LAYOUT_SQUARE;
+        BuildStats st;
+        if (build_shards(&src, &o, &st, err, sizeof err)) fail_msg("%s", err);
+        build_source_free(&src);
+        assert_dataset_equals(tmp_path(out), "train", &m);
+    }
+    // A name the folder does not have, and a line without a class: refused with the line.
+    FILE *bad = fopen(tmp_path("bad.txt"), "w");
+    fprintf(bad, "val_0.png n01\nval_9.png n02\n");
+    fclose(bad);
+    BuildSource src;
+    char err[2048];
+    assert_int_equal(build_source_labeled_folder(&src, root, tmp_path("bad.txt"), err, sizeof err), -1);
+    assert_non_null(strstr(err, "line 2: no image"));
+    bad = fopen(tmp_path("bad.txt"), "w");
+    fprintf(bad, "val_0.png\n");
+    fclose(bad);
+    assert_int_equal(build_source_labeled_folder(&src, root, tmp_path("bad.txt"), err, sizeof err), -1);
+    assert_non_null(strstr(err, "line 1: expected 'NAME CLASS'"));
+    mem_free(&m);
+}
+
 static void test_idx_build_matches_fashion_mnist_pixels_and_labels(void **state) {
     (void)state;
     if (access(FMNIST_DIR "/t10k-images-idx3-ubyte.gz", R_OK) != 0) skip();
@@ -779,6 +843,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_writer_reader_round_trip_gives_exact_pixels_labels_and_header, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_build_round_trip_is_exact_across_shards_and_thread_counts, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_flat_folder_with_a_label_file_builds_like_an_imagefolder, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_imagefolder_build_of_pngs_reads_back_exactly_in_sorted_order, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_idx_build_matches_fashion_mnist_pixels_and_labels, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_png_color_types_bit_depths_palette_and_interlace_decode_exactly, setup_dir, teardown_dir),

@@ -14,6 +14,8 @@ static void data_usage(FILE *f) {
     fprintf(f,
         "usage: cgspn data SUBCOMMAND ...\n\n"
         "  build   --from imagefolder ROOT --out DIR --size S [--val | --split NAME]\n"
+        "          [--labels FILE: ROOT is a flat folder, FILE names each image's class,\n"
+        "          'NAME WNID' or NAME,WNID lines or Kaggle's LOC_val_solution.csv]\n"
         "          [--layout shorter|square] [--channels 1|3] [--max-aspect A] [--shard-mb MB]\n"
         "          [--zstd-level L] [--threads N] [--strict] [--quiet]\n"
         "  build   --from idx IDXDIR --out DIR [--size S] [--split train|val]\n"
@@ -63,6 +65,7 @@ static long flag_long(int argc, char **argv, int *i, long lo, long hi) {
 
 int data_build_main(int argc, char **argv) {
     const char *from = NULL, *src_path = NULL, *out = NULL, *split = NULL, *layout = NULL;
+    const char *labels = NULL;   // a flat folder's label file (ImageNet val)
     BuildOptions o = {.channels = 0, .max_aspect = BUILD_DEFAULT_MAX_ASPECT,
                       .shard_bytes = BUILD_DEFAULT_SHARD_BYTES,
                       .zstd_level = BUILD_DEFAULT_ZSTD_LEVEL, .progress = 1};
@@ -78,6 +81,7 @@ int data_build_main(int argc, char **argv) {
         else if (!strcmp(a, "--val")) split = "val";
         else if (!strcmp(a, "--split")) split = flag_value(argc, argv, &i);
         else if (!strcmp(a, "--layout")) layout = flag_value(argc, argv, &i);
+        else if (!strcmp(a, "--labels")) labels = flag_value(argc, argv, &i);
         else if (!strcmp(a, "--channels")) o.channels = (int)flag_long(argc, argv, &i, 1, 3);
         else if (!strcmp(a, "--max-aspect")) {
             const char *v = flag_value(argc, argv, &i);
@@ -98,6 +102,8 @@ int data_build_main(int argc, char **argv) {
     int idx = !strcmp(from, "idx");
     CG_CHECK(idx || !strcmp(from, "imagefolder"), "--from imagefolder ROOT or --from idx DIR",
              "unknown source kind '%s'", from);
+    CG_CHECK(!labels || !idx, "--labels goes with --from imagefolder DIR (a flat folder)",
+             "--labels with --from idx: IDX files carry their labels");
     o.out_dir = out;
     o.layout = idx ? SHARD_LAYOUT_SQUARE : SHARD_LAYOUT_SHORTER;
     if (layout) {
@@ -114,8 +120,9 @@ int data_build_main(int argc, char **argv) {
     char err[4096];
     for (int k = 0; k < nsplits; k++) {
         BuildSource src;
-        int rc = idx ? build_source_idx(&src, src_path, splits[k], err, sizeof err)
-                     : build_source_imagefolder(&src, src_path, err, sizeof err);
+        int rc = idx      ? build_source_idx(&src, src_path, splits[k], err, sizeof err)
+               : labels ? build_source_labeled_folder(&src, src_path, labels, err, sizeof err)
+                        : build_source_imagefolder(&src, src_path, err, sizeof err);
         if (rc) CG_FAIL("", "%s", err);
         BuildOptions ok = o;
         ok.split = splits[k];
