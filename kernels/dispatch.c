@@ -34,6 +34,8 @@ OP_WEAK(attention_fwd)
 OP_WEAK(attention_bwd)
 OP_WEAK(attention_bwd_write)
 OP_WEAK(attention_pool_fwd)
+OP_WEAK(dwconv_fwd)
+OP_WEAK(dwconv_bwd)
 OP_WEAK(patch_embed_fwd)
 OP_WEAK(patch_embed_bwd)
 OP_WEAK(concat_prefix_fwd)
@@ -151,6 +153,13 @@ void op_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, GeluKind kind, Ten
 void op_softmax_fwd(Ctx *ctx, const Tensor *x, Tensor *y) { ROUTE(softmax_fwd, ctx, x, y); }
 void op_softmax_bwd(Ctx *ctx, const Tensor *dy, const Tensor *y, Tensor *dx) {
     ROUTE(softmax_bwd, ctx, dy, y, dx);
+}
+void op_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y) {
+    ROUTE(dwconv_fwd, ctx, x, w, b, y);
+}
+void op_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
+                   Tensor *dw, Tensor *db) {
+    ROUTE(dwconv_bwd, ctx, dy, x, w, dx, dw, db);
 }
 void op_attention_pool_fwd(Ctx *ctx, const Tensor *q, const Tensor *kv, int heads, Tensor *out) {
     ROUTE(attention_pool_fwd, ctx, q, kv, heads, out);

@@ -138,6 +138,15 @@ OP_DECL(attention_bwd_write, Ctx *ctx, const Tensor *dout, const Tensor *qkv, co
 // channels h*D..: out_b,h = softmax_n(scale q_h . k_b,n,h) v_b,n,h, scale D^-0.5.
 OP_DECL(attention_pool_fwd, Ctx *ctx, const Tensor *q, const Tensor *kv, int heads, Tensor *out)
 
+// ---- depthwise convolution (GSPN's Local Perception Unit) ------------------------------------
+// x (B,H,W,C) channels-last; w (C,1,k,k), PyTorch's depthwise Conv2d weight (groups = C), k odd;
+// stride 1, zero padding k/2; b (C) or NULL. y (B,H,W,C), x's dtype:
+//   y[b,h,w,c] = b[c] + sum_{i,j < k} w[c,0,i,j] x[b, h+i-k/2, w+j-k/2, c]
+OP_DECL(dwconv_fwd, Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y)
+// dx (x's dtype) += dL/dx, dw and db (fp32) += theirs; any of them NULL: skipped.
+OP_DECL(dwconv_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
+        Tensor *dw, Tensor *db)
+
 // ---- patch embedding and token layout --------------------------------------------------------
 // Conv p x p stride p with bias, via im2col: img (B,Cin,Hi,Wi) NCHW -> cols (B*H*W, Cin*p*p)
 // -> y (B,H,W,D), H = Hi/p, W = Wi/p. w (D, Cin*p*p) is PyTorch's (D,Cin,p,p) flattened

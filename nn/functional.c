@@ -571,3 +571,18 @@ Tensor *nn_attention_pool(Tape *t, Tensor *q, Tensor *kv, int heads) {
     op_attention_pool_fwd(t->ctx, q, kv, heads, y);
     return y;
 }
+
+// ---- depthwise convolution ----
+static void dwconv_backward(Tape *t, void *p) {
+    LinearRec *r = p;   // x, w, b, y
+    if (!NEED_GRAD(r)) return;
+    op_dwconv_bwd(t->ctx, r->y->grad, r->x, r->w, tape_grad(t, r->x), tape_grad(t, r->w),
+                  tape_grad(t, r->b));
+}
+Tensor *nn_dwconv(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
+    Tensor *y = tape_tensor_like(t, x);
+    op_dwconv_fwd(t->ctx, x, w, b, y);
+    if (tape_track(t, y, x, w, b))
+        *(LinearRec *)tape_record(t, dwconv_backward, sizeof(LinearRec)) = (LinearRec){x, w, b, y};
+    return y;
+}

@@ -26,6 +26,9 @@ Tensor *nn_attention(Tape *t, Tensor *qkv, int heads);                   // (B,N
 // One query per head against every token (kernels/ops.h attention_pool_fwd): q (C), kv (B,N,2C)
 // -> (B,C) in kv's dtype. Forward only: it fails when a gradient would be recorded.
 Tensor *nn_attention_pool(Tape *t, Tensor *q, Tensor *kv, int heads);
+// Depthwise k x k convolution, stride 1, padding k/2 (kernels/ops.h dwconv_fwd): x (B,H,W,C),
+// w (C,1,k,k), b (C) or NULL -> (B,H,W,C), x's dtype. GSPN's Local Perception Unit.
+Tensor *nn_dwconv(Tape *t, Tensor *x, Tensor *w, Tensor *b);
 Tensor *nn_patch_embed(Tape *t, Tensor *img, Tensor *w, Tensor *b, int patch); // -> (B,H,W,D)
 Tensor *nn_add(Tape *t, Tensor *a, Tensor *b);
 Tensor *nn_scale(Tape *t, Tensor *x, float s);

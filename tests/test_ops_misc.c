@@ -354,6 +354,67 @@ static void test_attention_pool_equals_attention_with_the_query_in_every_row(voi
     test_tensor_free(qkv); test_tensor_free(out); test_tensor_free(lse);
 }
 
+// ---- depthwise convolution ------------------------------------------------------------------------
+
+typedef struct DwCase {
+    Tensor *x, *w, *b, *y, *r;   // loss = sum(y * r)
+} DwCase;
+
+static double dw_loss(void *user) {
+    DwCase *c = user;
+    Ctx ctx = ctx_cpu();
+    cpu_dwconv_fwd(&ctx, c->x, c->w, c->b, c->y);
+    double s = 0;
+    for (size_t i = 0; i < c->y->numel; i++) s += (double)tensor_f32(c->y)[i] * tensor_f32(c->r)[i];
+    return s;
+}
+
+// Forward against a scatter-form reference (every input pixel adds into the outputs it reaches),
+// backward against finite differences for x, w and b.
+static void check_dwconv(int B, int H, int W, int C, int k) {
+    Ctx ctx = ctx_cpu();
+    DwCase c = {test_tensor(4, B, H, W, C), test_tensor(4, C, 1, k, k), test_tensor(1, C),
+                test_tensor(4, B, H, W, C), test_tensor(4, B, H, W, C)};
+    test_fill(c.x, 81, -1, 1);
+    test_fill(c.w, 82, -1, 1);
+    test_fill(c.b, 83, -1, 1);
+    test_fill(c.r, 84, -1, 1);
+    dw_loss(&c);
+    double *ref = calloc(c.y->numel, sizeof(double));
+    int p = k / 2;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int w = 0; w < W; w++)
+                for (int ch = 0; ch < C; ch++) {
+                    ref[(((size_t)b * H + h) * W + w) * C + ch] += tensor_f32(c.b)[ch];
+                    double v = tensor_f32(c.x)[(((size_t)b * H + h) * W + w) * C + ch];
+                    for (int i = 0; i < k; i++)       // output (h - i + p, w - j + p) reads this
+                        for (int j = 0; j < k; j++) {   // pixel through tap (i, j)
+                            int ho = h - i + p, wo = w - j + p;
+                            if (ho < 0 || ho >= H || wo < 0 || wo >= W) continue;
+                            ref[(((size_t)b * H + ho) * W + wo) * C + ch] +=
+                                v * tensor_f32(c.w)[((size_t)ch * k + i) * k + j];
+                        }
+                }
+    char what[64];
+    snprintf(what, sizeof what, "dwconv k%d (%d,%d,%d,%d)", k, B, H, W, C);
+    assert_close_ref(what, c.y, ref);
+    free(ref);
+    Tensor *dx = test_like(c.x), *dw = test_like(c.w), *db = test_like(c.b);
+    cpu_dwconv_bwd(&ctx, c.r, c.x, c.w, dx, dw, db);
+    assert_grad("dwconv dx", dw_loss, &c, c.x, dx);
+    assert_grad("dwconv dw", dw_loss, &c, c.w, dw);
+    assert_grad("dwconv db", dw_loss, &c, c.b, db);
+    Tensor *t[] = {c.x, c.w, c.b, c.y, c.r, dx, dw, db};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) test_tensor_free(t[i]);
+}
+
+static void test_dwconv_matches_reference_and_finite_differences(void **state) {
+    check_dwconv(2, 5, 7, 3, 3);
+    check_dwconv(1, 6, 4, 2, 5);
+    check_dwconv(1, 2, 3, 4, 3);   // smaller than the kernel's reach
+}
+
 // ---- bilinear resize -------------------------------------------------------------------------
 
 // Resizes a single-channel grid given as rows and compares with values known by hand.
@@ -674,6 +735,7 @@ int main(void) {
         cmocka_unit_test(test_slice_tokens_matches_reference_and_finite_differences),
         cmocka_unit_test(test_mean_tokens_matches_reference_and_finite_differences),
         cmocka_unit_test(test_attention_pool_equals_attention_with_the_query_in_every_row),
+        cmocka_unit_test(test_dwconv_matches_reference_and_finite_differences),
         cmocka_unit_test(test_resize_forward_matches_pytorch_values_by_hand),
         cmocka_unit_test(test_resize_matches_reference_and_finite_differences),
         cmocka_unit_test(test_cross_entropy_matches_reference_and_finite_differences),

@@ -61,6 +61,10 @@ static const NamedTol BF16_TOLS[] = {
     {"gelu_bwd.dx", BF16_ROUNDED_TOL},
     {"softmax_fwd.y", BF16_ROUNDED_TOL},
     {"attention_pool_fwd.out", BF16_ROUNDED_TOL},   // fp32 math on bf16 inputs, rounded once
+    {"dwconv_fwd.y", BF16_ROUNDED_TOL},
+    {"dwconv_bwd.dx", BF16_ROUNDED_TOL},     // prior + the taps' sum, rounded once
+    {"dwconv_bwd.dw", FP32_TOL},             // fp32 column sums of bf16 products
+    {"dwconv_bwd.db", FP32_TOL},
     {"softmax_bwd.dx", BF16_ROUNDED_TOL},
     {"concat_prefix_fwd.y", 0.0},            // copies of bf16 values: exact
     {"concat_prefix_bwd.dprefix", FP32_TOL}, // fp32 sum over the batch
@@ -554,6 +558,32 @@ static void test_attention_pool_matches_cpu(void **state) {
         }
 }
 
+// Depthwise convolution (GSPN's LPU): k 3 and 5, a channel count of 8s (db's vector path) and not.
+static void test_dwconv_matches_cpu(void **state) {
+    static const int shapes[][5] = {{2, 9, 7, 16, 3}, {1, 6, 11, 5, 5}, {4, 14, 14, 64, 3}};   // B H W C k
+    for (int mi = 0; mi < 2; mi++)
+        for (int si = 0; si < 3; si++) {
+            DType dt = MODES[mi];
+            int B = shapes[si][0], hgt = shapes[si][1], wid = shapes[si][2], C = shapes[si][3],
+                k = shapes[si][4];
+            printf("  %s (%d,%d,%d,%d) k%d\n", dtype_name(dt), B, hgt, wid, C, k);
+            Tensor *x = rnd(HT(B, hgt, wid, C), 1, -1, 1, dt), *w = rnd(HT(C, 1, k, k), 2, -1, 1, dt);
+            Tensor *b = rnd(HT(C), 3, -1, 1, dt), *y = HT(B, hgt, wid, C), *gy = dev_zeros(y, dt);
+            cpu_dwconv_fwd(&H, x, w, b, y);
+            cuda_dwconv_fwd(&G, dev(x, dt), dev(w, dt), dev(b, dt), gy);
+            check("dwconv_fwd.y", dt, gy, y);
+            Tensor *dy = rnd(HT(B, hgt, wid, C), 4, -1, 1, dt), *dx = rnd(HT(B, hgt, wid, C), 5, -1, 1, dt);
+            Tensor *dw = rnd(HT(C, 1, k, k), 6, -1, 1, DTYPE_F32), *db = rnd(HT(C), 7, -1, 1, DTYPE_F32);
+            Tensor *gdx = dev(dx, dt), *gdw = dev(dw, DTYPE_F32), *gdb = dev(db, DTYPE_F32);
+            cpu_dwconv_bwd(&H, dy, x, w, dx, dw, db);
+            cuda_dwconv_bwd(&G, dev(dy, dt), dev(x, dt), dev(w, dt), gdx, gdw, gdb);
+            check("dwconv_bwd.dx", dt, gdx, dx);
+            check("dwconv_bwd.dw", dt, gdw, dw);
+            check("dwconv_bwd.db", dt, gdb, db);
+            release_all();
+        }
+}
+
 // ---- token layout ------------------------------------------------------------------------------------
 
 static void test_token_ops_match_cpu(void **state) {
@@ -939,6 +969,7 @@ int main(void) {
         cmocka_unit_test(test_gelu_matches_cpu),
         cmocka_unit_test(test_softmax_matches_cpu),
         cmocka_unit_test(test_attention_pool_matches_cpu),
+        cmocka_unit_test(test_dwconv_matches_cpu),
         cmocka_unit_test(test_token_ops_match_cpu),
         cmocka_unit_test(test_resize_bilinear_matches_cpu),
         cmocka_unit_test(test_cross_entropy_matches_cpu),

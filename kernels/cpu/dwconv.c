@@ -1,0 +1,110 @@
+// CPU reference: depthwise convolution, channels-last, stride 1, zero padding k/2 (kernels/ops.h).
+//   y[b,h,w,c] = b[c] + sum_{i,j} w[c,i,j] x[b, h+i-p, w+j-p, c],  p = k/2
+// Backward: dx[b,h,w,c] = sum_{i,j} w[c,i,j] dy[b, h-i+p, w-j+p, c] (the taps mirrored);
+// dw[c,i,j] = sum over pixels of dy[b,h,w,c] x[b, h+i-p, w+j-p, c]; db[c] = sum of dy[.., c].
+// Rows (b, h) go to threads for y and dx; dw and db go by channel, every channel summing its
+// pixels in one fixed order, so the result does not depend on the thread count.
+#include "../ops.h"
+#include "cpu_check.h"
+
+typedef struct DwShape {
+    int B, H, W, C, k, p;
+} DwShape;
+
+static DwShape dw_shape(const char *op, const Tensor *x, const Tensor *w) {
+    char buf[64];
+    cpu_check_f32(op, "x", x);
+    cpu_check_f32(op, "w", w);
+    CG_CHECK(x->ndim == 4, "", "op %s: x has shape %s, expected (B, H, W, C)", op,
+             tensor_shape_str(x, buf, sizeof buf));
+    DwShape s = {x->shape[0], x->shape[1], x->shape[2], x->shape[3], 0, 0};
+    int k = w->shape[w->ndim - 1];
+    CG_CHECK(k % 2 == 1 && w->numel == (size_t)s.C * k * k, "a depthwise weight is (C, 1, k, k), k odd",
+             "op %s: w has shape %s for %d channels", op, tensor_shape_str(w, buf, sizeof buf), s.C);
+    s.k = k;
+    s.p = k / 2;
+    return s;
+}
+
+void cpu_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y) {
+    (void)ctx;
+    DwShape s = dw_shape("dwconv_fwd", x, w);
+    cpu_check_same("dwconv_fwd", "y", y, "x", x);
+    if (b) cpu_check_numel("dwconv_fwd", "b", b, (size_t)s.C);
+    const float *X = tensor_f32(x), *Wt = tensor_f32(w), *Bs = b ? tensor_f32(b) : NULL;
+    float *Y = tensor_f32(y);
+    #pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < s.B * s.H; bh++) {
+        int bi = bh / s.H, h = bh % s.H;
+        for (int wx = 0; wx < s.W; wx++) {
+            float *yo = Y + ((size_t)bh * s.W + wx) * s.C;
+            for (int c = 0; c < s.C; c++) yo[c] = Bs ? Bs[c] : 0.0f;
+            for (int i = 0; i < s.k; i++) {
+                int hh = h + i - s.p;
+                if (hh < 0 || hh >= s.H) continue;
+                for (int j = 0; j < s.k; j++) {
+                    int ww = wx + j - s.p;
+                    if (ww < 0 || ww >= s.W) continue;
+                    const float *xi = X + (((size_t)bi * s.H + hh) * s.W + ww) * s.C;
+                    for (int c = 0; c < s.C; c++) yo[c] += Wt[(size_t)c * s.k * s.k + i * s.k + j] * xi[c];
+                }
+            }
+        }
+    }
+}
+
+void cpu_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
+                    Tensor *dw, Tensor *db) {
+    (void)ctx;
+    DwShape s = dw_shape("dwconv_bwd", x, w);
+    cpu_check_same("dwconv_bwd", "dy", dy, "x", x);
+    const float *DY = tensor_f32(dy), *X = tensor_f32(x), *Wt = tensor_f32(w);
+    int kk = s.k * s.k;
+    if (dx) {
+        cpu_check_same("dwconv_bwd", "dx", dx, "x", x);
+        float *DX = tensor_f32(dx);
+        #pragma omp parallel for schedule(static)
+        for (int bh = 0; bh < s.B * s.H; bh++) {
+            int bi = bh / s.H, h = bh % s.H;
+            for (int wx = 0; wx < s.W; wx++) {
+                float *dxo = DX + ((size_t)bh * s.W + wx) * s.C;
+                for (int i = 0; i < s.k; i++) {
+                    int hh = h - i + s.p;
+                    if (hh < 0 || hh >= s.H) continue;
+                    for (int j = 0; j < s.k; j++) {
+                        int ww = wx - j + s.p;
+                        if (ww < 0 || ww >= s.W) continue;
+                        const float *g = DY + (((size_t)bi * s.H + hh) * s.W + ww) * s.C;
+                        for (int c = 0; c < s.C; c++) dxo[c] += Wt[(size_t)c * kk + i * s.k + j] * g[c];
+                    }
+                }
+            }
+        }
+    }
+    if (dw) cpu_check_f32("dwconv_bwd", "dw", dw), cpu_check_numel("dwconv_bwd", "dw", dw, (size_t)s.C * kk);
+    if (db) cpu_check_f32("dwconv_bwd", "db", db), cpu_check_numel("dwconv_bwd", "db", db, (size_t)s.C);
+    if (!dw && !db) return;
+    CG_CHECK(kk <= 49, "a kernel of 3, 5 or 7", "op dwconv_bwd: kernel %d (at most 7)", s.k);
+    #pragma omp parallel for schedule(static)
+    for (int c = 0; c < s.C; c++) {
+        double gb = 0, gw[49] = {0};   // k <= 7
+        for (int bi = 0; bi < s.B; bi++)
+            for (int h = 0; h < s.H; h++)
+                for (int wx = 0; wx < s.W; wx++) {
+                    float g = DY[(((size_t)bi * s.H + h) * s.W + wx) * s.C + c];
+                    gb += g;
+                    for (int i = 0; i < s.k; i++) {
+                        int hh = h + i - s.p;
+                        if (hh < 0 || hh >= s.H) continue;
+                        for (int j = 0; j < s.k; j++) {
+                            int ww = wx + j - s.p;
+                            if (ww < 0 || ww >= s.W) continue;
+                            gw[i * s.k + j] += (double)g * X[(((size_t)bi * s.H + hh) * s.W + ww) * s.C + c];
+                        }
+                    }
+                }
+        if (dw)
+            for (int t = 0; t < kk; t++) tensor_f32(dw)[(size_t)c * kk + t] += (float)gw[t];
+        if (db) tensor_f32(db)[c] += (float)gb;
+    }
+}
