@@ -35,6 +35,8 @@ OP_WEAK(attention_bwd)
 OP_WEAK(attention_bwd_write)
 OP_WEAK(attention_pool_fwd)
 OP_WEAK(dwconv_fwd)
+OP_WEAK(im2col_fwd)
+OP_WEAK(im2col_bwd)
 OP_WEAK(dwconv_bwd)
 OP_WEAK(patch_embed_fwd)
 OP_WEAK(patch_embed_bwd)
@@ -153,6 +155,12 @@ void op_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, GeluKind kind, Ten
 void op_softmax_fwd(Ctx *ctx, const Tensor *x, Tensor *y) { ROUTE(softmax_fwd, ctx, x, y); }
 void op_softmax_bwd(Ctx *ctx, const Tensor *dy, const Tensor *y, Tensor *dx) {
     ROUTE(softmax_bwd, ctx, dy, y, dx);
+}
+void op_im2col_fwd(Ctx *ctx, const Tensor *x, int nchw, int k, int stride, int pad, Tensor *cols) {
+    ROUTE(im2col_fwd, ctx, x, nchw, k, stride, pad, cols);
+}
+void op_im2col_bwd(Ctx *ctx, const Tensor *dcols, int nchw, int k, int stride, int pad, Tensor *dx) {
+    ROUTE(im2col_bwd, ctx, dcols, nchw, k, stride, pad, dx);
 }
 void op_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y) {
     ROUTE(dwconv_fwd, ctx, x, w, b, y);

@@ -138,6 +138,15 @@ OP_DECL(attention_bwd_write, Ctx *ctx, const Tensor *dout, const Tensor *qkv, co
 // channels h*D..: out_b,h = softmax_n(scale q_h . k_b,n,h) v_b,n,h, scale D^-0.5.
 OP_DECL(attention_pool_fwd, Ctx *ctx, const Tensor *q, const Tensor *kv, int heads, Tensor *out)
 
+// ---- convolution as im2col + GEMM (GSPN's stem and downsampling) -------------------------------
+// x (B,H,W,C) channels-last, or (B,C,H,W) with nchw (images); k x k windows, stride s, zero
+// padding p: Ho = (H + 2p - k) / s + 1 (Wo likewise). cols (B*Ho*Wo, C*k*k), x's dtype, row
+// (b*Ho + ho)*Wo + wo, column c*k*k + ky*k + kx = x[b, ho*s + ky - p, wo*s + kx - p, c] (0
+// outside): PyTorch's (Cout, C, k, k) weight flattened is the GEMM's (Cout, C*k*k).
+OP_DECL(im2col_fwd, Ctx *ctx, const Tensor *x, int nchw, int k, int stride, int pad, Tensor *cols)
+// dx += the adjoint: every input element sums the columns that copied it, in (ky, kx) order.
+OP_DECL(im2col_bwd, Ctx *ctx, const Tensor *dcols, int nchw, int k, int stride, int pad, Tensor *dx)
+
 // ---- depthwise convolution (GSPN's Local Perception Unit) ------------------------------------
 // x (B,H,W,C) channels-last; w (C,1,k,k), PyTorch's depthwise Conv2d weight (groups = C), k odd;
 // stride 1, zero padding k/2; b (C) or NULL. y (B,H,W,C), x's dtype:

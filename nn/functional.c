@@ -586,3 +586,29 @@ Tensor *nn_dwconv(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
         *(LinearRec *)tape_record(t, dwconv_backward, sizeof(LinearRec)) = (LinearRec){x, w, b, y};
     return y;
 }
+
+// ---- convolution (im2col + GEMM) ----
+typedef struct { Tensor *x, *y; int nchw, k, stride, pad; } Im2colRec;
+static void im2col_backward(Tape *t, void *p) {
+    Im2colRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    Tensor *dx = tape_grad(t, r->x);
+    if (dx) op_im2col_bwd(t->ctx, r->y->grad, r->nchw, r->k, r->stride, r->pad, dx);
+}
+Tensor *nn_conv2d(Tape *t, Tensor *x, Tensor *w, Tensor *b, int nchw, int stride, int pad) {
+    CG_CHECK(x->ndim == 4 && w->ndim == 4 && w->shape[2] == w->shape[3], "",
+             "conv2d: x (B,H,W,C) or (B,C,H,W) and w (Cout, C, k, k)");
+    int k = w->shape[3], C = w->shape[1], Cout = w->shape[0], B = x->shape[0];
+    int H = nchw ? x->shape[2] : x->shape[1], W = nchw ? x->shape[3] : x->shape[2];
+    CG_CHECK((nchw ? x->shape[1] : x->shape[3]) == C, "", "conv2d: %d input channels, the weight "
+             "takes %d", nchw ? x->shape[1] : x->shape[3], C);
+    int Ho = (H + 2 * pad - k) / stride + 1, Wo = (W + 2 * pad - k) / stride + 1;
+    x = nn_cast(t, x, t->ctx->act_dtype);   // an fp32 image into the activation dtype
+    Tensor *cols = tape_tensor(t, 2, (int[]){B * Ho * Wo, C * k * k}, x->dtype == DTYPE_F32);
+    op_im2col_fwd(t->ctx, x, nchw, k, stride, pad, cols);
+    if (tape_track(t, cols, x, NULL, NULL))
+        *(Im2colRec *)tape_record(t, im2col_backward, sizeof(Im2colRec)) =
+            (Im2colRec){x, cols, nchw, k, stride, pad};
+    Tensor *y = nn_linear(t, cols, nn_view(t, w, 2, (int[]){Cout, C * k * k}), b);
+    return nn_view(t, y, 4, (int[]){B, Ho, Wo, Cout});
+}

@@ -415,6 +415,61 @@ static void test_dwconv_matches_reference_and_finite_differences(void **state) {
     check_dwconv(1, 2, 3, 4, 3);   // smaller than the kernel's reach
 }
 
+// ---- convolution: im2col ---------------------------------------------------------------------------
+
+// im2col composed with the linear op against a direct convolution, and im2col_bwd as its
+// adjoint: <im2col(x), r> = <x, im2col_bwd(r)> for random x and r.
+static void check_conv(int nchw, int B, int C, int H, int W, int Cout, int k, int s, int p) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = nchw ? test_tensor(4, B, C, H, W) : test_tensor(4, B, H, W, C);
+    int Ho = (H + 2 * p - k) / s + 1, Wo = (W + 2 * p - k) / s + 1;
+    Tensor *cols = test_tensor(2, B * Ho * Wo, C * k * k), *w = test_tensor(2, Cout, C * k * k);
+    Tensor *bias = test_tensor(1, Cout), *y = test_tensor(2, B * Ho * Wo, Cout);
+    test_fill(x, 91, -1, 1);
+    test_fill(w, 92, -1, 1);
+    test_fill(bias, 93, -1, 1);
+    cpu_im2col_fwd(&ctx, x, nchw, k, s, p, cols);
+    cpu_linear_fwd(&ctx, cols, w, bias, y);
+    double *ref = calloc(y->numel, sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int ho = 0; ho < Ho; ho++)
+            for (int wo = 0; wo < Wo; wo++)
+                for (int o = 0; o < Cout; o++) {
+                    double acc = tensor_f32(bias)[o];
+                    for (int c = 0; c < C; c++)
+                        for (int ky = 0; ky < k; ky++)
+                            for (int kx = 0; kx < k; kx++) {
+                                int h = ho * s + ky - p, wx = wo * s + kx - p;
+                                if (h < 0 || h >= H || wx < 0 || wx >= W) continue;
+                                size_t xi = nchw ? (((size_t)b * C + c) * H + h) * W + wx
+                                                 : (((size_t)b * H + h) * W + wx) * C + c;
+                                acc += tensor_f32(x)[xi] * tensor_f32(w)[((size_t)o * C + c) * k * k + ky * k + kx];
+                            }
+                    ref[(((size_t)b * Ho + ho) * Wo + wo) * Cout + o] = acc;
+                }
+    char what[80];
+    snprintf(what, sizeof what, "conv k%d s%d p%d %s", k, s, p, nchw ? "NCHW" : "NHWC");
+    assert_close_ref(what, y, ref);
+    free(ref);
+    Tensor *r = test_like(cols), *dx = test_like(x);
+    test_fill(r, 94, -1, 1);
+    cpu_im2col_bwd(&ctx, r, nchw, k, s, p, dx);
+    double lhs = 0, rhs = 0;
+    for (size_t i = 0; i < cols->numel; i++) lhs += (double)tensor_f32(cols)[i] * tensor_f32(r)[i];
+    for (size_t i = 0; i < x->numel; i++) rhs += (double)tensor_f32(x)[i] * tensor_f32(dx)[i];
+    printf("    adjoint   %-28s %.9g vs %.9g\n", what, lhs, rhs);
+    assert_true(fabs(lhs - rhs) <= 1e-5 * (fabs(lhs) + 1));
+    Tensor *t[] = {x, cols, w, bias, y, r, dx};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) test_tensor_free(t[i]);
+}
+
+static void test_im2col_convolution_matches_direct_and_its_adjoint(void **state) {
+    check_conv(1, 2, 3, 9, 8, 5, 3, 2, 1);   // a stem: NCHW image, 3x3 stride 2
+    check_conv(0, 2, 4, 7, 6, 6, 3, 2, 1);   // downsampling, channels-last
+    check_conv(0, 1, 3, 8, 8, 4, 2, 2, 0);   // 2x2 stride 2 (patch merging)
+    check_conv(0, 1, 2, 5, 5, 3, 3, 1, 1);   // stride 1: every input in up to 9 windows
+}
+
 // ---- bilinear resize -------------------------------------------------------------------------
 
 // Resizes a single-channel grid given as rows and compares with values known by hand.
@@ -736,6 +791,7 @@ int main(void) {
         cmocka_unit_test(test_mean_tokens_matches_reference_and_finite_differences),
         cmocka_unit_test(test_attention_pool_equals_attention_with_the_query_in_every_row),
         cmocka_unit_test(test_dwconv_matches_reference_and_finite_differences),
+        cmocka_unit_test(test_im2col_convolution_matches_direct_and_its_adjoint),
         cmocka_unit_test(test_resize_forward_matches_pytorch_values_by_hand),
         cmocka_unit_test(test_resize_matches_reference_and_finite_differences),
         cmocka_unit_test(test_cross_entropy_matches_reference_and_finite_differences),

@@ -62,6 +62,8 @@ static const NamedTol BF16_TOLS[] = {
     {"softmax_fwd.y", BF16_ROUNDED_TOL},
     {"attention_pool_fwd.out", BF16_ROUNDED_TOL},   // fp32 math on bf16 inputs, rounded once
     {"dwconv_fwd.y", BF16_ROUNDED_TOL},
+    {"im2col_fwd.cols", 0.0},                // copies of bf16 values: exact
+    {"im2col_bwd.dx", BF16_ROUNDED_TOL},     // prior + up to k*k columns, rounded once
     {"dwconv_bwd.dx", BF16_ROUNDED_TOL},     // prior + the taps' sum, rounded once
     {"dwconv_bwd.dw", FP32_TOL},             // fp32 column sums of bf16 products
     {"dwconv_bwd.db", FP32_TOL},
@@ -584,6 +586,34 @@ static void test_dwconv_matches_cpu(void **state) {
         }
 }
 
+// im2col for the stem (NCHW image, 3x3 stride 2), downsampling (channels-last 3x3 stride 2) and
+// 2x2 patch merging, and its adjoint.
+static void test_im2col_matches_cpu(void **state) {
+    static const int cases[][8] = {{1, 2, 3, 16, 12, 3, 2, 1}, {0, 2, 16, 14, 14, 3, 2, 1},
+                                   {0, 3, 8, 8, 10, 2, 2, 0}, {0, 1, 5, 7, 7, 3, 1, 1}};   // nchw B C H W k s p
+    for (int mi = 0; mi < 2; mi++)
+        for (int ci = 0; ci < 4; ci++) {
+            DType dt = MODES[mi];
+            const int *q = cases[ci];
+            int nchw = q[0], B = q[1], C = q[2], hgt = q[3], wid = q[4], k = q[5], st = q[6], pd = q[7];
+            int Ho = (hgt + 2 * pd - k) / st + 1, Wo = (wid + 2 * pd - k) / st + 1;
+            printf("  %s %s (%d,%d,%d,%d) k%d s%d p%d\n", dtype_name(dt), nchw ? "NCHW" : "NHWC", B, C,
+                   hgt, wid, k, st, pd);
+            Tensor *x = nchw ? rnd(HT(B, C, hgt, wid), 1, -1, 1, dt) : rnd(HT(B, hgt, wid, C), 1, -1, 1, dt);
+            Tensor *cols = HT(B * Ho * Wo, C * k * k), *gcols = dev_zeros(cols, dt);
+            cpu_im2col_fwd(&H, x, nchw, k, st, pd, cols);
+            cuda_im2col_fwd(&G, dev(x, dt), nchw, k, st, pd, gcols);
+            check("im2col_fwd.cols", dt, gcols, cols);
+            Tensor *dc = rnd(HT(B * Ho * Wo, C * k * k), 2, -1, 1, dt);
+            Tensor *dx = nchw ? rnd(HT(B, C, hgt, wid), 3, -1, 1, dt) : rnd(HT(B, hgt, wid, C), 3, -1, 1, dt);
+            Tensor *gdx = dev(dx, dt);
+            cpu_im2col_bwd(&H, dc, nchw, k, st, pd, dx);
+            cuda_im2col_bwd(&G, dev(dc, dt), nchw, k, st, pd, gdx);
+            check("im2col_bwd.dx", dt, gdx, dx);
+            release_all();
+        }
+}
+
 // ---- token layout ------------------------------------------------------------------------------------
 
 static void test_token_ops_match_cpu(void **state) {
@@ -970,6 +1000,7 @@ int main(void) {
         cmocka_unit_test(test_softmax_matches_cpu),
         cmocka_unit_test(test_attention_pool_matches_cpu),
         cmocka_unit_test(test_dwconv_matches_cpu),
+        cmocka_unit_test(test_im2col_matches_cpu),
         cmocka_unit_test(test_token_ops_match_cpu),
         cmocka_unit_test(test_resize_bilinear_matches_cpu),
         cmocka_unit_test(test_cross_entropy_matches_cpu),
