@@ -576,8 +576,16 @@ Tensor *nn_attention_pool(Tape *t, Tensor *q, Tensor *kv, int heads) {
 static void dwconv_backward(Tape *t, void *p) {
     LinearRec *r = p;   // x, w, b, y
     if (!NEED_GRAD(r)) return;
-    op_dwconv_bwd(t->ctx, r->y->grad, r->x, r->w, tape_grad(t, r->x), tape_grad(t, r->w),
-                  tape_grad(t, r->b));
+    Tensor *dy = r->y->grad, *dx = tape_grad(t, r->x), *into = dx;
+    // x + dwconv(x), the LPU: the residual add hands dy itself to x as its gradient, so dx can be
+    // dy's buffer, and the taps would read neighbours already updated. They go to a zeroed buffer
+    // first, then into dx.
+    if (dx && dx->data == dy->data) {
+        into = tape_tensor_like(t, dx);
+        op_zero(t->ctx, into);
+    }
+    op_dwconv_bwd(t->ctx, dy, r->x, r->w, into, tape_grad(t, r->w), tape_grad(t, r->b));
+    if (into != dx) op_accumulate(t->ctx, into, dx);
 }
 Tensor *nn_dwconv(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
     Tensor *y = tape_tensor_like(t, x);

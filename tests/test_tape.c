@@ -376,8 +376,80 @@ static void test_backward_from_seeds_match_finite_differences(void **state) {
     net_free(&c.n);
 }
 
+// GSPN's stem and Local Perception Unit as the tape composes them: an NCHW image through
+// nn_conv2d (3x3, stride 2), then channels-last nn_conv2d (2x2, stride 2) and x + nn_dwconv(x),
+// every parameter and the image against finite differences.
+typedef struct ConvChain {
+    Ctx ctx;
+    Arena arena;
+    Tape tape;
+    ParamTable params;
+    Tensor *w1, *b1, *w2, *b2, *dw, *db, *img, *target;
+} ConvChain;
+
+static Tensor *conv_chain_loss(ConvChain *c) {
+    tape_reset(&c->tape);
+    c->img->grad = NULL;
+    Tensor *y = nn_conv2d(&c->tape, c->img, c->w1, c->b1, 1, 2, 1);   // (2,5,4,6)
+    y = nn_conv2d(&c->tape, y, c->w2, c->b2, 0, 2, 0);                // (2,2,2,8)
+    y = nn_add(&c->tape, y, nn_dwconv(&c->tape, y, c->dw, c->db));
+    return nn_mse(&c->tape, y, c->target);
+}
+
+static double conv_chain_value(void *user) {
+    ConvChain *c = user;
+    bool old = tape_set_grad_enabled(&c->tape, false);
+    double v = tensor_f32(conv_chain_loss(c))[0];
+    tape_set_grad_enabled(&c->tape, old);
+    return v;
+}
+
+static void test_conv2d_and_dwconv_backward_matches_finite_differences(void **state) {
+    (void)state;
+    ConvChain c;
+    memset(&c, 0, sizeof c);
+    c.ctx = ctx_cpu();
+    arena_init(&c.arena, &c.ctx, 1u << 22);
+    tape_init(&c.tape, &c.ctx, &c.arena);
+    params_init_table(&c.params);
+    c.w1 = params_add(&c.params, "stem.weight", 4, (int[]){6, 3, 3, 3}, INIT_FAN_IN_UNIFORM, 0, true);
+    c.b1 = params_add(&c.params, "stem.bias", 1, (int[]){6}, INIT_ZEROS, 0, false);
+    c.w2 = params_add(&c.params, "down.weight", 4, (int[]){8, 6, 2, 2}, INIT_FAN_IN_UNIFORM, 0, true);
+    c.b2 = params_add(&c.params, "down.bias", 1, (int[]){8}, INIT_ZEROS, 0, false);
+    c.dw = params_add(&c.params, "lpu.weight", 4, (int[]){8, 1, 3, 3}, INIT_FAN_IN_UNIFORM, 0, true);
+    c.db = params_add(&c.params, "lpu.bias", 1, (int[]){8}, INIT_ZEROS, 0, false);
+    params_alloc(&c.params, &c.ctx);
+    for (int i = 0; i < c.params.n; i++) test_fill(&c.params.params[i]->value, 50 + i, -0.5f, 0.5f);
+    c.img = test_tensor(4, 2, 3, 9, 8);
+    c.target = test_tensor(4, 2, 2, 2, 8);
+    test_fill(c.img, 60, -1, 1);
+    test_fill(c.target, 61, -1, 1);
+    c.img->requires_grad = true;
+    params_zero_grads(&c.params, &c.ctx);
+    tape_backward(&c.tape, conv_chain_loss(&c));
+    Tensor *gimg = test_like(c.img);
+    memcpy(gimg->data, c.img->grad->data, tensor_bytes(gimg));
+    double worst = test_gradcheck("image", conv_chain_value, &c, c.img, gimg);
+    for (int i = 0; i < c.params.n; i++) {
+        Param *p = c.params.params[i];
+        Tensor *g = test_like(&p->grad);
+        memcpy(g->data, p->grad.data, tensor_bytes(g));
+        assert_true(test_dot(g, g) > 0);
+        worst = fmax(worst, test_gradcheck(p->name, conv_chain_value, &c, &p->value, g));
+        test_tensor_free(g);
+    }
+    assert_true(worst < GRAD_TOL);
+    test_tensor_free(gimg);
+    test_tensor_free(c.img);
+    test_tensor_free(c.target);
+    tape_free(&c.tape);
+    arena_free(&c.arena);
+    params_free(&c.params, &c.ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_conv2d_and_dwconv_backward_matches_finite_differences),
         cmocka_unit_test(test_vit_backward_matches_finite_differences),
         cmocka_unit_test(test_vit_avg_pool_backward_matches_finite_differences),
         cmocka_unit_test(test_vit_registers_no_embed_class_backward_matches_finite_differences),
