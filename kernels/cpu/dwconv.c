@@ -6,6 +6,7 @@
 // pixels in one fixed order, so the result does not depend on the thread count.
 #include "../ops.h"
 #include "cpu_check.h"
+#include <stdbool.h>
 
 typedef struct DwShape {
     int B, H, W, C, k, p;
@@ -26,31 +27,38 @@ static DwShape dw_shape(const char *op, const Tensor *x, const Tensor *w) {
     return s;
 }
 
+// out[b,h,w,c] += sum_{i,j} w[c,i,j] in[b, h + d(i), w + d(j), c], d(i) = i - p, or p - i when
+// mirror (the backward's taps): y = b + taps(x), dx += mirrored taps(dy).
+static void add_taps(const DwShape *s, const float *in, const float *Wt, bool mirror, float *out) {
+    int kk = s->k * s->k;
+    #pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < s->B * s->H; bh++) {
+        int bi = bh / s->H, h = bh % s->H;
+        for (int wx = 0; wx < s->W; wx++) {
+            float *o = out + ((size_t)bh * s->W + wx) * s->C;
+            for (int i = 0; i < s->k; i++) {
+                int hh = mirror ? h - i + s->p : h + i - s->p;
+                if (hh < 0 || hh >= s->H) continue;
+                for (int j = 0; j < s->k; j++) {
+                    int ww = mirror ? wx - j + s->p : wx + j - s->p;
+                    if (ww < 0 || ww >= s->W) continue;
+                    const float *v = in + (((size_t)bi * s->H + hh) * s->W + ww) * s->C;
+                    for (int c = 0; c < s->C; c++) o[c] += Wt[(size_t)c * kk + i * s->k + j] * v[c];
+                }
+            }
+        }
+    }
+}
+
 void cpu_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y) {
     (void)ctx;
     DwShape s = dw_shape("dwconv_fwd", x, w);
     cpu_check_same("dwconv_fwd", "y", y, "x", x);
     if (b) cpu_check_numel("dwconv_fwd", "b", b, (size_t)s.C);
-    const float *X = tensor_f32(x), *Wt = tensor_f32(w), *Bs = b ? tensor_f32(b) : NULL;
     float *Y = tensor_f32(y);
-    #pragma omp parallel for schedule(static)
-    for (int bh = 0; bh < s.B * s.H; bh++) {
-        int bi = bh / s.H, h = bh % s.H;
-        for (int wx = 0; wx < s.W; wx++) {
-            float *yo = Y + ((size_t)bh * s.W + wx) * s.C;
-            for (int c = 0; c < s.C; c++) yo[c] = Bs ? Bs[c] : 0.0f;
-            for (int i = 0; i < s.k; i++) {
-                int hh = h + i - s.p;
-                if (hh < 0 || hh >= s.H) continue;
-                for (int j = 0; j < s.k; j++) {
-                    int ww = wx + j - s.p;
-                    if (ww < 0 || ww >= s.W) continue;
-                    const float *xi = X + (((size_t)bi * s.H + hh) * s.W + ww) * s.C;
-                    for (int c = 0; c < s.C; c++) yo[c] += Wt[(size_t)c * s.k * s.k + i * s.k + j] * xi[c];
-                }
-            }
-        }
-    }
+    for (size_t px = 0; px < y->numel / (size_t)s.C; px++)
+        for (int c = 0; c < s.C; c++) Y[px * s.C + c] = b ? tensor_f32(b)[c] : 0.0f;
+    add_taps(&s, tensor_f32(x), tensor_f32(w), false, Y);
 }
 
 void cpu_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
@@ -58,28 +66,11 @@ void cpu_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w
     (void)ctx;
     DwShape s = dw_shape("dwconv_bwd", x, w);
     cpu_check_same("dwconv_bwd", "dy", dy, "x", x);
-    const float *DY = tensor_f32(dy), *X = tensor_f32(x), *Wt = tensor_f32(w);
+    const float *DY = tensor_f32(dy), *X = tensor_f32(x);
     int kk = s.k * s.k;
     if (dx) {
         cpu_check_same("dwconv_bwd", "dx", dx, "x", x);
-        float *DX = tensor_f32(dx);
-        #pragma omp parallel for schedule(static)
-        for (int bh = 0; bh < s.B * s.H; bh++) {
-            int bi = bh / s.H, h = bh % s.H;
-            for (int wx = 0; wx < s.W; wx++) {
-                float *dxo = DX + ((size_t)bh * s.W + wx) * s.C;
-                for (int i = 0; i < s.k; i++) {
-                    int hh = h - i + s.p;
-                    if (hh < 0 || hh >= s.H) continue;
-                    for (int j = 0; j < s.k; j++) {
-                        int ww = wx - j + s.p;
-                        if (ww < 0 || ww >= s.W) continue;
-                        const float *g = DY + (((size_t)bi * s.H + hh) * s.W + ww) * s.C;
-                        for (int c = 0; c < s.C; c++) dxo[c] += Wt[(size_t)c * kk + i * s.k + j] * g[c];
-                    }
-                }
-            }
-        }
+        add_taps(&s, DY, tensor_f32(w), true, tensor_f32(dx));
     }
     if (dw) cpu_check_f32("dwconv_bwd", "dw", dw), cpu_check_numel("dwconv_bwd", "dw", dw, (size_t)s.C * kk);
     if (db) cpu_check_f32("dwconv_bwd", "db", db), cpu_check_numel("dwconv_bwd", "db", db, (size_t)s.C);
