@@ -46,6 +46,8 @@ Tensor gpu_tensor(DType dt, int ndim, const int *shape, uint64_t seed) {
     } else {
         CUDA_CHECK(cudaMemset(t.data, 0, tensor_bytes(&t)));
     }
+    // The fill ran on the legacy stream, which the library's non-blocking stream does not wait for.
+    CUDA_CHECK(cudaDeviceSynchronize());
     return t;
 }
 
