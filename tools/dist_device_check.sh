@@ -69,7 +69,7 @@ record "build" PASS "$(elapsed) s"
 
 # ---- 1. equivalence and resume on two GPUs --------------------------------------------------------
 echo "== 1. 2 GPUs x b vs 1 GPU x 2b (fp32), bit-exact 2-rank resume (bf16)"
-CGSPN_TEST_DEVICE=$test_device timeout -k 10 150 $mpirun_cmd -np $np build/tests/test_dist_train \
+CGSPN_TEST_DEVICE=$test_device timeout -k 10 240 $mpirun_cmd -np $np build/tests/test_dist_train \
     >"$logs/test_dist_train.log" 2>&1
 rc=$?
 grep -E "rel |differ|^\[ +(OK|FAILED|PASSED) +\]" "$logs/test_dist_train.log" | grep -v "^\[#" | sed 's/^/   /'
