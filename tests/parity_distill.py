@@ -8,7 +8,11 @@ depth written here from DESIGN §5 (the four-direction scan as a plain loop), wi
 random weights (adaptors' W2 included, so they matter). For each case `cgspn distill CONFIG
 --images X --loss-out L --init W` computes the loss of one batch; this script computes the same
 from DESIGN §6 in PyTorch and compares the loss, every logged part and the gradient of every
-trainable parameter.
+trainable parameter. A fourth case adds a second teacher (issue 19) of another shape: a timm ViT
+with 2 registers and pos_embed on the patch tokens only, width 24, depth 2, patch 4, seen at 32 px
+in its own input normalization; its taps, bilinearly resized to the student's grid, pair with its
+blocks proportionally, through width-changing adaptors, and the student's pooled vector learns
+its class token (summary).
 
 Run from the repository root after `make` (the GPU machine for bf16; fp32 anywhere):
     python3 tests/parity_distill.py --precision fp32 --device cpu
@@ -21,6 +25,7 @@ nearly equal features, where bf16 rounding of the features alone moves the resul
 percent, in PyTorch as in cgspn).
 """
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -43,7 +48,14 @@ CASES = [
     ("stage2_all_adaptors", {"stage": "2", "taps": "all", "adaptor_hidden": "24"}),
     ("stage2_taps_2_4_pb_ce", {"stage": "2", "taps": "2,4", "tap_pp": "0", "adaptors": "0",
                                "gamma": "0.7", "alpha": "0.3", "beta": "0.8", "lambda2": "1.5"}),
+    # extra_teachers is filled in with the work folder's t2.cfg (T2 below)
+    ("stage2_two_teachers", {"stage": "2", "taps": "all", "adaptor_hidden": "24",
+                             "data_mean": "0.3", "data_std": "0.8", "extra_teachers": ""}),
 ]
+# Teacher 2 of stage2_two_teachers and its teacher-file keys.
+C2, DEPTH2, IMG2, PATCH2, REGS2, HIDDEN_AD2 = 24, 2, 32, 4, 2, 16
+T2 = {"teacher_img_size": IMG2, "teacher_mean": 0.1, "teacher_std": 0.5, "alpha": 0.4, "beta": 0.9,
+      "lambda1": 1.0, "summary_weight": 0.6, "adaptor_hidden": HIDDEN_AD2}
 
 
 def rel_err(a, b):
@@ -104,9 +116,9 @@ class GspnLayer(nn.Module):
 
 
 class Mlp(nn.Module):
-    def __init__(self, hidden=HIDDEN):
+    def __init__(self, hidden=HIDDEN, width=C, out=C):
         super().__init__()
-        self.fc1, self.fc2 = nn.Linear(C, hidden), nn.Linear(hidden, C)
+        self.fc1, self.fc2 = nn.Linear(width, hidden), nn.Linear(hidden, out)
 
     def forward(self, x):
         return self.fc2(F.gelu(self.fc1(x)))
@@ -132,14 +144,19 @@ class PatchEmbed(nn.Module):
 
 
 class Student(nn.Module):
-    def __init__(self, adaptor_hidden):
+    def __init__(self, adaptor_hidden, second_teacher=False):
         super().__init__()
         self.patch_embed = PatchEmbed()
         self.blocks = nn.ModuleList([Block() for _ in range(DEPTH)])
         self.norm, self.head = nn.LayerNorm(C, eps=1e-6), nn.Linear(C, CLASSES)
-        self.adaptors = nn.ModuleDict({str(i): nn.ModuleDict({"pp": Mlp(adaptor_hidden),
-                                                              "pb": Mlp(adaptor_hidden)})
-                                       for i in range(DEPTH)})
+        ad = {str(i): nn.ModuleDict({"pp": Mlp(adaptor_hidden), "pb": Mlp(adaptor_hidden)})
+              for i in range(DEPTH)}
+        if second_teacher:   # C -> C2, no residual: adaptors.t2.N.pp/pb, adaptors.t2.summary
+            t2 = {str(i): nn.ModuleDict({"pp": Mlp(HIDDEN_AD2, C, C2), "pb": Mlp(HIDDEN_AD2, C, C2)})
+                  for i in range(DEPTH)}
+            t2["summary"] = Mlp(HIDDEN_AD2, C, C2)
+            ad["t2"] = nn.ModuleDict(t2)
+        self.adaptors = nn.ModuleDict(ad)
 
     def forward(self, img):
         x = self.patch_embed.proj(img).flatten(2).transpose(1, 2)   # (B, N, C)
@@ -148,7 +165,8 @@ class Student(nn.Module):
             x, pp = b(x)
             pps.append(pp)
             pbs.append(x)
-        return self.head(self.norm(x).mean(1)), pps, pbs
+        self.pooled = self.norm(x).mean(1)   # the summary loss's student side
+        return self.head(self.pooled), pps, pbs
 
 
 # ---- DESIGN §6 -------------------------------------------------------------------------------
@@ -158,7 +176,7 @@ def token_kl(s, t):
     return (ls.exp() * (ls - lt)).sum(-1).mean()
 
 
-def teacher_taps(teacher, img):
+def teacher_taps(teacher, img, prefix=1):
     ins, pps, pbs = {}, {}, {}
     hooks = []
     for i, blk in enumerate(teacher.blocks):
@@ -169,11 +187,48 @@ def teacher_taps(teacher, img):
         teacher.forward_features(img)
     for h in hooks:
         h.remove()
-    patches = lambda d: {i: v[:, 1:].detach() for i, v in d.items()}   # drop the class token
+    patches = lambda d: {i: v[:, prefix:].detach() for i, v in d.items()}   # drop class (+ registers)
     return patches(ins), patches(pps), patches(pbs)
 
 
-def reference(case, teacher, student, img, targets):
+def second_teacher_loss(teacher2, student, img, spp, spb, parts):
+    """Teacher 2's part: its view (the image resized to IMG2, antialiased, renormalized from the
+    student's 0.3 / 0.8 to its own), its taps resized to the student's grid, blocks paired
+    proportionally (round(b * DEPTH2 / DEPTH), halves up), width-changing adaptors, its summary."""
+    view = F.interpolate(img, size=(IMG2, IMG2), mode="bilinear", antialias=True, align_corners=False)
+    view = (view * 0.8 + 0.3 - T2["teacher_mean"]) / T2["teacher_std"]
+    _, tpp, tpb = teacher_taps(teacher2, view, prefix=1 + REGS2)
+    g = IMG2 // PATCH2
+
+    def on_student_grid(v):   # (B, g*g, C2) -> (B, GRID*GRID, C2), bilinear, half-pixel centres
+        v = v.reshape(v.shape[0], g, g, C2).permute(0, 3, 1, 2)
+        v = F.interpolate(v, size=(GRID, GRID), mode="bilinear", align_corners=False)
+        return v.permute(0, 2, 3, 1).reshape(v.shape[0], GRID * GRID, C2)
+
+    ad = student.adaptors["t2"]
+    lpp, lpb, comp = [], [], {"mse_pp": [], "kl_pp": [], "mse_pb": [], "kl_pb": []}
+    for i in range(DEPTH):
+        tb = int(math.floor((i + 1) * DEPTH2 / DEPTH + 0.5)) - 1
+        for kind, vs, vt, lam, acc in (("pp", spp[i], tpp[tb], T2["lambda1"], lpp),
+                                       ("pb", spb[i], tpb[tb], 7 / 3, lpb)):
+            s = ad[str(i)][kind](vs)
+            vt = on_student_grid(vt)
+            mse, kl = F.mse_loss(s, vt), token_kl(s, vt)
+            comp["mse_" + kind].append(mse)
+            comp["kl_" + kind].append(kl)
+            acc.append(mse + lam * kl)
+            parts[f"t2.{kind}_b{i + 1}"] = acc[-1]
+    for k, v in comp.items():
+        parts["t2." + k] = torch.stack(v).mean()
+    with torch.no_grad():
+        summary_t = teacher2.forward_features(view)[:, 0]   # the class token after the final norm
+    summary = F.mse_loss(ad["summary"](student.pooled), summary_t)
+    parts["t2.summary"] = summary
+    return (T2["alpha"] * torch.stack(lpp).mean() + T2["beta"] * torch.stack(lpb).mean()
+            + T2["summary_weight"] * summary)
+
+
+def reference(case, teacher, student, img, targets, teacher2=None):
     o = {k: v for k, v in case.items()}
     stage = int(o["stage"])
     tin, tpp, tpb = teacher_taps(teacher, img)
@@ -216,15 +271,23 @@ def reference(case, teacher, student, img, targets):
             ce = -(targets * F.log_softmax(logits, -1)).sum(-1).mean()
             parts["ce"] = ce
             loss = loss + gamma * ce
+        if teacher2 is not None:
+            loss = loss + second_teacher_loss(teacher2, student, img, spp, spb, parts)
         last = max(taps)
         used_adaptors = {f"adaptors.{i}.{k}." for i in taps for k in (("pp", "pb") if use_pp else ("pb",))}
 
         def trainable(n):
+            if n.startswith("adaptors.t2."):
+                return teacher2 is not None
             if n.startswith("adaptors."):
                 return use_ad and any(n.startswith(p) for p in used_adaptors)
             if gamma > 0:
                 return True
-            if n.startswith("norm.") or n.startswith("head."):
+            if n.startswith("head."):
+                return False
+            if teacher2 is not None:   # the summary reaches every block and the final norm
+                return True
+            if n.startswith("norm."):
                 return False
             return not (n.startswith("blocks.") and int(n.split(".")[1]) > last)
     loss.backward()
@@ -234,11 +297,11 @@ def reference(case, teacher, student, img, targets):
 
 # ---- running both ------------------------------------------------------------------------------
 
-def reference_bf16(case, teacher, student, img, targets):
+def reference_bf16(case, teacher, student, img, targets, teacher2=None):
     """The same computation as PyTorch runs it in bf16 mixed precision (autocast: bf16 matmuls and
     linears, fp32 reductions), for the bf16 bound."""
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss, parts, grads = reference(case, teacher, student, img, targets)
+        loss, parts, grads = reference(case, teacher, student, img, targets, teacher2)
     return loss.float(), {k: v.float() for k, v in parts.items()}, {k: g.float() for k, g in grads.items()}
 
 
@@ -281,13 +344,34 @@ def main():
             "depth": DEPTH, "heads": HEADS, "mlp_hidden": HIDDEN, "class_token": 1, "pos_embed": 1,
             "global_pool": "avg", "num_classes": CLASSES})
 
+        # Teacher 2: registers, pos_embed on the patch tokens only, another width, depth and patch.
+        teacher2 = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=IMG2,
+                                     patch_size=PATCH2, in_chans=1, num_classes=0, embed_dim=C2,
+                                     depth=DEPTH2, num_heads=4, mlp_ratio=2.0, reg_tokens=REGS2,
+                                     no_embed_class=True, global_pool="token").float().eval()
+        with torch.no_grad():
+            for n, p in teacher2.named_parameters():
+                base = 1.0 if n.endswith("norm1.weight") or n.endswith("norm2.weight") or n == "norm.weight" else 0.0
+                p.copy_(torch.randn_like(p) * (0.3 if p.ndim > 1 else 0.1) + base)
+        save_file({n: p.detach().contiguous() for n, p in teacher2.named_parameters()},
+                  f"{work}/teacher2.safetensors")
+        write_cfg(f"{work}/teacher2.cfg", {
+            "model": "vit", "img_size": IMG2, "in_chans": 1, "patch": PATCH2, "width": C2,
+            "depth": DEPTH2, "heads": 4, "mlp_hidden": 2 * C2, "class_token": 1, "reg_tokens": REGS2,
+            "no_embed_class": 1, "pos_embed": 1, "global_pool": "token", "num_classes": 0})
+        write_cfg(f"{work}/t2.cfg", dict({"teacher": f"{work}/teacher2.safetensors",
+                                          "teacher_config": f"{work}/teacher2.cfg"}, **T2))
+
         img = torch.randn(3, 1, IMG, IMG)
         targets = F.softmax(torch.randn(3, CLASSES), -1)
         save_file({"images": img, "targets": targets}, f"{work}/images.safetensors")
 
         for name, case in CASES:
             hidden = int(case.get("adaptor_hidden", 0)) or C
-            student = Student(hidden).float()
+            two = "extra_teachers" in case
+            if two:
+                case = dict(case, extra_teachers=f"{work}/t2.cfg")
+            student = Student(hidden, second_teacher=two).float()
             with torch.no_grad():
                 for n, p in student.named_parameters():
                     if n.endswith("merge"):
@@ -307,10 +391,11 @@ def main():
                    "teacher_prefix": "visual.trunk."}
             cfg.update(case)
             write_cfg(f"{work}/{name}.cfg", cfg)
-            ref_loss, ref_parts, ref_grads = reference(case, teacher, student, img, targets)
+            t2 = teacher2 if two else None
+            ref_loss, ref_parts, ref_grads = reference(case, teacher, student, img, targets, t2)
             torch_bf16 = {}   # PyTorch's own bf16 error per tensor
             if "bf16" in args.precision.split(","):
-                bl, bp, bg = reference_bf16(case, teacher, student, img, targets)
+                bl, bp, bg = reference_bf16(case, teacher, student, img, targets, t2)
                 torch_bf16["loss"] = rel_err(bl, ref_loss)
                 torch_bf16.update({f"part {k}": rel_err(bp[k], v) for k, v in ref_parts.items()})
                 torch_bf16.update({f"grad {n}": rel_err(bg[n], g) for n, g in ref_grads.items()})
