@@ -344,7 +344,11 @@ def main():
             "depth": DEPTH, "heads": HEADS, "mlp_hidden": HIDDEN, "class_token": 1, "pos_embed": 1,
             "global_pool": "avg", "num_classes": CLASSES})
 
-        # Teacher 2: registers, pos_embed on the patch tokens only, another width, depth and patch.
+        # Teacher 2: registers, pos_embed on the patch tokens only, another width, depth and patch;
+        # drawn from its own seed, so the other cases see the same random numbers as before.
+        rng = torch.random.fork_rng()
+        rng.__enter__()
+        torch.manual_seed(2)
         teacher2 = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=IMG2,
                                      patch_size=PATCH2, in_chans=1, num_classes=0, embed_dim=C2,
                                      depth=DEPTH2, num_heads=4, mlp_ratio=2.0, reg_tokens=REGS2,
@@ -361,6 +365,7 @@ def main():
             "no_embed_class": 1, "pos_embed": 1, "global_pool": "token", "num_classes": 0})
         write_cfg(f"{work}/t2.cfg", dict({"teacher": f"{work}/teacher2.safetensors",
                                           "teacher_config": f"{work}/teacher2.cfg"}, **T2))
+        rng.__exit__(None, None, None)
 
         img = torch.randn(3, 1, IMG, IMG)
         targets = F.softmax(torch.randn(3, CLASSES), -1)

@@ -2,6 +2,7 @@
 #include "distill.h"
 #include "checkpoint.h"
 #include "model_config.h"
+#include "config_table.h"
 #include "../kernels/error.h"
 #include <math.h>
 
@@ -92,10 +93,26 @@ static int split_teacher_files(const char *s, char files[][CONFIG_STR_MAX], int 
     return count;
 }
 
-// Teacher k's keys: the run config's (k = 0) or, for an extra teacher, its file on top of them.
+// What names one teacher, its input and its pairing: an extra teacher's own, never the run's
+// (teacher 1's prefix or side would be wrong for it); its file sets them or they keep defaults.
+static const char *const kTeacherIdentityKeys[] = {
+    "teacher", "teacher_config", "teacher_prefix", "teacher_img_size", "teacher_mean", "teacher_std",
+    "teacher_taps",
+};
+
+// Teacher k's keys: the run config's (k = 0) or, for an extra teacher, its file on top of them
+// (the loss and adaptor keys inherited, the identity keys from their defaults).
 static int teacher_keys_err(Config *tc, const Config *c, const char *file, char *err, size_t n) {
     *tc = *c;
     if (!file[0]) return 0;
+    Config defaults;
+    config_defaults(&defaults);
+    for (size_t i = 0; i < sizeof kTeacherIdentityKeys / sizeof kTeacherIdentityKeys[0]; i++) {
+        const CfgKey *k = cfg_key_find(kTeacherIdentityKeys[i]);
+        CG_CHECK(k, "", "teacher key %s is not a config key", kTeacherIdentityKeys[i]);
+        size_t size = k->type == CFG_STRING ? CONFIG_STR_MAX : 4;
+        memcpy(cfg_field(tc, k), cfg_field(&defaults, k), size);
+    }
     char inner[4096];
     if (config_load_file_err(tc, file, inner, sizeof inner) != 0)
         return cg_set_error(err, n, "extra_teachers: %s", inner);
@@ -109,9 +126,8 @@ static int teacher_keys_err(Config *tc, const Config *c, const char *file, char 
         }
         return len;
     }
-    if (strcmp(tc->teacher, c->teacher) == 0 && strcmp(tc->teacher_config, c->teacher_config) == 0)
-        return cg_set_error(err, n, "extra_teachers: %s does not set teacher (it would be the run's "
-                            "teacher, %s, again)", file, c->teacher);
+    if (!tc->teacher[0])
+        return cg_set_error(err, n, "extra_teachers: %s does not set teacher (its weights)", file);
     return 0;
 }
 
