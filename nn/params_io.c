@@ -83,6 +83,11 @@ void load_report_print(const LoadReport *r, FILE *f) {
     if (r->n_extra) {
         fprintf(f, "; %d extra tensors in the file (not loaded): ", r->n_extra);
         print_list(f, r->extra, r->n_extra);
+        bool map_head = false;
+        for (int i = 0; i < r->n_extra; i++) map_head |= strstr(r->extra[i], "attn_pool.") != NULL;
+        if (map_head)   // SigLIP's head left out: its summary would then be another vector
+            fprintf(f, "\n  note: the file has a MAP head (attn_pool.*); global_pool = map uses it "
+                    "(the pooled vector, a teacher's summary)");
     }
     fprintf(f, "\n");
 }

@@ -415,6 +415,25 @@ static void test_missing_tensors_are_errors_unless_allowed(void **state) {
     model_free(b);
 }
 
+// The load report points at a MAP head the config leaves out (a SigLIP file read with
+// global_pool = token or avg), and says nothing of it otherwise.
+static void test_load_report_names_a_map_head_left_out(void **state) {
+    (void)state;
+    char *extra_map[] = {"attn_pool.latent", "attn_pool.q.weight"}, *extra_proj[] = {"proj"};
+    for (int k = 0; k < 2; k++) {
+        LoadReport r = {.n_loaded = 3, .n_extra = k ? 1 : 2, .extra = k ? extra_proj : extra_map};
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        load_report_print(&r, f);
+        fclose(f);
+        printf("    %s", text);
+        if (k == 0) assert_contains(text, "global_pool = map uses it");
+        else assert_null(strstr(text, "attn_pool"));
+        free(text);
+    }
+}
+
 // An OpenCLIP-style file: names under "visual.trunk.", a text tower beside, timm's 4-D conv
 // weight, bf16 data. Returns the path; values are bf16 roundings of a's.
 static const char *write_openclip_style(const Model *a, bool with_2d_pos) {
@@ -558,6 +577,7 @@ static void test_openclip_names_load_into_timms(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_load_report_names_a_map_head_left_out),
         cmocka_unit_test_setup_teardown(test_writer_output_is_byte_identical_to_reference_implementation, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_reader_parses_reference_file_and_converts_f16, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_round_trip_f32_bits_and_bf16_conversion, setup_dir, teardown_dir),
