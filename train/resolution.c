@@ -13,7 +13,6 @@ enum { PURPOSE_MULTIRES = 0x3e5 };
 int resolution_views_init_err(ResolutionViews *v, const Config *c, char *err, size_t n) {
     memset(v, 0, sizeof *v);
     v->img_size = c->img_size;
-    v->teacher_side = c->teacher_img_size > 0 ? c->teacher_img_size : c->img_size;
     v->seed = (uint64_t)c->seed;
     v->filter = strcmp(c->interpolation, "bicubic") == 0 ? RESIZE_BICUBIC : RESIZE_BILINEAR;
     int k = config_parse_int_list("multires", c->multires, v->multires, RESOLUTION_MAX, err, n);

@@ -3,9 +3,9 @@
 //
 // The loader produces a batch at img_size. The student sees it at the step's resolution: img_size,
 // or with multires = r1,r2,... a side drawn per step (a pure function of (seed, step), so a
-// resumed run draws the same), the loader's image resized to it. The teacher sees the same
-// augmented image resized to teacher_img_size. Every resize is the antialiased separable filter
-// of data/resize.h (PyTorch interpolate(antialias=True)), on the host, per image plane. The
+// resumed run draws the same), the loader's image resized to it. Each teacher sees the same
+// augmented image resized to its teacher_img_size (distill_views). Every resize is the
+// antialiased separable filter of data/resize.h (PyTorch interpolate(antialias=True)), on the host, per image plane. The
 // teacher's taps then come back to the student's grid through teacher_taps_resize.
 #pragma once
 #include "config.h"
@@ -18,7 +18,6 @@ typedef struct ResolutionViews {
     int img_size;                  // the loader's side
     int n_multires;                // 0: the student always sees img_size
     int multires[RESOLUTION_MAX];
-    int teacher_side;              // the teacher's side (teacher_img_size or img_size)
     uint64_t seed;
     ResizeFilter filter;           // the config's interpolation
     float *host;                   // resize output (B, C, side, side)
@@ -27,7 +26,7 @@ typedef struct ResolutionViews {
     int n_scratch;
 } ResolutionViews;
 
-// From c (img_size, multires, teacher_img_size, interpolation, seed); multires sides must be
+// From c (img_size, multires, interpolation, seed); multires sides must be
 // multiples of patch and img_size their largest. 0, or -1 with a message.
 int  resolution_views_init_err(ResolutionViews *v, const Config *c, char *err, size_t n);
 void resolution_views_free(ResolutionViews *v);
