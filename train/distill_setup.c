@@ -110,7 +110,8 @@ static int teacher_keys_err(Config *tc, const Config *c, const char *file, char 
     for (size_t i = 0; i < sizeof kTeacherIdentityKeys / sizeof kTeacherIdentityKeys[0]; i++) {
         const CfgKey *k = cfg_key_find(kTeacherIdentityKeys[i]);
         CG_CHECK(k, "", "teacher key %s is not a config key", kTeacherIdentityKeys[i]);
-        size_t size = k->type == CFG_STRING ? CONFIG_STR_MAX : 4;
+        size_t size = k->type == CFG_STRING ? CONFIG_STR_MAX
+                    : k->type == CFG_BOOL   ? sizeof(bool) : 4;   // int, float
         memcpy(cfg_field(tc, k), cfg_field(&defaults, k), size);
     }
     char inner[4096];
