@@ -90,7 +90,9 @@ Tensor *tape_grad_fresh(Tape *t, Tensor *x, bool *fresh);
 // and g has x's dtype and size, x's gradient becomes g itself (seen with x's shape), so nothing
 // is zeroed or copied; returns whether it did (otherwise the caller adds g in). g must be the
 // gradient of the op's output, which no record reads after this one: records run in reverse,
-// so every reader of the output's gradient has already run.
+// so every reader of the output's gradient has already run. A residual add lets both inputs
+// adopt g: in x + f(x), f's backward gets dx == its dy, so a backward that reads other elements
+// of dy than the one it writes (a convolution's taps) must write elsewhere first (nn_dwconv).
 bool tape_grad_adopt(Tape *t, Tensor *x, Tensor *g);
 // Reports every parameter whose gradient is final during the next tape_backward(_from) calls
 // (fn NULL: none). Set it for the last backward of a step only (gradient accumulation adds
