@@ -28,6 +28,8 @@ OP_WEAK(layernorm_bwd)
 OP_WEAK(add_layernorm_fwd)
 OP_WEAK(gelu_fwd)
 OP_WEAK(gelu_bwd)
+OP_WEAK(silu_fwd)
+OP_WEAK(silu_bwd)
 OP_WEAK(softmax_fwd)
 OP_WEAK(softmax_bwd)
 OP_WEAK(attention_fwd)
@@ -151,6 +153,10 @@ void op_add_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *r, const Tens
 void op_gelu_fwd(Ctx *ctx, const Tensor *x, GeluKind kind, Tensor *y) { ROUTE(gelu_fwd, ctx, x, kind, y); }
 void op_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, GeluKind kind, Tensor *dx) {
     ROUTE(gelu_bwd, ctx, dy, x, kind, dx);
+}
+void op_silu_fwd(Ctx *ctx, const Tensor *x, Tensor *y) { ROUTE(silu_fwd, ctx, x, y); }
+void op_silu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, Tensor *dx) {
+    ROUTE(silu_bwd, ctx, dy, x, dx);
 }
 void op_softmax_fwd(Ctx *ctx, const Tensor *x, Tensor *y) { ROUTE(softmax_fwd, ctx, x, y); }
 void op_softmax_bwd(Ctx *ctx, const Tensor *dy, const Tensor *y, Tensor *dx) {

@@ -113,6 +113,11 @@ OP_DECL(add_layernorm_fwd, Ctx *ctx, const Tensor *x, const Tensor *r, const Ten
 // GELU, exact (erf) or tanh approximation, elementwise.
 OP_DECL(gelu_fwd, Ctx *ctx, const Tensor *x, GeluKind kind, Tensor *y)
 OP_DECL(gelu_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, GeluKind kind, Tensor *dx)
+// SiLU (swish), elementwise on any shape: y = x * sigmoid(x), x's dtype. GSPN's mixer activation
+// after its depthwise convolution.
+OP_DECL(silu_fwd, Ctx *ctx, const Tensor *x, Tensor *y)
+// dx += dy * silu'(x), silu'(x) = s (1 + x (1 - s)), s = sigmoid(x)
+OP_DECL(silu_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, Tensor *dx)
 // Softmax over the last dim. x (N,C) -> y (N,C); backward from the saved output y.
 OP_DECL(softmax_fwd, Ctx *ctx, const Tensor *x, Tensor *y)
 OP_DECL(softmax_bwd, Ctx *ctx, const Tensor *dy, const Tensor *y, Tensor *dx)

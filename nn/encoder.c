@@ -1,15 +1,24 @@
 #include "encoder.h"
 #include "../kernels/error.h"
 
+const char *encoder_kind_name(EncoderKind kind) {
+    static const char *names[] = {"vit", "cgspn", "hybrid", "gspn_hier"};
+    return kind >= 0 && kind <= ENCODER_GSPN_HIER ? names[kind] : "?";
+}
+
 int encoder_block_is_attention(const EncoderConfig *cfg, int i) {
     if (cfg->kind == ENCODER_VIT) return 1;
-    if (cfg->kind == ENCODER_CGSPN) return 0;
+    if (cfg->kind == ENCODER_CGSPN || cfg->kind == ENCODER_GSPN_HIER) return 0;
     return cfg->attn_every > 0 && (i + 1) % cfg->attn_every == 0;
 }
 
 void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
     memset(e, 0, sizeof(*e));
     e->cfg = *cfg;
+    if (cfg->kind == ENCODER_GSPN_HIER) {
+        hier_register(e, t);
+        return;
+    }
     CG_CHECK(cfg->depth >= 1 && cfg->depth <= ENCODER_MAX_DEPTH, "", "depth %d not in [1, %d]",
              cfg->depth, ENCODER_MAX_DEPTH);
     CG_CHECK(cfg->patch > 0 && cfg->img_h % cfg->patch == 0 && cfg->img_w % cfg->patch == 0,
@@ -59,7 +68,7 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
             attention_register(&b->attn, t, name, C, cfg->heads, cfg->qkv_bias);
         } else {
             snprintf(name, sizeof(name), "%s.gspn", p);
-            cgspn_layer_register(&b->gspn, t, name, C, cfg->gspn_latent, cfg->gspn_shared_w,
+            cgspn_layer_register(&b->gspn, t, name, C, C, cfg->gspn_latent, cfg->gspn_shared_w,
                                  cfg->gspn_out_norm, cfg->ln_eps);
         }
         if (cfg->layer_scale_init > 0) {
@@ -93,19 +102,20 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
 // would compound over deep models. Each sublayer reads it through its LayerNorm, which reads the
 // fp32 stream and writes the activation dtype (no separate cast pass).
 
-// The residual branch x of block b (branch 0: mixing layer, 1: MLP) under stochastic depth.
 static bool block_drop_path_active(const Tape *t, const Encoder *e) {
     return e->drop_path.rate > 0.0f && e->cfg.depth >= 2 && t->grad_enabled;
 }
 
-static Tensor *block_drop_path(Tape *t, const Encoder *e, const Block *b, int branch, Tensor *x) {
+Tensor *encoder_drop_path(Tape *t, const Encoder *e, int i, int branch, Tensor *x) {
     const EncoderDropPath *d = &e->drop_path;
-    int depth = e->cfg.depth;
     if (!block_drop_path_active(t, e)) return x;
-    int i = (int)(b - e->blocks);
-    DropPathArgs a = {d->rate * (float)i / (float)(depth - 1), d->seed, d->step, 2 * i + branch,
-                      d->first_sample};
+    DropPathArgs a = {d->rate * (float)i / (float)(e->cfg.depth - 1), d->seed, d->step,
+                      2 * i + branch, d->first_sample};
     return nn_drop_path(t, x, &a);
+}
+
+static Tensor *block_drop_path(Tape *t, const Encoder *e, const Block *b, int branch, Tensor *x) {
+    return encoder_drop_path(t, e, (int)(b - e->blocks), branch, x);
 }
 
 // The mixing layer on the sublayer input h (B,T,C): its output (B,T,C), or with `out` its body
@@ -192,6 +202,8 @@ static Tensor *block_forward_planned(Tape *t, const Encoder *e, int i, Tensor *x
 }
 
 Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *taps) {
+    if (e->cfg.kind == ENCODER_GSPN_HIER)
+        return hier_forward(t, e, img, taps ? taps->pp : NULL, taps ? taps->pb : NULL);
     Tensor *x = encoder_embed(t, e, img);
     for (int i = 0; i < e->cfg.depth; i++) {
         x = block_forward_planned(t, e, i, x, taps ? &taps->pp[i] : NULL);
@@ -205,6 +217,16 @@ Tensor *encoder_final_norm(Tape *t, const Encoder *e, Tensor *x) {
 }
 
 int encoder_set_image_size_err(Encoder *e, int img_h, int img_w, char *err, size_t n) {
+    if (e->cfg.kind == ENCODER_GSPN_HIER) {
+        if (img_h <= 0 || img_w <= 0)
+            return cg_set_error(err, n, "image %dx%d: not a positive size", img_h, img_w);
+        e->cfg.img_h = img_h;
+        e->cfg.img_w = img_w;
+        hier_grids(&e->cfg, e->hier.grid_h, e->hier.grid_w);
+        e->grid_h = e->hier.grid_h[HIER_STAGES - 1];
+        e->grid_w = e->hier.grid_w[HIER_STAGES - 1];
+        return 0;
+    }
     int p = e->cfg.patch;
     if (img_h <= 0 || img_w <= 0 || img_h % p != 0 || img_w % p != 0)
         return cg_set_error(err, n, "image %dx%d: not a positive multiple of the patch %d\n  hint: "
@@ -255,6 +277,7 @@ Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens) {
 }
 
 double encoder_flops_per_image(const EncoderConfig *c) {
+    if (c->kind == ENCODER_GSPN_HIER) return 2.0 * hier_macs_per_image(c);
     double N = (double)(c->img_h / c->patch) * (c->img_w / c->patch);
     double T = N + (c->kind == ENCODER_VIT ? (c->class_token ? 1 : 0) + c->reg_tokens : 0);
     double C = c->width, macs = N * C * c->in_chans * c->patch * c->patch;

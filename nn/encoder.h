@@ -1,9 +1,11 @@
-// Encoders of DESIGN §4: ViT (timm semantics), C-GSPN (no pos_embed, no class token) and the
-// hybrid (attention every k-th block). Tokens are channels-last: (B, prefix + H*W, C).
+// Encoders of DESIGN §4: ViT (timm semantics), C-GSPN (no pos_embed, no class token), the
+// hybrid (attention every k-th block), and the hierarchical GSPN classifier (nn/hier.h). Tokens
+// are channels-last: (B, prefix + H*W, C).
 #pragma once
 #include "layers.h"
+#include "hier.h"
 
-typedef enum { ENCODER_VIT = 0, ENCODER_CGSPN = 1, ENCODER_HYBRID = 2 } EncoderKind;
+typedef enum { ENCODER_VIT = 0, ENCODER_CGSPN = 1, ENCODER_HYBRID = 2, ENCODER_GSPN_HIER = 3 } EncoderKind;
 
 #define ENCODER_MAX_DEPTH 64
 
@@ -32,6 +34,11 @@ typedef struct EncoderConfig {
     int gspn_shared_w, gspn_out_norm;
     int attn_every;           // hybrid: blocks attn_every, 2*attn_every, ... (1-based) attend
     int grad_checkpoint;      // 0 = off; N: blocks 0, N, 2N, ... recompute their forward in backward
+    // gspn_hier (nn/hier.h): width is the first stage's, depth the sum of depths, patch 4 (the
+    // stem's stride); mlp_hidden unused (mlp_ratio per stage).
+    int depths[HIER_STAGES];
+    float mlp_ratio, mixer_ratio;
+    int mixer_conv;
 } EncoderConfig;
 
 // timm's AttentionPoolLatent with one latent (attn_pool.*): q = latent Wq + bq (C), k | v =
@@ -78,6 +85,7 @@ typedef struct Encoder {
     LayerNorm norm;               // the tokens' final norm, or with cfg.fc_norm the pooled vector's
     MapPool map;                  // when cfg.map_pool
     Linear head;
+    HierEncoder hier;             // kind gspn_hier: its stem, stages and grids (norm, head above)
 } Encoder;
 
 // Per-block taps: PP = mixing-layer output before the residual add, PB = block output.
@@ -118,6 +126,11 @@ Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens);
 // nor the scan's hidden states (4 directions x Cc fp32 per token); the recomputation makes them
 // again, one block at a time.
 bool encoder_block_is_checkpointed(const EncoderConfig *cfg, int i);
+// x itself, or with stochastic depth active (training, rate > 0) the residual branch x of block i
+// (0-based; branch 0: mixing layer, 1: MLP) dropped per sample, rate * i / (depth - 1).
+Tensor *encoder_drop_path(Tape *t, const Encoder *e, int block, int branch, Tensor *x);
+// "vit", "cgspn", "hybrid" or "gspn_hier"
+const char *encoder_kind_name(EncoderKind kind);
 // Whether block i (0-based) is an attention block for this encoder.
 int encoder_block_is_attention(const EncoderConfig *cfg, int i);
 // Multiply-accumulates of one image's forward pass (for MFU and logs).

@@ -150,6 +150,21 @@ Tensor *nn_gelu(Tape *t, Tensor *x, GeluKind kind) {
     return y;
 }
 
+// ---- silu ----
+typedef struct { Tensor *x, *y; } SiluRec;
+static void silu_backward(Tape *t, void *p) {
+    SiluRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    op_silu_bwd(t->ctx, r->y->grad, r->x, tape_grad(t, r->x));
+}
+Tensor *nn_silu(Tape *t, Tensor *x) {
+    Tensor *y = tape_tensor_like(t, x);
+    op_silu_fwd(t->ctx, x, y);
+    if (tape_track(t, y, x, NULL, NULL))
+        *(SiluRec *)tape_record(t, silu_backward, sizeof(SiluRec)) = (SiluRec){x, y};
+    return y;
+}
+
 // ---- MLP: linear + GELU + linear ----
 // The record keeps fc1's output pre, not h = gelu(pre): backward makes h again from pre (one
 // elementwise pass, as torch.compile's partitioner does), so the forward keeps 2 bytes less per

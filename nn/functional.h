@@ -14,6 +14,7 @@ Tensor *nn_layernorm(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps);
 Tensor *nn_linear_add_layernorm(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tensor *b,
                                 Tensor *ln_w, Tensor *ln_b, float eps, Tensor **normed);
 Tensor *nn_gelu(Tape *t, Tensor *x, GeluKind kind);
+Tensor *nn_silu(Tape *t, Tensor *x);                                    // x * sigmoid(x)
 // MLP y = gelu(x w1^T + b1) w2^T + b2 as one record: linear_gelu_fwd, and in backward
 // linear_dgelu_bwd (fc2 with the GELU's backward fused, dpre written) then linear_bwd (fc1).
 Tensor *nn_mlp(Tape *t, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2, Tensor *b2, GeluKind kind);

@@ -48,12 +48,31 @@ void attention_register(Attention *a, ParamTable *t, const char *prefix, int wid
     a->heads = heads;
 }
 
+void conv2d_register(Conv2d *c, ParamTable *t, const char *prefix, int in, int out, int k,
+                     int stride, int pad, bool bias) {
+    char name[PARAM_NAME_MAX];
+    pname(name, sizeof(name), prefix, "weight");
+    c->w = params_add(t, name, 4, (int[]){out, in, k, k}, INIT_FAN_IN_UNIFORM, 0, true);
+    c->b = NULL;
+    if (bias) {
+        pname(name, sizeof(name), prefix, "bias");
+        c->b = params_add(t, name, 1, (int[]){out}, INIT_FAN_IN_UNIFORM, (float)(in * k * k), false);
+    }
+    c->stride = stride;
+    c->pad = pad;
+}
+
+void dwconv_register(Conv2d *c, ParamTable *t, const char *prefix, int channels, int k, bool bias) {
+    CG_CHECK(k % 2 == 1 && k <= 7, "a depthwise kernel of 1, 3, 5 or 7", "%s: kernel %d", prefix, k);
+    conv2d_register(c, t, prefix, 1, channels, k, 1, k / 2, bias);
+}
+
 int cgspn_gate_width(int latent, int shared_w) {
     return shared_w ? 4 * (2 * latent + 3) : 20 * latent;
 }
 
 void cgspn_layer_register(CgspnLayer *l, ParamTable *t, const char *prefix, int width,
-                          int latent, int shared_w, int out_norm, float ln_eps) {
+                          int out_width, int latent, int shared_w, int out_norm, float ln_eps) {
     CG_CHECK(latent > 0 && latent <= width, "set gspn_latent between 1 and width",
              "C-GSPN latent channels %d for width %d", latent, width);
     char name[PARAM_NAME_MAX];
@@ -73,7 +92,7 @@ void cgspn_layer_register(CgspnLayer *l, ParamTable *t, const char *prefix, int 
         layernorm_register(&l->norm, t, name, latent, ln_eps);
     }
     pname(name, sizeof(name), prefix, "up");
-    linear_register(&l->up, t, name, latent, width, true, 0.02f);
+    linear_register(&l->up, t, name, latent, out_width, true, 0.02f);
     l->latent = latent;
     l->shared_w = shared_w;
     l->out_norm = out_norm;
@@ -109,3 +128,9 @@ Tensor *cgspn_layer_body(Tape *t, const CgspnLayer *l, Tensor *x) {
 Tensor *cgspn_layer(Tape *t, const CgspnLayer *l, Tensor *x) {
     return linear(t, &l->up, cgspn_layer_body(t, l, x));   // (B,H,W,C)
 }
+
+Tensor *conv2d(Tape *t, const Conv2d *c, Tensor *x, int nchw) {
+    return nn_conv2d(t, x, c->w, c->b, nchw, c->stride, c->pad);
+}
+
+Tensor *dwconv(Tape *t, const Conv2d *c, Tensor *x) { return nn_dwconv(t, x, c->w, c->b); }

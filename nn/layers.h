@@ -11,13 +11,18 @@ typedef struct Mlp { Linear fc1, fc2; GeluKind gelu; } Mlp;     // fc2(gelu(fc1(
 
 typedef struct Attention { Linear qkv, proj; int heads; } Attention;
 
-// DESIGN §5. x (B,H,W,C) -> y (B,H,W,C) through a latent of Cc channels.
+// A convolution: w (Cout, Cin, k, k) PyTorch's layout, Cin = 1 for a depthwise one; b (Cout) or
+// NULL. A dense one has a stride and zero padding; a depthwise one is stride 1, padding k/2.
+typedef struct Conv2d { Tensor *w, *b; int stride, pad; } Conv2d;
+
+// DESIGN §5. x (B,H,W,C) -> y (B,H,W,C_out) through a latent of Cc channels (C_out = C but in a
+// hierarchical encoder's mixer, nn/hier.h).
 typedef struct CgspnLayer {
     Linear down;     // (Cc, C)
     Linear gate;     // (G, Cc): lam, u, wt per direction (kernels/ops.h has the layout)
     Tensor *merge;   // (4), init 0.25
     LayerNorm norm;  // over Cc, when out_norm
-    Linear up;       // (C, Cc)
+    Linear up;       // (C_out, Cc)
     int latent, shared_w, out_norm;
 } CgspnLayer;
 
@@ -28,8 +33,14 @@ void layernorm_register(LayerNorm *l, ParamTable *t, const char *prefix, int wid
 void mlp_register(Mlp *m, ParamTable *t, const char *prefix, int width, int hidden, GeluKind g);
 void attention_register(Attention *a, ParamTable *t, const char *prefix, int width, int heads,
                         bool qkv_bias);
+// x (B,H,W,width) -> (B,H,W,out_width): out_width is width in a block, C in a hierarchical
+// mixer whose layer reads its inner width.
+// PyTorch's Conv2d init (fan-in uniform weight and bias), weight decayed.
+void conv2d_register(Conv2d *c, ParamTable *t, const char *prefix, int in, int out, int k,
+                     int stride, int pad, bool bias);
+void dwconv_register(Conv2d *c, ParamTable *t, const char *prefix, int channels, int k, bool bias);
 void cgspn_layer_register(CgspnLayer *l, ParamTable *t, const char *prefix, int width,
-                          int latent, int shared_w, int out_norm, float ln_eps);
+                          int out_width, int latent, int shared_w, int out_norm, float ln_eps);
 
 Tensor *linear(Tape *t, const Linear *l, Tensor *x);
 Tensor *layernorm(Tape *t, const LayerNorm *l, Tensor *x);
@@ -38,6 +49,9 @@ Tensor *layernorm(Tape *t, const LayerNorm *l, Tensor *x);
 Tensor *mlp(Tape *t, const Mlp *m, Tensor *x, Tensor *res);
 Tensor *attention(Tape *t, const Attention *a, Tensor *x);      // x (B,N,C)
 Tensor *cgspn_layer(Tape *t, const CgspnLayer *l, Tensor *x);   // x (B,H,W,C)
+// x (B,H,W,C), or (B,C,H,W) images with nchw -> (B,Ho,Wo,Cout) in the activation dtype.
+Tensor *conv2d(Tape *t, const Conv2d *c, Tensor *x, int nchw);
+Tensor *dwconv(Tape *t, const Conv2d *c, Tensor *x);             // (B,H,W,C), x's dtype
 // The mixing layers up to their output projection (the layer is that projection of it), for a
 // block that fuses the projection with its residual add: attention's heads (B,N,C), C-GSPN's
 // latent after the scan and its norm (B,H,W,Cc).

@@ -406,6 +406,39 @@ static void test_gelu_backward_matches_finite_differences(void **state) {
     }
 }
 
+// ---- silu -------------------------------------------------------------------------------------
+
+static double silu_loss(void *user) {
+    GeluCase *c = user;   // kind unused
+    Ctx ctx = ctx_cpu();
+    cpu_silu_fwd(&ctx, c->x, c->y);
+    return test_dot(c->y, c->r);
+}
+
+// Reference values: PyTorch F.silu(x), x / (1 + exp(-x)) in double.
+static void test_silu_matches_known_values_and_finite_differences(void **state) {
+    const float xs[] = {1.0f, -1.0f, -3.0f, 2.0f, 0.0f};
+    const double ref[] = {0.731058579, -0.268941421, -0.142277620, 1.761594156, 0.0};
+    GeluCase c = {.x = test_tensor(1, 5), .y = test_tensor(1, 5), .r = test_tensor(1, 5)};
+    memcpy(c.x->data, xs, sizeof xs);
+    Ctx ctx = ctx_cpu();
+    cpu_silu_fwd(&ctx, c.x, c.y);
+    for (int i = 0; i < 5; i++) assert_float_equal(f(c.y)[i], ref[i], 2e-7);
+    test_tensor_free(c.x);
+    test_tensor_free(c.y);
+    test_tensor_free(c.r);
+    c = (GeluCase){.x = test_tensor(2, 3, 5), .y = test_tensor(2, 3, 5), .r = test_tensor(2, 3, 5)};
+    test_fill(c.x, 320, -5, 5);
+    test_fill(c.r, 321, -1, 1);
+    Tensor *dx = test_like(c.x), *dx2 = test_like(c.x);
+    cpu_silu_bwd(&ctx, c.r, c.x, dx);
+    assert_true(test_gradcheck("silu dx", silu_loss, &c, c.x, dx) < GRAD_TOL);
+    for (int rep = 0; rep < 2; rep++) cpu_silu_bwd(&ctx, c.r, c.x, dx2);
+    assert_doubled("silu dx", dx, dx2);
+    Tensor *t[] = {c.x, c.y, c.r, dx, dx2};
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) test_tensor_free(t[i]);
+}
+
 // ---- softmax ----------------------------------------------------------------------------------
 
 typedef struct SoftmaxCase {
@@ -660,6 +693,7 @@ int main(void) {
         cmocka_unit_test(test_layernorm_backward_matches_finite_differences),
         cmocka_unit_test(test_gelu_erf_and_tanh_match_known_values),
         cmocka_unit_test(test_gelu_backward_matches_finite_differences),
+        cmocka_unit_test(test_silu_matches_known_values_and_finite_differences),
         cmocka_unit_test(test_softmax_forward_matches_naive_and_is_stable),
         cmocka_unit_test(test_softmax_backward_matches_finite_differences),
         cmocka_unit_test(test_attention_forward_matches_naive_softmax_attention),

@@ -32,6 +32,10 @@ X(int,    gspn_latent,      16,        "C-GSPN latent channels Cc (width / compr
 X(bool,   gspn_shared_w,    0,         "C-GSPN: 3 propagation weights per position shared by all Cc channels")
 X(bool,   gspn_out_norm,    1,         "C-GSPN: LayerNorm over Cc after the 4-way merge")
 X(int,    attn_every,       0,         "hybrid: every k-th block (1-based) is an attention block")
+X(string, depths,           "",        "gspn_hier: blocks per stage, four numbers (e.g. 1,2,9,1); width is the first stage's, doubled at each downsampling")
+X(float,  mlp_ratio,        4.0f,      "gspn_hier: MLP hidden width / stage width")
+X(float,  mixer_ratio,      1.5f,      "gspn_hier: the GSPN mixer's inner width / stage width (GSPN-1 ssm_ratio)")
+X(int,    mixer_conv,       7,         "gspn_hier: depthwise kernel of the GSPN mixer (GSPN-1 ssm_conv; odd, at most 7)")
 
 // data
 X(int,    batch_size,       128,       "images per optimizer step (global, all ranks, all accumulation micro-batches)")

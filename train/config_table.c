@@ -23,7 +23,7 @@ static const CfgKey kKeys[] = {
 
 // String keys whose value is one of a few words ('|'-separated). --help lists the words.
 static const struct { const char *key, *words; } kChoices[] = {
-    {"model",       "vit|cgspn|hybrid"},
+    {"model",       "vit|cgspn|hybrid|gspn_hier"},
     {"gelu",        "erf|tanh"},
     {"global_pool", "token|avg|map"},
     {"precision",   "auto|fp32|bf16"},

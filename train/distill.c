@@ -71,11 +71,10 @@ static size_t count_values(const ParamTable *t, bool adaptors, bool trainable_on
 }
 
 static void describe(const Distiller *d, const Config *c, FILE *f) {
-    static const char *kinds[] = {"vit", "cgspn", "hybrid"};
     const Encoder *e = &d->student;
     char prefix[64];
     fprintf(f, "student model: %s, %d blocks, width %d, %dx%d tokens%s, %.3f M parameters (%.3f M "
-            "trainable)", kinds[e->cfg.kind], e->cfg.depth, e->cfg.width, e->grid_h, e->grid_w,
+            "trainable)", encoder_kind_name(e->cfg.kind), e->cfg.depth, e->cfg.width, e->grid_h, e->grid_w,
             encoder_prefix_text(e, prefix, sizeof prefix), count_values(&d->params, false, false) / 1e6,
             count_values(&d->params, false, true) / 1e6);
     if (e->cfg.kind != ENCODER_VIT)

@@ -3,6 +3,7 @@
 #include "classify.h"
 #include "curriculum.h"
 #include "data_cmd.h"
+#include "describe.h"
 #include "distill.h"
 #include "export.h"
 #include "features.h"
@@ -19,7 +20,7 @@ typedef struct Command {
 } Command;
 
 static const Command kCommands[] = {
-    {"train", cmd_train, "classification training of a ViT, C-GSPN or hybrid encoder"},
+    {"train", cmd_train, "classification training of a ViT, C-GSPN, hybrid or hierarchical GSPN encoder"},
     {"eval",  cmd_eval,  "top-1/top-5 of given weights on the validation shards"},
     {"distill", cmd_distill, "Stage 1 / Stage 2 distillation of a C-GSPN student from a frozen teacher"},
     {"curriculum", cmd_curriculum, "resolution curriculum: each stage distills from the previous, upsampled"},
@@ -27,6 +28,7 @@ static const Command kCommands[] = {
     {"probe", cmd_probe, "test accuracy of an encoder's head and of a linear probe on its features"},
     {"features", cmd_features, "run an encoder on images; write every block's PP/PB taps (safetensors)"},
     {"data",  cmd_data,  "build, inspect, verify and benchmark image shards (cgspn data --help)"},
+    {"describe", cmd_describe, "an encoder's layout, parameters and GMACs per image, from its config"},
     {"bench", cmd_bench, "GPU benchmarks: kernels against the roofline, blocks, training steps"},
 };
 #define N_COMMANDS (int)(sizeof(kCommands) / sizeof(kCommands[0]))

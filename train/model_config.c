@@ -6,7 +6,8 @@ EncoderConfig encoder_config_from(const Config *c) {
     if (strcmp(c->model, "vit") == 0) e.kind = ENCODER_VIT;
     else if (strcmp(c->model, "cgspn") == 0) e.kind = ENCODER_CGSPN;
     else if (strcmp(c->model, "hybrid") == 0) e.kind = ENCODER_HYBRID;
-    else CG_FAIL("model is one of vit, cgspn, hybrid", "unknown model '%s'", c->model);
+    else if (strcmp(c->model, "gspn_hier") == 0) e.kind = ENCODER_GSPN_HIER;
+    else CG_FAIL("model is one of vit, cgspn, hybrid, gspn_hier", "unknown model '%s'", c->model);
     e.img_h = e.img_w = c->img_size;
     e.in_chans = c->in_chans;
     e.patch = c->patch;
@@ -37,6 +38,23 @@ EncoderConfig encoder_config_from(const Config *c) {
              "grad_checkpoint %d is negative", e.grad_checkpoint);
     CG_CHECK(e.kind != ENCODER_HYBRID || e.attn_every > 0, "set attn_every (e.g. 9)",
              "model = hybrid needs attn_every > 0");
+    if (e.kind == ENCODER_GSPN_HIER) {
+        // A hierarchical encoder has no prefix tokens and pools the mean of its last grid; its
+        // depth is the sum of its stages' and its stem has stride 4.
+        char err[256];
+        int n = config_parse_int_list("depths", c->depths, e.depths, HIER_STAGES, err, sizeof err);
+        CG_CHECK(n >= 0, "e.g. depths = 1,2,9,1", "%s", err);
+        CG_CHECK(n == HIER_STAGES, "e.g. depths = 1,2,9,1 (configs/gspn_t.cfg)",
+                 "model = gspn_hier needs depths with %d numbers, got '%s'", HIER_STAGES, c->depths);
+        e.depth = 0;
+        for (int s = 0; s < HIER_STAGES; s++) e.depth += e.depths[s];
+        e.patch = 4;
+        e.class_token = e.reg_tokens = e.pos_embed = e.no_embed_class = 0;
+        e.avg_pool = 1;
+        e.mlp_ratio = c->mlp_ratio;
+        e.mixer_ratio = c->mixer_ratio;
+        e.mixer_conv = c->mixer_conv;
+    }
     return e;
 }
 
@@ -52,12 +70,18 @@ const char *encoder_prefix_text(const Encoder *e, char *buf, size_t n) {
 
 void encoder_describe(const Encoder *e, const ParamTable *t, FILE *f) {
     const EncoderConfig *c = &e->cfg;
-    static const char *kinds[] = {"vit", "cgspn", "hybrid"};
     char prefix[64];
-    fprintf(f, "model: %s, %d blocks, width %d, %dx%d tokens%s, %.3f M parameters (%.3f M trainable)",
-            kinds[c->kind], c->depth, c->width, e->grid_h, e->grid_w,
-            encoder_prefix_text(e, prefix, sizeof prefix),
-            params_count(t, false) / 1e6, params_count(t, true) / 1e6);
+    if (c->kind == ENCODER_GSPN_HIER)
+        fprintf(f, "model: gspn_hier, depths %d,%d,%d,%d, widths %d..%d, grids %dx%d..%dx%d",
+                c->depths[0], c->depths[1], c->depths[2], c->depths[3], c->width,
+                c->width << (HIER_STAGES - 1), e->hier.grid_h[0], e->hier.grid_w[0], e->grid_h,
+                e->grid_w);
+    else
+        fprintf(f, "model: %s, %d blocks, width %d, %dx%d tokens%s", encoder_kind_name(c->kind),
+                c->depth, c->width, e->grid_h, e->grid_w, encoder_prefix_text(e, prefix, sizeof prefix));
+    fprintf(f, ", %.3f M parameters (%.3f M trainable), %.3f GMACs at %dx%d",
+            params_count(t, false) / 1e6, params_count(t, true) / 1e6,
+            encoder_flops_per_image(c) / 2e9, c->img_h, c->img_w);
     if (c->kind != ENCODER_VIT)
         fprintf(f, ", C-GSPN latent %d%s", c->gspn_latent, c->gspn_shared_w ? " (shared w)" : "");
     fprintf(f, "\n");

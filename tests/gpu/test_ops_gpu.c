@@ -59,6 +59,8 @@ static const NamedTol BF16_TOLS[] = {
     {"add_layernorm_fwd.rstd", FP32_TOL},
     {"gelu_fwd.y", BF16_ROUNDED_TOL},
     {"gelu_bwd.dx", BF16_ROUNDED_TOL},
+    {"silu_fwd.y", BF16_ROUNDED_TOL},
+    {"silu_bwd.dx", BF16_ROUNDED_TOL},
     {"softmax_fwd.y", BF16_ROUNDED_TOL},
     {"attention_pool_fwd.out", BF16_ROUNDED_TOL},   // fp32 math on bf16 inputs, rounded once
     {"dwconv_fwd.y", BF16_ROUNDED_TOL},
@@ -519,6 +521,27 @@ static void test_gelu_matches_cpu(void **state) {
                 check("gelu_bwd.dx", dt, gdx, dx);
                 release_all();
             }
+}
+
+static void test_silu_matches_cpu(void **state) {
+    static const int shapes[][2] = {{7, 1155}, {7, 6}};
+    for (int mi = 0; mi < 2; mi++)
+        for (int si = 0; si < 2; si++) {
+            DType dt = MODES[mi];
+            int R = shapes[si][0], C = shapes[si][1];
+            printf("  %s (%d, %d)\n", dtype_name(dt), R, C);
+            Tensor *x = rnd(HT(R, C), 4, -6, 6, dt), *gx = dev(x, dt);
+            Tensor *y = HT(R, C), *gy = dev_zeros(y, dt);
+            cpu_silu_fwd(&H, x, y);
+            cuda_silu_fwd(&G, gx, gy);
+            check("silu_fwd.y", dt, gy, y);
+            Tensor *dy = rnd(HT(R, C), 5, -1, 1, dt), *dx = rnd(HT(R, C), 6, -1, 1, dt);
+            Tensor *gdx = dev(dx, dt);
+            cpu_silu_bwd(&H, dy, x, dx);
+            cuda_silu_bwd(&G, dev(dy, dt), gx, gdx);
+            check("silu_bwd.dx", dt, gdx, dx);
+            release_all();
+        }
 }
 
 static void test_softmax_matches_cpu(void **state) {
@@ -997,6 +1020,7 @@ int main(void) {
         cmocka_unit_test(test_layernorm_fp32_input_bf16_output_matches_cpu),
         cmocka_unit_test(test_add_layernorm_matches_cpu),
         cmocka_unit_test(test_gelu_matches_cpu),
+        cmocka_unit_test(test_silu_matches_cpu),
         cmocka_unit_test(test_softmax_matches_cpu),
         cmocka_unit_test(test_attention_pool_matches_cpu),
         cmocka_unit_test(test_dwconv_matches_cpu),

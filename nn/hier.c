@@ -1,0 +1,151 @@
+#include "encoder.h"
+#include "../kernels/error.h"
+
+static int stage_width(const EncoderConfig *c, int s) { return c->width << s; }
+static int mixer_width(const EncoderConfig *c, int s) {
+    return (int)(c->mixer_ratio * (float)stage_width(c, s));   // GSPN-1: int(ssm_ratio * d_model)
+}
+static int mlp_width(const EncoderConfig *c, int s) {
+    return (int)(c->mlp_ratio * (float)stage_width(c, s));
+}
+static int half_up(int n) { return (n + 1) / 2; }   // 3x3, stride 2, padding 1
+
+void hier_grids(const EncoderConfig *c, int *grid_h, int *grid_w) {
+    int h = half_up(half_up(c->img_h)), w = half_up(half_up(c->img_w));
+    for (int s = 0; s < HIER_STAGES; s++) {
+        grid_h[s] = h, grid_w[s] = w;
+        h = half_up(h), w = half_up(w);
+    }
+}
+
+static void check_config(const EncoderConfig *c) {
+    int total = 0;
+    for (int s = 0; s < HIER_STAGES; s++) {
+        CG_CHECK(c->depths[s] >= 1, "set depths to four block counts >= 1, e.g. depths = 1,2,9,1",
+                 "gspn_hier: stage %d has %d blocks", s + 1, c->depths[s]);
+        total += c->depths[s];
+    }
+    CG_CHECK(total <= HIER_MAX_BLOCKS, "", "gspn_hier: %d blocks, at most %d", total, HIER_MAX_BLOCKS);
+    CG_CHECK(c->depth == total, "", "gspn_hier: depth %d is not the sum of depths %d", c->depth, total);
+    CG_CHECK(c->width >= 2 && c->width % 2 == 0, "set width to an even embedding width (96 for T)",
+             "gspn_hier: the stem's first convolution has width/2 channels; width is %d", c->width);
+    CG_CHECK(c->mixer_ratio > 0 && c->mlp_ratio > 0 && mixer_width(c, 0) >= c->gspn_latent,
+             "e.g. mixer_ratio = 1.5, mlp_ratio = 4", "gspn_hier: mixer_ratio %g, mlp_ratio %g",
+             (double)c->mixer_ratio, (double)c->mlp_ratio);
+    CG_CHECK(c->mixer_conv % 2 == 1 && c->mixer_conv >= 1 && c->mixer_conv <= 7,
+             "set mixer_conv to 3, 5 or 7", "gspn_hier: mixer_conv %d", c->mixer_conv);
+    CG_CHECK(!c->class_token && !c->reg_tokens && !c->pos_embed && !c->map_pool && !c->fc_norm,
+             "set class_token = 0, pos_embed = 0, global_pool = avg",
+             "gspn_hier has no prefix tokens or position embedding and pools the mean of its last grid");
+    CG_CHECK(c->grad_checkpoint == 0, "set grad_checkpoint = 0",
+             "gspn_hier does not recompute blocks yet");
+    CG_CHECK(c->layer_scale_init == 0, "set layer_scale_init = 0", "gspn_hier has no LayerScale");
+}
+
+void hier_register(Encoder *e, ParamTable *t) {
+    const EncoderConfig *c = &e->cfg;
+    HierEncoder *h = &e->hier;
+    check_config(c);
+    hier_grids(c, h->grid_h, h->grid_w);
+    e->grid_h = h->grid_h[HIER_STAGES - 1];
+    e->grid_w = h->grid_w[HIER_STAGES - 1];
+    e->prefix = 0;
+    int C = c->width;
+    // GSPN-1's patch embedding v2 (its LayerNorms are nn.LayerNorm, eps 1e-5 there: ln_eps).
+    conv2d_register(&h->stem1, t, "stem.conv1", c->in_chans, C / 2, 3, 2, 1, true);
+    layernorm_register(&h->stem_norm1, t, "stem.norm1", C / 2, c->ln_eps);
+    conv2d_register(&h->stem2, t, "stem.conv2", C / 2, C, 3, 2, 1, true);
+    layernorm_register(&h->stem_norm2, t, "stem.norm2", C, c->ln_eps);
+    char p[64], name[PARAM_NAME_MAX];
+    int i = 0;
+    for (int s = 0; s < HIER_STAGES; s++) {
+        int Cs = stage_width(c, s), Ci = mixer_width(c, s);
+        for (int j = 0; j < c->depths[s]; j++, i++) {
+            HierBlock *b = &h->blocks[i];
+            b->stage = s;
+            snprintf(p, sizeof p, "stages.%d.blocks.%d", s, j);
+#define NAME(leaf) (snprintf(name, sizeof name, "%s." leaf, p), name)
+            dwconv_register(&b->lpu1, t, NAME("lpu1"), Cs, HIER_LPU_KERNEL, true);
+            layernorm_register(&b->norm1, t, NAME("norm1"), Cs, c->ln_eps);
+            linear_register(&b->in_proj, t, NAME("mixer.in_proj"), Cs, Ci, false, 0.02f);
+            dwconv_register(&b->mixer_conv, t, NAME("mixer.conv"), Ci, c->mixer_conv, false);
+            cgspn_layer_register(&b->gspn, t, NAME("mixer.gspn"), Ci, Cs, c->gspn_latent,
+                                 c->gspn_shared_w, c->gspn_out_norm, c->ln_eps);
+            dwconv_register(&b->lpu2, t, NAME("lpu2"), Cs, HIER_LPU_KERNEL, true);
+            layernorm_register(&b->norm2, t, NAME("norm2"), Cs, c->ln_eps);
+            mlp_register(&b->mlp, t, NAME("mlp"), Cs, mlp_width(c, s), c->gelu);
+#undef NAME
+        }
+        if (s < HIER_STAGES - 1) {
+            snprintf(p, sizeof p, "stages.%d.downsample.conv", s);
+            conv2d_register(&h->down[s], t, p, Cs, 2 * Cs, 3, 2, 1, true);
+            snprintf(p, sizeof p, "stages.%d.downsample.norm", s);
+            layernorm_register(&h->down_norm[s], t, p, 2 * Cs, c->ln_eps);
+        }
+    }
+    int Cl = stage_width(c, HIER_STAGES - 1);
+    layernorm_register(&e->norm, t, "norm", Cl, c->ln_eps);
+    if (c->num_classes > 0) linear_register(&e->head, t, "head", Cl, c->num_classes, true, 0.02f);
+}
+
+// One block on the fp32 stream x (B,H,W,C_s); *pp receives the mixer's output when pp is set.
+static Tensor *block_forward(Tape *t, const Encoder *e, int i, Tensor *x, Tensor **pp) {
+    const HierBlock *b = &e->hier.blocks[i];
+    x = nn_add(t, x, dwconv(t, &b->lpu1, x));
+    Tensor *v = linear(t, &b->in_proj, layernorm(t, &b->norm1, x));   // (B,H,W,Ci)
+    v = nn_silu(t, dwconv(t, &b->mixer_conv, v));
+    Tensor *mix = cgspn_layer(t, &b->gspn, v);                          // (B,H,W,C_s)
+    if (pp) *pp = mix;
+    x = nn_add(t, x, encoder_drop_path(t, e, i, 0, mix));
+    x = nn_add(t, x, dwconv(t, &b->lpu2, x));
+    Tensor *h2 = layernorm(t, &b->norm2, x);
+    if (e->drop_path.rate <= 0.0f || !t->grad_enabled) return mlp(t, &b->mlp, h2, x);
+    return nn_add(t, x, encoder_drop_path(t, e, i, 1, mlp(t, &b->mlp, h2, NULL)));
+}
+
+static Tensor *tokens_view(Tape *t, Tensor *x) {   // (B,H,W,C) -> (B,H*W,C)
+    return nn_view(t, x, 3, (int[]){x->shape[0], x->shape[1] * x->shape[2], x->shape[3]});
+}
+
+Tensor *hier_forward(Tape *t, const Encoder *e, Tensor *img, Tensor **pp, Tensor **pb) {
+    const EncoderConfig *c = &e->cfg;
+    const HierEncoder *h = &e->hier;
+    CG_CHECK(img->ndim == 4 && img->shape[1] == c->in_chans && img->shape[2] == c->img_h &&
+                 img->shape[3] == c->img_w,
+             "check img_size and in_chans", "images of shape (%d,%d,%d,%d), the encoder expects "
+             "(B,%d,%d,%d)", img->shape[0], img->shape[1], img->shape[2], img->shape[3],
+             c->in_chans, c->img_h, c->img_w);
+    Tensor *x = layernorm(t, &h->stem_norm1, conv2d(t, &h->stem1, img, 1));
+    x = layernorm(t, &h->stem_norm2, conv2d(t, &h->stem2, nn_gelu(t, x, GELU_ERF), 0));
+    x = nn_cast(t, x, DTYPE_F32);   // the residual stream is fp32, as in the isotropic encoders
+    int i = 0;
+    for (int s = 0; s < HIER_STAGES; s++) {
+        for (int j = 0; j < c->depths[s]; j++, i++) {
+            Tensor *mix = NULL;
+            x = block_forward(t, e, i, x, pp ? &mix : NULL);
+            if (pp) pp[i] = tokens_view(t, mix);
+            if (pb) pb[i] = tokens_view(t, x);
+        }
+        if (s < HIER_STAGES - 1)
+            x = nn_cast(t, layernorm(t, &h->down_norm[s], conv2d(t, &h->down[s], x, 0)), DTYPE_F32);
+    }
+    return layernorm(t, &e->norm, tokens_view(t, x));
+}
+
+double hier_macs_per_image(const EncoderConfig *c) {
+    int gh[HIER_STAGES], gw[HIER_STAGES];
+    hier_grids(c, gh, gw);
+    double C = c->width, Cc = c->gspn_latent;
+    double G = c->gspn_shared_w ? 4 * (2 * Cc + 3) : 20 * Cc;
+    double n1 = (double)half_up(c->img_h) * half_up(c->img_w);
+    double macs = n1 * 9 * c->in_chans * (C / 2) + (double)gh[0] * gw[0] * 9 * (C / 2) * C;
+    for (int s = 0; s < HIER_STAGES; s++) {
+        double N = (double)gh[s] * gw[s], Cs = stage_width(c, s), Ci = mixer_width(c, s);
+        double k2 = (double)c->mixer_conv * c->mixer_conv, lpu = HIER_LPU_KERNEL * HIER_LPU_KERNEL;
+        double block = 2 * lpu * Cs + Cs * Ci + k2 * Ci + Ci * Cc + Cc * G + 4 * 5 * Cc + Cc * Cs +
+                       2 * Cs * mlp_width(c, s);
+        macs += c->depths[s] * N * block;
+        if (s < HIER_STAGES - 1) macs += (double)gh[s + 1] * gw[s + 1] * 9 * Cs * 2 * Cs;
+    }
+    return macs + stage_width(c, HIER_STAGES - 1) * (double)c->num_classes;
+}
