@@ -12,7 +12,8 @@
 //                                                      bias; dwconv k = mixer_conv, no bias
 //             out = cgspn_layer(v)                     Ci -> Cc = gspn_latent (the compressive
 //                                                      proxy, 2 in the paper) -> scan with weights
-//                                                      shared across channels -> LN(Cc) -> C_s
+//                                                      shared across channels -> C_s (no LN over
+//                                                      2 channels: it would give +-1)
 //   head      LN, mean over the 7x7 grid, linear
 //
 // Everything is channels-last: (B,H,W,C) between layers, the residual stream fp32. The stem's

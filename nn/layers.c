@@ -75,6 +75,10 @@ void cgspn_layer_register(CgspnLayer *l, ParamTable *t, const char *prefix, int 
                           int out_width, int latent, int shared_w, int out_norm, float ln_eps) {
     CG_CHECK(latent > 0 && latent <= width, "set gspn_latent between 1 and width",
              "C-GSPN latent channels %d for width %d", latent, width);
+    // A LayerNorm over 1 or 2 channels maps every position to (about) +-1 whatever the scan
+    // computed: it would erase the propagation and its gradient.
+    CG_CHECK(!out_norm || latent >= 3, "set gspn_out_norm = 0 with gspn_latent 1 or 2",
+             "%s: a LayerNorm over %d latent channels", prefix, latent);
     char name[PARAM_NAME_MAX];
     pname(name, sizeof(name), prefix, "down");
     linear_register(&l->down, t, name, width, latent, true, 0.02f);
