@@ -122,6 +122,47 @@ static inline double test_rel_err(const float *a, const float *b, size_t n) {
 // and returns a scalar; `analytic` is dloss/dx already computed by the backward pass.
 // Perturbs every element of x (restoring it), prints and returns the relative error.
 typedef double (*TestLossFn)(void *user);
+// The directional form, for a loss whose per-element differences drown in fp32 noise (small
+// gradients through a deep model): along the analytic gradient's direction d = g/|g|, the
+// central difference over a step h (|h| d moves the loss by ~h |g|, far above its noise) must
+// read <g, d> = |g|. Then along a random unit direction r it must read <g, r>. Returns the worse
+// of the two relative errors (the second relative to |g|).
+static inline double test_gradcheck_directional(const char *what, TestLossFn loss, void *user,
+                                                Tensor *x, const Tensor *analytic, float h,
+                                                uint64_t seed) {
+    float *p = x->data;
+    const float *g = analytic->data;
+    size_t n = x->numel;
+    float *keep = malloc(n * sizeof(float)), *dir = malloc(n * sizeof(float));
+    memcpy(keep, p, n * sizeof(float));
+    double gn = 0;
+    for (size_t i = 0; i < n; i++) gn += (double)g[i] * g[i];
+    gn = sqrt(gn);
+    double err = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        double dn = 0, expect = 0;
+        uint64_t st = seed * 2654435761u + 1;
+        for (size_t i = 0; i < n; i++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            dir[i] = pass == 0 ? g[i] : (float)((double)(st >> 11) / 9007199254740992.0 - 0.5);
+            dn += (double)dir[i] * dir[i];
+        }
+        dn = sqrt(dn);
+        for (size_t i = 0; i < n; i++) expect += g[i] * (dir[i] / dn);
+        for (size_t i = 0; i < n; i++) p[i] = keep[i] + h * (float)(dir[i] / dn);
+        double lp = loss(user);
+        for (size_t i = 0; i < n; i++) p[i] = keep[i] - h * (float)(dir[i] / dn);
+        double lm = loss(user);
+        memcpy(p, keep, n * sizeof(float));
+        double numeric = (lp - lm) / (2.0 * h);
+        err = fmax(err, fabs(numeric - expect) / fmax(gn, 1e-12));
+    }
+    printf("    gradcheck %-28s directional rel err %.2e (|g| %.2e)\n", what, err, gn);
+    free(keep);
+    free(dir);
+    return err;
+}
+
 static inline double test_gradcheck(const char *what, TestLossFn loss, void *user,
                                     Tensor *x, const Tensor *analytic) {
     float *p = x->data;
