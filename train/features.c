@@ -156,10 +156,13 @@ int cmd_features(int argc, char **argv) {
     int B = norm->shape[0], T = norm->shape[1], C = norm->shape[2];
     char name[64];
     for (int i = 0; i < ecfg.depth; i++) {
+        // (B, tokens, C) of the block's own stage: a hierarchical encoder's grids and widths
+        // change from stage to stage.
+        int Ci = taps.pb[i]->shape[taps.pb[i]->ndim - 1], Ti = (int)(taps.pb[i]->numel / ((size_t)B * Ci));
         snprintf(name, sizeof name, "blocks.%d.pp", i);
-        outputs_add(&o, &ctx, name, taps.pp[i], 3, (int[]){B, T, C});
+        outputs_add(&o, &ctx, name, taps.pp[i], 3, (int[]){B, Ti, Ci});
         snprintf(name, sizeof name, "blocks.%d.pb", i);
-        outputs_add(&o, &ctx, name, taps.pb[i], 3, (int[]){B, T, C});
+        outputs_add(&o, &ctx, name, taps.pb[i], 3, (int[]){B, Ti, Ci});
     }
     outputs_add(&o, &ctx, "norm", norm, 3, (int[]){B, T, C});
     outputs_add(&o, &ctx, "pooled", pooled, 2, (int[]){B, C});

@@ -79,7 +79,7 @@ void encoder_describe(const Encoder *e, const ParamTable *t, FILE *f) {
     else
         fprintf(f, "model: %s, %d blocks, width %d, %dx%d tokens%s", encoder_kind_name(c->kind),
                 c->depth, c->width, e->grid_h, e->grid_w, encoder_prefix_text(e, prefix, sizeof prefix));
-    fprintf(f, ", %.3f M parameters (%.3f M trainable), %.3f GMACs at %dx%d",
+    fprintf(f, ", %.3f M parameters (%.3f M trainable), %.4g GMACs at %dx%d",
             params_count(t, false) / 1e6, params_count(t, true) / 1e6,
             encoder_flops_per_image(c) / 2e9, c->img_h, c->img_w);
     if (c->kind != ENCODER_VIT)

@@ -41,6 +41,16 @@ static EncoderConfig vit_fc_norm(void) {
     return c;
 }
 
+// The hierarchical GSPN encoder: stem, LPUs, the mixer's 7x7 depthwise conv, SiLU and 2-channel
+// shared-weight scan, downsampling; grids 8x6 -> 4x3 -> 2x2 -> 1x1.
+static EncoderConfig gspn_hier(void) {
+    EncoderConfig c = {.kind = ENCODER_GSPN_HIER, .img_h = 32, .img_w = 24, .in_chans = 3,
+                       .patch = 4, .width = 16, .depths = {1, 1, 2, 1}, .depth = 5,
+                       .mlp_ratio = 2, .mixer_ratio = 1.5f, .mixer_conv = 7, .gelu = GELU_ERF,
+                       .ln_eps = 1e-5f, .gspn_latent = 2, .gspn_shared_w = 1, .avg_pool = 1};
+    return c;
+}
+
 static void side_init(Side *s, Ctx ctx, const EncoderConfig *cfg) {
     memset(s, 0, sizeof *s);
     s->ctx = ctx;
@@ -81,9 +91,11 @@ static void compare_with_cpu(EncoderConfig cfg, bool pool, DType dt) {
         if (dt == DTYPE_BF16) gpu_test_round_to_bf16(v);
         params_set_value(&gpu.params, i, &gpu.ctx, v->data);
     }
-    int B = 2, N = (cfg.img_h / cfg.patch) * (cfg.img_w / cfg.patch) + cpu.enc.prefix;
+    bool hier = cfg.kind == ENCODER_GSPN_HIER;
+    int B = 2, N = cpu.enc.grid_h * cpu.enc.grid_w + cpu.enc.prefix;
+    int C = hier ? cfg.width << (HIER_STAGES - 1) : cfg.width;   // the tokens' width
     Tensor *img = test_tensor(4, B, cfg.in_chans, cfg.img_h, cfg.img_w);
-    Tensor *seed = pool ? test_tensor(2, B, cfg.width) : test_tensor(3, B, N, cfg.width);
+    Tensor *seed = pool ? test_tensor(2, B, C) : test_tensor(3, B, N, C);
     test_fill(img, 5, -1, 1);
     test_fill(seed, 6, -1, 1);
     if (dt == DTYPE_BF16) {
@@ -96,11 +108,12 @@ static void compare_with_cpu(EncoderConfig cfg, bool pool, DType dt) {
     gimg->requires_grad = true;
     double bound = dt == DTYPE_F32 ? FP32_BOUND : BF16_BOUND;
     // Runs 0, 1: every activation kept, without and with taps; 2, 3: every block recomputed in
-    // backward (grad_checkpoint = 1), without and with taps.
-    for (int run_i = 0; run_i < 4; run_i++) {
+    // backward (grad_checkpoint = 1), without and with taps (not for gspn_hier, which does
+    // not recompute).
+    for (int run_i = 0; run_i < (hier ? 2 : 4); run_i++) {
         int taps = run_i % 2;
         gpu.enc.cfg.grad_checkpoint = run_i / 2;
-        printf("  %s, %s GELU, %s, %s%s\n", cfg.kind == ENCODER_VIT ? "ViT, fc_norm pooled" : "hybrid",
+        printf("  %s, %s GELU, %s, %s%s\n", hier ? "gspn_hier" : cfg.kind == ENCODER_VIT ? "ViT, fc_norm pooled" : "hybrid",
                cfg.gelu == GELU_TANH ? "tanh" : "erf", dtype_name(dt),
                taps ? "taps kept (unfused residual adds)" : "no taps (fused residual paths)",
                run_i / 2 ? ", every block recomputed" : "");
@@ -150,8 +163,15 @@ static void test_vit_fc_norm_pooled_matches_cpu(void **state) {
     compare_with_cpu(vit_fc_norm(), true, DTYPE_BF16);
 }
 
+static void test_gspn_hier_matches_cpu(void **state) {
+    GPU_TEST_REQUIRE_DEVICE();
+    compare_with_cpu(gspn_hier(), false, DTYPE_F32);
+    compare_with_cpu(gspn_hier(), true, DTYPE_BF16);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gspn_hier_matches_cpu),
         cmocka_unit_test(test_hybrid_encoder_fp32_matches_cpu),
         cmocka_unit_test(test_hybrid_encoder_bf16_matches_cpu),
         cmocka_unit_test(test_vit_fc_norm_pooled_matches_cpu),
