@@ -611,6 +611,21 @@ Tensor *nn_dwconv(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
 }
 
 // ---- convolution (im2col + GEMM) ----
+// A parameter's weight in another shape: the view shares the parameter's fp32 gradient buffer, so
+// an op writes its weight gradient there directly (ops take fp32 parameter gradients; a tape-made
+// gradient of the view would have the bf16 activation dtype), and the tape reports the parameter
+// done by that buffer's address. Any other tensor: nn_view.
+static Tensor *weight_view(Tape *t, Tensor *w, int ndim, const int *shape) {
+    if (!w->grad) return nn_view(t, w, ndim, shape);
+    Tensor *y = arena_host_alloc(t->arena, sizeof(Tensor));
+    Tensor *g = arena_host_alloc(t->arena, sizeof(Tensor));
+    *y = tensor_view(w, ndim, shape);
+    *g = tensor_view(w->grad, ndim, shape);
+    y->grad = g;
+    y->requires_grad = w->requires_grad;
+    return y;
+}
+
 typedef struct { Tensor *x, *y; int nchw, k, stride, pad; } Im2colRec;
 static void im2col_backward(Tape *t, void *p) {
     Im2colRec *r = p;
@@ -632,6 +647,6 @@ Tensor *nn_conv2d(Tape *t, Tensor *x, Tensor *w, Tensor *b, int nchw, int stride
     if (tape_track(t, cols, x, NULL, NULL))
         *(Im2colRec *)tape_record(t, im2col_backward, sizeof(Im2colRec)) =
             (Im2colRec){x, cols, nchw, k, stride, pad};
-    Tensor *y = nn_linear(t, cols, nn_view(t, w, 2, (int[]){Cout, C * k * k}), b);
+    Tensor *y = nn_linear(t, cols, weight_view(t, w, 2, (int[]){Cout, C * k * k}), b);
     return nn_view(t, y, 4, (int[]){B, Ho, Wo, Cout});
 }

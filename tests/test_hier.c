@@ -6,6 +6,7 @@
 #include "../train/config.h"
 #include "../train/model_config.h"
 #include "../kernels/error.h"
+#include "../nn/safetensors.h"
 
 static EncoderConfig load(const char *path) {
     Config c;
@@ -110,12 +111,86 @@ static void test_describe_prints_counts_and_names_a_bad_key(void **state) {
     assert_contains(out, "depths");
 }
 
+// Max |a - b| / max |b| over n values.
+static double max_rel(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num = fmax(num, fabs((double)a[i] - b[i]));
+        den = fmax(den, fabs((double)b[i]));
+    }
+    return num / fmax(den, 1e-30);
+}
+
+// Every tensor of fixture named prefix + X against X in out: the worst error.
+static double compare_all(const StFile *fixture, const char *prefix, const char *out_path, int *n) {
+    StFile out;
+    st_open(&out, out_path);
+    double worst = 0;
+    *n = 0;
+    for (int i = 0; i < fixture->n; i++) {
+        const StTensor *ref = &fixture->tensors[i];
+        if (strncmp(ref->name, prefix, strlen(prefix)) != 0) continue;
+        const StTensor *mine = st_find(&out, ref->name + strlen(prefix));
+        if (!mine) fail_msg("%s has no %s", out_path, ref->name + strlen(prefix));
+        size_t count = 1;
+        for (int d = 0; d < ref->ndim; d++) count *= (size_t)ref->shape[d];
+        float *a = malloc(count * sizeof(float)), *b = malloc(count * sizeof(float));
+        char err[256];
+        assert_int_equal(st_read_f32_err(&out, mine, a, err, sizeof err), 0);
+        assert_int_equal(st_read_f32_err(fixture, ref, b, err, sizeof err), 0);
+        double e = max_rel(a, b, count);
+        if (e > 1e-4) printf("    %-48s max-rel error %.2e\n", ref->name, e);
+        worst = fmax(worst, e);
+        (*n)++;
+        free(a);
+        free(b);
+    }
+    st_close(&out);
+    return worst;
+}
+
+// PyTorch's float64 reference of a tiny gspn_hier (tests/parity_gspn_hier.py --case tiny
+// --write-fixture, run on the GPU machine where PyTorch is): `cgspn features` on the CPU in fp32
+// reproduces its taps, norm, pooled vector and logits, and every parameter's gradient, to 1e-4 of
+// each tensor's scale (the fp32 bound).
+static void test_cpu_matches_pytorch_reference_of_a_tiny_model(void **state) {
+    (void)state;
+    if (access("./cgspn", X_OK) != 0) fail_msg("./cgspn is not built (make test builds it first)");
+    const char *fx = "tests/data/gspn_hier_tiny.safetensors";
+    char dir[128], cmd[2048], feats[256], grads[256];
+    assert_int_equal(test_make_temp_dir(dir, sizeof dir, "hier"), 0);
+    snprintf(feats, sizeof feats, "%s/feats.safetensors", dir);
+    snprintf(grads, sizeof grads, "%s/grads.safetensors", dir);
+    // the fixture's case "tiny" (parity_gspn_hier.py CASES): its overrides of gspn_t.cfg
+    snprintf(cmd, sizeof cmd, "./cgspn features configs/gspn_t.cfg --weights %s --teacher_prefix=w. "
+             "--images %s --out %s --grads %s --device=cpu --precision=fp32 --width=8 "
+             "--depths=1,1,2,1 --mlp_ratio=2 --mixer_conv=5 --num_classes=5 > %s/log 2>&1",
+             fx, fx, feats, grads, dir);
+    if (system(cmd) != 0) {
+        snprintf(cmd, sizeof cmd, "cat %s/log", dir);
+        assert_int_equal(system(cmd), 0);
+        fail_msg("cgspn features failed");
+    }
+    StFile fixture;
+    st_open(&fixture, fx);
+    int n_out, n_grad;
+    double worst = fmax(compare_all(&fixture, "ref.", feats, &n_out),
+                        compare_all(&fixture, "grad.", grads, &n_grad));
+    printf("  %d outputs, %d gradients: worst max-relative error %.2e\n", n_out, n_grad, worst);
+    assert_int_equal(n_out, 13);      // 5 blocks x (pp, pb), norm, pooled, logits
+    assert_int_equal(n_grad, 129);    // every parameter
+    assert_true(worst <= 1e-4);
+    st_close(&fixture);
+    test_remove_dir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gspn_configs_match_table_2_within_3_percent),
         cmocka_unit_test(test_gspn_t_parameter_names_and_shapes),
         cmocka_unit_test(test_gspn_hier_grids_halve_up),
         cmocka_unit_test(test_describe_prints_counts_and_names_a_bad_key),
+        cmocka_unit_test(test_cpu_matches_pytorch_reference_of_a_tiny_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
