@@ -112,6 +112,7 @@ typedef struct VitRow {
     double act_gib, gpu_gib;   // arena peak; device_memory_use peak
     float loss, grad_norm;
     int ckpt;                  // grad_checkpoint
+    double infer_ms;           // forward + head without gradients (eval), when asked for
 } VitRow;
 
 typedef struct VitRun {
@@ -143,7 +144,24 @@ static StepStats vit_step(VitRun *r, long step, DeviceEvent **ev, float *loss_ou
 }
 
 // ckpt: grad_checkpoint (0 off, 1 every block recomputed in backward).
-static void bench_one_vit(FILE *out, const VitCase *vc, int ckpt, VitRow *row, bool profile) {
+// Forward + head with gradients off (inference): the median of VIT_STEPS after VIT_WARMUP.
+static double infer_median_ms(VitRun *r, DeviceEvent **ev) {
+    bool was = tape_set_grad_enabled(r->tape, false);
+    double ms[VIT_STEPS];
+    for (int i = 0; i < VIT_WARMUP + VIT_STEPS; i++) {
+        tape_reset(r->tape);
+        device_event_record(ev[0]);
+        encoder_head(r->tape, r->enc, encoder_forward(r->tape, r->enc, r->img, NULL));
+        device_event_record(ev[1]);
+        device_event_wait(ev[1]);
+        if (i >= VIT_WARMUP) ms[i - VIT_WARMUP] = device_event_ms(ev[0], ev[1]);
+    }
+    tape_set_grad_enabled(r->tape, was);
+    return median(ms, VIT_STEPS);
+}
+
+static void bench_one_vit(FILE *out, const VitCase *vc, int ckpt, VitRow *row, bool profile,
+                          bool infer) {
     Config c;
     config_defaults(&c);
     config_load_file(&c, vc->config);
@@ -209,6 +227,7 @@ static void bench_one_vit(FILE *out, const VitCase *vc, int ckpt, VitRow *row, b
     row->act_gib = arena.peak / 1073741824.0;
     row->gpu_gib = device_memory_use(&ctx).peak / 1073741824.0;
     row->ckpt = ckpt;
+    if (infer) row->infer_ms = infer_median_ms(&run, ev);
 
     if (profile) {
         OpProfile *p = op_profile_start(&ctx);
@@ -255,7 +274,7 @@ int bench_vit_run(FILE *out) {
         cases[i] = vc;
         snprintf(labels[i], sizeof labels[i], "%s%s", vc->label, ckpt ? " ckpt" : "");
         fprintf(stderr, "bench vit: %s ...\n", labels[i]);
-        bench_one_vit(prof, vc, ckpt, &rows[i], i == 0);   // the op profile: the first case only
+        bench_one_vit(prof, vc, ckpt, &rows[i], i == 0, false);   // the op profile: the first case only
     }
     fclose(prof);
     fprintf(out, "ckpt = grad_checkpoint 1 (every block recomputed in backward); GPU GiB = "
@@ -303,6 +322,75 @@ int bench_vit_run(FILE *out) {
                      "eager/comp. GiB = torch.cuda.max_memory_reserved over the timed steps; "
                      "mem ratio = cgspn GiB / comp. GiB)\n");
         fprintf(out, "(ratios are img/s over img/s; 0 = not measured)\n");
+        free(json);
+    }
+    if (profile_text) {
+        fputs(profile_text, out);
+        free(profile_text);
+    }
+    return 0;
+}
+
+// ---- bench classify ------------------------------------------------------------------------------
+
+// The fast GSPN classifiers (C-GSPN paper, Table 2) at 224 px; timm's peers in bench_timm.py
+// (CLASSIFY_MODELS), both at batch 128.
+static const VitCase CLASSIFY_CASES[] = {
+    {"gspn_t", "gspn_t", "configs/gspn_t.cfg", 128},
+    {"gspn_s", "gspn_s", "configs/gspn_s.cfg", 128},
+    {"gspn_b", "gspn_b", "configs/gspn_b.cfg", 128},
+};
+static const char *const CLASSIFY_TIMM[] = {"convnext_tiny", "deit_small", "swin_tiny"};
+
+int bench_classify_run(FILE *out) {
+    if (device_gpu_count() == 0) {
+        fprintf(out, "bench classify: no CUDA device visible\n");
+        return 1;
+    }
+    print_header(out, "classify");
+    fprintf(out, "train step = forward + cross-entropy + backward + AdamW (clip 1.0); inference = "
+                 "forward + head without gradients; median of %d after %d warm-up (CUDA events)\n",
+            VIT_STEPS, VIT_WARMUP);
+    enum { N = sizeof CLASSIFY_CASES / sizeof CLASSIFY_CASES[0] };
+    VitRow rows[N];
+    memset(rows, 0, sizeof rows);
+    char *profile_text = NULL;
+    size_t profile_len = 0;
+    FILE *prof = open_memstream(&profile_text, &profile_len);
+    CG_CHECK(prof != NULL, "", "bench classify: open_memstream failed");
+    for (int i = 0; i < N; i++) {
+        fprintf(stderr, "bench classify: %s ...\n", CLASSIFY_CASES[i].label);
+        bench_one_vit(prof, &CLASSIFY_CASES[i], 0, &rows[i], i == 0, true);
+    }
+    fclose(prof);
+    fprintf(out, "\n%-8s %4s %5s %8s %9s %8s %9s %8s %7s\n", "model", "img", "batch", "step ms",
+            "train/s", "infer ms", "infer/s", "GMACs", "GPU GiB");
+    for (int i = 0; i < N; i++) {
+        const VitRow *r = &rows[i];
+        fprintf(out, "%-8s %4d %5d %8.2f %9.0f %8.2f %9.0f %8.3f %7.2f\n", CLASSIFY_CASES[i].label,
+                r->img, r->batch, r->step_ms, r->batch / (r->step_ms * 1e-3), r->infer_ms,
+                r->batch / (r->infer_ms * 1e-3), r->flops / 3.0 / r->batch / 2e9, r->gpu_gib);
+    }
+    char *json = timm_json_load(out);
+    if (json) {
+        fprintf(out, "\ntimm (same device run, bf16 autocast, batch %d):\n%-14s %10s %10s %10s %10s\n",
+                (int)timm_json_numberf(json, "classify/%s/batch", CLASSIFY_TIMM[0]), "model",
+                "train/s", "train/s c", "infer/s", "infer/s c");
+        for (size_t j = 0; j < sizeof CLASSIFY_TIMM / sizeof *CLASSIFY_TIMM; j++) {
+            const char *k = CLASSIFY_TIMM[j];
+            fprintf(out, "%-14s %10.0f %10.0f %10.0f %10.0f\n", k,
+                    timm_json_numberf(json, "classify/%s/eager/step_img_per_s", k),
+                    timm_json_numberf(json, "classify/%s/compiled/step_img_per_s", k),
+                    timm_json_numberf(json, "classify/%s/eager/infer_img_per_s", k),
+                    timm_json_numberf(json, "classify/%s/compiled/infer_img_per_s", k));
+        }
+        double conv_train = timm_json_numberf(json, "classify/convnext_tiny/compiled/step_img_per_s");
+        double conv_infer = timm_json_numberf(json, "classify/convnext_tiny/compiled/infer_img_per_s");
+        const VitRow *t = &rows[0];
+        double t_train = t->batch / (t->step_ms * 1e-3), t_infer = t->batch / (t->infer_ms * 1e-3);
+        fprintf(out, "gspn_t / convnext_tiny compiled: inference %.2fx (target 1.3x), training step "
+                     "%.2fx (target 1.0x)\n(c = torch.compile; 0 = not measured)\n",
+                conv_infer > 0 ? t_infer / conv_infer : 0, conv_train > 0 ? t_train / conv_train : 0);
         free(json);
     }
     if (profile_text) {

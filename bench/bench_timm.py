@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch's side of `cgspn bench vit`, `block` and `distill`, measured on the same GPU.
+"""PyTorch's side of `cgspn bench vit`, `block`, `distill` and `classify`, measured on the same GPU.
 
 Times timm's models, timm's ViT block and a Stage 2 distillation step, eager and torch.compile,
 and writes the numbers as one flat JSON object (build/bench_timm.json) that the cgspn benches read
@@ -9,6 +9,7 @@ and timm. Progress lines (with the seconds since the start) go to stderr.
     python3 bench/bench_timm.py                          # everything, on the GPU
     python3 bench/bench_timm.py --only vit --no-compile  # eager ViT steps only
     python3 bench/bench_timm.py --only distill           # the distillation step and largest batches
+    python3 bench/bench_timm.py --only classify          # convnext_tiny, deit_small, swin_tiny
     python3 bench/bench_timm.py --smoke --device cpu     # tiny sizes: checks the script runs
 
 vit: one training step as cgspn's bench runs it: forward under torch.autocast(bfloat16) (fp32
@@ -99,6 +100,13 @@ VIT_MODELS = {
     "vit_so14": ("vit_so400m_patch14_siglip_378", 378, 32,
                  {"global_pool": "avg", "act_layer": "gelu_tanh"}),   # SigLIP GELU, as parity_timm.py
 }
+# classify: the peers of `cgspn bench classify` (bench/bench_model.c CLASSIFY_CASES), 224 px.
+CLASSIFY_MODELS = {
+    "convnext_tiny": "convnext_tiny",
+    "deit_small": "deit_small_patch16_224",
+    "swin_tiny": "swin_tiny_patch4_window7_224",
+}
+CLASSIFY_BATCH = 128
 BLOCK_PX = [1036, 2058]
 BLOCK_B, BLOCK_C, BLOCK_HEADS, BLOCK_MLP, PATCH = 32, 1152, 16, 4304, 14
 
@@ -612,10 +620,66 @@ def bench_distill(args, device, out, save):
         save()
 
 
+def bench_classify(args, device, out, save):
+    """ImageNet classifiers at 224 px, batch CLASSIFY_BATCH: a training step as bench_vit's, and
+    inference (forward under no_grad and bf16 autocast, eval mode), eager and compiled."""
+    batch = 2 if args.smoke else CLASSIFY_BATCH
+    timer = Timer(device)
+    x = torch.randn(batch, 3, 224, 224, device=device)
+    y = torch.randint(0, 1000, (batch,), device=device)
+    for key, name in CLASSIFY_MODELS.items():
+        out[f"classify/{key}/batch"] = batch
+        out[f"classify/{key}/timm_model"] = name
+        torch.manual_seed(0)
+        model = timm.create_model(name, pretrained=False, num_classes=1000).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05,
+                                fused=device.type == "cuda")
+        modes = ["eager"] + ([] if args.no_compile else ["compiled"])
+        for mode in modes:
+            tag = f"classify/{key}/{mode}"
+            try:
+                fwd = torch.compile(model) if mode == "compiled" else model
+
+                def train_step():
+                    with torch.autocast(device.type, dtype=torch.bfloat16):
+                        loss = F.cross_entropy(fwd(x), y)
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+
+                def infer_step():
+                    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+                        fwd(x)
+
+                for what, step, train in (("step", train_step, True), ("infer", infer_step, False)):
+                    model.train(train)
+                    progress(f"{tag} {what}: batch {batch}")
+                    for _ in range(1 + args.warmup):   # the first call compiles
+                        step()
+                    marks = [timer.mark()]
+                    for _ in range(args.steps):
+                        step()
+                        marks.append(timer.mark())
+                    timer.sync()
+                    ms = statistics.median(timer.ms(a, b) for a, b in zip(marks, marks[1:]))
+                    out[f"{tag}/{what}_ms"] = ms
+                    out[f"{tag}/{what}_img_per_s"] = batch / (ms * 1e-3)
+                    save()
+                    print(f"  {key:14s} {mode:9s} {what:5s} batch {batch:4d}: {ms:8.2f} ms  "
+                          f"{batch / (ms * 1e-3):8.0f} img/s", flush=True)
+            except Exception as e:   # record and go on with the next measurement
+                out[f"{tag}/error"] = f"{type(e).__name__}: {e}"[:500]
+                print(f"  {key} {mode}: FAILED {type(e).__name__}: {e}", flush=True)
+                traceback.print_exc()
+        del model, opt
+        reset_memory(device)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="build/bench_timm.json")
-    ap.add_argument("--only", choices=["all", "vit", "block", "distill"], default="all")
+    ap.add_argument("--only", choices=["all", "vit", "block", "distill", "classify"], default="all")
     ap.add_argument("--models", default=",".join(VIT_MODELS), help="vit model keys")
     ap.add_argument("--no-compile", action="store_true", help="eager only")
     ap.add_argument("--steps", type=int, default=20)
@@ -660,6 +724,8 @@ def main():
         bench_block(args, device, out, save)
     if args.only in ("all", "distill"):
         bench_distill(args, device, out, save)
+    if args.only in ("all", "classify"):
+        bench_classify(args, device, out, save)
     save()
     print(f"bench_timm.py: wrote {args.out}", flush=True)
     return 1 if any(k.endswith("error") for k in out) else 0

@@ -19,10 +19,16 @@ Run on the GPU machine from the repository root after `make`:
 under "ref." and gradients under "grad.") for tests/test_hier.c, which holds the CPU build to it
 in `make test` where PyTorch is absent.
 
-Error per tensor: max |cgspn - ref| / max |ref|. Bounds (issue 17): fp32 <= 1e-4, bf16 <= 2e-2.
+Error per tensor: max |cgspn - ref| / max |ref|. Bounds: fp32 1e-4 (issue 17); bf16 2e-2 (issue
+17), or twice PyTorch's own bf16 error on that tensor when that is larger, as tests/parity_distill.py
+does: the same model under torch.autocast(bfloat16) (bf16 linears and convolutions, the scan on
+their bf16 outputs) against the float64 reference. The scan's inputs reach the loss through 2
+proxy channels: their gradients are sums over C_s channels of bf16 activation gradients that
+largely cancel, and bf16 rounding moves them by several percent in PyTorch too.
 Exit status 1 when any tensor is over its bound.
 """
 import argparse
+import copy
 import os
 import subprocess
 import sys
@@ -243,6 +249,21 @@ def reference(model, images, probe_norm, probe_logits):
     return {k: v.detach() for k, v in feats.items()}, grads
 
 
+def reference_bf16(model, images, probe_norm, probe_logits):
+    """The same computation as PyTorch runs it in bf16 mixed precision, on the GPU when there is
+    one: float32 weights, autocast bf16."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    m = copy.deepcopy(model).float().to(dev)
+    m.zero_grad()
+    with torch.autocast(dev, dtype=torch.bfloat16):
+        feats = m(images.float().to(dev))
+        loss = (feats["norm"].float() * probe_norm.float().to(dev)).sum() + \
+               (feats["logits"].float() * probe_logits.float().to(dev)).sum()
+    loss.backward()
+    grads = {n: p.grad.detach().double().cpu() for n, p in m.named_parameters()}
+    return {k: v.detach().double().cpu() for k, v in feats.items()}, grads
+
+
 def make_case(name):
     cfg, overrides, batch, side = CASES[name]
     keys = read_cfg(cfg, overrides)
@@ -254,13 +275,17 @@ def make_case(name):
     probe_norm = torch.randn(probe["norm"].shape, dtype=torch.float64)
     probe_logits = torch.randn(probe["logits"].shape, dtype=torch.float64)
     feats, grads = reference(model, images, probe_norm, probe_logits)
+    bf_feats, bf_grads = reference_bf16(model, images, probe_norm, probe_logits)
+    torch_bf16 = {k: rel_err(bf_feats[k], v) for k, v in feats.items()}
+    torch_bf16.update({f"grad {n}": rel_err(bf_grads[n], g) for n, g in grads.items()})
     weights = {n: p.detach().float().contiguous() for n, p in model.named_parameters()}
     inputs = {"images": images.float(), "probe_norm": probe_norm.float(),
               "probe_logits": probe_logits.float()}
-    return cfg, overrides, weights, inputs, feats, grads
+    return cfg, overrides, weights, inputs, feats, grads, torch_bf16
 
 
-def compare(name, cfg, overrides, precision, device, work, cgspn, wpath, ipath, feats, grads):
+def compare(name, cfg, overrides, precision, device, work, cgspn, wpath, ipath, feats, grads,
+            torch_bf16):
     fpath = os.path.join(work, f"{name}_{precision}_feats.safetensors")
     gpath = os.path.join(work, f"{name}_{precision}_grads.safetensors")
     cmd = [cgspn, "features", cfg, "--weights", wpath, "--images", ipath, "--out", fpath,
@@ -268,18 +293,26 @@ def compare(name, cfg, overrides, precision, device, work, cgspn, wpath, ipath, 
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     ours, our_grads = load_file(fpath), load_file(gpath)
-    bound, worst, failures = BOUND[precision], (0.0, ""), []
-    rows = list(feats.items()) + [(f"grad {n}", g) for n, g in grads.items()]
-    for key, ref in rows:
+    bound = BOUND[precision]
+    refs = dict(feats)
+    refs.update({f"grad {n}": g for n, g in grads.items()})
+    errs = {}
+    for key, ref in refs.items():
         mine = our_grads[key[5:]] if key.startswith("grad ") else ours[key]
-        err = rel_err(mine.reshape(ref.shape), ref)
-        worst = max(worst, (err, key))
-        if err > bound:
-            failures.append((key, err))
+        errs[key] = rel_err(mine.reshape(ref.shape), ref)
+    own = {k: max(bound, 2 * torch_bf16[k]) if precision == "bf16" else bound for k in refs}
+    failures = [k for k in refs if errs[k] > own[k]]
+    worst = max(errs, key=errs.get)
     print(f"{name} {precision} on {device}: {len(feats)} feature tensors, {len(grads)} gradients; "
-          f"worst max-relative error {worst[0]:.2e} ({worst[1]}; bound {bound:.0e})")
-    for key, err in failures:
-        print(f"  OVER BOUND {key}: {err:.2e}")
+          f"worst max-relative error {errs[worst]:.2e} ({worst}; bound {bound:.0e})")
+    if precision == "bf16":
+        tw = max(torch_bf16, key=torch_bf16.get)
+        over = sum(errs[k] > bound for k in refs)
+        print(f"  PyTorch autocast bf16 against float64: worst {torch_bf16[tw]:.2e} ({tw}), cgspn "
+              f"there {errs[tw]:.2e}; cgspn on {worst}: {errs[worst]:.2e} against PyTorch's "
+              f"{torch_bf16[worst]:.2e}; {over} tensors over {bound:.0e}")
+    for k in failures:
+        print(f"  OVER BOUND {k}: {errs[k]:.2e} (bound {own[k]:.2e}; PyTorch bf16 {torch_bf16[k]:.2e})")
     return not failures
 
 
@@ -292,7 +325,7 @@ def main():
     ap.add_argument("--write-fixture", metavar="PATH")
     args = ap.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    cfg, overrides, weights, inputs, feats, grads = make_case(args.case)
+    cfg, overrides, weights, inputs, feats, grads, torch_bf16 = make_case(args.case)
     if args.write_fixture:
         fixture = {f"w.{n}": t for n, t in weights.items()}
         fixture.update(inputs)
@@ -308,7 +341,7 @@ def main():
         save_file(inputs, ipath)
         for precision in args.precision.split(","):
             ok &= compare(args.case, cfg, overrides, precision, args.device, work, args.cgspn,
-                          wpath, ipath, feats, grads)
+                          wpath, ipath, feats, grads, torch_bf16)
     print("parity: PASSED" if ok else "parity: FAILED")
     sys.exit(0 if ok else 1)
 

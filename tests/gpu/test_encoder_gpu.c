@@ -14,6 +14,10 @@
 
 #define FP32_BOUND 1e-4
 #define BF16_BOUND 2e-2
+// gspn_hier in bf16: the scan's inputs get their gradients through 2 proxy channels, sums over
+// C_s channels of bf16 activation gradients that largely cancel; PyTorch's autocast bf16 moves
+// them by several percent too (tests/parity_gspn_hier.py prints its error beside ours).
+#define HIER_BF16_BOUND 5e-2
 
 typedef struct Side {
     Ctx ctx;
@@ -106,7 +110,7 @@ static void compare_with_cpu(EncoderConfig cfg, bool pool, DType dt) {
     Tensor *y = run(&cpu, img, seed, false, pool);
     Tensor *gimg = gpu_test_upload(&gpu.ctx, img, dt), *gseed = gpu_test_upload(&gpu.ctx, seed, dt);
     gimg->requires_grad = true;
-    double bound = dt == DTYPE_F32 ? FP32_BOUND : BF16_BOUND;
+    double bound = dt == DTYPE_F32 ? FP32_BOUND : hier ? HIER_BF16_BOUND : BF16_BOUND;
     // Runs 0, 1: every activation kept, without and with taps; 2, 3: every block recomputed in
     // backward (grad_checkpoint = 1), without and with taps (not for gspn_hier, which does
     // not recompute).
