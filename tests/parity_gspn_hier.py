@@ -76,10 +76,10 @@ def scan_tb(xc, lam, u, wt):
     """Top-to-bottom scan over dim 1 of (B, H, W, Cc); neighbours j-1, j, j+1 along dim 2.
     wt (B, H, W, 3) raw weights for offsets -1, 0, +1, shared by the channels."""
     B, H, W, Cc = xc.shape
-    j = torch.arange(W)
-    exists = torch.stack([(j - 1 >= 0), torch.ones(W, dtype=torch.bool), (j + 1 < W)])   # (3, W)
+    j = torch.arange(W, device=xc.device)
+    exists = torch.stack([(j - 1 >= 0), torch.ones_like(j, dtype=torch.bool), (j + 1 < W)])  # (3, W)
     exists = exists.to(xc.dtype).T[None]                                               # (1,W,3)
-    rows, h = [], torch.zeros(B, W, Cc, dtype=xc.dtype)
+    rows, h = [], torch.zeros(B, W, Cc, dtype=xc.dtype, device=xc.device)
     for i in range(H):
         a = torch.sigmoid(wt[:, i]) * exists                                           # (B,W,3)
         w = (a / a.sum(dim=2, keepdim=True).clamp_min(1e-7))[..., None]                # (B,W,3,1)

@@ -1,7 +1,7 @@
 // CUDA: depthwise convolution, channels-last, stride 1, zero padding k/2 (kernels/ops.h; CPU
-// reference kernels/cpu/dwconv.c). y and dx: one thread per element (adjacent threads adjacent
-// channels, so every tap's read is coalesced). dw and db: deterministic column sums over the
-// pixels (cuda_colsum.cuh), dw's column c*k*k + t the product of dy and x shifted by tap t.
+// reference kernels/cpu/dwconv.c). y and dx: sliding windows along image rows (below); dw: the
+// same windows summed per thread, then a fixed-order reduction; db: a column sum of dy
+// (cuda_colsum.cuh). Deterministic throughout.
 #include "cuda_colsum.cuh"
 
 typedef struct DwDims { int B, H, W, C, k, p; } DwDims;
@@ -20,54 +20,160 @@ static DwDims dw_dims(const char *op, const Tensor *x, const Tensor *w) {
     return d;
 }
 
-// MIRROR = false: y = b + sum_t w_t x(shift +t); true: dx += sum_t w_t dy(shift -t).
-template <typename T, typename TW, bool MIRROR> struct DwTapsOp {
-    const T *in;
-    const TW *w, *bias;
-    T *out;
-    DwDims d;
-    template <int V> __device__ void apply(size_t i) const {
-        size_t c = i % d.C, pix = i / d.C;
-        int wx = (int)(pix % d.W), h = (int)((pix / d.W) % d.H);
-        size_t base = pix - (size_t)h * d.W - wx;   // (b, 0, 0)
-        float acc = MIRROR ? 0.0f : (bias ? (float)bias[c] : 0.0f);
-        for (int i2 = 0; i2 < d.k; i2++) {
-            int hh = MIRROR ? h - i2 + d.p : h + i2 - d.p;
-            if (hh < 0 || hh >= d.H) continue;
-            for (int j = 0; j < d.k; j++) {
-                int ww = MIRROR ? wx - j + d.p : wx + j - d.p;
-                if (ww < 0 || ww >= d.W) continue;
-                float v;
-                load_v<1>(in + (base + (size_t)hh * d.W + ww) * d.C + c, &v);
-                acc += (float)w[c * d.k * d.k + i2 * d.k + j] * v;
+// ---- y and dx: rows of pixels through a sliding window ------------------------------------------
+// A thread owns one channel c (adjacent threads adjacent channels: every load and store is
+// coalesced) and DW_SEG consecutive pixels of one image row. It keeps the k x k weights and the
+// k x k input window in registers and slides the window one column per output: k loads and k^2
+// FMAs per output instead of k^2 loads. FLIP = false: y = b + sum_{i,j} w[i][j] in[h+i-p, w+j-p];
+// true: dx += sum_{i,j} w[k-1-i][k-1-j] dy[h+i-p, w+j-p], the adjoint (dy correlated with the
+// flipped kernel), added to dx's prior value and rounded once.
+enum { DW_TX = 32, DW_TY = 8, DW_SEG = 16 };
+
+template <typename T> __device__ __forceinline__ float dw_load(const T *p) {
+    float v;
+    load_v<1>(p, &v);
+    return v;
+}
+
+template <int K, bool FLIP, typename T, typename TW>
+__global__ void __launch_bounds__(DW_TX * DW_TY)
+dwconv_rows_kernel(const T *in, const TW *w, const TW *bias, T *out, DwDims d, int segs) {
+    constexpr int P = K / 2;
+    int c = blockIdx.x * DW_TX + threadIdx.x;
+    long long job = (long long)blockIdx.y * DW_TY + threadIdx.y;   // (b, h, segment)
+    if (c >= d.C || job >= (long long)d.B * d.H * segs) return;
+    int seg = (int)(job % segs);
+    long long bh = job / segs;
+    int h = (int)(bh % d.H), b = (int)(bh / d.H);
+    int w0 = seg * DW_SEG, w1 = min(w0 + DW_SEG, d.W);
+    float wr[K][K], win[K][K];
+    #pragma unroll
+    for (int i = 0; i < K; i++)
+        #pragma unroll
+        for (int j = 0; j < K; j++)
+            wr[i][j] = (float)w[(size_t)c * K * K + (FLIP ? (K - 1 - i) * K + (K - 1 - j) : i * K + j)];
+    const T *img = in + (size_t)b * d.H * d.W * d.C + c;
+    // win[i][j] = in[h+i-P, x+j-P] for the output column x about to be computed; columns 1..K-1
+    // of the first window are loaded here, column K-1 of each window in the loop.
+    #pragma unroll
+    for (int i = 0; i < K; i++) {
+        int hh = h + i - P;
+        bool row_in = hh >= 0 && hh < d.H;
+        #pragma unroll
+        for (int j = 1; j < K; j++) {
+            int ww = w0 - 1 + j - P;
+            win[i][j] = row_in && ww >= 0 && ww < d.W ? dw_load(img + ((size_t)hh * d.W + ww) * d.C) : 0.0f;
+        }
+    }
+    float b0 = !FLIP && bias ? (float)bias[c] : 0.0f;
+    for (int x = w0; x < w1; x++) {
+        int ww = x + P;   // the window's new column
+        #pragma unroll
+        for (int i = 0; i < K; i++) {
+            #pragma unroll
+            for (int j = 0; j < K - 1; j++) win[i][j] = win[i][j + 1];
+            int hh = h + i - P;
+            win[i][K - 1] = hh >= 0 && hh < d.H && ww < d.W ? dw_load(img + ((size_t)hh * d.W + ww) * d.C) : 0.0f;
+        }
+        float acc = b0;
+        #pragma unroll
+        for (int i = 0; i < K; i++)
+            #pragma unroll
+            for (int j = 0; j < K; j++) acc = fmaf(wr[i][j], win[i][j], acc);
+        T *o = out + (((size_t)b * d.H + h) * d.W + x) * d.C + c;
+        if (FLIP) acc += dw_load(o);
+        store_v<1>(o, &acc);
+    }
+}
+
+// ---- dw: per-thread sums of dy x the shifted input, then a fixed-order reduction ---------------
+// A thread owns channel c and the image rows r = (b, h) of its split with r % DW_TY == its row
+// phase; along each row it slides the k x k window of x and adds dy[b,h,x,c] * win into k^2
+// register sums (dy read once per pixel). The DW_TY phases are added in order in shared memory,
+// one tap at a time, into partial[split][c*k*k + tap]; cuda_sum_partials adds the splits in order.
+// No atomics: the result is a function of the shape alone.
+template <int K, typename T>
+__global__ void __launch_bounds__(DW_TX * DW_TY)
+dwconv_dw_kernel(const T *dy, const T *x, DwDims d, int rows_per_split, float *partial) {
+    constexpr int P = K / 2;
+    __shared__ float sm[DW_TY][DW_TX];
+    int c = blockIdx.x * DW_TX + threadIdx.x;
+    int r0 = blockIdx.y * rows_per_split, r1 = min(r0 + rows_per_split, d.B * d.H);
+    float acc[K][K];
+    #pragma unroll
+    for (int i = 0; i < K; i++)
+        #pragma unroll
+        for (int j = 0; j < K; j++) acc[i][j] = 0.0f;
+    if (c < d.C) {
+        for (int r = r0 + threadIdx.y; r < r1; r += DW_TY) {
+            int h = r % d.H, b = r / d.H;
+            const T *img = x + (size_t)b * d.H * d.W * d.C + c;
+            const T *g = dy + ((size_t)r * d.W) * d.C + c;
+            float win[K][K];
+            #pragma unroll
+            for (int i = 0; i < K; i++) {
+                int hh = h + i - P;
+                bool row_in = hh >= 0 && hh < d.H;
+                #pragma unroll
+                for (int j = 1; j < K; j++) {
+                    int ww = j - 1 - P;
+                    win[i][j] = row_in && ww >= 0 ? dw_load(img + ((size_t)hh * d.W + ww) * d.C) : 0.0f;
+                }
+            }
+            for (int xc = 0; xc < d.W; xc++) {
+                int ww = xc + P;
+                #pragma unroll
+                for (int i = 0; i < K; i++) {
+                    #pragma unroll
+                    for (int j = 0; j < K - 1; j++) win[i][j] = win[i][j + 1];
+                    int hh = h + i - P;
+                    win[i][K - 1] = hh >= 0 && hh < d.H && ww < d.W ? dw_load(img + ((size_t)hh * d.W + ww) * d.C) : 0.0f;
+                }
+                float gv = dw_load(g + (size_t)xc * d.C);
+                #pragma unroll
+                for (int i = 0; i < K; i++)
+                    #pragma unroll
+                    for (int j = 0; j < K; j++) acc[i][j] = fmaf(gv, win[i][j], acc[i][j]);
             }
         }
-        if (MIRROR) {
-            float prev;
-            load_v<1>(out + i, &prev);
-            acc += prev;
+    }
+    #pragma unroll
+    for (int t = 0; t < K * K; t++) {
+        sm[threadIdx.y][threadIdx.x] = acc[t / K][t % K];
+        __syncthreads();
+        if (threadIdx.y == 0 && c < d.C) {
+            float s = sm[0][threadIdx.x];
+            #pragma unroll
+            for (int y = 1; y < DW_TY; y++) s += sm[y][threadIdx.x];
+            partial[(size_t)blockIdx.y * d.C * K * K + (size_t)c * K * K + t] = s;
         }
-        store_v<1>(out + i, &acc);
+        __syncthreads();
     }
-};
+}
 
-// Column c * k * k + t of row `pixel`: dy[pixel, c] * x[pixel shifted by tap t, c].
-template <typename T> struct DwWeightRows {
-    const T *dy, *x;
-    DwDims d;
-    template <int V> __device__ void row(size_t r, size_t col, float *acc) const {
-        int kk = d.k * d.k;
-        int c = (int)(col / kk), t = (int)(col % kk), i = t / d.k, j = t % d.k;
-        int wx = (int)(r % d.W), h = (int)((r / d.W) % d.H);
-        int hh = h + i - d.p, ww = wx + j - d.p;
-        if (hh < 0 || hh >= d.H || ww < 0 || ww >= d.W) return;
-        size_t shifted = r + (size_t)(hh - h) * d.W + (ww - wx);
-        float g, v;
-        load_v<1>(dy + r * d.C + c, &g);
-        load_v<1>(x + shifted * d.C + c, &v);
-        acc[0] += g * v;
+// K as a template argument (the window and the weights live in registers).
+template <typename F> static void dispatch_k(int k, F &&f) {
+    switch (k) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    default: f(std::integral_constant<int, 7>{}); break;   // dw_dims allows odd k <= 7
     }
-};
+}
+
+template <bool FLIP, typename T, typename TW>
+static void launch_rows(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *out, DwDims d) {
+    int segs = (d.W + DW_SEG - 1) / DW_SEG;
+    long long jobs = (long long)d.B * d.H * segs;
+    dim3 block(DW_TX, DW_TY), grid((unsigned)ceil_div((size_t)d.C, (size_t)DW_TX),
+                                   (unsigned)ceil_div((size_t)jobs, (size_t)DW_TY));
+    CG_CHECK(grid.y <= 65535, "", "dwconv: %lld row segments exceed the grid", jobs);
+    dispatch_k(d.k, [&](auto kc) {
+        dwconv_rows_kernel<decltype(kc)::value, FLIP, T, TW>
+            <<<grid, block, 0, cuda_stream_of(ctx)>>>(in, w, bias, out, d, segs);
+    });
+    CUDA_CHECK_LAUNCH();
+}
 
 void cuda_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y) {
     const char *op = "dwconv_fwd";
@@ -81,9 +187,8 @@ void cuda_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b
     dispatch_dtype2(x->dtype, w->dtype, [&](auto tx, auto tw) {
         using T = TAG_T(tx);
         using TW = TAG_T(tw);
-        launch_map(ctx, y->numel, false,
-                   DwTapsOp<T, TW, false>{(const T *)x->data, (const TW *)w->data,
-                                          b ? (const TW *)b->data : nullptr, (T *)y->data, d});
+        launch_rows<false>(ctx, (const T *)x->data, (const TW *)w->data,
+                           b ? (const TW *)b->data : nullptr, (T *)y->data, d);
     });
 }
 
@@ -100,19 +205,32 @@ void cuda_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *
         dispatch_dtype2(x->dtype, w->dtype, [&](auto tx, auto tw) {
             using T = TAG_T(tx);
             using TW = TAG_T(tw);
-            launch_map(ctx, dx->numel, false,
-                       DwTapsOp<T, TW, true>{(const T *)dy->data, (const TW *)w->data, nullptr,
-                                             (T *)dx->data, d});
+            launch_rows<true>(ctx, (const T *)dy->data, (const TW *)w->data, (const TW *)nullptr,
+                              (T *)dx->data, d);
         });
     }
     if (dw) {
         cuda_check_f32(op, "dw", dw);
         cuda_check_numel(op, "dw", dw, (size_t)d.C * kk);
+        // splits of the B*H image rows: enough blocks to fill the GPU, at least 2 rows per phase
+        size_t rows = (size_t)d.B * d.H, chunks = ceil_div((size_t)d.C, (size_t)DW_TX);
+        size_t want = ceil_div((size_t)1024, chunks), most = ceil_div(rows, (size_t)2 * DW_TY);
+        size_t splits = want < most ? want : most;
+        if (splits < 1) splits = 1;
+        int rows_per_split = (int)ceil_div(rows, splits);
+        splits = ceil_div(rows, (size_t)rows_per_split);
+        size_t P = (size_t)d.C * kk;
+        float *partial = (float *)cuda_scratch(ctx, splits * P * sizeof(float));
+        dim3 block(DW_TX, DW_TY), grid((unsigned)chunks, (unsigned)splits);
         dispatch_dtype(x->dtype, [&](auto tx) {
             using T = TAG_T(tx);
-            launch_colsum(ctx, R, (size_t)d.C * kk, false,
-                          DwWeightRows<T>{(const T *)dy->data, (const T *)x->data, d}, tensor_f32(dw));
+            dispatch_k(d.k, [&](auto kc) {
+                dwconv_dw_kernel<decltype(kc)::value, T><<<grid, block, 0, cuda_stream_of(ctx)>>>(
+                    (const T *)dy->data, (const T *)x->data, d, rows_per_split, partial);
+            });
         });
+        CUDA_CHECK_LAUNCH();
+        cuda_sum_partials(ctx, partial, (unsigned)splits, P, P, tensor_f32(dw), nullptr);
     }
     if (db) {
         cuda_check_f32(op, "db", db);
