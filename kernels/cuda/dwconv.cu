@@ -116,8 +116,8 @@ dwconv_dw_kernel(const T *dy, const T *x, DwDims d, int rows_per_split, float *p
                 bool row_in = hh >= 0 && hh < d.H;
                 #pragma unroll
                 for (int j = 1; j < K; j++) {
-                    int ww = j - 1 - P;
-                    win[i][j] = row_in && ww >= 0 ? dw_load(img + ((size_t)hh * d.W + ww) * d.C) : 0.0f;
+                    int ww = j - 1 - P;   // a row narrower than the kernel ends inside it
+                    win[i][j] = row_in && ww >= 0 && ww < d.W ? dw_load(img + ((size_t)hh * d.W + ww) * d.C) : 0.0f;
                 }
             }
             for (int xc = 0; xc < d.W; xc++) {

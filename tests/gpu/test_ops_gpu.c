@@ -585,12 +585,14 @@ static void test_attention_pool_matches_cpu(void **state) {
 
 // Depthwise convolution (GSPN's LPU and mixer): k 1, 3, 5 and 7, a channel count of 8s (db's
 // vector path) and not, rows longer than a thread's segment (37 > 16: the window carried across
-// segments), and enough image rows for dw's reduction to split (8 x 28 rows).
+// segments), enough image rows for dw's reduction to split (8 x 28 rows), and a 2x2 grid under a
+// 7x7 kernel (gspn_hier's last stages).
 static void test_dwconv_matches_cpu(void **state) {
     static const int shapes[][5] = {{2, 9, 7, 16, 3}, {1, 6, 11, 5, 5}, {4, 14, 14, 64, 3},
-                                    {2, 5, 37, 40, 7}, {8, 28, 28, 48, 7}, {3, 4, 5, 33, 1}};   // B H W C k
+                                    {2, 5, 37, 40, 7}, {8, 28, 28, 48, 7}, {3, 4, 5, 33, 1},
+                                    {4, 2, 2, 24, 7}};   // B H W C k; the last: rows narrower than k
     for (int mi = 0; mi < 2; mi++)
-        for (int si = 0; si < 6; si++) {
+        for (int si = 0; si < 7; si++) {
             DType dt = MODES[mi];
             int B = shapes[si][0], hgt = shapes[si][1], wid = shapes[si][2], C = shapes[si][3],
                 k = shapes[si][4];
