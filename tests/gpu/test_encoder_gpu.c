@@ -15,9 +15,10 @@
 #define FP32_BOUND 1e-4
 #define BF16_BOUND 2e-2
 // gspn_hier in bf16: the scan's inputs get their gradients through 2 proxy channels, sums over
-// C_s channels of bf16 activation gradients that largely cancel; PyTorch's autocast bf16 moves
-// them by several percent too (tests/parity_gspn_hier.py prints its error beside ours).
-#define HIER_BF16_BOUND 5e-2
+// C_s channels of bf16 activation gradients that largely cancel. PyTorch's autocast bf16 is off
+// float64 by up to 4.3e-2 on a gspn_t gradient (results/parity_gspn_hier_h100.log); the bound
+// is twice that, parity_distill.py's rule.
+#define HIER_BF16_BOUND 8.6e-2
 
 typedef struct Side {
     Ctx ctx;
