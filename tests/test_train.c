@@ -267,6 +267,30 @@ static void test_gradient_accumulation_matches_one_large_batch(void **state) {
     assert_true(fabs(na - nb) < ACCUM_TOL * na);
 }
 
+// MESA (train/mesa.h): the steps of epochs before mesa_start_epoch are those of a run without it,
+// bit for bit (the EMA forward adds nothing to the tape's gradient); from that epoch on the loss
+// holds the term (6 steps per epoch: 48 images, batch 8).
+static void test_mesa_starts_at_its_epoch(void **state) {
+    enum { STEPS = 9 };
+    Config plain = fixture_config(g_dir, "vit", "no_mesa", STEPS);
+    plain.ema_decay = 0.9f;
+    Config mesa = plain;
+    snprintf(mesa.run_name, sizeof mesa.run_name, "mesa");
+    mesa.mesa = 0.8f;
+    mesa.mesa_start_epoch = 1;
+    float a[STEPS], b[STEPS];
+    TrainOptions oa = {.step_losses = a}, ob = {.step_losses = b};
+    classify_train(&plain, &oa);
+    classify_train(&mesa, &ob);
+    for (int i = 0; i < STEPS; i++) printf("    step %d: loss %.7f, with MESA %.7f\n", i + 1, a[i], b[i]);
+    assert_memory_equal(a, b, 6 * sizeof(float));
+    for (int i = 6; i < STEPS; i++) {
+        assert_true(isfinite(b[i]));
+        assert_true(b[i] != a[i]);
+    }
+    assert_true(b[6] > a[6]);   // step 7's weights are the same: the KL term is positive
+}
+
 static void test_lr_scale_batch_scales_the_peak_rate(void **state) {
     Config c = fixture_config(g_dir, "vit", "lr_plain", 1);
     c.warmup_steps = 0;
@@ -290,6 +314,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_eval_command_reproduces_the_trainers_evaluation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gradient_accumulation_matches_one_large_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lr_scale_batch_scales_the_peak_rate, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mesa_starts_at_its_epoch, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,6 +5,7 @@
 #include "data_parallel.h"
 #include "device_config.h"
 #include "memory_report.h"
+#include "mesa.h"
 #include "model_config.h"
 #include "optimizer.h"
 #include "runlog.h"
@@ -270,6 +271,12 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
     OptimizerConfig opt = plan.opt;
     Ema ema;
     ema_init(&ema, c, &ecfg, &ctx, &params);
+    Mesa mesa = {c->mesa, c->mesa_temperature, c->mesa_start_epoch};
+    CG_CHECK(mesa.weight >= 0 && mesa.temperature > 0 && mesa.start_epoch >= 0, "e.g. mesa = 0.8, "
+             "mesa_temperature = 5, mesa_start_epoch = 25", "mesa %g, mesa_temperature %g, "
+             "mesa_start_epoch %d", mesa.weight, mesa.temperature, mesa.start_epoch);
+    CG_CHECK(mesa.weight == 0 || ema.on, "set ema_decay (e.g. 0.9999) with mesa",
+             "MESA's target is the EMA model: mesa = %g needs ema_decay > 0", mesa.weight);
     enc.drop_path = (EncoderDropPath){c->drop_path, (uint64_t)c->seed, 0, 0};
 
     // Resume: weights, moments, EMA, step and the cursor from a checkpoint. Before the run folder
@@ -329,6 +336,8 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
     printf(", warmup %ld steps", warmup);
     if (c->drop_path > 0) printf(", drop_path %g", c->drop_path);
     if (ema.on) printf(", ema %g", c->ema_decay);
+    if (mesa.weight > 0)
+        printf(", MESA %g (T %g) from epoch %d", mesa.weight, mesa.temperature, mesa.start_epoch);
     printf("\n");
 
     Arena arena;
@@ -378,6 +387,8 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
             enc.drop_path.first_sample = dp.rank * b->count;   // masks by global sample index
             Tensor *logits = encoder_head(&tape, &enc, encoder_forward(&tape, &enc, x, NULL));
             Tensor *loss = nn_cross_entropy(&tape, logits, tgt);
+            if (mesa_active(&mesa, epoch))
+                loss = nn_add(&tape, loss, mesa_loss(&tape, &mesa, &ema.enc, x, logits));
             float loss_v;
             tensor_download(&ctx, loss, &loss_v);
             step_loss += loss_v;

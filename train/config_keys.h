@@ -84,6 +84,9 @@ X(int,    accum_steps,      1,         "gradient accumulation: micro-batches of 
 X(float,  drop_path,        0.0f,      "stochastic depth rate of the last block, linear from 0 over depth (timm drop_path_rate)")
 X(int,    grad_checkpoint,  0,         "activation recomputation: 0 = off; N = every N-th block (blocks 0, N, 2N, ...) keeps only its input and recomputes its forward during backward (1 = every block; timm set_grad_checkpointing)")
 X(float,  ema_decay,        0.0f,      "EMA of the weights, updated every step and evaluated beside them (timm model_ema_decay); 0 = off")
+X(float,  mesa,             0.0f,      "MESA (Du et al. 2022, sharpness-aware training for free) weight lambda: the loss adds lambda T^2 KL(softmax(ema/T) || softmax(student/T)), the EMA model's logits on the same batch as the target; needs ema_decay > 0; 0 = off")
+X(float,  mesa_temperature, 5.0f,      "MESA: the softmax temperature T (the authors' default)")
+X(int,    mesa_start_epoch, 0,         "MESA: the first epoch (0-based) whose steps add the MESA term")
 X(string, on_nonfinite,     "stop",    "a NaN/Inf loss or gradient norm: stop (naming the step; the last checkpoint stays the newest) or skip the update and count it")
 X(int,    seed,             1,         "seed for initialization, data order and augmentation")
 
