@@ -2,6 +2,7 @@
 // Table 2, its parameter names and shapes, its token grids, and its refusals. Its gradients are
 // checked end to end in test_tape.c.
 #include "testlib.h"
+#include <glob.h>
 #include <unistd.h>
 #include "../train/config.h"
 #include "../train/model_config.h"
@@ -111,6 +112,22 @@ static void test_describe_prints_counts_and_names_a_bad_key(void **state) {
     assert_contains(out, "depths");
 }
 
+// Every shipped config loads and builds its encoder (`cgspn describe`): a renamed key or a broken
+// include in configs/ fails here, not in a user's run.
+static void test_every_shipped_config_builds(void **state) {
+    (void)state;
+    glob_t g;
+    assert_int_equal(glob("configs/*.cfg", 0, NULL, &g), 0);
+    assert_true(g.gl_pathc >= 29);
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "./cgspn describe %s > /dev/null", g.gl_pathv[i]);
+        if (system(cmd) != 0) fail_msg("cgspn describe %s failed", g.gl_pathv[i]);
+    }
+    printf("  %zu configs\n", g.gl_pathc);
+    globfree(&g);
+}
+
 // Max |a - b| / max |b| over n values.
 static double max_rel(const float *a, const float *b, size_t n) {
     double num = 0, den = 0;
@@ -191,6 +208,7 @@ int main(void) {
         cmocka_unit_test(test_gspn_hier_grids_halve_up),
         cmocka_unit_test(test_describe_prints_counts_and_names_a_bad_key),
         cmocka_unit_test(test_cpu_matches_pytorch_reference_of_a_tiny_model),
+        cmocka_unit_test(test_every_shipped_config_builds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
