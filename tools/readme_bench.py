@@ -7,7 +7,8 @@ FILE (default build/bench.txt, the `make bench` output) goes between the markers
 <!-- bench:begin --> and <!-- bench:end -->, or, with NAME, between <!-- bench:NAME:begin -->
 and <!-- bench:NAME:end --> (a bench run outside `make bench`, e.g. under mpirun, saved under
 results/: NAME is `distill` for results/bench_distill_h200x2.txt, `curriculum` for
-results/bench_curriculum_h200.txt, `memory` for results/bench_memory_h100.txt). The markers live in docs/benchmarks.md, where every
+results/bench_curriculum_h200.txt, `memory` for results/bench_memory_h100.txt, `classify` for
+results/bench_classify_h100.txt). The markers live in docs/benchmarks.md, where every
 measured table is; --doc PATH names another file that holds them.
 
 When FILE has the `bench vit` and `bench block` sections (the `make bench` output, or a run of
@@ -19,7 +20,9 @@ the speed-ups (with the memory ratio); from `cgspn bench distill --memory=1` (wh
 table of grad_checkpoint 0 and 1 beside PyTorch's step; from `cgspn bench distill --max-batch`
 (when present) the largest-batch table and the issue's peer line. Each excerpt is the file's own
 lines, in order. When FILE lacks the vit or block section (a partial run), README.md is left as
-it is, with a note.
+it is, with a note. When FILE has a `bench classify` section, its header line, tables and ratio
+line go into README.md between <!-- bench:classify-headline:begin --> and
+<!-- bench:classify-headline:end -->.
 
 Numbers are never typed by hand: this script is the only way they reach the docs. Run it from
 the repository root; running it again on the same FILE changes nothing."""
@@ -102,6 +105,19 @@ def headline(text):
     return "\n".join(out)
 
 
+def classify_excerpt(text):
+    """From a `cgspn bench classify` section: its header line, the gspn table, the timm table and
+    the ratio line (None when absent)."""
+    c = sections(text).get("classify")
+    if not c:
+        return None
+    a = first(c, r"model\s+img\s+batch")
+    b = None if a is None else first(c, r"gspn_t / convnext_tiny", a)
+    if b is None:
+        return None
+    return "\n".join(["== cgspn bench classify", c[0]] + c[a:b + 1])
+
+
 def main(argv):
     doc = DEFAULT_DOC
     args = []
@@ -124,6 +140,9 @@ def main(argv):
     text = open(src).read().rstrip()
     paste(doc, f"bench:{name}:" if name else "bench:", text)
     print(f"  from {src}")
+    cl = classify_excerpt(text)
+    if cl is not None:
+        paste(README, "bench:classify-headline:", cl)
     h = headline(text)
     if h is None and name:
         return 0   # a run of other benchmarks (distill under mpirun, curriculum): no headline
