@@ -35,10 +35,42 @@ template <typename T> __device__ __forceinline__ float dw_load(const T *p) {
     return v;
 }
 
+// The k x k window of one channel of img (an image's (H,W,C) plane at channel c) around row h:
+// win[i][j] = img[h+i-P, x+j-P], 0 outside. dw_window_start loads columns 1..K-1 for the output
+// column x0 (column 0 is dropped by the first advance); dw_window_advance moves it to column x.
+template <int K, typename T>
+__device__ __forceinline__ void dw_window_start(float (&win)[K][K], const T *img, const DwDims &d,
+                                                int h, int x0) {
+    constexpr int P = K / 2;
+    #pragma unroll
+    for (int i = 0; i < K; i++) {
+        int hh = h + i - P;
+        bool row_in = hh >= 0 && hh < d.H;
+        #pragma unroll
+        for (int j = 1; j < K; j++) {
+            int ww = x0 - 1 + j - P;   // a row narrower than the kernel ends inside the window
+            win[i][j] = row_in && ww >= 0 && ww < d.W ? dw_load(img + ((size_t)hh * d.W + ww) * d.C) : 0.0f;
+        }
+    }
+}
+
+template <int K, typename T>
+__device__ __forceinline__ void dw_window_advance(float (&win)[K][K], const T *img, const DwDims &d,
+                                                  int h, int x) {
+    constexpr int P = K / 2;
+    int ww = x + P;   // the window's new column
+    #pragma unroll
+    for (int i = 0; i < K; i++) {
+        #pragma unroll
+        for (int j = 0; j < K - 1; j++) win[i][j] = win[i][j + 1];
+        int hh = h + i - P;
+        win[i][K - 1] = hh >= 0 && hh < d.H && ww < d.W ? dw_load(img + ((size_t)hh * d.W + ww) * d.C) : 0.0f;
+    }
+}
+
 template <int K, bool FLIP, typename T, typename TW>
 __global__ void __launch_bounds__(DW_TX * DW_TY)
 dwconv_rows_kernel(const T *in, const TW *w, const TW *bias, T *out, DwDims d, int segs) {
-    constexpr int P = K / 2;
     int c = blockIdx.x * DW_TX + threadIdx.x;
     long long job = (long long)blockIdx.y * DW_TY + threadIdx.y;   // (b, h, segment)
     if (c >= d.C || job >= (long long)d.B * d.H * segs) return;
@@ -53,28 +85,10 @@ dwconv_rows_kernel(const T *in, const TW *w, const TW *bias, T *out, DwDims d, i
         for (int j = 0; j < K; j++)
             wr[i][j] = (float)w[(size_t)c * K * K + (FLIP ? (K - 1 - i) * K + (K - 1 - j) : i * K + j)];
     const T *img = in + (size_t)b * d.H * d.W * d.C + c;
-    // win[i][j] = in[h+i-P, x+j-P] for the output column x about to be computed; columns 1..K-1
-    // of the first window are loaded here, column K-1 of each window in the loop.
-    #pragma unroll
-    for (int i = 0; i < K; i++) {
-        int hh = h + i - P;
-        bool row_in = hh >= 0 && hh < d.H;
-        #pragma unroll
-        for (int j = 1; j < K; j++) {
-            int ww = w0 - 1 + j - P;
-            win[i][j] = row_in && ww >= 0 && ww < d.W ? dw_load(img + ((size_t)hh * d.W + ww) * d.C) : 0.0f;
-        }
-    }
+    dw_window_start<K>(win, img, d, h, w0);
     float b0 = !FLIP && bias ? (float)bias[c] : 0.0f;
     for (int x = w0; x < w1; x++) {
-        int ww = x + P;   // the window's new column
-        #pragma unroll
-        for (int i = 0; i < K; i++) {
-            #pragma unroll
-            for (int j = 0; j < K - 1; j++) win[i][j] = win[i][j + 1];
-            int hh = h + i - P;
-            win[i][K - 1] = hh >= 0 && hh < d.H && ww < d.W ? dw_load(img + ((size_t)hh * d.W + ww) * d.C) : 0.0f;
-        }
+        dw_window_advance<K>(win, img, d, h, x);
         float acc = b0;
         #pragma unroll
         for (int i = 0; i < K; i++)
@@ -95,7 +109,6 @@ dwconv_rows_kernel(const T *in, const TW *w, const TW *bias, T *out, DwDims d, i
 template <int K, typename T>
 __global__ void __launch_bounds__(DW_TX * DW_TY)
 dwconv_dw_kernel(const T *dy, const T *x, DwDims d, int rows_per_split, float *partial) {
-    constexpr int P = K / 2;
     __shared__ float sm[DW_TY][DW_TX];
     int c = blockIdx.x * DW_TX + threadIdx.x;
     int r0 = blockIdx.y * rows_per_split, r1 = min(r0 + rows_per_split, d.B * d.H);
@@ -110,25 +123,9 @@ dwconv_dw_kernel(const T *dy, const T *x, DwDims d, int rows_per_split, float *p
             const T *img = x + (size_t)b * d.H * d.W * d.C + c;
             const T *g = dy + ((size_t)r * d.W) * d.C + c;
             float win[K][K];
-            #pragma unroll
-            for (int i = 0; i < K; i++) {
-                int hh = h + i - P;
-                bool row_in = hh >= 0 && hh < d.H;
-                #pragma unroll
-                for (int j = 1; j < K; j++) {
-                    int ww = j - 1 - P;   // a row narrower than the kernel ends inside it
-                    win[i][j] = row_in && ww >= 0 && ww < d.W ? dw_load(img + ((size_t)hh * d.W + ww) * d.C) : 0.0f;
-                }
-            }
+            dw_window_start<K>(win, img, d, h, 0);
             for (int xc = 0; xc < d.W; xc++) {
-                int ww = xc + P;
-                #pragma unroll
-                for (int i = 0; i < K; i++) {
-                    #pragma unroll
-                    for (int j = 0; j < K - 1; j++) win[i][j] = win[i][j + 1];
-                    int hh = h + i - P;
-                    win[i][K - 1] = hh >= 0 && hh < d.H && ww < d.W ? dw_load(img + ((size_t)hh * d.W + ww) * d.C) : 0.0f;
-                }
+                dw_window_advance<K>(win, img, d, h, xc);
                 float gv = dw_load(g + (size_t)xc * d.C);
                 #pragma unroll
                 for (int i = 0; i < K; i++)
