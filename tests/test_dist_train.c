@@ -11,7 +11,8 @@
 // CGSPN_TEST_DEVICE=cuda runs the same tests on two GPUs (one per rank, NCCL; what
 // tools/dist_device_check.sh runs): the equivalences in fp32, the bit-exact resumes in bf16.
 #include "testlib.h"
-#include "train_fixture.h"
+#include "jpeg_tree.h"
+#include "resume_check.h"
 #include "../dist/ckpt_shard.h"
 #include "../train/checkpoint.h"
 #include "../train/classify.h"
@@ -509,6 +510,65 @@ static void test_distill_two_teachers_two_ranks_equal_one_and_resume_bit_exactly
     if (g_dist->rank == 0) assert_ckpt_files_same("tfull", "tsplit", STEPS, 0);
 }
 
+// ---- gspn_hier on ImageNet's layout ----------------------------------------------------------
+
+// The hierarchical GSPN encoder (a tiny gspn_t: the stem, four stages, LPUs, the 2-channel shared
+// scan) on the JPEG ImageFolder tree of tests/jpeg_tree.h (train/<wnid>/*.JPEG, a flat val folder
+// with LOC_val_solution.csv), built once by rank 0 into g_dir/jpeg/shards.
+static Config hier_config_as(const char *run, const char *precision) {
+    Config c = train_config_as(run, 0, precision);
+    snprintf(c.model, sizeof c.model, "gspn_hier");
+    snprintf(c.depths, sizeof c.depths, "1,1,1,1");
+    c.width = g_gpu ? 16 : 8;
+    c.mlp_ratio = 2;
+    c.mixer_conv = 3;
+    c.gspn_latent = 2;
+    c.gspn_shared_w = 1;
+    c.gspn_out_norm = 0;
+    c.ln_eps = 1e-5f;
+    c.class_token = 0;
+    c.pos_embed = 0;
+    snprintf(c.global_pool, sizeof c.global_pool, "avg");
+    c.drop_path = 0.1f;      // the masks follow the global sample index on any number of ranks
+    snprintf(c.data_shards, sizeof c.data_shards, "%s/jpeg/shards", g_dir);
+    return c;
+}
+
+static void test_gspn_hier_on_a_jpeg_tree_two_ranks_equal_one_and_resume_bit_exactly(void **state) {
+    char ref[64];
+    snprintf(ref, sizeof ref, "hier_ref_r%d", g_dist->rank);
+    Config one = hier_config_as(ref, "fp32");
+    float a[STEPS], b[STEPS], full[STEPS], split[STEPS];
+    TrainOptions oa = {.step_losses = a, .dist = &g_single};
+    assert_int_equal(classify_train(&one, &oa).step, STEPS);
+    Config two = hier_config_as("hier_two", "fp32");
+    TrainOptions ob = {.step_losses = b, .dist = g_dist};
+    TrainResult rb = classify_train(&two, &ob);
+    assert_int_equal(rb.step, STEPS);
+    assert_losses_close("gspn_hier", b, a, 0, STEPS);
+    assert_int_equal(rb.eval.count, 16);   // the flat val folder, every image once
+    char fa[600], fb[600];
+    snprintf(fa, sizeof fa, "%s/%s/step_%08d/model.safetensors", g_dir, ref, STEPS);
+    snprintf(fb, sizeof fb, "%s/hier_two/step_%08d/model.safetensors", g_dir, STEPS);
+    double e = max_weight_diff(fb, fa);
+    if (!(e < (g_gpu ? GPU_WEIGHT_TOL : WEIGHT_TOL))) fail_msg("gspn_hier: weights of 2 ranks differ from 1 rank by %.3g", e);
+    // 2 ranks, stopped after STOP_AT steps and resumed, against an uninterrupted run
+    Config f = hier_config_as("hier_full", "bf16");
+    TrainOptions of = {.step_losses = full, .dist = g_dist};
+    assert_int_equal(classify_train(&f, &of).step, STEPS);
+    Config sp = hier_config_as("hier_split", "bf16");
+    TrainOptions os = {.stop_after = STOP_AT, .step_losses = split, .dist = g_dist};
+    assert_int_equal(classify_train(&sp, &os).step, STOP_AT);
+    snprintf(sp.resume, sizeof sp.resume, "auto");
+    TrainOptions oc = {.step_losses = split, .dist = g_dist};
+    assert_int_equal(classify_train(&sp, &oc).step, STEPS);
+    resume_assert_bits_equal(full, split, STEPS, "gspn_hier resume");
+    if (g_dist->rank == 0) {
+        assert_metrics_same("hier_full", "hier_split");
+        assert_ckpt_files_same("hier_full", "hier_split", STEPS, 0);
+    }
+}
+
 int main(int argc, char **argv) {
     omp_set_num_threads(1);   // two ranks share the cores of a CI machine
     const char *dev = getenv("CGSPN_TEST_DEVICE");
@@ -529,6 +589,10 @@ int main(int argc, char **argv) {
             return 1;
         }
         fixture_build_shards(g_dir, 40, 16);   // 5 steps of 8 per epoch: the runs cross an epoch
+        char jpeg[300];
+        snprintf(jpeg, sizeof jpeg, "%s/jpeg", g_dir);
+        mkdir(jpeg, 0755);
+        jpeg_tree_build(jpeg, 40, 16);          // gspn_hier: ImageNet's layout, 5 steps per epoch
     }
     dist_broadcast(g_dist, g_dir, sizeof g_dir, 0, "the test folder");
     char log[300];
@@ -549,6 +613,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_distill_stage2_two_ranks_zero1_equal_one_rank_of_twice_the_batch),
         cmocka_unit_test(test_distill_stage2_two_rank_zero1_resume_is_bit_exact),
         cmocka_unit_test(test_distill_two_teachers_two_ranks_equal_one_and_resume_bit_exactly),
+        cmocka_unit_test(test_gspn_hier_on_a_jpeg_tree_two_ranks_equal_one_and_resume_bit_exactly),
     };
     int failed = cmocka_run_group_tests_name(g_dist->rank ? "dist_train (rank 1)" : "dist_train (rank 0)",
                                              tests, NULL, NULL);
