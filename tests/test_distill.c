@@ -666,6 +666,26 @@ static void test_teacher_files_refuse_run_keys_and_bad_pairings(void **state) {
     }
 }
 
+// A gspn_hier student (stages of changing width and grid) is refused with a message, before
+// anything runs.
+static void test_gspn_hier_student_is_refused(void **state) {
+    write_teacher(28, "", NULL, false);
+    Ctx ctx = ctx_cpu();
+    char err[4096];
+    Config c = tiny_run_config(2, "gspn_hier");
+    snprintf(c.depths, sizeof c.depths, "1,1,1,1");
+    c.width = 8;
+    c.gspn_latent = 2;
+    c.gspn_out_norm = 0;
+    Distiller d;
+    if (distiller_init_err(&d, &c, &ctx, err, sizeof err) == 0) {
+        distiller_free(&d);
+        fail_msg("a gspn_hier student was accepted");
+    }
+    assert_contains(err, "gspn_hier");
+    assert_contains(err, "set model = cgspn or hybrid");
+}
+
 // A SigLIP-style teacher: no class token, its summary the MAP head's output (forward only).
 static void test_stage2_summary_from_a_map_head_teacher_matches_ops_composed_by_hand(void **state) {
     g_teacher_map = 1;
@@ -1009,6 +1029,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_stage2_summary_from_a_map_head_teacher_matches_ops_composed_by_hand, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_two_teachers_loss_is_the_sum_of_each_teachers_alone, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_teacher_files_refuse_run_keys_and_bad_pairings, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_gspn_hier_student_is_refused, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_student_copies_teacher_where_shapes_match_and_reports_it, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_teacher_pos_embed_is_resampled_to_the_run_grid, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_teacher_missing_or_misshaped_tensor_fails_with_a_clear_message, setup_dir, teardown_dir),

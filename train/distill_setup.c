@@ -258,6 +258,10 @@ static int check_student(const Distiller *d, const EncoderConfig *s, const Confi
                             "of the student with block i of the teacher on the same token grid; give "
                             "the student the teacher's width, depth and patch", s->width, s->depth,
                             s->patch, tc->width, tc->depth, tc->patch, T->config_path);
+    if (s->kind == ENCODER_GSPN_HIER)
+        return cg_set_error(err, n, "the student is a gspn_hier classifier: its stages change width "
+                            "and grid, and distillation pairs blocks on one token grid\n  hint: set "
+                            "model = cgspn or hybrid (train gspn_hier with cgspn train)");
     if (s->kind == ENCODER_VIT && d->stage == 1)
         return cg_set_error(err, n, "stage 1 aligns C-GSPN layers; the student is a ViT\n  hint: set "
                             "model = cgspn or hybrid");

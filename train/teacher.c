@@ -83,6 +83,10 @@ int teacher_load_err(Teacher *T, const Config *c, Ctx *ctx, char *err, size_t n)
     // The teacher sees the run's images (or teacher_img_size); a pos_embed follows its grid.
     int side = teacher_image_side(c);
     EncoderConfig ecfg = encoder_config_from(&T->cfg);
+    if (ecfg.kind == ENCODER_GSPN_HIER)
+        return cg_set_error(err, n, "the teacher (%s) is a gspn_hier classifier: its stages change "
+                            "width and grid, and distillation pairs blocks on one token grid\n  hint: "
+                            "a teacher is a vit, cgspn or hybrid encoder", cfg);
     if (side % ecfg.patch != 0)
         return cg_set_error(err, n, "%s %d is not a multiple of the teacher's patch %d (%s)",
                             c->teacher_img_size > 0 ? "teacher_img_size" : "img_size", side,
