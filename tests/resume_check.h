@@ -8,8 +8,8 @@
 #include "../train/classify.h"
 
 // The full recipe, so that every random source is covered: random-resized crops, flips,
-// RandAugment, erasing, mixup/cutmix, label smoothing, drop path over 2 blocks, an EMA, and
-// gradient accumulation (2 micro-batches of 4 per step). device "cpu" (fp32) or "cuda"
+// RandAugment, erasing, mixup/cutmix, label smoothing, drop path over 2 blocks, an EMA with MESA
+// against it, and gradient accumulation (2 micro-batches of 4 per step). device "cpu" (fp32) or "cuda"
 // (precision auto: bf16 weights and activations, fp32 masters). grad_checkpoint: the config key.
 static inline Config resume_recipe_config(const char *dir, const char *model, const char *device,
                                           const char *run_name, long total, int grad_checkpoint) {
@@ -27,6 +27,7 @@ static inline Config resume_recipe_config(const char *dir, const char *model, co
     c.cutmix_alpha = 1.0f;
     c.drop_path = 0.2f;
     c.ema_decay = 0.9f;
+    c.mesa = 0.5f;   // from epoch 0: every step reads the EMA model, restored on resume
     c.accum_steps = 2;
     return c;
 }
