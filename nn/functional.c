@@ -65,20 +65,27 @@ static void layernorm_backward(Tape *t, void *p) {
     op_layernorm_bwd(t->ctx, r->y->grad, r->x, r->w, r->mean, r->rstd, tape_grad(t, r->x),
                      tape_grad(t, r->w), tape_grad(t, r->b), NULL, NULL);
 }
-// The output y (the activation dtype) and the statistics of a LayerNorm of x.
-static Tensor *layernorm_outputs(Tape *t, const Tensor *x, Tensor **mean, Tensor **rstd) {
+// The output y and the statistics of a LayerNorm of x: y in the activation dtype, or fp32 with
+// f32; mean and rstd fp32.
+static Tensor *layernorm_outputs(Tape *t, const Tensor *x, bool f32, Tensor **mean, Tensor **rstd) {
     int rows[1] = {(int)tensor_rows(x)};
     *mean = tape_tensor(t, 1, rows, true);
     *rstd = tape_tensor(t, 1, rows, true);
-    return tape_tensor(t, x->ndim, x->shape, false);
+    return tape_tensor(t, x->ndim, x->shape, f32);
 }
-Tensor *nn_layernorm(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps) {
-    Tensor *mean, *rstd, *y = layernorm_outputs(t, x, &mean, &rstd);
+static Tensor *layernorm_into(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps, bool f32) {
+    Tensor *mean, *rstd, *y = layernorm_outputs(t, x, f32, &mean, &rstd);
     op_layernorm_fwd(t->ctx, x, w, b, eps, y, mean, rstd);
     if (tape_track(t, y, x, w, b))
         *(LayerNormRec *)tape_record(t, layernorm_backward, sizeof(LayerNormRec)) =
             (LayerNormRec){x, w, b, mean, rstd, y};
     return y;
+}
+Tensor *nn_layernorm(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps) {
+    return layernorm_into(t, x, w, b, eps, false);
+}
+Tensor *nn_layernorm_f32(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps) {
+    return layernorm_into(t, nn_cast(t, x, DTYPE_F32), w, b, eps, true);
 }
 
 // ---- linear onto a residual, then LayerNorm: h = res + x w^T + b, y = layernorm(h) ----
@@ -122,7 +129,7 @@ Tensor *nn_linear_add_layernorm(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tens
     Tensor *m = tape_tensor(t, res->ndim, res->shape, false);
     op_linear_fwd(t->ctx, x, w, b, m);
     Tensor *h = tape_tensor_like(t, res);
-    Tensor *mean, *rstd, *y = layernorm_outputs(t, h, &mean, &rstd);
+    Tensor *mean, *rstd, *y = layernorm_outputs(t, h, false, &mean, &rstd);
     op_add_layernorm_fwd(t->ctx, res, m, ln_w, ln_b, eps, h, y, mean, rstd);
     tape_release(t, m);
     tape_track(t, h, x, w, b);

@@ -8,6 +8,10 @@ Tensor *nn_linear(Tape *t, Tensor *x, Tensor *w, Tensor *b);            // (..,K
 // y in the context's activation dtype whatever x's (an fp32 residual stream is normalized
 // straight into a bf16 sublayer input on the GPU).
 Tensor *nn_layernorm(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps);
+// The same normalizing x (converted to fp32 first) into fp32, as PyTorch's autocast runs
+// layer_norm: a norm that starts an fp32 residual stream (gspn_hier's stem and downsampling) keeps
+// its output and the gradient reaching it unrounded.
+Tensor *nn_layernorm_f32(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps);
 // h = res + nn_linear(x, w, b), returned (res's shape and dtype), and *normed = nn_layernorm(h,
 // ln_w, ln_b, eps): the linear writes the branch in the activation dtype and one pass adds it to
 // res and normalizes the sum (add_layernorm_fwd); the tape sees a linear onto res, then the norm.

@@ -103,6 +103,10 @@ static Tensor *block_forward(Tape *t, const Encoder *e, int i, Tensor *x, Tensor
     return nn_add(t, x, encoder_drop_path(t, e, i, 1, mlp(t, &b->mlp, h2, NULL)));
 }
 
+static Tensor *stream_norm(Tape *t, const LayerNorm *l, Tensor *x) {   // -> fp32
+    return nn_layernorm_f32(t, x, l->w, l->b, l->eps);
+}
+
 static Tensor *tokens_view(Tape *t, Tensor *x) {   // (B,H,W,C) -> (B,H*W,C)
     return nn_view(t, x, 3, (int[]){x->shape[0], x->shape[1] * x->shape[2], x->shape[3]});
 }
@@ -116,8 +120,10 @@ Tensor *hier_forward(Tape *t, const Encoder *e, Tensor *img, Tensor **pp, Tensor
              "(B,%d,%d,%d)", img->shape[0], img->shape[1], img->shape[2], img->shape[3],
              c->in_chans, c->img_h, c->img_w);
     Tensor *x = layernorm(t, &h->stem_norm1, conv2d(t, &h->stem1, img, 1));
-    x = layernorm(t, &h->stem_norm2, conv2d(t, &h->stem2, nn_gelu(t, x, GELU_ERF), 0));
-    x = nn_cast(t, x, DTYPE_F32);   // the residual stream is fp32, as in the isotropic encoders
+    // The residual stream is fp32, as in the isotropic encoders; the norms that start it write
+    // fp32 (PyTorch's autocast runs them in fp32): their gradient is not rounded to bf16 before
+    // their backward, whose cancellations would magnify it.
+    x = stream_norm(t, &h->stem_norm2, conv2d(t, &h->stem2, nn_gelu(t, x, GELU_ERF), 0));
     int i = 0;
     for (int s = 0; s < HIER_STAGES; s++) {
         for (int j = 0; j < c->depths[s]; j++, i++) {
@@ -127,7 +133,7 @@ Tensor *hier_forward(Tape *t, const Encoder *e, Tensor *img, Tensor **pp, Tensor
             if (pb) pb[i] = tokens_view(t, x);
         }
         if (s < HIER_STAGES - 1)
-            x = nn_cast(t, layernorm(t, &h->down_norm[s], conv2d(t, &h->down[s], x, 0)), DTYPE_F32);
+            x = stream_norm(t, &h->down_norm[s], conv2d(t, &h->down[s], x, 0));
     }
     return layernorm(t, &e->norm, tokens_view(t, x));
 }
