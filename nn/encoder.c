@@ -6,6 +6,10 @@ const char *encoder_kind_name(EncoderKind kind) {
     return kind >= 0 && kind <= ENCODER_GSPN_HIER ? names[kind] : "?";
 }
 
+int encoder_out_width(const EncoderConfig *cfg) {
+    return cfg->kind == ENCODER_GSPN_HIER ? cfg->width << (HIER_STAGES - 1) : cfg->width;
+}
+
 int encoder_block_is_attention(const EncoderConfig *cfg, int i) {
     if (cfg->kind == ENCODER_VIT) return 1;
     if (cfg->kind == ENCODER_CGSPN || cfg->kind == ENCODER_GSPN_HIER) return 0;

@@ -129,6 +129,9 @@ bool encoder_block_is_checkpointed(const EncoderConfig *cfg, int i);
 // x itself, or with stochastic depth active (training, rate > 0) the residual branch x of block i
 // (0-based; branch 0: mixing layer, 1: MLP) dropped per sample, rate * i / (depth - 1).
 Tensor *encoder_drop_path(Tape *t, const Encoder *e, int block, int branch, Tensor *x);
+// Width of the tokens encoder_forward returns and of encoder_pool's vector: width, or a
+// hierarchical encoder's last stage's.
+int encoder_out_width(const EncoderConfig *cfg);
 // "vit", "cgspn", "hybrid" or "gspn_hier"
 const char *encoder_kind_name(EncoderKind kind);
 // Whether block i (0-based) is an attention block for this encoder.

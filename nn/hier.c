@@ -83,7 +83,7 @@ void hier_register(Encoder *e, ParamTable *t) {
             layernorm_register(&h->down_norm[s], t, p, 2 * Cs, c->ln_eps);
         }
     }
-    int Cl = stage_width(c, HIER_STAGES - 1);
+    int Cl = encoder_out_width(c);
     layernorm_register(&e->norm, t, "norm", Cl, c->ln_eps);
     if (c->num_classes > 0) linear_register(&e->head, t, "head", Cl, c->num_classes, true, 0.02f);
 }
@@ -153,5 +153,5 @@ double hier_macs_per_image(const EncoderConfig *c) {
         macs += c->depths[s] * N * block;
         if (s < HIER_STAGES - 1) macs += (double)gh[s + 1] * gw[s + 1] * 9 * Cs * 2 * Cs;
     }
-    return macs + stage_width(c, HIER_STAGES - 1) * (double)c->num_classes;
+    return macs + encoder_out_width(c) * (double)c->num_classes;
 }

@@ -74,7 +74,7 @@ void encoder_describe(const Encoder *e, const ParamTable *t, FILE *f) {
     if (c->kind == ENCODER_GSPN_HIER)
         fprintf(f, "model: gspn_hier, depths %d,%d,%d,%d, widths %d..%d, grids %dx%d..%dx%d",
                 c->depths[0], c->depths[1], c->depths[2], c->depths[3], c->width,
-                c->width << (HIER_STAGES - 1), e->hier.grid_h[0], e->hier.grid_w[0], e->grid_h,
+                encoder_out_width(c), e->hier.grid_h[0], e->hier.grid_w[0], e->grid_h,
                 e->grid_w);
     else
         fprintf(f, "model: %s, %d blocks, width %d, %dx%d tokens%s", encoder_kind_name(c->kind),

@@ -52,7 +52,7 @@ static Features pooled_features(Ctx *ctx, const Encoder *e, Loader *l) {
     Tape tape;
     tape_init(&tape, ctx, &arena);
     tape_set_grad_enabled(&tape, false);
-    int C = e->cfg.width;
+    int C = encoder_out_width(&e->cfg);
     int64_t total = (int64_t)loader_dataset(l)->m.images, steps = loader_steps_per_epoch(l);
     Features f = {cg_malloc((size_t)total * C * sizeof(float)), cg_malloc((size_t)total * sizeof(int)), 0, 0};
     char err[2048];
@@ -65,6 +65,8 @@ static Features pooled_features(Ctx *ctx, const Encoder *e, Loader *l) {
         tensor_upload(ctx, x, b->images);
         Tensor *tokens = encoder_forward(&tape, e, x, NULL);
         Tensor *pooled = encoder_pool(&tape, e, tokens);   // (B, C)
+        CG_CHECK(pooled->ndim == 2 && pooled->shape[1] == C, "", "probe: the pooled features have "
+                 "%d channels, %d expected", pooled->shape[pooled->ndim - 1], C);
         float *host = tensor_to_host_f32(ctx, pooled);
         CG_CHECK(f.n + b->count <= total, "", "the loader gave more images than the split holds");
         memcpy(f.x + (size_t)f.n * C, host, (size_t)b->count * C * sizeof(float));
@@ -151,7 +153,7 @@ int cmd_probe(int argc, char **argv) {
     Features ftrain = pooled_features(&ctx, &enc, trn), ftest = pooled_features(&ctx, &enc, val);
     loader_close(trn);
     loader_close(val);
-    int C = ecfg.width, K = c.num_classes, B = c.batch_size, n = ftrain.n;
+    int C = encoder_out_width(&ecfg), K = c.num_classes, B = c.batch_size, n = ftrain.n;
     CG_CHECK(ftrain.classes <= K, "set num_classes to the dataset's class count or more",
              "the data has %d classes, the head %d", ftrain.classes, K);
     CG_CHECK(n >= B, "reduce batch_size", "batch_size %d exceeds the %d training images", B, n);

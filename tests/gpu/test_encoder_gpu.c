@@ -98,7 +98,7 @@ static void compare_with_cpu(EncoderConfig cfg, bool pool, DType dt) {
     }
     bool hier = cfg.kind == ENCODER_GSPN_HIER;
     int B = 2, N = cpu.enc.grid_h * cpu.enc.grid_w + cpu.enc.prefix;
-    int C = hier ? cfg.width << (HIER_STAGES - 1) : cfg.width;   // the tokens' width
+    int C = encoder_out_width(&cfg);   // the tokens' width
     Tensor *img = test_tensor(4, B, cfg.in_chans, cfg.img_h, cfg.img_w);
     Tensor *seed = pool ? test_tensor(2, B, C) : test_tensor(3, B, N, C);
     test_fill(img, 5, -1, 1);
