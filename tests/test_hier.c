@@ -4,6 +4,8 @@
 #include "testlib.h"
 #include <glob.h>
 #include <unistd.h>
+#include "train_fixture.h"
+#include "../train/classify.h"
 #include "../train/config.h"
 #include "../train/model_config.h"
 #include "../kernels/error.h"
@@ -112,6 +114,51 @@ static void test_describe_prints_counts_and_names_a_bad_key(void **state) {
     assert_contains(out, "depths");
 }
 
+// A short CPU run of a tiny gspn_hier on the fixture shards, then `cgspn eval`, `export` and
+// `probe` on its checkpoint: the commands that read an encoder's pooled features and head take
+// the last stage's width (the probe once read rows of the first stage's).
+static void test_train_eval_export_probe_a_tiny_gspn_hier(void **state) {
+    (void)state;
+    if (access("./cgspn", X_OK) != 0) fail_msg("./cgspn is not built (make test builds it first)");
+    char dir[128], cmd[2048];
+    assert_int_equal(test_make_temp_dir(dir, sizeof dir, "hier_cli"), 0);
+    fixture_build_shards(dir, 48, 16);
+    Config c = fixture_config(dir, "gspn_hier", "hier", 4);
+    snprintf(c.depths, sizeof c.depths, "1,1,1,1");
+    c.width = 8;
+    c.mlp_ratio = 2;
+    c.mixer_conv = 3;
+    c.gspn_latent = 2;
+    c.gspn_shared_w = 1;
+    c.gspn_out_norm = 0;
+    c.ln_eps = 1e-5f;
+    snprintf(c.global_pool, sizeof c.global_pool, "avg");
+    TrainResult r = classify_train(&c, NULL);
+    assert_int_equal(r.status, TRAIN_DONE);
+    const char *cmds[] = {"eval %s/hier/config.cfg --weights %s/hier",
+                          "export %s/hier --out %s/student.safetensors",
+                          "probe %s/hier/config.cfg --weights %s/student.safetensors --epochs=1"};
+    for (int i = 0; i < 3; i++) {
+        char args[1024];
+        snprintf(args, sizeof args, cmds[i], dir, dir);
+        snprintf(cmd, sizeof cmd, "./cgspn %s > %s/log 2>&1", args, dir);
+        if (system(cmd) != 0) {
+            snprintf(cmd, sizeof cmd, "cat %s/log", dir);
+            assert_int_equal(system(cmd), 0);
+            fail_msg("cgspn %s failed", args);
+        }
+    }
+    char log[300];
+    snprintf(log, sizeof log, "%s/log", dir);
+    size_t n;
+    char *text = (char *)test_read_bytes(log, &n);
+    text = realloc(text, n + 1);
+    text[n] = 0;
+    assert_contains(text, "probe: linear probe");
+    free(text);
+    test_remove_dir(dir);
+}
+
 // Every shipped config loads and builds its encoder (`cgspn describe`): a renamed key or a broken
 // include in configs/ fails here, not in a user's run.
 static void test_every_shipped_config_builds(void **state) {
@@ -209,6 +256,7 @@ int main(void) {
         cmocka_unit_test(test_describe_prints_counts_and_names_a_bad_key),
         cmocka_unit_test(test_cpu_matches_pytorch_reference_of_a_tiny_model),
         cmocka_unit_test(test_every_shipped_config_builds),
+        cmocka_unit_test(test_train_eval_export_probe_a_tiny_gspn_hier),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
