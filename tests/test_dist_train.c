@@ -12,7 +12,6 @@
 // tools/dist_device_check.sh runs): the equivalences in fp32, the bit-exact resumes in bf16.
 #include "testlib.h"
 #include "jpeg_tree.h"
-#include "resume_check.h"
 #include "../dist/ckpt_shard.h"
 #include "../train/checkpoint.h"
 #include "../train/classify.h"
@@ -117,23 +116,27 @@ static Config train_config_as(const char *run, int zero, const char *precision) 
 }
 
 static Config train_config(const char *run, int zero) { return train_config_as(run, zero, "fp32"); }
-static Config resume_config(const char *run, int zero) { return train_config_as(run, zero, "bf16"); }
 
-static void train_two_ranks_equal_one(int zero) {
-    char ref[64];
-    snprintf(ref, sizeof ref, "ref_z%d_r%d", zero, g_dist->rank);   // each rank's own reference
-    Config one = train_config(ref, zero);
+// A run's config for run folder `run` and zero = 0 or 1: train_config_as's fixture, or another
+// model on other shards (gspn_hier below).
+typedef Config (*RunConfigFn)(const char *run, int zero, const char *precision);
+
+// 2 ranks x 4 images equal 1 rank x 8 (fp32): every step's loss, the evaluation, the weights.
+// Run folders PREFIX_ref_r<rank> (each rank's own reference) and PREFIX_two.
+static TrainResult two_ranks_equal_one(RunConfigFn make, const char *prefix, int zero) {
+    char ref[64], run[64];
+    snprintf(ref, sizeof ref, "%s_ref_r%d", prefix, g_dist->rank);
+    snprintf(run, sizeof run, "%s_two", prefix);
+    Config one = make(ref, zero, "fp32");
     float a[STEPS], b[STEPS];
     TrainOptions oa = {.step_losses = a, .dist = &g_single};
     TrainResult ra = classify_train(&one, &oa);
     assert_int_equal(ra.step, STEPS);
-    char run[64];
-    snprintf(run, sizeof run, "two_z%d", zero);
-    Config two = train_config(run, zero);
+    Config two = make(run, zero, "fp32");
     TrainOptions ob = {.step_losses = b, .dist = g_dist};
     TrainResult rb = classify_train(&two, &ob);
     assert_int_equal(rb.step, STEPS);
-    assert_losses_close("train", b, a, 0, STEPS);
+    assert_losses_close(prefix, b, a, 0, STEPS);
     // The evaluation covers the whole split on 2 ranks too, and agrees.
     assert_int_equal(rb.eval.count, ra.eval.count);
     assert_true(fabs(rb.eval.loss - ra.eval.loss) < LOSS_TOL * ra.eval.loss);
@@ -141,8 +144,15 @@ static void train_two_ranks_equal_one(int zero) {
     snprintf(fa, sizeof fa, "%s/%s/step_%08d/model.safetensors", g_dir, ref, STEPS);
     snprintf(fb, sizeof fb, "%s/%s/step_%08d/model.safetensors", g_dir, run, STEPS);
     double e = max_weight_diff(fb, fa);
-    if (g_dist->rank == 0) printf("    train zero = %d: weights differ by %.2g (relative to the largest)\n", zero, e);
-    if (!(e < (g_gpu ? GPU_WEIGHT_TOL : WEIGHT_TOL))) fail_msg("zero = %d: weights of 2 ranks differ from 1 rank by %.3g", zero, e);
+    if (g_dist->rank == 0) printf("    %s zero = %d: weights differ by %.2g (relative to the largest)\n", prefix, zero, e);
+    if (!(e < (g_gpu ? GPU_WEIGHT_TOL : WEIGHT_TOL))) fail_msg("%s zero = %d: weights of 2 ranks differ from 1 rank by %.3g", prefix, zero, e);
+    return rb;
+}
+
+static void train_two_ranks_equal_one(int zero) {
+    char prefix[16];
+    snprintf(prefix, sizeof prefix, "z%d", zero);
+    two_ranks_equal_one(train_config_as, prefix, zero);
 }
 
 static void test_train_two_ranks_equal_one_rank_of_twice_the_batch(void **state) {
@@ -303,16 +313,18 @@ static void assert_ckpt_files_same(const char *run_a, const char *run_b, int ste
     }
 }
 
-static void train_resume_is_bit_exact(int zero) {
+// 2 ranks (bf16 on GPUs), stopped after STOP_AT steps and resumed with --resume=auto, against an
+// uninterrupted run: the same bits in every loss, the logged metrics and the final checkpoint.
+static void two_rank_resume_is_bit_exact(RunConfigFn make, const char *prefix, int zero) {
     char full_run[64], split_run[64];
-    snprintf(full_run, sizeof full_run, "full_z%d", zero);
-    snprintf(split_run, sizeof split_run, "split_z%d", zero);
+    snprintf(full_run, sizeof full_run, "%s_full", prefix);
+    snprintf(split_run, sizeof split_run, "%s_split", prefix);
     float full[STEPS], split[STEPS];
     memset(split, 0xff, sizeof split);
-    Config a = resume_config(full_run, zero);
+    Config a = make(full_run, zero, "bf16");
     TrainOptions oa = {.step_losses = full, .dist = g_dist};
     assert_int_equal(classify_train(&a, &oa).step, STEPS);
-    Config b = resume_config(split_run, zero);
+    Config b = make(split_run, zero, "bf16");
     TrainOptions ob = {.stop_after = STOP_AT, .step_losses = split, .dist = g_dist};
     assert_int_equal(classify_train(&b, &ob).step, STOP_AT);
     if (zero) {   // the optimizer shards and their marker are in the checkpoint
@@ -327,11 +339,17 @@ static void train_resume_is_bit_exact(int zero) {
     assert_int_equal(classify_train(&b, &oc).step, STEPS);
     for (int i = 0; i < STEPS; i++)
         if (memcmp(&full[i], &split[i], sizeof(float)) != 0)
-            fail_msg("zero = %d step %d: loss %.9g vs %.9g after the resume", zero, i + 1, full[i], split[i]);
+            fail_msg("%s zero = %d step %d: loss %.9g vs %.9g after the resume", prefix, zero, i + 1, full[i], split[i]);
     if (g_dist->rank == 0) {
         assert_metrics_same(full_run, split_run);
         assert_ckpt_files_same(full_run, split_run, STEPS, zero);
     }
+}
+
+static void train_resume_is_bit_exact(int zero) {
+    char prefix[16];
+    snprintf(prefix, sizeof prefix, "z%d", zero);
+    two_rank_resume_is_bit_exact(train_config_as, prefix, zero);
 }
 
 static void test_train_two_rank_resume_is_bit_exact(void **state) { train_resume_is_bit_exact(0); }
@@ -515,58 +533,18 @@ static void test_distill_two_teachers_two_ranks_equal_one_and_resume_bit_exactly
 // The hierarchical GSPN encoder (a tiny gspn_t: the stem, four stages, LPUs, the 2-channel shared
 // scan) on the JPEG ImageFolder tree of tests/jpeg_tree.h (train/<wnid>/*.JPEG, a flat val folder
 // with LOC_val_solution.csv), built once by rank 0 into g_dir/jpeg/shards.
-static Config hier_config_as(const char *run, const char *precision) {
-    Config c = train_config_as(run, 0, precision);
-    snprintf(c.model, sizeof c.model, "gspn_hier");
-    snprintf(c.depths, sizeof c.depths, "1,1,1,1");
-    c.width = g_gpu ? 16 : 8;
-    c.mlp_ratio = 2;
-    c.mixer_conv = 3;
-    c.gspn_latent = 2;
-    c.gspn_shared_w = 1;
-    c.gspn_out_norm = 0;
-    c.ln_eps = 1e-5f;
-    c.class_token = 0;
-    c.pos_embed = 0;
-    snprintf(c.global_pool, sizeof c.global_pool, "avg");
+static Config hier_config_as(const char *run, int zero, const char *precision) {
+    Config c = train_config_as(run, zero, precision);
+    fixture_gspn_hier(&c, g_gpu ? 16 : 8);
     c.drop_path = 0.1f;      // the masks follow the global sample index on any number of ranks
     snprintf(c.data_shards, sizeof c.data_shards, "%s/jpeg/shards", g_dir);
     return c;
 }
 
 static void test_gspn_hier_on_a_jpeg_tree_two_ranks_equal_one_and_resume_bit_exactly(void **state) {
-    char ref[64];
-    snprintf(ref, sizeof ref, "hier_ref_r%d", g_dist->rank);
-    Config one = hier_config_as(ref, "fp32");
-    float a[STEPS], b[STEPS], full[STEPS], split[STEPS];
-    TrainOptions oa = {.step_losses = a, .dist = &g_single};
-    assert_int_equal(classify_train(&one, &oa).step, STEPS);
-    Config two = hier_config_as("hier_two", "fp32");
-    TrainOptions ob = {.step_losses = b, .dist = g_dist};
-    TrainResult rb = classify_train(&two, &ob);
-    assert_int_equal(rb.step, STEPS);
-    assert_losses_close("gspn_hier", b, a, 0, STEPS);
-    assert_int_equal(rb.eval.count, 16);   // the flat val folder, every image once
-    char fa[600], fb[600];
-    snprintf(fa, sizeof fa, "%s/%s/step_%08d/model.safetensors", g_dir, ref, STEPS);
-    snprintf(fb, sizeof fb, "%s/hier_two/step_%08d/model.safetensors", g_dir, STEPS);
-    double e = max_weight_diff(fb, fa);
-    if (!(e < (g_gpu ? GPU_WEIGHT_TOL : WEIGHT_TOL))) fail_msg("gspn_hier: weights of 2 ranks differ from 1 rank by %.3g", e);
-    // 2 ranks, stopped after STOP_AT steps and resumed, against an uninterrupted run
-    Config f = hier_config_as("hier_full", "bf16");
-    TrainOptions of = {.step_losses = full, .dist = g_dist};
-    assert_int_equal(classify_train(&f, &of).step, STEPS);
-    Config sp = hier_config_as("hier_split", "bf16");
-    TrainOptions os = {.stop_after = STOP_AT, .step_losses = split, .dist = g_dist};
-    assert_int_equal(classify_train(&sp, &os).step, STOP_AT);
-    snprintf(sp.resume, sizeof sp.resume, "auto");
-    TrainOptions oc = {.step_losses = split, .dist = g_dist};
-    assert_int_equal(classify_train(&sp, &oc).step, STEPS);
-    resume_assert_bits_equal(full, split, STEPS, "gspn_hier resume");
-    if (g_dist->rank == 0) {
-        assert_metrics_same("hier_full", "hier_split");
-        assert_ckpt_files_same("hier_full", "hier_split", STEPS, 0);
-    }
+    TrainResult r = two_ranks_equal_one(hier_config_as, "hier", 0);
+    assert_int_equal(r.eval.count, 16);   // the flat val folder, every image once
+    two_rank_resume_is_bit_exact(hier_config_as, "hier", 0);
 }
 
 int main(int argc, char **argv) {

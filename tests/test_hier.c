@@ -124,15 +124,7 @@ static void test_train_eval_export_probe_a_tiny_gspn_hier(void **state) {
     assert_int_equal(test_make_temp_dir(dir, sizeof dir, "hier_cli"), 0);
     fixture_build_shards(dir, 48, 16);
     Config c = fixture_config(dir, "gspn_hier", "hier", 4);
-    snprintf(c.depths, sizeof c.depths, "1,1,1,1");
-    c.width = 8;
-    c.mlp_ratio = 2;
-    c.mixer_conv = 3;
-    c.gspn_latent = 2;
-    c.gspn_shared_w = 1;
-    c.gspn_out_norm = 0;
-    c.ln_eps = 1e-5f;
-    snprintf(c.global_pool, sizeof c.global_pool, "avg");
+    fixture_gspn_hier(&c, 8);
     TrainResult r = classify_train(&c, NULL);
     assert_int_equal(r.status, TRAIN_DONE);
     const char *cmds[] = {"eval %s/hier/config.cfg --weights %s/hier",

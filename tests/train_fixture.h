@@ -96,3 +96,21 @@ static inline Config fixture_config(const char *dir, const char *model, const ch
     snprintf(c.run_name, sizeof c.run_name, "%s", run_name);
     return c;
 }
+
+// The fixture's model made a tiny hierarchical GSPN (model = gspn_hier, nn/hier.h): one block per
+// stage at width, width*2, *4, *8; a 3x3 mixer convolution; the 2-channel shared-weight proxy of
+// configs/gspn_t.cfg. The 28 px images give grids 7, 4, 2, 1.
+static inline void fixture_gspn_hier(Config *c, int width) {
+    snprintf(c->model, sizeof c->model, "gspn_hier");
+    snprintf(c->depths, sizeof c->depths, "1,1,1,1");
+    c->width = width;
+    c->mlp_ratio = 2;
+    c->mixer_conv = 3;
+    c->gspn_latent = 2;
+    c->gspn_shared_w = 1;
+    c->gspn_out_norm = 0;
+    c->ln_eps = 1e-5f;
+    c->class_token = 0;
+    c->pos_embed = 0;
+    snprintf(c->global_pool, sizeof c->global_pool, "avg");
+}
