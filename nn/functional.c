@@ -4,11 +4,14 @@
 // A record is the tensors the backward reads; `y` is always the op's output.
 #define NEED_GRAD(r) ((r)->y->grad != NULL)
 
+// A tensor of like's shape but the last dim, in like's dtype.
 static Tensor *new_shaped(Tape *t, const Tensor *like, int last) {
     int shape[TENSOR_MAX_DIMS];
     memcpy(shape, like->shape, sizeof(shape));
     shape[like->ndim - 1] = last;
-    return tape_tensor(t, like->ndim, shape, false);
+    Tensor *y = tape_tensor(t, like->ndim, shape, like->dtype == DTYPE_F32);
+    y->dtype = like->dtype;
+    return y;
 }
 
 // dy into x's gradient for the backward of an identity-like op: x takes dy itself when it has no

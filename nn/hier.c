@@ -1,4 +1,7 @@
 #include "encoder.h"
+
+#include <stdlib.h>
+#include <string.h>
 #include "../kernels/error.h"
 
 static int stage_width(const EncoderConfig *c, int s) { return c->width << s; }
@@ -16,6 +19,27 @@ void hier_grids(const EncoderConfig *c, int *grid_h, int *grid_w) {
         grid_h[s] = h, grid_w[s] = w;
         h = half_up(h), w = half_up(w);
     }
+}
+
+static const char *const kOpNames[HIER_OPS] = {"norm1", "in_proj", "conv", "silu", "down",
+                                                "gate", "scan", "up", "norm2", "mlp"};
+
+static unsigned parse_fp32_ops(const char *list) {
+    unsigned mask = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", list ? list : "");
+    for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+        bool off = tok[0] == '-';
+        const char *name = tok + off;
+        unsigned bits = 0;
+        if (!strcmp(name, "all")) bits = (1u << HIER_OPS) - 1;
+        for (int i = 0; i < HIER_OPS; i++)
+            if (!strcmp(name, kOpNames[i])) bits = 1u << i;
+        CG_CHECK(bits, "name ops among norm1, in_proj, conv, silu, down, gate, scan, up, norm2, "
+                 "mlp, all (and -op to leave one out)", "CGSPN_FP32_OPS: unknown op '%s'", name);
+        mask = off ? mask & ~bits : mask | bits;
+    }
+    return mask;
 }
 
 static void check_config(const EncoderConfig *c) {
@@ -46,6 +70,7 @@ void hier_register(Encoder *e, ParamTable *t) {
     const EncoderConfig *c = &e->cfg;
     HierEncoder *h = &e->hier;
     check_config(c);
+    h->fp32_ops = parse_fp32_ops(getenv("CGSPN_FP32_OPS"));
     hier_grids(c, h->grid_h, h->grid_w);
     e->grid_h = h->grid_h[HIER_STAGES - 1];
     e->grid_w = h->grid_w[HIER_STAGES - 1];
@@ -88,17 +113,51 @@ void hier_register(Encoder *e, ParamTable *t) {
     if (c->num_classes > 0) linear_register(&e->head, t, "head", Cl, c->num_classes, true, 0.02f);
 }
 
+// The dtype op computes in: fp32 when CGSPN_FP32_OPS names it, else the activation dtype.
+static DType op_dtype(const Tape *t, const Encoder *e, HierOp op) {
+    return e->hier.fp32_ops >> op & 1u ? DTYPE_F32 : t->ctx->act_dtype;
+}
+static Tensor *as_dtype(Tape *t, Tensor *x, DType dt) { return x ? nn_cast(t, x, dt) : NULL; }
+static Tensor *linear_as(Tape *t, const Linear *l, Tensor *x, DType dt) {
+    return nn_linear(t, as_dtype(t, x, dt), as_dtype(t, l->w, dt), as_dtype(t, l->b, dt));
+}
+
 // One block on the fp32 stream x (B,H,W,C_s); *pp receives the mixer's output when pp is set.
+// The LPUs run on the stream itself (fp32 activations, bf16 weights in a bf16 run).
 static Tensor *block_forward(Tape *t, const Encoder *e, int i, Tensor *x, Tensor **pp) {
     const HierBlock *b = &e->hier.blocks[i];
     x = nn_add(t, x, dwconv(t, &b->lpu1, x));
-    Tensor *v = linear(t, &b->in_proj, layernorm(t, &b->norm1, x));   // (B,H,W,Ci)
-    v = nn_silu(t, dwconv(t, &b->mixer_conv, v));
-    Tensor *mix = cgspn_layer(t, &b->gspn, v);                          // (B,H,W,C_s)
-    if (pp) *pp = mix;
+    Tensor *h = op_dtype(t, e, HIER_OP_NORM1) == DTYPE_F32
+                    ? nn_layernorm_f32(t, x, b->norm1.w, b->norm1.b, b->norm1.eps)
+                    : layernorm(t, &b->norm1, x);
+    Tensor *v = linear_as(t, &b->in_proj, h, op_dtype(t, e, HIER_OP_IN_PROJ));   // (B,H,W,Ci)
+    DType dt = op_dtype(t, e, HIER_OP_CONV);
+    const Conv2d *mc = &b->mixer_conv;
+    v = nn_dwconv(t, as_dtype(t, v, dt), as_dtype(t, mc->w, dt), as_dtype(t, mc->b, dt));
+    v = nn_silu(t, as_dtype(t, v, op_dtype(t, e, HIER_OP_SILU)));
+    const CgspnLayer *g = &b->gspn;
+    Tensor *xc = linear_as(t, &g->down, v, op_dtype(t, e, HIER_OP_DOWN));       // (B,H,W,Cc)
+    Tensor *gates = linear_as(t, &g->gate, xc, op_dtype(t, e, HIER_OP_GATE));  // (B,H,W,G)
+    dt = op_dtype(t, e, HIER_OP_SCAN);
+    Tensor *yc = nn_gspn_scan(t, as_dtype(t, xc, dt), as_dtype(t, gates, dt),
+                              as_dtype(t, g->merge, dt), g->shared_w);
+    if (g->out_norm) yc = layernorm(t, &g->norm, yc);
+    Tensor *mix = linear_as(t, &g->up, yc, op_dtype(t, e, HIER_OP_UP));        // (B,H,W,C_s)
+    if (pp) *pp = mix = as_dtype(t, mix, t->ctx->act_dtype);
     x = nn_add(t, x, encoder_drop_path(t, e, i, 0, mix));
     x = nn_add(t, x, dwconv(t, &b->lpu2, x));
-    Tensor *h2 = layernorm(t, &b->norm2, x);
+    Tensor *h2 = op_dtype(t, e, HIER_OP_NORM2) == DTYPE_F32
+                     ? nn_layernorm_f32(t, x, b->norm2.w, b->norm2.b, b->norm2.eps)
+                     : layernorm(t, &b->norm2, x);
+    dt = op_dtype(t, e, HIER_OP_MLP);
+    if (dt == DTYPE_F32 && t->ctx->act_dtype != DTYPE_F32) {
+        const Mlp *m = &b->mlp;
+        Tensor *y = nn_mlp(t, as_dtype(t, h2, dt), as_dtype(t, m->fc1.w, dt),
+                           as_dtype(t, m->fc1.b, dt), as_dtype(t, m->fc2.w, dt),
+                           as_dtype(t, m->fc2.b, dt), m->gelu);
+        return nn_add(t, x, encoder_drop_path(t, e, i, 1, y));
+    }
+    h2 = as_dtype(t, h2, dt);
     if (e->drop_path.rate <= 0.0f || !t->grad_enabled) return mlp(t, &b->mlp, h2, x);
     return nn_add(t, x, encoder_drop_path(t, e, i, 1, mlp(t, &b->mlp, h2, NULL)));
 }

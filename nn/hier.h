@@ -26,6 +26,12 @@
 #define HIER_MAX_BLOCKS 64
 #define HIER_LPU_KERNEL 3
 
+// A block's ops in the order they run, as the diagnostic CGSPN_FP32_OPS names them (hier.c).
+typedef enum {
+    HIER_OP_NORM1, HIER_OP_IN_PROJ, HIER_OP_CONV, HIER_OP_SILU, HIER_OP_DOWN, HIER_OP_GATE,
+    HIER_OP_SCAN, HIER_OP_UP, HIER_OP_NORM2, HIER_OP_MLP, HIER_OPS
+} HierOp;
+
 typedef struct HierBlock {
     Conv2d lpu1, lpu2;        // depthwise 3x3 with bias
     LayerNorm norm1, norm2;
@@ -43,12 +49,16 @@ typedef struct HierEncoder {
     Conv2d down[HIER_STAGES - 1];
     LayerNorm down_norm[HIER_STAGES - 1];
     int grid_h[HIER_STAGES], grid_w[HIER_STAGES];   // each stage's token grid
+    unsigned fp32_ops;        // bit HIER_OP_*: ops a bf16 run keeps in fp32 (CGSPN_FP32_OPS)
 } HierEncoder;
 
 struct Encoder;
 struct EncoderConfig;
 // Registers every parameter (names below: stem.*, stages.S.blocks.J.*, stages.S.downsample.*,
-// norm, head) and sets e's grids; e->cfg is already set.
+// norm, head) and sets e's grids; e->cfg is already set. Reads CGSPN_FP32_OPS, a diagnostic: a
+// comma list of block ops (norm1, in_proj, conv, silu, down, gate, scan, up, norm2, mlp; "all";
+// "-op" takes one out again) that a bf16 run computes in fp32, inputs and weights converted up,
+// to find which op's bf16 rounding carries an error (docs/gspn_hier.md).
 void hier_register(struct Encoder *e, ParamTable *t);
 // img (B,in_chans,H,W) NCHW -> tokens after the final norm (B, h*w, C_3). taps (may be NULL):
 // per block, pp the mixer's output and pb the block's output, each (B, H_s*W_s, C_s).

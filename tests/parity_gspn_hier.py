@@ -19,16 +19,22 @@ Run on the GPU machine from the repository root after `make`:
 under "ref." and gradients under "grad.") for tests/test_hier.c, which holds the CPU build to it
 in `make test` where PyTorch is absent.
 
-Error per tensor: max |cgspn - ref| / max |ref|. Bounds: fp32 1e-4 (issue 17); bf16 2e-2 (issue
-17), or twice PyTorch's own bf16 error on that tensor when that is larger, as tests/parity_distill.py
-does: the same model under torch.autocast(bfloat16) (bf16 linears and convolutions, the scan on
-their bf16 outputs) against the float64 reference. The scan's inputs reach the loss through 2
-proxy channels: their gradients are sums over C_s channels of bf16 activation gradients that
-largely cancel, and bf16 rounding moves them by several percent in PyTorch too.
+Error per tensor: max |cgspn - ref| / max |ref|. Bounds: fp32 1e-4; bf16 2e-2, or 1.5 times
+PyTorch's own bf16 error on that tensor when that is larger: the same model under
+torch.autocast(bfloat16) (bf16 linears and convolutions, the scan on their bf16 outputs) against
+the float64 reference. In bf16 both errors are RMS values over 5 realizations of the model
+(make_case): the gradients the 2-channel proxy reaches are sums of nearly cancelling terms, and one
+draw of the roundings moves them by several times their typical error, in PyTorch as in cgspn.
 Exit status 1 when any tensor is over its bound.
+
+--bisect runs the diagnosis of docs/gspn_hier.md: bf16 runs with CGSPN_FP32_OPS (ops computed in
+fp32) and fp32 runs on bf16-rounded weights, over --realizations models:
+    python3 tests/parity_gspn_hier.py --bisect "none;all;scan;all,-scan;fp32+round_autocast" \
+        --realizations 5 --dump errors.json
 """
 import argparse
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -40,6 +46,12 @@ import torch.nn.functional as F
 from safetensors.torch import save_file, load_file
 
 BOUND = {"fp32": 1e-4, "bf16": 2e-2}
+# bf16: a tensor may also be off by this multiple of PyTorch autocast's own error on it, both
+# the RMS over BF16_REALIZATIONS models whose roundings are drawn anew (make_case). One draw is
+# noise: PyTorch's own per-tensor error moves by up to 13x between two such draws of gspn_t (8 to
+# 43 of 326 tensors over this rule against each other; docs/gspn_hier.md).
+BF16_TORCH_FACTOR = 1.5
+BF16_REALIZATIONS = 5
 # name: (config, --key=value overrides, batch, image side)
 CASES = {
     "gspn_t": ("configs/gspn_t.cfg", [], 2, 224),
@@ -264,10 +276,30 @@ def reference_bf16(model, images, probe_norm, probe_logits):
     return {k: v.detach().double().cpu() for k, v in feats.items()}, grads
 
 
-def make_case(name):
+def autocast_rounded(model):
+    """The parameters torch.autocast(bfloat16) rounds to bf16: Linear and Conv2d weights and
+    biases (LayerNorm parameters and the merge weights stay fp32 there)."""
+    names = set()
+    for mn, m in model.named_modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            names.update(f"{mn}.{pn}" for pn, _ in m.named_parameters(recurse=False))
+    return names
+
+
+def make_case(name, realization=0):
+    """realization k > 0 scales every weight by 1 + 2^-9 u (u uniform in [-1, 1], seed k): about
+    one bf16 ulp, so every bf16 rounding of the model lands anew while the model (and each
+    tensor's reference) moves by ~0.2%. The spread of the bf16 errors over realizations is the
+    noise of a single measurement."""
     cfg, overrides, batch, side = CASES[name]
     keys = read_cfg(cfg, overrides)
     model = build(keys)
+    if realization:
+        gen = torch.Generator().manual_seed(realization)
+        with torch.no_grad():
+            for p in model.parameters():
+                u = torch.rand(p.shape, generator=gen, dtype=p.dtype) * 2 - 1
+                p.mul_(1 + 2.0 ** -9 * u)
     torch.manual_seed(1)
     images = torch.randn(batch, int(keys["in_chans"]), side, side, dtype=torch.float64)
     with torch.no_grad():
@@ -281,39 +313,159 @@ def make_case(name):
     weights = {n: p.detach().float().contiguous() for n, p in model.named_parameters()}
     inputs = {"images": images.float(), "probe_norm": probe_norm.float(),
               "probe_logits": probe_logits.float()}
-    return cfg, overrides, weights, inputs, feats, grads, torch_bf16
+    return cfg, overrides, weights, inputs, feats, grads, torch_bf16, autocast_rounded(model)
 
 
-def compare(name, cfg, overrides, precision, device, work, cgspn, wpath, ipath, feats, grads,
-            torch_bf16):
+def run_cgspn(name, cfg, overrides, precision, device, work, cgspn, wpath, ipath, feats, grads,
+              env=None):
+    """Runs `cgspn features --grads`; returns {tensor key: max-relative error against the
+    float64 reference}."""
     fpath = os.path.join(work, f"{name}_{precision}_feats.safetensors")
     gpath = os.path.join(work, f"{name}_{precision}_grads.safetensors")
     cmd = [cgspn, "features", cfg, "--weights", wpath, "--images", ipath, "--out", fpath,
            "--grads", gpath, f"--precision={precision}", f"--device={device}"] + overrides
     print("$", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL if env else None)
     ours, our_grads = load_file(fpath), load_file(gpath)
-    bound = BOUND[precision]
     refs = dict(feats)
     refs.update({f"grad {n}": g for n, g in grads.items()})
     errs = {}
     for key, ref in refs.items():
         mine = our_grads[key[5:]] if key.startswith("grad ") else ours[key]
         errs[key] = rel_err(mine.reshape(ref.shape), ref)
-    own = {k: max(bound, 2 * torch_bf16[k]) if precision == "bf16" else bound for k in refs}
-    failures = [k for k in refs if errs[k] > own[k]]
+    return errs
+
+
+def bounds(precision, torch_bf16):
+    """Per tensor: fp32 1e-4; bf16 max(2e-2, BF16_TORCH_FACTOR x PyTorch autocast's own error)."""
+    if precision != "bf16":
+        return {k: BOUND[precision] for k in torch_bf16}
+    return {k: max(BOUND["bf16"], BF16_TORCH_FACTOR * e) for k, e in torch_bf16.items()}
+
+
+def compare_fp32(name, cfg, overrides, device, work, cgspn, wpath, ipath, feats, grads):
+    errs = run_cgspn(name, cfg, overrides, "fp32", device, work, cgspn, wpath, ipath, feats, grads)
+    bound = BOUND["fp32"]
     worst = max(errs, key=errs.get)
-    print(f"{name} {precision} on {device}: {len(feats)} feature tensors, {len(grads)} gradients; "
+    print(f"{name} fp32 on {device}: {len(feats)} feature tensors, {len(grads)} gradients; "
           f"worst max-relative error {errs[worst]:.2e} ({worst}; bound {bound:.0e})")
-    if precision == "bf16":
-        tw = max(torch_bf16, key=torch_bf16.get)
-        over = sum(errs[k] > bound for k in refs)
-        print(f"  PyTorch autocast bf16 against float64: worst {torch_bf16[tw]:.2e} ({tw}), cgspn "
-              f"there {errs[tw]:.2e}; cgspn on {worst}: {errs[worst]:.2e} against PyTorch's "
-              f"{torch_bf16[worst]:.2e}; {over} tensors over {bound:.0e}")
+    failures = [k for k in errs if errs[k] > bound]
     for k in failures:
-        print(f"  OVER BOUND {k}: {errs[k]:.2e} (bound {own[k]:.2e}; PyTorch bf16 {torch_bf16[k]:.2e})")
+        print(f"  OVER BOUND {k}: {errs[k]:.2e} (bound {bound:.0e})")
     return not failures
+
+
+def rms(xs):
+    return (sum(x * x for x in xs) / len(xs)) ** 0.5
+
+
+def compare_bf16(args):
+    """cgspn bf16 and PyTorch autocast bf16 against float64 on BF16_REALIZATIONS models whose
+    roundings are drawn anew (make_case); per tensor, cgspn's RMS error over them must be within
+    max(BOUND bf16, BF16_TORCH_FACTOR x PyTorch's RMS error)."""
+    ours, theirs = [], []
+    for k in range(BF16_REALIZATIONS):
+        cfg, overrides, weights, inputs, feats, grads, torch_bf16, _ = make_case(args.case, k)
+        with tempfile.TemporaryDirectory() as work:
+            wpath, ipath = os.path.join(work, "w.safetensors"), os.path.join(work, "in.safetensors")
+            save_file(weights, wpath)
+            save_file(inputs, ipath)
+            ours.append(run_cgspn(args.case, cfg, overrides, "bf16", args.device, work, args.cgspn,
+                                  wpath, ipath, feats, grads, dict(os.environ)))
+        theirs.append(torch_bf16)
+        print(f"  realization {k}: cgspn worst {max(ours[-1].values()):.2e}, PyTorch worst "
+              f"{max(torch_bf16.values()):.2e}", flush=True)
+    keys = list(theirs[0])
+    cg = {t: rms([e[t] for e in ours]) for t in keys}
+    pt = {t: rms([e[t] for e in theirs]) for t in keys}
+    own = {t: max(BOUND["bf16"], BF16_TORCH_FACTOR * pt[t]) for t in keys}
+    near = max(keys, key=lambda t: cg[t] / own[t])
+    worst = max(keys, key=cg.get)
+    ratio = max(keys, key=lambda t: cg[t] / pt[t] if cg[t] > BOUND["bf16"] / 2 else 0)
+    print(f"{args.case} bf16 on {args.device}: RMS over {len(ours)} realizations, {len(keys)} tensors; "
+          f"worst {cg[worst]:.2e} ({worst}; PyTorch {pt[worst]:.2e}); closest to its bound: "
+          f"{near} {cg[near]:.2e} (bound {own[near]:.2e}); largest ratio to PyTorch among tensors "
+          f"over {BOUND['bf16'] / 2:.0e}: {ratio} {cg[ratio] / pt[ratio]:.2f}")
+    single = sum(ours[0][t] > max(BOUND["bf16"], BF16_TORCH_FACTOR * theirs[0][t]) for t in keys)
+    self_ = sum(theirs[1][t] > max(BOUND["bf16"], BF16_TORCH_FACTOR * theirs[0][t]) for t in keys) \
+        if len(theirs) > 1 else 0
+    print(f"  one draw alone: cgspn over max({BOUND['bf16']:.0e}, {BF16_TORCH_FACTOR}x PyTorch) on "
+          f"{single} tensors; PyTorch's realization 1 against its realization 0, the same rule: {self_}")
+    failures = [t for t in keys if cg[t] > own[t]]
+    for t in failures:
+        print(f"  OVER BOUND {t}: {cg[t]:.2e} (bound {own[t]:.2e}; PyTorch {pt[t]:.2e})")
+    return not failures
+
+
+def bf16_round(t):
+    return t.to(torch.bfloat16).float()
+
+
+def bisect(name, cfg, overrides, device, work, cgspn, weights, rounded, ipath, feats, grads,
+           torch_bf16, configs):
+    """One cgspn run per configuration; returns {config: {tensor: error}}. A configuration is a
+    CGSPN_FP32_OPS value for a bf16 run (nn/hier.h: which op's rounding carries the error), or
+    an fp32 run on weights rounded to bf16: fp32+round_all (every parameter), fp32+round_autocast
+    (those PyTorch's autocast rounds), fp32+round_rest (the others: norms, merge)."""
+    own = bounds("bf16", torch_bf16)
+    table = {}
+    save_file(weights, os.path.join(work, "w.safetensors"))
+    for c in configs:
+        wpath = os.path.join(work, "w.safetensors")
+        env, precision = dict(os.environ, CGSPN_FP32_OPS="" if c == "none" else c), "bf16"
+        if c.startswith("fp32+round_"):
+            which = c.split("_", 1)[1]
+            pick = {"all": lambda n: True, "autocast": lambda n: n in rounded,
+                    "rest": lambda n: n not in rounded}[which]
+            wpath = os.path.join(work, f"w_{which}.safetensors")
+            save_file({n: bf16_round(t) if pick(n) else t for n, t in weights.items()}, wpath)
+            env, precision = dict(os.environ, CGSPN_FP32_OPS=""), "fp32"
+        try:
+            errs = run_cgspn(name, cfg, overrides, precision, device, work, cgspn, wpath, ipath,
+                             feats, grads, env)
+        except subprocess.CalledProcessError:
+            print(f"  {c}: cgspn failed")
+            continue
+        table[c] = errs
+        worst = max(errs, key=lambda k: errs[k] / own[k])
+        over = sum(errs[k] > own[k] for k in errs)
+        print(f"  {c:30s} over {over:3d}  worst/bound {errs[worst] / own[worst]:5.2f} ({worst})",
+              flush=True)
+    return table
+
+
+def study(args):
+    """--bisect over --realizations: per realization the bisect lines; then, per configuration,
+    the RMS over realizations of each tensor's error against PyTorch autocast's RMS."""
+    configs = args.bisect.split(";")
+    runs = []
+    for k in range(args.realizations):
+        cfg, overrides, weights, inputs, feats, grads, torch_bf16, rounded = make_case(args.case, k)
+        print(f"realization {k}", flush=True)
+        with tempfile.TemporaryDirectory() as work:
+            ipath = os.path.join(work, "in.safetensors")
+            save_file(inputs, ipath)
+            table = bisect(args.case, cfg, overrides, args.device, work, args.cgspn, weights,
+                           rounded, ipath, feats, grads, torch_bf16, configs)
+        runs.append({"torch_bf16": torch_bf16, "cgspn": table})
+    keys = list(runs[0]["torch_bf16"])
+    rms = lambda xs: (sum(x * x for x in xs) / len(xs)) ** 0.5
+    torch_rms = {t: rms([r["torch_bf16"][t] for r in runs]) for t in keys}
+    for c in configs:
+        if not all(c in r["cgspn"] for r in runs):
+            continue
+        ratio = {t: rms([r["cgspn"][c][t] for r in runs]) / torch_rms[t] for t in keys}
+        worst = max(ratio, key=ratio.get)
+        print(f"RMS over {len(runs)}: {c:30s} cgspn/PyTorch median {sorted(ratio.values())[len(keys) // 2]:.2f}"
+              f", worst {ratio[worst]:.2f} ({worst}), {sum(v > 1.5 for v in ratio.values())} over 1.5")
+    # PyTorch against itself: realization k's error over the RMS of the others
+    if len(runs) > 2:
+        self_ratio = max(runs[0]["torch_bf16"][t] / rms([r["torch_bf16"][t] for r in runs[1:]])
+                         for t in keys)
+        print(f"PyTorch's own realization 0 against the RMS of the others: worst ratio {self_ratio:.2f}")
+    if args.dump:
+        with open(args.dump, "w") as f:
+            json.dump(runs, f)
 
 
 def main():
@@ -323,9 +475,19 @@ def main():
     ap.add_argument("--device", default="auto")
     ap.add_argument("--cgspn", default="./cgspn")
     ap.add_argument("--write-fixture", metavar="PATH")
+    ap.add_argument("--bisect", metavar="CONFIGS",
+                    help="';'-separated configurations (see bisect()), e.g. "
+                         "'none;all;scan;all,-scan;fp32+round_all'")
+    ap.add_argument("--realizations", type=int, default=1,
+                    help="with --bisect: models with the bf16 roundings drawn anew (make_case)")
+    ap.add_argument("--dump", metavar="JSON", help="with --bisect: every error, per run")
     args = ap.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    cfg, overrides, weights, inputs, feats, grads, torch_bf16 = make_case(args.case)
+    if args.bisect:
+        study(args)
+        return
+    precisions = args.precision.split(",")
+    cfg, overrides, weights, inputs, feats, grads, torch_bf16, _ = make_case(args.case)
     if args.write_fixture:
         fixture = {f"w.{n}": t for n, t in weights.items()}
         fixture.update(inputs)
@@ -339,9 +501,11 @@ def main():
         wpath, ipath = os.path.join(work, "w.safetensors"), os.path.join(work, "in.safetensors")
         save_file(weights, wpath)
         save_file(inputs, ipath)
-        for precision in args.precision.split(","):
-            ok &= compare(args.case, cfg, overrides, precision, args.device, work, args.cgspn,
-                          wpath, ipath, feats, grads, torch_bf16)
+        if "fp32" in precisions:
+            ok &= compare_fp32(args.case, cfg, overrides, args.device, work, args.cgspn, wpath,
+                               ipath, feats, grads)
+    if "bf16" in precisions:
+        ok &= compare_bf16(args)
     print("parity: PASSED" if ok else "parity: FAILED")
     sys.exit(0 if ok else 1)
 

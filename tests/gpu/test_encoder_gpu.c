@@ -14,11 +14,6 @@
 
 #define FP32_BOUND 1e-4
 #define BF16_BOUND 2e-2
-// gspn_hier in bf16: the scan's inputs get their gradients through 2 proxy channels, sums over
-// C_s channels of bf16 activation gradients that largely cancel. PyTorch's autocast bf16 is off
-// float64 by up to 4.3e-2 on a gspn_t gradient (results/parity_gspn_hier_h100.log); the bound
-// is twice that, parity_distill.py's rule.
-#define HIER_BF16_BOUND 8.6e-2
 
 typedef struct Side {
     Ctx ctx;
@@ -86,17 +81,48 @@ static Tensor *run(Side *s, Tensor *img, Tensor *seed, bool taps, bool pool) {
     return y;
 }
 
+// A gradient that is the sum of many nearly cancelling terms (a bias or merge weight reached
+// through gspn_hier's 2-channel proxy) moves by several times its typical bf16 error when any
+// rounding upstream lands differently: one draw measures noise (docs/gspn_hier.md). bf16 errors
+// are therefore the RMS over BF16_DRAWS models whose parameters differ by about one bf16 ulp, so
+// every rounding is drawn anew; fp32 needs one.
+#define BF16_DRAWS 6
+#define BF16_DRAW_SCALE 0x1p-8   // parameters scaled by 1 + u 2^-8, u uniform in [-1, 1]
+
+// Runs 0, 1: every activation kept, without and with taps; 2, 3: every block recomputed in
+// backward (grad_checkpoint = 1), without and with taps (not for gspn_hier, which does not
+// recompute).
+#define RUNS 4
+
+static void set_params(Side *cpu, Side *gpu, float *const *base, int draw, DType dt) {
+    uint64_t st = 0x9e3779b97f4a7c15ull * (uint64_t)(draw + 1);
+    for (int i = 0; i < cpu->params.n; i++) {
+        Tensor *v = &cpu->params.params[i]->value;
+        float *d = v->data;
+        for (size_t k = 0; k < v->numel; k++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            double u = (double)(st >> 11) / (double)(1ull << 53) * 2.0 - 1.0;
+            d[k] = draw ? (float)(base[i][k] * (1.0 + u * BF16_DRAW_SCALE)) : base[i][k];
+        }
+        if (dt == DTYPE_BF16) gpu_test_round_to_bf16(v);
+        params_set_value(&gpu->params, i, &gpu->ctx, v->data);
+    }
+}
+
 static void compare_with_cpu(EncoderConfig cfg, bool pool, DType dt) {
     Side cpu, gpu;
     side_init(&cpu, ctx_cpu(), &cfg);
     params_initialize(&cpu.params, &cpu.ctx, 97);
     side_init(&gpu, cuda_ctx_create(0, dt), &cfg);
-    for (int i = 0; i < cpu.params.n; i++) {
+    int np = cpu.params.n;
+    float **base = calloc((size_t)np, sizeof(float *));
+    for (int i = 0; i < np; i++) {
         Tensor *v = &cpu.params.params[i]->value;
-        if (dt == DTYPE_BF16) gpu_test_round_to_bf16(v);
-        params_set_value(&gpu.params, i, &gpu.ctx, v->data);
+        base[i] = malloc(v->numel * sizeof(float));
+        memcpy(base[i], v->data, v->numel * sizeof(float));
     }
     bool hier = cfg.kind == ENCODER_GSPN_HIER;
+    int runs = hier ? 2 : RUNS, draws = dt == DTYPE_F32 ? 1 : BF16_DRAWS;
     int B = 2, N = cpu.enc.grid_h * cpu.enc.grid_w + cpu.enc.prefix;
     int C = encoder_out_width(&cfg);   // the tokens' width
     Tensor *img = test_tensor(4, B, cfg.in_chans, cfg.img_h, cfg.img_w);
@@ -108,38 +134,53 @@ static void compare_with_cpu(EncoderConfig cfg, bool pool, DType dt) {
         gpu_test_round_to_bf16(seed);
     }
     img->requires_grad = true;
-    Tensor *y = run(&cpu, img, seed, false, pool);
     Tensor *gimg = gpu_test_upload(&gpu.ctx, img, dt), *gseed = gpu_test_upload(&gpu.ctx, seed, dt);
     gimg->requires_grad = true;
-    double bound = dt == DTYPE_F32 ? FP32_BOUND : hier ? HIER_BF16_BOUND : BF16_BOUND;
-    // Runs 0, 1: every activation kept, without and with taps; 2, 3: every block recomputed in
-    // backward (grad_checkpoint = 1), without and with taps (not for gspn_hier, which does
-    // not recompute).
-    for (int run_i = 0; run_i < (hier ? 2 : 4); run_i++) {
-        int taps = run_i % 2;
-        gpu.enc.cfg.grad_checkpoint = run_i / 2;
-        printf("  %s, %s GELU, %s, %s%s\n", hier ? "gspn_hier" : cfg.kind == ENCODER_VIT ? "ViT, fc_norm pooled" : "hybrid",
-               cfg.gelu == GELU_TANH ? "tanh" : "erf", dtype_name(dt),
-               taps ? "taps kept (unfused residual adds)" : "no taps (fused residual paths)",
-               run_i / 2 ? ", every block recomputed" : "");
-        // backward may write into the seed's gradient buffer: a fresh copy each run
-        Tensor *seed_copy = gpu_test_upload(&gpu.ctx, seed, dt);
-        Tensor *gy = run(&gpu, gimg, seed_copy, taps, pool);
-        double worst = gpu_test_compare(&gpu.ctx, "tokens", gy, y);
-        worst = fmax(worst, gpu_test_compare(&gpu.ctx, "image grad", gimg->grad, img->grad));
-        for (int i = 0; i < cpu.params.n; i++) {
-            Param *pc = cpu.params.params[i], *pg = gpu.params.params[i];
-            float *h = tensor_to_host_f32(&gpu.ctx, &pg->grad);
-            double err = test_rel_err(h, pc->grad.data, pc->grad.numel);
-            free(h);
-            if (err > bound) printf("    %-36s rel err %.2e above %.0e\n", pc->name, err, bound);
-            assert_true(test_dot(&pc->grad, &pc->grad) > 0);   // every parameter is reached
-            worst = fmax(worst, err);
+    double bound = dt == DTYPE_F32 ? FP32_BOUND : BF16_BOUND;
+    // per run: squared errors summed over the draws; [0] tokens, [1] image grad, [2 + i] param i
+    double *sq = calloc((size_t)RUNS * (np + 2), sizeof(double));
+    for (int draw = 0; draw < draws; draw++) {
+        set_params(&cpu, &gpu, base, draw, dt);
+        Tensor *y = run(&cpu, img, seed, false, pool);
+        for (int run_i = 0; run_i < runs; run_i++) {
+            double *e = sq + (size_t)run_i * (np + 2);
+            gpu.enc.cfg.grad_checkpoint = run_i / 2;
+            // backward may write into the seed's gradient buffer: a fresh copy each run
+            Tensor *seed_copy = gpu_test_upload(&gpu.ctx, seed, dt);
+            Tensor *gy = run(&gpu, gimg, seed_copy, run_i % 2, pool);
+            e[0] += pow(gpu_test_compare(&gpu.ctx, "tokens", gy, y), 2);
+            e[1] += pow(gpu_test_compare(&gpu.ctx, "image grad", gimg->grad, img->grad), 2);
+            for (int i = 0; i < np; i++) {
+                Param *pc = cpu.params.params[i], *pg = gpu.params.params[i];
+                float *h = tensor_to_host_f32(&gpu.ctx, &pg->grad);
+                e[2 + i] += pow(test_rel_err(h, pc->grad.data, pc->grad.numel), 2);
+                free(h);
+                assert_true(test_dot(&pc->grad, &pc->grad) > 0);   // every parameter is reached
+            }
+            gpu_test_free(seed_copy);
         }
-        printf("    worst relative error %.2e (bound %.0e)\n", worst, bound);
-        assert_true(worst <= bound);
-        gpu_test_free(seed_copy);
     }
+    for (int run_i = 0; run_i < runs; run_i++) {
+        const double *e = sq + (size_t)run_i * (np + 2);
+        printf("  %s, %s GELU, %s, %s%s: RMS over %d draw%s\n",
+               hier ? "gspn_hier" : cfg.kind == ENCODER_VIT ? "ViT, fc_norm pooled" : "hybrid",
+               cfg.gelu == GELU_TANH ? "tanh" : "erf", dtype_name(dt),
+               run_i % 2 ? "taps kept (unfused residual adds)" : "no taps (fused residual paths)",
+               run_i / 2 ? ", every block recomputed" : "", draws, draws > 1 ? "s" : "");
+        double worst = 0;
+        const char *worst_name = "tokens";
+        for (int j = 0; j < np + 2; j++) {
+            double err = sqrt(e[j] / draws);
+            const char *name = j == 0 ? "tokens" : j == 1 ? "image grad" : cpu.params.params[j - 2]->name;
+            if (err > bound) printf("    %-40s rel err %.2e above %.0e\n", name, err, bound);
+            if (err > worst) worst = err, worst_name = name;
+        }
+        printf("    worst relative error %.2e (%s; bound %.0e)\n", worst, worst_name, bound);
+        assert_true(worst <= bound);
+    }
+    free(sq);
+    for (int i = 0; i < np; i++) free(base[i]);
+    free(base);
     gpu_test_free(gimg);
     gpu_test_free(gseed);
     test_tensor_free(img);
