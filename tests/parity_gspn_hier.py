@@ -286,11 +286,11 @@ def autocast_rounded(model):
     return names
 
 
-def make_case(name, realization=0):
-    """realization k > 0 scales every weight by 1 + 2^-9 u (u uniform in [-1, 1], seed k): about
-    one bf16 ulp, so every bf16 rounding of the model lands anew while the model (and each
-    tensor's reference) moves by ~0.2%. The spread of the bf16 errors over realizations is the
-    noise of a single measurement."""
+def case_inputs(name, realization=0):
+    """The model, images and loss probes of a case. realization k > 0 scales every weight by
+    1 + 2^-9 u (u uniform in [-1, 1], seed k): about one bf16 ulp, so every bf16 rounding of the
+    model lands anew while the model (and each tensor's reference) moves by ~0.2%. The spread of
+    the bf16 errors over realizations is the noise of a single measurement."""
     cfg, overrides, batch, side = CASES[name]
     keys = read_cfg(cfg, overrides)
     model = build(keys)
@@ -306,6 +306,11 @@ def make_case(name, realization=0):
         probe = model(images)
     probe_norm = torch.randn(probe["norm"].shape, dtype=torch.float64)
     probe_logits = torch.randn(probe["logits"].shape, dtype=torch.float64)
+    return cfg, overrides, model, images, probe_norm, probe_logits
+
+
+def make_case(name, realization=0):
+    cfg, overrides, model, images, probe_norm, probe_logits = case_inputs(name, realization)
     feats, grads = reference(model, images, probe_norm, probe_logits)
     bf_feats, bf_grads = reference_bf16(model, images, probe_norm, probe_logits)
     torch_bf16 = {k: rel_err(bf_feats[k], v) for k, v in feats.items()}
@@ -341,6 +346,40 @@ def bounds(precision, torch_bf16):
     if precision != "bf16":
         return {k: BOUND[precision] for k in torch_bf16}
     return {k: max(BOUND["bf16"], BF16_TORCH_FACTOR * e) for k, e in torch_bf16.items()}
+
+
+def l2_rel(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def sensitivity_factor(name, draws):
+    """How far PyTorch's bf16 gradients move against how far one rounding of the inputs moves
+    them: per gradient, the norm-wise relative error of autocast bf16 over the RMS change of the
+    float64 gradient when the image and the loss probes (the gradient backward starts from) are
+    scaled by 1 + 2^-9 u (u uniform in [-1, 1], draws times); the largest ratio among gradients
+    PyTorch gets wrong by at least BOUND bf16 / 2. GPU tests that have no PyTorch bound a
+    gradient by this factor times its own such change."""
+    _, _, model, images, probe_norm, probe_logits = case_inputs(name)
+    _, grads = reference(model, images, probe_norm, probe_logits)
+    _, bf_grads = reference_bf16(model, images, probe_norm, probe_logits)
+    gen = torch.Generator().manual_seed(1000)
+    sq = {n: 0.0 for n in grads}
+    def moved(t):
+        return t * (1 + 2.0 ** -9 * (torch.rand(t.shape, generator=gen, dtype=t.dtype) * 2 - 1))
+
+    for _ in range(draws):
+        _, g = reference(model, moved(images), moved(probe_norm), moved(probe_logits))
+        for n in grads:
+            sq[n] += l2_rel(g[n], grads[n]) ** 2
+    sens = {n: (sq[n] / draws) ** 0.5 for n in grads}
+    err = {n: l2_rel(bf_grads[n], grads[n]) for n in grads}
+    rel = [n for n in grads if err[n] >= BOUND["bf16"] / 2]
+    worst = max(rel, key=lambda n: err[n] / sens[n]) if rel else None
+    if worst:
+        print(f"  PyTorch bf16 over one rounding of image and probes ({draws} draws, norm-wise, {len(rel)} "
+              f"gradients with error >= {BOUND['bf16'] / 2:.0e}): largest ratio "
+              f"{err[worst] / sens[worst]:.2f} ({worst}: {err[worst]:.2e} against {sens[worst]:.2e})")
+    return err[worst] / sens[worst] if worst else 0.0
 
 
 def compare_fp32(name, cfg, overrides, device, work, cgspn, wpath, ipath, feats, grads):
@@ -481,10 +520,15 @@ def main():
     ap.add_argument("--realizations", type=int, default=1,
                     help="with --bisect: models with the bf16 roundings drawn anew (make_case)")
     ap.add_argument("--dump", metavar="JSON", help="with --bisect: every error, per run")
+    ap.add_argument("--sensitivity", type=int, metavar="DRAWS",
+                    help="only measure the factor of sensitivity_factor() over DRAWS draws")
     args = ap.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     if args.bisect:
         study(args)
+        return
+    if args.sensitivity:
+        sensitivity_factor(args.case, args.sensitivity)
         return
     precisions = args.precision.split(",")
     cfg, overrides, weights, inputs, feats, grads, torch_bf16, _ = make_case(args.case)

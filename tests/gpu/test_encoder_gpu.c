@@ -6,7 +6,8 @@
 // residual paths of a block without taps (the mixing branch's projection, add and norm2 in one
 // pass with the norm's backward handing the gradient on; fc2 writing x + MLP) and the unfused path
 // a block takes when its post-propagation tap is kept. Bounds as for the timm parity: fp32 1e-4,
-// bf16 2e-2 (relative, norm-wise). A second model is a ViT of the teacher families (class token and
+// bf16 2e-2 (relative, norm-wise; in bf16 the RMS over draws, and for a gradient that one
+// rounding of the inputs already moves far, a measured multiple of that move: below). A second model is a ViT of the teacher families (class token and
 // registers, pos_embed without the prefix, norm_pre, fc_norm): its pooled vector is the output,
 // so the fp32 residual stream is sliced and averaged in a bf16 run.
 #include "gpulib.h"
@@ -88,22 +89,35 @@ static Tensor *run(Side *s, Tensor *img, Tensor *seed, bool taps, bool pool) {
 // every rounding is drawn anew; fp32 needs one.
 #define BF16_DRAWS 6
 #define BF16_DRAW_SCALE 0x1p-8   // parameters scaled by 1 + u 2^-8, u uniform in [-1, 1]
+// How much a gradient moves under bf16 is measured here too: s, the RMS over the draws of its
+// norm-wise change on the CPU when the image and the seed backward starts from are scaled by
+// 1 + u 2^-9 (one rounding of each: the forward's and the backward's conditioning). A gradient
+// may be off by max(BF16_BOUND, BF16_SENSITIVITY_FACTOR s). The factor is PyTorch's: autocast
+// bf16 on the tiny gspn_hier of tests/parity_gspn_hier.py is off by at most 9.1 times the same s
+// on the gradients it gets wrong by 1e-2 or more (`--case tiny --sensitivity 8`, H100,
+// 2026-11-25). Well-conditioned gradients move by ~3e-3, so their bound stays near BF16_BOUND.
+#define BF16_SENSITIVITY_FACTOR 9.1
+#define INPUT_DRAW_SCALE 0x1p-9
 
 // Runs 0, 1: every activation kept, without and with taps; 2, 3: every block recomputed in
 // backward (grad_checkpoint = 1), without and with taps (not for gspn_hier, which does not
 // recompute).
 #define RUNS 4
 
+// dst = src scaled by 1 + u scale, u uniform in [-1, 1] from *st.
+static void scale_randomly(float *dst, const float *src, size_t n, uint64_t *st, double scale) {
+    for (size_t k = 0; k < n; k++) {
+        *st = *st * 6364136223846793005ull + 1442695040888963407ull;
+        double u = (double)(*st >> 11) / (double)(1ull << 53) * 2.0 - 1.0;
+        dst[k] = (float)(src[k] * (1.0 + u * scale));
+    }
+}
+
 static void set_params(Side *cpu, Side *gpu, float *const *base, int draw, DType dt) {
     uint64_t st = 0x9e3779b97f4a7c15ull * (uint64_t)(draw + 1);
     for (int i = 0; i < cpu->params.n; i++) {
         Tensor *v = &cpu->params.params[i]->value;
-        float *d = v->data;
-        for (size_t k = 0; k < v->numel; k++) {
-            st = st * 6364136223846793005ull + 1442695040888963407ull;
-            double u = (double)(st >> 11) / (double)(1ull << 53) * 2.0 - 1.0;
-            d[k] = draw ? (float)(base[i][k] * (1.0 + u * BF16_DRAW_SCALE)) : base[i][k];
-        }
+        scale_randomly(v->data, base[i], v->numel, &st, draw ? BF16_DRAW_SCALE : 0.0);
         if (dt == DTYPE_BF16) gpu_test_round_to_bf16(v);
         params_set_value(&gpu->params, i, &gpu->ctx, v->data);
     }
@@ -139,9 +153,29 @@ static void compare_with_cpu(EncoderConfig cfg, bool pool, DType dt) {
     double bound = dt == DTYPE_F32 ? FP32_BOUND : BF16_BOUND;
     // per run: squared errors summed over the draws; [0] tokens, [1] image grad, [2 + i] param i
     double *sq = calloc((size_t)RUNS * (np + 2), sizeof(double));
+    double *sens = calloc((size_t)np, sizeof(double));   // squared changes under image rounding
+    Tensor *img_moved = test_tensor(4, B, cfg.in_chans, cfg.img_h, cfg.img_w);
+    Tensor *seed_moved = pool ? test_tensor(2, B, C) : test_tensor(3, B, N, C);
+    float **moved = calloc((size_t)np, sizeof(float *));
+    for (int i = 0; i < np; i++) moved[i] = malloc(cpu.params.params[i]->grad.numel * sizeof(float));
     for (int draw = 0; draw < draws; draw++) {
         set_params(&cpu, &gpu, base, draw, dt);
+        if (dt == DTYPE_BF16) {   // first the moved image: the reference's tape must stay intact
+            uint64_t st = 0x51ed2701ull + (uint64_t)draw;
+            scale_randomly(img_moved->data, img->data, img->numel, &st, INPUT_DRAW_SCALE);
+            scale_randomly(seed_moved->data, seed->data, seed->numel, &st, INPUT_DRAW_SCALE);
+            img_moved->requires_grad = true;
+            run(&cpu, img_moved, seed_moved, false, pool);
+            for (int i = 0; i < np; i++)
+                memcpy(moved[i], cpu.params.params[i]->grad.data,
+                       cpu.params.params[i]->grad.numel * sizeof(float));
+        }
         Tensor *y = run(&cpu, img, seed, false, pool);
+        if (dt == DTYPE_BF16)
+            for (int i = 0; i < np; i++) {
+                const Tensor *g = &cpu.params.params[i]->grad;
+                sens[i] += pow(test_rel_err(moved[i], g->data, g->numel), 2);
+            }
         for (int run_i = 0; run_i < runs; run_i++) {
             double *e = sq + (size_t)run_i * (np + 2);
             gpu.enc.cfg.grad_checkpoint = run_i / 2;
@@ -167,20 +201,28 @@ static void compare_with_cpu(EncoderConfig cfg, bool pool, DType dt) {
                cfg.gelu == GELU_TANH ? "tanh" : "erf", dtype_name(dt),
                run_i % 2 ? "taps kept (unfused residual adds)" : "no taps (fused residual paths)",
                run_i / 2 ? ", every block recomputed" : "", draws, draws > 1 ? "s" : "");
-        double worst = 0;
+        double worst = 0;   // the largest error over its own bound
         const char *worst_name = "tokens";
         for (int j = 0; j < np + 2; j++) {
-            double err = sqrt(e[j] / draws);
+            double err = sqrt(e[j] / draws), s_j = j < 2 ? 0 : sqrt(sens[j - 2] / draws);
+            double own = fmax(bound, BF16_SENSITIVITY_FACTOR * s_j);
             const char *name = j == 0 ? "tokens" : j == 1 ? "image grad" : cpu.params.params[j - 2]->name;
-            if (err > bound) printf("    %-40s rel err %.2e above %.0e\n", name, err, bound);
-            if (err > worst) worst = err, worst_name = name;
+            if (err > own || err > bound)
+                printf("    %-40s rel err %.2e, one rounding of the inputs moves it %.2e: bound %.2e%s\n",
+                       name, err, s_j, own, err > own ? " EXCEEDED" : "");
+            if (err / own > worst) worst = err / own, worst_name = name;
         }
-        printf("    worst relative error %.2e (%s; bound %.0e)\n", worst, worst_name, bound);
-        assert_true(worst <= bound);
+        printf("    worst error over its bound %.2f (%s; bound %.0e, or %g times the move)\n",
+               worst, worst_name, bound, BF16_SENSITIVITY_FACTOR);
+        assert_true(worst <= 1.0);
     }
     free(sq);
-    for (int i = 0; i < np; i++) free(base[i]);
+    free(sens);
+    test_tensor_free(img_moved);
+    test_tensor_free(seed_moved);
+    for (int i = 0; i < np; i++) free(base[i]), free(moved[i]);
     free(base);
+    free(moved);
     gpu_test_free(gimg);
     gpu_test_free(gseed);
     test_tensor_free(img);
