@@ -19,12 +19,14 @@ Run from the repository root after `make` (the GPU machine for bf16; fp32 anywhe
     python3 tests/parity_distill.py                      # fp32 and bf16 on the GPU
 
 Error: max |cgspn - torch| / max |torch| per tensor, against the fp32 PyTorch reference. Bounds:
-fp32 1e-4; bf16 3e-2, or twice PyTorch's own bf16 error on that tensor when that is larger (the
-same reference under torch.autocast(bfloat16): on this small random model some losses are MSEs of
-nearly equal features, where bf16 rounding of the features alone moves the result by several
-percent, in PyTorch as in cgspn).
+fp32 1e-4; bf16 3e-2, or 1.5 times PyTorch's own bf16 error on that tensor when that is larger
+(the same reference under torch.autocast(bfloat16): on this small random model some losses are
+MSEs of nearly equal features, where bf16 rounding of the features alone moves the result by
+several percent, in PyTorch as in cgspn). In bf16 both errors are RMS values over 16 realizations
+whose roundings are drawn anew (realization()): one draw of them is noise.
 """
 import argparse
+import contextlib
 import math
 import os
 import subprocess
@@ -39,6 +41,13 @@ from timm.layers import resample_abs_pos_embed
 from safetensors.torch import save_file, load_file
 
 BOUND = {"fp32": 1e-4, "bf16": 3e-2}
+# bf16: a tensor may also be off by this multiple of PyTorch autocast's own error on it, both the
+# RMS over BF16_REALIZATIONS draws of the roundings (realization()): one draw is noise on the
+# gradients that are sums of nearly cancelling terms (docs/gspn_hier.md measures it on gspn_t),
+# and an RMS over n draws is itself uncertain by about 1/sqrt(2n): 18% at 16 draws, 32% at 5, too
+# close to the factor (on an H100, 5 draws put two gradients 1.0-1.16x over; 16 draws none).
+BF16_TORCH_FACTOR = 1.5
+BF16_REALIZATIONS = 16
 C, DEPTH, HEADS, HIDDEN, CC, PATCH, IMG, CLASSES = 32, 4, 4, 64, 8, 7, 28, 10
 GRID = IMG // PATCH
 
@@ -305,6 +314,63 @@ def reference_bf16(case, teacher, student, img, targets, teacher2=None):
     return loss.float(), {k: v.float() for k, v in parts.items()}, {k: g.float() for k, g in grads.items()}
 
 
+@contextlib.contextmanager
+def realization(student, img, k):
+    """Realization k > 0: the student's weights (in place, restored afterwards) and the images
+    scaled by 1 + 2^-9 u (u uniform in [-1, 1], seed k), about one bf16 ulp, so every bf16
+    rounding lands anew while the reference moves by ~0.2%."""
+    if k == 0:
+        yield img
+        return
+    gen = torch.Generator().manual_seed(k)
+    saved = [p.detach().clone() for p in student.parameters()]
+    with torch.no_grad():
+        for p in student.parameters():
+            p.mul_(1 + 2.0 ** -9 * (torch.rand(p.shape, generator=gen) * 2 - 1))
+    try:
+        yield img * (1 + 2.0 ** -9 * (torch.rand(img.shape, generator=gen) * 2 - 1))
+    finally:
+        with torch.no_grad():
+            for p, v in zip(student.parameters(), saved):
+                p.copy_(v)
+
+
+def measure(args, work, name, case, precision, teacher, student, img, targets, teacher2):
+    """One `cgspn distill --loss-out` run against the PyTorch reference: the per-tensor errors,
+    PyTorch autocast's own (bf16), and whether the trainable sets agree."""
+    sw = {n: p.detach().contiguous() for n, p in student.named_parameters()}
+    if case.get("adaptors", "1") == "0" or case["stage"] == "1":
+        sw = {n: v for n, v in sw.items() if not n.startswith("adaptors.")}
+    save_file(sw, f"{work}/{name}_student.safetensors")
+    save_file({"images": img, "targets": targets}, f"{work}/images.safetensors")
+    ref_loss, ref_parts, ref_grads = reference(case, teacher, student, img, targets, teacher2)
+    torch_bf16 = {}
+    if precision == "bf16":
+        bl, bp, bg = reference_bf16(case, teacher, student, img, targets, teacher2)
+        torch_bf16["loss"] = rel_err(bl, ref_loss)
+        torch_bf16.update({f"part {k}": rel_err(bp[k], v) for k, v in ref_parts.items()})
+        torch_bf16.update({f"grad {n}": rel_err(bg[n], g) for n, g in ref_grads.items()})
+    out = f"{work}/{name}_{precision}.safetensors"
+    cmd = [args.cgspn, "distill", f"{work}/{name}.cfg", "--images", f"{work}/images.safetensors",
+           "--loss-out", out, "--init", f"{work}/{name}_student.safetensors",
+           f"--precision={precision}", f"--device={args.device}"]
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    ours = load_file(out)
+    errs = {"loss": rel_err(ours["loss"], ref_loss.reshape(1))}
+    for k, v in ref_parts.items():
+        errs[f"part {k}"] = rel_err(ours[f"part.{k}"], v.reshape(1))
+    mine = {k[5:] for k in ours if k.startswith("grad.")}
+    same = mine == set(ref_grads)
+    if not same:
+        print(f"  trainable sets differ: cgspn only {sorted(mine - set(ref_grads))}, "
+              f"torch only {sorted(set(ref_grads) - mine)}")
+    for n, g in ref_grads.items():
+        if f"grad.{n}" in ours:
+            errs[f"grad {n}"] = rel_err(ours[f"grad.{n}"].reshape(g.shape), g)
+    return errs, torch_bf16, same
+
+
 def write_cfg(path, keys):
     with open(path, "w") as f:
         for k, v in keys.items():
@@ -316,6 +382,8 @@ def main():
     ap.add_argument("--precision", default="fp32,bf16")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--cgspn", default="./cgspn")
+    ap.add_argument("--realizations", type=int, default=BF16_REALIZATIONS,
+                    help="bf16: draws of the roundings the RMS errors are taken over")
     args = ap.parse_args()
     torch.manual_seed(0)
     ok = True
@@ -385,10 +453,6 @@ def main():
                         p.copy_(1 + 0.1 * torch.randn_like(p))
                     else:
                         p.copy_(torch.randn_like(p) * (0.3 if p.ndim > 1 else 0.1))
-            sw = {n: p.detach().contiguous() for n, p in student.named_parameters()}
-            if case.get("adaptors", "1") == "0" or case["stage"] == "1":
-                sw = {n: v for n, v in sw.items() if not n.startswith("adaptors.")}
-            save_file(sw, f"{work}/{name}_student.safetensors")
             cfg = {"model": "cgspn", "img_size": IMG, "in_chans": 1, "patch": PATCH, "width": C,
                    "depth": DEPTH, "heads": HEADS, "mlp_hidden": HIDDEN, "class_token": 0,
                    "pos_embed": 0, "global_pool": "avg", "num_classes": CLASSES, "gspn_latent": CC,
@@ -397,46 +461,36 @@ def main():
             cfg.update(case)
             write_cfg(f"{work}/{name}.cfg", cfg)
             t2 = teacher2 if two else None
-            ref_loss, ref_parts, ref_grads = reference(case, teacher, student, img, targets, t2)
-            torch_bf16 = {}   # PyTorch's own bf16 error per tensor
-            if "bf16" in args.precision.split(","):
-                bl, bp, bg = reference_bf16(case, teacher, student, img, targets, t2)
-                torch_bf16["loss"] = rel_err(bl, ref_loss)
-                torch_bf16.update({f"part {k}": rel_err(bp[k], v) for k, v in ref_parts.items()})
-                torch_bf16.update({f"grad {n}": rel_err(bg[n], g) for n, g in ref_grads.items()})
-
             for precision in args.precision.split(","):
-                out = f"{work}/{name}_{precision}.safetensors"
-                cmd = [args.cgspn, "distill", f"{work}/{name}.cfg", "--images", f"{work}/images.safetensors",
-                       "--loss-out", out, "--init", f"{work}/{name}_student.safetensors",
-                       f"--precision={precision}", f"--device={args.device}"]
-                print("$", " ".join(cmd), flush=True)
-                subprocess.run(cmd, check=True)
-                ours = load_file(out)
+                draws = args.realizations if precision == "bf16" else 1
+                ours_sq, torch_sq = {}, {}
+                for k in range(draws):
+                    with realization(student, img, k) as im:
+                        errs, torch_bf16, same = measure(args, work, name, case, precision,
+                                                         teacher, student, im, targets, t2)
+                    ok &= same
+                    for key, e in errs.items():
+                        ours_sq[key] = ours_sq.get(key, 0.0) + e * e / draws
+                    for key, e in torch_bf16.items():
+                        torch_sq[key] = torch_sq.get(key, 0.0) + e * e / draws
+                errs = {key: math.sqrt(v) for key, v in ours_sq.items()}
+                torch_bf16 = {key: math.sqrt(v) for key, v in torch_sq.items()}
                 bound = BOUND[precision]
-                errs = {"loss": rel_err(ours["loss"], ref_loss.reshape(1))}
-                for k, v in ref_parts.items():
-                    errs[f"part {k}"] = rel_err(ours[f"part.{k}"], v.reshape(1))
-                mine = {k[5:] for k in ours if k.startswith("grad.")}
-                if mine != set(ref_grads):
-                    print(f"  trainable sets differ: cgspn only {sorted(mine - set(ref_grads))}, "
-                          f"torch only {sorted(set(ref_grads) - mine)}")
-                    ok = False
-                for n, g in ref_grads.items():
-                    if f"grad.{n}" in ours:
-                        errs[f"grad {n}"] = rel_err(ours[f"grad.{n}"].reshape(g.shape), g)
-                def bound_of(k):
-                    return max(bound, 2 * torch_bf16.get(k, 0)) if precision == "bf16" else bound
-                worst = max(errs, key=lambda k: errs[k] / bound_of(k))
-                over = {k: e for k, e in errs.items() if e > bound_of(k)}
-                print(f"{name} {precision}: loss {ours['loss'].item():.6g} vs {ref_loss.item():.6g}; "
-                      f"{len(ref_parts)} parts, {len(ref_grads)} gradients; worst {errs[worst]:.2e} "
+
+                def bound_of(key):
+                    if precision != "bf16":
+                        return bound
+                    return max(bound, BF16_TORCH_FACTOR * torch_bf16.get(key, 0))
+                worst = max(errs, key=lambda key: errs[key] / bound_of(key))
+                over = {key: e for key, e in errs.items() if e > bound_of(key)}
+                rms = f" (RMS over {draws} realizations)" if draws > 1 else ""
+                print(f"{name} {precision}{rms}: {len(errs)} tensors; worst {errs[worst]:.2e} "
                       f"({worst}, bound {bound_of(worst):.1e})")
                 if precision == "bf16":
                     tw = max(torch_bf16, key=torch_bf16.get)
                     print(f"  PyTorch autocast bf16 against fp32: worst {torch_bf16[tw]:.2e} ({tw})")
-                for k, e in over.items():
-                    print(f"  OVER BOUND {k}: {e:.2e} (bound {bound_of(k):.1e})")
+                for key, e in over.items():
+                    print(f"  OVER BOUND {key}: {e:.2e} (bound {bound_of(key):.1e})")
                 ok &= not over
     print("parity: PASSED" if ok else "parity: FAILED")
     sys.exit(0 if ok else 1)
