@@ -3,7 +3,8 @@
 # of the Makefile and tools/ first probes with MPI hidden from PATH, then with it visible, as
 # after `make test` installs OpenMPI; the second probe must find MPI without deleting anything
 # by hand. Also: plain `make` builds ./cgspn, and tools/install_deps.sh judges packages by
-# their files (a dataset folder given by FMNIST_SRC counts).
+# their files (a dataset folder given by FMNIST_SRC counts; MPI's header through mpicc, which
+# openmpi-bin brings without it).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 fail=0
@@ -51,4 +52,14 @@ out=$(FMNIST_SRC="$tmp/fmnist" bash tools/install_deps.sh --check data)
 expect "install_deps --check: the files there count as installed" "[ -z \"\$out\" ]"
 out=$(PATH=$no_mpi_path bash tools/install_deps.sh --check mpi)
 expect "install_deps --check: MPI hidden is missing" "[ \"\$out\" = 'libopenmpi-dev openmpi-bin' ]"
+# openmpi-bin without libopenmpi-dev: mpicc and mpirun on PATH, no mpi.h behind mpicc.
+mkdir -p "$tmp/bin_only"
+printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v gcc)" > "$tmp/bin_only/mpicc"
+chmod +x "$tmp/bin_only/mpicc"
+ln -s "$mpidir/mpirun" "$tmp/bin_only/mpirun"
+out=$(PATH="$tmp/bin_only:$no_mpi_path" bash tools/install_deps.sh --check mpi)
+expect "install_deps --check: mpicc without mpi.h is libopenmpi-dev missing" \
+       "[ \"\$out\" = libopenmpi-dev ]"
+PATH="$tmp/bin_only:$no_mpi_path" make -s build/config.mk >/dev/null 2>&1
+expect "the probe finds no MPI behind an mpicc without mpi.h" "! grep -q '^HAVE_MPI := 1' build/config.mk"
 exit $fail

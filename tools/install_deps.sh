@@ -25,6 +25,10 @@ has_cmocka() {
     [ -n "${CMOCKA_ROOT:-}" ] && flags="-I$CMOCKA_ROOT/usr/include"
     has_header cmocka.h "stdarg.h stddef.h stdint.h setjmp.h" "$flags"
 }
+# mpi.h through mpicc: openmpi-bin alone brings an mpicc whose header is missing.
+has_mpi_header() {
+    command -v mpicc >/dev/null && printf '#include <mpi.h>\n' | mpicc -E -x c - >/dev/null 2>&1
+}
 has_fmnist() { [ -e "$fmnist/train-images-idx3-ubyte.gz" ] || [ -e "$fmnist/train-images-idx3-ubyte" ]; }
 
 # package | group | the check that shows its files are there
@@ -36,7 +40,7 @@ present() {
         libjpeg-dev)           has_header jpeglib.h stdio.h ;;
         pkg-config)            command -v pkg-config >/dev/null ;;
         libcmocka-dev)         has_cmocka ;;
-        libopenmpi-dev)        command -v mpicc >/dev/null ;;
+        libopenmpi-dev)        has_mpi_header ;;
         openmpi-bin)           command -v mpirun >/dev/null ;;
         dataset-fashion-mnist) has_fmnist ;;
         *) echo "install_deps: unknown package $1" >&2; return 1 ;;
