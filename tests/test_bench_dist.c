@@ -77,16 +77,6 @@ static void test_max_batch_search_ends_at_a_failure_that_is_not_out_of_memory(vo
 
 // ---- the binary -----------------------------------------------------------------------------------
 
-static char *read_text(const char *path) {
-    size_t n;
-    uint8_t *b = test_read_bytes(path, &n);
-    char *s = malloc(n + 1);
-    memcpy(s, b, n);
-    s[n] = 0;
-    free(b);
-    return s;
-}
-
 // PyTorch's numbers for the tiny pair at 28 px, as bench/bench_timm.py would write them.
 static const char *write_timm_json(void) {
     static char path[300];
@@ -132,7 +122,7 @@ static int run_bench(char **out, const char *const *extra, const char *const *en
     }
     int status;
     assert_int_equal(waitpid(pid, &status, 0), pid);
-    *out = read_text(log);
+    *out = test_read_text(log);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 

@@ -15,6 +15,9 @@
 #include "../nn/params_io.h"
 #include "../nn/resample.h"
 #include "../nn/safetensors.h"
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 // Losses composed two ways from the same ops in the same order agree to the last bit but for
@@ -1014,6 +1017,124 @@ static void test_phi_s_standardizes_the_gathered_features(void **state) {
     distiller_free(&d);
 }
 
+// ---- the shared loop (train/loop.h) under distill: non-finite steps, time-based checkpoints,
+// SIGTERM ----------------------------------------------------------------------------------------
+
+static void test_nonfinite_step_in_distill_is_skipped_or_stops_as_configured(void **state) {
+    write_teacher(28, "", NULL, false);
+    fixture_build_shards(g_dir, 40, 16);
+    Config a = run_config(2, "nan_skip", 6);
+    snprintf(a.on_nonfinite, sizeof a.on_nonfinite, "skip");
+    DistillOptions o = {.nonfinite_at = 3};
+    TrainResult r = distill_train(&a, &o);
+    assert_int_equal(r.status, TRAIN_DONE);
+    assert_int_equal(r.step, 6);
+    assert_int_equal(r.skipped, 1);
+    char path[600];
+    snprintf(path, sizeof path, "%s/nan_skip/metrics.jsonl", g_dir);
+    char *m = test_read_text(path);
+    assert_contains(m, "{\"step\": 3, ");
+    assert_contains(m, "\"nonfinite_skipped\": 1}");
+    free(m);
+    Config b = run_config(2, "nan_stop", 6);   // on_nonfinite = stop, the default
+    r = distill_train(&b, &o);
+    assert_int_equal(r.status, TRAIN_NONFINITE);
+    assert_int_equal(r.nonfinite_step, 3);
+    assert_int_equal(r.step, 2);
+    snprintf(path, sizeof path, "%s/nan_stop", g_dir);
+    long steps[4];
+    assert_int_equal(ckpt_list(path, steps, 4), 0);   // ckpt_every 4: nothing; nothing of step 3
+}
+
+static void test_ckpt_minutes_writes_checkpoints_by_wall_time(void **state) {
+    write_teacher(28, "", NULL, false);
+    fixture_build_shards(g_dir, 40, 16);
+    Config a = run_config(1, "by_time", 5);
+    a.ckpt_every = 0;
+    // 60 us: due at the start of any step that began that long after the last checkpoint (or the
+    // start), which a step of this model takes; so every second step at least.
+    a.ckpt_minutes = 1e-6f;
+    assert_int_equal(distill_train(&a, NULL).step, 5);
+    char path[600];
+    snprintf(path, sizeof path, "%s/by_time", g_dir);
+    long steps[8];
+    int n = ckpt_list(path, steps, 8);
+    printf("    ckpt_minutes = 1e-6: %d checkpoints in 5 steps\n", n);
+    assert_true(n >= 3);   // steps 2, 4 and the end at least
+    assert_int_equal(steps[n - 1], 5);
+    Config b = run_config(1, "by_end", 5);
+    b.ckpt_every = 0;
+    b.ckpt_minutes = 0;   // off: the end only
+    assert_int_equal(distill_train(&b, NULL).step, 5);
+    snprintf(path, sizeof path, "%s/by_end", g_dir);
+    assert_int_equal(ckpt_list(path, steps, 8), 1);
+    assert_int_equal(steps[0], 5);
+}
+
+// The real binary, forked: SIGTERM during a Stage 2 run finishes the step, writes a checkpoint
+// and exits 0; the checkpoint holds the same bytes as a run told to stop after that step.
+static void test_sigterm_to_distill_writes_a_checkpoint_exits_0_and_matches_a_clean_stop(void **state) {
+    if (access("./cgspn", X_OK) != 0) fail_msg("./cgspn is not built (make test builds it first)");
+    write_teacher(28, "", NULL, false);
+    fixture_build_shards(g_dir, 40, 16);
+    enum { TOTAL = 1000000 };
+    Config c = run_config(2, "term", TOTAL);
+    c.log_every = 1;
+    c.ckpt_every = 0;
+    const char *cfg = tmp_path("term.cfg"), *log = tmp_path("term.log");
+    assert_int_equal(config_save(&c, cfg), 0);
+    fflush(stdout);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int f = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(f, 1);
+        dup2(f, 2);
+        execl("./cgspn", "cgspn", "distill", cfg, (char *)NULL);
+        _exit(127);
+    }
+    char metrics[600];
+    snprintf(metrics, sizeof metrics, "%s/term/metrics.jsonl", g_dir);
+    for (int tries = 0;; tries++) {   // training: a few logged steps
+        if (tries > 60000) {
+            kill(pid, SIGKILL);
+            fail_msg("no distillation steps logged after 60 s");
+        }
+        FILE *f = fopen(metrics, "r");
+        int lines = 0;
+        for (int ch; f && (ch = fgetc(f)) != EOF;) lines += ch == '\n';
+        if (f) fclose(f);
+        if (lines >= 3) break;
+        usleep(1000);
+    }
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    char *out = test_read_text(log);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("cgspn distill did not exit 0 after SIGTERM (status %d):\n%s", status, out);
+    assert_contains(out, "interrupted by SIGTERM after step ");
+    char run[600];
+    snprintf(run, sizeof run, "%s/term", g_dir);
+    long steps[4];
+    assert_int_equal(ckpt_list(run, steps, 4), 1);
+    long at = steps[0];
+    printf("    SIGTERM: checkpoint at step %ld, exit status 0\n", at);
+    assert_true(at >= 3 && at < TOTAL);
+    free(out);
+    Config ref = c;
+    snprintf(ref.run_name, sizeof ref.run_name, "term_ref");
+    DistillOptions o = {.stop_after = at};
+    assert_int_equal(distill_train(&ref, &o).step, at);
+    const char *files[] = {"model.safetensors", "state.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        char x[700], y[700];
+        snprintf(x, sizeof x, "%s/term/step_%08ld/%s", g_dir, at, files[i]);
+        snprintf(y, sizeof y, "%s/term_ref/step_%08ld/%s", g_dir, at, files[i]);
+        assert_files_equal(x, y);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mse_and_kl_tap_gradients_match_finite_differences),
@@ -1038,6 +1159,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_stage2_two_teachers_phi_s_run_resumes_bit_exactly, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_phi_s_standardizes_the_gathered_features, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_stage2_init_from_stage1_and_export_drops_adaptors, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_nonfinite_step_in_distill_is_skipped_or_stops_as_configured, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_ckpt_minutes_writes_checkpoints_by_wall_time, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_sigterm_to_distill_writes_a_checkpoint_exits_0_and_matches_a_clean_stop, setup_dir, teardown_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,18 +26,6 @@ static int setup(void **state) {
 }
 static int teardown(void **state) { return test_remove_dir(g_dir); }
 
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    s[fread(s, 1, (size_t)n, f)] = 0;
-    fclose(f);
-    return s;
-}
-
 // Redirects fd (1 or 2) into a file until capture_end, which returns the text written.
 typedef struct Capture { int fd, saved; char path[600]; } Capture;
 static void capture_begin(Capture *c, int fd, const char *name) {
@@ -56,13 +44,13 @@ static char *capture_end(Capture *c) {
     fflush(stderr);
     dup2(c->saved, c->fd);
     close(c->saved);
-    return read_text(c->path);
+    return test_read_text(c->path);
 }
 
 static char *metrics_of(const char *run) {
     char path[600];
     snprintf(path, sizeof path, "%s/%s/metrics.jsonl", g_dir, run);
-    return read_text(path);
+    return test_read_text(path);
 }
 
 // ---- non-finite losses -------------------------------------------------------------------------
@@ -155,7 +143,7 @@ static void test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_0(void 
     assert_int_equal(kill(pid, SIGTERM), 0);
     int status;
     assert_int_equal(waitpid(pid, &status, 0), pid);
-    char *out = read_text(log);
+    char *out = test_read_text(log);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
         fail_msg("cgspn train did not exit 0 after SIGTERM (status %d):\n%s", status, out);
     assert_contains(out, "interrupted by SIGTERM after step ");

@@ -48,6 +48,15 @@ static inline uint8_t *test_read_bytes(const char *path, size_t *n) {
     return p;
 }
 
+// The file as a NUL-terminated string (malloc'd).
+static inline char *test_read_text(const char *path) {
+    size_t n;
+    uint8_t *p = test_read_bytes(path, &n);
+    char *s = realloc(p, n + 1);
+    s[n] = 0;
+    return s;
+}
+
 static inline void assert_files_equal(const char *a, const char *b) {
     size_t na, nb;
     uint8_t *x = test_read_bytes(a, &na), *y = test_read_bytes(b, &nb);

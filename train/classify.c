@@ -7,12 +7,12 @@
 #include "memory_report.h"
 #include "mesa.h"
 #include "model_config.h"
+#include "loop.h"
 #include "optimizer.h"
 #include "runlog.h"
 #include "../kernels/error.h"
 #include <math.h>
 #include <omp.h>
-#include <signal.h>
 
 static void train_usage(FILE *f) {
     fprintf(f, "usage: cgspn train CONFIG [--key=value ...]\n"
@@ -150,21 +150,29 @@ typedef struct ClassifyCursor {
 } ClassifyCursor;
 #define CLASSIFY_CURSOR_VERSION 2
 
+// What the loop's hooks (train/loop.h) work on.
 typedef struct RunState {
     const Config *c;
+    const TrainOptions *o;
     RunLog *log;
     ParamTable *params;
     Ema *ema;
+    Mesa *mesa;
+    Encoder *enc;
     Ctx *ctx;
-    Loader *train;
+    Tape *tape;
+    Loader *train, *val;
     int micro_batch;          // global: all ranks
+    int accum;                // micro-batches per step
     DataParallel *dp;
+    EvalResult ev, ev_ema;    // the last evaluation
 } RunState;
 
-static void save_checkpoint(const RunState *r, long step, double loss_sum, int loss_n, long skipped) {
+static void save_checkpoint(void *self, long step, const LoopWindow *w) {
+    const RunState *r = self;
     LoaderCursor lc = loader_cursor_get(r->train);
     ClassifyCursor cur = {CLASSIFY_CURSOR_VERSION, (uint32_t)r->micro_batch, lc.epoch, lc.step,
-                          loss_sum, loss_n, skipped};
+                          w->loss_sum, w->loss_n, w->skipped};
     CkptState st = {.step = step, .cursor_bytes = sizeof cur};
     memcpy(st.cursor, &cur, sizeof cur);
     CkptOptions o = {.keep_last = r->c->keep_last};
@@ -173,39 +181,6 @@ static void save_checkpoint(const RunState *r, long step, double loss_sum, int l
             saved, sizeof saved);
     if (r->log->tty) printf("\r\033[K");
     printf("checkpoint: %s\n", saved);
-}
-
-// ---- signals ---------------------------------------------------------------------------------
-
-static volatile sig_atomic_t g_stop_signal;
-
-// The first SIGINT/SIGTERM asks the loop to stop after the step; a second one ends the process
-// at once (the default action), for a run stuck in a long step.
-static void on_stop_signal(int sig) {
-    if (g_stop_signal) {
-        signal(sig, SIG_DFL);
-        raise(sig);
-        return;
-    }
-    g_stop_signal = sig;
-}
-
-typedef struct SignalGuard { struct sigaction old_int, old_term; } SignalGuard;
-
-static void signals_install(SignalGuard *g) {
-    g_stop_signal = 0;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;   // the loader's reads go on; only the flag changes
-    CG_CHECK_ERRNO(sigaction(SIGINT, &sa, &g->old_int) == 0, "sigaction(SIGINT)");
-    CG_CHECK_ERRNO(sigaction(SIGTERM, &sa, &g->old_term) == 0, "sigaction(SIGTERM)");
-}
-
-static void signals_restore(const SignalGuard *g) {
-    sigaction(SIGINT, &g->old_int, NULL);
-    sigaction(SIGTERM, &g->old_term, NULL);
 }
 
 // ---- logs ------------------------------------------------------------------------------------
@@ -227,6 +202,78 @@ static void log_eval(RunLog *log, long step, const EvalResult *ev, const EvalRes
     runlog_metrics(log, step, ema->count ? 6 : 3, keys, vals);
 }
 
+// ---- the loop's hooks ------------------------------------------------------------------------
+
+// accum micro-batches: forward, cross-entropy (+ MESA), backward. Several ranks: every rank runs
+// every backward (the gradient collectives must match); a non-finite loss anywhere makes the
+// global loss and norm non-finite on every rank.
+static LoopStepResult train_step(void *self, long step, float *flags) {
+    RunState *r = self;
+    const Config *c = r->c;
+    Ctx *ctx = r->ctx;
+    Tape *tape = r->tape;
+    int A = r->accum, K = c->num_classes;
+    double step_loss = 0;
+    bool finite = true;
+    int64_t epoch = 0;
+    char err[4096];
+    for (int a = 0; a < A; a++) {
+        const Batch *b = loader_next(r->train, err, sizeof err);
+        if (!b) CG_FAIL("run cgspn data verify on the shards", "%s", err);
+        CG_CHECK(b->classes <= K, "set num_classes to the dataset's class count or more",
+                 "the training split has %d classes, the model's head %d", b->classes, K);
+        epoch = b->epoch;
+        tape_reset(tape);
+        Tensor *x = tape_tensor(tape, 4, (int[]){b->count, b->channels, b->height, b->width}, true);
+        Tensor *tgt = tape_tensor(tape, 2, (int[]){b->count, K}, true);
+        tensor_upload(ctx, x, b->images);
+        if (b->classes == K) {
+            tensor_upload(ctx, tgt, b->targets);
+        } else {   // a head wider than the dataset: the extra classes get target 0
+            float *t = cg_calloc((size_t)b->count * K, sizeof(float));
+            for (int i = 0; i < b->count; i++)
+                memcpy(t + (size_t)i * K, b->targets + (size_t)i * b->classes, b->classes * sizeof(float));
+            tensor_upload(ctx, tgt, t);
+            free(t);
+        }
+        if (r->o->nonfinite_at == step + 1 && a == 0) op_scale_fwd(ctx, x, NAN, x);
+        r->enc->drop_path.step = step * A + a;
+        r->enc->drop_path.first_sample = r->dp->rank * b->count;   // masks by global sample index
+        Tensor *logits = encoder_head(tape, r->enc, encoder_forward(tape, r->enc, x, NULL));
+        Tensor *loss = nn_cross_entropy(tape, logits, tgt);
+        if (mesa_active(r->mesa, epoch))
+            loss = nn_add(tape, loss, mesa_loss(tape, r->mesa, &r->ema->enc, x, logits));
+        float loss_v;
+        tensor_download(ctx, loss, &loss_v);
+        step_loss += loss_v;
+        if (!isfinite(loss_v)) finite = false;
+        if (finite || r->dp->world > 1)
+            dp_backward(r->dp, tape, A > 1 ? nn_scale(tape, loss, 1.0f / A) : loss, a == A - 1);
+    }
+    step_loss /= A;
+    // The global batch's loss, and the flags (a stop request, a due checkpoint), in one collective.
+    float shared[1 + LOOP_FLAGS] = {(float)step_loss};
+    memcpy(shared + 1, flags, LOOP_FLAGS * sizeof(float));
+    dp_mean_f32(r->dp, shared, 1 + LOOP_FLAGS, "the step's loss");
+    memcpy(flags, shared + 1, LOOP_FLAGS * sizeof(float));
+    if (r->dp->world > 1) step_loss = shared[0];
+    return (LoopStepResult){step_loss, (long)epoch};
+}
+
+static void train_updated(void *self, long step) {
+    RunState *r = self;
+    if (r->ema->on) ema_update(r->ema, r->ctx, r->params, r->ema->decay);
+}
+
+static void train_eval(void *self, long step) {
+    RunState *r = self;
+    double t0 = now_seconds();
+    r->ev = classify_evaluate_dp(r->ctx, r->enc, r->val, r->dp);
+    if (r->ema->on) r->ev_ema = classify_evaluate_dp(r->ctx, &r->ema->enc, r->val, r->dp);
+    print_eval(r->log, step, &r->ev, &r->ev_ema, now_seconds() - t0);
+    log_eval(r->log, step, &r->ev, &r->ev_ema);
+}
+
 // ---- training --------------------------------------------------------------------------------
 
 TrainResult classify_train(const Config *c, const TrainOptions *o) {
@@ -240,7 +287,6 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
              c->accum_steps);
     CG_CHECK(c->drop_path >= 0 && c->drop_path < 1, "", "drop_path %g: expected [0, 1)", c->drop_path);
     CG_CHECK(c->ema_decay >= 0 && c->ema_decay < 1, "", "ema_decay %g: expected [0, 1)", c->ema_decay);
-    bool skip_nonfinite = strcmp(c->on_nonfinite, "skip") == 0;
     Ctx ctx = device_open(c);
     device_describe(&ctx, stdout);
 
@@ -344,162 +390,28 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
     arena_init(&arena, &ctx, ARENA_CHUNK_BYTES);
     Tape tape;
     tape_init(&tape, &ctx, &arena);
-    int K = c->num_classes;
-    double flops_step = 3.0 * encoder_flops_per_image(&ecfg) * c->batch_size;   // forward + backward
-    double peak = device_peak_flops(&ctx, c) * dp.world;   // every rank's GPU
     const ParamTable *tables[2] = {&params, &ema.table};
     MemoryPlan held = memory_plan(&ctx, tables, ema.on ? 2 : 1, &arena);
     memory_header_print(stdout, &held);
     memory_peak_take(&ctx);   // the window of the first progress line starts here
-    EvalResult ev = {0}, ev_ema = {0};
-    RunState rs = {c, &log, &params, &ema, &ctx, train, micro, &dp};
-    SignalGuard sg;
-    signals_install(&sg);
-    double t_prev = now_seconds();
-    int timed_n = 0;   // steps since t_prev
-
-    long step = first;
-    for (; step < total; step++) {
-        double step_loss = 0;
-        bool finite = true;
-        int64_t epoch = 0;
-        for (int a = 0; a < A; a++) {
-            const Batch *b = loader_next(train, err, sizeof err);
-            if (!b) CG_FAIL("run cgspn data verify on the shards", "%s", err);
-            CG_CHECK(b->classes <= K, "set num_classes to the dataset's class count or more",
-                     "the training split has %d classes, the model's head %d", b->classes, K);
-            epoch = b->epoch;
-            tape_reset(&tape);
-            Tensor *x = tape_tensor(&tape, 4, (int[]){b->count, b->channels, b->height, b->width}, true);
-            Tensor *tgt = tape_tensor(&tape, 2, (int[]){b->count, K}, true);
-            tensor_upload(&ctx, x, b->images);
-            if (b->classes == K) {
-                tensor_upload(&ctx, tgt, b->targets);
-            } else {   // a head wider than the dataset: the extra classes get target 0
-                float *t = cg_calloc((size_t)b->count * K, sizeof(float));
-                for (int i = 0; i < b->count; i++)
-                    memcpy(t + (size_t)i * K, b->targets + (size_t)i * b->classes, b->classes * sizeof(float));
-                tensor_upload(&ctx, tgt, t);
-                free(t);
-            }
-            if (o->nonfinite_at == step + 1 && a == 0) op_scale_fwd(&ctx, x, NAN, x);
-            enc.drop_path.step = step * A + a;
-            enc.drop_path.first_sample = dp.rank * b->count;   // masks by global sample index
-            Tensor *logits = encoder_head(&tape, &enc, encoder_forward(&tape, &enc, x, NULL));
-            Tensor *loss = nn_cross_entropy(&tape, logits, tgt);
-            if (mesa_active(&mesa, epoch))
-                loss = nn_add(&tape, loss, mesa_loss(&tape, &mesa, &ema.enc, x, logits));
-            float loss_v;
-            tensor_download(&ctx, loss, &loss_v);
-            step_loss += loss_v;
-            if (!isfinite(loss_v)) finite = false;
-            // Several ranks: every rank runs every backward (the gradient collectives must match);
-            // a non-finite loss anywhere makes the global loss and norm non-finite on every rank.
-            if (finite || dp.world > 1)
-                dp_backward(&dp, &tape, A > 1 ? nn_scale(&tape, loss, 1.0f / A) : loss, a == A - 1);
-        }
-        step_loss /= A;
-        // The global batch's loss, and whether any rank was asked to stop (SIGINT/SIGTERM reach
-        // the ranks at different moments; all must stop after the same step).
-        float shared[2] = {(float)step_loss, g_stop_signal ? 1.0f : 0.0f};
-        dp_mean_f32(&dp, shared, 2, "the step's loss");
-        if (dp.world > 1) step_loss = shared[0], finite = isfinite(step_loss);
-        StepStats st = {.lr = lr_schedule(&opt.schedule, step), .grad_norm = NAN};
-        if (finite) {
-            st = dp_optimizer_step(&dp, &params, &ctx, &arena, &opt, step);
-            finite = st.finite;
-        } else {
-            dp_discard_step(&dp, &params, &ctx);
-        }
-        if (o->step_losses) o->step_losses[step] = (float)step_loss;
-        if (!finite) {
-            const char *what = isfinite(step_loss) ? "the gradient norm" : "the loss";
-            if (log.tty) printf("\r\033[K");
-            if (!skip_nonfinite) {
-                fprintf(stderr, "cgspn: %s is not finite at step %ld (loss %g, grad_norm %g); "
-                        "stopping without a checkpoint of it (the newest checkpoint in %s is the "
-                        "last good state)\n  hint: lower lr, enable grad_clip, or set on_nonfinite = "
-                        "skip\n", what, step + 1, step_loss, st.grad_norm, log.dir);
-                res.status = TRAIN_NONFINITE;
-                res.nonfinite_step = step + 1;
-                break;
-            }
-            skipped++;
-            printf("step %ld: %s is not finite; update skipped (%ld skipped so far)\n", step + 1,
-                   what, skipped);
-            const char *keys[] = {"nonfinite_skipped"};
-            double vals[] = {(double)skipped};
-            runlog_metrics(&log, step + 1, 1, keys, vals);
-        } else {
-            if (ema.on) ema_update(&ema, &ctx, &params, ema.decay);
-            loss_sum += step_loss;
-            loss_n++;
-        }
-
-        if (step == first) {   // the arena's placement is now the one of every step
-            MemoryPlan plan = memory_plan(&ctx, tables, ema.on ? 2 : 1, &arena);
-            if (log.tty) printf("\r\033[K");
-            memory_plan_print(stdout, &plan);
-        }
-        bool last = step + 1 == total;
-        bool stop = o->stop_after > 0 && step + 1 == o->stop_after && !last;
-        bool interrupted = shared[1] > 0 && !last;
-        timed_n++;
-        if ((c->log_every > 0 && (step + 1) % c->log_every == 0) || last) {
-            double t = now_seconds(), dt = (t - t_prev) / timed_n;
-            double mean = loss_n ? loss_sum / loss_n : NAN;
-            size_t mem = memory_peak_take(&ctx);   // measured, since the last line
-            char mem_s[32];
-            char eta[32], perf[64];
-            if (peak > 0)
-                snprintf(perf, sizeof perf, "MFU %.1f%%", 100 * flops_step / dt / peak);
-            else
-                snprintf(perf, sizeof perf, "%.2f GFLOP/s", flops_step / dt / 1e9);
-            if (log.tty) printf("\r\033[K");
-            printf("step %6ld/%ld | epoch %lld | loss %.4f | lr %.2e | grad_norm %.3f | %.1f ms/step"
-                   " | %.0f img/s | %s | mem %s | ETA %s\n",
-                   step + 1, total, (long long)epoch + 1, mean, st.lr, st.grad_norm, dt * 1e3,
-                   c->batch_size / dt, perf, format_bytes(mem, mem_s, sizeof mem_s),
-                   format_duration((total - step - 1) * dt, eta, sizeof(eta)));
-            const char *keys[] = {"loss", "lr", "grad_norm", "ms_per_step", "img_per_s", "mem_gib",
-                                  "mfu"};
-            double vals[] = {mean, st.lr, st.grad_norm, dt * 1e3, c->batch_size / dt,
-                             mem / 1073741824.0, peak > 0 ? flops_step / dt / peak : 0};
-            runlog_metrics(&log, step + 1, peak > 0 ? 7 : 6, keys, vals);
-            loss_sum = 0;
-            loss_n = 0;
-            t_prev = now_seconds();
-            timed_n = 0;
-        } else {
-            runlog_progress(&log, step + 1, total, (now_seconds() - t_prev) / timed_n);
-        }
-        if ((step + 1) % eval_every == 0 || last) {
-            double t0 = now_seconds();
-            ev = classify_evaluate_dp(&ctx, &enc, val, &dp);
-            if (ema.on) ev_ema = classify_evaluate_dp(&ctx, &ema.enc, val, &dp);
-            print_eval(&log, step + 1, &ev, &ev_ema, now_seconds() - t0);
-            log_eval(&log, step + 1, &ev, &ev_ema);
-            t_prev += now_seconds() - t0;
-        }
-        if ((c->ckpt_every > 0 && (step + 1) % c->ckpt_every == 0) || last || stop || interrupted) {
-            double t0 = now_seconds();
-            save_checkpoint(&rs, step + 1, loss_sum, loss_n, skipped);
-            t_prev += now_seconds() - t0;
-        }
-        if (stop || interrupted) {
-            step++;
-            if (interrupted)
-                printf("interrupted by %s after step %ld of %ld: checkpoint written; continue with "
-                       "--resume=auto (run folder %s)\n", g_stop_signal == SIGINT ? "SIGINT"
-                       : g_stop_signal == SIGTERM ? "SIGTERM" : "a signal to another rank",
-                       step, total, log.dir);
-            else
-                printf("stopping after step %ld of %ld\n", step, total);
-            res.status = interrupted ? TRAIN_INTERRUPTED : TRAIN_STOPPED;
-            break;
-        }
-    }
-    signals_restore(&sg);
+    RunState rs = {.c = c, .o = o, .log = &log, .params = &params, .ema = &ema, .mesa = &mesa,
+                   .enc = &enc, .ctx = &ctx, .tape = &tape, .train = train, .val = val,
+                   .micro_batch = micro, .accum = A, .dp = &dp};
+    LoopSpec spec = {
+        .c = c, .ctx = &ctx, .dp = &dp, .log = &log, .params = &params, .arena = &arena,
+        .opt = &opt, .first = first, .total = total, .eval_every = eval_every,
+        .stop_after = o->stop_after, .step_losses = o->step_losses,
+        .images_per_step = c->batch_size,
+        .flops_step = 3.0 * encoder_flops_per_image(&ecfg) * c->batch_size,   // forward + backward
+        .peak_flops = device_peak_flops(&ctx, c) * dp.world,   // every rank's GPU
+        .tables = tables, .n_tables = ema.on ? 2 : 1};
+    LoopHooks hooks = {&rs, train_step, train_updated, NULL, train_eval, save_checkpoint};
+    LoopResult lr = loop_run(&spec, &hooks, (LoopWindow){loss_sum, loss_n, skipped});
+    long step = lr.step;
+    skipped = lr.skipped;
+    res.status = lr.status;
+    res.nonfinite_step = lr.nonfinite_step;
+    EvalResult ev = rs.ev, ev_ema = rs.ev_ema;
     if (res.status == TRAIN_DONE && ev.count == 0) {   // resumed at the end: nothing left to train
         ev = classify_evaluate_dp(&ctx, &enc, val, &dp);
         if (ema.on) ev_ema = classify_evaluate_dp(&ctx, &ema.enc, val, &dp);

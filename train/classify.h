@@ -7,6 +7,7 @@
 // `cgspn eval`: top-1/top-5 of given weights on the validation split.
 #pragma once
 #include "config.h"
+#include "loop.h"   // TrainStatus
 #include "../nn/encoder.h"
 #include "../data/loader.h"
 
@@ -26,12 +27,6 @@ typedef struct TrainOptions {
                           // world of one unless a launcher started this process; dist/dist.h)
 } TrainOptions;
 
-typedef enum {
-    TRAIN_DONE = 0,        // every step of the run is done
-    TRAIN_STOPPED,         // stopped at TrainOptions.stop_after, with a checkpoint
-    TRAIN_INTERRUPTED,     // SIGINT/SIGTERM: the step finished, a checkpoint was written
-    TRAIN_NONFINITE,       // on_nonfinite = stop hit a NaN/Inf (no checkpoint of it written)
-} TrainStatus;
 
 typedef struct TrainResult {
     TrainStatus status;

@@ -233,10 +233,16 @@ CurriculumResult curriculum_run(const Config *c, const CurriculumOptions *o) {
                                .step_losses = o->step_losses[k]};
         TrainResult r = distill_train(&sc, &dopt);
         res.eval[k] = r.eval;
-        if (r.step < r.total) {
+        if (r.status != TRAIN_DONE) {
             res.stopped = true;
-            printf("curriculum: stopped in stage %d at step %ld of %ld; run the same command to "
-                   "resume it\n", k, r.step, r.total);
+            res.status = r.status;
+            if (r.status == TRAIN_NONFINITE)
+                printf("curriculum: stage %d stopped at a non-finite step %ld; fix the run (see "
+                       "above), then run the same command to resume from the stage's newest "
+                       "checkpoint\n", k, r.nonfinite_step);
+            else
+                printf("curriculum: stopped in stage %d at step %ld of %ld; run the same command "
+                       "to resume it\n", k, r.step, r.total);
             return res;
         }
         res.stages_done = k;
@@ -261,6 +267,6 @@ int cmd_curriculum(int argc, char **argv) {
     CG_CHECK(rest == 0, "see cgspn curriculum --help", "unexpected argument '%s'", argv[2]);
     if (init) set_str(c.init, "init", init);
     if (c.threads > 0) omp_set_num_threads(c.threads);
-    curriculum_run(&c, NULL);
-    return 0;
+    CurriculumResult r = curriculum_run(&c, NULL);
+    return r.status == TRAIN_NONFINITE ? 1 : 0;
 }

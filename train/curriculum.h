@@ -43,7 +43,9 @@ typedef struct CurriculumOptions {
 
 typedef struct CurriculumResult {
     int stages_done;                 // finished stages (0..K)
-    bool stopped;                    // stopped at CurriculumOptions.stop_after
+    bool stopped;                    // a stage stopped early: stop_after, a signal, or a
+                                     // non-finite loss (status says which)
+    TrainStatus status;              // the stopped stage's (TRAIN_DONE when none stopped)
     EvalResult eval[RESOLUTION_MAX]; // the student head's test accuracy after stage k (count 0:
                                      // no head, or the stage was finished before this run)
     char final_dir[1200];            // the last stage's folder (its final student)

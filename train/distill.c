@@ -5,6 +5,7 @@
 #include "data_config.h"
 #include "data_parallel.h"
 #include "device_config.h"
+#include "loop.h"
 #include "memory_report.h"
 #include "model_config.h"
 #include "optimizer.h"
@@ -142,23 +143,40 @@ static void describe_resolution(const Distiller *d, const ResolutionViews *v, FI
             "bilinearly (half-pixel centres) to the student's grid\n");
 }
 
-static void save_checkpoint(const Config *c, const RunLog *log, const Distiller *d, Ctx *ctx,
-                            DataParallel *dp, Loader *train, long step, double loss_sum, long loss_n,
-                            const float *part_sums) {
+// What the loop's hooks (train/loop.h) work on.
+typedef struct DistillRun {
+    const Config *c;
+    const DistillOptions *o;
+    Distiller *d;
+    Ctx *ctx;
+    DataParallel *dp;
+    RunLog *log;
+    Tape *tape;
+    Loader *train, *val;
+    ResolutionViews *views;
+    float *raw;                              // the step's loss terms (d->n_raw) and LOOP_FLAGS
+    float parts[DISTILL_MAX_PARTS];          // the step's logged parts
+    float part_sums[DISTILL_MAX_PARTS];      // over the log window's updates
+    char (*part_keys)[DISTILL_PART_NAME + 8];
+    EvalResult ev;                           // the last evaluation
+} DistillRun;
+
+static void save_checkpoint(void *self, long step, const LoopWindow *w) {
+    const DistillRun *r = self;
+    const Distiller *d = r->d;
     CkptState st = {.step = step};
-    LoaderCursor lc = loader_cursor_get(train);
-    DistillCursor cur = {DISTILL_CURSOR_VERSION, (uint32_t)d->n_parts, lc.epoch, lc.step, loss_sum,
-                         loss_n, {0}};
-    memcpy(cur.part_sums, part_sums, (size_t)d->n_parts * sizeof(float));
+    LoaderCursor lc = loader_cursor_get(r->train);
+    DistillCursor cur = {DISTILL_CURSOR_VERSION, (uint32_t)d->n_parts, lc.epoch, lc.step, w->loss_sum,
+                         w->loss_n, {0}};
+    memcpy(cur.part_sums, r->part_sums, (size_t)d->n_parts * sizeof(float));
     st.cursor_bytes = sizeof cur;
     memcpy(st.cursor, &cur, sizeof cur);
-    CkptOptions o = {.keep_last = c->keep_last};
+    CkptOptions o = {.keep_last = r->c->keep_last};
     char saved[1024];
-    dp_save(dp, log->dir, &o, c, &d->params, NULL, ctx, &st, saved, sizeof saved);
-    if (log->tty) printf("\r\033[K");
+    dp_save(r->dp, r->log->dir, &o, r->c, &d->params, NULL, r->ctx, &st, saved, sizeof saved);
+    if (r->log->tty) printf("\r\033[K");
     printf("checkpoint: %s\n", saved);
 }
-
 
 static void print_eval(const RunLog *log, long step, const EvalResult *ev, double seconds) {
     if (log->tty) printf("\r\033[K");
@@ -166,6 +184,81 @@ static void print_eval(const RunLog *log, long step, const EvalResult *ev, doubl
            "%ld images", step, 100 * ev->top1, 100 * ev->top5, ev->loss, ev->count);
     if (seconds >= 0) printf(" | %.1f s", seconds);
     printf("\n");
+}
+
+// One global batch: the student's and teachers' views, the loss, backward. The loss terms' mean
+// over ranks carries the loop's flags in the same collective.
+static LoopStepResult distill_step(void *self, long step, float *flags) {
+    DistillRun *r = self;
+    Distiller *d = r->d;
+    const Config *c = r->c;
+    Tape *tape = r->tape;
+    char err[4096];
+    const Batch *b = loader_next(r->train, err, sizeof err);
+    if (!b) CG_FAIL("run cgspn data verify on the shards", "%s", err);
+    tape_reset(tape);
+    // The student's image at this step's side (multires) and the teacher's at its own.
+    int side = resolution_student_side(r->views, step);
+    encoder_set_image_size(&d->student, side, side);
+    Tensor *x, *xt[DISTILL_MAX_TEACHERS];
+    distill_views(d, r->views, tape, b, side, &x, xt);
+    if (r->o->nonfinite_at == step + 1) op_scale_fwd(r->ctx, x, NAN, x);
+    Tensor *tgt = NULL;
+    if (d->trains_head) {   // the loader's soft targets (label smoothing, mixup), K wide
+        int K = c->num_classes;
+        CG_CHECK(b->classes <= K, "set num_classes to the dataset's class count or more",
+                 "the training split has %d classes, the model's head %d", b->classes, K);
+        float *t = cg_calloc((size_t)b->count * K, sizeof(float));
+        for (int i = 0; i < b->count; i++)
+            memcpy(t + (size_t)i * K, b->targets + (size_t)i * b->classes, b->classes * sizeof(float));
+        tgt = tape_tensor(tape, 2, (int[]){b->count, K}, true);
+        tensor_upload(r->ctx, tgt, t);
+        free(t);
+    }
+    Tensor *raw_dev;
+    d->student.drop_path.step = step;
+    d->student.drop_path.first_sample = r->dp->rank * b->count;   // masks by global sample index
+    Tensor *loss = distill_loss_views(d, tape, x, xt, tgt, &raw_dev);
+    tensor_download(r->ctx, raw_dev, r->raw);
+    memcpy(r->raw + d->n_raw, flags, LOOP_FLAGS * sizeof(float));
+    dp_mean_f32(r->dp, r->raw, d->n_raw + LOOP_FLAGS, "the step's loss terms");   // global means
+    memcpy(flags, r->raw + d->n_raw, LOOP_FLAGS * sizeof(float));
+    float loss_v = r->raw[d->n_raw - 1];
+    // Every rank runs the backward (the gradient collectives must match); a non-finite loss is
+    // non-finite on every rank (the mean), and the loop discards the step.
+    dp_backward(r->dp, tape, loss, true);
+    distill_parts(d, r->raw, r->parts);
+    return (LoopStepResult){loss_v, (long)b->epoch};
+}
+
+static void distill_updated(void *self, long step) {
+    DistillRun *r = self;
+    for (int k = 0; k < r->d->n_parts; k++) r->part_sums[k] += r->parts[k];
+}
+
+// The parts' means over the window, below the progress line and into metrics.jsonl.
+static void distill_log(void *self, long n_updates, const char **keys, double *vals, int *n) {
+    DistillRun *r = self;
+    const Distiller *d = r->d;
+    printf("      ");
+    for (int k = 0; k < d->n_parts; k++) {
+        double mean = n_updates ? r->part_sums[k] / (double)n_updates : NAN;
+        printf(" %s %.4f", d->part_names[k], mean);
+        if (*n < 7 + LOOP_EXTRA_METRICS - 1) keys[*n] = r->part_keys[k], vals[(*n)++] = mean;
+        r->part_sums[k] = 0;
+    }
+    printf("\n");
+}
+
+static void distill_eval(void *self, long step) {
+    DistillRun *r = self;
+    double t0 = now_seconds();
+    encoder_set_image_size(&r->d->student, r->c->img_size, r->c->img_size);   // val: img_size
+    r->ev = classify_evaluate_dp(r->ctx, &r->d->student, r->val, r->dp);
+    print_eval(r->log, step, &r->ev, now_seconds() - t0);
+    const char *k2[] = {"test_top1", "test_top5", "test_loss"};
+    double v2[] = {r->ev.top1, r->ev.top5, r->ev.loss};
+    runlog_metrics(r->log, step, 3, k2, v2);
 }
 
 TrainResult distill_train(const Config *c, const DistillOptions *o) {
@@ -254,137 +347,48 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
     arena_init(&arena, &ctx, ARENA_CHUNK_BYTES);
     Tape tape;
     tape_init(&tape, &ctx, &arena);
-    int B = c->batch_size, K = c->num_classes;
-    float *raw = cg_malloc((size_t)d.n_raw * sizeof(float)), parts[DISTILL_MAX_PARTS];
-    int n_keys = 6 + d.n_parts;
-    const char **keys = cg_malloc((size_t)n_keys * sizeof(char *));
-    double *vals = cg_malloc((size_t)n_keys * sizeof(double));
-    char (*part_keys)[DISTILL_PART_NAME + 8] = cg_malloc((size_t)d.n_parts * sizeof *part_keys);
-    for (int k = 0; k < d.n_parts; k++) snprintf(part_keys[k], sizeof part_keys[k], "loss_%s", d.part_names[k]);
-    double t_prev = now_seconds();
-    EvalResult ev = {0};
     const ParamTable *tables[1 + DISTILL_MAX_TEACHERS] = {&d.params};
     for (int k = 0; k < d.n_teachers; k++) tables[1 + k] = &d.teachers[k].teacher.params;
     int n_tables = 1 + d.n_teachers;
     MemoryPlan held = memory_plan(&ctx, tables, n_tables, &arena);
     memory_header_print(stdout, &held);
     memory_peak_take(&ctx);   // the window of the first progress line starts here
-
-    long step = first;
-    for (; step < total; step++) {
-        const Batch *b = loader_next(train, err, sizeof err);
-        if (!b) CG_FAIL("run cgspn data verify on the shards", "%s", err);
-        long epoch = (long)b->epoch;
-        tape_reset(&tape);
-        // The student's image at this step's side (multires) and the teacher's at its own.
-        int side = resolution_student_side(&views, step);
-        encoder_set_image_size(&d.student, side, side);
-        Tensor *x, *xt[DISTILL_MAX_TEACHERS];
-        distill_views(&d, &views, &tape, b, side, &x, xt);
-        Tensor *tgt = NULL;
-        if (d.trains_head) {   // the loader's soft targets (label smoothing, mixup), K wide
-            CG_CHECK(b->classes <= K, "set num_classes to the dataset's class count or more",
-                     "the training split has %d classes, the model's head %d", b->classes, K);
-            float *t = cg_calloc((size_t)b->count * K, sizeof(float));
-            for (int i = 0; i < b->count; i++)
-                memcpy(t + (size_t)i * K, b->targets + (size_t)i * b->classes, b->classes * sizeof(float));
-            tgt = tape_tensor(&tape, 2, (int[]){b->count, K}, true);
-            tensor_upload(&ctx, tgt, t);
-            free(t);
-        }
-        Tensor *raw_dev;
-        d.student.drop_path.step = step;
-        d.student.drop_path.first_sample = dp.rank * b->count;   // masks by global sample index
-        Tensor *loss = distill_loss_views(&d, &tape, x, xt, tgt, &raw_dev);
-        tensor_download(&ctx, raw_dev, raw);
-        dp_mean_f32(&dp, raw, d.n_raw, "the step's loss terms");   // the global batch's means
-        float loss_v = raw[d.n_raw - 1];
-        CG_CHECK(isfinite(loss_v), "lower lr or enable grad_clip", "loss is %f at step %ld; stopping",
-                 loss_v, step + 1);
-        dp_backward(&dp, &tape, loss, true);
-        StepStats ss = dp_optimizer_step(&dp, &d.params, &ctx, &arena, &opt, step);
-        CG_CHECK(ss.finite, "lower lr or enable grad_clip",
-                 "gradient norm is not finite at step %ld; stopping", step + 1);
-        if (o->step_losses) o->step_losses[step] = loss_v;
-        loss_sum += loss_v;
-        loss_n++;
-        distill_parts(&d, raw, parts);
-        for (int k = 0; k < d.n_parts; k++) part_sums[k] += parts[k];
-
-        if (step == first) {   // the arena's placement is now the one of every step
-            MemoryPlan plan = memory_plan(&ctx, tables, n_tables, &arena);
-            if (log.tty) printf("\r\033[K");
-            memory_plan_print(stdout, &plan);
-        }
-        bool last = step + 1 == total;
-        bool stop = o->stop_after > 0 && step + 1 == o->stop_after && !last;
-        if ((c->log_every > 0 && (step + 1) % c->log_every == 0) || last) {
-            double t = now_seconds(), dt = (t - t_prev) / loss_n;
-            size_t mem = memory_peak_take(&ctx);   // measured, since the last line
-            char mem_s[32];
-            char eta[32];
-            if (log.tty) printf("\r\033[K");
-            printf("step %6ld/%ld | epoch %ld | loss %.4f | lr %.2e | grad_norm %.3f | %.1f ms/step"
-                   " | %.0f img/s | mem %s | ETA %s\n",
-                   step + 1, total, epoch + 1, loss_sum / loss_n, ss.lr, ss.grad_norm, dt * 1e3,
-                   B / dt, format_bytes(mem, mem_s, sizeof mem_s),
-                   format_duration((total - step - 1) * dt, eta, sizeof(eta)));
-            printf("      ");
-            for (int k = 0; k < d.n_parts; k++)
-                printf(" %s %.4f", d.part_names[k], part_sums[k] / (double)loss_n);
-            printf("\n");
-            keys[0] = "loss", keys[1] = "lr", keys[2] = "grad_norm", keys[3] = "ms_per_step",
-            keys[4] = "img_per_s", keys[5] = "mem_gib";
-            vals[0] = loss_sum / loss_n, vals[1] = ss.lr, vals[2] = ss.grad_norm, vals[3] = dt * 1e3,
-            vals[4] = B / dt, vals[5] = mem / 1073741824.0;
-            for (int k = 0; k < d.n_parts; k++) {
-                keys[6 + k] = part_keys[k];
-                vals[6 + k] = part_sums[k] / (double)loss_n;
-                part_sums[k] = 0;
-            }
-            runlog_metrics(&log, step + 1, n_keys, keys, vals);
-            loss_sum = 0;
-            loss_n = 0;
-            t_prev = now_seconds();
-        } else {
-            runlog_progress(&log, step + 1, total, (now_seconds() - t_prev) / loss_n);
-        }
-        if (has_head && ((step + 1) % eval_every == 0 || last)) {
-            double t0 = now_seconds();
-            encoder_set_image_size(&d.student, c->img_size, c->img_size);   // val images: img_size
-            ev = classify_evaluate_dp(&ctx, &d.student, val, &dp);
-            print_eval(&log, step + 1, &ev, now_seconds() - t0);
-            const char *k2[] = {"test_top1", "test_top5", "test_loss"};
-            double v2[] = {ev.top1, ev.top5, ev.loss};
-            runlog_metrics(&log, step + 1, 3, k2, v2);
-            t_prev = now_seconds();
-        }
-        if ((c->ckpt_every > 0 && (step + 1) % c->ckpt_every == 0) || last || stop) {
-            save_checkpoint(c, &log, &d, &ctx, &dp, train, step + 1, loss_sum, loss_n, part_sums);
-            t_prev = now_seconds();
-        }
-        if (stop) {
-            step++;
-            printf("stopping after step %ld of %ld\n", step, total);
-            break;
-        }
-    }
-    if (has_head && ev.count == 0 && step >= total) {   // resumed at the end
+    DistillRun run = {.c = c, .o = o, .d = &d, .ctx = &ctx, .dp = &dp, .log = &log, .tape = &tape,
+                      .train = train, .val = val, .views = &views,
+                      .raw = cg_malloc((size_t)(d.n_raw + LOOP_FLAGS) * sizeof(float)),
+                      .part_keys = cg_malloc((size_t)d.n_parts * sizeof *run.part_keys)};
+    memcpy(run.part_sums, part_sums, sizeof part_sums);
+    for (int k = 0; k < d.n_parts; k++)
+        snprintf(run.part_keys[k], sizeof run.part_keys[k], "loss_%s", d.part_names[k]);
+    LoopSpec spec = {
+        .c = c, .ctx = &ctx, .dp = &dp, .log = &log, .params = &d.params, .arena = &arena,
+        .opt = &opt, .first = first, .total = total, .eval_every = eval_every,
+        .stop_after = o->stop_after, .step_losses = o->step_losses,
+        .images_per_step = c->batch_size, .tables = tables, .n_tables = n_tables};
+    LoopHooks hooks = {&run, distill_step, distill_updated, distill_log,
+                       has_head ? distill_eval : NULL, save_checkpoint};
+    LoopResult lr = loop_run(&spec, &hooks, (LoopWindow){loss_sum, loss_n, 0});
+    long step = lr.step;
+    EvalResult ev = run.ev;
+    res.status = lr.status;
+    res.nonfinite_step = lr.nonfinite_step;
+    res.skipped = lr.skipped;
+    if (has_head && ev.count == 0 && res.status == TRAIN_DONE) {   // resumed at the end
         encoder_set_image_size(&d.student, c->img_size, c->img_size);
         ev = classify_evaluate_dp(&ctx, &d.student, val, &dp);
         print_eval(&log, step, &ev, -1);
     }
     char dur[32];
-    if (step >= total) {
+    if (res.status == TRAIN_DONE) {
         printf("done: %ld steps in %s", total, format_duration(now_seconds() - log.t_start, dur, sizeof dur));
         if (has_head) printf(", final student test top1 %.2f%%", 100 * ev.top1);
         printf("\n");
     }
-    free(raw);
+    free(run.raw);
+    free(run.part_keys);
     resolution_views_free(&views);
     loader_close(train);
     if (val) loader_close(val);
-    free(keys); free(vals); free(part_keys);
     tape_free(&tape);
     arena_free(&arena);
     runlog_close(&log);
@@ -529,6 +533,6 @@ int cmd_distill(int argc, char **argv) {
     }
     CG_CHECK(strcmp(c.resume, "auto") != 0 || c.run_name[0], "set run_name to the run to continue",
              "resume = auto needs run_name: it continues the run folder out_dir/run_name");
-    distill_train(&c, NULL);
-    return 0;
+    TrainResult r = distill_train(&c, NULL);
+    return r.status == TRAIN_NONFINITE ? 1 : 0;
 }

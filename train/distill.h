@@ -138,6 +138,8 @@ int distill_parse_taps(const char *s, int depth, int *blocks, char *err, size_t 
 typedef struct DistillOptions {
     long stop_after;      // as TrainOptions (classify.h): stop after this step with a checkpoint
     float *step_losses;   // one float per step of the run, or NULL
+    long nonfinite_at;    // test hook, as TrainOptions: this 1-based step's student images are
+                          // multiplied by NaN (0 = never)
     struct Dist *dist;    // the process group (NULL: dist_process(); see TrainOptions)
 } DistillOptions;
 
@@ -145,5 +147,6 @@ typedef struct DistillOptions {
 // them (data/loader.h: train_split with the config's augmentation, val_split for evaluation):
 // teacher, student, resume (bit-exactly) per c->resume, AdamW + warmup/cosine over the
 // trainable parameters, logs with every part, evaluation of the student's head when it has
-// one, checkpoints as cgspn train. o may be NULL.
+// one; checkpoints, signals and on_nonfinite as cgspn train (the loop of train/loop.h). o may be
+// NULL.
 TrainResult distill_train(const Config *c, const DistillOptions *o);
