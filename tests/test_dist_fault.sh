@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Faults under mpirun (issue 8): with dist_timeout_s = 3, a rank that hangs, or exits, makes the
+# Faults under mpirun: with dist_timeout_s = 3, a rank that hangs, or exits, makes the
 # job end well within 60 s with a message naming that rank, and leaves no process behind.
 # With a cgspn binary as well, the same for a real `cgspn train` of 2 ranks: one rank killed
 # (SIGKILL) or frozen (SIGSTOP) mid-run, after which the newest complete checkpoint must still
-# resume.
+# resume; and SIGTERM to one rank of `cgspn distill` and `cgspn curriculum`: a checkpoint, exit 0
+# on every rank, and a resume that ends on the uninterrupted run's bytes.
 # Usage: tests/test_dist_fault.sh build/tests/test_dist_mpi [./cgspn]   (MPIRUN: mpirun + options)
 set -u
 bin=${1:?usage: test_dist_fault.sh PATH/test_dist_mpi [PATH/cgspn]}
@@ -145,4 +146,74 @@ train_case KILL "rank 1|\\[\\[[0-9]+,1\\],1\\]"
 # Frozen: rank 0 waits for it (in a host collective: "waited 3.0 s for rank 1"; in an NCCL
 # collective: the probe that follows the timeout names it), gives up after dist_timeout_s, aborts.
 train_case STOP "waited 3.0 s for rank 1|rank\\(s\\) 1 did not answer"
+
+# ---- SIGTERM to one rank (what Slurm's preemption and scancel send) ----------------------------
+# Every rank finishes the step, a checkpoint is written, every rank exits 0; the run, resumed,
+# ends on the same bytes as a run never stopped. cgspn distill (Stage 2 from a ViT teacher
+# trained here for one step) and cgspn curriculum (one stage, from that Stage 2 student).
+"$cgspn" train configs/vit_tiny.cfg "--data_shards=$work/shards" "--out_dir=$work" --run_name=teacher \
+    "--device=$device" --max_steps=1 --batch_size=8 --threads=1 --loader_threads=1 >"$work/teacher.out" 2>&1 ||
+    { echo "[  FAILED  ] the SIGTERM cases' teacher"; sed 's/^/    /' "$work/teacher.out"; exit 1; }
+common=("--data_shards=$work/shards" "--out_dir=$work" "--device=$device" --log_every=1
+        --batch_size=8 --eval_batch_size=8 --threads=1 --loader_threads=1 --dist_timeout_s=30
+        --warmup_steps=5 --ckpt_every=0)
+distill_args=(distill configs/cgspn_tiny.cfg --stage=2 "--teacher=$work/teacher/step_00000001/model.safetensors"
+              --teacher_config=configs/vit_tiny.cfg --max_steps=300 "${common[@]}")
+curriculum_args=(curriculum configs/cgspn_tiny.cfg "--init=$work/ref_distill" --resolutions=28,42
+                 --stage_steps=300 "${common[@]}")
+
+# $1: distill | curriculum; $2: its run folder name; $3: the folder its checkpoints go to (under
+# $work); the rest: its arguments (they end with --run_name).
+sigterm_case() {
+    local what=$1 run=$2 ckdir=$3 ok=1
+    shift 3
+    local out="$work/$run.out"
+    $mpirun_cmd -np 2 "$cgspn" "$@" "--run_name=$run" >"$out" 2>&1 &
+    local job=$! waited=0
+    while [ "$(cat "$work/$ckdir/metrics.jsonl" 2>/dev/null | wc -l)" -lt 3 ] && [ $waited -lt 600 ]; do
+        sleep 0.1; waited=$((waited + 1))
+    done
+    local victim
+    victim=$(rank_pid "--run_name=$run" 1) || { echo "  $what: rank 1 not found"; ok=0; }
+    [ -n "${victim:-}" ] && kill -TERM "$victim"
+    wait "$job"
+    local rc=$?
+    [ "$rc" -eq 0 ] || { echo "  $what: mpirun exited $rc after SIGTERM to rank 1"; ok=0; }
+    [ "$(grep -c "interrupted by" "$out")" -ge 1 ] || { echo "  $what: no rank said it was interrupted"; ok=0; }
+    local latest at=0
+    latest=$(ls -d "$work/$ckdir"/step_[0-9]*[0-9] 2>/dev/null | sort | tail -1)
+    [ -n "$latest" ] && [ -f "$latest/COMPLETE" ] && at=$((10#${latest##*step_}))
+    [ "$at" -gt 0 ] && [ "$at" -lt 300 ] || { echo "  $what: no checkpoint before the end (newest: ${latest:-none})"; ok=0; }
+    # Resumed (the same command): it ends where a run never stopped ends, byte for byte.
+    $mpirun_cmd -np 2 "$cgspn" "$@" "--run_name=$run" >"$out.resume" 2>&1 ||
+        { echo "  $what: the resume failed:"; tail -5 "$out.resume" | sed 's/^/    /'; ok=0; }
+    echo "$latest"
+    if [ $ok -eq 1 ]; then
+        echo "[       OK ] cgspn $what, SIGTERM to rank 1: every rank exited 0 with step_$(printf %08d "$at"); resumed"
+    else
+        echo "[  FAILED  ] cgspn $what, SIGTERM to rank 1; output:"
+        tail -20 "$out" | sed 's/^/    /'
+        fail=1
+    fi
+}
+same_bytes() {   # $1, $2: checkpoint folders whose weights and state must be identical
+    local f
+    for f in model.safetensors state.safetensors; do
+        cmp -s "$1/$f" "$2/$f" || { echo "[  FAILED  ] $1/$f differs from $2/$f"; fail=1; return; }
+    done
+    echo "[       OK ] $(basename "$(dirname "$1")")/$(basename "$1") is byte for byte the uninterrupted run's"
+}
+
+$mpirun_cmd -np 2 "$cgspn" "${distill_args[@]}" --run_name=ref_distill >"$work/ref_distill.out" 2>&1 ||
+    { echo "[  FAILED  ] the uninterrupted distill run"; tail -20 "$work/ref_distill.out"; exit 1; }
+sigterm_case distill term_distill term_distill "${distill_args[@]}" >"$work/term_distill.case"
+grep -v '^/' "$work/term_distill.case"
+same_bytes "$work/term_distill/step_00000300" "$work/ref_distill/step_00000300"
+
+$mpirun_cmd -np 2 "$cgspn" "${curriculum_args[@]}" --run_name=ref_curr >"$work/ref_curr.out" 2>&1 ||
+    { echo "[  FAILED  ] the uninterrupted curriculum run"; tail -20 "$work/ref_curr.out"; exit 1; }
+stage=$(basename "$(ls -d "$work"/ref_curr/stage1_*)")
+sigterm_case curriculum term_curr "term_curr/$stage" "${curriculum_args[@]}" >"$work/term_curr.case"
+grep -v '^/' "$work/term_curr.case"
+same_bytes "$work/term_curr/$stage/step_00000300" "$work/ref_curr/$stage/step_00000300"
 exit $fail

@@ -29,7 +29,8 @@ static void curriculum_usage(FILE *f) {
                "  stage_lr                      peak lr of each stage (one value or K; empty = lr)\n"
                "Folders: out_dir/run_name/stageK_RRRpx/ per stage (checkpoints, logs). Run the same\n"
                "command again after a crash: finished stages are skipped, the interrupted one\n"
-               "resumes from its newest checkpoint (ckpt_every) bit-exactly.\n"
+               "resumes from its newest checkpoint (ckpt_every, ckpt_minutes, or the one SIGINT /\n"
+               "SIGTERM writes before exiting 0) bit-exactly.\n"
                "Example: cgspn curriculum configs/fmnist_curriculum.cfg --init checkpoints/fm28\n\n");
     config_print_help(f);
 }

@@ -35,6 +35,8 @@ static void distill_usage(FILE *f) {
                "Several teachers: extra_teachers = t2.cfg,t3.cfg (files of teacher keys: teacher,\n"
                "teacher_img_size, teacher_mean/std, taps, teacher_taps, loss weights, ...); phi_s = 1\n"
                "standardizes every teacher feature (PHI-S) from statistics gathered before step 1.\n"
+               "Ctrl-C (SIGINT) or SIGTERM finishes the step, writes a checkpoint and exits 0;\n"
+               "--resume=auto continues. Checkpoints also every ckpt_every steps and ckpt_minutes.\n"
                "Example: cgspn distill configs/fmnist_distill_stage2.cfg --init checkpoints/s1\n"
                "One step's loss, no training (parity with a PyTorch implementation):\n"
                "  cgspn distill CONFIG --images X.safetensors --loss-out L.safetensors [--init W]\n"
