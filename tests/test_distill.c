@@ -910,7 +910,7 @@ static void test_stage2_init_from_stage1_and_export_drops_adaptors(void **state)
     distill_train(&s2, NULL);
     char err[2048];
     int kept, dropped;
-    assert_int_equal(export_student_err(tmp_path("s2"), tmp_path("student.safetensors"), &kept,
+    assert_int_equal(export_student_err(tmp_path("s2"), tmp_path("student.safetensors"), false, &kept,
                                         &dropped, err, sizeof err), 0);
     StFile ck, out;
     st_open(&ck, tmp_path("s2/step_00000003/model.safetensors"));

@@ -7,6 +7,7 @@
 #include "train_fixture.h"
 #include "../train/checkpoint.h"
 #include "../train/classify.h"
+#include "../train/export.h"
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -181,6 +182,8 @@ static void printed_pct(const char *text, const char *key, char *out, size_t n) 
     sscanf(p + strlen(key), "%31[0-9.]", out);
 }
 
+static char g_eval_loss[32];   // the loss the last eval_output printed
+
 static void eval_output(const char *weights, bool ema, char *top1, char *top5) {
     char cfg[600], w[1300];
     snprintf(cfg, sizeof cfg, "%s/eval.cfg", g_dir);
@@ -194,6 +197,7 @@ static void eval_output(const char *weights, bool ema, char *top1, char *top5) {
     assert_int_equal(rc, 0);
     printed_pct(out, ema ? "ema top1 " : "weights top1 ", top1, 32);
     printed_pct(out, "top5 ", top5, 32);
+    printed_pct(out, "loss ", g_eval_loss, sizeof g_eval_loss);
     free(out);
 }
 
@@ -219,6 +223,25 @@ static void test_eval_command_reproduces_the_trainers_evaluation(void **state) {
     snprintf(want1, sizeof want1, "%.2f", 100 * r.eval_ema.top1);
     eval_output(r.run_dir, true, top1, top5);
     assert_string_equal(top1, want1);
+    char ema_loss[32];
+    snprintf(ema_loss, sizeof ema_loss, "%s", g_eval_loss);
+    // cgspn export --ema: plain weights that evaluate as the EMA did (the loss to its 4 printed
+    // decimals: the raw weights' differs)
+    char exported[700], err[4096];
+    snprintf(exported, sizeof exported, "%s/ema.safetensors", g_dir);
+    int kept, dropped;
+    assert_int_equal(export_student_err(r.run_dir, exported, true, &kept, &dropped, err, sizeof err), 0);
+    assert_true(kept > 0);
+    eval_output(exported, false, top1, top5);
+    assert_string_equal(top1, want1);
+    assert_string_equal(g_eval_loss, ema_loss);
+    // A run without an EMA, and a file instead of a checkpoint, are refused by name.
+    Config plain = fixture_config(g_dir, "vit", "no_ema", 2);
+    TrainResult rp = classify_train(&plain, NULL);
+    assert_int_equal(export_student_err(rp.run_dir, exported, true, &kept, &dropped, err, sizeof err), -1);
+    assert_contains(err, "ema_decay > 0");
+    assert_int_equal(export_student_err(ckpt, exported, true, &kept, &dropped, err, sizeof err), -1);
+    assert_contains(err, "pass the checkpoint or run folder");
 }
 
 // ---- accumulation and lr scaling -------------------------------------------------------------------
