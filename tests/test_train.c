@@ -217,6 +217,20 @@ static void test_eval_command_reproduces_the_trainers_evaluation(void **state) {
     eval_output(r.run_dir, false, top1, top5);
     assert_string_equal(top1, want1);
     assert_string_equal(top5, want5);
+    // cgspn eval RUN: the run's own config.cfg (this run had no config file of its own)
+    {
+        char *argv[] = {"cgspn", "eval", r.run_dir, NULL};
+        Capture cap;
+        capture_begin(&cap, 1, "eval_run.out");
+        int rc = cmd_eval(3, argv);
+        char *out = capture_end(&cap);
+        assert_int_equal(rc, 0);
+        assert_contains(out, "config.cfg");
+        char t1[32];
+        printed_pct(out, "weights top1 ", t1, sizeof t1);
+        assert_string_equal(t1, want1);
+        free(out);
+    }
     snprintf(ckpt, sizeof ckpt, "%s/step_%08d/model.safetensors", r.run_dir, 12);
     eval_output(ckpt, false, top1, top5);
     assert_string_equal(top1, want1);

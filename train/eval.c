@@ -16,11 +16,14 @@
 static void eval_usage(FILE *f) {
     fprintf(f,
         "usage: cgspn eval CONFIG --weights W [--ema] [--key=value ...]\n"
+        "       cgspn eval RUN [--ema] [--key=value ...]\n"
         "Top-1/top-5 accuracy and loss of the encoder of CONFIG on val_split of data_shards\n"
         "(shorter side resized to img_size / eval_crop_pct, centre crop img_size). W is\n"
         "  a safetensors weight file (cgspn or timm names; teacher_prefix is stripped),\n"
         "  a checkpoint folder (its model.safetensors), or a run folder (its newest checkpoint).\n"
         "--ema evaluates the EMA weights a checkpoint holds (ema_decay > 0 while training).\n"
+        "RUN, a run or checkpoint folder alone, reads the run's own config.cfg (every key it\n"
+        "was trained with, command-line overrides included) and its newest checkpoint.\n"
         "Example: cgspn eval configs/fmnist_vit.cfg --weights checkpoints/demo_vit\n");
 }
 
@@ -29,7 +32,20 @@ static bool is_dir(const char *p) {
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-// Removes a bare flag (no value) from argv; returns whether it was there.
+static bool is_file(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// The config.cfg of a run folder, or of the run folder a checkpoint folder is in, into out;
+// false when there is none.
+static bool run_config_of(const char *dir, char *out, size_t n) {
+    snprintf(out, n, "%s/config.cfg", dir);
+    if (is_file(out)) return true;
+    snprintf(out, n, "%s/../config.cfg", dir);
+    return is_file(out);
+}
+
 int cmd_eval(int argc, char **argv) {
     if (cli_wants_help(argc, argv, 2)) {
         eval_usage(stdout);
@@ -37,6 +53,15 @@ int cmd_eval(int argc, char **argv) {
     }
     const char *weights = cli_take_flag(&argc, argv, 2, "--weights");
     bool use_ema = cli_take_switch(&argc, argv, 2, "--ema");
+    char run_cfg[1200];
+    if (!weights && argc >= 3 && is_dir(argv[2])) {   // cgspn eval RUN
+        CG_CHECK(run_config_of(argv[2], run_cfg, sizeof run_cfg),
+                 "pass a run folder (cgspn train / distill write config.cfg there), or CONFIG "
+                 "--weights W", "%s has no config.cfg, nor has its parent folder", argv[2]);
+        weights = argv[2];
+        argv[2] = run_cfg;
+        printf("config: %s\n", run_cfg);
+    }
     if (!weights) {
         eval_usage(stderr);
         CG_FAIL("see the usage above", "cgspn eval needs --weights");
