@@ -216,7 +216,7 @@ int data_bench_main(int argc, char **argv) {
         printf("bench: %d synthetic JPEGs (about 288 x 352, q90) in %s\n", count, jpeg);
         if (data_synth_folder(jpeg, count, 10, 288, 352, 0, 1, err, sizeof err)) CG_FAIL("", "%s", err);
         BuildSource src;
-        if (build_source_imagefolder(&src, jpeg, err, sizeof err)) CG_FAIL("", "%s", err);
+        if (build_source_imagefolder(&src, jpeg, false, err, sizeof err)) CG_FAIL("", "%s", err);
         BuildOptions bo = {.out_dir = shards, .split = "train", .size = 256,
                            .layout = SHARD_LAYOUT_SHORTER, .channels = 3,
                            .max_aspect = BUILD_DEFAULT_MAX_ASPECT,

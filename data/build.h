@@ -6,6 +6,7 @@
 // fails). A failed build removes its shards and leaves no manifest.
 #pragma once
 #include "image.h"
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct BuildOptions {
@@ -44,19 +45,23 @@ typedef struct BuildSource {
     const char *(*name)(void *ctx, uint64_t i);
     uint64_t ignored;        // files skipped for their type while scanning
     int native_size;         // IDX: the images' side (a default for size); 0 = varies
+    char note[512];          // what the scan left out, by name, for the caller to print ("")
 } BuildSource;
 
 int build_shards(const BuildSource *src, const BuildOptions *o, BuildStats *st, char *err,
                  size_t n);
 
 // ROOT/CLASS/**/*.{png,jpg,jpeg} (any case); classes are ROOT's subfolders in sorted order,
-// files sorted within each. Other files are counted as ignored.
-int  build_source_imagefolder(BuildSource *src, const char *root, char *err, size_t n);
+// files sorted within each. Other files are counted as ignored. A class folder without images is
+// refused by name (every subfolder is a class: an extra one shifts every later label), unless
+// skip_empty, which leaves it out and names it in src->note.
+int  build_source_imagefolder(BuildSource *src, const char *root, bool skip_empty, char *err,
+                              size_t n);
 // A flat folder of images and a label file naming each one's class (ImageNet's val/ with a
 // "NAME WNID" / "NAME,WNID" list, or Kaggle's LOC_val_solution.csv: header, then
 // ImageId,"WNID x y ..."); names may leave out the image extension. Classes are the label
-// file's class names in sorted order; images are in sorted path order. Files the label file does
-// not name are not read.
+// file's class names in sorted order; images are in sorted path order. Images of the folder the
+// label file does not name are not read; src->note counts them and names the first few.
 int  build_source_labeled_folder(BuildSource *src, const char *dir, const char *labels, char *err,
                                  size_t n);
 // MNIST-style IDX files in dir: split "train" reads train-*, any other split t10k-*.

@@ -100,7 +100,16 @@ static int folder_get(void *ctx, uint64_t i, int channels, int min_side, Image *
 
 static const char *folder_name(void *ctx, uint64_t i) { return ((FolderCtx *)ctx)->paths[i]; }
 
-int build_source_imagefolder(BuildSource *src, const char *root, char *err, size_t n) {
+// Appends name to a ", "-separated list of at most NOTE_NAMES names in buf (then "...").
+#define NOTE_NAMES 5
+static void note_name(char *buf, size_t n, int index, const char *name) {
+    size_t len = strlen(buf);
+    if (index < NOTE_NAMES) snprintf(buf + len, n - len, "%s%s", index ? ", " : "", name);
+    else if (index == NOTE_NAMES) snprintf(buf + len, n - len, ", ...");
+}
+
+int build_source_imagefolder(BuildSource *src, const char *root, bool skip_empty, char *err,
+                             size_t n) {
     memset(src, 0, sizeof *src);
     struct stat st;
     if (stat(root, &st) != 0)
@@ -112,23 +121,39 @@ int build_source_imagefolder(BuildSource *src, const char *root, char *err, size
     if (!names) return data_fail(err, n, "%s: cannot list: %s", root, strerror(errno));
     FolderCtx *f = cg_calloc(1, sizeof *f);
     char **classes = cg_malloc(sizeof(char *) * (cnt ? cnt : 1));
-    int k = 0;
+    char empty[256] = "";
+    int k = 0, n_empty = 0, n_dirs = 0;
     for (int i = 0; i < cnt; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", root, names[i]);
         if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-            classes[k] = cg_strdup(names[i]);
+            uint64_t before = f->count;
+            n_dirs++;
             walk(f, path, k, &src->ignored, 0);
-            k++;
+            if (f->count == before) {   // no images: not a class
+                note_name(empty, sizeof empty, n_empty++, names[i]);
+                continue;
+            }
+            classes[k++] = cg_strdup(names[i]);
         }
     }
     free_names(names, cnt);
     src->ctx = f, src->class_names = classes, src->num_classes = k;
     src->count = f->count, src->get = folder_get, src->name = folder_name;
+    if (n_empty && !skip_empty) {
+        build_source_free(src);
+        return data_fail(err, n, "%s: %d class folder%s without images: %s (every subfolder is a "
+                         "class, so it would shift the labels of the classes after it); remove "
+                         "it, or pass --skip-empty-classes to leave it out", root, n_empty,
+                         n_empty == 1 ? "" : "s", empty);
+    }
+    if (n_empty)
+        snprintf(src->note, sizeof src->note, "left out %d empty class folder%s: %s", n_empty,
+                 n_empty == 1 ? "" : "s", empty);
     if (k == 0 || f->count == 0) {
         build_source_free(src);
         return data_fail(err, n, "%s: %s; expected ROOT/CLASS/*.jpg|png (ImageFolder: one "
-                         "subfolder per class)", root, k == 0 ? "no subfolders" : "no .jpg, "
+                         "subfolder per class)", root, n_dirs == 0 ? "no subfolders" : "no .jpg, "
                          ".jpeg or .png files in its subfolders");
     }
     return 0;
@@ -235,8 +260,38 @@ int build_source_labeled_folder(BuildSource *src, const char *dir, const char *l
     free(rows);
     src->ctx = f, src->class_names = classes, src->num_classes = k;
     src->count = f->count, src->get = folder_get, src->name = folder_name;
-    if (rc != 0) build_source_free(src);
-    return rc;
+    if (rc != 0) {
+        build_source_free(src);
+        return rc;
+    }
+    // The folder's images the label file does not name: counted and named, not built.
+    int cnt;
+    char **names = list_dir(dir, &cnt);
+    if (names) {
+        char missing[256] = "";
+        int n_missing = 0;
+        for (int i = 0; i < cnt; i++) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+            if (!is_image_name(names[i])) continue;
+            const char *key = path;
+            bool named = false;   // f->paths is in sorted order (rows were sorted by file)
+            size_t lo = 0, hi = f->count;
+            while (lo < hi && !named) {
+                size_t mid = (lo + hi) / 2;
+                int c = strcmp(f->paths[mid], key);
+                if (c == 0) named = true;
+                else if (c < 0) lo = mid + 1;
+                else hi = mid;
+            }
+            if (!named) note_name(missing, sizeof missing, n_missing++, names[i]);
+        }
+        free_names(names, cnt);
+        if (n_missing)
+            snprintf(src->note, sizeof src->note, "%d image%s of %s not in %s (not built): %s",
+                     n_missing, n_missing == 1 ? "" : "s", dir, labels, missing);
+    }
+    return 0;
 }
 
 static int idx_get(void *ctx, uint64_t i, int channels, int min_side, Image *im, int *label,

@@ -25,6 +25,23 @@ void manifest_free(Manifest *m) {
     memset(m, 0, sizeof *m);
 }
 
+bool class_lists_differ(char *const *a, int na, const char *a_name, char *const *b, int nb,
+                        const char *b_name, char *out, size_t n) {
+    int common = na < nb ? na : nb;
+    for (int k = 0; k < common; k++)
+        if (strcmp(a[k], b[k]) != 0) {
+            snprintf(out, n, "class %d is '%s' in %s, '%s' in %s", k, a[k], a_name, b[k], b_name);
+            return true;
+        }
+    if (na != nb) {
+        snprintf(out, n, "%d classes in %s, %d in %s (the first %d agree)", na, a_name, nb, b_name,
+                 common);
+        return true;
+    }
+    out[0] = 0;
+    return false;
+}
+
 void manifest_set_stats(Manifest *m, const double *sum, const double *sumsq, uint64_t pixels) {
     for (int c = 0; c < 3; c++) {
         double mean = pixels ? sum[c] / pixels : 0, var = pixels ? sumsq[c] / pixels - mean * mean : 0;

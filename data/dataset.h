@@ -4,6 +4,7 @@
 // an unfinished build. Functions return 0, or -1 with a message naming the file in err.
 #pragma once
 #include "shard.h"
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -36,6 +37,11 @@ void manifest_free(Manifest *m);
 void manifest_path(const char *dir, const char *split, char *out, size_t n);
 // Mean and std per channel from summed statistics.
 void manifest_set_stats(Manifest *m, const double *sum, const double *sumsq, uint64_t pixels);
+// Whether two splits' class lists differ (labels are indices into them, so they must not); the
+// first difference, naming both splits (a_name, b_name), into out: "class 3 is 'x' in train,
+// 'y' in val" or "4 classes in train, 5 in val".
+bool class_lists_differ(char *const *a, int na, const char *a_name, char *const *b, int nb,
+                        const char *b_name, char *out, size_t n);
 
 // Reads the manifest and opens every shard, checking each against it.
 int  dataset_open(Dataset *d, const char *dir, const char *split, char *err, size_t n);

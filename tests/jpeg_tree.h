@@ -86,7 +86,7 @@ static inline bool jpeg_tree_build(const char *dir, int n_train, int n_val) {
     BuildSource src;
     char root[700], labels[700], err[2048];
     snprintf(root, sizeof root, "%s/train", dir);
-    if (build_source_imagefolder(&src, root, err, sizeof err)) fail_msg("%s", err);
+    if (build_source_imagefolder(&src, root, false, err, sizeof err)) fail_msg("%s", err);
     jpeg_tree_build_split(dir, "train", &src);
     snprintf(root, sizeof root, "%s/val", dir);
     snprintf(labels, sizeof labels, "%s/LOC_val_solution.csv", dir);

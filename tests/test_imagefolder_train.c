@@ -1,9 +1,10 @@
-// ImageNet's layout end to end (issue 17, item 5): Fashion-MNIST images (the real dataset when
+// ImageNet's layout end to end: Fashion-MNIST images (the real dataset when
 // /usr/share/datasets/fashion-mnist is there, else the fixture's synthetic IDX set) written as
 // JPEG files, train/<wnid>/*.JPEG and a flat val/ folder with Kaggle's LOC_val_solution.csv,
 // built into shards by the `cgspn data build` sources, then trained by cgspn train. The val
 // split's class indices must be the train split's (sorted wnids), and with the real images the
-// model must learn: test top1 well above chance.
+// model must learn: test top1 well above chance. Shards and runs that disagree on the classes
+// are refused by name.
 #include "testlib.h"
 #include "jpeg_tree.h"
 #include "../train/classify.h"
@@ -49,9 +50,50 @@ static void test_jpeg_imagefolder_with_a_flat_val_folder_trains(void **state) {
     if (real) assert_true(r.eval.top1 > 0.5);   // chance is 0.1
 }
 
+// What the shards and the run must agree on, through the command line: a head of another width
+// than the shards' class count, and a train split rebuilt with an extra class folder against the
+// val split already there, are refused by name (either would train on shifted or missing labels).
+static int run_quiet(const char *cmd, const char *log) {
+    char full[3000];
+    snprintf(full, sizeof full, "%s > %s 2>&1", cmd, log);
+    return system(full);
+}
+
+static void test_mismatched_classes_are_refused_by_name(void **state) {
+    if (access("./cgspn", X_OK) != 0) fail_msg("./cgspn is not built (make test builds it first)");
+    jpeg_tree_build(g_dir, 200, 50);
+    Config c = fixture_config(g_dir, "vit", "wide_head", 2);
+    c.num_classes = 1000;
+    char cfg[600], log[600], cmd[2000];
+    snprintf(cfg, sizeof cfg, "%s/wide.cfg", g_dir);
+    snprintf(log, sizeof log, "%s/wide.log", g_dir);
+    assert_int_equal(config_save(&c, cfg), 0);
+    snprintf(cmd, sizeof cmd, "./cgspn train %s", cfg);
+    assert_int_not_equal(run_quiet(cmd, log), 0);
+    char *out = test_read_text(log);
+    assert_contains(out, "num_classes = 1000, but the train split of");
+    assert_contains(out, "has 10 classes");
+    free(out);
+    // An extra class folder in train/ (one image), the train split rebuilt beside val.
+    char extra[700];
+    snprintf(extra, sizeof extra, "%s/train/n99", g_dir);
+    mkdir(extra, 0755);
+    snprintf(cmd, sizeof cmd, "cp \"$(ls %s/train/n00/*.JPEG | head -1)\" %s/", g_dir, extra);
+    assert_int_equal(system(cmd), 0);
+    snprintf(log, sizeof log, "%s/build.log", g_dir);
+    snprintf(cmd, sizeof cmd, "./cgspn data build --from imagefolder %s/train --out %s/shards "
+             "--size 28 --quiet", g_dir, g_dir);
+    assert_int_not_equal(run_quiet(cmd, log), 0);
+    out = test_read_text(log);
+    assert_contains(out, "the train split's classes differ from the val split already in");
+    assert_contains(out, "11 classes in train, 10 in val (the first 10 agree)");
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_jpeg_imagefolder_with_a_flat_val_folder_trains, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mismatched_classes_are_refused_by_name, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -280,7 +280,7 @@ static void test_imagefolder_build_of_pngs_reads_back_exactly_in_sorted_order(vo
     }
     BuildSource src;
     char err[2048];
-    if (build_source_imagefolder(&src, root, err, sizeof err)) fail_msg("%s", err);
+    if (build_source_imagefolder(&src, root, false, err, sizeof err)) fail_msg("%s", err);
     assert_int_equal(src.num_classes, 2);
     assert_string_equal(src.class_names[0], "a_first");
     assert_int_equal(src.ignored, 1);
@@ -333,6 +333,8 @@ static void test_flat_folder_with_a_label_file_builds_like_an_imagefolder(void *
         assert_int_equal(src.num_classes, 3);
         assert_string_equal(src.class_names[0], "n01");
         assert_string_equal(src.class_names[2], "n03");
+        assert_non_null(strstr(src.note, "1 image of "));   // counted and named, not built
+        assert_non_null(strstr(src.note, "(not built): unlisted.png"));
         snprintf(out, sizeof out, "out_%d", f);
         BuildOptions o = build_opts(tmp_path(out), 16, 3);
         o.layout = SHARD_LAYOUT_SQUARE;
@@ -355,6 +357,42 @@ static void test_flat_folder_with_a_label_file_builds_like_an_imagefolder(void *
     assert_int_equal(build_source_labeled_folder(&src, root, tmp_path("bad.txt"), err, sizeof err), -1);
     assert_non_null(strstr(err, "line 1: expected 'NAME CLASS'"));
     mem_free(&m);
+}
+
+// An empty class folder is refused by name (it would shift every later label), or left out with
+// --skip-empty-classes and named in the note.
+static void test_an_empty_class_folder_is_refused_or_left_out_by_name(void **state) {
+    (void)state;
+    char root[600], p[700];
+    snprintf(root, sizeof root, "%s", tmp_path("with_empty"));
+    mkdir(root, 0755);
+    const char *dirs[3] = {"a", "b_empty", "c"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(p, sizeof p, "%s/%s", root, dirs[k]);
+        mkdir(p, 0755);
+    }
+    uint8_t pix[8 * 8 * 3] = {0};
+    snprintf(p, sizeof p, "%s/a/0.png", root);
+    write_png_rgb(p, pix, 8, 8, 3);
+    snprintf(p, sizeof p, "%s/c/0.png", root);
+    write_png_rgb(p, pix, 8, 8, 3);
+    BuildSource src;
+    char err[2048];
+    assert_int_equal(build_source_imagefolder(&src, root, false, err, sizeof err), -1);
+    assert_non_null(strstr(err, "1 class folder without images: b_empty"));
+    assert_non_null(strstr(err, "--skip-empty-classes"));
+    assert_int_equal(build_source_imagefolder(&src, root, true, err, sizeof err), 0);
+    assert_int_equal(src.num_classes, 2);
+    assert_string_equal(src.class_names[1], "c");
+    assert_non_null(strstr(src.note, "left out 1 empty class folder: b_empty"));
+    build_source_free(&src);
+    char *a[] = {"x", "b"}, *b[] = {"x", "c"}, *c3[] = {"x", "b", "c"};
+    char diff[256];
+    assert_false(class_lists_differ(a, 2, "train", a, 2, "val", diff, sizeof diff));
+    assert_true(class_lists_differ(a, 2, "train", b, 2, "val", diff, sizeof diff));
+    assert_string_equal(diff, "class 1 is 'b' in train, 'c' in val");
+    assert_true(class_lists_differ(c3, 3, "train", a, 2, "val", diff, sizeof diff));
+    assert_string_equal(diff, "3 classes in train, 2 in val (the first 2 agree)");
 }
 
 static void test_idx_build_matches_fashion_mnist_pixels_and_labels(void **state) {
@@ -787,7 +825,7 @@ static void test_build_skips_and_counts_bad_images_and_strict_fails_cleanly(void
     write_all(p, b, absurd_png(b, 100000, 100000));
     char err[4096];
     BuildSource src;
-    if (build_source_imagefolder(&src, root, err, sizeof err)) fail_msg("%s", err);
+    if (build_source_imagefolder(&src, root, false, err, sizeof err)) fail_msg("%s", err);
     assert_int_equal(src.count, 6);
     // Default: skipped and counted, the rest built and valid.
     BuildOptions o = build_opts(tmp_path("ok"), 16, 3);
@@ -845,6 +883,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_build_round_trip_is_exact_across_shards_and_thread_counts, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_flat_folder_with_a_label_file_builds_like_an_imagefolder, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_imagefolder_build_of_pngs_reads_back_exactly_in_sorted_order, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_an_empty_class_folder_is_refused_or_left_out_by_name, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_idx_build_matches_fashion_mnist_pixels_and_labels, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_png_color_types_bit_depths_palette_and_interlace_decode_exactly, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_jpeg_quality_100_decodes_within_tolerance_gray_and_rgb, setup_dir, teardown_dir),

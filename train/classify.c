@@ -220,22 +220,12 @@ static LoopStepResult train_step(void *self, long step, float *flags) {
     for (int a = 0; a < A; a++) {
         const Batch *b = loader_next(r->train, err, sizeof err);
         if (!b) CG_FAIL("run cgspn data verify on the shards", "%s", err);
-        CG_CHECK(b->classes <= K, "set num_classes to the dataset's class count or more",
-                 "the training split has %d classes, the model's head %d", b->classes, K);
         epoch = b->epoch;
         tape_reset(tape);
         Tensor *x = tape_tensor(tape, 4, (int[]){b->count, b->channels, b->height, b->width}, true);
-        Tensor *tgt = tape_tensor(tape, 2, (int[]){b->count, K}, true);
+        Tensor *tgt = tape_tensor(tape, 2, (int[]){b->count, K}, true);   // K = the shards' classes
         tensor_upload(ctx, x, b->images);
-        if (b->classes == K) {
-            tensor_upload(ctx, tgt, b->targets);
-        } else {   // a head wider than the dataset: the extra classes get target 0
-            float *t = cg_calloc((size_t)b->count * K, sizeof(float));
-            for (int i = 0; i < b->count; i++)
-                memcpy(t + (size_t)i * K, b->targets + (size_t)i * b->classes, b->classes * sizeof(float));
-            tensor_upload(ctx, tgt, t);
-            free(t);
-        }
+        tensor_upload(ctx, tgt, b->targets);
         if (r->o->nonfinite_at == step + 1 && a == 0) op_scale_fwd(ctx, x, NAN, x);
         r->enc->drop_path.step = step * A + a;
         r->enc->drop_path.first_sample = r->dp->rank * b->count;   // masks by global sample index
@@ -310,6 +300,7 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
     bool gpu = ctx.device == DEVICE_CUDA;
     Loader *train = dp_loader_open(&dp, c, 1, micro, gpu);
     Loader *val = dp_loader_open(&dp, c, 0, c->eval_batch_size > 0 ? c->eval_batch_size : micro, gpu);
+    data_check_classes(c, train, val, "cgspn train");
     RunPlan plan = run_plan(c, (long)loader_steps_per_epoch(train), A,
                             (unsigned long long)loader_dataset(train)->m.images);
     long steps_per_epoch = plan.steps_per_epoch, total = plan.total, warmup = plan.warmup;

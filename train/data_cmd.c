@@ -8,6 +8,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zstd.h>
 
 static void data_usage(FILE *f) {
@@ -17,7 +18,10 @@ static void data_usage(FILE *f) {
         "          [--labels FILE: ROOT is a flat folder, FILE names each image's class,\n"
         "          'NAME WNID' or NAME,WNID lines or Kaggle's LOC_val_solution.csv]\n"
         "          [--layout shorter|square] [--channels 1|3] [--max-aspect A] [--shard-mb MB]\n"
-        "          [--zstd-level L] [--threads N] [--strict] [--quiet]\n"
+        "          [--zstd-level L] [--threads N] [--strict] [--quiet] [--skip-empty-classes]\n"
+        "          a class folder without images is refused (it would shift the labels after\n"
+        "          it) unless --skip-empty-classes; a split's class list must equal that of the\n"
+        "          other split (train / val) already in DIR\n"
         "  build   --from idx IDXDIR --out DIR [--size S] [--split train|val]\n"
         "          IDX (MNIST-style) train-* -> split train, t10k-* -> split val (both by default)\n"
         "  inspect DIR [--split NAME] [--sheet FILE.png] [--per-class K]\n"
@@ -63,9 +67,29 @@ static long flag_long(int argc, char **argv, int *i, long lo, long hi) {
     return x;
 }
 
+// The other of train / val already built in out: its class list must be this split's, or every
+// label of one would name another class in the other.
+static void check_other_split_classes(const char *out, const char *split, const BuildSource *src) {
+    const char *other = !strcmp(split, "val") ? "train" : !strcmp(split, "train") ? "val" : NULL;
+    char path[1200], err[2048], diff[512];
+    if (!other) return;
+    manifest_path(out, other, path, sizeof path);
+    if (access(path, F_OK) != 0) return;
+    Manifest m;
+    if (manifest_read(&m, path, err, sizeof err) != 0) CG_FAIL("", "%s", err);
+    bool differ = class_lists_differ(src->class_names, src->num_classes, split, m.class_names,
+                                     m.num_classes, other, diff, sizeof diff);
+    manifest_free(&m);
+    CG_CHECK(!differ, "build both splits from the same class folders (an empty or extra folder in "
+             "one shifts every label after it; see --skip-empty-classes)",
+             "data build: the %s split's classes differ from the %s split already in %s: %s",
+             split, other, out, diff);
+}
+
 int data_build_main(int argc, char **argv) {
     const char *from = NULL, *src_path = NULL, *out = NULL, *split = NULL, *layout = NULL;
     const char *labels = NULL;   // a flat folder's label file (ImageNet val)
+    bool skip_empty = false;
     BuildOptions o = {.channels = 0, .max_aspect = BUILD_DEFAULT_MAX_ASPECT,
                       .shard_bytes = BUILD_DEFAULT_SHARD_BYTES,
                       .zstd_level = BUILD_DEFAULT_ZSTD_LEVEL, .progress = 1};
@@ -93,6 +117,7 @@ int data_build_main(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) o.threads = (int)flag_long(argc, argv, &i, 0, 4096);
         else if (!strcmp(a, "--strict")) o.strict = 1;
         else if (!strcmp(a, "--quiet")) o.progress = 0;
+        else if (!strcmp(a, "--skip-empty-classes")) skip_empty = true;
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) { data_usage(stdout); return 0; }
         else CG_FAIL("see cgspn data --help", "data build: unknown argument '%s'", a);
     }
@@ -122,10 +147,12 @@ int data_build_main(int argc, char **argv) {
         BuildSource src;
         int rc = idx      ? build_source_idx(&src, src_path, splits[k], err, sizeof err)
                : labels ? build_source_labeled_folder(&src, src_path, labels, err, sizeof err)
-                        : build_source_imagefolder(&src, src_path, err, sizeof err);
+                        : build_source_imagefolder(&src, src_path, skip_empty, err, sizeof err);
         if (rc) CG_FAIL("", "%s", err);
         BuildOptions ok = o;
         ok.split = splits[k];
+        if (src.note[0]) printf("data build: %s split: %s\n", ok.split, src.note);
+        check_other_split_classes(out, ok.split, &src);
         if (!ok.size) ok.size = src.native_size;
         CG_CHECK(ok.size > 0, "pass --size S", "the source's images differ in size");
         printf("data build: %s split from %s (%llu images, %d classes) -> %s/%s-*%s, %s %d px, "

@@ -79,3 +79,22 @@ Loader *loader_open_from_config_rank(const Config *c, int train, int batch, bool
     }
     return l;
 }
+
+void data_check_classes(const Config *c, const Loader *train, const Loader *val, const char *who) {
+    const Manifest *t = train ? &loader_dataset(train)->m : NULL;
+    const Manifest *v = val ? &loader_dataset(val)->m : NULL;
+    char diff[512];
+    if (t && v)
+        CG_CHECK(!class_lists_differ(t->class_names, t->num_classes, c->train_split, v->class_names,
+                                     v->num_classes, c->val_split, diff, sizeof diff),
+                 "rebuild the splits from the same class folders (cgspn data build refuses a val "
+                 "split whose classes differ from train's)",
+                 "%s: the %s and %s splits of %s name different classes: %s", who, c->train_split,
+                 c->val_split, c->data_shards, diff);
+    const Manifest *m = t ? t : v;
+    if (!m || c->num_classes <= 0) return;
+    CG_CHECK(c->num_classes == m->num_classes, "set num_classes to the shards' class count "
+             "(--num_classes=N; cgspn data inspect DIR lists the classes)",
+             "%s: num_classes = %d, but the %s split of %s has %d classes", who, c->num_classes,
+             m->split, c->data_shards, m->num_classes);
+}

@@ -15,3 +15,8 @@ Loader *loader_open_from_config(const Config *c, int train, int batch, bool pinn
 // The same for rank of world (batch global, divisible by world): this rank's slice of every batch.
 Loader *loader_open_from_config_rank(const Config *c, int train, int batch, bool pinned, int rank,
                                      int world);
+
+// Exits with a message when the shards do not fit the run: the train and val splits name
+// different classes (labels index them; the first difference named), or a head of num_classes
+// outputs (> 0) has not one per class. train or val may be NULL. who names the command.
+void data_check_classes(const Config *c, const Loader *train, const Loader *val, const char *who);

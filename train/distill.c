@@ -207,15 +207,8 @@ static LoopStepResult distill_step(void *self, long step, float *flags) {
     if (r->o->nonfinite_at == step + 1) op_scale_fwd(r->ctx, x, NAN, x);
     Tensor *tgt = NULL;
     if (d->trains_head) {   // the loader's soft targets (label smoothing, mixup), K wide
-        int K = c->num_classes;
-        CG_CHECK(b->classes <= K, "set num_classes to the dataset's class count or more",
-                 "the training split has %d classes, the model's head %d", b->classes, K);
-        float *t = cg_calloc((size_t)b->count * K, sizeof(float));
-        for (int i = 0; i < b->count; i++)
-            memcpy(t + (size_t)i * K, b->targets + (size_t)i * b->classes, b->classes * sizeof(float));
-        tgt = tape_tensor(tape, 2, (int[]){b->count, K}, true);
-        tensor_upload(r->ctx, tgt, t);
-        free(t);
+        tgt = tape_tensor(tape, 2, (int[]){b->count, c->num_classes}, true);   // the shards' classes
+        tensor_upload(r->ctx, tgt, b->targets);
     }
     Tensor *raw_dev;
     d->student.drop_path.step = step;
@@ -294,6 +287,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
     distill_set_normalization(&d, norm_mean, norm_std);
     Loader *val = has_head ? dp_loader_open(&dp, c, 0, c->eval_batch_size > 0 ? c->eval_batch_size
                                                                   : c->batch_size, gpu) : NULL;
+    data_check_classes(c, train, val, "cgspn distill");
     RunPlan plan = run_plan(c, (long)loader_steps_per_epoch(train), 1,
                             (unsigned long long)loader_dataset(train)->m.images);
     long steps_per_epoch = plan.steps_per_epoch, total = plan.total, warmup = plan.warmup;

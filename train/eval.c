@@ -108,6 +108,7 @@ int cmd_eval(int argc, char **argv) {
     o.batch_size = c.eval_batch_size > 0 ? c.eval_batch_size : c.batch_size;
     Loader *val = loader_open(&o, err, sizeof err);
     if (!val) CG_FAIL("build shards with cgspn data build (make fmnist-shards for Fashion-MNIST)", "%s", err);
+    data_check_classes(&c, NULL, val, "cgspn eval");
     double t0 = now_seconds();
     EvalResult ev = classify_evaluate(&ctx, &enc, val);
     printf("eval %s | %s top1 %.2f%% | top5 %.2f%% | loss %.4f | %ld images | %.1f s\n",
