@@ -6,6 +6,7 @@
 // resumed bit-exactly.
 #include "testlib.h"
 #include "train_fixture.h"
+#include "sigterm_run.h"
 #include "../train/checkpoint.h"
 #include "../train/data_parallel.h"
 #include "../train/distill.h"
@@ -15,9 +16,6 @@
 #include "../nn/params_io.h"
 #include "../nn/resample.h"
 #include "../nn/safetensors.h"
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 // Losses composed two ways from the same ops in the same order agree to the last bit but for
@@ -1074,7 +1072,6 @@ static void test_ckpt_minutes_writes_checkpoints_by_wall_time(void **state) {
 // The real binary, forked: SIGTERM during a Stage 2 run finishes the step, writes a checkpoint
 // and exits 0; the checkpoint holds the same bytes as a run told to stop after that step.
 static void test_sigterm_to_distill_writes_a_checkpoint_exits_0_and_matches_a_clean_stop(void **state) {
-    if (access("./cgspn", X_OK) != 0) fail_msg("./cgspn is not built (make test builds it first)");
     write_teacher(28, "", NULL, false);
     fixture_build_shards(g_dir, 40, 16);
     enum { TOTAL = 1000000 };
@@ -1083,34 +1080,10 @@ static void test_sigterm_to_distill_writes_a_checkpoint_exits_0_and_matches_a_cl
     c.ckpt_every = 0;
     const char *cfg = tmp_path("term.cfg"), *log = tmp_path("term.log");
     assert_int_equal(config_save(&c, cfg), 0);
-    fflush(stdout);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int f = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(f, 1);
-        dup2(f, 2);
-        execl("./cgspn", "cgspn", "distill", cfg, (char *)NULL);
-        _exit(127);
-    }
     char metrics[600];
     snprintf(metrics, sizeof metrics, "%s/term/metrics.jsonl", g_dir);
-    for (int tries = 0;; tries++) {   // training: a few logged steps
-        if (tries > 60000) {
-            kill(pid, SIGKILL);
-            fail_msg("no distillation steps logged after 60 s");
-        }
-        FILE *f = fopen(metrics, "r");
-        int lines = 0;
-        for (int ch; f && (ch = fgetc(f)) != EOF;) lines += ch == '\n';
-        if (f) fclose(f);
-        if (lines >= 3) break;
-        usleep(1000);
-    }
-    assert_int_equal(kill(pid, SIGTERM), 0);
     int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    char *out = test_read_text(log);
+    char *out = test_sigterm_cgspn("distill", cfg, log, metrics, &status);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
         fail_msg("cgspn distill did not exit 0 after SIGTERM (status %d):\n%s", status, out);
     assert_contains(out, "interrupted by SIGTERM after step ");

@@ -5,6 +5,7 @@
 // weights, gradient accumulation matching one large batch, and the lr scaling rule.
 #include "testlib.h"
 #include "train_fixture.h"
+#include "sigterm_run.h"
 #include "../train/checkpoint.h"
 #include "../train/classify.h"
 #include "../train/export.h"
@@ -107,7 +108,6 @@ static void test_nonfinite_stop_names_the_step_and_keeps_the_last_checkpoint(voi
 // ---- SIGTERM -----------------------------------------------------------------------------------
 
 static void test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_0(void **state) {
-    if (access("./cgspn", X_OK) != 0) fail_msg("./cgspn is not built (make test builds it first)");
     Config c = fixture_config(g_dir, "vit", "term", 1000000);
     c.log_every = 1;
     c.ckpt_every = 0;
@@ -116,35 +116,10 @@ static void test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_0(void 
     snprintf(log, sizeof log, "%s/term.log", g_dir);
     snprintf(run, sizeof run, "%s/term", g_dir);
     assert_int_equal(config_save(&c, cfg), 0);
-    fflush(stdout);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int f = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(f, 1);
-        dup2(f, 2);
-        execl("./cgspn", "cgspn", "train", cfg, (char *)NULL);
-        _exit(127);
-    }
-    // Wait until it is training (a few logged steps), then ask it to stop.
     char metrics[700];
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run);
-    for (int tries = 0;; tries++) {
-        if (tries > 20000) {
-            kill(pid, SIGKILL);
-            fail_msg("no training steps logged after 20 s");
-        }
-        FILE *f = fopen(metrics, "r");
-        int lines = 0;
-        for (int ch; f && (ch = fgetc(f)) != EOF;) lines += ch == '\n';
-        if (f) fclose(f);
-        if (lines >= 3) break;
-        usleep(1000);
-    }
-    assert_int_equal(kill(pid, SIGTERM), 0);
     int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    char *out = test_read_text(log);
+    char *out = test_sigterm_cgspn("train", cfg, log, metrics, &status);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
         fail_msg("cgspn train did not exit 0 after SIGTERM (status %d):\n%s", status, out);
     assert_contains(out, "interrupted by SIGTERM after step ");
