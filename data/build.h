@@ -57,6 +57,11 @@ int build_shards(const BuildSource *src, const BuildOptions *o, BuildStats *st, 
 // skip_empty, which leaves it out and names it in src->note.
 int  build_source_imagefolder(BuildSource *src, const char *root, bool skip_empty, char *err,
                               size_t n);
+// Renumbers a folder source's labels to another split's class list (names, n; whose names it in
+// messages), so that a split holding some of the classes (a small val set) still uses the
+// other's indices. A class not in the list is refused by name. 0, or -1 with a message.
+int  build_source_use_classes(BuildSource *src, char *const *names, int n, const char *whose,
+                              char *err, size_t en);
 // A flat folder of images and a label file naming each one's class (ImageNet's val/ with a
 // "NAME WNID" / "NAME,WNID" list, or Kaggle's LOC_val_solution.csv: header, then
 // ImageId,"WNID x y ..."); names may leave out the image extension. Classes are the label

@@ -159,6 +159,39 @@ int build_source_imagefolder(BuildSource *src, const char *root, bool skip_empty
     return 0;
 }
 
+int build_source_use_classes(BuildSource *src, char *const *names, int n, const char *whose,
+                             char *err, size_t en) {
+    int *map = cg_malloc(sizeof(int) * (size_t)(src->num_classes ? src->num_classes : 1));
+    for (int k = 0; k < src->num_classes; k++) {
+        map[k] = -1;
+        for (int j = 0; j < n && map[k] < 0; j++)
+            if (strcmp(src->class_names[k], names[j]) == 0) map[k] = j;
+        if (map[k] < 0) {
+            data_fail(err, en, "class '%s' is not among the %d classes of %s", src->class_names[k],
+                      n, whose);
+            free(map);
+            return -1;
+        }
+    }
+    bool same = src->num_classes == n;
+    for (int k = 0; k < src->num_classes && same; k++) same = map[k] == k;
+    if (!same) {
+        if (src->get != folder_get) {   // IDX: fixed labels, a fixed list
+            free(map);
+            return data_fail(err, en, "the source's classes cannot be renumbered to %s's", whose);
+        }
+        FolderCtx *f = src->ctx;
+        for (uint64_t i = 0; i < f->count; i++) f->labels[i] = map[f->labels[i]];
+        for (int k = 0; k < src->num_classes; k++) free(src->class_names[k]);
+        free(src->class_names);
+        src->class_names = cg_malloc(sizeof(char *) * (size_t)n);
+        for (int j = 0; j < n; j++) src->class_names[j] = cg_strdup(names[j]);
+        src->num_classes = n;
+    }
+    free(map);
+    return 0;
+}
+
 // ---- a flat folder and a label file (ImageNet's val/ as distributed) ---------------------------
 
 typedef struct LabelLine {

@@ -87,10 +87,18 @@ static inline bool jpeg_tree_build(const char *dir, int n_train, int n_val) {
     char root[700], labels[700], err[2048];
     snprintf(root, sizeof root, "%s/train", dir);
     if (build_source_imagefolder(&src, root, false, err, sizeof err)) fail_msg("%s", err);
+    int n_classes = src.num_classes;
+    char **classes = malloc(sizeof(char *) * (size_t)n_classes);   // train's, for the val split
+    for (int k = 0; k < n_classes; k++) classes[k] = strdup(src.class_names[k]);
     jpeg_tree_build_split(dir, "train", &src);
     snprintf(root, sizeof root, "%s/val", dir);
     snprintf(labels, sizeof labels, "%s/LOC_val_solution.csv", dir);
     if (build_source_labeled_folder(&src, root, labels, err, sizeof err)) fail_msg("%s", err);
+    // A small val set may lack some classes: it takes train's indices, as cgspn data build does.
+    if (build_source_use_classes(&src, classes, n_classes, "train", err, sizeof err))
+        fail_msg("%s", err);
+    for (int k = 0; k < n_classes; k++) free(classes[k]);
+    free(classes);
     jpeg_tree_build_split(dir, "val", &src);
     fmnist_free(&tr);
     fmnist_free(&te);

@@ -85,8 +85,19 @@ static void test_mismatched_classes_are_refused_by_name(void **state) {
              "--size 28 --quiet", g_dir, g_dir);
     assert_int_not_equal(run_quiet(cmd, log), 0);
     out = test_read_text(log);
-    assert_contains(out, "the train split's classes differ from the val split already in");
+    assert_contains(out, "the train split's classes differ from the val split in");
     assert_contains(out, "11 classes in train, 10 in val (the first 10 agree)");
+    free(out);
+    // A val split with a class the train split lacks (val takes train's indices: a class outside
+    // them has none).
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/valx/n00 %s/valx/n99 && cp %s/train/n99/*.JPEG %s/valx/n00/ "
+             "&& cp %s/train/n99/*.JPEG %s/valx/n99/", g_dir, g_dir, g_dir, g_dir, g_dir, g_dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "./cgspn data build --from imagefolder %s/valx --out %s/shards "
+             "--size 28 --val --quiet", g_dir, g_dir);
+    assert_int_not_equal(run_quiet(cmd, log), 0);
+    out = test_read_text(log);
+    assert_contains(out, "class 'n99' is not among the 10 classes of the train split in");
     free(out);
 }
 

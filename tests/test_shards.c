@@ -385,6 +385,18 @@ static void test_an_empty_class_folder_is_refused_or_left_out_by_name(void **sta
     assert_int_equal(src.num_classes, 2);
     assert_string_equal(src.class_names[1], "c");
     assert_non_null(strstr(src.note, "left out 1 empty class folder: b_empty"));
+    // Renumbered onto a list that holds its classes and more (a val split onto train's): c is
+    // label 2 there; a class outside the list is refused by name.
+    char *wider[] = {"a", "b", "c"}, *narrower[] = {"a"};
+    assert_int_equal(build_source_use_classes(&src, wider, 3, "train", err, sizeof err), 0);
+    assert_int_equal(src.num_classes, 3);
+    Image im;
+    int label, warning;
+    assert_int_equal(src.get(src.ctx, 1, 3, 0, &im, &label, &warning, err, sizeof err), 0);
+    image_free(&im);
+    assert_int_equal(label, 2);
+    assert_int_equal(build_source_use_classes(&src, narrower, 1, "train", err, sizeof err), -1);
+    assert_non_null(strstr(err, "class 'b' is not among the 1 classes of train"));
     build_source_free(&src);
     char *a[] = {"x", "b"}, *b[] = {"x", "c"}, *c3[] = {"x", "b", "c"};
     char diff[256];

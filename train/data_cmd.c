@@ -20,8 +20,9 @@ static void data_usage(FILE *f) {
         "          [--layout shorter|square] [--channels 1|3] [--max-aspect A] [--shard-mb MB]\n"
         "          [--zstd-level L] [--threads N] [--strict] [--quiet] [--skip-empty-classes]\n"
         "          a class folder without images is refused (it would shift the labels after\n"
-        "          it) unless --skip-empty-classes; a split's class list must equal that of the\n"
-        "          other split (train / val) already in DIR\n"
+        "          it) unless --skip-empty-classes; a val split takes the class list of the\n"
+        "          train split already in DIR (a class train lacks is refused), a train split\n"
+        "          must have that of the val split already there\n"
         "  build   --from idx IDXDIR --out DIR [--size S] [--split train|val]\n"
         "          IDX (MNIST-style) train-* -> split train, t10k-* -> split val (both by default)\n"
         "  inspect DIR [--split NAME] [--sheet FILE.png] [--per-class K]\n"
@@ -67,23 +68,30 @@ static long flag_long(int argc, char **argv, int *i, long lo, long hi) {
     return x;
 }
 
-// The other of train / val already built in out: its class list must be this split's, or every
-// label of one would name another class in the other.
-static void check_other_split_classes(const char *out, const char *split, const BuildSource *src) {
+// The other of train / val already built in out: labels are indices into the class list, so
+// the two must share it. A val split takes train's list (it may hold some of its classes: a class
+// train lacks is refused); a train split must have val's list exactly.
+static void match_other_split_classes(const char *out, const char *split, BuildSource *src) {
     const char *other = !strcmp(split, "val") ? "train" : !strcmp(split, "train") ? "val" : NULL;
-    char path[1200], err[2048], diff[512];
+    char path[1200], err[2048], diff[512], whose[1300];
     if (!other) return;
     manifest_path(out, other, path, sizeof path);
     if (access(path, F_OK) != 0) return;
     Manifest m;
     if (manifest_read(&m, path, err, sizeof err) != 0) CG_FAIL("", "%s", err);
-    bool differ = class_lists_differ(src->class_names, src->num_classes, split, m.class_names,
-                                     m.num_classes, other, diff, sizeof diff);
+    snprintf(whose, sizeof whose, "the %s split in %s", other, out);
+    const char *hint = "build both splits from the same class folders (an empty or extra folder in "
+                       "one shifts every label after it; see --skip-empty-classes)";
+    if (!strcmp(split, "val")) {
+        if (build_source_use_classes(src, m.class_names, m.num_classes, whose, err, sizeof err))
+            CG_FAIL(hint, "data build: the val split: %s", err);
+    } else {
+        bool differ = class_lists_differ(src->class_names, src->num_classes, split, m.class_names,
+                                         m.num_classes, other, diff, sizeof diff);
+        CG_CHECK(!differ, hint, "data build: the %s split's classes differ from %s: %s", split,
+                 whose, diff);
+    }
     manifest_free(&m);
-    CG_CHECK(!differ, "build both splits from the same class folders (an empty or extra folder in "
-             "one shifts every label after it; see --skip-empty-classes)",
-             "data build: the %s split's classes differ from the %s split already in %s: %s",
-             split, other, out, diff);
 }
 
 int data_build_main(int argc, char **argv) {
@@ -152,7 +160,7 @@ int data_build_main(int argc, char **argv) {
         BuildOptions ok = o;
         ok.split = splits[k];
         if (src.note[0]) printf("data build: %s split: %s\n", ok.split, src.note);
-        check_other_split_classes(out, ok.split, &src);
+        match_other_split_classes(out, ok.split, &src);
         if (!ok.size) ok.size = src.native_size;
         CG_CHECK(ok.size > 0, "pass --size S", "the source's images differ in size");
         printf("data build: %s split from %s (%llu images, %d classes) -> %s/%s-*%s, %s %d px, "
