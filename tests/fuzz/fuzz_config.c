@@ -5,8 +5,8 @@
 // train FILE` does), so each input is written to FILE in a folder of this process that also
 // holds files for `include =` and `cpu_config =` to load (two small ones, and copies of the
 // folder $FUZZ_CONFIG_DIR names: tools/fuzz.sh passes configs/). Then:
-//  - every input line is also applied as a `--key=value` override, and as an int and a float
-//    list (config_parse_int_list / config_parse_float_list, which list keys go through);
+//  - a first input line "--key=value" is also applied as an override, and every line is parsed
+//    as an int and a float list (config_parse_int_list / _float_list, which list keys use);
 //  - a config that loads is printed (config_print) and loaded back, and must come back the same
 //    (config_print promises that): a difference aborts, so libFuzzer keeps the input.
 #include "../../train/config.h"
@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define FUZZ_LINE_MAX 4096   // longer lines are not tried as overrides (speed only)
+#define FUZZ_LINE_MAX 4096   // longer lines are not tried as overrides or lists (speed only)
 
 // config.c asks whether the run is on the CPU to pick cpu_config; the real answer needs the
 // device layer (train/device_config.c and below), which this target does not link. A CPU-only
@@ -77,7 +77,9 @@ static void remove_dir(void) {
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
-    snprintf(g_dir, sizeof g_dir, "/tmp/cgspn_fuzz_cfg_XXXXXX");
+    // tmpfs when there is one: a file rewritten per input on ext4 is flushed on truncation.
+    snprintf(g_dir, sizeof g_dir, "%s/cgspn_fuzz_cfg_XXXXXX",
+             access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
     if (!mkdtemp(g_dir)) abort();
     snprintf(g_cfg, sizeof g_cfg, "%s/fuzz.cfg", g_dir);
     snprintf(g_back, sizeof g_back, "%s/back.cfg", g_dir);
@@ -100,7 +102,10 @@ static bool has(const uint8_t *data, size_t size, const char *word) {
     return false;
 }
 
-// The input's lines, NUL-terminated, each tried as an override and as lists.
+// The input's lines, NUL-terminated, each tried as int and float lists; the first also as an
+// override when it starts with "--", as the command line's do (only those: an unknown key costs
+// a "did you mean" search over every key, and most lines of a file, "key = value" with its
+// spaces, are unknown keys as overrides).
 static void fuzz_lines(const uint8_t *data, size_t size, bool loads_files) {
     char err[2048], line[FUZZ_LINE_MAX + 1];
     int ints[64];
@@ -111,11 +116,13 @@ static void fuzz_lines(const uint8_t *data, size_t size, bool loads_files) {
         if (j - i <= FUZZ_LINE_MAX) {
             memcpy(line, data + i, j - i);
             line[j - i] = '\0';
-            Config c;
-            config_defaults(&c);
             // "--include=x" loads x relative to the working directory (the repository): only
             // inputs kept to this process's folder load files (see LLVMFuzzerTestOneInput).
-            if (!loads_files) config_apply_override_err(&c, line, err, sizeof err);
+            if (i == 0 && !loads_files && strncmp(line, "--", 2) == 0) {
+                Config c;
+                config_defaults(&c);
+                config_apply_override_err(&c, line, err, sizeof err);
+            }
             config_parse_int_list("fuzz", line, ints, 64, err, sizeof err);
             config_parse_float_list("fuzz", line, floats, 64, err, sizeof err);
         }
@@ -159,6 +166,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             fprintf(stderr, "fuzz_config: key '%s' differs after config_print and reload\n", key);
             abort();
         }
+        unlink(g_back);   // the next input must not reach this one's output through an include
     }
     fuzz_lines(text, size, loads_files);
     free(text);

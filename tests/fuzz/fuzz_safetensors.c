@@ -53,7 +53,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     parse_buffer(data, size);
 
     char path[64], err[2048];
-    snprintf(path, sizeof path, "/tmp/cgspn_fuzz_st_%d.safetensors", (int)getpid());
+    // tmpfs when there is one: a file rewritten per input on ext4 is flushed on truncation.
+    snprintf(path, sizeof path, "%s/cgspn_fuzz_st_%d.safetensors",
+             access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp", (int)getpid());
     FILE *fp = fopen(path, "wb");
     if (fp) {
         fwrite(data, 1, size, fp);
