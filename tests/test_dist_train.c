@@ -1,11 +1,12 @@
-// The training loops across ranks (issue 8), under mpirun: `make test` runs
+// The training loops across ranks, under mpirun: `make test` runs
 //   mpirun --allow-run-as-root --oversubscribe -np 2 build/tests/test_dist_train
 // Proves, for `cgspn train` and for Stage 2 of `cgspn distill`, that 2 ranks x b images equal
 // 1 rank x 2b images (same seed, same data order: every step's loss and the final weights to
 // fp32 round-off, zero = 0 and zero = 1), that a 2-rank run stopped and resumed is bit-exact
 // (losses, logs, weights, state and optimizer shards), and that a checkpoint written by 2 ranks
-// resumes on a world of one and the reverse (zero = 0 and 1), and that zero = 1 leaves each rank
-// shard-size moment (and master) buffers. The reference runs of one process run inside the
+// resumes on a world of one and the reverse (zero = 0 and 1), that zero = 1 leaves each rank
+// shard-size moment (and master) buffers, and that a NaN on one rank of a distillation run is
+// skipped, or stops the run, on both ranks at the same step. The reference runs of one process run inside the
 // same job, on a Dist of their own (TrainOptions.dist).
 //
 // CGSPN_TEST_DEVICE=cuda runs the same tests on two GPUs (one per rank, NCCL; what
@@ -448,6 +449,24 @@ static void test_distill_stage2_two_ranks_zero1_equal_one_rank_of_twice_the_batc
     distill_two_ranks_equal_one(1);
 }
 
+// A NaN on one rank only (its images of step 3): the loss mean is NaN on both, so both skip that
+// update together (on_nonfinite = skip) and end on the same step count, or both stop there.
+static void test_distill_nan_on_one_rank_is_skipped_or_stops_on_both(void **state) {
+    make_teacher();
+    Config a = distill_config("dnan_skip", 0);
+    snprintf(a.on_nonfinite, sizeof a.on_nonfinite, "skip");
+    DistillOptions o = {.nonfinite_at = g_dist->rank == 1 ? 3 : 0, .dist = g_dist};
+    TrainResult r = distill_train(&a, &o);
+    assert_int_equal(r.status, TRAIN_DONE);
+    assert_int_equal(r.step, STEPS);
+    assert_int_equal(r.skipped, 1);
+    Config b = distill_config("dnan_stop", 0);   // on_nonfinite = stop
+    r = distill_train(&b, &o);
+    assert_int_equal(r.status, TRAIN_NONFINITE);
+    assert_int_equal(r.nonfinite_step, 3);
+    assert_int_equal(r.step, 2);
+}
+
 static void test_distill_stage2_two_rank_zero1_resume_is_bit_exact(void **state) {
     make_teacher();
     float full[STEPS], split[STEPS];
@@ -588,6 +607,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_checkpoints_move_between_one_and_two_ranks),
         cmocka_unit_test(test_zero1_checkpoints_move_between_one_and_two_ranks),
         cmocka_unit_test(test_distill_stage2_two_ranks_equal_one_rank_of_twice_the_batch),
+        cmocka_unit_test(test_distill_nan_on_one_rank_is_skipped_or_stops_on_both),
         cmocka_unit_test(test_distill_stage2_two_ranks_zero1_equal_one_rank_of_twice_the_batch),
         cmocka_unit_test(test_distill_stage2_two_rank_zero1_resume_is_bit_exact),
         cmocka_unit_test(test_distill_two_teachers_two_ranks_equal_one_and_resume_bit_exactly),
