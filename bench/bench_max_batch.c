@@ -252,7 +252,7 @@ static void print_rows(const SizeRow *rows, int n, const char *json) {
         if (rows[i].px == 1036 && rows[i].ckpt == 1) {
             double tips = timm_json_number(json, "distill/1036/eager_ckpt/max_batch_img_per_s");
             double ratio = tips > 0 && rows[i].m.batch > 0 ? rows[i].m.at.img_per_s / tips : 0;
-            printf("issue 18's peer: the 1036 px grad_checkpoint 1 row against PyTorch's eager_ckpt "
+            printf("target, the PyTorch peer: the 1036 px grad_checkpoint 1 row against PyTorch's eager_ckpt "
                    "(so14 student Stage 2 at 1036 px, batch >= 32 with recomputation, >= 3x the "
                    "img/s of PyTorch ViT->ViT at 1036 px with gradient checkpointing at its own "
                    "largest batch): batch %d%s (>= 32: %s), img/s ratio %.2fx (>= 3x: %s)\n",

@@ -590,7 +590,7 @@ int bench_block_run(FILE *out) {
                         fb > 0 ? 3 * t[i][1].flops_fwd / (fb * 1e-3) / 1e12 : 0, "", gib);
         }
     }
-    fprintf(out, "\nspeed-ups (time of the other / time of the C-GSPN block; issue 4 targets: fwd+bwd "
+    fprintf(out, "\nspeed-ups (time of the other / time of the C-GSPN block; targets: fwd+bwd "
                  ">= 3x the compiled PyTorch block at 1036 px, >= 10x at 2058 px)\n");
     fprintf(out, "(mem = the C-GSPN block's GPU GiB / the other's: below 1 = C-GSPN needs less)\n");
     fprintf(out, "%5s %-34s %8s %9s %7s\n", "px", "against", "fwd", "fwd+bwd", "mem");

@@ -1,4 +1,4 @@
-// Sharded optimizer state in checkpoints (issue 8, item 5), for zero = 1. Beside rank 0's
+// Sharded optimizer state in checkpoints, for zero = 1. Beside rank 0's
 // model.safetensors and config.cfg (train/checkpoint.h), a checkpoint folder holds
 //
 //   state.rank00000-of00002.safetensors   rank 0's shard of the optimizer state

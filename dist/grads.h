@@ -1,5 +1,5 @@
 // Gradient averaging across the ranks of a data-parallel run, and the ZeRO-1 shard of the
-// optimizer state (issue 8, item 2).
+// optimizer state.
 //
 // Buckets: the parameter table keeps every gradient in one fp32 buffer (nn/params.h). It is cut
 // into buckets of bucket_mb from its end backwards (bucket 0 holds the last parameters, whose

@@ -8,7 +8,7 @@ depth written here from DESIGN §5 (the four-direction scan as a plain loop), wi
 random weights (adaptors' W2 included, so they matter). For each case `cgspn distill CONFIG
 --images X --loss-out L --init W` computes the loss of one batch; this script computes the same
 from DESIGN §6 in PyTorch and compares the loss, every logged part and the gradient of every
-trainable parameter. A fourth case adds a second teacher (issue 19) of another shape: a timm ViT
+trainable parameter. A fourth case adds a second teacher of another shape: a timm ViT
 with 2 registers and pos_embed on the patch tokens only, width 24, depth 2, patch 4, seen at 32 px
 in its own input normalization; its taps, bilinearly resized to the student's grid, pair with its
 blocks proportionally, through width-changing adaptors, and the student's pooled vector learns

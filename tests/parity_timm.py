@@ -16,7 +16,7 @@ Run on the GPU machine from the repository root after `make`:
     python3 tests/parity_timm.py --models vit_b16 --precision fp32 --device cpu   # quick CPU check
 
 Error per tensor: max |cgspn - timm| / max |timm| (relative to the tensor's scale).
-Bounds (issue 4): fp32 <= 1e-4, bf16 <= 2e-2. Exit status 1 when any tensor is over its bound.
+Bounds: fp32 <= 1e-4, bf16 <= 2e-2. Exit status 1 when any tensor is over its bound.
 SigLIP's MAP head (attn_pool) runs forward only in cgspn (teachers, features): siglip_b16_map
 compares its pooled output, and its backward starts at the final norm; the so400m shape drops it.
 """
@@ -36,7 +36,7 @@ MODELS = {
     # the MAP head dropped: compared up to the final norm; SigLIP's GELU (DESIGN §4)
     "vit_so14": ("vit_so400m_patch14_siglip_378", "configs/vit_so14.cfg", 1, 378,
                  {"global_pool": "", "num_classes": 0, "act_layer": "gelu_tanh"}, []),
-    # the teacher families of issue 19, each with a 10-class head so logits are compared too
+    # the distillation teacher families, each with a 10-class head so logits are compared too
     "deit3_s16": ("deit3_small_patch16_224", "configs/deit3_s16.cfg", 2, 224,
                   {"num_classes": 10}, ["--num_classes=10"]),
     "dinov2_s14_reg4": ("vit_small_patch14_reg4_dinov2", "configs/dinov2_s14_reg4.cfg", 1, 518,

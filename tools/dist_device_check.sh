@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 8 on a machine with two GPUs (device kind nvidia-h200-x2), in under 5 minutes:
+# The data-parallel checks on a machine with two GPUs, in under 5 minutes:
 #   1. 2 GPUs x b images equal 1 GPU x 2b (fp32: losses and weights to round-off), cgspn train
 #      and distill Stage 2, zero = 0 and 1; a 2-rank bf16 run stopped and resumed is bit-exact
 #      (tests/test_dist_train.c with CGSPN_TEST_DEVICE=cuda); the same for two-teacher Stage 2
-#      (issue 19) and for gspn_hier on the JPEG ImageFolder tree (issue 17)
+#      and for gspn_hier on the JPEG ImageFolder tree
 #   2. the NCCL layer's own tests (tests/gpu/test_dist_nccl.c: bucketed all-reduce, ZeRO-1 step,
 #      a hung rank aborting the communicator)
 #   3. faults: a rank killed or frozen mid-run stops the job within 60 s naming it, no process

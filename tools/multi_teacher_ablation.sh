@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tools/multi_teacher_ablation.sh [--key=value ...]: Stage 2 from one teacher against two, without
-# and with PHI-S standardization (issue 19), on Fashion-MNIST; for the GPU machine (runs on the CPU
+# and with PHI-S standardization, on Fashion-MNIST; for the GPU machine (runs on the CPU
 # too, slowly).
 #
 #   1. two teachers of different shape, each trained by cgspn train (kept in checkpoints/ when

@@ -18,7 +18,7 @@ its header line, the step table (grad_checkpoint 0 and 1) and the PyTorch table 
 ratios of img/s and of GPU memory; from `cgspn bench block` its header line, the block table and
 the speed-ups (with the memory ratio); from `cgspn bench distill --memory=1` (when present) the
 table of grad_checkpoint 0 and 1 beside PyTorch's step; from `cgspn bench distill --max-batch`
-(when present) the largest-batch table and the issue's peer line. Each excerpt is the file's own
+(when present) the largest-batch table and the PyTorch peer line. Each excerpt is the file's own
 lines, in order. When FILE lacks the vit or block section (a partial run), README.md is left as
 it is, with a note. When FILE has a `bench classify` section, its header line, tables and ratio
 line go into README.md between <!-- bench:classify-headline:begin --> and
@@ -93,12 +93,12 @@ def headline(text):
     g = None if f is None else first(mem, r"\(PyTorch:", f)
     if g is not None:
         out += ["", "== cgspn bench distill --memory=1", mem[0]] + mem[f:g + 1]
-    # bench distill --max-batch: its first line, the table and the issue's peer line.
+    # bench distill --max-batch: its first line, the table and the PyTorch peer line.
     mb = section_with(s, "distill", "--max-batch")
     h = None if not mb else first(mb, r"\| px \| grad_checkpoint \| max batch")
     k = None if h is None else first(mb, r"\(max batch:", h)
     if k is not None:
-        peer = first(mb, r"issue 18's peer", k)
+        peer = first(mb, r"(target, the PyTorch peer|18's peer)", k)   # the latter: older logs' wording
         out += ["", "== cgspn bench distill --max-batch", mb[0]] + mb[h:k + 1]
         if peer is not None:
             out.append(mb[peer])

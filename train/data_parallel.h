@@ -1,4 +1,4 @@
-// Data parallelism inside the training loops (issue 8): the machinery `cgspn train`,
+// Data parallelism inside the training loops: the machinery `cgspn train`,
 // `cgspn distill` and `cgspn curriculum` share, so each loop reads as the single-process loop
 // with a handful of dp_* calls. A world of one (no launcher) takes the same calls, which then
 // reduce to the single-process behaviour exactly (no collective, the same optimizer step).

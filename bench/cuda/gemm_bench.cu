@@ -2,7 +2,7 @@
 // timed through the CUDA ops themselves (plan lookup and epilogue handling included), for the
 // ViT-B/16 layers at batch 256 x 197 tokens and the so14 MLP at 1036 px (B=32, 74x74 tokens).
 // FLOPs are 2 N K M per product; the percent is of the ~770 TFLOP/s dense bf16 peak measured on
-// the H100 (issue 4).
+// the H100.
 #include "../../kernels/cuda/cuda_gemm.h"
 #include "kernel_bench.h"
 #include "../../kernels/ops.h"

@@ -258,7 +258,7 @@ extern "C" int cuda_bench_gspn(FILE *out) {
     const Tune sh_simple = {0, 0, 1, 0, 15};
     print_row(out, sh_cfg, sh_simple, run_config(&ctx, sh_cfg, sh_simple), copy);
 
-    // Compact channels (issue 17): shared weights and a proxy of Cc = 2 at the four stage grids
+    // Compact channels (the fast GSPN classifiers): shared weights and a proxy of Cc = 2 at the four stage grids
     // of a hierarchical GSPN-T at 224 px and batch 128 (56^2, 28^2, 14^2, 7^2), then Cc = 1, 4
     // and 8 at 56^2.
     fprintf(out, "compact channels, shared weights (the hierarchical models' stages at 224 px):\n");

@@ -1,4 +1,4 @@
-// Stage 2 from two teachers on the GPU resumes bit-exactly (issue 19): teacher 1 a ViT, teacher 2
+// Stage 2 from two teachers on the GPU resumes bit-exactly: teacher 1 a ViT, teacher 2
 // a ViT of another width and depth with registers, pos_embed on the patch tokens only, its own
 // input normalization, both PHI-S standardized; the student a C-GSPN with drop path and the CE
 // term. 2N steps against N + resume + N with device = cuda and the GPU's default precision (bf16

@@ -244,7 +244,7 @@ static void test_hybrid_encoder_bf16_matches_cpu(void **state) {
     compare_with_cpu(hybrid(GELU_ERF), false, DTYPE_BF16);
 }
 
-// Registers, no_embed_class, norm_pre and fc_norm pooling (issue 19's teacher families).
+// Registers, no_embed_class, norm_pre and fc_norm pooling (the distillation teacher families).
 static void test_vit_fc_norm_pooled_matches_cpu(void **state) {
     GPU_TEST_REQUIRE_DEVICE();
     compare_with_cpu(vit_fc_norm(), true, DTYPE_F32);

@@ -1,4 +1,4 @@
-// `cgspn train` on the GPU resumes bit-exactly (issue 6): the CPU test's check
+// `cgspn train` on the GPU resumes bit-exactly: the CPU test's check
 // (tests/resume_check.h: 2N steps vs N + resume + N, and a resume by path; every loss, the log
 // lines, final weights, moments and EMA the same bits) with device = cuda and the GPU's default
 // precision (bf16 weights and activations, fp32 masters and moments), for a ViT (cuDNN or the
