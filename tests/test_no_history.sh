@@ -25,11 +25,11 @@ else
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$tmp/nn" && printf '// fixed in issue 12\nint x;\n' > "$tmp/nn/planted.c"
+mkdir -p "$tmp/nn" && printf '// fixed in %s %d\nint x;\n' issue 12 > "$tmp/nn/planted.c"
 if scan "$tmp" | grep -q 'nn/planted.c:1:'; then
-    echo "[       OK ] a planted 'issue 12' is found and named"
+    echo "[       OK ] a planted history line is found and named"
 else
-    echo "[  FAILED  ] a planted 'issue 12' was not found"
+    echo "[  FAILED  ] a planted history line was not found"
     fail=1
 fi
 exit $fail
