@@ -100,7 +100,7 @@ MPIRUN    := mpirun --allow-run-as-root --oversubscribe
 GPU_TESTS_C   := $(wildcard tests/gpu/test_*.c)
 GPU_TEST_BINS := $(GPU_TESTS_C:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 
-.PHONY: all deps test test-run test-gpu demo demo-run bench bench-gspn clean fmnist-shards \
+.PHONY: all deps test test-run test-gpu sanitize-gpu demo demo-run bench bench-gspn clean fmnist-shards \
         fmnist-shards-run required-headers
 all: cgspn
 
@@ -217,6 +217,16 @@ else
 	 echo "== tests/gpu/test_torch_wrapper.py (libcgspn.so through PyTorch)"; \
 	 python3 tests/gpu/test_torch_wrapper.py || fail=1; \
 	 if [ $$fail -ne 0 ]; then echo "make test-gpu: FAILED"; exit 1; fi; echo "make test-gpu: all passed"
+endif
+
+# On the GPU machine: every GPU test binary under compute-sanitizer's memcheck (with leak check),
+# racecheck and initcheck, at the tests' small shapes (tools/sanitize_gpu.sh).
+sanitize-gpu:
+ifneq ($(CUDA_ON),1)
+	@echo "make sanitize-gpu: no working nvcc found (see build/config.mk)"; exit 1
+else
+	@$(MAKE) --no-print-directory -j$(NPROC) $(GPU_TEST_BINS)
+	@bash tools/sanitize_gpu.sh
 endif
 
 # Every benchmark on the GPU; the output (device and date first) is kept in build/bench.txt,

@@ -61,6 +61,13 @@ static inline double gpu_test_compare(Ctx *ctx, const char *what, const Tensor *
     return err;
 }
 
+// CGSPN_GPU_TEST_SMALL=1 (tools/sanitize_gpu.sh): tests whose full shapes take minutes under
+// compute-sanitizer run fewer, smaller shapes that still reach every kernel path.
+static inline bool gpu_test_small(void) {
+    const char *s = getenv("CGSPN_GPU_TEST_SMALL");
+    return s && s[0] && strcmp(s, "0") != 0;
+}
+
 // Fails the calling test when no GPU is visible: make test-gpu is meant for a GPU machine,
 // and a GPU test that passes without one would prove nothing.
 #define GPU_TEST_REQUIRE_DEVICE()                                                        \

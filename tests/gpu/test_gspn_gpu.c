@@ -217,14 +217,18 @@ static void test_gspn_gpu_bf16_shared_w_matches_cpu(void **state) { run_all_shap
 // where the staged shared-weight backward (512 threads) gives a thread two lanes.
 static void test_gspn_gpu_latent_sizes_match_cpu(void **state) {
     GPU_TEST_REQUIRE_DEVICE();
-    const Shape big[] = {{2, 27, 27, 64}, {1, 74, 31, 64}, {1, 5, 600, 8}};
+    // small: smaller cases of the same kinds (lanes over one warp, unequal TB/LR blocks, two lanes
+    // per thread in the 600-lane line)
+    const Shape full[] = {{2, 27, 27, 64}, {1, 74, 31, 64}, {1, 5, 600, 8}};
+    const Shape small[] = {{1, 9, 40, 16}, {1, 40, 3, 8}, {1, 2, 600, 8}};
+    const Shape *big = gpu_test_small() ? small : full;
     const Tols fp32 = {FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL};
     const Tols bf16 = {BF16_YC_TOL, BF16_HIDDEN_TOL, BF16_GRAD_TOL, BF16_GRAD_TOL, BF16_DMERGE_TOL};
     int fails = 0;
     for (int dti = 0; dti < 2; dti++) {
         const DType dt = dti ? DTYPE_BF16 : DTYPE_F32;
         Ctx g = cuda_ctx_create(0, dt);
-        for (int i = 0; i < (int)(sizeof big / sizeof big[0]); i++)
+        for (int i = 0; i < (int)(sizeof full / sizeof full[0]); i++)
             for (int sh = 0; sh < 2; sh++)
                 fails += check_case(&g, &big[i], sh, dt, dti ? &bf16 : &fp32, 77 + 5 * i + sh, 0);
         cuda_ctx_destroy(&g);
@@ -235,7 +239,10 @@ static void test_gspn_gpu_latent_sizes_match_cpu(void **state) {
 // The other tunings (channels per block, load width) compute the same function.
 static void test_gspn_gpu_tunings_match_cpu(void **state) {
     GPU_TEST_REQUIRE_DEVICE();
+    // small: the 150-lane line shortened to 70 (still over 64 lanes), one image
     const Shape shapes[] = {{2, 13, 37, 64}, {1, 6, 5, 24}, {2, 3, 9, 3}, {1, 5, 150, 64}};
+    const Shape small[] = {{1, 5, 37, 64}, {1, 6, 5, 24}, {1, 3, 9, 3}, {1, 2, 70, 64}};
+    const Shape *use = gpu_test_small() ? small : shapes;
     const Tols fp32 = {FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL};
     const Tols bf16 = {BF16_YC_TOL, BF16_HIDDEN_TOL, BF16_GRAD_TOL, BF16_GRAD_TOL, BF16_DMERGE_TOL};
     const int ntun = (int)(sizeof TUNINGS / sizeof TUNINGS[0]);
@@ -245,7 +252,7 @@ static void test_gspn_gpu_tunings_match_cpu(void **state) {
         Ctx g = cuda_ctx_create(0, dt);
         for (int i = 0; i < 4; i++)
             for (int t = 1; t < ntun; t++)
-                fails += check_case(&g, &shapes[i], 0, dt, dti ? &bf16 : &fp32, 300 + 7 * i + t, t);
+                fails += check_case(&g, &use[i], 0, dt, dti ? &bf16 : &fp32, 300 + 7 * i + t, t);
         cuda_ctx_destroy(&g);
     }
     assert_int_equal(fails, 0);
