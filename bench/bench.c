@@ -2,6 +2,7 @@
 #include "../train/data_cmd.h"
 #include "bench_model.h"
 #include "bench_dist.h"
+#include "bench_dwconv.h"
 #include "../kernels/error.h"
 #include <stdbool.h>
 #include <stdio.h>
@@ -27,6 +28,7 @@ static const Bench kBenches[] = {
     {"gspn", cuda_bench_gspn, "C-GSPN scan fwd/bwd in GB/s vs a device copy (latent 27^2..147^2, 1024^2)", true},
     {"gemm", cuda_bench_gemm, "bf16 linear GEMMs (ViT-B/16, so14 MLP) in TFLOP/s vs the bf16 peak", true},
     {"attention", cuda_bench_attention, "attention fwd/bwd (cuDNN SDPA and fallback), ViT-B/16 and so14", true},
+    {"dwconv", bench_dwconv_run, "gspn_t/s/b depthwise convolutions fwd/bwd at batch 128 vs the copy roofline and PyTorch's cuDNN (--list: the shapes)", true},
     {"ops", cuda_bench_ops, "memory-bound ops (LayerNorm, GELU, AdamW, ...) in GB/s vs a device copy", true},
     {"vit", bench_vit_run, "ViT-B/16 and so14 ViT training steps, grad_checkpoint 0 and 1: img/s, MFU, GPU memory, vs timm eager/compiled", true},
     {"classify", bench_classify_run, "fast GSPN-T/S/B training step and inference img/s at 224 px vs timm convnext_tiny, deit_small, swin_tiny", true},
@@ -62,6 +64,8 @@ int cmd_bench(int argc, char **argv) {
         printf("\n");
         return bench_distill_cmd(argc, argv, 3);
     }
+    if (strcmp(argv[2], "dwconv") == 0 && argc > 3 && strcmp(argv[3], "--list") == 0)
+        return bench_dwconv_list(stdout);
     int status = 0;
     for (int i = 2; i < argc; i++) {
         bool all = strcmp(argv[i], "all") == 0, found = all;

@@ -10,6 +10,7 @@ and timm. Progress lines (with the seconds since the start) go to stderr.
     python3 bench/bench_timm.py --only vit --no-compile  # eager ViT steps only
     python3 bench/bench_timm.py --only distill           # the distillation step and largest batches
     python3 bench/bench_timm.py --only classify          # convnext_tiny, deit_small, swin_tiny
+    python3 bench/bench_timm.py --only dwconv            # depthwise convolutions of gspn_t/s/b
     python3 bench/bench_timm.py --smoke --device cpu     # tiny sizes: checks the script runs
 
 vit: one training step as cgspn's bench runs it: forward under torch.autocast(bfloat16) (fp32
@@ -69,7 +70,12 @@ Keys:
   "distill/<378|1036>/<eager|eager_ckpt>/max_batch", ".../max_batch_img_per_s",
       ".../max_batch_capped" (0 or 1), ".../max_batch_peak_reserved_gib",
       ".../max_batch_peak_allocated_gib";
-  "distill/<px>/tokens", "distill/taps" ("8,17,26"), "distill/timm_model".
+  "distill/<px>/tokens", "distill/taps" ("8,17,26"), "distill/timm_model";
+  "dwconv/<H>x<W>x<C>k<k>/fwd_ms", ".../fwdbwd_ms": nn.Conv2d(C, C, k, padding=k//2, groups=C)
+      (cuDNN's depthwise convolution) on (128, C, H, W) bf16 in channels_last, bias as cgspn's
+      (the LPUs have one, the mixer's convolution not); fwd under no_grad, fwd+bwd = forward and
+      backward from a random dy (input, weight and bias gradients); median of --steps after
+      --warmup. The shapes are `cgspn bench dwconv --list` (gspn_t/s/b at batch 128).
 Memory keys are written on CUDA devices only. A failed measurement leaves its keys out and
 records "<...>/error" ("block/<px>/<mode>/<fwd|fwdbwd>_error",
 "distill/<px>/<mode>/max_batch_error").
@@ -156,6 +162,16 @@ class Timer:
         if self.cuda:
             torch.cuda.synchronize()
 
+    def median_ms(self, step, steps):
+        """Runs step() steps times back to back, a mark between calls (no host sync inside);
+        (the median call in ms, what the last call returned)."""
+        marks, last = [self.mark()], None
+        for _ in range(steps):
+            last = step()
+            marks.append(self.mark())
+        self.sync()
+        return statistics.median(self.ms(a, b) for a, b in zip(marks, marks[1:])), last
+
 
 def memory_stats(device):
     if device.type != "cuda":
@@ -218,13 +234,7 @@ def bench_vit(key, args, device, out, save):
             for _ in range(args.warmup):
                 step()
             reset_memory(device)
-            marks = [timer.mark()]
-            for _ in range(args.steps):
-                step()
-                marks.append(timer.mark())
-            timer.sync()
-            times = [timer.ms(a, b) for a, b in zip(marks, marks[1:])]
-            ms = statistics.median(times)
+            ms, _ = timer.median_ms(step, args.steps)
             out[f"{tag}/step_ms"] = ms
             out[f"{tag}/img_per_s"] = batch / (ms * 1e-3)
             for k, v in memory_stats(device).items():
@@ -463,12 +473,8 @@ def distill_timed(d, batch, warmup, steps, timer):
     for _ in range(warmup):
         d.step(x)
     reset_memory(d.device)
-    marks = [timer.mark()]
-    for _ in range(steps):
-        loss = d.step(x)
-        marks.append(timer.mark())
-    timer.sync()
-    return statistics.median(timer.ms(a, b) for a, b in zip(marks, marks[1:])), float(loss)
+    ms, loss = timer.median_ms(lambda: d.step(x), steps)
+    return ms, float(loss)
 
 
 def distill_steps(d, args, device, out, save):
@@ -657,12 +663,7 @@ def bench_classify(args, device, out, save):
                     progress(f"{tag} {what}: batch {batch}")
                     for _ in range(1 + args.warmup):   # the first call compiles
                         step()
-                    marks = [timer.mark()]
-                    for _ in range(args.steps):
-                        step()
-                        marks.append(timer.mark())
-                    timer.sync()
-                    ms = statistics.median(timer.ms(a, b) for a, b in zip(marks, marks[1:]))
+                    ms, _ = timer.median_ms(step, args.steps)
                     out[f"{tag}/{what}_ms"] = ms
                     out[f"{tag}/{what}_img_per_s"] = batch / (ms * 1e-3)
                     save()
@@ -676,10 +677,49 @@ def bench_classify(args, device, out, save):
         reset_memory(device)
 
 
+def bench_dwconv(args, device, out, save):
+    """cuDNN's depthwise convolution on the shapes `cgspn bench dwconv --list` prints."""
+    import subprocess
+    cgspn = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cgspn")
+    lines = subprocess.run([cgspn, "bench", "dwconv", "--list"], check=True, capture_output=True,
+                           text=True).stdout.split("\n")
+    timer = Timer(device)
+    for line in [l for l in lines if l.strip()]:
+        B, H, W, C, k, bias = (int(v) for v in line.split())
+        if args.smoke:
+            B = 2
+        key = f"dwconv/{H}x{W}x{C}k{k}"
+        try:
+            conv = nn.Conv2d(C, C, k, padding=k // 2, groups=C, bias=bool(bias)).to(
+                device, dtype=torch.bfloat16, memory_format=torch.channels_last)
+            x = torch.randn(B, C, H, W, device=device, dtype=torch.bfloat16).to(
+                memory_format=torch.channels_last).requires_grad_(True)
+            dy = torch.randn_like(x)
+
+            def fwd():
+                with torch.no_grad():
+                    conv(x)
+
+            def fwdbwd():
+                conv(x).backward(dy)
+
+            for what, f in (("fwd", fwd), ("fwdbwd", fwdbwd)):
+                for _ in range(args.warmup):
+                    f()
+                out[f"{key}/{what}_ms"], _ = timer.median_ms(f, args.steps)
+            save()
+            print(f"  dwconv {H}x{W}x{C} k{k}: fwd {out[key + '/fwd_ms']:.3f} ms, "
+                  f"fwd+bwd {out[key + '/fwdbwd_ms']:.3f} ms", flush=True)
+        except Exception as e:   # record and go on with the next shape
+            out[f"{key}/error"] = f"{type(e).__name__}: {e}"[:500]
+            print(f"  {key}: FAILED {type(e).__name__}: {e}", flush=True)
+        reset_memory(device)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="build/bench_timm.json")
-    ap.add_argument("--only", choices=["all", "vit", "block", "distill", "classify"], default="all")
+    ap.add_argument("--only", choices=["all", "vit", "block", "distill", "classify", "dwconv"], default="all")
     ap.add_argument("--models", default=",".join(VIT_MODELS), help="vit model keys")
     ap.add_argument("--no-compile", action="store_true", help="eager only")
     ap.add_argument("--steps", type=int, default=20)
@@ -726,6 +766,8 @@ def main():
         bench_distill(args, device, out, save)
     if args.only in ("all", "classify"):
         bench_classify(args, device, out, save)
+    if args.only in ("all", "dwconv"):
+        bench_dwconv(args, device, out, save)
     save()
     print(f"bench_timm.py: wrote {args.out}", flush=True)
     return 1 if any(k.endswith("error") for k in out) else 0

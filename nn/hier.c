@@ -21,6 +21,20 @@ void hier_grids(const EncoderConfig *c, int *grid_h, int *grid_w) {
     }
 }
 
+int hier_dwconvs(const EncoderConfig *c, HierDwconv *out, int max) {
+    int gh[HIER_STAGES], gw[HIER_STAGES], n = 0;
+    hier_grids(c, gh, gw);
+    for (int s = 0; s < HIER_STAGES; s++)
+        for (int j = 0; j < c->depths[s]; j++) {
+            const HierDwconv block[3] = {{s, gh[s], gw[s], stage_width(c, s), HIER_LPU_KERNEL, true},
+                                         {s, gh[s], gw[s], mixer_width(c, s), c->mixer_conv, false},
+                                         {s, gh[s], gw[s], stage_width(c, s), HIER_LPU_KERNEL, true}};
+            for (int q = 0; q < 3; q++, n++)
+                if (n < max) out[n] = block[q];
+        }
+    return n;
+}
+
 static const char *const kOpNames[HIER_OPS] = {"norm1", "in_proj", "conv", "silu", "down",
                                                 "gate", "scan", "up", "norm2", "mlp"};
 

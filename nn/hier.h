@@ -65,6 +65,15 @@ void hier_register(struct Encoder *e, ParamTable *t);
 Tensor *hier_forward(Tape *t, const struct Encoder *e, Tensor *img, Tensor **pp, Tensor **pb);
 // The token grid of each stage for an image side: the 3x3 stride-2 convolutions give ceil(n/2).
 void hier_grids(const struct EncoderConfig *c, int *grid_h, int *grid_w);
+// One depthwise convolution of a block: grid (H, W), C channels, k x k. The LPUs run on the fp32
+// residual stream with a bias; the mixer's runs in the activation dtype without one.
+typedef struct HierDwconv {
+    int stage, H, W, C, k;
+    bool lpu;
+} HierDwconv;
+// The model's depthwise convolutions in the order the forward runs them (lpu1, mixer conv, lpu2
+// per block): writes at most max into out and returns how many there are.
+int hier_dwconvs(const struct EncoderConfig *c, HierDwconv *out, int max);
 // Multiply-accumulates of one image's forward pass: convolutions, linears, depthwise
 // convolutions and the scan (5 per channel and direction: 3 neighbours, lam x, u h). Norms,
 // activations and pooling are left out, as fvcore counts the papers' GMACs.

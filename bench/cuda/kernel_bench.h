@@ -25,6 +25,17 @@ int cuda_bench_attention(FILE *out);
 // The memory-bound ops (LayerNorm, AdamW, ...) at training sizes against a device-to-device
 // copy timed in the same run.
 int cuda_bench_ops(FILE *out);
+// One depthwise convolution shape (kernels/cuda/dwconv.cu): B images of H x W x C, k x k;
+// x_f32: the input and output fp32 with a bf16 weight (the LPUs on the residual stream), else
+// all bf16; bias: with a bias. The bench fills fwd_ms (y = conv(x)) and bwd_ms (dx +=, dw, and db
+// when bias), per call, the mean over timed repetitions after a warm-up call.
+typedef struct DwconvCase {
+    int B, H, W, C, k, x_f32, bias;
+    double fwd_ms, bwd_ms;
+} DwconvCase;
+// Times every case, and a device-to-device copy (*copy_gbs, bytes read and written per second);
+// device (n bytes) gets the GPU's name. 1 when no GPU is visible.
+int cuda_bench_dwconv(DwconvCase *cases, int n, double *copy_gbs, char *device, size_t device_n);
 #ifdef __cplusplus
 }
 #endif

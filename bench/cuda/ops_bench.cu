@@ -4,58 +4,10 @@
 #include <time.h>
 #include "../../kernels/cuda/cuda_elem.cuh"
 #include "kernel_bench.h"
+#include "bench_util.cuh"
 
 enum { BENCH_LN_ROWS = 32 * 74 * 74, BENCH_LN_C = 1152 };
 #define BENCH_ADAMW_PARAMS 400000000ull
-#define BENCH_COPY_BYTES (1ull << 30)
-
-template <typename T>
-__global__ void bench_fill_kernel(T *p, size_t n, uint32_t seed, float lo, float hi) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 16;
-        h *= 0x85ebca6bu;
-        h ^= h >> 13;
-        float u = (h >> 8) * (1.0f / 16777216.0f);
-        float v = lo + (hi - lo) * u;
-        Vec<T, 1>::of(&v).store(p + i);
-    }
-}
-
-static Tensor bench_tensor(Ctx *ctx, size_t rows, int cols, DType dt, uint32_t seed, float lo, float hi) {
-    Tensor t;
-    memset(&t, 0, sizeof t);
-    int shape[2] = {(int)rows, cols};
-    tensor_set_shape(&t, cols > 0 ? 2 : 1, shape);
-    t.dtype = dt;
-    t.device = DEVICE_CUDA;
-    t.data = cuda_malloc(tensor_bytes(&t));
-    dispatch_dtype(dt, [&](auto tag) {
-        using T = TAG_T(tag);
-        bench_fill_kernel<T><<<1024, 256, 0, cuda_stream_of(ctx)>>>((T *)t.data, t.numel, seed, lo, hi);
-    });
-    CUDA_CHECK_LAUNCH();
-    return t;
-}
-
-// Milliseconds per call of f, after one warm-up call.
-template <typename F> static double bench_ms(Ctx *ctx, int iters, F f) {
-    cudaStream_t s = cuda_stream_of(ctx);
-    cudaEvent_t a, b;
-    CUDA_CHECK(cudaEventCreate(&a));
-    CUDA_CHECK(cudaEventCreate(&b));
-    f();
-    CUDA_CHECK(cudaStreamSynchronize(s));
-    CUDA_CHECK(cudaEventRecord(a, s));
-    for (int i = 0; i < iters; i++) f();
-    CUDA_CHECK(cudaEventRecord(b, s));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    CUDA_CHECK(cudaEventDestroy(a));
-    CUDA_CHECK(cudaEventDestroy(b));
-    return ms / iters;
-}
 
 static void bench_line(FILE *out, const char *what, double ms, double bytes, double copy_gbs) {
     double gbs = bytes / (ms * 1e-3) / 1e9;
@@ -78,16 +30,8 @@ int cuda_bench_ops(FILE *out) {
     fprintf(out, "cgspn bench ops: %s (%d SMs), %s; GB/s = bytes the op must move / time\n",
             prop.name, prop.multiProcessorCount, date);
 
-    // Reference: a device-to-device copy, counting bytes read and written.
-    void *src = cuda_malloc(BENCH_COPY_BYTES), *dst = cuda_malloc(BENCH_COPY_BYTES);
-    CUDA_CHECK(cudaMemsetAsync(src, 1, BENCH_COPY_BYTES, c->stream));
-    double copy_ms = bench_ms(&ctx, 10, [&] {
-        CUDA_CHECK(cudaMemcpyAsync(dst, src, BENCH_COPY_BYTES, cudaMemcpyDeviceToDevice, c->stream));
-    });
-    double copy_gbs = 2.0 * BENCH_COPY_BYTES / (copy_ms * 1e-3) / 1e9;
+    double copy_ms, copy_gbs = bench_copy_gbs(&ctx, &copy_ms);
     bench_line(out, "cudaMemcpy D2D 1 GiB (reference)", copy_ms, 2.0 * BENCH_COPY_BYTES, copy_gbs);
-    cuda_free(src);
-    cuda_free(dst);
 
     // LayerNorm at (32*74*74, 1152) bf16.
     {

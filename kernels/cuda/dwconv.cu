@@ -1,8 +1,10 @@
 // CUDA: depthwise convolution, channels-last, stride 1, zero padding k/2 (kernels/ops.h; CPU
-// reference kernels/cpu/dwconv.c). y and dx: sliding windows along image rows (below); dw: the
-// same windows summed per thread, then a fixed-order reduction; db: a column sum of dy
-// (cuda_colsum.cuh). Deterministic throughout.
-#include "cuda_colsum.cuh"
+// reference kernels/cpu/dwconv.c). Every kernel works on tiles: a block stages one image's
+// TH x TW pixels (plus the k-1 halo) of CG channels in shared memory as fp32, with 16-byte loads,
+// then computes from there. y and dx share one kernel (dx is dy correlated with the mirrored
+// taps); dw and db come from a second kernel that walks a run of images per block and keeps its
+// k^2 + 1 sums in registers, then a fixed-order reduction. Deterministic throughout.
+#include "cuda_elem.cuh"
 
 typedef struct DwDims { int B, H, W, C, k, p; } DwDims;
 
@@ -20,154 +22,250 @@ static DwDims dw_dims(const char *op, const Tensor *x, const Tensor *w) {
     return d;
 }
 
-// ---- y and dx: rows of pixels through a sliding window ------------------------------------------
-// A thread owns one channel c (adjacent threads adjacent channels: every load and store is
-// coalesced) and DW_SEG consecutive pixels of one image row. It keeps the k x k weights and the
-// k x k input window in registers and slides the window one column per output: k loads and k^2
-// FMAs per output instead of k^2 loads. FLIP = false: y = b + sum_{i,j} w[i][j] in[h+i-p, w+j-p];
-// true: dx += sum_{i,j} w[k-1-i][k-1-j] dy[h+i-p, w+j-p], the adjoint (dy correlated with the
-// flipped kernel), added to dx's prior value and rounded once.
-enum { DW_TX = 32, DW_TY = 8, DW_SEG = 16 };
+// ---- tiles ------------------------------------------------------------------------------------
+// A block owns CG channels (a group) of a TH x TW tile of one image. Thread (c, pair) owns channel
+// c and the tile's columns 2 pair and 2 pair + 1, down all TH rows: per input row it reads k + 1
+// staged values and serves both columns (k^2 FMAs per output against (k + 1)(TH + k - 1) / (2 TH)
+// shared loads). TH is a template argument (7 for images of at most 7 rows, else 14) so that
+// the rows unroll and every sum stays in a register. CG grows (16, 32, 64) until the block has
+// about 256 threads; a pixel's CG channels are one 16-byte load (bf16, CG = 16) or more.
+enum { DW_THREADS = 256, DW_PAIRS = 14, DW_CG_MIN = 16, DW_CG_MAX = 64, DW_VEC = 8 };
 
-template <typename T> __device__ __forceinline__ float dw_load(const T *p) {
-    float v;
-    load_v<1>(p, &v);
-    return v;
+typedef struct DwTile {
+    int th, tw, pairs, cg, stride;   // stride: floats per staged pixel (cg, padded for CG = 16)
+    int tiles_y, tiles_x, groups;
+} DwTile;
+
+static DwTile dw_tile(const DwDims &d) {
+    DwTile t;
+    t.th = d.H <= 7 ? 7 : 14;
+    t.pairs = d.W < 2 * DW_PAIRS ? (d.W + 1) / 2 : DW_PAIRS;
+    t.tw = 2 * t.pairs;
+    t.cg = DW_CG_MIN;
+    while (t.cg < DW_CG_MAX && 2 * t.cg * t.pairs <= DW_THREADS && t.cg < d.C) t.cg *= 2;
+    // With CG = 16 a warp spans two pairs, 2 * 16 floats apart: one bank. 8 floats of padding
+    // per pixel put the second pair on the other half of the banks.
+    t.stride = t.cg == DW_CG_MIN ? t.cg + 8 : t.cg;
+    t.tiles_y = (d.H + t.th - 1) / t.th;
+    t.tiles_x = (d.W + t.tw - 1) / t.tw;
+    t.groups = (d.C + t.cg - 1) / t.cg;
+    return t;
 }
 
-// The k x k window of one channel of img (an image's (H,W,C) plane at channel c) around row h:
-// win[i][j] = img[h+i-P, x+j-P], 0 outside. dw_window_start loads columns 1..K-1 for the output
-// column x0 (column 0 is dropped by the first advance); dw_window_advance moves it to column x.
-template <int K, typename T>
-__device__ __forceinline__ void dw_window_start(float (&win)[K][K], const T *img, const DwDims &d,
-                                                int h, int x0) {
-    constexpr int P = K / 2;
-    #pragma unroll
-    for (int i = 0; i < K; i++) {
-        int hh = h + i - P;
-        bool row_in = hh >= 0 && hh < d.H;
-        #pragma unroll
-        for (int j = 1; j < K; j++) {
-            int ww = x0 - 1 + j - P;   // a row narrower than the kernel ends inside the window
-            win[i][j] = row_in && ww >= 0 && ww < d.W ? dw_load(img + ((size_t)hh * d.W + ww) * d.C) : 0.0f;
+// Stages img[h0 .. h0+rows) x [w0 .. w0+cols) x [c0 .. c0+cg) (one image's (H,W,C) plane, zero
+// outside it) into s[(r * cols + col) * stride + c] as fp32. vec: C a multiple of 8 and img
+// 16-byte aligned, so a pixel's group is cg/8 16-byte loads.
+template <typename T>
+__device__ __forceinline__ void dw_stage(float *s, const T *img, const DwDims &d, const DwTile &t,
+                                         int c0, int h0, int w0, int rows, int cols, bool vec) {
+    const int n = rows * cols;
+    if (vec) {
+        const int per = t.cg / DW_VEC, total = n * per;
+        #pragma unroll 4
+        for (int q = threadIdx.x; q < total; q += blockDim.x) {
+            int pix = q / per, v = q - pix * per;
+            int r = pix / cols, col = pix - r * cols;
+            int hh = h0 + r, ww = w0 + col, c = c0 + v * DW_VEC;
+            float val[DW_VEC];
+            if (hh >= 0 && hh < d.H && ww >= 0 && ww < d.W && c < d.C)
+                load_v<DW_VEC>(img + ((size_t)hh * d.W + ww) * d.C + c, val);
+            else
+                for (int j = 0; j < DW_VEC; j++) val[j] = 0.0f;
+            float4 *o = reinterpret_cast<float4 *>(s + pix * t.stride + v * DW_VEC);
+            o[0] = make_float4(val[0], val[1], val[2], val[3]);
+            o[1] = make_float4(val[4], val[5], val[6], val[7]);
+        }
+    } else {
+        const int total = n * t.cg;
+        for (int q = threadIdx.x; q < total; q += blockDim.x) {
+            int pix = q / t.cg, c = q - pix * t.cg;
+            int r = pix / cols, col = pix - r * cols;
+            int hh = h0 + r, ww = w0 + col;
+            s[pix * t.stride + c] = hh >= 0 && hh < d.H && ww >= 0 && ww < d.W && c0 + c < d.C
+                                        ? load_or(img, ((size_t)hh * d.W + ww) * d.C + c0 + c, 0.0f)
+                                        : 0.0f;
         }
     }
 }
 
-template <int K, typename T>
-__device__ __forceinline__ void dw_window_advance(float (&win)[K][K], const T *img, const DwDims &d,
-                                                  int h, int x) {
-    constexpr int P = K / 2;
-    int ww = x + P;   // the window's new column
-    #pragma unroll
-    for (int i = 0; i < K; i++) {
-        #pragma unroll
-        for (int j = 0; j < K - 1; j++) win[i][j] = win[i][j + 1];
-        int hh = h + i - P;
-        win[i][K - 1] = hh >= 0 && hh < d.H && ww < d.W ? dw_load(img + ((size_t)hh * d.W + ww) * d.C) : 0.0f;
-    }
-}
+// ---- y and dx -----------------------------------------------------------------------------------
+// out[b,h,w,c] (+)= bias[c] + sum_{i,j} w'[i][j] in[b, h+i-p, w+j-p, c]; w' = w, or w mirrored in
+// both axes for dx (dy correlated with the mirrored taps is the adjoint). DW_ACCUM: added to
+// out's prior value and rounded once.
+enum { DW_FLIP = 1, DW_ACCUM = 2 };
 
-template <int K, bool FLIP, typename T, typename TW>
-__global__ void __launch_bounds__(DW_TX * DW_TY)
-dwconv_rows_kernel(const T *in, const TW *w, const TW *bias, T *out, DwDims d, int segs) {
-    int c = blockIdx.x * DW_TX + threadIdx.x;
-    long long job = (long long)blockIdx.y * DW_TY + threadIdx.y;   // (b, h, segment)
-    if (c >= d.C || job >= (long long)d.B * d.H * segs) return;
-    int seg = (int)(job % segs);
-    long long bh = job / segs;
-    int h = (int)(bh % d.H), b = (int)(bh / d.H);
-    int w0 = seg * DW_SEG, w1 = min(w0 + DW_SEG, d.W);
-    float wr[K][K], win[K][K];
+template <int K, int TH, typename T, typename TW>
+__global__ void __launch_bounds__(DW_THREADS, 2)
+dwconv_tile_kernel(const T *in, const TW *w, const TW *bias, T *out, DwDims d, DwTile t,
+                   int flags, bool vec) {
+    extern __shared__ float tile[];   // (TH + K - 1, tw + K - 1, stride)
+    constexpr int P = K / 2, ROWS = TH + K - 1;
+    const int group = blockIdx.x % t.groups, tx = blockIdx.x / t.groups, ty = blockIdx.y;
+    const int b = blockIdx.z, cols = t.tw + K - 1;
+    const int c0 = group * t.cg, y0 = ty * TH, x0 = tx * t.tw;
+    const T *img = in + (size_t)b * d.H * d.W * d.C;
+    dw_stage(tile, img, d, t, c0, y0 - P, x0 - P, ROWS, cols, vec);
+
+    const int cl = threadIdx.x % t.cg, pair = threadIdx.x / t.cg, c = c0 + cl;
+    float wr[K][K];
     #pragma unroll
     for (int i = 0; i < K; i++)
         #pragma unroll
-        for (int j = 0; j < K; j++)
-            wr[i][j] = (float)w[(size_t)c * K * K + (FLIP ? (K - 1 - i) * K + (K - 1 - j) : i * K + j)];
-    const T *img = in + (size_t)b * d.H * d.W * d.C + c;
-    dw_window_start<K>(win, img, d, h, w0);
-    float b0 = !FLIP && bias ? (float)bias[c] : 0.0f;
-    for (int x = w0; x < w1; x++) {
-        dw_window_advance<K>(win, img, d, h, x);
-        float acc = b0;
+        for (int j = 0; j < K; j++) {
+            int tap = flags & DW_FLIP ? (K - 1 - i) * K + (K - 1 - j) : i * K + j;
+            wr[i][j] = c < d.C ? load_or(w, (size_t)c * K * K + tap, 0.0f) : 0.0f;
+        }
+    __syncthreads();
+    float acc[TH][2];
+    #pragma unroll
+    for (int h = 0; h < TH; h++) acc[h][0] = acc[h][1] = 0.0f;
+    const float *col = tile + 2 * pair * t.stride + cl;
+    // Staged row r is tap row i of output row r - i.
+    #pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        float v[K + 1];
         #pragma unroll
-        for (int i = 0; i < K; i++)
+        for (int j = 0; j <= K; j++) v[j] = col[(r * cols + j) * t.stride];
+        #pragma unroll
+        for (int i = 0; i < K; i++) {
+            const int h = r - i;
+            if (h < 0 || h >= TH) continue;
             #pragma unroll
-            for (int j = 0; j < K; j++) acc = fmaf(wr[i][j], win[i][j], acc);
-        T *o = out + (((size_t)b * d.H + h) * d.W + x) * d.C + c;
-        if (FLIP) acc += dw_load(o);
-        store_v<1>(o, &acc);
+            for (int j = 0; j < K; j++) {
+                acc[h][0] = fmaf(wr[i][j], v[j], acc[h][0]);
+                acc[h][1] = fmaf(wr[i][j], v[j + 1], acc[h][1]);
+            }
+        }
+    }
+    if (c >= d.C) return;
+    const float b0 = bias ? load_or(bias, (size_t)c, 0.0f) : 0.0f;
+    T *o = out + (size_t)b * d.H * d.W * d.C + c;
+    #pragma unroll
+    for (int h = 0; h < TH; h++) {
+        const int hh = y0 + h;
+        if (hh >= d.H) break;
+        #pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int ww = x0 + 2 * pair + e;
+            if (ww >= d.W) continue;
+            T *p = o + ((size_t)hh * d.W + ww) * d.C;
+            float s = acc[h][e] + b0;
+            if (flags & DW_ACCUM) s += load_or(p, 0, 0.0f);
+            store_v<1>(p, &s);
+        }
     }
 }
 
-// ---- dw: per-thread sums of dy x the shifted input, then a fixed-order reduction ---------------
-// A thread owns channel c and the image rows r = (b, h) of its split with r % DW_TY == its row
-// phase; along each row it slides the k x k window of x and adds dy[b,h,x,c] * win into k^2
-// register sums (dy read once per pixel). The DW_TY phases are added in order in shared memory,
-// one tap at a time, into partial[split][c*k*k + tap]; cuda_sum_partials adds the splits in order.
-// No atomics: the result is a function of the shape alone.
-template <int K, typename T>
-__global__ void __launch_bounds__(DW_TX * DW_TY)
-dwconv_dw_kernel(const T *dy, const T *x, DwDims d, int rows_per_split, float *partial) {
-    __shared__ float sm[DW_TY][DW_TX];
-    int c = blockIdx.x * DW_TX + threadIdx.x;
-    int r0 = blockIdx.y * rows_per_split, r1 = min(r0 + rows_per_split, d.B * d.H);
-    float acc[K][K];
+// ---- dw and db ----------------------------------------------------------------------------------
+// Block (group, tile, split) walks the images of its split: it stages x's tile with its halo and
+// dy's tile, and thread (c, pair) adds dy[h, w] x[h+i-p, w+j-p] over its two columns into k^2
+// register sums, and dy into a (k^2 + 1)-th. After the last image the pairs' sums are added in
+// pair order in shared memory, and the block writes its row of the partial matrix
+// (tiles * splits, C k^2 + C): columns c k^2 + tap for dw, C k^2 + c for db.
+template <int K, int TH, typename T>
+__global__ void __launch_bounds__(DW_THREADS, 2)
+dwconv_dw_tile_kernel(const T *dy, const T *x, DwDims d, DwTile t, int imgs_per_split, bool vec,
+                      float *partial) {
+    extern __shared__ float sm[];   // x tile (TH + K - 1, tw + K - 1, stride), dy tile (TH, tw, stride)
+    constexpr int P = K / 2, ROWS = TH + K - 1, KK = K * K;
+    const int group = blockIdx.x % t.groups, tx = blockIdx.x / t.groups, ty = blockIdx.y;
+    const int split = blockIdx.z, cols = t.tw + K - 1;
+    const int c0 = group * t.cg, y0 = ty * TH, x0 = tx * t.tw;
+    float *xs = sm, *gs = sm + ROWS * cols * t.stride;
+    const int cl = threadIdx.x % t.cg, pair = threadIdx.x / t.cg;
+    float acc[K][K], accb = 0.0f;
     #pragma unroll
     for (int i = 0; i < K; i++)
         #pragma unroll
         for (int j = 0; j < K; j++) acc[i][j] = 0.0f;
-    if (c < d.C) {
-        for (int r = r0 + threadIdx.y; r < r1; r += DW_TY) {
-            int h = r % d.H, b = r / d.H;
-            const T *img = x + (size_t)b * d.H * d.W * d.C + c;
-            const T *g = dy + ((size_t)r * d.W) * d.C + c;
-            float win[K][K];
-            dw_window_start<K>(win, img, d, h, 0);
-            for (int xc = 0; xc < d.W; xc++) {
-                dw_window_advance<K>(win, img, d, h, xc);
-                float gv = dw_load(g + (size_t)xc * d.C);
-                #pragma unroll
-                for (int i = 0; i < K; i++)
-                    #pragma unroll
-                    for (int j = 0; j < K; j++) acc[i][j] = fmaf(gv, win[i][j], acc[i][j]);
-            }
-        }
-    }
-    #pragma unroll
-    for (int t = 0; t < K * K; t++) {
-        sm[threadIdx.y][threadIdx.x] = acc[t / K][t % K];
+    const int b0 = split * imgs_per_split, b1 = min(b0 + imgs_per_split, d.B);
+    const size_t plane = (size_t)d.H * d.W * d.C;
+    for (int b = b0; b < b1; b++) {
+        __syncthreads();   // the previous image's reads are done
+        dw_stage(xs, x + b * plane, d, t, c0, y0 - P, x0 - P, ROWS, cols, vec);
+        dw_stage(gs, dy + b * plane, d, t, c0, y0, x0, TH, t.tw, vec);
         __syncthreads();
-        if (threadIdx.y == 0 && c < d.C) {
-            float s = sm[0][threadIdx.x];
+        const float *xc = xs + 2 * pair * t.stride + cl, *gc = gs + 2 * pair * t.stride + cl;
+        // g[i]: the thread's two dy values of row r - i, the row whose tap row i is staged row r
+        // (0 outside the tile). A sliding window, so the row loop need not unroll: the k^2 sums,
+        // the window and one staged row fit in registers.
+        float g[K][2];
+        #pragma unroll
+        for (int i = 0; i < K; i++) g[i][0] = g[i][1] = 0.0f;
+        #pragma unroll 1
+        for (int r = 0; r < ROWS; r++) {
             #pragma unroll
-            for (int y = 1; y < DW_TY; y++) s += sm[y][threadIdx.x];
-            partial[(size_t)blockIdx.y * d.C * K * K + (size_t)c * K * K + t] = s;
+            for (int i = K - 1; i > 0; i--) g[i][0] = g[i - 1][0], g[i][1] = g[i - 1][1];
+            g[0][0] = r < TH ? gc[r * t.tw * t.stride] : 0.0f;
+            g[0][1] = r < TH ? gc[(r * t.tw + 1) * t.stride] : 0.0f;
+            accb += g[0][0] + g[0][1];
+            float v[K + 1];
+            #pragma unroll
+            for (int j = 0; j <= K; j++) v[j] = xc[(r * cols + j) * t.stride];
+            #pragma unroll
+            for (int i = 0; i < K; i++)
+                #pragma unroll
+                for (int j = 0; j < K; j++)
+                    acc[i][j] = fmaf(g[i][0], v[j], fmaf(g[i][1], v[j + 1], acc[i][j]));
         }
-        __syncthreads();
+    }
+    __syncthreads();
+    float *red = sm;   // (pairs, KK + 1, cg)
+    #pragma unroll
+    for (int q = 0; q < KK; q++) red[(pair * (KK + 1) + q) * t.cg + cl] = acc[q / K][q % K];
+    red[(pair * (KK + 1) + KK) * t.cg + cl] = accb;
+    __syncthreads();
+    const size_t width = (size_t)d.C * KK + d.C;
+    float *row = partial + ((size_t)split * t.tiles_y * t.tiles_x + ty * t.tiles_x + tx) * width;
+    for (int q = threadIdx.x; q < (KK + 1) * t.cg; q += blockDim.x) {
+        const int tap = q / t.cg, cq = q - tap * t.cg, c = c0 + cq;
+        if (c >= d.C) continue;
+        float s = 0.0f;
+        for (int p = 0; p < t.pairs; p++) s += red[(p * (KK + 1) + tap) * t.cg + cq];
+        row[tap < KK ? (size_t)c * KK + tap : (size_t)d.C * KK + c] = s;
     }
 }
 
-// K as a template argument (the window and the weights live in registers).
-template <typename F> static void dispatch_k(int k, F &&f) {
+// ---- launches ---------------------------------------------------------------------------------
+
+// f(K, TH) as template arguments (the sums and the weights live in registers).
+template <typename F> static void dispatch_k_th(int k, int th, F &&f) {
+    auto with_th = [&](auto kc) {
+        if (th == 7) f(kc, std::integral_constant<int, 7>{});
+        else f(kc, std::integral_constant<int, 14>{});
+    };
     switch (k) {
-    case 1: f(std::integral_constant<int, 1>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    case 5: f(std::integral_constant<int, 5>{}); break;
-    default: f(std::integral_constant<int, 7>{}); break;   // dw_dims allows odd k <= 7
+    case 1: with_th(std::integral_constant<int, 1>{}); break;
+    case 3: with_th(std::integral_constant<int, 3>{}); break;
+    case 5: with_th(std::integral_constant<int, 5>{}); break;
+    default: with_th(std::integral_constant<int, 7>{}); break;   // dw_dims allows odd k <= 7
     }
 }
 
-template <bool FLIP, typename T, typename TW>
-static void launch_rows(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *out, DwDims d) {
-    int segs = (d.W + DW_SEG - 1) / DW_SEG;
-    long long jobs = (long long)d.B * d.H * segs;
-    dim3 block(DW_TX, DW_TY), grid((unsigned)ceil_div((size_t)d.C, (size_t)DW_TX),
-                                   (unsigned)ceil_div((size_t)jobs, (size_t)DW_TY));
-    CG_CHECK(grid.y <= 65535, "", "dwconv: %lld row segments exceed the grid", jobs);
-    dispatch_k(d.k, [&](auto kc) {
-        dwconv_rows_kernel<decltype(kc)::value, FLIP, T, TW>
-            <<<grid, block, 0, cuda_stream_of(ctx)>>>(in, w, bias, out, d, segs);
+// Allows a kernel the dynamic shared memory it asks for (above the 48 KiB default).
+template <typename Kern> static void dw_allow_smem(Kern kernel, size_t bytes) {
+    if (bytes > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+static bool dw_vec(const DwDims &d, const void *a, const void *b) {
+    return d.C % DW_VEC == 0 && aligned16(a) && aligned16(b);
+}
+
+template <typename T, typename TW>
+static void launch_tiles(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *out, DwDims d,
+                         int flags) {
+    DwTile t = dw_tile(d);
+    bool vec = dw_vec(d, in, in);
+    CG_CHECK(t.tiles_y <= 65535 && d.B <= 65535, "", "dwconv: image %dx%d x %d images exceed the grid",
+             d.H, d.W, d.B);
+    dim3 grid((unsigned)(t.groups * t.tiles_x), (unsigned)t.tiles_y, (unsigned)d.B);
+    dispatch_k_th(d.k, t.th, [&](auto kc, auto thc) {
+        constexpr int K = decltype(kc)::value, TH = decltype(thc)::value;
+        size_t smem = (size_t)(TH + K - 1) * (t.tw + K - 1) * t.stride * sizeof(float);
+        auto kernel = dwconv_tile_kernel<K, TH, T, TW>;
+        dw_allow_smem(kernel, smem);
+        kernel<<<grid, t.cg * t.pairs, smem, cuda_stream_of(ctx)>>>(in, w, bias, out, d, t, flags, vec);
     });
     CUDA_CHECK_LAUNCH();
 }
@@ -181,12 +279,41 @@ void cuda_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b
         cuda_check_numel(op, "b", b, (size_t)d.C);
         cuda_check_same_dtype(op, "b", b, "w", w);
     }
+    if (x->numel == 0) return;
     dispatch_dtype2(x->dtype, w->dtype, [&](auto tx, auto tw) {
         using T = TAG_T(tx);
         using TW = TAG_T(tw);
-        launch_rows<false>(ctx, (const T *)x->data, (const TW *)w->data,
-                           b ? (const TW *)b->data : nullptr, (T *)y->data, d);
+        launch_tiles(ctx, (const T *)x->data, (const TW *)w->data, b ? (const TW *)b->data : nullptr,
+                     (T *)y->data, d, 0);
     });
+}
+
+// dw and db: the tile kernel's partial rows, then their fixed-order column sums.
+template <typename T>
+static void launch_dw(Ctx *ctx, const T *dy, const T *x, DwDims d, float *dw, float *db) {
+    DwTile t = dw_tile(d);
+    const int KK = d.k * d.k;
+    // Splits of the batch: enough blocks for several waves of a large GPU.
+    int blocks = t.groups * t.tiles_x * t.tiles_y;
+    int want = (4 * cuda_ctx_of(ctx)->sm_count + blocks - 1) / blocks;
+    int splits = want < d.B ? want : d.B;
+    int per = (d.B + splits - 1) / splits;
+    splits = (d.B + per - 1) / per;
+    size_t width = (size_t)d.C * KK + d.C, parts = (size_t)splits * t.tiles_y * t.tiles_x;
+    float *partial = (float *)cuda_scratch(ctx, parts * width * sizeof(float));
+    bool vec = dw_vec(d, dy, x);
+    dim3 grid((unsigned)(t.groups * t.tiles_x), (unsigned)t.tiles_y, (unsigned)splits);
+    dispatch_k_th(d.k, t.th, [&](auto kc, auto thc) {
+        constexpr int K = decltype(kc)::value, TH = decltype(thc)::value;
+        size_t tiles = ((size_t)(TH + K - 1) * (t.tw + K - 1) + (size_t)TH * t.tw) * t.stride;
+        size_t red = (size_t)t.pairs * (K * K + 1) * t.cg;
+        size_t smem = (tiles > red ? tiles : red) * sizeof(float);
+        auto kernel = dwconv_dw_tile_kernel<K, TH, T>;
+        dw_allow_smem(kernel, smem);
+        kernel<<<grid, t.cg * t.pairs, smem, cuda_stream_of(ctx)>>>(dy, x, d, t, per, vec, partial);
+    });
+    CUDA_CHECK_LAUNCH();
+    cuda_sum_partials(ctx, partial, (unsigned)parts, width, (size_t)d.C * KK, dw, db);
 }
 
 void cuda_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
@@ -195,48 +322,30 @@ void cuda_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *
     DwDims d = dw_dims(op, x, w);
     cuda_check_numel(op, "dy", dy, x->numel);
     cuda_check_same_dtype(op, "dy", dy, "x", x);
-    size_t R = (size_t)d.B * d.H * d.W, kk = (size_t)d.k * d.k;
-    if (dx) {
-        cuda_check_numel(op, "dx", dx, x->numel);
-        cuda_check_same_dtype(op, "dx", dx, "x", x);
-        dispatch_dtype2(x->dtype, w->dtype, [&](auto tx, auto tw) {
-            using T = TAG_T(tx);
-            using TW = TAG_T(tw);
-            launch_rows<true>(ctx, (const T *)dy->data, (const TW *)w->data, (const TW *)nullptr,
-                              (T *)dx->data, d);
-        });
-    }
     if (dw) {
         cuda_check_f32(op, "dw", dw);
-        cuda_check_numel(op, "dw", dw, (size_t)d.C * kk);
-        // splits of the B*H image rows: enough blocks to fill the GPU, at least 2 rows per phase
-        size_t rows = (size_t)d.B * d.H, chunks = ceil_div((size_t)d.C, (size_t)DW_TX);
-        size_t want = ceil_div((size_t)1024, chunks), most = ceil_div(rows, (size_t)2 * DW_TY);
-        size_t splits = want < most ? want : most;
-        if (splits < 1) splits = 1;
-        int rows_per_split = (int)ceil_div(rows, splits);
-        splits = ceil_div(rows, (size_t)rows_per_split);
-        size_t P = (size_t)d.C * kk;
-        float *partial = (float *)cuda_scratch(ctx, splits * P * sizeof(float));
-        dim3 block(DW_TX, DW_TY), grid((unsigned)chunks, (unsigned)splits);
-        dispatch_dtype(x->dtype, [&](auto tx) {
-            using T = TAG_T(tx);
-            dispatch_k(d.k, [&](auto kc) {
-                dwconv_dw_kernel<decltype(kc)::value, T><<<grid, block, 0, cuda_stream_of(ctx)>>>(
-                    (const T *)dy->data, (const T *)x->data, d, rows_per_split, partial);
-            });
-        });
-        CUDA_CHECK_LAUNCH();
-        cuda_sum_partials(ctx, partial, (unsigned)splits, P, P, tensor_f32(dw), nullptr);
+        cuda_check_numel(op, "dw", dw, (size_t)d.C * d.k * d.k);
     }
     if (db) {
         cuda_check_f32(op, "db", db);
         cuda_check_numel(op, "db", db, (size_t)d.C);
-        bool vec = d.C % 8 == 0 && aligned16(dy->data) && aligned16(db->data);
-        dispatch_dtype(dy->dtype, [&](auto tx) {
-            using T = TAG_T(tx);
-            launch_colsum(ctx, R, (size_t)d.C, vec, ColsumRows<T>{(const T *)dy->data, (size_t)d.C},
-                          tensor_f32(db));
-        });
     }
+    if (dx) {
+        cuda_check_numel(op, "dx", dx, x->numel);
+        cuda_check_same_dtype(op, "dx", dx, "x", x);
+    }
+    if (x->numel == 0) return;
+    if (dx)
+        dispatch_dtype2(x->dtype, w->dtype, [&](auto tx, auto tw) {
+            using T = TAG_T(tx);
+            using TW = TAG_T(tw);
+            launch_tiles(ctx, (const T *)dy->data, (const TW *)w->data, (const TW *)nullptr,
+                         (T *)dx->data, d, DW_FLIP | DW_ACCUM);
+        });
+    if (dw || db)
+        dispatch_dtype(x->dtype, [&](auto tx) {
+            using T = TAG_T(tx);
+            launch_dw(ctx, (const T *)dy->data, (const T *)x->data, d, dw ? tensor_f32(dw) : nullptr,
+                      db ? tensor_f32(db) : nullptr);
+        });
 }

@@ -587,31 +587,63 @@ static void test_attention_pool_matches_cpu(void **state) {
 // vector path) and not, rows longer than a thread's segment (37 > 16: the window carried across
 // segments), enough image rows for dw's reduction to split (8 x 28 rows), and a 2x2 grid under a
 // 7x7 kernel (gspn_hier's last stages).
+// Shapes that reach the tiling's edges: several tiles down and across with partial last ones
+// (56 x 30), images of at most 7 rows (the 7-row tiles), channel groups of 16, 32 and 64 with a
+// partial last group, channel counts that are not a multiple of 8 (the scalar staging), rows
+// narrower than k. Modes: all fp32, all bf16, and fp32 x with bf16 weights (the LPUs on the
+// residual stream), whose fp32 arithmetic on the same rounded weights is held to fp32's bound.
 static void test_dwconv_matches_cpu(void **state) {
-    static const int shapes[][5] = {{2, 9, 7, 16, 3}, {1, 6, 11, 5, 5}, {4, 14, 14, 64, 3},
-                                    {2, 5, 37, 40, 7}, {8, 28, 28, 48, 7}, {3, 4, 5, 33, 1},
-                                    {4, 2, 2, 24, 7}};   // B H W C k; the last: rows narrower than k
-    for (int mi = 0; mi < 2; mi++)
-        for (int si = 0; si < 7; si++) {
-            DType dt = MODES[mi];
+    static const int shapes[][5] = {{2, 9, 7, 16, 3},   {1, 6, 11, 5, 5},  {4, 14, 14, 64, 3},
+                                    {2, 5, 37, 40, 7},  {8, 28, 28, 48, 7}, {3, 4, 5, 33, 1},
+                                    {4, 2, 2, 24, 7},   {2, 56, 30, 24, 7}, {3, 7, 7, 72, 3},
+                                    {2, 16, 9, 20, 5},  {1, 15, 29, 144, 7}};   // B H W C k
+    const int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
+    for (int mi = 0; mi < 3; mi++)
+        for (int si = 0; si < nshapes; si++) {
+            DType xt = mi == 1 ? DTYPE_BF16 : DTYPE_F32, wt = mi == 0 ? DTYPE_F32 : DTYPE_BF16;
+            DType mode = xt;   // the tolerance: the activations' dtype
             int B = shapes[si][0], hgt = shapes[si][1], wid = shapes[si][2], C = shapes[si][3],
                 k = shapes[si][4];
-            printf("  %s (%d,%d,%d,%d) k%d\n", dtype_name(dt), B, hgt, wid, C, k);
-            Tensor *x = rnd(HT(B, hgt, wid, C), 1, -1, 1, dt), *w = rnd(HT(C, 1, k, k), 2, -1, 1, dt);
-            Tensor *b = rnd(HT(C), 3, -1, 1, dt), *y = HT(B, hgt, wid, C), *gy = dev_zeros(y, dt);
+            printf("  x %s, w %s (%d,%d,%d,%d) k%d\n", dtype_name(xt), dtype_name(wt), B, hgt, wid, C, k);
+            Tensor *x = rnd(HT(B, hgt, wid, C), 1, -1, 1, xt), *w = rnd(HT(C, 1, k, k), 2, -1, 1, wt);
+            Tensor *b = rnd(HT(C), 3, -1, 1, wt), *y = HT(B, hgt, wid, C), *gy = dev_zeros(y, xt);
             cpu_dwconv_fwd(&H, x, w, b, y);
-            cuda_dwconv_fwd(&G, dev(x, dt), dev(w, dt), dev(b, dt), gy);
-            check("dwconv_fwd.y", dt, gy, y);
-            Tensor *dy = rnd(HT(B, hgt, wid, C), 4, -1, 1, dt), *dx = rnd(HT(B, hgt, wid, C), 5, -1, 1, dt);
+            cuda_dwconv_fwd(&G, dev(x, xt), dev(w, wt), dev(b, wt), gy);
+            check("dwconv_fwd.y", mode, gy, y);
+            Tensor *dy = rnd(HT(B, hgt, wid, C), 4, -1, 1, xt), *dx = rnd(HT(B, hgt, wid, C), 5, -1, 1, xt);
             Tensor *dw = rnd(HT(C, 1, k, k), 6, -1, 1, DTYPE_F32), *db = rnd(HT(C), 7, -1, 1, DTYPE_F32);
-            Tensor *gdx = dev(dx, dt), *gdw = dev(dw, DTYPE_F32), *gdb = dev(db, DTYPE_F32);
+            Tensor *gdx = dev(dx, xt), *gdw = dev(dw, DTYPE_F32), *gdb = dev(db, DTYPE_F32);
             cpu_dwconv_bwd(&H, dy, x, w, dx, dw, db);
-            cuda_dwconv_bwd(&G, dev(dy, dt), dev(x, dt), dev(w, dt), gdx, gdw, gdb);
-            check("dwconv_bwd.dx", dt, gdx, dx);
-            check("dwconv_bwd.dw", dt, gdw, dw);
-            check("dwconv_bwd.db", dt, gdb, db);
+            cuda_dwconv_bwd(&G, dev(dy, xt), dev(x, xt), dev(w, wt), gdx, gdw, gdb);
+            check("dwconv_bwd.dx", mode, gdx, dx);
+            check("dwconv_bwd.dw", mode, gdw, dw);
+            check("dwconv_bwd.db", mode, gdb, db);
             release_all();
         }
+}
+
+// Two backward calls give bitwise the same dx, dw and db: fixed-order sums, no atomics.
+static void test_dwconv_bwd_is_deterministic(void **state) {
+    const int B = 5, hgt = 30, wid = 30, C = 48, k = 7;
+    Tensor *x = rnd(HT(B, hgt, wid, C), 1, -1, 1, DTYPE_BF16), *w = rnd(HT(C, 1, k, k), 2, -1, 1, DTYPE_BF16);
+    Tensor *dy = rnd(HT(B, hgt, wid, C), 4, -1, 1, DTYPE_BF16);
+    Tensor *gx = dev(x, DTYPE_BF16), *gw = dev(w, DTYPE_BF16), *gdy = dev(dy, DTYPE_BF16);
+    float *out[2][3];
+    for (int run = 0; run < 2; run++) {
+        Tensor *gdx = dev_zeros(x, DTYPE_BF16), *gdw = dev_zeros(w, DTYPE_F32);
+        Tensor *gdb = dev_zeros(HT(C), DTYPE_F32);
+        cuda_dwconv_bwd(&G, gdy, gx, gw, gdx, gdw, gdb);
+        out[run][0] = tensor_to_host_f32(&G, gdx);
+        out[run][1] = tensor_to_host_f32(&G, gdw);
+        out[run][2] = tensor_to_host_f32(&G, gdb);
+    }
+    const size_t n[3] = {x->numel, w->numel, (size_t)C};
+    for (int q = 0; q < 3; q++) {
+        assert_memory_equal(out[0][q], out[1][q], n[q] * sizeof(float));
+        free(out[0][q]);
+        free(out[1][q]);
+    }
+    release_all();
 }
 
 // im2col for the stem (NCHW image, 3x3 stride 2), downsampling (channels-last 3x3 stride 2) and
@@ -1029,6 +1061,7 @@ int main(void) {
         cmocka_unit_test(test_softmax_matches_cpu),
         cmocka_unit_test(test_attention_pool_matches_cpu),
         cmocka_unit_test(test_dwconv_matches_cpu),
+        cmocka_unit_test(test_dwconv_bwd_is_deterministic),
         cmocka_unit_test(test_im2col_matches_cpu),
         cmocka_unit_test(test_token_ops_match_cpu),
         cmocka_unit_test(test_resize_bilinear_matches_cpu),

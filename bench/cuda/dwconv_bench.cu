@@ -1,0 +1,41 @@
+// Times the depthwise convolution ops on given shapes (bench/bench_dwconv.c lists gspn_t/s/b's);
+// bench/cuda/kernel_bench.h.
+#include "kernel_bench.h"
+#include "bench_util.cuh"
+
+int cuda_bench_dwconv(DwconvCase *cases, int n, double *copy_gbs, char *device, size_t device_n) {
+    if (cuda_device_count() == 0) return 1;
+    Ctx ctx = cuda_ctx_create(0, DTYPE_BF16);
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, cuda_ctx_of(&ctx)->device));
+    snprintf(device, device_n, "%s", prop.name);
+    double copy_ms;
+    *copy_gbs = bench_copy_gbs(&ctx, &copy_ms);
+    for (int i = 0; i < n; i++) {
+        DwconvCase *k = &cases[i];
+        DType xt = k->x_f32 ? DTYPE_F32 : DTYPE_BF16;
+        size_t rows = (size_t)k->B * k->H * k->W;
+        Tensor x = bench_tensor(&ctx, rows, k->C, xt, 1, -1.0f, 1.0f);
+        Tensor dy = bench_tensor(&ctx, rows, k->C, xt, 2, -1.0f, 1.0f);
+        Tensor y = bench_tensor(&ctx, rows, k->C, xt, 3, 0.0f, 0.0f);
+        Tensor dx = bench_tensor(&ctx, rows, k->C, xt, 4, 0.0f, 0.0f);
+        Tensor w = bench_tensor(&ctx, (size_t)k->C, k->k * k->k, DTYPE_BF16, 5, -0.2f, 0.2f);
+        Tensor b = bench_tensor(&ctx, (size_t)k->C, 0, DTYPE_BF16, 6, -0.2f, 0.2f);
+        Tensor dw = bench_tensor(&ctx, (size_t)k->C, k->k * k->k, DTYPE_F32, 7, 0.0f, 0.0f);
+        Tensor db = bench_tensor(&ctx, (size_t)k->C, 0, DTYPE_F32, 8, 0.0f, 0.0f);
+        int shape[4] = {k->B, k->H, k->W, k->C};
+        Tensor *act[] = {&x, &dy, &y, &dx};
+        for (Tensor *t : act) tensor_set_shape(t, 4, shape);
+        int wshape[4] = {k->C, 1, k->k, k->k};
+        tensor_set_shape(&w, 4, wshape);
+        tensor_set_shape(&dw, 4, wshape);
+        k->fwd_ms = bench_ms(&ctx, 20, [&] { cuda_dwconv_fwd(&ctx, &x, &w, k->bias ? &b : NULL, &y); });
+        k->bwd_ms = bench_ms(&ctx, 20, [&] {
+            cuda_dwconv_bwd(&ctx, &dy, &x, &w, &dx, &dw, k->bias ? &db : NULL);
+        });
+        Tensor *all[] = {&x, &dy, &y, &dx, &w, &b, &dw, &db};
+        for (Tensor *t : all) cuda_free(t->data);
+    }
+    cuda_ctx_destroy(&ctx);
+    return 0;
+}
