@@ -8,6 +8,8 @@
 # Usage: tools/sanitize_gpu.sh [TOOLS...]   (default: memcheck racecheck initcheck)
 #   SANITIZE_JOBS=N      runs at once (default: the core count, at most 12)
 #   SANITIZE_TIMEOUT=S   seconds one run may take (default 900); a run stopped by it is a failure
+#                        (racecheck on the resume tests and initcheck on test_attention_gpu take
+#                        over 5 minutes on an H200; one tool per call where calls are capped)
 # Each run's report is in build/sanitize/TOOL-TEST.log. Prints one line per run (the tool's error
 # count, the test's exit status, seconds), then a summary; exits 1 unless every run reported 0
 # errors and passed.
@@ -65,7 +67,9 @@ for f in "$out"/*.result; do
     runs=$((runs + 1))
     if [ "$errs" != 0 ] || [ "$rc" != 0 ]; then
         bad=$((bad + 1))
-        echo "!! $tool $name: errors $errs, exit $rc (see $out/$tool-$name.log)"
+        echo "!! $tool $name: errors $errs, exit $rc (see $out/$tool-$name.log); its first reports:"
+        grep -E '^========= +(Invalid|Uninitialized|Race|Error|Program hit|Leaked|[A-Z][a-z]+ .*(hazard|error))|^========= +at ' \
+            "$out/$tool-$name.log" | head -8 | sed 's/^/     /'
     fi
 done
 for tool in "${tools[@]}"; do
