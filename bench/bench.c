@@ -31,7 +31,7 @@ static const Bench kBenches[] = {
     {"dwconv", bench_dwconv_run, "gspn_t/s/b depthwise convolutions fwd/bwd at batch 128 vs the copy roofline and PyTorch's cuDNN (--list: the shapes)", true},
     {"ops", cuda_bench_ops, "memory-bound ops (LayerNorm, GELU, AdamW, ...) in GB/s vs a device copy", true},
     {"vit", bench_vit_run, "ViT-B/16 and so14 ViT training steps, grad_checkpoint 0 and 1: img/s, MFU, GPU memory, vs timm eager/compiled", true},
-    {"classify", bench_classify_run, "fast GSPN-T/S/B training step and inference img/s at 224 px vs timm convnext_tiny, deit_small, swin_tiny", true},
+    {"classify", bench_classify_run, "fast GSPN-T/S/B training step and inference img/s at 224 px vs timm convnext, swin and deit (tiny/small/base), ms per GMAC", true},
     {"block", bench_block_run, "one so14-width block at 1036/2058 px: C-GSPN vs attention vs PyTorch SDPA, time and GPU memory", true},
     {"curriculum", bench_curriculum_run, "a curriculum Stage-k step: so14 student at 1036 px + its 756 px teacher (GPU; tiny on a CPU)", false},
     {"data", data_bench_run, "the data loader's img/s at 224 px (decode + augmentation, CPU)", false},

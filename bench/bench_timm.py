@@ -9,7 +9,7 @@ and timm. Progress lines (with the seconds since the start) go to stderr.
     python3 bench/bench_timm.py                          # everything, on the GPU
     python3 bench/bench_timm.py --only vit --no-compile  # eager ViT steps only
     python3 bench/bench_timm.py --only distill           # the distillation step and largest batches
-    python3 bench/bench_timm.py --only classify          # convnext_tiny, deit_small, swin_tiny
+    python3 bench/bench_timm.py --only classify          # convnext, swin, deit: tiny/small/base
     python3 bench/bench_timm.py --only dwconv            # depthwise convolutions of gspn_t/s/b
     python3 bench/bench_timm.py --smoke --device cpu     # tiny sizes: checks the script runs
 
@@ -111,6 +111,11 @@ CLASSIFY_MODELS = {
     "convnext_tiny": "convnext_tiny",
     "deit_small": "deit_small_patch16_224",
     "swin_tiny": "swin_tiny_patch4_window7_224",
+    "convnext_small": "convnext_small",          # gspn_s's peer
+    "swin_small": "swin_small_patch4_window7_224",
+    "convnext_base": "convnext_base",            # gspn_b's peer
+    "swin_base": "swin_base_patch4_window7_224",
+    "deit_base": "deit_base_patch16_224",
 }
 CLASSIFY_BATCH = 128
 BLOCK_PX = [1036, 2058]

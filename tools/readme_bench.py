@@ -106,13 +106,15 @@ def headline(text):
 
 
 def classify_excerpt(text):
-    """From a `cgspn bench classify` section: its header line, the gspn table, the timm table and
-    the ratio line (None when absent)."""
+    """From a `cgspn bench classify` section: its header line, the gspn table, the timm table, the
+    ratio lines and the ms-per-GMAC line (None when absent)."""
     c = sections(text).get("classify")
     if not c:
         return None
     a = first(c, r"model\s+img\s+batch")
-    b = None if a is None else first(c, r"gspn_t / convnext_tiny", a)
+    b = None if a is None else first(c, r"training step ms per GMAC", a)
+    if b is None and a is not None:   # an output from before the ms-per-GMAC line
+        b = first(c, r"gspn_t / convnext_tiny", a)
     if b is None:
         return None
     return "\n".join(["== cgspn bench classify", c[0]] + c[a:b + 1])
