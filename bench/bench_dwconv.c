@@ -65,11 +65,10 @@ int bench_dwconv_list(FILE *out) {
     return 0;
 }
 
-// Bytes that must move: forward reads x and writes y; backward reads dy and x and updates dx
-// (read and written: the op adds into it).
+// Bytes that must move: forward reads x and writes y; backward reads dy and x and writes dx.
 static double dw_bytes(const HierDwconv *s, bool bwd) {
     double n = (double)DW_BATCH * s->H * s->W * s->C * (s->lpu ? 4 : 2);
-    return bwd ? 4 * n : 2 * n;
+    return bwd ? 3 * n : 2 * n;
 }
 
 int bench_dwconv_run(FILE *out) {
@@ -96,9 +95,10 @@ int bench_dwconv_run(FILE *out) {
     strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
     fprintf(out, "cgspn bench dwconv: %s, %s; batch %d; copy %.0f GB/s\n", device, date, DW_BATCH,
             copy_gbs);
-    fprintf(out, "fwd: y = conv(x) (+ bias); bwd: dx +=, dw (and db); %% of copy = bytes that must "
-                 "move (fwd: x, y; bwd: dy, x, dx in and out) / time / copy GB/s\n");
-    fprintf(out, "LPU: 3x3 on the fp32 stream, bf16 weight and bias; mixer: bf16, no bias. "
+    fprintf(out, "fwd: y = conv(x) (+ bias); bwd: dx =, dw (and db); %% of copy = bytes that must "
+                 "move (fwd: x, y; bwd: dy, x, dx) / time / copy GB/s\n");
+    fprintf(out, "LPU: x + conv(x) (3x3) on the fp32 stream, bf16 weight and bias, the residual in "
+                 "both passes; mixer: bf16, no bias. "
                  "torch: cuDNN depthwise conv, channels_last, bf16 (bench_timm.py --only dwconv)\n");
     char *json = timm_json_load(out);
     fprintf(out, "\n%-9s %5s %2s %-5s %8s %7s %8s %7s %9s %9s\n", "grid", "C", "k", "kind", "fwd ms",

@@ -168,12 +168,13 @@ void op_im2col_fwd(Ctx *ctx, const Tensor *x, int nchw, int k, int stride, int p
 void op_im2col_bwd(Ctx *ctx, const Tensor *dcols, int nchw, int k, int stride, int pad, Tensor *dx) {
     ROUTE(im2col_bwd, ctx, dcols, nchw, k, stride, pad, dx);
 }
-void op_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y) {
-    ROUTE(dwconv_fwd, ctx, x, w, b, y);
+void op_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, int flags,
+                   Tensor *y) {
+    ROUTE(dwconv_fwd, ctx, x, w, b, flags, y);
 }
-void op_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
-                   Tensor *dw, Tensor *db) {
-    ROUTE(dwconv_bwd, ctx, dy, x, w, dx, dw, db);
+void op_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, int flags,
+                   Tensor *dx, Tensor *dw, Tensor *db) {
+    ROUTE(dwconv_bwd, ctx, dy, x, w, flags, dx, dw, db);
 }
 void op_attention_pool_fwd(Ctx *ctx, const Tensor *q, const Tensor *kv, int heads, Tensor *out) {
     ROUTE(attention_pool_fwd, ctx, q, kv, heads, out);

@@ -153,13 +153,17 @@ OP_DECL(im2col_fwd, Ctx *ctx, const Tensor *x, int nchw, int k, int stride, int 
 OP_DECL(im2col_bwd, Ctx *ctx, const Tensor *dcols, int nchw, int k, int stride, int pad, Tensor *dx)
 
 // ---- depthwise convolution (GSPN's Local Perception Unit) ------------------------------------
-// x (B,H,W,C) channels-last; w (C,1,k,k), PyTorch's depthwise Conv2d weight (groups = C), k odd;
-// stride 1, zero padding k/2; b (C) or NULL. y (B,H,W,C), x's dtype:
+// x (B,H,W,C) channels-last; w (C,1,k,k), PyTorch's depthwise Conv2d weight (groups = C), k odd
+// (CUDA: at most 7); stride 1, zero padding k/2; b (C) or NULL. y (B,H,W,C), x's dtype:
 //   y[b,h,w,c] = b[c] + sum_{i,j < k} w[c,0,i,j] x[b, h+i-k/2, w+j-k/2, c]
-OP_DECL(dwconv_fwd, Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y)
-// dx (x's dtype) += dL/dx, dw and db (fp32) += theirs; any of them NULL: skipped.
-OP_DECL(dwconv_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
-        Tensor *dw, Tensor *db)
+// flags: DWCONV_RESIDUAL adds x[b,h,w,c] too (the LPU's x + dwconv(x) in one pass; y is not x).
+enum { DWCONV_RESIDUAL = 1, DWCONV_WRITE_DX = 2 };
+OP_DECL(dwconv_fwd, Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, int flags, Tensor *y)
+// dx (x's dtype) += dL/dx, dw and db (fp32) += theirs; any of them NULL: skipped. flags:
+// DWCONV_RESIDUAL: dL/dx includes dy itself; DWCONV_WRITE_DX: dx = dL/dx (every element
+// written, its prior values never read). dx is not dy (the taps read neighbours of what they write).
+OP_DECL(dwconv_bwd, Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, int flags,
+        Tensor *dx, Tensor *dw, Tensor *db)
 
 // ---- patch embedding and token layout --------------------------------------------------------
 // Conv p x p stride p with bias, via im2col: img (B,Cin,Hi,Wi) NCHW -> cols (B*H*W, Cin*p*p)

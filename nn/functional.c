@@ -598,26 +598,34 @@ Tensor *nn_attention_pool(Tape *t, Tensor *q, Tensor *kv, int heads) {
 }
 
 // ---- depthwise convolution ----
+typedef struct { Tensor *x, *w, *b, *y; int flags; } DwconvRec;
 static void dwconv_backward(Tape *t, void *p) {
-    LinearRec *r = p;   // x, w, b, y
+    DwconvRec *r = p;
     if (!NEED_GRAD(r)) return;
-    Tensor *dy = r->y->grad, *dx = tape_grad(t, r->x), *into = dx;
-    // x + dwconv(x), the LPU: the residual add hands dy itself to x as its gradient, so dx can be
-    // dy's buffer, and the taps would read neighbours already updated. They go to a zeroed buffer
-    // first, then into dx.
+    Tensor *dy = r->y->grad;
+    bool fresh = false;
+    Tensor *dx = tape_grad_fresh(t, r->x, &fresh), *into = dx;
+    int flags = r->flags | (fresh ? DWCONV_WRITE_DX : 0);
+    // x + dwconv(x) composed of nn_add and nn_dwconv: the add may have handed dy itself to x as
+    // its gradient, and the taps would read neighbours already updated; they go to a buffer of
+    // their own, then into dx.
     if (dx && dx->data == dy->data) {
         into = tape_tensor_like(t, dx);
-        op_zero(t->ctx, into);
+        flags |= DWCONV_WRITE_DX;
     }
-    op_dwconv_bwd(t->ctx, dy, r->x, r->w, into, tape_grad(t, r->w), tape_grad(t, r->b));
+    op_dwconv_bwd(t->ctx, dy, r->x, r->w, flags, into, tape_grad(t, r->w), tape_grad(t, r->b));
     if (into != dx) op_accumulate(t->ctx, into, dx);
 }
-Tensor *nn_dwconv(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
+static Tensor *dwconv_flags(Tape *t, Tensor *x, Tensor *w, Tensor *b, int flags) {
     Tensor *y = tape_tensor_like(t, x);
-    op_dwconv_fwd(t->ctx, x, w, b, y);
+    op_dwconv_fwd(t->ctx, x, w, b, flags, y);
     if (tape_track(t, y, x, w, b))
-        *(LinearRec *)tape_record(t, dwconv_backward, sizeof(LinearRec)) = (LinearRec){x, w, b, y};
+        *(DwconvRec *)tape_record(t, dwconv_backward, sizeof(DwconvRec)) = (DwconvRec){x, w, b, y, flags};
     return y;
+}
+Tensor *nn_dwconv(Tape *t, Tensor *x, Tensor *w, Tensor *b) { return dwconv_flags(t, x, w, b, 0); }
+Tensor *nn_dwconv_residual(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
+    return dwconv_flags(t, x, w, b, DWCONV_RESIDUAL);
 }
 
 // ---- convolution (im2col + GEMM) ----

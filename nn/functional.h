@@ -34,6 +34,9 @@ Tensor *nn_attention_pool(Tape *t, Tensor *q, Tensor *kv, int heads);
 // Depthwise k x k convolution, stride 1, padding k/2 (kernels/ops.h dwconv_fwd): x (B,H,W,C),
 // w (C,1,k,k), b (C) or NULL -> (B,H,W,C), x's dtype. GSPN's Local Perception Unit.
 Tensor *nn_dwconv(Tape *t, Tensor *x, Tensor *w, Tensor *b);
+// x + nn_dwconv(x) in one pass each way (the LPU): one record, no add, and the backward writes
+// dy + the taps' sum into x's gradient at once.
+Tensor *nn_dwconv_residual(Tape *t, Tensor *x, Tensor *w, Tensor *b);
 // k x k convolution, stride, zero padding (im2col + GEMM, kernels/ops.h): x (B,H,W,C), or
 // (B,C,H,W) images with nchw, w (Cout,C,k,k) PyTorch's layout, b (Cout) or NULL ->
 // (B,Ho,Wo,Cout) channels-last in the activation dtype. GSPN's stem and downsampling.

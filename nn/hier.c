@@ -140,7 +140,7 @@ static Tensor *linear_as(Tape *t, const Linear *l, Tensor *x, DType dt) {
 // The LPUs run on the stream itself (fp32 activations, bf16 weights in a bf16 run).
 static Tensor *block_forward(Tape *t, const Encoder *e, int i, Tensor *x, Tensor **pp) {
     const HierBlock *b = &e->hier.blocks[i];
-    x = nn_add(t, x, dwconv(t, &b->lpu1, x));
+    x = nn_dwconv_residual(t, x, b->lpu1.w, b->lpu1.b);
     Tensor *h = op_dtype(t, e, HIER_OP_NORM1) == DTYPE_F32
                     ? nn_layernorm_f32(t, x, b->norm1.w, b->norm1.b, b->norm1.eps)
                     : layernorm(t, &b->norm1, x);
@@ -159,7 +159,7 @@ static Tensor *block_forward(Tape *t, const Encoder *e, int i, Tensor *x, Tensor
     Tensor *mix = linear_as(t, &g->up, yc, op_dtype(t, e, HIER_OP_UP));        // (B,H,W,C_s)
     if (pp) *pp = mix = as_dtype(t, mix, t->ctx->act_dtype);
     x = nn_add(t, x, encoder_drop_path(t, e, i, 0, mix));
-    x = nn_add(t, x, dwconv(t, &b->lpu2, x));
+    x = nn_dwconv_residual(t, x, b->lpu2.w, b->lpu2.b);
     Tensor *h2 = op_dtype(t, e, HIER_OP_NORM2) == DTYPE_F32
                      ? nn_layernorm_f32(t, x, b->norm2.w, b->norm2.b, b->norm2.eps)
                      : layernorm(t, &b->norm2, x);

@@ -358,23 +358,25 @@ static void test_attention_pool_equals_attention_with_the_query_in_every_row(voi
 
 typedef struct DwCase {
     Tensor *x, *w, *b, *y, *r;   // loss = sum(y * r)
+    int flags;                   // DWCONV_RESIDUAL: y = x + dwconv(x)
 } DwCase;
 
 static double dw_loss(void *user) {
     DwCase *c = user;
     Ctx ctx = ctx_cpu();
-    cpu_dwconv_fwd(&ctx, c->x, c->w, c->b, c->y);
+    cpu_dwconv_fwd(&ctx, c->x, c->w, c->b, c->flags, c->y);
     double s = 0;
     for (size_t i = 0; i < c->y->numel; i++) s += (double)tensor_f32(c->y)[i] * tensor_f32(c->r)[i];
     return s;
 }
 
 // Forward against a scatter-form reference (every input pixel adds into the outputs it reaches),
-// backward against finite differences for x, w and b.
-static void check_dwconv(int B, int H, int W, int C, int k) {
+// backward against finite differences for x, w and b. flags: DWCONV_RESIDUAL adds x to the
+// reference (and dy to dx); DWCONV_WRITE_DX starts dx from values the op must ignore.
+static void check_dwconv(int B, int H, int W, int C, int k, int flags) {
     Ctx ctx = ctx_cpu();
     DwCase c = {test_tensor(4, B, H, W, C), test_tensor(4, C, 1, k, k), test_tensor(1, C),
-                test_tensor(4, B, H, W, C), test_tensor(4, B, H, W, C)};
+                test_tensor(4, B, H, W, C), test_tensor(4, B, H, W, C), flags};
     test_fill(c.x, 81, -1, 1);
     test_fill(c.w, 82, -1, 1);
     test_fill(c.b, 83, -1, 1);
@@ -386,8 +388,9 @@ static void check_dwconv(int B, int H, int W, int C, int k) {
         for (int h = 0; h < H; h++)
             for (int w = 0; w < W; w++)
                 for (int ch = 0; ch < C; ch++) {
-                    ref[(((size_t)b * H + h) * W + w) * C + ch] += tensor_f32(c.b)[ch];
                     double v = tensor_f32(c.x)[(((size_t)b * H + h) * W + w) * C + ch];
+                    ref[(((size_t)b * H + h) * W + w) * C + ch] +=
+                        tensor_f32(c.b)[ch] + (flags & DWCONV_RESIDUAL ? v : 0.0);
                     for (int i = 0; i < k; i++)       // output (h - i + p, w - j + p) reads this
                         for (int j = 0; j < k; j++) {   // pixel through tap (i, j)
                             int ho = h - i + p, wo = w - j + p;
@@ -397,11 +400,12 @@ static void check_dwconv(int B, int H, int W, int C, int k) {
                         }
                 }
     char what[64];
-    snprintf(what, sizeof what, "dwconv k%d (%d,%d,%d,%d)", k, B, H, W, C);
+    snprintf(what, sizeof what, "dwconv k%d (%d,%d,%d,%d) flags %d", k, B, H, W, C, flags);
     assert_close_ref(what, c.y, ref);
     free(ref);
     Tensor *dx = test_like(c.x), *dw = test_like(c.w), *db = test_like(c.b);
-    cpu_dwconv_bwd(&ctx, c.r, c.x, c.w, dx, dw, db);
+    if (flags & DWCONV_WRITE_DX) test_fill(dx, 85, 5, 9);   // stale values, to be overwritten
+    cpu_dwconv_bwd(&ctx, c.r, c.x, c.w, flags, dx, dw, db);
     assert_grad("dwconv dx", dw_loss, &c, c.x, dx);
     assert_grad("dwconv dw", dw_loss, &c, c.w, dw);
     assert_grad("dwconv db", dw_loss, &c, c.b, db);
@@ -410,9 +414,11 @@ static void check_dwconv(int B, int H, int W, int C, int k) {
 }
 
 static void test_dwconv_matches_reference_and_finite_differences(void **state) {
-    check_dwconv(2, 5, 7, 3, 3);
-    check_dwconv(1, 6, 4, 2, 5);
-    check_dwconv(1, 2, 3, 4, 3);   // smaller than the kernel's reach
+    check_dwconv(2, 5, 7, 3, 3, 0);
+    check_dwconv(1, 6, 4, 2, 5, 0);
+    check_dwconv(1, 2, 3, 4, 3, 0);   // smaller than the kernel's reach
+    check_dwconv(2, 5, 7, 3, 3, DWCONV_RESIDUAL);
+    check_dwconv(1, 6, 4, 2, 5, DWCONV_RESIDUAL | DWCONV_WRITE_DX);
 }
 
 // ---- convolution: im2col ---------------------------------------------------------------------------

@@ -430,8 +430,8 @@ static void test_backward_from_seeds_match_finite_differences(void **state) {
 }
 
 // GSPN's stem and Local Perception Unit as the tape composes them: an NCHW image through
-// nn_conv2d (3x3, stride 2), then channels-last nn_conv2d (2x2, stride 2) and x + nn_dwconv(x),
-// every parameter and the image against finite differences.
+// nn_conv2d (3x3, stride 2), then channels-last nn_conv2d (2x2, stride 2), x + nn_dwconv(x) and
+// nn_dwconv_residual(x), every parameter and the image against finite differences.
 typedef struct ConvChain {
     Ctx ctx;
     Arena arena;
@@ -446,6 +446,7 @@ static Tensor *conv_chain_loss(ConvChain *c) {
     Tensor *y = nn_conv2d(&c->tape, c->img, c->w1, c->b1, 1, 2, 1);   // (2,5,4,6)
     y = nn_conv2d(&c->tape, y, c->w2, c->b2, 0, 2, 0);                // (2,2,2,8)
     y = nn_add(&c->tape, y, nn_dwconv(&c->tape, y, c->dw, c->db));
+    y = nn_dwconv_residual(&c->tape, y, c->dw, c->db);   // the same LPU fused, its weights again
     return nn_mse(&c->tape, y, c->target);
 }
 

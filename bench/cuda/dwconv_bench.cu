@@ -29,9 +29,13 @@ int cuda_bench_dwconv(DwconvCase *cases, int n, double *copy_gbs, char *device, 
         int wshape[4] = {k->C, 1, k->k, k->k};
         tensor_set_shape(&w, 4, wshape);
         tensor_set_shape(&dw, 4, wshape);
-        k->fwd_ms = bench_ms(&ctx, 20, [&] { cuda_dwconv_fwd(&ctx, &x, &w, k->bias ? &b : NULL, &y); });
+        // As the model runs them: the LPUs with the residual in both passes; dx written.
+        const int flags = k->x_f32 ? DWCONV_RESIDUAL : 0;
+        k->fwd_ms = bench_ms(&ctx, 20, [&] {
+            cuda_dwconv_fwd(&ctx, &x, &w, k->bias ? &b : NULL, flags, &y);
+        });
         k->bwd_ms = bench_ms(&ctx, 20, [&] {
-            cuda_dwconv_bwd(&ctx, &dy, &x, &w, &dx, &dw, k->bias ? &db : NULL);
+            cuda_dwconv_bwd(&ctx, &dy, &x, &w, flags | DWCONV_WRITE_DX, &dx, &dw, k->bias ? &db : NULL);
         });
         Tensor *all[] = {&x, &dy, &y, &dx, &w, &b, &dw, &db};
         for (Tensor *t : all) cuda_free(t->data);

@@ -27,8 +27,9 @@ int cuda_bench_attention(FILE *out);
 int cuda_bench_ops(FILE *out);
 // One depthwise convolution shape (kernels/cuda/dwconv.cu): B images of H x W x C, k x k;
 // x_f32: the input and output fp32 with a bf16 weight (the LPUs on the residual stream), else
-// all bf16; bias: with a bias. The bench fills fwd_ms (y = conv(x)) and bwd_ms (dx +=, dw, and db
-// when bias), per call, the mean over timed repetitions after a warm-up call.
+// all bf16; bias: with a bias. The bench fills fwd_ms (y = conv(x), plus x for the x_f32 case: the
+// LPU's residual) and bwd_ms (dx written, dw, and db when bias), per call, the mean over timed
+// repetitions after a warm-up call.
 typedef struct DwconvCase {
     int B, H, W, C, k, x_f32, bias;
     double fwd_ms, bwd_ms;

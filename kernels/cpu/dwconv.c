@@ -7,6 +7,7 @@
 #include "../ops.h"
 #include "cpu_check.h"
 #include <stdbool.h>
+#include <string.h>
 
 typedef struct DwShape {
     int B, H, W, C, k, p;
@@ -50,19 +51,24 @@ static void add_taps(const DwShape *s, const float *in, const float *Wt, bool mi
     }
 }
 
-void cpu_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y) {
+void cpu_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, int flags,
+                    Tensor *y) {
     (void)ctx;
     DwShape s = dw_shape("dwconv_fwd", x, w);
     cpu_check_same("dwconv_fwd", "y", y, "x", x);
+    CG_CHECK(y->data != x->data, "", "op dwconv_fwd: y is x (the taps read neighbours of what they write)");
     if (b) cpu_check_numel("dwconv_fwd", "b", b, (size_t)s.C);
     float *Y = tensor_f32(y);
+    const float *X = tensor_f32(x);
     for (size_t px = 0; px < y->numel / (size_t)s.C; px++)
-        for (int c = 0; c < s.C; c++) Y[px * s.C + c] = b ? tensor_f32(b)[c] : 0.0f;
+        for (int c = 0; c < s.C; c++)
+            Y[px * s.C + c] = (b ? tensor_f32(b)[c] : 0.0f) +
+                              (flags & DWCONV_RESIDUAL ? X[px * s.C + c] : 0.0f);
     add_taps(&s, tensor_f32(x), tensor_f32(w), false, Y);
 }
 
-void cpu_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
-                    Tensor *dw, Tensor *db) {
+void cpu_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, int flags,
+                    Tensor *dx, Tensor *dw, Tensor *db) {
     (void)ctx;
     DwShape s = dw_shape("dwconv_bwd", x, w);
     cpu_check_same("dwconv_bwd", "dy", dy, "x", x);
@@ -70,7 +76,12 @@ void cpu_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w
     int kk = s.k * s.k;
     if (dx) {
         cpu_check_same("dwconv_bwd", "dx", dx, "x", x);
-        add_taps(&s, DY, tensor_f32(w), true, tensor_f32(dx));
+        CG_CHECK(dx->data != dy->data, "", "op dwconv_bwd: dx is dy (the taps read neighbours of what they write)");
+        float *DX = tensor_f32(dx);
+        if (flags & DWCONV_WRITE_DX) memset(DX, 0, dx->numel * sizeof(float));
+        if (flags & DWCONV_RESIDUAL)
+            for (size_t i = 0; i < dx->numel; i++) DX[i] += DY[i];
+        add_taps(&s, DY, tensor_f32(w), true, DX);
     }
     if (dw) cpu_check_f32("dwconv_bwd", "dw", dw), cpu_check_numel("dwconv_bwd", "dw", dw, (size_t)s.C * kk);
     if (db) cpu_check_f32("dwconv_bwd", "db", db), cpu_check_numel("dwconv_bwd", "db", db, (size_t)s.C);

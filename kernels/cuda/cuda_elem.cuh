@@ -81,6 +81,59 @@ template <> struct Vec<bf16, 8> {
     __device__ __forceinline__ void store(bf16 *p) const { *reinterpret_cast<uint4 *>(p) = a; }
 };
 
+// 4 and 2 elements (an 8- or 16-byte load): the widths a row whose length is a multiple of 4 or 2
+// but not of 8 still allows (e.g. channel counts 108, 162).
+template <> struct Vec<float, 4> {
+    float4 a;
+    static __device__ __forceinline__ Vec load(const float *p) {
+        return Vec{*reinterpret_cast<const float4 *>(p)};
+    }
+    __device__ __forceinline__ float get(int j) const {
+        return j == 0 ? a.x : j == 1 ? a.y : j == 2 ? a.z : a.w;
+    }
+    static __device__ __forceinline__ Vec of(const float *v) {
+        return Vec{make_float4(v[0], v[1], v[2], v[3])};
+    }
+    __device__ __forceinline__ void store(float *p) const { *reinterpret_cast<float4 *>(p) = a; }
+};
+
+template <> struct Vec<float, 2> {
+    float2 a;
+    static __device__ __forceinline__ Vec load(const float *p) {
+        return Vec{*reinterpret_cast<const float2 *>(p)};
+    }
+    __device__ __forceinline__ float get(int j) const { return j == 0 ? a.x : a.y; }
+    static __device__ __forceinline__ Vec of(const float *v) { return Vec{make_float2(v[0], v[1])}; }
+    __device__ __forceinline__ void store(float *p) const { *reinterpret_cast<float2 *>(p) = a; }
+};
+
+template <> struct Vec<bf16, 4> {
+    uint2 a;
+    static __device__ __forceinline__ Vec load(const bf16 *p) {
+        return Vec{*reinterpret_cast<const uint2 *>(p)};
+    }
+    __device__ __forceinline__ float get(int j) const {
+        unsigned w = j < 2 ? a.x : a.y;
+        return __uint_as_float((j & 1) ? (w & 0xffff0000u) : (w << 16));
+    }
+    static __device__ __forceinline__ Vec of(const float *v) {
+        return Vec{make_uint2(Vec<bf16, 8>::pair(v[0], v[1]), Vec<bf16, 8>::pair(v[2], v[3]))};
+    }
+    __device__ __forceinline__ void store(bf16 *p) const { *reinterpret_cast<uint2 *>(p) = a; }
+};
+
+template <> struct Vec<bf16, 2> {
+    unsigned a;
+    static __device__ __forceinline__ Vec load(const bf16 *p) {
+        return Vec{*reinterpret_cast<const unsigned *>(p)};
+    }
+    __device__ __forceinline__ float get(int j) const {
+        return __uint_as_float(j ? (a & 0xffff0000u) : (a << 16));
+    }
+    static __device__ __forceinline__ Vec of(const float *v) { return Vec{Vec<bf16, 8>::pair(v[0], v[1])}; }
+    __device__ __forceinline__ void store(bf16 *p) const { *reinterpret_cast<unsigned *>(p) = a; }
+};
+
 // v[0..V) = p[0..V) as fp32.
 template <int V, typename T> __device__ __forceinline__ void load_v(const T *p, float *v) {
     Vec<T, V> q = Vec<T, V>::load(p);

@@ -28,8 +28,9 @@ static DwDims dw_dims(const char *op, const Tensor *x, const Tensor *w) {
 // staged values and serves both columns (k^2 FMAs per output against (k + 1)(TH + k - 1) / (2 TH)
 // shared loads). TH is a template argument (7 for images of at most 7 rows, else 14) so that
 // the rows unroll and every sum stays in a register. CG grows (16, 32, 64) until the block has
-// about 256 threads; a pixel's CG channels are one 16-byte load (bf16, CG = 16) or more.
-enum { DW_THREADS = 256, DW_PAIRS = 14, DW_CG_MIN = 16, DW_CG_MAX = 64, DW_VEC = 8 };
+// about 256 threads; a pixel's CG channels are one 16-byte load (bf16, CG = 16) or more, or
+// narrower loads where C is not a multiple of 8.
+enum { DW_THREADS = 256, DW_PAIRS = 14, DW_CG_MIN = 16, DW_CG_MAX = 64 };
 
 typedef struct DwTile {
     int th, tw, pairs, cg, stride;   // stride: floats per staged pixel (cg, padded for CG = 16)
@@ -53,51 +54,48 @@ static DwTile dw_tile(const DwDims &d) {
 }
 
 // Stages img[h0 .. h0+rows) x [w0 .. w0+cols) x [c0 .. c0+cg) (one image's (H,W,C) plane, zero
-// outside it) into s[(r * cols + col) * stride + c] as fp32. vec: C a multiple of 8 and img
-// 16-byte aligned, so a pixel's group is cg/8 16-byte loads.
+// outside it) into s[(r * cols + col) * stride + c] as fp32, V channels per load (C a multiple of
+// V and img aligned to V elements: dw_vec).
+template <int V, typename T>
+__device__ __forceinline__ void dw_stage_v(float *s, const T *img, const DwDims &d, const DwTile &t,
+                                           int c0, int h0, int w0, int rows, int cols) {
+    const int per = t.cg / V, total = rows * cols * per;
+    #pragma unroll 4
+    for (int q = threadIdx.x; q < total; q += blockDim.x) {
+        int pix = q / per, v = q - pix * per;
+        int r = pix / cols, col = pix - r * cols;
+        int hh = h0 + r, ww = w0 + col, c = c0 + v * V;
+        float val[V];
+        if (hh >= 0 && hh < d.H && ww >= 0 && ww < d.W && c < d.C)
+            load_v<V>(img + ((size_t)hh * d.W + ww) * d.C + c, val);
+        else
+            for (int j = 0; j < V; j++) val[j] = 0.0f;
+        Vec<float, V>::of(val).store(s + pix * t.stride + v * V);
+    }
+}
+
 template <typename T>
 __device__ __forceinline__ void dw_stage(float *s, const T *img, const DwDims &d, const DwTile &t,
-                                         int c0, int h0, int w0, int rows, int cols, bool vec) {
-    const int n = rows * cols;
-    if (vec) {
-        const int per = t.cg / DW_VEC, total = n * per;
-        #pragma unroll 4
-        for (int q = threadIdx.x; q < total; q += blockDim.x) {
-            int pix = q / per, v = q - pix * per;
-            int r = pix / cols, col = pix - r * cols;
-            int hh = h0 + r, ww = w0 + col, c = c0 + v * DW_VEC;
-            float val[DW_VEC];
-            if (hh >= 0 && hh < d.H && ww >= 0 && ww < d.W && c < d.C)
-                load_v<DW_VEC>(img + ((size_t)hh * d.W + ww) * d.C + c, val);
-            else
-                for (int j = 0; j < DW_VEC; j++) val[j] = 0.0f;
-            float4 *o = reinterpret_cast<float4 *>(s + pix * t.stride + v * DW_VEC);
-            o[0] = make_float4(val[0], val[1], val[2], val[3]);
-            o[1] = make_float4(val[4], val[5], val[6], val[7]);
-        }
-    } else {
-        const int total = n * t.cg;
-        for (int q = threadIdx.x; q < total; q += blockDim.x) {
-            int pix = q / t.cg, c = q - pix * t.cg;
-            int r = pix / cols, col = pix - r * cols;
-            int hh = h0 + r, ww = w0 + col;
-            s[pix * t.stride + c] = hh >= 0 && hh < d.H && ww >= 0 && ww < d.W && c0 + c < d.C
-                                        ? load_or(img, ((size_t)hh * d.W + ww) * d.C + c0 + c, 0.0f)
-                                        : 0.0f;
-        }
+                                         int c0, int h0, int w0, int rows, int cols, int vec) {
+    switch (vec) {
+    case 8: dw_stage_v<8>(s, img, d, t, c0, h0, w0, rows, cols); break;
+    case 4: dw_stage_v<4>(s, img, d, t, c0, h0, w0, rows, cols); break;
+    case 2: dw_stage_v<2>(s, img, d, t, c0, h0, w0, rows, cols); break;
+    default: dw_stage_v<1>(s, img, d, t, c0, h0, w0, rows, cols); break;
     }
 }
 
 // ---- y and dx -----------------------------------------------------------------------------------
-// out[b,h,w,c] (+)= bias[c] + sum_{i,j} w'[i][j] in[b, h+i-p, w+j-p, c]; w' = w, or w mirrored in
-// both axes for dx (dy correlated with the mirrored taps is the adjoint). DW_ACCUM: added to
-// out's prior value and rounded once.
-enum { DW_FLIP = 1, DW_ACCUM = 2 };
+// out[b,h,w,c] (+)= bias[c] + sum_{i,j} w'[i][j] in[b, h+i-p, w+j-p, c] (+ in[b,h,w,c]); w' = w,
+// or w mirrored in both axes for dx (dy correlated with the mirrored taps is the adjoint).
+// DW_RESID: in's own value added (the residual's identity path, from the staged tile);
+// DW_ACCUM: added to out's prior value; either way rounded once.
+enum { DW_FLIP = 1, DW_ACCUM = 2, DW_RESID = 4 };
 
 template <int K, int TH, typename T, typename TW>
 __global__ void __launch_bounds__(DW_THREADS, 2)
 dwconv_tile_kernel(const T *in, const TW *w, const TW *bias, T *out, DwDims d, DwTile t,
-                   int flags, bool vec) {
+                   int flags, int vec) {
     extern __shared__ float tile[];   // (TH + K - 1, tw + K - 1, stride)
     constexpr int P = K / 2, ROWS = TH + K - 1;
     const int group = blockIdx.x % t.groups, tx = blockIdx.x / t.groups, ty = blockIdx.y;
@@ -150,6 +148,7 @@ dwconv_tile_kernel(const T *in, const TW *w, const TW *bias, T *out, DwDims d, D
             if (ww >= d.W) continue;
             T *p = o + ((size_t)hh * d.W + ww) * d.C;
             float s = acc[h][e] + b0;
+            if (flags & DW_RESID) s += tile[((h + P) * cols + 2 * pair + e + P) * t.stride + cl];
             if (flags & DW_ACCUM) s += load_or(p, 0, 0.0f);
             store_v<1>(p, &s);
         }
@@ -164,7 +163,7 @@ dwconv_tile_kernel(const T *in, const TW *w, const TW *bias, T *out, DwDims d, D
 // (tiles * splits, C k^2 + C): columns c k^2 + tap for dw, C k^2 + c for db.
 template <int K, int TH, typename T>
 __global__ void __launch_bounds__(DW_THREADS, 2)
-dwconv_dw_tile_kernel(const T *dy, const T *x, DwDims d, DwTile t, int imgs_per_split, bool vec,
+dwconv_dw_tile_kernel(const T *dy, const T *x, DwDims d, DwTile t, int imgs_per_split, int vec,
                       float *partial) {
     extern __shared__ float sm[];   // x tile (TH + K - 1, tw + K - 1, stride), dy tile (TH, tw, stride)
     constexpr int P = K / 2, ROWS = TH + K - 1, KK = K * K;
@@ -248,15 +247,21 @@ template <typename Kern> static void dw_allow_smem(Kern kernel, size_t bytes) {
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-static bool dw_vec(const DwDims &d, const void *a, const void *b) {
-    return d.C % DW_VEC == 0 && aligned16(a) && aligned16(b);
+// Channels per staging load: the widest of 8, 4, 2 that divides C and to whose bytes both
+// tensors are aligned (a tensor's pixels then all are); 1 otherwise.
+static int dw_vec(const DwDims &d, size_t elem, const void *a, const void *b) {
+    for (int v = 8; v > 1; v /= 2) {
+        uintptr_t align = (uintptr_t)(v * elem) - 1;
+        if (d.C % v == 0 && ((uintptr_t)a & align) == 0 && ((uintptr_t)b & align) == 0) return v;
+    }
+    return 1;
 }
 
 template <typename T, typename TW>
 static void launch_tiles(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *out, DwDims d,
                          int flags) {
     DwTile t = dw_tile(d);
-    bool vec = dw_vec(d, in, in);
+    int vec = dw_vec(d, sizeof(T), in, in);
     CG_CHECK(t.tiles_y <= 65535 && d.B <= 65535, "", "dwconv: image %dx%d x %d images exceed the grid",
              d.H, d.W, d.B);
     dim3 grid((unsigned)(t.groups * t.tiles_x), (unsigned)t.tiles_y, (unsigned)d.B);
@@ -270,11 +275,13 @@ static void launch_tiles(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *
     CUDA_CHECK_LAUNCH();
 }
 
-void cuda_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y) {
+void cuda_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, int flags,
+                     Tensor *y) {
     const char *op = "dwconv_fwd";
     DwDims d = dw_dims(op, x, w);
     cuda_check_numel(op, "y", y, x->numel);
     cuda_check_same_dtype(op, "y", y, "x", x);
+    CG_CHECK(y->data != x->data, "", "op dwconv_fwd: y is x (the taps read neighbours of what they write)");
     if (b) {
         cuda_check_numel(op, "b", b, (size_t)d.C);
         cuda_check_same_dtype(op, "b", b, "w", w);
@@ -284,7 +291,7 @@ void cuda_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b
         using T = TAG_T(tx);
         using TW = TAG_T(tw);
         launch_tiles(ctx, (const T *)x->data, (const TW *)w->data, b ? (const TW *)b->data : nullptr,
-                     (T *)y->data, d, 0);
+                     (T *)y->data, d, flags & DWCONV_RESIDUAL ? DW_RESID : 0);
     });
 }
 
@@ -301,7 +308,7 @@ static void launch_dw(Ctx *ctx, const T *dy, const T *x, DwDims d, float *dw, fl
     splits = (d.B + per - 1) / per;
     size_t width = (size_t)d.C * KK + d.C, parts = (size_t)splits * t.tiles_y * t.tiles_x;
     float *partial = (float *)cuda_scratch(ctx, parts * width * sizeof(float));
-    bool vec = dw_vec(d, dy, x);
+    int vec = dw_vec(d, sizeof(T), dy, x);
     dim3 grid((unsigned)(t.groups * t.tiles_x), (unsigned)t.tiles_y, (unsigned)splits);
     dispatch_k_th(d.k, t.th, [&](auto kc, auto thc) {
         constexpr int K = decltype(kc)::value, TH = decltype(thc)::value;
@@ -316,8 +323,8 @@ static void launch_dw(Ctx *ctx, const T *dy, const T *x, DwDims d, float *dw, fl
     cuda_sum_partials(ctx, partial, (unsigned)parts, width, (size_t)d.C * KK, dw, db);
 }
 
-void cuda_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
-                     Tensor *dw, Tensor *db) {
+void cuda_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, int flags,
+                     Tensor *dx, Tensor *dw, Tensor *db) {
     const char *op = "dwconv_bwd";
     DwDims d = dw_dims(op, x, w);
     cuda_check_numel(op, "dy", dy, x->numel);
@@ -333,6 +340,7 @@ void cuda_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *
     if (dx) {
         cuda_check_numel(op, "dx", dx, x->numel);
         cuda_check_same_dtype(op, "dx", dx, "x", x);
+        CG_CHECK(dx->data != dy->data, "", "op dwconv_bwd: dx is dy (the taps read neighbours of what they write)");
     }
     if (x->numel == 0) return;
     if (dx)
@@ -340,7 +348,9 @@ void cuda_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *
             using T = TAG_T(tx);
             using TW = TAG_T(tw);
             launch_tiles(ctx, (const T *)dy->data, (const TW *)w->data, (const TW *)nullptr,
-                         (T *)dx->data, d, DW_FLIP | DW_ACCUM);
+                         (T *)dx->data, d,
+                         DW_FLIP | (flags & DWCONV_WRITE_DX ? 0 : DW_ACCUM) |
+                             (flags & DWCONV_RESIDUAL ? DW_RESID : 0));
         });
     if (dw || db)
         dispatch_dtype(x->dtype, [&](auto tx) {

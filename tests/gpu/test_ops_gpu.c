@@ -589,14 +589,17 @@ static void test_attention_pool_matches_cpu(void **state) {
 // 7x7 kernel (gspn_hier's last stages).
 // Shapes that reach the tiling's edges: several tiles down and across with partial last ones
 // (56 x 30), images of at most 7 rows (the 7-row tiles), channel groups of 16, 32 and 64 with a
-// partial last group, channel counts that are not a multiple of 8 (the scalar staging), rows
-// narrower than k. Modes: all fp32, all bf16, and fp32 x with bf16 weights (the LPUs on the
+// partial last group, channel counts that are multiples of 4 and of 2 but not of 8 (the narrower
+// staging loads) or odd (one channel a load), rows narrower than k. Modes: all fp32, all bf16, and fp32 x with bf16 weights (the LPUs on the
 // residual stream), whose fp32 arithmetic on the same rounded weights is held to fp32's bound.
+// Shapes take turns with the flags: none, DWCONV_RESIDUAL, and that with DWCONV_WRITE_DX (dx's
+// random prior values must then be ignored).
 static void test_dwconv_matches_cpu(void **state) {
     static const int shapes[][5] = {{2, 9, 7, 16, 3},   {1, 6, 11, 5, 5},  {4, 14, 14, 64, 3},
                                     {2, 5, 37, 40, 7},  {8, 28, 28, 48, 7}, {3, 4, 5, 33, 1},
                                     {4, 2, 2, 24, 7},   {2, 56, 30, 24, 7}, {3, 7, 7, 72, 3},
-                                    {2, 16, 9, 20, 5},  {1, 15, 29, 144, 7}};   // B H W C k
+                                    {2, 16, 9, 20, 5},  {1, 15, 29, 144, 7}, {2, 9, 13, 18, 7},
+                                    {1, 30, 28, 108, 3}};   // B H W C k
     const int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
     for (int mi = 0; mi < 3; mi++)
         for (int si = 0; si < nshapes; si++) {
@@ -604,17 +607,20 @@ static void test_dwconv_matches_cpu(void **state) {
             DType mode = xt;   // the tolerance: the activations' dtype
             int B = shapes[si][0], hgt = shapes[si][1], wid = shapes[si][2], C = shapes[si][3],
                 k = shapes[si][4];
-            printf("  x %s, w %s (%d,%d,%d,%d) k%d\n", dtype_name(xt), dtype_name(wt), B, hgt, wid, C, k);
+            const int flag_sets[3] = {0, DWCONV_RESIDUAL, DWCONV_RESIDUAL | DWCONV_WRITE_DX};
+            const int flags = flag_sets[si % 3];
+            printf("  x %s, w %s (%d,%d,%d,%d) k%d flags %d\n", dtype_name(xt), dtype_name(wt), B, hgt,
+                   wid, C, k, flags);
             Tensor *x = rnd(HT(B, hgt, wid, C), 1, -1, 1, xt), *w = rnd(HT(C, 1, k, k), 2, -1, 1, wt);
             Tensor *b = rnd(HT(C), 3, -1, 1, wt), *y = HT(B, hgt, wid, C), *gy = dev_zeros(y, xt);
-            cpu_dwconv_fwd(&H, x, w, b, y);
-            cuda_dwconv_fwd(&G, dev(x, xt), dev(w, wt), dev(b, wt), gy);
+            cpu_dwconv_fwd(&H, x, w, b, flags, y);
+            cuda_dwconv_fwd(&G, dev(x, xt), dev(w, wt), dev(b, wt), flags, gy);
             check("dwconv_fwd.y", mode, gy, y);
             Tensor *dy = rnd(HT(B, hgt, wid, C), 4, -1, 1, xt), *dx = rnd(HT(B, hgt, wid, C), 5, -1, 1, xt);
             Tensor *dw = rnd(HT(C, 1, k, k), 6, -1, 1, DTYPE_F32), *db = rnd(HT(C), 7, -1, 1, DTYPE_F32);
             Tensor *gdx = dev(dx, xt), *gdw = dev(dw, DTYPE_F32), *gdb = dev(db, DTYPE_F32);
-            cpu_dwconv_bwd(&H, dy, x, w, dx, dw, db);
-            cuda_dwconv_bwd(&G, dev(dy, xt), dev(x, xt), dev(w, wt), gdx, gdw, gdb);
+            cpu_dwconv_bwd(&H, dy, x, w, flags, dx, dw, db);
+            cuda_dwconv_bwd(&G, dev(dy, xt), dev(x, xt), dev(w, wt), flags, gdx, gdw, gdb);
             check("dwconv_bwd.dx", mode, gdx, dx);
             check("dwconv_bwd.dw", mode, gdw, dw);
             check("dwconv_bwd.db", mode, gdb, db);
@@ -632,7 +638,7 @@ static void test_dwconv_bwd_is_deterministic(void **state) {
     for (int run = 0; run < 2; run++) {
         Tensor *gdx = dev_zeros(x, DTYPE_BF16), *gdw = dev_zeros(w, DTYPE_F32);
         Tensor *gdb = dev_zeros(HT(C), DTYPE_F32);
-        cuda_dwconv_bwd(&G, gdy, gx, gw, gdx, gdw, gdb);
+        cuda_dwconv_bwd(&G, gdy, gx, gw, DWCONV_RESIDUAL, gdx, gdw, gdb);
         out[run][0] = tensor_to_host_f32(&G, gdx);
         out[run][1] = tensor_to_host_f32(&G, gdw);
         out[run][2] = tensor_to_host_f32(&G, gdb);
