@@ -25,11 +25,11 @@ $(BUILD)/config.mk: tools/probe.sh tools/install_deps.sh
 -include $(BUILD)/config.mk
 
 # Layers (README, docs/layout.md): kernels/ (the base, the op table, the device interface and
-# the backends) <- nn/ <- train/; data/ and dist/ beside them; bench/ on top. tools/check_layers.py
-# keeps the includes pointing one way.
-SRC_C   := $(wildcard kernels/*.c kernels/cpu/*.c nn/*.c data/*.c dist/*.c train/*.c bench/*.c)
+# the backends) <- nn/ <- train/; data/ and dist/ beside them; bench/ above train/; app/main.c,
+# the command table, on top. tools/check_layers.py keeps the includes pointing one way.
+SRC_C   := $(wildcard kernels/*.c kernels/cpu/*.c nn/*.c data/*.c dist/*.c train/*.c bench/*.c) app/main.c
 SRC_CU  := $(wildcard kernels/cuda/*.cu bench/cuda/*.cu)
-MAIN_O  := $(BUILD)/train/main.o
+MAIN_O  := $(BUILD)/app/main.o
 OBJ     := $(filter-out $(MAIN_O),$(SRC_C:%.c=$(BUILD)/%.o))
 
 ifeq ($(HAVE_NVCC),1)

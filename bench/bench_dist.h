@@ -9,12 +9,3 @@
 // argv[first..argc-1]: [STUDENT_CFG] [--steps=N] [--warmup=N] [--overlap=0|1] [--profile=1]
 // [--memory=1] [--max-batch [--sizes=378,1036] [--max-batch-cap=N]] [--key=value ...]
 int bench_distill_cmd(int argc, char **argv, int first);
-
-// One Stage 2 measurement of config c (batch_size per GPU) in a world of one: what each
-// --max-batch probe runs in its child process.
-typedef struct DistillProbe {
-    double img_per_s;   // over the timed steps
-    double gpu_gib;     // device_memory_use peak since the context opened
-    float loss;         // of the last timed step
-} DistillProbe;
-DistillProbe bench_distill_alone(const Config *c, int warmup, int steps);

@@ -9,7 +9,7 @@
 // else is a failure, printed under the table, that ends the search at that setting. The parent
 // makes no CUDA call until every child has exited (a CUDA context does not survive fork).
 #include "bench_max_batch.h"
-#include "bench_dist.h"
+#include "distill_step.h"
 #include "timm_json.h"
 #include "../kernels/device.h"
 #include "../kernels/error.h"

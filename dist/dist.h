@@ -83,7 +83,7 @@ void dist_init_single(Dist *d);
 // finalizes MPI. A world of one: nothing.
 void dist_finalize(Dist *d);
 
-// The process's group: main's dist_init (train/main.c); a world of one until then.
+// The process's group: main's dist_init (app/main.c); a world of one until then.
 Dist *dist_process(void);
 // main: dist_init_err on dist_process(), exiting with the message on error.
 Dist *dist_process_init(int *argc, char ***argv);

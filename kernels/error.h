@@ -25,7 +25,7 @@ typedef struct CgTrap {
 CgTrap *cg_trap_set(CgTrap *trap);
 
 // A prefix for every message of this process ("rank 3/8"; "" for none), so that the errors of a
-// multi-process run say which process stopped (train/main.c sets it).
+// multi-process run say which process stopped (app/main.c sets it).
 void cg_error_set_tag(const char *tag);
 
 #define CG_FAIL(hint, ...) cg_fail(__FILE__, __LINE__, hint, __VA_ARGS__)

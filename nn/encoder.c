@@ -1,26 +1,17 @@
 #include "encoder.h"
 #include "../kernels/error.h"
 
-const char *encoder_kind_name(EncoderKind kind) {
-    static const char *names[] = {"vit", "cgspn", "hybrid", "gspn_hier"};
-    return kind >= 0 && kind <= ENCODER_GSPN_HIER ? names[kind] : "?";
-}
-
-int encoder_out_width(const EncoderConfig *cfg) {
-    return cfg->kind == ENCODER_GSPN_HIER ? cfg->width << (HIER_STAGES - 1) : cfg->width;
-}
-
-int encoder_block_is_attention(const EncoderConfig *cfg, int i) {
-    if (cfg->kind == ENCODER_VIT) return 1;
-    if (cfg->kind == ENCODER_CGSPN || cfg->kind == ENCODER_GSPN_HIER) return 0;
-    return cfg->attn_every > 0 && (i + 1) % cfg->attn_every == 0;
-}
-
 void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
     memset(e, 0, sizeof(*e));
     e->cfg = *cfg;
     if (cfg->kind == ENCODER_GSPN_HIER) {
-        hier_register(e, t);
+        hier_register(&e->hier, cfg, t);
+        e->grid_h = e->hier.grid_h[HIER_STAGES - 1];
+        e->grid_w = e->hier.grid_w[HIER_STAGES - 1];
+        e->prefix = 0;
+        int Cl = encoder_out_width(cfg);
+        layernorm_register(&e->norm, t, "norm", Cl, cfg->ln_eps);
+        if (cfg->num_classes > 0) linear_register(&e->head, t, "head", Cl, cfg->num_classes, true, 0.02f);
         return;
     }
     CG_CHECK(cfg->depth >= 1 && cfg->depth <= ENCODER_MAX_DEPTH, "", "depth %d not in [1, %d]",
@@ -106,16 +97,9 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
 // would compound over deep models. Each sublayer reads it through its LayerNorm, which reads the
 // fp32 stream and writes the activation dtype (no separate cast pass).
 
-static bool block_drop_path_active(const Tape *t, const Encoder *e) {
-    return e->drop_path.rate > 0.0f && e->cfg.depth >= 2 && t->grad_enabled;
-}
 
 Tensor *encoder_drop_path(Tape *t, const Encoder *e, int i, int branch, Tensor *x) {
-    const EncoderDropPath *d = &e->drop_path;
-    if (!block_drop_path_active(t, e)) return x;
-    DropPathArgs a = {d->rate * (float)i / (float)(e->cfg.depth - 1), d->seed, d->step,
-                      2 * i + branch, d->first_sample};
-    return nn_drop_path(t, x, &a);
+    return encoder_drop_branch(t, &e->drop_path, e->cfg.depth, i, branch, x);
 }
 
 static Tensor *block_drop_path(Tape *t, const Encoder *e, const Block *b, int branch, Tensor *x) {
@@ -141,7 +125,7 @@ Tensor *encoder_block_forward(Tape *t, const Encoder *e, const Block *b, Tensor 
     // Without a tap, layer scale or an active drop path, each residual add is fused: the mixing
     // layer's output projection, the add and norm2 in one pass over the fp32 stream
     // (nn_linear_add_layernorm), and fc2 writes x + MLP itself (nn_mlp_residual).
-    bool plain = !block_drop_path_active(t, e);
+    bool plain = !encoder_drop_active(t, &e->drop_path, e->cfg.depth);
     Tensor *h = layernorm(t, &b->norm1, x), *h2;
     if (!pp && !b->ls1 && plain) {
         const Linear *out;
@@ -207,7 +191,8 @@ static Tensor *block_forward_planned(Tape *t, const Encoder *e, int i, Tensor *x
 
 Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *taps) {
     if (e->cfg.kind == ENCODER_GSPN_HIER)
-        return hier_forward(t, e, img, taps ? taps->pp : NULL, taps ? taps->pb : NULL);
+        return layernorm(t, &e->norm, hier_forward(t, &e->hier, &e->cfg, &e->drop_path, img,
+                                                   taps ? taps->pp : NULL, taps ? taps->pb : NULL));
     Tensor *x = encoder_embed(t, e, img);
     for (int i = 0; i < e->cfg.depth; i++) {
         x = block_forward_planned(t, e, i, x, taps ? &taps->pp[i] : NULL);

@@ -2,44 +2,9 @@
 // hybrid (attention every k-th block), and the hierarchical GSPN classifier (nn/hier.h). Tokens
 // are channels-last: (B, prefix + H*W, C).
 #pragma once
+#include "encoder_config.h"
 #include "layers.h"
 #include "hier.h"
-
-typedef enum { ENCODER_VIT = 0, ENCODER_CGSPN = 1, ENCODER_HYBRID = 2, ENCODER_GSPN_HIER = 3 } EncoderKind;
-
-#define ENCODER_MAX_DEPTH 64
-
-typedef struct EncoderConfig {
-    EncoderKind kind;
-    int img_h, img_w, in_chans, patch;
-    int width, depth, heads, mlp_hidden;
-    GeluKind gelu;
-    float ln_eps;
-    int class_token;          // ViT: prepend a learned class token
-    int reg_tokens;           // ViT: learned register tokens after it (timm reg_token (1,R,C))
-    int pos_embed;            // ViT: learned absolute position embedding
-    int no_embed_class;       // pos_embed covers the patch tokens only, added before the prefix
-                              // tokens are prepended (timm no_embed_class)
-    int norm_pre;             // LayerNorm on the tokens before the first block (timm norm_pre);
-                              // the patch embedding then has no bias, as timm's pre_norm ViT
-    int avg_pool;             // head on the mean of patch tokens (else on the class token)
-    int fc_norm;              // the pooled vector is normed (fc_norm) and the tokens are not (timm
-                              // fc_norm: its final norm is the identity)
-    int map_pool;             // the pooled vector is timm's AttentionPoolLatent of every token
-                              // (global_pool = map: SigLIP's MAP head), forward only
-    float layer_scale_init;   // 0 = no layer scale
-    int qkv_bias;
-    int num_classes;          // 0 = no head (feature extractor, teacher)
-    int gspn_latent;          // C-GSPN latent channels Cc
-    int gspn_shared_w, gspn_out_norm;
-    int attn_every;           // hybrid: blocks attn_every, 2*attn_every, ... (1-based) attend
-    int grad_checkpoint;      // 0 = off; N: blocks 0, N, 2N, ... recompute their forward in backward
-    // gspn_hier (nn/hier.h): width is the first stage's, depth the sum of depths, patch 4 (the
-    // stem's stride); mlp_hidden unused (mlp_ratio per stage).
-    int depths[HIER_STAGES];
-    float mlp_ratio, mixer_ratio;
-    int mixer_conv;
-} EncoderConfig;
 
 // timm's AttentionPoolLatent with one latent (attn_pool.*): q = latent Wq + bq (C), k | v =
 // tokens Wkv + bkv, x = proj(attention(q, k, v)), pooled = x + mlp(norm(x)).
@@ -58,18 +23,6 @@ typedef struct Block {
     Mlp mlp;
     Tensor *ls1, *ls2;        // layer scale gammas or NULL
 } Block;
-
-// Stochastic depth (timm drop_path_rate): block i's two residual branches (mixing layer, MLP)
-// are dropped per sample with probability rate * i / (depth - 1), linear over depth from 0 at
-// the first block, as timm's linspace. Applied only while the tape records gradients; the
-// trainer sets step (and first_sample under data parallelism) before each forward. The masks
-// are a pure function of (seed, step, 2 * block + branch, sample) (kernels/drop_path_mask.h).
-typedef struct EncoderDropPath {
-    float rate;            // 0 = off (the default)
-    uint64_t seed;
-    int64_t step;
-    int first_sample;
-} EncoderDropPath;
 
 typedef struct Encoder {
     EncoderConfig cfg;
@@ -106,6 +59,9 @@ Tensor *encoder_embed(Tape *t, const Encoder *e, Tensor *img);
 // One block: x (B, prefix+H*W, C) fp32 -> (B, prefix+H*W, C) fp32; *pp (when pp is not NULL)
 // receives the mixing-layer output. encoder_forward runs it per block; `cgspn bench block` alone.
 Tensor *encoder_block_forward(Tape *t, const Encoder *e, const Block *b, Tensor *x, Tensor **pp);
+// x itself, or with stochastic depth active the residual branch x of block i dropped per sample
+// (encoder_drop_branch with e's settings).
+Tensor *encoder_drop_path(Tape *t, const Encoder *e, int block, int branch, Tensor *x);
 // Runs the encoder at another image size (img_h x img_w, multiples of patch): the token grid
 // follows. Only for encoders without a position embedding (C-GSPN, hybrid, a ViT without
 // pos_embed), whose parameters do not depend on the grid: multi-resolution training and the
@@ -126,15 +82,5 @@ Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens);
 // nor the scan's hidden states (4 directions x Cc fp32 per token); the recomputation makes them
 // again, one block at a time.
 bool encoder_block_is_checkpointed(const EncoderConfig *cfg, int i);
-// x itself, or with stochastic depth active (training, rate > 0) the residual branch x of block i
-// (0-based; branch 0: mixing layer, 1: MLP) dropped per sample, rate * i / (depth - 1).
-Tensor *encoder_drop_path(Tape *t, const Encoder *e, int block, int branch, Tensor *x);
-// Width of the tokens encoder_forward returns and of encoder_pool's vector: width, or a
-// hierarchical encoder's last stage's.
-int encoder_out_width(const EncoderConfig *cfg);
-// "vit", "cgspn", "hybrid" or "gspn_hier"
-const char *encoder_kind_name(EncoderKind kind);
-// Whether block i (0-based) is an attention block for this encoder.
-int encoder_block_is_attention(const EncoderConfig *cfg, int i);
 // Multiply-accumulates of one image's forward pass (for MFU and logs).
 double encoder_flops_per_image(const EncoderConfig *cfg);

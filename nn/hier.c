@@ -1,4 +1,4 @@
-#include "encoder.h"
+#include "hier.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -80,15 +80,10 @@ static void check_config(const EncoderConfig *c) {
     CG_CHECK(c->layer_scale_init == 0, "set layer_scale_init = 0", "gspn_hier has no LayerScale");
 }
 
-void hier_register(Encoder *e, ParamTable *t) {
-    const EncoderConfig *c = &e->cfg;
-    HierEncoder *h = &e->hier;
+void hier_register(HierEncoder *h, const EncoderConfig *c, ParamTable *t) {
     check_config(c);
     h->fp32_ops = parse_fp32_ops(getenv("CGSPN_FP32_OPS"));
     hier_grids(c, h->grid_h, h->grid_w);
-    e->grid_h = h->grid_h[HIER_STAGES - 1];
-    e->grid_w = h->grid_w[HIER_STAGES - 1];
-    e->prefix = 0;
     int C = c->width;
     // GSPN-1's patch embedding v2 (its LayerNorms are nn.LayerNorm, eps 1e-5 there: ln_eps).
     conv2d_register(&h->stem1, t, "stem.conv1", c->in_chans, C / 2, 3, 2, 1, true);
@@ -122,14 +117,11 @@ void hier_register(Encoder *e, ParamTable *t) {
             layernorm_register(&h->down_norm[s], t, p, 2 * Cs, c->ln_eps);
         }
     }
-    int Cl = encoder_out_width(c);
-    layernorm_register(&e->norm, t, "norm", Cl, c->ln_eps);
-    if (c->num_classes > 0) linear_register(&e->head, t, "head", Cl, c->num_classes, true, 0.02f);
 }
 
 // The dtype op computes in: fp32 when CGSPN_FP32_OPS names it, else the activation dtype.
-static DType op_dtype(const Tape *t, const Encoder *e, HierOp op) {
-    return e->hier.fp32_ops >> op & 1u ? DTYPE_F32 : t->ctx->act_dtype;
+static DType op_dtype(const Tape *t, const HierEncoder *e, HierOp op) {
+    return e->fp32_ops >> op & 1u ? DTYPE_F32 : t->ctx->act_dtype;
 }
 static Tensor *as_dtype(Tape *t, Tensor *x, DType dt) { return x ? nn_cast(t, x, dt) : NULL; }
 static Tensor *linear_as(Tape *t, const Linear *l, Tensor *x, DType dt) {
@@ -138,8 +130,15 @@ static Tensor *linear_as(Tape *t, const Linear *l, Tensor *x, DType dt) {
 
 // One block on the fp32 stream x (B,H,W,C_s); *pp receives the mixer's output when pp is set.
 // The LPUs run on the stream itself (fp32 activations, bf16 weights in a bf16 run).
-static Tensor *block_forward(Tape *t, const Encoder *e, int i, Tensor *x, Tensor **pp) {
-    const HierBlock *b = &e->hier.blocks[i];
+// dp, depth: stochastic depth over the encoder's blocks.
+typedef struct HierDrop { const EncoderDropPath *dp; int depth; } HierDrop;
+static Tensor *drop(Tape *t, HierDrop d, int i, int branch, Tensor *x) {
+    return encoder_drop_branch(t, d.dp, d.depth, i, branch, x);
+}
+
+static Tensor *block_forward(Tape *t, const HierEncoder *e, HierDrop d, int i, Tensor *x,
+                             Tensor **pp) {
+    const HierBlock *b = &e->blocks[i];
     x = nn_dwconv_residual(t, x, b->lpu1.w, b->lpu1.b);
     Tensor *h = op_dtype(t, e, HIER_OP_NORM1) == DTYPE_F32
                     ? nn_layernorm_f32(t, x, b->norm1.w, b->norm1.b, b->norm1.eps)
@@ -158,7 +157,7 @@ static Tensor *block_forward(Tape *t, const Encoder *e, int i, Tensor *x, Tensor
     if (g->out_norm) yc = layernorm(t, &g->norm, yc);
     Tensor *mix = linear_as(t, &g->up, yc, op_dtype(t, e, HIER_OP_UP));        // (B,H,W,C_s)
     if (pp) *pp = mix = as_dtype(t, mix, t->ctx->act_dtype);
-    x = nn_add(t, x, encoder_drop_path(t, e, i, 0, mix));
+    x = nn_add(t, x, drop(t, d, i, 0, mix));
     x = nn_dwconv_residual(t, x, b->lpu2.w, b->lpu2.b);
     Tensor *h2 = op_dtype(t, e, HIER_OP_NORM2) == DTYPE_F32
                      ? nn_layernorm_f32(t, x, b->norm2.w, b->norm2.b, b->norm2.eps)
@@ -169,11 +168,11 @@ static Tensor *block_forward(Tape *t, const Encoder *e, int i, Tensor *x, Tensor
         Tensor *y = nn_mlp(t, as_dtype(t, h2, dt), as_dtype(t, m->fc1.w, dt),
                            as_dtype(t, m->fc1.b, dt), as_dtype(t, m->fc2.w, dt),
                            as_dtype(t, m->fc2.b, dt), m->gelu);
-        return nn_add(t, x, encoder_drop_path(t, e, i, 1, y));
+        return nn_add(t, x, drop(t, d, i, 1, y));
     }
     h2 = as_dtype(t, h2, dt);
-    if (e->drop_path.rate <= 0.0f || !t->grad_enabled) return mlp(t, &b->mlp, h2, x);
-    return nn_add(t, x, encoder_drop_path(t, e, i, 1, mlp(t, &b->mlp, h2, NULL)));
+    if (!encoder_drop_active(t, d.dp, d.depth)) return mlp(t, &b->mlp, h2, x);
+    return nn_add(t, x, drop(t, d, i, 1, mlp(t, &b->mlp, h2, NULL)));
 }
 
 static Tensor *stream_norm(Tape *t, const LayerNorm *l, Tensor *x) {   // -> fp32
@@ -184,9 +183,9 @@ static Tensor *tokens_view(Tape *t, Tensor *x) {   // (B,H,W,C) -> (B,H*W,C)
     return nn_view(t, x, 3, (int[]){x->shape[0], x->shape[1] * x->shape[2], x->shape[3]});
 }
 
-Tensor *hier_forward(Tape *t, const Encoder *e, Tensor *img, Tensor **pp, Tensor **pb) {
-    const EncoderConfig *c = &e->cfg;
-    const HierEncoder *h = &e->hier;
+Tensor *hier_forward(Tape *t, const HierEncoder *h, const EncoderConfig *c,
+                     const EncoderDropPath *dp, Tensor *img, Tensor **pp, Tensor **pb) {
+    const HierDrop d = {dp, c->depth};
     CG_CHECK(img->ndim == 4 && img->shape[1] == c->in_chans && img->shape[2] == c->img_h &&
                  img->shape[3] == c->img_w,
              "check img_size and in_chans", "images of shape (%d,%d,%d,%d), the encoder expects "
@@ -201,14 +200,14 @@ Tensor *hier_forward(Tape *t, const Encoder *e, Tensor *img, Tensor **pp, Tensor
     for (int s = 0; s < HIER_STAGES; s++) {
         for (int j = 0; j < c->depths[s]; j++, i++) {
             Tensor *mix = NULL;
-            x = block_forward(t, e, i, x, pp ? &mix : NULL);
+            x = block_forward(t, h, d, i, x, pp ? &mix : NULL);
             if (pp) pp[i] = tokens_view(t, mix);
             if (pb) pb[i] = tokens_view(t, x);
         }
         if (s < HIER_STAGES - 1)
             x = stream_norm(t, &h->down_norm[s], conv2d(t, &h->down[s], x, 0));
     }
-    return layernorm(t, &e->norm, tokens_view(t, x));
+    return tokens_view(t, x);
 }
 
 double hier_macs_per_image(const EncoderConfig *c) {

@@ -20,9 +20,9 @@
 // convolutions read the NCHW image. Where the papers leave a detail open the choice is GSPN-1's,
 // named in configs/gspn_t.cfg; docs/gspn_hier.md lists the departures.
 #pragma once
+#include "encoder_config.h"   // EncoderConfig, HIER_STAGES, stochastic depth
 #include "layers.h"
 
-#define HIER_STAGES 4
 #define HIER_MAX_BLOCKS 64
 #define HIER_LPU_KERNEL 3
 
@@ -52,19 +52,20 @@ typedef struct HierEncoder {
     unsigned fp32_ops;        // bit HIER_OP_*: ops a bf16 run keeps in fp32 (CGSPN_FP32_OPS)
 } HierEncoder;
 
-struct Encoder;
-struct EncoderConfig;
-// Registers every parameter (names below: stem.*, stages.S.blocks.J.*, stages.S.downsample.*,
-// norm, head) and sets e's grids; e->cfg is already set. Reads CGSPN_FP32_OPS, a diagnostic: a
-// comma list of block ops (norm1, in_proj, conv, silu, down, gate, scan, up, norm2, mlp; "all";
-// "-op" takes one out again) that a bf16 run computes in fp32, inputs and weights converted up,
-// to find which op's bf16 rounding carries an error (docs/gspn_hier.md).
-void hier_register(struct Encoder *e, ParamTable *t);
-// img (B,in_chans,H,W) NCHW -> tokens after the final norm (B, h*w, C_3). taps (may be NULL):
-// per block, pp the mixer's output and pb the block's output, each (B, H_s*W_s, C_s).
-Tensor *hier_forward(Tape *t, const struct Encoder *e, Tensor *img, Tensor **pp, Tensor **pb);
+// Registers the stem's, the stages' and the downsamplings' parameters (names below:
+// stem.*, stages.S.blocks.J.*, stages.S.downsample.*; the encoder adds norm and head) and sets
+// h's grids. Reads CGSPN_FP32_OPS, a diagnostic: a comma list of block ops (norm1, in_proj,
+// conv, silu, down, gate, scan, up, norm2, mlp; "all"; "-op" takes one out again) that a bf16 run
+// computes in fp32, inputs and weights converted up, to find which op's bf16 rounding carries an
+// error (docs/gspn_hier.md).
+void hier_register(HierEncoder *h, const EncoderConfig *c, ParamTable *t);
+// img (B,in_chans,H,W) NCHW -> the last stage's tokens (B, h*w, C_3), before the encoder's final
+// norm. dp: stochastic depth. taps (may be NULL): per block, pp the mixer's output and pb the
+// block's output, each (B, H_s*W_s, C_s).
+Tensor *hier_forward(Tape *t, const HierEncoder *h, const EncoderConfig *c,
+                     const EncoderDropPath *dp, Tensor *img, Tensor **pp, Tensor **pb);
 // The token grid of each stage for an image side: the 3x3 stride-2 convolutions give ceil(n/2).
-void hier_grids(const struct EncoderConfig *c, int *grid_h, int *grid_w);
+void hier_grids(const EncoderConfig *c, int *grid_h, int *grid_w);
 // One depthwise convolution of a block: grid (H, W), C channels, k x k. The LPUs run on the fp32
 // residual stream with a bias; the mixer's runs in the activation dtype without one.
 typedef struct HierDwconv {
@@ -73,8 +74,8 @@ typedef struct HierDwconv {
 } HierDwconv;
 // The model's depthwise convolutions in the order the forward runs them (lpu1, mixer conv, lpu2
 // per block): writes at most max into out and returns how many there are.
-int hier_dwconvs(const struct EncoderConfig *c, HierDwconv *out, int max);
+int hier_dwconvs(const EncoderConfig *c, HierDwconv *out, int max);
 // Multiply-accumulates of one image's forward pass: convolutions, linears, depthwise
 // convolutions and the scan (5 per channel and direction: 3 neighbours, lam x, u h). Norms,
 // activations and pooling are left out, as fvcore counts the papers' GMACs.
-double hier_macs_per_image(const struct EncoderConfig *c);
+double hier_macs_per_image(const EncoderConfig *c);

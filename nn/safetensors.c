@@ -1,32 +1,11 @@
-// safetensors reading (nn/safetensors.h): dtypes, fp16, the file mapped, tensors found and read.
-#include "safetensors_internal.h"
+// safetensors reading (nn/safetensors.h): fp16, the file mapped, tensors found and read.
+#include "safetensors.h"
 #include "../kernels/error.h"
 #include "../kernels/tensor.h"
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static const struct { const char *name; size_t size; } kDTypes[ST_NUM_DTYPES] = {
-    [ST_BOOL] = {"BOOL", 1},       [ST_U8] = {"U8", 1},     [ST_I8] = {"I8", 1},
-    [ST_F8_E5M2] = {"F8_E5M2", 1}, [ST_F8_E4M3] = {"F8_E4M3", 1},
-    [ST_I16] = {"I16", 2},         [ST_U16] = {"U16", 2},   [ST_F16] = {"F16", 2},
-    [ST_BF16] = {"BF16", 2},       [ST_I32] = {"I32", 4},   [ST_U32] = {"U32", 4},
-    [ST_F32] = {"F32", 4},         [ST_F64] = {"F64", 8},   [ST_I64] = {"I64", 8},
-    [ST_U64] = {"U64", 8},
-};
-
-size_t st_dtype_size(StDType dt) { return dt < ST_NUM_DTYPES ? kDTypes[dt].size : 0; }
-const char *st_dtype_name(StDType dt) { return dt < ST_NUM_DTYPES ? kDTypes[dt].name : "?"; }
-
-int st_dtype_parse(const char *s, StDType *out) {
-    for (int i = 0; i < ST_NUM_DTYPES; i++)
-        if (strcmp(s, kDTypes[i].name) == 0) {
-            *out = (StDType)i;
-            return 0;
-        }
-    return -1;
-}
 
 // ---- conversions ----------------------------------------------------------------------------
 

@@ -25,49 +25,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "safetensors_parse.h"   // the format: dtypes, StTensor, StFile
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define ST_MAX_DIMS 8
-#define ST_MAX_HEADER (100u * 1000u * 1000u)   // the reference's limit on N
-
-typedef enum {
-    ST_BOOL, ST_U8, ST_I8, ST_F8_E5M2, ST_F8_E4M3, ST_I16, ST_U16, ST_F16, ST_BF16,
-    ST_I32, ST_U32, ST_F32, ST_F64, ST_I64, ST_U64, ST_NUM_DTYPES
-} StDType;
-
-size_t st_dtype_size(StDType dt);          // bytes per element
-const char *st_dtype_name(StDType dt);     // "F32", "BF16", ...
-// The dtype named s (exact, upper case) into *out; -1 when s is not one.
-int st_dtype_parse(const char *s, StDType *out);
-
-typedef struct StMeta { const char *key, *value; } StMeta;
-
 // ---- reading --------------------------------------------------------------------------------
-typedef struct StTensor {
-    char *name;
-    StDType dtype;
-    int ndim;
-    int64_t shape[ST_MAX_DIMS];
-    size_t numel;
-    size_t begin, end;     // byte offsets in the data section
-} StTensor;
-
-typedef struct StFile {
-    char *path;
-    uint8_t *map;          // the whole file (mmap), or NULL for an empty data section
-    size_t file_size;
-    size_t header_len;     // N
-    const uint8_t *data;   // map + 8 + N
-    size_t data_size;
-    StTensor *tensors;     // in file order (header order)
-    int n;
-    char **meta_keys, **meta_values;
-    int n_meta;
-} StFile;
-
 int  st_open_err(StFile *f, const char *path, char *err, size_t n);
 void st_open(StFile *f, const char *path);    // exits with the message on error
 void st_close(StFile *f);
@@ -76,8 +40,6 @@ const char *st_meta(const StFile *f, const char *key);   // NULL when absent
 // The tensor's raw bytes (end - begin of them) in the mapping; 8-aligned only when the writer
 // made it so: copy with memcpy.
 const void *st_data(const StFile *f, const StTensor *t);
-// "(2, 3)"
-const char *st_shape_str(const StTensor *t, char *buf, size_t n);
 // Reads a floating-point tensor as fp32 into out (numel floats): F32 as is, BF16, F16 and F64
 // converted. Other dtypes are an error naming the tensor.
 int  st_read_f32_err(const StFile *f, const StTensor *t, float *out, char *err, size_t n);

@@ -1,7 +1,34 @@
-// The safetensors header (nn/safetensors.h): its JSON parsed, its entries validated.
-#include "safetensors_internal.h"
+// The safetensors format (nn/safetensors_parse.h): its dtypes, and the header's JSON parsed and
+// its entries validated.
+#include "safetensors_parse.h"
 #include "../kernels/error.h"
 #include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ---- dtypes ---------------------------------------------------------------------------------
+
+static const struct { const char *name; size_t size; } kDTypes[ST_NUM_DTYPES] = {
+    [ST_BOOL] = {"BOOL", 1},       [ST_U8] = {"U8", 1},     [ST_I8] = {"I8", 1},
+    [ST_F8_E5M2] = {"F8_E5M2", 1}, [ST_F8_E4M3] = {"F8_E4M3", 1},
+    [ST_I16] = {"I16", 2},         [ST_U16] = {"U16", 2},   [ST_F16] = {"F16", 2},
+    [ST_BF16] = {"BF16", 2},       [ST_I32] = {"I32", 4},   [ST_U32] = {"U32", 4},
+    [ST_F32] = {"F32", 4},         [ST_F64] = {"F64", 8},   [ST_I64] = {"I64", 8},
+    [ST_U64] = {"U64", 8},
+};
+
+size_t st_dtype_size(StDType dt) { return dt < ST_NUM_DTYPES ? kDTypes[dt].size : 0; }
+const char *st_dtype_name(StDType dt) { return dt < ST_NUM_DTYPES ? kDTypes[dt].name : "?"; }
+
+int st_dtype_parse(const char *s, StDType *out) {
+    for (int i = 0; i < ST_NUM_DTYPES; i++)
+        if (strcmp(s, kDTypes[i].name) == 0) {
+            *out = (StDType)i;
+            return 0;
+        }
+    return -1;
+}
+
 
 // ---- JSON header parser ---------------------------------------------------------------------
 // Just enough JSON for the header: objects, arrays, strings (all escapes), non-negative

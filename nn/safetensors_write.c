@@ -1,5 +1,5 @@
 // safetensors writing (nn/safetensors.h): header, layout, PATH.tmp fsync'd and renamed.
-#include "safetensors_internal.h"
+#include "safetensors.h"
 #include "../kernels/error.h"
 #include <fcntl.h>
 #include <libgen.h>

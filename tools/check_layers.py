@@ -9,10 +9,13 @@
     train/     commands and training loops         -> nn/, data/, dist/, kernels/
     bench/     benchmark drivers; bench/cpu/ and   -> everything below; bench/cpu|cuda/ may
                bench/cuda/ time the backends          reach their backend's internals
+    app/       main.c: the command table           -> train/'s and bench/'s commands
 
 A file may include files of its own folder and of the folders its layer stands on, nothing
 above. Nothing above kernels/ tests CGSPN_CUDA: the backend choice happens once, in
-kernels/dispatch.c and kernels/device.c. Exits 1 naming every violation.
+kernels/dispatch.c and kernels/device.c. Inside one folder no units call each other in a loop:
+a unit is a source (foo.c or foo.cu) with its interface foo.h, and it uses another when it calls
+a function that one defines and declares in its header. Exits 1 naming every violation.
 
 Usage: tools/check_layers.py [ROOT]   (ROOT defaults to the repository this script is in)
 """
@@ -31,13 +34,14 @@ RULES = [
      "nn/ reaches the backends only through kernels/ops.h and kernels/device.h"),
     ("dist/", ["data/", "train/", "bench/", "kernels/cpu/"],
      "dist/ stands beside train/, below it"),
-    ("train/main.c", ["kernels/cpu/", "kernels/cuda/"],
-     "the command table may name bench/'s command, nothing below the op table"),
-    ("train/", ["bench/", "kernels/cpu/", "kernels/cuda/"],
-     "train/ reaches the backends only through kernels/ops.h and kernels/device.h"),
+    ("app/", ["kernels/cpu/", "kernels/cuda/"],
+     "the command table names train/'s and bench/'s commands, nothing below the op table"),
+    ("train/", ["bench/", "app/", "kernels/cpu/", "kernels/cuda/"],
+     "train/ stands below bench/ and app/, and reaches the backends only through kernels/ops.h "
+     "and kernels/device.h"),
     ("bench/cpu/", ["kernels/cuda/"], "a CPU micro-benchmark"),
     ("bench/cuda/", ["kernels/cpu/"], "a CUDA micro-benchmark"),
-    ("bench/", ["kernels/cpu/", "kernels/cuda/"],
+    ("bench/", ["app/", "kernels/cpu/", "kernels/cuda/"],
      "bench/'s drivers reach the backends through the op table and the device interface; "
      "the micro-benchmarks in bench/cpu/ and bench/cuda/ time them directly"),
 ]
@@ -54,7 +58,7 @@ NO_BACKEND_MACRO = ["nn/", "data/", "dist/", "train/", "bench/"]
 BACKEND_MACRO_ALLOWED = {"dist/grads.c"}   # with the include above
 
 SOURCE_EXT = (".c", ".h", ".cu", ".cuh")
-LAYER_DIRS = ["kernels", "nn", "data", "dist", "train", "bench"]
+LAYER_DIRS = ["kernels", "nn", "data", "dist", "train", "bench", "app"]
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 
 
@@ -91,7 +95,134 @@ def check(root):
                         line = text.count("\n", 0, m.start()) + 1
                         problems.append(f"{path}:{line}: tests CGSPN_CUDA (the backend choice "
                                         "belongs to kernels/dispatch.c and kernels/device.c)")
+    return problems + unit_cycles(root)
+
+
+def strip_c(text):
+    """C text without comments, string and character literals, or preprocessor lines."""
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", " ", text)
+    text = re.sub(r'"(\\.|[^"\\])*"', '""', text)
+    text = re.sub(r"'(\\.|[^'\\])*'", "''", text)
+    return re.sub(r"^\s*#[^\n]*(\\\n[^\n]*)*", " ", text, flags=re.M)
+
+
+NOT_CALLS = {"if", "for", "while", "switch", "return", "sizeof", "do", "else", "case",
+             "defined", "__attribute__", "__typeof__", "_Generic", "alignof"}
+IDENT = re.compile(r"[A-Za-z_]\w*")
+
+
+def defs_and_calls(text):
+    """(functions defined at file scope: name -> static?, names called inside bodies)."""
+    defs, calls, depth, start, i = {}, set(), 0, 0, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "{":
+            if depth == 0:
+                head = text[start:i]
+                m = re.search(r"([A-Za-z_]\w*)\s*\([^()]*(\([^()]*\)[^()]*)*\)\s*"
+                              r"(__attribute__\s*\(\(.*?\)\))?\s*$", head, re.S)
+                if m and m.group(1) not in NOT_CALLS:
+                    defs[m.group(1)] = "static" in head[:m.start(1)].split(";")[-1]
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            start = i + 1 if depth == 0 else start
+        elif ch == ";" and depth == 0:
+            start = i + 1
+        elif depth > 0:
+            m = IDENT.match(text, i)
+            if m:
+                k = m.end()
+                while k < len(text) and text[k] in " \t\n":
+                    k += 1
+                if k < len(text) and text[k] == "(" and m.group(0) not in NOT_CALLS:
+                    calls.add(m.group(0))
+                i = m.end()
+                continue
+        i += 1
+    return defs, calls
+
+
+def unit_cycles(root):
+    """Loops between the units of one folder (foo.c or foo.cu with its interface foo.h): unit A
+    uses unit B when A's source calls a function that B's source defines and B's header
+    declares. One problem per loop, naming its units in order."""
+    problems = []
+    for top in LAYER_DIRS:
+        for dirpath, _, names in os.walk(os.path.join(root, top)):
+            sources = [n for n in sorted(names) if n.endswith((".c", ".cu"))]
+            scanned, interface = {}, {}
+            for name in sources:
+                unit = os.path.splitext(name)[0]
+                text = open(os.path.join(dirpath, name), encoding="utf-8", errors="replace").read()
+                scanned[unit] = defs_and_calls(strip_c(text))
+                header = os.path.join(dirpath, unit + ".h")
+                interface[unit] = set(re.findall(r"([A-Za-z_]\w*)\s*\(", strip_c(
+                    open(header, encoding="utf-8", errors="replace").read()))) \
+                    if os.path.exists(header) else set()
+            owner = {}
+            for unit, (defs, _) in scanned.items():
+                for fn, static in defs.items():
+                    if not static and fn in interface[unit]:
+                        owner[fn] = unit
+            edges = {}
+            for unit, (_, calls) in scanned.items():
+                for fn in calls:
+                    if fn in owner and owner[fn] != unit:
+                        edges.setdefault(unit, set()).add(owner[fn])
+            folder = os.path.relpath(dirpath, root).replace(os.sep, "/")
+            for loop in find_loops(edges):
+                problems.append(f"{folder}/: units call each other in a loop "
+                                f"{' -> '.join(loop + [loop[0]])} (move what both need into a "
+                                "unit of its own)")
     return problems
+
+
+def find_loops(edges):
+    """One loop per strongly connected group of two or more units (Tarjan), in name order."""
+    index, low, stack, on, groups = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    loops = []
+    for group in groups:   # walk from the first unit along edges inside the group back to it
+        path, seen, v = [group[0]], {group[0]}, group[0]
+        while True:
+            nxt = sorted(w for w in edges.get(v, ()) if w in group)
+            back = [w for w in nxt if w == group[0]]
+            if back and len(path) > 1:
+                break
+            w = next((w for w in nxt if w not in seen), None)
+            if w is None:
+                break
+            path.append(w)
+            seen.add(w)
+            v = w
+        loops.append(path)
+    return loops
 
 
 def main():
@@ -100,10 +231,10 @@ def main():
     for p in problems:
         print(f"check_layers: {p}")
     if problems:
-        print(f"check_layers: {len(problems)} upward dependencies (the layers: tools/check_layers.py, "
-              "docs/layout.md)")
+        print(f"check_layers: {len(problems)} upward dependencies or loops (the layers: "
+              "tools/check_layers.py, docs/layout.md)")
         return 1
-    print("check_layers: every include points down")
+    print("check_layers: every include points down, no units call each other in a loop")
     return 0
 
 

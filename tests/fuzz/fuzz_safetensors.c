@@ -9,7 +9,7 @@
 //    data section: the validation is what keeps those reads in bounds.
 //  - st_open_err on the same bytes as a file, for the framing st_open_err checks before parsing
 //    (file size, header length against the format's limit and the file).
-#include "../../nn/safetensors_internal.h"
+#include "../../nn/safetensors.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

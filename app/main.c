@@ -1,13 +1,14 @@
-// cgspn: one binary, one command per job (DESIGN §1).
+// cgspn: one binary, one command per job (DESIGN §1). The entry point stands above the
+// folders whose commands it names: train/'s and bench/'s.
 #include "../bench/bench.h"
-#include "classify.h"
-#include "curriculum.h"
-#include "data_cmd.h"
-#include "describe.h"
-#include "distill.h"
-#include "export.h"
-#include "features.h"
-#include "probe.h"
+#include "../train/classify.h"
+#include "../train/curriculum.h"
+#include "../train/data_cmd.h"
+#include "../train/describe.h"
+#include "../train/distill.h"
+#include "../train/export.h"
+#include "../train/features.h"
+#include "../train/probe.h"
 #include "../dist/dist.h"
 #include "../kernels/error.h"
 #include <stdlib.h>
