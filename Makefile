@@ -197,6 +197,7 @@ test-run:
 	@fail=0; echo "== tests/test_layers.sh (tools/check_layers.py)"; bash tests/test_layers.sh || fail=1; \
 	 echo "== tests/test_build_probe.sh (the probe follows what is installed)"; bash tests/test_build_probe.sh || fail=1; \
 	 echo "== tests/test_no_history.sh (the code speaks of the project)"; bash tests/test_no_history.sh || fail=1; \
+	 echo "== tests/test_doc_refs.sh (every docs reference points somewhere)"; bash tests/test_doc_refs.sh || fail=1; \
 	 for t in $(TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
 	 if [ "$(HAVE_MPI)" = 1 ]; then \
 	   echo "== $(MPIRUN) -np 2 $(MPI_TEST)"; $(MPIRUN) -np 2 $(MPI_TEST) || fail=1; \

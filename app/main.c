@@ -1,4 +1,4 @@
-// cgspn: one binary, one command per job (DESIGN §1). The entry point stands above the
+// cgspn: one binary, one command per job (docs/design.md#commands). The entry point stands above the
 // folders whose commands it names: train/'s and bench/'s.
 #include "../bench/bench.h"
 #include "../train/classify.h"

@@ -1,4 +1,4 @@
-// `cgspn bench curriculum`: one resolution-curriculum Stage-k training step (DESIGN §6), as
+// `cgspn bench curriculum`: one resolution-curriculum Stage-k training step (docs/design.md#curriculum), as
 // cgspn curriculum runs it: the frozen teacher (the previous stage's C-GSPN student) on the image
 // resized (antialiased, on the host) to its resolution, its tap features upsampled bilinearly to
 // the student's grid, the student's forward, the dual-tap MSE + KL loss through adaptors,

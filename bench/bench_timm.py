@@ -33,7 +33,7 @@ and 147^2 (2058 px); fwd = forward under no_grad, fwd+bwd = forward + backward f
 over the timed calls.
 
 distill: the peer of `cgspn bench distill` (bench/bench_dist.c) with a ViT student: one Stage 2
-step (DESIGN.md section 6, train/distill_loss.c) on random images in [-1, 1). Teacher and student
+step (docs/design.md#stage2, train/distill_loss.c) on random images in [-1, 1). Teacher and student
 are timm ViTs of the so14 shape (vit_so400m_patch14_siglip_378 built with img_size = the image
 side: width 1152, depth 27, 16 heads, MLP 4304, GELU tanh, qkv bias, no class token, avg pool, no
 head; random weights). The teacher is frozen (eval, no_grad, bf16 autocast) and runs only as far

@@ -39,10 +39,17 @@ size_t shard_compress_record(ZSTD_CCtx *cctx, int level, const uint8_t *pixels, 
         *buf = b;
         *cap = bound;
     }
-    ZSTD_CCtx_reset(cctx, ZSTD_reset_session_and_parameters);
-    ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, level);
-    ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
-    ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 1);
+    // Every parameter this context uses is set here; ZSTD_compress2 starts a new frame.
+    const struct { ZSTD_cParameter p; int v; } params[] = {
+        {ZSTD_c_compressionLevel, level}, {ZSTD_c_checksumFlag, 1}, {ZSTD_c_contentSizeFlag, 1}};
+    for (size_t i = 0; i < sizeof params / sizeof params[0]; i++) {
+        size_t e = ZSTD_CCtx_setParameter(cctx, params[i].p, params[i].v);
+        if (ZSTD_isError(e)) {
+            data_fail(err, n, "zstd rejected parameter %d = %d: %s", (int)params[i].p, params[i].v,
+                      ZSTD_getErrorName(e));
+            return 0;
+        }
+    }
     size_t r = ZSTD_compress2(cctx, *buf, *cap, pixels, bytes);
     if (ZSTD_isError(r)) {
         data_fail(err, n, "zstd compression failed: %s", ZSTD_getErrorName(r));

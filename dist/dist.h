@@ -1,4 +1,4 @@
-// The process group of a data-parallel run (DESIGN §1): one process per GPU, every
+// The process group of a data-parallel run (docs/design.md#commands): one process per GPU, every
 // process holding the whole model, each computing gradients on its slice of the batch.
 //
 // Bootstrap (dist_init): how the processes were started decides how they find each other.

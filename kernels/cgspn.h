@@ -11,7 +11,7 @@
  * cgspn_abi_version() returns the version the library implements; a caller built against
  * CGSPN_ABI_VERSION works with any library for which cgspn_abi_version() >= CGSPN_ABI_VERSION.
  *
- * ---- The math (DESIGN §5 steps 3-5) -----------------------------------------------------------
+ * ---- The math (docs/design.md#cgspn-layer steps 3-5) -----------------------------------------------------------
  * For each direction d in (TB, BT, LR, RL) = (0, 1, 2, 3), in the original frame:
  *   TB: h[i,j,c] = lam[i,j,c] xc[i,j,c] + sum_k w_k[i,j,c] h[i-1, j+k, c],  i = 0..H-1
  *   BT: the same reading h[i+1, j+k], i = H-1..0; LR reads h[i+k, j-1], j = 0..W-1;

@@ -200,7 +200,7 @@ OP_DECL(cross_entropy_bwd, Ctx *ctx, const Tensor *dloss, const Tensor *probs,
 OP_DECL(mse_fwd, Ctx *ctx, const Tensor *a, const Tensor *b, Tensor *loss)
 OP_DECL(mse_bwd, Ctx *ctx, const Tensor *dloss, const Tensor *a, const Tensor *b,
         Tensor *da, Tensor *db)
-// Token-wise softmax KL (DESIGN §6): s, t (N,C); P = softmax over C of each token;
+// Token-wise softmax KL (docs/design.md#stage2): s, t (N,C); P = softmax over C of each token;
 // loss (1) = mean over the N tokens of KL(P(s) || P(t)).
 OP_DECL(token_kl_fwd, Ctx *ctx, const Tensor *s, const Tensor *t, Tensor *loss)
 OP_DECL(token_kl_bwd, Ctx *ctx, const Tensor *dloss, const Tensor *s, const Tensor *t,
@@ -243,7 +243,7 @@ OP_DECL(drop_path_bwd, Ctx *ctx, const Tensor *dy, const DropPathArgs *a, Tensor
 // (the weights an EMA model is evaluated with), or is NULL.
 OP_DECL(ema_update, Ctx *ctx, Tensor *ema, const Tensor *src, float decay, Tensor *out)
 
-// ---- C-GSPN propagation (DESIGN §5 steps 3-5) ------------------------------------------------
+// ---- C-GSPN propagation (docs/design.md#cgspn-layer steps 3-5) ------------------------------------------------
 // xc (B,H,W,Cc) latent input. gates (B,H,W,G), per direction d in (TB, BT, LR, RL):
 //   per-channel (shared_w = 0): G = 20*Cc, block d at offset d*5*Cc holds
 //       lam (Cc) | u (Cc) | wt_{-1} (Cc) | wt_0 (Cc) | wt_{+1} (Cc)

@@ -1,4 +1,4 @@
-// Stage 2 feature adaptor (DESIGN §6): A(v) = v + W2 gelu(W1 v + b1) + b2, a residual 2-layer
+// Stage 2 feature adaptor (docs/design.md#stage2): A(v) = v + W2 gelu(W1 v + b1) + b2, a residual 2-layer
 // MLP inserted before a distillation tap. W2 and b2 start at zero, so A starts as the identity.
 // When the teacher's width differs from the student's (a second teacher, a summary of another
 // width), A(v) = W2 gelu(W1 v + b1) + b2 maps width -> out_width, W2 drawn like W1 (a zero W2

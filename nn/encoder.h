@@ -1,4 +1,4 @@
-// Encoders of DESIGN §4: ViT (timm semantics), C-GSPN (no pos_embed, no class token), the
+// Encoders of docs/design.md#encoders: ViT (timm semantics), C-GSPN (no pos_embed, no class token), the
 // hybrid (attention every k-th block), and the hierarchical GSPN classifier (nn/hier.h). Tokens
 // are channels-last: (B, prefix + H*W, C).
 #pragma once

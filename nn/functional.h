@@ -59,5 +59,5 @@ Tensor *nn_view(Tape *t, Tensor *x, int ndim, const int *shape);
 Tensor *nn_cross_entropy(Tape *t, Tensor *logits, Tensor *targets);    // -> (1)
 Tensor *nn_mse(Tape *t, Tensor *a, Tensor *b);                         // -> (1)
 Tensor *nn_token_kl(Tape *t, Tensor *s, Tensor *target);               // -> (1)
-// C-GSPN propagation (DESIGN §5 steps 3-5): xc (B,H,W,Cc), gates (B,H,W,G), merge (4)
+// C-GSPN propagation (docs/design.md#cgspn-layer steps 3-5): xc (B,H,W,Cc), gates (B,H,W,G), merge (4)
 Tensor *nn_gspn_scan(Tape *t, Tensor *xc, Tensor *gates, Tensor *merge, int shared_w);

@@ -15,7 +15,7 @@ typedef struct Attention { Linear qkv, proj; int heads; } Attention;
 // NULL. A dense one has a stride and zero padding; a depthwise one is stride 1, padding k/2.
 typedef struct Conv2d { Tensor *w, *b; int stride, pad; } Conv2d;
 
-// DESIGN §5. x (B,H,W,C) -> y (B,H,W,C_out) through a latent of Cc channels (C_out = C but in a
+// docs/design.md#cgspn-layer. x (B,H,W,C) -> y (B,H,W,C_out) through a latent of Cc channels (C_out = C but in a
 // hierarchical encoder's mixer, nn/hier.h).
 typedef struct CgspnLayer {
     Linear down;     // (Cc, C)

@@ -1,4 +1,4 @@
-// The parameter table to and from safetensors weight files (DESIGN §7): timm names, PyTorch's
+// The parameter table to and from safetensors weight files (docs/design.md#files): timm names, PyTorch's
 // layouts, so weights move between cgspn and PyTorch (safetensors.torch.load_file / save_file).
 //
 // Shapes in files. We keep a few parameters in fewer dimensions than timm does; a file may hold

@@ -1,4 +1,4 @@
-// Learning-rate schedule: linear warmup, then cosine decay (DESIGN §6). Steps are 0-based
+// Learning-rate schedule: linear warmup, then cosine decay (docs/design.md#classification). Steps are 0-based
 // optimizer steps; lr_schedule(s, step) is the rate used BY that step.
 //
 //   step <  warmup_steps:           lr = base_lr * (step + 1) / warmup_steps

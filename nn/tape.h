@@ -1,4 +1,4 @@
-// Reverse-mode autodiff over a tape (DESIGN §3). A forward op with gradients enabled appends a
+// Reverse-mode autodiff over a tape (docs/design.md#autodiff). A forward op with gradients enabled appends a
 // record (its backward function and what it saved); tape_backward walks the records in reverse
 // and each backward accumulates into the .grad of its inputs. With gradients disabled nothing
 // is recorded. Activations and records live in the arena, reset every step.

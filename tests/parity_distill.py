@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""cgspn distill against PyTorch: one Stage 1 / Stage 2 loss and its gradients (DESIGN §5, §6).
+"""cgspn distill against PyTorch: one Stage 1 / Stage 2 loss and its gradients (docs/design.md#cgspn-layer, docs/design.md#losses).
 
 The teacher is a timm ViT (class token, head on the mean of the patch tokens), random weights,
 made for a 2x2 grid and run at 4x4 (its pos_embed resampled by timm's resample_abs_pos_embed on
 this side, by `cgspn distill` on the other). The student is a C-GSPN of the same width and
-depth written here from DESIGN §5 (the four-direction scan as a plain loop), with adaptors,
+depth written here from docs/design.md#cgspn-layer (the four-direction scan as a plain loop), with adaptors,
 random weights (adaptors' W2 included, so they matter). For each case `cgspn distill CONFIG
 --images X --loss-out L --init W` computes the loss of one batch; this script computes the same
-from DESIGN §6 in PyTorch and compares the loss, every logged part and the gradient of every
+from docs/design.md#losses in PyTorch and compares the loss, every logged part and the gradient of every
 trainable parameter. A fourth case adds a second teacher of another shape: a timm ViT
 with 2 registers and pos_embed on the patch tokens only, width 24, depth 2, patch 4, seen at 32 px
 in its own input normalization; its taps, bilinearly resized to the student's grid, pair with its
@@ -71,7 +71,7 @@ def rel_err(a, b):
     return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
 
 
-# ---- the student, DESIGN §5 ---------------------------------------------------------------
+# ---- the student, docs/design.md#cgspn-layer ---------------------------------------------------------------
 
 def scan_tb(xc, lam, u, wt):
     """Top-to-bottom scan over dim 1 of (B, H, W, Cc); neighbours j-1, j, j+1 along dim 2.
@@ -178,7 +178,7 @@ class Student(nn.Module):
         return self.head(self.pooled), pps, pbs
 
 
-# ---- DESIGN §6 -------------------------------------------------------------------------------
+# ---- docs/design.md#losses -------------------------------------------------------------------------------
 
 def token_kl(s, t):
     ls, lt = F.log_softmax(s, -1), F.log_softmax(t, -1)

@@ -3,7 +3,7 @@
 written here from the papers and GSPN-1's layout: per-block PP/PB features, the final-norm
 tokens, the pooled vector, the logits, and every parameter's gradient.
 
-The reference is plain PyTorch (the scan of DESIGN §5 as a loop over rows, in the original frame
+The reference is plain PyTorch (the scan of docs/design.md#cgspn-layer as a loop over rows, in the original frame
 for every direction; weights shared across the proxy channels), run in float64 on the CPU. Its
 random weights are PyTorch's default init with norms, biases and merge redrawn around their
 defaults, exported to safetensors with cgspn's names; `cgspn features` runs the same images with
@@ -84,7 +84,7 @@ def read_cfg(path, overrides):
     return keys
 
 
-# ---- the scan (DESIGN §5), weights shared across the Cc channels -------------------------------
+# ---- the scan (docs/design.md#cgspn-layer), weights shared across the Cc channels -------------------------------
 
 def scan_tb(xc, lam, u, wt):
     """Top-to-bottom scan over dim 1 of (B, H, W, Cc); neighbours j-1, j, j+1 along dim 2.

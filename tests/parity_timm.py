@@ -33,7 +33,7 @@ from safetensors.torch import save_file, load_file
 MODELS = {
     # name: (timm model, cgspn config, batch, img, timm kwargs, cgspn --key=value overrides)
     "vit_b16": ("vit_base_patch16_224", "configs/vit_b16.cfg", 2, 224, {}, []),
-    # the MAP head dropped: compared up to the final norm; SigLIP's GELU (DESIGN §4)
+    # the MAP head dropped: compared up to the final norm; SigLIP's GELU (docs/design.md#encoders)
     "vit_so14": ("vit_so400m_patch14_siglip_378", "configs/vit_so14.cfg", 1, 378,
                  {"global_pool": "", "num_classes": 0, "act_layer": "gelu_tanh"}, []),
     # the distillation teacher families, each with a 10-class head so logits are compared too

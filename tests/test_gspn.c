@@ -1,4 +1,4 @@
-// C-GSPN propagation (DESIGN §5 steps 3-5): the CPU reference kernels cpu_gspn_scan_fwd/bwd
+// C-GSPN propagation (docs/design.md#cgspn-layer steps 3-5): the CPU reference kernels cpu_gspn_scan_fwd/bwd
 // against a naive double-precision reference, hand-computed values, the row-stochastic
 // property and central finite differences.
 #include <stdarg.h>
@@ -89,7 +89,7 @@ static void problem_free(Problem *p) {
 }
 
 // ---- naive reference ---------------------------------------------------------------------------
-// Every direction is written as the TB scan of DESIGN §5 over an R x Q grid, rows r in order,
+// Every direction is written as the TB scan of docs/design.md#cgspn-layer over an R x Q grid, rows r in order,
 // reading row r-1 at columns q+k; (r, q) maps explicitly to the image's (i, j).
 static void ref_map(const Problem *p, int d, int r, int q, int *i, int *j) {
     switch (d) {

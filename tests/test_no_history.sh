@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# Code speaks of the project, not of how it was built: no "issue N", "session" or "before this
-# fix" in the source, scripts and program output strings (git log holds the history). Checks the
-# tree, then that a planted line in a copy is found and named.
+# The repository speaks of the project, not of how it was built, and stands alone: no issue
+# numbers, no work-period names and no before-and-after stories in the source, scripts, docs and program
+# output strings (git log holds the history), and no path into the folder above the repository.
+# Measured logs under results/ are left as they were written. Checks the tree, then that planted
+# lines in a copy are found and named. The words are assembled at run time, so this file does
+# not match itself.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
-pattern='\bissues? [0-9]+|\bsessions?\b|before this fix'
-files() {   # the source and scripts under the current folder (not build outputs, not markdown;
-            # not this file, which must name the words)
-    find . \( -path ./build -o -path ./.git -o -path './.*' \) -prune -o -type f \
+w_issue="iss""ue"
+w_period="sess""ion"
+w_above="\.\./sha""red"
+w_fix="before this f""ix"
+pattern="\b${w_issue}s? [0-9]+|\b${w_period}s?\b|${w_fix}|${w_above}"
+files() {   # the source, scripts and docs under the current folder (not build outputs or logs)
+    find . \( -path ./build -o -path ./.git -o -path ./results -o -path './.*' \) -prune -o -type f \
         \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.py' \
-           -o -name '*.sh' -o -name Makefile \) -print | grep -v '^./tests/test_no_history.sh$' | sort
+           -o -name '*.sh' -o -name '*.md' -o -name '*.cfg' -o -name Makefile \) -print | sort
 }
 scan() {   # $1: a root; prints FILE:LINE: text of each hit
     (cd "$1" && files | xargs -r grep -H -n -i -E "$pattern" -- | sed 's|^\./||')
@@ -17,19 +23,22 @@ scan() {   # $1: a root; prints FILE:LINE: text of each hit
 fail=0
 hits=$(scan "$root")
 if [ -z "$hits" ]; then
-    echo "[       OK ] no history words in the code"
+    echo "[       OK ] no history words and no path above the repository"
 else
-    echo "[  FAILED  ] history words in the code (say what the code does; git log keeps the story):"
+    echo "[  FAILED  ] history words or paths above the repository (say what the code does; git log keeps the story):"
     echo "$hits" | sed 's/^/    /'
     fail=1
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$tmp/nn" && printf '// fixed in %s %d\nint x;\n' issue 12 > "$tmp/nn/planted.c"
-if scan "$tmp" | grep -q 'nn/planted.c:1:'; then
-    echo "[       OK ] a planted history line is found and named"
+mkdir -p "$tmp/nn" "$tmp/docs"
+printf '// fixed in %s %d\nint x;\n' "$w_issue" 12 > "$tmp/nn/planted.c"
+printf 'See ../%s/DESIGN.md.\n' "sha""red" > "$tmp/docs/planted.md"
+out=$(scan "$tmp")
+if grep -q 'nn/planted.c:1:' <<<"$out" && grep -q 'docs/planted.md:1:' <<<"$out"; then
+    echo "[       OK ] planted lines (code and docs) are found and named"
 else
-    echo "[  FAILED  ] a planted history line was not found"
+    echo "[  FAILED  ] a planted line was not found: $out"
     fail=1
 fi
 exit $fail

@@ -28,7 +28,7 @@ pct() { grep -o "$2 [0-9.]*%" "$1" | tail -1 | grep -o '[0-9.]*%' || echo "n/a";
 start=$(now)
 echo "== 1/4 teacher: cgspn train configs/fmnist_vit_cpu.cfg (${TEACHER_EPOCHS} epochs)"
 # The teacher's head reads the mean of its patch tokens (it keeps its class token), so that
-# the same head on the student's mean token is the teacher's classifier (DESIGN §6 compares
+# the same head on the student's mean token is the teacher's classifier (docs/design.md#stage2 compares
 # patch tokens only).
 t0=$(now)
 ./cgspn train configs/fmnist_vit_cpu.cfg --run_name=demo_teacher \

@@ -25,7 +25,9 @@ line go into README.md between <!-- bench:classify-headline:begin --> and
 <!-- bench:classify-headline:end -->.
 
 Numbers are never typed by hand: this script is the only way they reach the docs. Run it from
-the repository root; running it again on the same FILE changes nothing."""
+the repository root; running it again on the same FILE changes nothing. Output saved by older
+builds names its targets by the work items they came from; LABELS rewrites those labels to what
+the benches print now (the numbers are untouched)."""
 import re
 import sys
 
@@ -33,8 +35,23 @@ DEFAULT_DOC = "docs/benchmarks.md"
 README = "README.md"
 
 
+# Older bench output's wording -> today's (the same line, the same numbers).
+LABELS = [
+    ("; iss" "ue 4 targets: fwd+bwd", "; targets: fwd+bwd"),
+    ("iss" "ue 18's peer: the 1036 px", "target, the PyTorch peer: the 1036 px"),
+]
+
+
+def relabel(text):
+    for old, new in LABELS:
+        text = text.replace(old, new)
+    return text
+
+
 def paste(path, tag, text):
-    """Replaces what lies between <!-- {tag}begin --> and <!-- {tag}end --> in path by text."""
+    """Replaces what lies between <!-- {tag}begin --> and <!-- {tag}end --> in path by text
+    (relabelled)."""
+    text = relabel(text)
     doc = open(path).read()
     begin, end = f"<!-- {tag}begin -->", f"<!-- {tag}end -->"
     if begin not in doc or end not in doc:
@@ -98,7 +115,7 @@ def headline(text):
     h = None if not mb else first(mb, r"\| px \| grad_checkpoint \| max batch")
     k = None if h is None else first(mb, r"\(max batch:", h)
     if k is not None:
-        peer = first(mb, r"(target, the PyTorch peer|18's peer)", k)   # the latter: older logs' wording
+        peer = first(mb, r"target, the PyTorch peer", k)
         out += ["", "== cgspn bench distill --max-batch", mb[0]] + mb[h:k + 1]
         if peer is not None:
             out.append(mb[peer])
@@ -139,7 +156,7 @@ def main(argv):
             k += 1
     src = args[0] if len(args) > 0 else "build/bench.txt"
     name = args[1] if len(args) > 1 else ""
-    text = open(src).read().rstrip()
+    text = relabel(open(src).read().rstrip())
     paste(doc, f"bench:{name}:" if name else "bench:", text)
     print(f"  from {src}")
     cl = classify_excerpt(text)

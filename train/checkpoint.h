@@ -1,4 +1,4 @@
-// Training checkpoints (DESIGN §7). A run folder holds one folder per checkpoint:
+// Training checkpoints (docs/design.md#files). A run folder holds one folder per checkpoint:
 //
 //   RUN/step_00001200/
 //     model.safetensors   the weights, timm names and shapes (nn/params_io.h); loads in PyTorch

@@ -1,5 +1,5 @@
 // `cgspn train`: classification training of any encoder (ViT, C-GSPN, hybrid) on a shard set
-// (data/loader.h), with the DESIGN §6 recipe: AdamW (no decay on biases, norms, 1-D params),
+// (data/loader.h), with the docs/design.md#classification recipe: AdamW (no decay on biases, norms, 1-D params),
 // lr scaled by batch / lr_scale_batch, warmup + cosine per step, clipping, gradient
 // accumulation, label smoothing and mixup/cutmix soft targets, RandAugment and random erasing
 // (the loader), stochastic depth, an EMA of the weights; checkpoints that resume bit-exactly,

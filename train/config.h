@@ -1,4 +1,4 @@
-// Run configuration (DESIGN §1): `key = value` files with `#` comments and `include = x.cfg`,
+// Run configuration (docs/design.md#commands): `key = value` files with `#` comments and `include = x.cfg`,
 // then `--key=value` overrides. Every key lives in train/config_keys.h; Config has one field
 // per key, with the key's name.
 //

@@ -111,7 +111,7 @@ X(float,  bucket_mb,        25.0f,     "gradient all-reduce bucket size in MB; 0
 X(float,  dist_timeout_s,   45.0f,     "a rank waiting this long for another stops the job, naming the late rank")
 X(string, dist_rendezvous,  "",        "folder where ranks started without MPI meet (shared across nodes); empty = $CGSPN_RENDEZVOUS")
 
-// distillation (cgspn distill; DESIGN §6). The config's model keys describe the student.
+// distillation (cgspn distill; docs/design.md#losses). The config's model keys describe the student.
 X(int,    stage,            2,         "distillation stage: 1 = sublayer alignment, 2 = dual-tap (PP, PB) MSE + KL end to end")
 X(string, teacher,          "",        "teacher weights: a safetensors file (timm or cgspn names; teacher_prefix is stripped) or a checkpoint / run folder")
 X(string, teacher_config,   "",        "cfg file with the teacher's model keys; empty = the config.cfg beside a teacher checkpoint")
@@ -136,7 +136,7 @@ X(bool,   phi_s,            0,         "Stage 2: standardize each teacher tap an
 X(int,    phi_s_batches,    16,        "Stage 2 with phi_s: training batches (per rank) the teacher statistics are gathered over")
 X(string, extra_teachers,   "",        "Stage 2 with several teachers: teacher files (comma separated) after the run config's own teacher; each sets teacher keys only (teacher, teacher_config, teacher_prefix, teacher_img_size, teacher_mean/std, taps, teacher_taps, tap_pp, tap_pb, adaptors, adaptor_hidden, alpha, beta, lambda1, lambda2, summary_weight, phi_s) on top of the run config's values; teacher, teacher_config, teacher_prefix, teacher_img_size, teacher_mean/std and teacher_taps are never inherited")
 
-// resolution (DESIGN §6 resolution curriculum; paper App. G.1 multi-resolution distillation)
+// resolution (docs/design.md#curriculum resolution curriculum; paper App. G.1 multi-resolution distillation)
 X(int,    teacher_img_size, 0,         "image side the teacher sees; 0 = img_size. When it differs, the teacher gets the student's augmented image resized (antialiased) to it and its PP/PB taps are bilinearly resized (half-pixel centres) to the student's grid")
 X(string, multires,         "",        "Stage 2 multi-resolution training: image sides drawn per step (e.g. 378,448,518), the loader's image (img_size = the largest) resized (antialiased) to the draw; C-GSPN/hybrid students")
 X(string, resolutions,      "",        "cgspn curriculum: image sides r0,r1,...; r0 is the resolution of init (the Stage 0 student), each later one a trained stage")

@@ -16,7 +16,7 @@
 
 static void curriculum_usage(FILE *f) {
     fprintf(f, "usage: cgspn curriculum CONFIG [--init PATH] [--key=value ...]\n"
-               "Resolution curriculum with upsampling self-distillation (DESIGN §6): resolutions =\n"
+               "Resolution curriculum with upsampling self-distillation (docs/design.md#curriculum): resolutions =\n"
                "r0,r1,...,rK. Stage 0 is the student given by init (a Stage 2 output; a checkpoint,\n"
                "run folder or safetensors of CONFIG's model) at r0. Stage k = 1..K trains at r_k as\n"
                "cgspn distill stage 2 does, with stage k-1's final student frozen as the teacher:\n"

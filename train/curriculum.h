@@ -1,4 +1,4 @@
-// `cgspn curriculum`: the resolution curriculum with upsampling self-distillation (DESIGN §6,
+// `cgspn curriculum`: the resolution curriculum with upsampling self-distillation (docs/design.md#curriculum,
 // paper Sec. 5.3).
 //
 // resolutions = r0,r1,...,rK. Stage 0 is the given student (init: a Stage 2 output) at r0; it is

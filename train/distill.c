@@ -23,7 +23,7 @@ static void distill_usage(FILE *f) {
                "(teacher = weights, teacher_config = its model keys) on the shards of data_shards\n"
                "(train_split; the student is evaluated on val_split with its own head):\n"
                "  stage = 1  every C-GSPN layer aligned to the teacher's attention output of its\n"
-               "             block, from the teacher's block input (DESIGN §6)\n"
+               "             block, from the teacher's block input (docs/design.md#stage1)\n"
                "  stage = 2  full student; PP and PB taps (taps = 9,18,27 | every 9 | all),\n"
                "             adaptors, alpha mean(L_PP) + beta mean(L_PB) (+ gamma CE)\n"
                "--init PATH starts the student from PATH (a Stage 1 checkpoint or run folder, or\n"

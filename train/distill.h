@@ -1,5 +1,5 @@
 // `cgspn distill`: Stage 1 (sublayer alignment) and Stage 2 (dual-tap MSE + KL with adaptors)
-// distillation of a C-GSPN or hybrid student from a frozen teacher (DESIGN §6).
+// distillation of a C-GSPN or hybrid student from a frozen teacher (docs/design.md#losses).
 //
 // Stage 1: the teacher runs once; for every C-GSPN block i of the student,
 //   F_s = gspn_i(norm1_s(h_t(i-1))) on the patch tokens of the teacher's block input as an
@@ -27,7 +27,7 @@ int cmd_distill(int argc, char **argv);
 #define DISTILL_MAX_TEACHERS 4
 #define ADAPTOR_PREFIX "adaptors."
 
-// PHI-S standardization of one teacher feature (DESIGN §6): y = (x + shift) * scale per
+// PHI-S standardization of one teacher feature (docs/design.md#losses): y = (x + shift) * scale per
 // channel, shift = -mean and scale = 1 / sqrt(trace(cov) / C) in every channel. PHI-S rotates
 // by PCA then Hadamard before its isotropic scale; both rotations are orthogonal, so the MSE is
 // the same without them, and the KL term sees the channels as the teacher has them. The two are

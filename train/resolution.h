@@ -1,4 +1,4 @@
-// The images of one Stage 2 distillation step at two resolutions (DESIGN §6 resolution
+// The images of one Stage 2 distillation step at two resolutions (docs/design.md#curriculum resolution
 // curriculum; paper App. G.1 multi-resolution distillation).
 //
 // The loader produces a batch at img_size. The student sees it at the step's resolution: img_size,

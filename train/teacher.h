@@ -1,4 +1,4 @@
-// The frozen teacher of `cgspn distill` (DESIGN §6, §7) and the student's start from it.
+// The frozen teacher of `cgspn distill` (docs/design.md#stage1, docs/design.md#files) and the student's start from it.
 //
 // A teacher is any encoder of this codebase (a ViT for Stage 1/2) described by its own config
 // file (its model keys) and loaded from safetensors: a cgspn checkpoint, or a timm / OpenCLIP

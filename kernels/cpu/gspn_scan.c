@@ -1,4 +1,4 @@
-// C-GSPN propagation, CPU fp32 reference (DESIGN §5 steps 3-5; contract in kernels/ops.h).
+// C-GSPN propagation, CPU fp32 reference (docs/design.md#cgspn-layer steps 3-5; contract in kernels/ops.h).
 //
 // xc (B,H,W,Cc), gates (B,H,W,G), merge (4) -> yc (B,H,W,Cc) = sum_d m_d * u_d * h_d, where h_d
 // is the scan of direction d in (TB, BT, LR, RL), each in the original frame:

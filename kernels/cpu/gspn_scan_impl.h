@@ -4,7 +4,7 @@
 //   GSPN_SFX      f32   | f64        (suffix of every function defined here)
 //   GSPN_EXP      expf  | exp
 //   GSPN_FMAX     fmaxf | fmax
-//   GSPN_S_MIN    1e-7f | 1e-7       (DESIGN §5 step 3: w_k = a_k / max(S, 1e-7))
+//   GSPN_S_MIN    1e-7f | 1e-7       (docs/design.md#cgspn-layer step 3: w_k = a_k / max(S, 1e-7))
 // and ScanDir / scan_dir / scan_token. No include guard on purpose; it undefines the names above.
 #define GSPN_CAT_(a, b) a##_##b
 #define GSPN_CAT(a, b) GSPN_CAT_(a, b)
@@ -13,7 +13,7 @@
 
 static inline real GSPN_FN(sigmoid)(real x) { return (real)1 / ((real)1 + GSPN_EXP(-x)); }
 
-// Row-stochastic weights of one position (DESIGN §5 step 3). wt points at wt_{-1} of the
+// Row-stochastic weights of one position (docs/design.md#cgspn-layer step 3). wt points at wt_{-1} of the
 // channel, wt_k at wt[(k+1) * wk_stride]. Neighbour k exists when 0 <= lane + k < lanes.
 // Fills a_k = sigmoid(wt_k) and w_k = a_k / max(S, 1e-7) for existing k, 0 for the others,
 // and returns S = sum of the existing a_k.
@@ -74,7 +74,7 @@ void GSPN_FN(gspn_core_fwd)(const GspnShape *sh, const real *xc, const real *gat
                             const real *merge, real *yc, real *h) {
     GSPN_FN(gspn_core_hidden)(sh, xc, gates, h);
 
-    // Merge (DESIGN §5 step 5), directions summed in a fixed order.
+    // Merge (docs/design.md#cgspn-layer step 5), directions summed in a fixed order.
     const size_t plane = (size_t)sh->B * sh->H * sh->W * sh->Cc;
     const long tokens = (long)sh->B * sh->H * sh->W;
 #pragma omp parallel for schedule(static)
@@ -90,7 +90,7 @@ void GSPN_FN(gspn_core_fwd)(const GspnShape *sh, const real *xc, const real *gat
     }
 }
 
-// Reverse scan of direction d over one image (DESIGN §5 backward): dh = dL/dh, starting from
+// Reverse scan of direction d over one image (docs/design.md#cgspn-layer backward): dh = dL/dh, starting from
 // zero, receives the output's gradient m_d u dyc at each position and, from step s+1, the
 // transposed weights: dh[s-1, l+k] += w_k[s, l] * dh[s, l].
 static void GSPN_FN(scan_backward)(const GspnShape *sh, int d, real m, const real *dyc,
@@ -119,7 +119,7 @@ static void GSPN_FN(scan_backward)(const GspnShape *sh, int d, real m, const rea
     }
 }
 
-// dL/dwt from dL/dw through the normalization (DESIGN §5):
+// dL/dwt from dL/dw through the normalization (docs/design.md#cgspn-layer):
 // dwt_k = a_k (1 - a_k) (dw_k - sum_k' w_k' dw_k') / S for existing k (a_k = 0 for missing
 // ones, so they get 0). Where the clamp max(S, 1e-7) is active, w_k = a_k / 1e-7 and the
 // derivative has no cross term.

@@ -1,4 +1,4 @@
-// CPU reference: losses (kernels/ops.h, DESIGN §6). Each loss is a 1-element fp32 tensor,
+// CPU reference: losses (kernels/ops.h, docs/design.md#losses). Each loss is a 1-element fp32 tensor,
 // written (not accumulated) by the forward; dloss is a 1-element tensor too. Sums run in
 // double: every row (or block of elements) gets its own partial, computed in parallel, and the
 // partials are added in index order, so the loss does not depend on the thread count.

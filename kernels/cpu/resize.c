@@ -1,4 +1,4 @@
-// CPU reference: bilinear resize of a channels-last token grid (kernels/ops.h, DESIGN §6
+// CPU reference: bilinear resize of a channels-last token grid (kernels/ops.h, docs/design.md#curriculum
 // resolution curriculum). Exactly PyTorch F.interpolate(mode='bilinear', align_corners=False,
 // antialias=False) given an output size, per axis (ATen's compute_source_index_and_lambda):
 //   scale = in / out                       (fp32, as ATen computes it for fp32 tensors)

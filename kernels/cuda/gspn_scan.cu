@@ -1,4 +1,4 @@
-// C-GSPN propagation on the GPU (DESIGN §5 steps 3-5; contract in kernels/ops.h; the CPU
+// C-GSPN propagation on the GPU (docs/design.md#cgspn-layer steps 3-5; contract in kernels/ops.h; the CPU
 // reference is kernels/cpu/gspn_scan.c).
 //
 // Work split (both passes): a block owns one image b and a group of CG channels for ALL lanes of a

@@ -175,7 +175,7 @@ __device__ __forceinline__ void stf_stream(float *p, const float (&v)[V]) {
     }
 }
 
-// ---- the weights (DESIGN §5 step 3) --------------------------------------------------------
+// ---- the weights (docs/design.md#cgspn-layer step 3) --------------------------------------------------------
 // fp32 activations use the accurate expf and IEEE division (the fp32 path is held to 1e-5 against
 // the CPU); bf16 ones the approximate exp2 / reciprocal units (~2 ulp, far below bf16 rounding of
 // the gates). The scans are instruction-bound when every reciprocal is the IEEE sequence (about a

@@ -1,4 +1,4 @@
-// CUDA: losses (kernels/ops.h, DESIGN §6; CPU reference kernels/cpu/losses.c). Each loss is a
+// CUDA: losses (kernels/ops.h, docs/design.md#losses; CPU reference kernels/cpu/losses.c). Each loss is a
 // 1-element fp32 tensor written by the forward; dloss is read on the device (no host sync).
 // Determinism: a row loss (cross-entropy, KL) is one warp's fixed butterfly sum, an MSE block
 // partial is one block's fixed tree, and kernels/cuda/reduce.cu adds the row or block partials

@@ -1,6 +1,6 @@
 # The ctypes wrapper tools/cgspn_torch.py (libcgspn.so as a torch.autograd.Function) against
 # torch.autograd.gradcheck in double on the CPU, an independent pure-PyTorch implementation of
-# DESIGN §5 (steps 3-5) differentiated by autograd, the fp32 and bf16 CPU paths against fp64, and
+# docs/design.md#cgspn-layer (steps 3-5) differentiated by autograd, the fp32 and bf16 CPU paths against fp64, and
 # CUDA against the CPU.
 #
 # Run where torch is installed (the GPU machine), from the repository root:
@@ -61,7 +61,7 @@ def rel_err(got, want):
     return ((got - want).norm() / want.norm().clamp_min(1e-300)).item()
 
 
-# ---- an independent reference: DESIGN §5 written with torch ops --------------------------------
+# ---- an independent reference: docs/design.md#cgspn-layer written with torch ops --------------------------------
 
 def split_gates(gates, Cc, shared_w):
     """Per direction: lam, u (B,H,W,Cc) and wt (B,H,W,3,Cc or 1)."""
