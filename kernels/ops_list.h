@@ -1,0 +1,289 @@
+// The op table: one entry per op, OP(name, (parameters), (argument names)), each with its
+// contract above it. Included by kernels/ops.h (declarations of op_NAME, cpu_NAME, cuda_NAME)
+// and kernels/dispatch.c (op_NAME routed to the tensors' backend; a CUDA kernel this build lacks
+// fails by name), each with its own definition of OP: adding an op is one entry here and its
+// kernels. The conventions every op follows are in kernels/ops.h. No include guard: read once
+// per definition of OP.
+
+// ---- elementwise and memory -------------------------------------------------------------
+// y = 0
+OP(zero, (Ctx *ctx, Tensor *y),
+   (ctx, y))
+// dst += src (same numel)
+OP(accumulate, (Ctx *ctx, const Tensor *src, Tensor *dst),
+   (ctx, src, dst))
+// y = a + b (same numel)
+OP(add_fwd, (Ctx *ctx, const Tensor *a, const Tensor *b, Tensor *y),
+   (ctx, a, b, y))
+// y = s * x
+OP(scale_fwd, (Ctx *ctx, const Tensor *x, float s, Tensor *y),
+   (ctx, x, s, y))
+// y = x, converted to y's dtype (written); colsum (the last dim of x, fp32) += the sums of x over
+// its rows, in the same pass (NULL: skipped). The gradient of a residual branch from the fp32
+// stream's gradient, with the branch's last bias gradient on the way.
+OP(cast_colsum, (Ctx *ctx, const Tensor *x, Tensor *y, Tensor *colsum),
+   (ctx, x, y, colsum))
+// dx += s * dy
+OP(scale_bwd, (Ctx *ctx, const Tensor *dy, float s, Tensor *dx),
+   (ctx, dy, s, dx))
+// Broadcast add over leading dims: x (R, P) + p (P) -> y (R, P)   (pos_embed: P = N*C)
+OP(add_bcast_fwd, (Ctx *ctx, const Tensor *x, const Tensor *p, Tensor *y),
+   (ctx, x, p, y))
+// dx += dy; dp += sum over R of dy
+OP(add_bcast_bwd, (Ctx *ctx, const Tensor *dy, Tensor *dx, Tensor *dp),
+   (ctx, dy, dx, dp))
+// Layer scale: x (R, C) * g (C) -> y (R, C)
+OP(layer_scale_fwd, (Ctx *ctx, const Tensor *x, const Tensor *g, Tensor *y),
+   (ctx, x, g, y))
+OP(layer_scale_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *g, Tensor *dx,
+       Tensor *dg),
+   (ctx, dy, x, g, dx, dg))
+
+// ---- linear ------------------------------------------------------------------------------
+// x (N,K), w (M,K) in PyTorch's (out, in) layout, b (M) or NULL -> y (N,M) = x w^T + b
+OP(linear_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y),
+   (ctx, x, w, b, y))
+// dx (N,K) += dy w; dw (M,K) += dy^T x; db (M) += sum_n dy
+OP(linear_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
+       Tensor *dw, Tensor *db),
+   (ctx, dy, x, w, dx, dw, db))
+// As linear_bwd, but dx (N,K) = dy w is WRITTEN (every element), not accumulated; dw and db
+// still accumulate. The tape calls it for a gradient nothing has written yet: on the GPU that
+// saves zeroing dx and reading it back (the dx GEMM runs with beta = 0).
+OP(linear_bwd_write, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
+       Tensor *dw, Tensor *db),
+   (ctx, dy, x, w, dx, dw, db))
+// y (N,M) = res + x w^T + b: a linear added onto a residual stream in one pass (on the GPU the
+// GEMM reads res as its C operand: no separate add, no activation-dtype copy of x w^T + b).
+// res and y share a dtype (fp32 in the encoders; y may not alias res), x and w the activation
+// dtype; b may be NULL. Forward only: the tape's backward of it is linear_bwd's.
+OP(linear_residual_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
+       const Tensor *res, Tensor *y),
+   (ctx, x, w, b, res, y))
+// Linear then GELU: pre (N,M) = x w^T + b, y = gelu(pre), kind GELU_TANH or GELU_ERF. On the
+// GPU the tanh GELU is fused into the GEMM's epilogue (the GELU cuBLASLt computes); the erf GELU
+// (exact, timm's default) runs as the GEMM with its bias fused, then one GELU pass over pre.
+// pre may be NULL when no backward follows.
+OP(linear_gelu_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, GeluKind kind,
+       Tensor *pre, Tensor *y),
+   (ctx, x, w, b, kind, pre, y))
+// With dpre = dy * gelu'(pre): dx (N,K) += dpre w; dw += dpre^T x; db += sum_n dpre
+OP(linear_gelu_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+       const Tensor *pre, GeluKind kind, Tensor *dx, Tensor *dw, Tensor *db),
+   (ctx, dy, x, w, pre, kind, dx, dw, db))
+// Backward of a linear y = h w^T + b whose input is h = gelu(pre) (an MLP's fc2 after
+// linear_gelu_fwd's fc1), with the GELU's backward fused into the dx product:
+//   dpre (N,K) = (dy w) * gelu'(pre), WRITTEN, not accumulated: the one exception to the
+//   rule above, since pre feeds only the GELU and nothing else adds to its gradient;
+//   dw (M,K) += dy^T h; db += sum_n dy; dpre_db (K, fp32) += sum_n dpre, the bias gradient of
+//   the linear that produced pre (NULL: not wanted; needs dpre). h, pre, dpre (N,K), dy (N,M).
+// GPU: tanh through cuBLASLt's DGELU epilogue; erf as the product written into dpre (rounded
+// to its dtype, as an unfused linear backward would hand the GELU) scaled in place by gelu'(pre).
+OP(linear_dgelu_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
+       const Tensor *pre, GeluKind kind, Tensor *dpre, Tensor *dpre_db, Tensor *dw, Tensor *db),
+   (ctx, dy, h, w, pre, kind, dpre, dpre_db, dw, db))
+
+// ---- normalization and activations ------------------------------------------------------------
+// LayerNorm over the last dim. x (N,C), w, b (C) -> y (N,C); saves mean, rstd (N) fp32.
+// w, b may be NULL (1 and 0); mean, rstd may be NULL in forward when no backward follows.
+// y may have another dtype than x: the encoders normalize their fp32 residual stream straight
+// into a bf16 sublayer input (as PyTorch autocast runs LayerNorm in fp32 and the next linear
+// reads it in bf16). In backward dy has y's dtype and dx has x's.
+OP(layernorm_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
+       Tensor *y, Tensor *mean, Tensor *rstd),
+   (ctx, x, w, b, eps, y, mean, rstd))
+// The hand-off (each may be NULL; both need dx): dx_act is written with the final dx (after the
+// add) in dy's dtype, and dx_sum (fp32, C) += its column sums: the gradient of a residual stream
+// that this norm's backward completes, passed on to the branch that wrote the stream with that
+// branch's last bias gradient (nn_linear_add_layernorm), in the same pass.
+OP(layernorm_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+       const Tensor *mean, const Tensor *rstd, Tensor *dx, Tensor *dw, Tensor *db, Tensor *dx_act,
+       Tensor *dx_sum),
+   (ctx, dy, x, w, mean, rstd, dx, dw, db, dx_act, dx_sum))
+// h = x + r (written, x's dtype; r in the activation dtype), then layernorm_fwd of h, in one pass:
+// the residual add of a block's mixing branch fused into the norm that reads the sum next. The
+// backward is the add's (the gradient of h reaches x and r) after layernorm_bwd's with x = h.
+OP(add_layernorm_fwd, (Ctx *ctx, const Tensor *x, const Tensor *r, const Tensor *w,
+       const Tensor *b, float eps, Tensor *h, Tensor *y, Tensor *mean, Tensor *rstd),
+   (ctx, x, r, w, b, eps, h, y, mean, rstd))
+// GELU, exact (erf) or tanh approximation, elementwise.
+OP(gelu_fwd, (Ctx *ctx, const Tensor *x, GeluKind kind, Tensor *y),
+   (ctx, x, kind, y))
+OP(gelu_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, GeluKind kind, Tensor *dx),
+   (ctx, dy, x, kind, dx))
+// SiLU (swish), elementwise on any shape: y = x * sigmoid(x), x's dtype. GSPN's mixer activation
+// after its depthwise convolution.
+OP(silu_fwd, (Ctx *ctx, const Tensor *x, Tensor *y),
+   (ctx, x, y))
+// dx += dy * silu'(x), silu'(x) = s (1 + x (1 - s)), s = sigmoid(x)
+OP(silu_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, Tensor *dx),
+   (ctx, dy, x, dx))
+// Softmax over the last dim. x (N,C) -> y (N,C); backward from the saved output y.
+OP(softmax_fwd, (Ctx *ctx, const Tensor *x, Tensor *y),
+   (ctx, x, y))
+OP(softmax_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *y, Tensor *dx),
+   (ctx, dy, y, dx))
+
+// ---- attention ----------------------------------------------------------------------------
+// Multi-head scaled dot-product attention, no mask, scale head_dim^-0.5.
+// qkv (B,N,3C): the last dim is timm's (3, heads, head_dim) = q | k | v (N = numel/(B*3C),
+// so a (B,H,W,3C) grid works too).
+// out (B,N,C) with heads concatenated (head h at channels h*head_dim..).
+// lse (B,heads,N) fp32: log-sum-exp of each score row, saved for backward (which recomputes
+// the probabilities from q, k and lse, as flash attention does).
+OP(attention_fwd, (Ctx *ctx, const Tensor *qkv, int heads, Tensor *out, Tensor *lse),
+   (ctx, qkv, heads, out, lse))
+OP(attention_bwd, (Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Tensor *out,
+       const Tensor *lse, int heads, Tensor *dqkv),
+   (ctx, dout, qkv, out, lse, heads, dqkv))
+// As attention_bwd, but dqkv is WRITTEN, not accumulated (a gradient nothing has written yet):
+// cuDNN then writes dq, dk, dv straight into it (no zeroing, no scratch copy, no add pass).
+OP(attention_bwd_write, (Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Tensor *out,
+       const Tensor *lse, int heads, Tensor *dqkv),
+   (ctx, dout, qkv, out, lse, heads, dqkv))
+
+// Attention pooling with one learned query (timm AttentionPoolLatent, SigLIP's MAP head), forward
+// only (it runs in frozen teachers and feature extraction): q (C) the query after its projection,
+// shared by the batch; kv (B,N,2C) each token's k | v, each (heads, D); out (B,C), head h at
+// channels h*D..: out_b,h = softmax_n(scale q_h . k_b,n,h) v_b,n,h, scale D^-0.5.
+OP(attention_pool_fwd, (Ctx *ctx, const Tensor *q, const Tensor *kv, int heads, Tensor *out),
+   (ctx, q, kv, heads, out))
+
+// ---- convolution as im2col + GEMM (GSPN's stem and downsampling) -------------------------------
+// x (B,H,W,C) channels-last, or (B,C,H,W) with nchw (images); k x k windows, stride s, zero
+// padding p: Ho = (H + 2p - k) / s + 1 (Wo likewise). cols (B*Ho*Wo, C*k*k), x's dtype, row
+// (b*Ho + ho)*Wo + wo, column c*k*k + ky*k + kx = x[b, ho*s + ky - p, wo*s + kx - p, c] (0
+// outside): PyTorch's (Cout, C, k, k) weight flattened is the GEMM's (Cout, C*k*k).
+OP(im2col_fwd, (Ctx *ctx, const Tensor *x, int nchw, int k, int stride, int pad, Tensor *cols),
+   (ctx, x, nchw, k, stride, pad, cols))
+// dx += the adjoint: every input element sums the columns that copied it, in (ky, kx) order.
+OP(im2col_bwd, (Ctx *ctx, const Tensor *dcols, int nchw, int k, int stride, int pad, Tensor *dx),
+   (ctx, dcols, nchw, k, stride, pad, dx))
+
+// ---- depthwise convolution (GSPN's Local Perception Unit) ------------------------------------
+// x (B,H,W,C) channels-last; w (C,1,k,k), PyTorch's depthwise Conv2d weight (groups = C), k odd
+// (CUDA: at most 7); stride 1, zero padding k/2; b (C) or NULL. y (B,H,W,C), x's dtype:
+//   y[b,h,w,c] = b[c] + sum_{i,j < k} w[c,0,i,j] x[b, h+i-k/2, w+j-k/2, c]
+// flags: DWCONV_RESIDUAL adds x[b,h,w,c] too (the LPU's x + dwconv(x) in one pass; y is not x).
+OP(dwconv_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, int flags, Tensor *y),
+   (ctx, x, w, b, flags, y))
+// dx (x's dtype) += dL/dx, dw and db (fp32) += theirs; any of them NULL: skipped. flags:
+// DWCONV_RESIDUAL: dL/dx includes dy itself; DWCONV_WRITE_DX: dx = dL/dx (every element
+// written, its prior values never read). dx is not dy (the taps read neighbours of what they
+// write).
+OP(dwconv_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, int flags,
+       Tensor *dx, Tensor *dw, Tensor *db),
+   (ctx, dy, x, w, flags, dx, dw, db))
+
+// ---- patch embedding and token layout --------------------------------------------------------
+// Conv p x p stride p with bias, via im2col: img (B,Cin,Hi,Wi) NCHW -> cols (B*H*W, Cin*p*p)
+// -> y (B,H,W,D), H = Hi/p, W = Wi/p. w (D, Cin*p*p) is PyTorch's (D,Cin,p,p) flattened
+// (a 4-D (D,Cin,p,p) tensor is accepted too).
+OP(patch_embed_fwd, (Ctx *ctx, const Tensor *img, const Tensor *w, const Tensor *b, int patch,
+       Tensor *cols, Tensor *y),
+   (ctx, img, w, b, patch, cols, y))
+OP(patch_embed_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *cols, const Tensor *w, int patch,
+       Tensor *dimg, Tensor *dw, Tensor *db),
+   (ctx, dy, cols, w, patch, dimg, dw, db))
+// Prepend P prefix tokens shared by the batch: prefix (P,C), x (B,N,C) -> y (B,P+N,C)
+OP(concat_prefix_fwd, (Ctx *ctx, const Tensor *prefix, const Tensor *x, Tensor *y),
+   (ctx, prefix, x, y))
+OP(concat_prefix_bwd, (Ctx *ctx, const Tensor *dy, Tensor *dprefix, Tensor *dx),
+   (ctx, dy, dprefix, dx))
+// Token slice: x (B,N,C) -> y (B,count,C) = x[:, start:start+count]
+OP(slice_tokens_fwd, (Ctx *ctx, const Tensor *x, int start, Tensor *y),
+   (ctx, x, start, y))
+OP(slice_tokens_bwd, (Ctx *ctx, const Tensor *dy, int start, Tensor *dx),
+   (ctx, dy, start, dx))
+// Mean over tokens: x (B,N,C) -> y (B,C)
+OP(mean_tokens_fwd, (Ctx *ctx, const Tensor *x, Tensor *y),
+   (ctx, x, y))
+OP(mean_tokens_bwd, (Ctx *ctx, const Tensor *dy, Tensor *dx),
+   (ctx, dy, dx))
+// Bilinear resize of a token grid, half-pixel centres (PyTorch interpolate, align_corners=False,
+// no antialias): x (B,H,W,C) -> y (B,H2,W2,C)
+OP(resize_bilinear_fwd, (Ctx *ctx, const Tensor *x, Tensor *y),
+   (ctx, x, y))
+OP(resize_bilinear_bwd, (Ctx *ctx, const Tensor *dy, Tensor *dx),
+   (ctx, dy, dx))
+
+// ---- losses (fp32 scalars) -----------------------------------------------------------------
+// Softmax cross-entropy with soft targets: logits (B,K), targets (B,K) rows summing to 1
+// (label smoothing and mixup build them) -> loss (1) = mean_b sum_k -t log softmax(logits);
+// probs (B,K) saved for backward.
+OP(cross_entropy_fwd, (Ctx *ctx, const Tensor *logits, const Tensor *targets, Tensor *loss,
+       Tensor *probs),
+   (ctx, logits, targets, loss, probs))
+// dlogits += dloss * (probs - targets) / B
+OP(cross_entropy_bwd, (Ctx *ctx, const Tensor *dloss, const Tensor *probs, const Tensor *targets,
+       Tensor *dlogits),
+   (ctx, dloss, probs, targets, dlogits))
+// MSE: loss (1) = mean over all elements of (a - b)^2
+OP(mse_fwd, (Ctx *ctx, const Tensor *a, const Tensor *b, Tensor *loss),
+   (ctx, a, b, loss))
+OP(mse_bwd, (Ctx *ctx, const Tensor *dloss, const Tensor *a, const Tensor *b, Tensor *da,
+       Tensor *db),
+   (ctx, dloss, a, b, da, db))
+// Token-wise softmax KL (docs/design.md#stage2): s, t (N,C); P = softmax over C of each token;
+// loss (1) = mean over the N tokens of KL(P(s) || P(t)).
+OP(token_kl_fwd, (Ctx *ctx, const Tensor *s, const Tensor *t, Tensor *loss),
+   (ctx, s, t, loss))
+OP(token_kl_bwd, (Ctx *ctx, const Tensor *dloss, const Tensor *s, const Tensor *t, Tensor *ds,
+       Tensor *dt),
+   (ctx, dloss, s, t, ds, dt))
+
+// ---- optimizer ------------------------------------------------------------------------------
+// sumsq (1) += sum of x^2 (double accumulation on the CPU; used for the global gradient norm)
+OP(sumsq, (Ctx *ctx, const Tensor *x, Tensor *sumsq),
+   (ctx, x, sumsq))
+// AdamW on one parameter (PyTorch semantics, decoupled decay):
+//   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
+//   p -= lr * (m / (1-b1^step) / (sqrt(v / (1-b2^step)) + eps) + wd * p)
+// master (fp32) holds the weights when param is bf16: the update is applied to master and
+// param receives it rounded; master is NULL when param is fp32.
+OP(adamw, (Ctx *ctx, Tensor *param, Tensor *master, const Tensor *grad, Tensor *m, Tensor *v,
+       const AdamWArgs *args),
+   (ctx, param, master, grad, m, v, args))
+
+// ---- training regularizers ----------------------------------------------------------------
+// Stochastic depth (timm DropPath, scale_by_keep): x (B, ...) -> y (B, ...); sample b is kept
+// with probability 1 - prob and then scaled by 1 / (1 - prob), else zeroed. The keep decision is
+// drop_path_keep(a, a->first_sample + b) (kernels/drop_path_mask.h): a pure function of
+// (seed, step, site, sample), the same on every backend, so backward recomputes it.
+OP(drop_path_fwd, (Ctx *ctx, const Tensor *x, const DropPathArgs *a, Tensor *y),
+   (ctx, x, a, y))
+// dx += dy * (the same per-sample scale)
+OP(drop_path_bwd, (Ctx *ctx, const Tensor *dy, const DropPathArgs *a, Tensor *dx),
+   (ctx, dy, a, dx))
+// EMA of weights over a whole parameter buffer (one call per step):
+//   ema (n) fp32 = decay * ema + (1 - decay) * src      (src (n) fp32 or bf16)
+// evaluated as two rounded products and a rounded sum (no fused multiply-add), so every
+// backend gives the same bits. out (n, any dtype) receives the new ema rounded to its dtype
+// (the weights an EMA model is evaluated with), or is NULL.
+OP(ema_update, (Ctx *ctx, Tensor *ema, const Tensor *src, float decay, Tensor *out),
+   (ctx, ema, src, decay, out))
+
+// ---- C-GSPN propagation (docs/design.md#cgspn-layer steps 3-5) -------------------------
+// xc (B,H,W,Cc) latent input. gates (B,H,W,G), per direction d in (TB, BT, LR, RL):
+//   per-channel (shared_w = 0): G = 20*Cc, block d at offset d*5*Cc holds
+//       lam (Cc) | u (Cc) | wt_{-1} (Cc) | wt_0 (Cc) | wt_{+1} (Cc)
+//   shared (shared_w = 1):      G = 4*(2*Cc+3), block d at offset d*(2*Cc+3) holds
+//       lam (Cc) | u (Cc) | wt_{-1} | wt_0 | wt_{+1}   (3 scalars shared by the Cc channels)
+// merge (4): m_d. yc (B,H,W,Cc) = sum_d m_d * u_d * h_d.
+// hidden (4,B,H,W,Cc) fp32 receives h_d for backward, or is NULL when the backend recomputes.
+OP(gspn_scan_fwd, (Ctx *ctx, const Tensor *xc, const Tensor *gates, const Tensor *merge,
+       int shared_w, Tensor *yc, Tensor *hidden),
+   (ctx, xc, gates, merge, shared_w, yc, hidden))
+// Accumulates dxc (B,H,W,Cc), dgates (B,H,W,G), dmerge (4).
+OP(gspn_scan_bwd, (Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
+       const Tensor *merge, int shared_w, const Tensor *hidden, Tensor *dxc, Tensor *dgates,
+       Tensor *dmerge),
+   (ctx, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge))
+// As gspn_scan_bwd, but dxc and dgates are WRITTEN (every element; their old contents are
+// ignored) and dmerge still accumulates. The tape calls it when nothing has written those
+// gradients yet: on the GPU the scan then neither reads dgates back nor needs it zeroed (40 of
+// the 172 bytes per token-channel the accumulating kernel moves, kernels/cuda/gspn_scan_notes.md).
+OP(gspn_scan_bwd_write, (Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
+       const Tensor *merge, int shared_w, const Tensor *hidden, Tensor *dxc, Tensor *dgates,
+       Tensor *dmerge),
+   (ctx, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge))
