@@ -7,6 +7,7 @@
 # fewer, smaller shapes that still cover every kernel path; tests/gpu/gpulib.h).
 # Usage: tools/sanitize_gpu.sh [TOOLS...]   (default: memcheck racecheck initcheck)
 #   SANITIZE_JOBS=N      runs at once (default: the core count, at most 12)
+#   SANITIZE_TESTS="test_a_gpu test_b_gpu"   only these test binaries (default: all)
 #   SANITIZE_TIMEOUT=S   seconds one run may take (default 900); a run stopped by it is a failure
 #                        (racecheck on the resume tests and initcheck on test_attention_gpu take
 #                        over 5 minutes on an H200; one tool per call where calls are capped)
@@ -20,7 +21,11 @@ tools=("$@")
 san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 [ -x "$san" ] || { echo "sanitize-gpu: compute-sanitizer not found (it ships with the CUDA toolkit: /usr/local/cuda/bin)"; exit 1; }
 bins=()
-for f in build/tests/gpu/test_*; do [[ -x $f && $(basename "$f") != *.* ]] && bins+=("$f"); done
+for f in build/tests/gpu/test_*; do
+    name=$(basename "$f")
+    [[ -x $f && $name != *.* ]] || continue
+    [[ -z ${SANITIZE_TESTS:-} || " $SANITIZE_TESTS " == *" $name "* ]] && bins+=("$f")
+done
 [ ${#bins[@]} -gt 0 ] || { echo "sanitize-gpu: no GPU test binaries in build/tests/gpu (make test-gpu builds them)"; exit 1; }
 out=build/sanitize
 mkdir -p "$out"
