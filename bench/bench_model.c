@@ -28,6 +28,16 @@
 #include "../nn/encoder.h"
 #include "../kernels/error.h"
 #include "../kernels/rng.h"
+#include "cuda/kernel_bench.h"
+
+#pragma weak cuda_bench_copy_gbs
+
+// The device's copy bandwidth, measured once per process (the per-op profile's % copy column).
+static double copy_gbs(void) {
+    static double gbs = -1;
+    if (gbs < 0) gbs = cuda_bench_copy_gbs ? cuda_bench_copy_gbs() : 0;
+    return gbs;
+}
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -236,7 +246,7 @@ static void bench_one_vit(FILE *out, const VitCase *vc, int ckpt, VitRow *row, b
         double ms = device_event_ms(ev[0], ev[3]);
         fprintf(out, "\nper-op profile of one %s step (batch %d): %.2f ms with an event pair "
                      "around every op (%.2f ms without)\n", vc->label, B, ms, row->step_ms);
-        op_profile_print(out, p, ms);
+        op_profile_print(out, p, ms, copy_gbs());
         op_profile_free(p);
     }
     for (int i = 0; i < 4; i++) device_event_free(ev[i]);
@@ -369,7 +379,7 @@ int bench_classify_run(FILE *out) {
     CG_CHECK(prof != NULL, "", "bench classify: open_memstream failed");
     for (int i = 0; i < N; i++) {
         fprintf(stderr, "bench classify: %s ...\n", CLASSIFY_CASES[i].label);
-        bench_one_vit(prof, &CLASSIFY_CASES[i], 0, &rows[i], i == 0, true);
+        bench_one_vit(prof, &CLASSIFY_CASES[i], 0, &rows[i], true, true);
     }
     fclose(prof);
     fprintf(out, "\n%-8s %4s %5s %8s %9s %8s %9s %8s %7s\n", "model", "img", "batch", "step ms",
@@ -481,7 +491,7 @@ static void block_profile(FILE *prof, const char *label, Tape *tape, Ctx *ctx, c
                   "every op (%.2f ms without)", label, ms, timed_ms);
     for (int k = 0; k < n; k++) fprintf(prof, "; %s %.2f ms", ph[k].name, ph[k].ms);
     fprintf(prof, "\n");
-    op_profile_print(prof, p, ms);
+    op_profile_print(prof, p, ms, copy_gbs());
     fprintf(prof, "the calls in order (ms):\n");
     op_profile_print_calls(prof, p, 4);
     op_profile_free(p);

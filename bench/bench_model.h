@@ -13,7 +13,8 @@ int bench_vit_run(FILE *out);
 // The fast GSPN classifiers gspn_t/s/b (configs/gspn_*.cfg) at 224 px, batch 128, bf16: training
 // step and inference img/s beside timm's convnext, swin and deit peers (eager and compiled,
 // bench_timm.py --only classify), each gspn model's ratios to its convnext peer compiled, the
-// step's ms per GMAC of each and their spread; a per-op profile of one gspn_t training step.
+// step's ms per GMAC of each and their spread; a per-op profile of one training step of each
+// (time, GB/s over the ops' tensor bytes, percent of the copy bandwidth).
 int bench_classify_run(FILE *out);
 // One so14-width block (B = 32, C = 1152, MLP 4304) at 1036 px (74x74 tokens) and 2058 px
 // (147x147): C-GSPN (Cc = 64) against cgspn's attention block and timm's SDPA block (compiled).

@@ -12,6 +12,7 @@ struct OpProfile {
     Ctx *ctx;
     DeviceEvent *ev[2 * PROF_MAX];                    // (op, start|end)
     const char *name[PROF_MAX];
+    double bytes[PROF_MAX];                          // its tensor arguments' bytes (ctx.h)
     int phase_of[PROF_MAX];                          // the phase each op started in
     DeviceEvent *mark[OP_PROFILE_MAX_PHASES + 1];     // phase starts, then the stop
     const char *phase[OP_PROFILE_MAX_PHASES];
@@ -19,7 +20,7 @@ struct OpProfile {
     bool stopped;
 };
 
-static void profile_hook(Ctx *ctx, const char *op, int end) {
+static void profile_hook(Ctx *ctx, const char *op, int end, double bytes) {
     OpProfile *p = ctx->profile_data;
     if (!end) {
         if (p->depth++ > 0) return;   // an op called from inside another: counted in it
@@ -28,6 +29,7 @@ static void profile_hook(Ctx *ctx, const char *op, int end) {
             return;
         }
         p->name[p->n] = op;
+        p->bytes[p->n] = bytes;
         p->phase_of[p->n] = p->n_phases - 1;
         device_event_record(p->ev[2 * p->n]);
     } else {
@@ -91,9 +93,10 @@ int op_profile_totals(const OpProfile *p, OpTotal *out, int max) {
     for (int i = 0; i < p->n; i++) {
         int k = 0;
         while (k < nt && strcmp(tot[k].name, p->name[i]) != 0) k++;
-        if (k == nt && nt < PROF_NAMES) tot[nt++] = (OpTotal){p->name[i], 0, 0};
+        if (k == nt && nt < PROF_NAMES) tot[nt++] = (OpTotal){p->name[i], 0, 0, 0};
         if (k < nt) {
             tot[k].calls++;
+            tot[k].bytes += p->bytes[i];
             tot[k].ms += device_event_ms(p->ev[2 * i], p->ev[2 * i + 1]);
         }
     }
@@ -116,15 +119,18 @@ int op_profile_phases(const OpProfile *p, OpPhase *out, int max) {
     return n;
 }
 
-void op_profile_print(FILE *out, const OpProfile *p, double step_ms) {
+void op_profile_print(FILE *out, const OpProfile *p, double step_ms, double copy_gbs) {
     if (!p) return;
     OpTotal tot[PROF_NAMES];
     const int nt = op_profile_totals(p, tot, PROF_NAMES);
     double sum = 0;
-    fprintf(out, "  %-20s %6s %9s %7s\n", "op", "calls", "ms", "% step");
+    fprintf(out, "  %-20s %6s %9s %7s %8s %7s\n", "op", "calls", "ms", "% step", "GB/s", "% copy");
     for (int k = 0; k < nt; k++) {
-        fprintf(out, "  %-20s %6d %9.3f %6.1f%%\n", tot[k].name, tot[k].calls, tot[k].ms,
-                100.0 * tot[k].ms / step_ms);
+        double gbs = tot[k].ms > 0 ? tot[k].bytes / (tot[k].ms * 1e-3) / 1e9 : 0;
+        fprintf(out, "  %-20s %6d %9.3f %6.1f%% %8.0f", tot[k].name, tot[k].calls, tot[k].ms,
+                100.0 * tot[k].ms / step_ms, gbs);
+        if (copy_gbs > 0) fprintf(out, " %6.1f%%", 100.0 * gbs / copy_gbs);
+        fprintf(out, "\n");
         sum += tot[k].ms;
     }
     fprintf(out, "  %-20s %6d %9.3f %6.1f%%  (the rest: gaps between ops, host waits)\n",

@@ -12,6 +12,7 @@ typedef struct OpTotal {
     const char *name;
     int calls;
     double ms;
+    double bytes;   // of the calls' tensor arguments (kernels/ctx.h's profile hook)
 } OpTotal;
 
 enum { OP_PROFILE_MAX_PHASES = 16 };
@@ -37,7 +38,10 @@ double op_profile_total_ms(const OpProfile *p);
 int op_profile_totals(const OpProfile *p, OpTotal *out, int max);
 // The phases in order; returns how many.
 int op_profile_phases(const OpProfile *p, OpPhase *out, int max);
-// The op table against step_ms, with the part of the step outside ops.
-void op_profile_print(FILE *out, const OpProfile *p, double step_ms);
+// The op table against step_ms, with the part of the step outside ops; per op its GB/s over the
+// bytes of its tensor arguments (each tensor once: what a memory-bound op must move at least,
+// so ops that add into an output, or that compute much per byte (GEMMs, attention), show low),
+// and that as a percent of copy_gbs (the device's copy bandwidth; 0: no such column).
+void op_profile_print(FILE *out, const OpProfile *p, double step_ms, double copy_gbs);
 // Every timed call in order (name and ms), `per_line` to a line: for short profiles (one block).
 void op_profile_print_calls(FILE *out, const OpProfile *p, int per_line);

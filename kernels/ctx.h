@@ -8,8 +8,10 @@ typedef struct Ctx {
     int deterministic; // 1: reductions in a fixed order (default)
     void *cuda;        // CudaCtx* (kernels/device.h: device_open_gpu) when device == DEVICE_CUDA
     // Optional: called by kernels/dispatch.c before (end = 0) and after (end = 1) every op_*, with
-    // the op's name (the per-op profile of `cgspn bench vit`). NULL: no calls.
-    void (*profile)(struct Ctx *ctx, const char *op, int end);
+    // the op's name and the bytes of its tensor arguments (each non-NULL tensor once; an output
+    // that is added into is read and written, so those are counted short) for the per-op profile
+    // of `cgspn bench`. NULL: no calls.
+    void (*profile)(struct Ctx *ctx, const char *op, int end, double bytes);
     void *profile_data;  // the profiler's state
 } Ctx;
 

@@ -680,8 +680,47 @@ static void test_patch_embed_backward_matches_finite_differences(void **state) {
     patch_case_free(&c);
 }
 
+// ---- the profile hook (kernels/ctx.h): every op_* reports its name and its tensors' bytes ----
+
+typedef struct HookLog { const char *op[8]; double bytes[8]; int begins, ends; } HookLog;
+static HookLog g_hook;
+static void record_hook(Ctx *ctx, const char *op, int end, double bytes) {
+    (void)ctx;
+    if (end) {
+        g_hook.ends++;
+        return;
+    }
+    if (g_hook.begins < 8) g_hook.op[g_hook.begins] = op, g_hook.bytes[g_hook.begins] = bytes;
+    g_hook.begins++;
+}
+
+static void test_profile_hook_gets_each_ops_name_and_tensor_bytes(void **state) {
+    Ctx ctx = ctx_cpu();
+    memset(&g_hook, 0, sizeof g_hook);
+    ctx.profile = record_hook;
+    Tensor *a = test_tensor(2, 3, 4), *b = test_tensor(2, 3, 4), *y = test_tensor(2, 3, 4);
+    Tensor *w = test_tensor(2, 5, 4), *y5 = test_tensor(2, 3, 5);
+    test_fill(a, 1, -1, 1);
+    test_fill(b, 2, -1, 1);
+    test_fill(w, 3, -1, 1);
+    op_add_fwd(&ctx, a, b, y);                 // three (3,4) fp32 tensors: 3 x 48 bytes
+    op_scale_fwd(&ctx, a, 2.0f, y);            // the float counts nothing: 2 x 48
+    op_linear_fwd(&ctx, a, w, NULL, y5);       // a NULL bias counts nothing: 48 + 80 + 60
+    assert_int_equal(g_hook.begins, 3);
+    assert_int_equal(g_hook.ends, 3);
+    assert_string_equal(g_hook.op[0], "add_fwd");
+    assert_string_equal(g_hook.op[1], "scale_fwd");
+    assert_string_equal(g_hook.op[2], "linear_fwd");
+    assert_float_equal(g_hook.bytes[0], 144.0, 0.0);
+    assert_float_equal(g_hook.bytes[1], 96.0, 0.0);
+    assert_float_equal(g_hook.bytes[2], 188.0, 0.0);
+    Tensor *t[] = {a, b, y, w, y5};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) test_tensor_free(t[i]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_profile_hook_gets_each_ops_name_and_tensor_bytes),
         cmocka_unit_test(test_sgemm_matches_naive_for_all_transposes),
         cmocka_unit_test(test_sgemm_is_deterministic_across_thread_counts),
         cmocka_unit_test(test_linear_forward_matches_naive_matmul),

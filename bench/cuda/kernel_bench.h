@@ -34,6 +34,9 @@ typedef struct DwconvCase {
     int B, H, W, C, k, x_f32, bias;
     double fwd_ms, bwd_ms;
 } DwconvCase;
+// GB/s of a 1 GiB device-to-device copy on GPU 0 (bytes read and written), the roofline the
+// per-op profile's column is read against; 0 when no GPU is visible.
+double cuda_bench_copy_gbs(void);
 // Times every case, and a device-to-device copy (*copy_gbs, bytes read and written per second);
 // device (n bytes) gets the GPU's name. 1 when no GPU is visible.
 int cuda_bench_dwconv(DwconvCase *cases, int n, double *copy_gbs, char *device, size_t device_n);
