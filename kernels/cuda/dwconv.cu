@@ -92,8 +92,12 @@ __device__ __forceinline__ void dw_stage(float *s, const T *img, const DwDims &d
 // DW_ACCUM: added to out's prior value; either way rounded once.
 enum { DW_FLIP = 1, DW_ACCUM = 2, DW_RESID = 4 };
 
+// Blocks per SM the compiler keeps the registers to: a 3x3 thread holds 9 weights and its sums,
+// a 7x7 one 49 (ptxas: no spills at these counts).
+template <int K> constexpr int dw_min_blocks() { return K <= 3 ? 4 : K <= 5 ? 3 : 2; }
+
 template <int K, int TH, typename T, typename TW>
-__global__ void __launch_bounds__(DW_THREADS, 2)
+__global__ void __launch_bounds__(DW_THREADS, dw_min_blocks<K>())
 dwconv_tile_kernel(const T *in, const TW *w, const TW *bias, T *out, DwDims d, DwTile t,
                    int flags, int vec) {
     extern __shared__ float tile[];   // (TH + K - 1, tw + K - 1, stride)
@@ -162,7 +166,7 @@ dwconv_tile_kernel(const T *in, const TW *w, const TW *bias, T *out, DwDims d, D
 // pair order in shared memory, and the block writes its row of the partial matrix
 // (tiles * splits, C k^2 + C): columns c k^2 + tap for dw, C k^2 + c for db.
 template <int K, int TH, typename T>
-__global__ void __launch_bounds__(DW_THREADS, 2)
+__global__ void __launch_bounds__(DW_THREADS, dw_min_blocks<K>())
 dwconv_dw_tile_kernel(const T *dy, const T *x, DwDims d, DwTile t, int imgs_per_split, int vec,
                       float *partial) {
     extern __shared__ float sm[];   // x tile (TH + K - 1, tw + K - 1, stride), dy tile (TH, tw, stride)
@@ -241,10 +245,14 @@ template <typename F> static void dispatch_k_th(int k, int th, F &&f) {
     }
 }
 
-// Allows a kernel the dynamic shared memory it asks for (above the 48 KiB default).
+// Allows a kernel the dynamic shared memory it asks for (above the 48 KiB default), and asks for
+// the largest shared-memory carveout: the tiles, not L1, hold what the blocks reuse, and several
+// blocks per SM overlap one's loads with another's arithmetic.
 template <typename Kern> static void dw_allow_smem(Kern kernel, size_t bytes) {
     if (bytes > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    (int)cudaSharedmemCarveoutMaxShared));
 }
 
 // Channels per staging load: the widest of 8, 4, 2 that divides C and to whose bytes both
