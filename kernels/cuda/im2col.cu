@@ -1,6 +1,9 @@
-// CUDA: im2col and its adjoint (kernels/ops.h; geometry kernels/im2col_shape.h; CPU reference
-// kernels/cpu/im2col.c): one thread per column-matrix element forward, one per input element
-// backward (a gather over the taps in (ky, kx) order: no atomics, the CPU's order).
+// CUDA: im2col and its adjoint (kernels/ops_list.h; geometry kernels/im2col_shape.h; CPU
+// reference kernels/cpu/im2col.c). Forward, channels-last input: one thread per (output pixel,
+// channel) writes that channel's k*k columns, so a warp reads 32 neighbouring channels of each
+// tap (a column's taps are c*k*k + ky*k + kx: neighbouring columns lie C apart in x); NCHW
+// input (the stem's image): one thread per column-matrix element. Backward: one thread per input
+// element (a gather over the taps in (ky, kx) order: no atomics, the CPU's order).
 #include "cuda_elem.cuh"
 #include "../im2col_shape.h"
 
@@ -17,6 +20,32 @@ template <typename T> struct Im2colOp {
         float v = 0.0f;
         if (h >= 0 && h < g.H && w >= 0 && w < g.W) load_v<1>(x + b * g.sb + c * g.sc + h * g.sh + w * g.sw, &v);
         store_v<1>(cols + i, &v);
+    }
+};
+
+// Channels-last: item i = (row r, channel c), r = (b, ho, wo).
+template <typename T> struct Im2colNhwcOp {
+    const T *x;
+    T *cols;
+    Im2colShape g;
+    template <int V> __device__ void apply(size_t i) const {
+        size_t r = i / (size_t)g.C;
+        int c = (int)(i - r * (size_t)g.C);
+        int wo = (int)(r % (size_t)g.Wo);
+        size_t bh = r / (size_t)g.Wo;
+        int ho = (int)(bh % (size_t)g.Ho);
+        long long b = (long long)(bh / (size_t)g.Ho);
+        const T *xb = x + b * g.sb + c;
+        T *out = cols + r * g.cols + (size_t)c * g.k * g.k;
+        for (int ky = 0; ky < g.k; ky++) {
+            int h = ho * g.s + ky - g.p;
+            for (int kx = 0; kx < g.k; kx++) {
+                int w = wo * g.s + kx - g.p;
+                float v = 0.0f;
+                if (h >= 0 && h < g.H && w >= 0 && w < g.W) load_v<1>(xb + h * g.sh + w * g.sw, &v);
+                store_v<1>(out + ky * g.k + kx, &v);
+            }
+        }
     }
 };
 
@@ -59,7 +88,11 @@ void cuda_im2col_fwd(Ctx *ctx, const Tensor *x, int nchw, int k, int stride, int
     Im2colShape g = im2col_shape(op, x, nchw, k, stride, pad, cols);
     dispatch_dtype(x->dtype, [&](auto tag) {
         using T = TAG_T(tag);
-        launch_map(ctx, cols->numel, false, Im2colOp<T>{(const T *)x->data, (T *)cols->data, g});
+        if (nchw)
+            launch_map(ctx, cols->numel, false, Im2colOp<T>{(const T *)x->data, (T *)cols->data, g});
+        else
+            launch_map(ctx, g.rows * (size_t)g.C, false,
+                       Im2colNhwcOp<T>{(const T *)x->data, (T *)cols->data, g});
     });
 }
 
