@@ -162,7 +162,8 @@ OP(im2col_bwd, (Ctx *ctx, const Tensor *dcols, int nchw, int k, int stride, int 
 
 // ---- depthwise convolution (GSPN's Local Perception Unit) ------------------------------------
 // x (B,H,W,C) channels-last; w (C,1,k,k), PyTorch's depthwise Conv2d weight (groups = C), k odd
-// (CUDA: at most 7); stride 1, zero padding k/2; b (C) or NULL. y (B,H,W,C), x's dtype:
+// (at most 7: kernels/dwconv_shape.h); stride 1, zero padding k/2; b (C) or NULL. y (B,H,W,C),
+// x's dtype:
 //   y[b,h,w,c] = b[c] + sum_{i,j < k} w[c,0,i,j] x[b, h+i-k/2, w+j-k/2, c]
 // flags: DWCONV_RESIDUAL adds x[b,h,w,c] too (the LPU's x + dwconv(x) in one pass; y is not x).
 OP(dwconv_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, int flags, Tensor *y),

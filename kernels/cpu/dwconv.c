@@ -6,31 +6,20 @@
 // pixels in one fixed order, so the result does not depend on the thread count.
 #include "../ops.h"
 #include "cpu_check.h"
+#include "../dwconv_shape.h"
 #include <stdbool.h>
 #include <string.h>
 
-typedef struct DwShape {
-    int B, H, W, C, k, p;
-} DwShape;
-
-static DwShape dw_shape(const char *op, const Tensor *x, const Tensor *w) {
-    char buf[64];
+// The shape and its checks: kernels/dwconv_shape.h (both backends); the CPU also wants fp32.
+static DwconvShape dw_shape(const char *op, const Tensor *x, const Tensor *w) {
     cpu_check_f32(op, "x", x);
     cpu_check_f32(op, "w", w);
-    CG_CHECK(x->ndim == 4, "", "op %s: x has shape %s, expected (B, H, W, C)", op,
-             tensor_shape_str(x, buf, sizeof buf));
-    DwShape s = {x->shape[0], x->shape[1], x->shape[2], x->shape[3], 0, 0};
-    int k = w->shape[w->ndim - 1];
-    CG_CHECK(k % 2 == 1 && w->numel == (size_t)s.C * k * k, "a depthwise weight is (C, 1, k, k), k odd",
-             "op %s: w has shape %s for %d channels", op, tensor_shape_str(w, buf, sizeof buf), s.C);
-    s.k = k;
-    s.p = k / 2;
-    return s;
+    return dwconv_shape(op, x, w);
 }
 
 // out[b,h,w,c] += sum_{i,j} w[c,i,j] in[b, h + d(i), w + d(j), c], d(i) = i - p, or p - i when
 // mirror (the backward's taps): y = b + taps(x), dx += mirrored taps(dy).
-static void add_taps(const DwShape *s, const float *in, const float *Wt, bool mirror, float *out) {
+static void add_taps(const DwconvShape *s, const float *in, const float *Wt, bool mirror, float *out) {
     int kk = s->k * s->k;
     #pragma omp parallel for schedule(static)
     for (int bh = 0; bh < s->B * s->H; bh++) {
@@ -54,7 +43,7 @@ static void add_taps(const DwShape *s, const float *in, const float *Wt, bool mi
 void cpu_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, int flags,
                     Tensor *y) {
     (void)ctx;
-    DwShape s = dw_shape("dwconv_fwd", x, w);
+    DwconvShape s = dw_shape("dwconv_fwd", x, w);
     cpu_check_same("dwconv_fwd", "y", y, "x", x);
     CG_CHECK(y->data != x->data, "", "op dwconv_fwd: y is x (the taps read neighbours of what they write)");
     if (b) cpu_check_numel("dwconv_fwd", "b", b, (size_t)s.C);
@@ -70,7 +59,7 @@ void cpu_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
 void cpu_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, int flags,
                     Tensor *dx, Tensor *dw, Tensor *db) {
     (void)ctx;
-    DwShape s = dw_shape("dwconv_bwd", x, w);
+    DwconvShape s = dw_shape("dwconv_bwd", x, w);
     cpu_check_same("dwconv_bwd", "dy", dy, "x", x);
     const float *DY = tensor_f32(dy), *X = tensor_f32(x);
     int kk = s.k * s.k;
@@ -86,10 +75,9 @@ void cpu_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w
     if (dw) cpu_check_f32("dwconv_bwd", "dw", dw), cpu_check_numel("dwconv_bwd", "dw", dw, (size_t)s.C * kk);
     if (db) cpu_check_f32("dwconv_bwd", "db", db), cpu_check_numel("dwconv_bwd", "db", db, (size_t)s.C);
     if (!dw && !db) return;
-    CG_CHECK(kk <= 49, "a kernel of 3, 5 or 7", "op dwconv_bwd: kernel %d (at most 7)", s.k);
     #pragma omp parallel for schedule(static)
     for (int c = 0; c < s.C; c++) {
-        double gb = 0, gw[49] = {0};   // k <= 7
+        double gb = 0, gw[DWCONV_MAX_K * DWCONV_MAX_K] = {0};
         for (int bi = 0; bi < s.B; bi++)
             for (int h = 0; h < s.H; h++)
                 for (int wx = 0; wx < s.W; wx++) {

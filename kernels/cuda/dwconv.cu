@@ -5,21 +5,14 @@
 // taps); dw and db come from a second kernel that walks a run of images per block and keeps its
 // k^2 + 1 sums in registers, then a fixed-order reduction. Deterministic throughout.
 #include "cuda_elem.cuh"
+#include "../dwconv_shape.h"
 
-typedef struct DwDims { int B, H, W, C, k, p; } DwDims;
+typedef DwconvShape DwDims;   // kernels/dwconv_shape.h: the geometry and checks both backends share
 
 static DwDims dw_dims(const char *op, const Tensor *x, const Tensor *w) {
     cuda_check_tensor(op, "x", x);
     cuda_check_tensor(op, "w", w);
-    char buf[64];
-    CG_CHECK(x->ndim == 4, "", "op %s: x has shape %s, expected (B, H, W, C)", op,
-             tensor_shape_str(x, buf, sizeof buf));
-    DwDims d = {x->shape[0], x->shape[1], x->shape[2], x->shape[3], w->shape[w->ndim - 1], 0};
-    CG_CHECK(d.k % 2 == 1 && d.k <= 7 && w->numel == (size_t)d.C * d.k * d.k,
-             "a depthwise weight is (C, 1, k, k), k odd, at most 7",
-             "op %s: w has shape %s for %d channels", op, tensor_shape_str(w, buf, sizeof buf), d.C);
-    d.p = d.k / 2;
-    return d;
+    return dwconv_shape(op, x, w);
 }
 
 // ---- tiles ------------------------------------------------------------------------------------
@@ -241,7 +234,7 @@ template <typename F> static void dispatch_k_th(int k, int th, F &&f) {
     case 1: with_th(std::integral_constant<int, 1>{}); break;
     case 3: with_th(std::integral_constant<int, 3>{}); break;
     case 5: with_th(std::integral_constant<int, 5>{}); break;
-    default: with_th(std::integral_constant<int, 7>{}); break;   // dw_dims allows odd k <= 7
+    default: with_th(std::integral_constant<int, 7>{}); break;   // odd k <= DWCONV_MAX_K = 7
     }
 }
 
