@@ -270,6 +270,21 @@ extern "C" int cuda_bench_gspn(FILE *out) {
     };
     for (const Config &cf : compact) print_row(out, cf, DEFAULT_TUNE, run_config(&ctx, cf, DEFAULT_TUNE), copy);
 
+    // The C-GSPN paper's kernel timings (an A100): its Fig. 3 (1024^2, batch 16, 8 channels) and
+    // Fig. S3 (1024^2, batch 256, 1 channel), forward, beside ours. Ours also writes the hidden
+    // states the training path saves (the "must move" bytes above count them).
+    fprintf(out, "the paper's cases (compact channels, shared weights), forward:\n");
+    const struct { const char *what; Config cf; double paper_ms; } paper[] = {
+        {"Fig. 3: 1024^2, B=16, C=8", {16, 1024, 1024, 8, 1, DTYPE_BF16}, 1.9},
+        {"Fig. S3: 1024^2, B=256, C=1", {256, 1024, 1024, 1, 1, DTYPE_BF16}, 3.9},
+    };
+    for (const auto &pc : paper) {
+        const Result r = run_config(&ctx, pc.cf, DEFAULT_TUNE);
+        const double gbs = r.fwd_must / (r.fwd_ms * 1e-3) / 1e9;
+        fprintf(out, "  %-30s fwd %8.3f ms  %7.0f GB/s  %5.1f%% of copy   paper (A100) %.1f ms\n",
+                pc.what, r.fwd_ms, gbs, 100 * gbs / copy, pc.paper_ms);
+    }
+
     cuda_ctx_destroy(&ctx);
     return 0;
 }
