@@ -3,6 +3,7 @@
 #include "../ops.h"
 #include "cpu_check.h"
 #include "gemm.h"
+#include "../linear_shape.h"
 
 // Columns per bias-gradient chunk (one cache line of a row): each chunk is one thread's and
 // sums its rows in order, so db does not depend on the thread count.
@@ -25,13 +26,10 @@ static void colsum_add(const float *dy, size_t N, int M, float *db) {
 
 void cpu_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y) {
     cpu_check_f32("linear_fwd", "w", w);
-    CG_CHECK(w->ndim == 2, "", "op linear_fwd: w must be (out, in), got rank %d", w->ndim);
-    int M = w->shape[0], K = w->shape[1];
     cpu_check_f32("linear_fwd", "x", x);
-    char xs[64], ws[64];
-    CG_CHECK(tensor_last(x) == K, "", "op linear_fwd: x %s has last dim %d, w %s takes %d inputs",
-             tensor_shape_str(x, xs, sizeof xs), tensor_last(x), tensor_shape_str(w, ws, sizeof ws), K);
-    size_t N = tensor_rows(x);
+    const LinearDims ld = linear_dims("linear_fwd", x, w);
+    const size_t N = ld.N;
+    const int M = ld.M, K = ld.K;
     cpu_check_matrix("linear_fwd", "y", y, N, M);
     if (b) cpu_check_numel("linear_fwd", "b", b, (size_t)M);
 
@@ -64,12 +62,10 @@ void cpu_linear_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const T
 void cpu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
                     Tensor *dx, Tensor *dw, Tensor *db) {
     cpu_check_f32("linear_bwd", "w", w);
-    CG_CHECK(w->ndim == 2, "", "op linear_bwd: w must be (out, in), got rank %d", w->ndim);
-    int M = w->shape[0], K = w->shape[1];
     cpu_check_f32("linear_bwd", "x", x);
-    CG_CHECK(tensor_last(x) == K, "", "op linear_bwd: x has last dim %d, w takes %d inputs",
-             tensor_last(x), K);
-    size_t N = tensor_rows(x);
+    const LinearDims ld = linear_dims("linear_bwd", x, w);
+    const size_t N = ld.N;
+    const int M = ld.M, K = ld.K;
     cpu_check_matrix("linear_bwd", "dy", dy, N, M);
     const float *pdy = tensor_f32(dy), *px = tensor_f32(x), *pw = tensor_f32(w);
 

@@ -38,6 +38,7 @@
 #include "cuda_gemm.h"
 #include "gelu.h"
 #include "../ops.h"
+#include "../linear_shape.h"
 #include <limits.h>
 
 #define GELU_SQRT2_PI 0.79788456080286536f   // sqrt(2 / pi)
@@ -92,23 +93,19 @@ typedef struct LinearShape {
     DType act;     // dtype of x, w, y, dx (and b)
 } LinearShape;
 
+// The shape checks both backends share are kernels/linear_shape.h's; the dtype rules and
+// cuBLASLt's int range are this backend's.
 static LinearShape linear_shape(const char *op, const Tensor *x, const Tensor *w) {
     cuda_check_tensor(op, "w", w);
-    CG_CHECK(w->ndim == 2, "", "op %s: w must be (out, in), got rank %d", op, w->ndim);
     CG_CHECK(w->dtype == DTYPE_F32 || w->dtype == DTYPE_BF16, "", "op %s: w is %s", op,
              dtype_name(w->dtype));
+    const LinearDims d = linear_dims(op, x, w);
     LinearShape s;
-    s.M = w->shape[0];
-    s.K = w->shape[1];
+    s.M = d.M;
+    s.K = d.K;
     s.act = w->dtype;
     cuda_check_dtype(op, "x", x, s.act);
-    char xs[64], ws[64];
-    CG_CHECK(tensor_last(x) == s.K, "", "op %s: x %s has last dim %d, w %s takes %d inputs", op,
-             tensor_shape_str(x, xs, sizeof xs), tensor_last(x), tensor_shape_str(w, ws, sizeof ws),
-             s.K);
-    CG_CHECK(s.K > 0 && s.M > 0, "", "op %s: w %s has an empty dimension", op,
-             tensor_shape_str(w, ws, sizeof ws));
-    s.N = tensor_rows(x);
+    s.N = d.N;
     CG_CHECK(s.N <= INT_MAX, "reduce batch_size", "op %s: %zu rows exceed cuBLASLt's int range", op,
              s.N);
     return s;
