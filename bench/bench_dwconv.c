@@ -120,6 +120,7 @@ int bench_dwconv_run(FILE *out) {
     }
     fprintf(out, "\n%-8s %6s %8s %8s %10s %9s %10s %8s\n", "model", "convs", "fwd ms", "bwd ms",
             "fwd+bwd ms", "roofline", "torch f+b", "vs torch");
+    double t_total = 0;   // gspn_t's fwd+bwd, against the target
     for (int m = 0; m < DW_MODELS; m++) {
         double f = 0, b = 0, roof = 0, torch = 0;
         for (int i = 0; i < mc[m].n; i++) {
@@ -134,15 +135,10 @@ int bench_dwconv_run(FILE *out) {
         }
         fprintf(out, "%-8s %6d %8.3f %8.3f %10.3f %9.3f %10.3f %7.2fx\n", kModels[m], mc[m].n, f, b,
                 f + b, roof, torch, torch > 0 ? torch / (f + b) : 0.0);
-    }
-    double t = 0;
-    for (int i = 0; i < mc[0].n; i++) {
-        int j = 0;
-        while (!same_shape(&shapes[j], &mc[0].conv[i])) j++;
-        t += cases[j].fwd_ms + cases[j].bwd_ms;
+        if (m == 0) t_total = f + b;
     }
     fprintf(out, "gspn_t's %d depthwise convolutions, fwd+bwd: %.3f ms (target: at most %.1f ms)\n",
-            mc[0].n, t, DW_TARGET_T_MS);
+            mc[0].n, t_total, DW_TARGET_T_MS);
     free(json);
     return 0;
 }

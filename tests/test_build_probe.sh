@@ -7,10 +7,7 @@
 # openmpi-bin brings without it).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
-fail=0
-expect() {   # expect NAME COND
-    if eval "$2"; then echo "[       OK ] $1"; else echo "[  FAILED  ] $1"; fail=1; fi
-}
+source "$root/tests/expect.sh"   # expect NAME COND; fail
 mpicc_path=$(command -v mpicc) || {
     echo "test_build_probe: no mpicc on PATH (make deps installs OpenMPI): cannot run"
     [ "${CI:-}" = true ] && exit 1 || exit 0

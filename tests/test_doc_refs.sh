@@ -5,10 +5,7 @@
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 check="$root/tools/check_refs.py"
-fail=0
-expect() {   # expect NAME COND
-    if eval "$2"; then echo "[       OK ] $1"; else echo "[  FAILED  ] $1"; fail=1; fi
-}
+source "$root/tests/expect.sh"   # expect NAME COND; fail
 out=$(python3 "$check" "$root"); rc=$?
 expect "every docs reference in the tree points somewhere" "[ $rc -eq 0 ]"
 [ $rc -eq 0 ] || echo "$out"

@@ -5,10 +5,7 @@
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 check="$root/tools/check_layers.py"
-fail=0
-expect() {   # expect NAME COND
-    if eval "$2"; then echo "[       OK ] $1"; else echo "[  FAILED  ] $1"; fail=1; fi
-}
+source "$root/tests/expect.sh"   # expect NAME COND; fail
 
 out=$(python3 "$check" "$root"); rc=$?
 expect "the tree's includes point down" "[ $rc -eq 0 ]"
