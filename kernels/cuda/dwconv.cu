@@ -1,9 +1,13 @@
 // CUDA: depthwise convolution, channels-last, stride 1, zero padding k/2 (kernels/ops.h; CPU
-// reference kernels/cpu/dwconv.c). Every kernel works on tiles: a block stages one image's
-// TH x TW pixels (plus the k-1 halo) of CG channels in shared memory as fp32, with 16-byte loads,
-// then computes from there. y and dx share one kernel (dx is dy correlated with the mirrored
-// taps); dw and db come from a second kernel that walks a run of images per block and keeps its
-// k^2 + 1 sums in registers, then a fixed-order reduction. Deterministic throughout.
+// reference kernels/cpu/dwconv.c). No shared-memory tiles: a thread owns V channels (one vector
+// load) of a strip of 4 output columns and sweeps down a run of rows, reading each input row
+// once (4 + k - 1 pixels straight from global memory; the strips beside it share them in L1)
+// and scattering it into the k output rows it feeds, kept as a ring of sums in registers; an
+// output row is written the moment its last input row is in. The next row's loads are issued
+// before the current row's arithmetic. y and dx share one kernel (dx is dy correlated with the
+// mirrored taps); dw and db come from a second kernel of the same shape whose ring holds dy rows
+// and whose k^2 + 1 sums per channel stay in registers over a run of images, then a fixed-order
+// reduction over strips (shared memory) and runs (kernels/cuda/reduce.cu). Deterministic.
 #include "cuda_elem.cuh"
 #include "../dwconv_shape.h"
 
@@ -15,263 +19,401 @@ static DwDims dw_dims(const char *op, const Tensor *x, const Tensor *w) {
     return dwconv_shape(op, x, w);
 }
 
-// ---- tiles ------------------------------------------------------------------------------------
-// A block owns CG channels (a group) of a TH x TW tile of one image. Thread (c, pair) owns channel
-// c and the tile's columns 2 pair and 2 pair + 1, down all TH rows: per input row it reads k + 1
-// staged values and serves both columns (k^2 FMAs per output against (k + 1)(TH + k - 1) / (2 TH)
-// shared loads). TH is a template argument (7 for images of at most 7 rows, else 14) so that
-// the rows unroll and every sum stays in a register. CG grows (16, 32, 64) until the block has
-// about 256 threads; a pixel's CG channels are one 16-byte load (bf16, CG = 16) or more, or
-// narrower loads where C is not a multiple of 8.
-enum { DW_THREADS = 256, DW_PAIRS = 14, DW_CG_MIN = 16, DW_CG_MAX = 64 };
+// ---- launch geometry --------------------------------------------------------------------------
+// A block is `lanes` channel vectors (consecutive channels: a warp's loads are one contiguous run
+// of a pixel's channels) times `sblk` neighbouring strips (their windows overlap by k - 1 pixels,
+// which L1 then serves once). Rows are cut into `chunks` runs of `rh` rows when the images alone
+// give too few threads to fill the GPU (each run re-reads k - 1 halo rows).
+enum { DW_THREADS = 128 };
 
-typedef struct DwTile {
-    int th, tw, pairs, cg, stride;   // stride: floats per staged pixel (cg, padded for CG = 16)
-    int tiles_y, tiles_x, groups;
-} DwTile;
+// Strip width: 7 columns for the y/dx kernel at 5x5 and 7x7 (each tap read from shared memory
+// then serves 7 sums; 7 divides every gspn grid), except on images narrower than 14, where 7 would
+// leave too few threads; 4 elsewhere (the dw kernel: 4 at every k).
+enum { DW_STRIP_DW = 4 };   // the dw kernel's strip width
+static int dw_strip(const DwDims &d, bool dw) { return dw ? DW_STRIP_DW : d.k >= 5 && d.W >= 14 ? 7 : 4; }
 
-static DwTile dw_tile(const DwDims &d) {
-    DwTile t;
-    t.th = d.H <= 7 ? 7 : 14;
-    t.pairs = d.W < 2 * DW_PAIRS ? (d.W + 1) / 2 : DW_PAIRS;
-    t.tw = 2 * t.pairs;
-    t.cg = DW_CG_MIN;
-    while (t.cg < DW_CG_MAX && 2 * t.cg * t.pairs <= DW_THREADS && t.cg < d.C) t.cg *= 2;
-    // With CG = 16 a warp spans two pairs, 2 * 16 floats apart: one bank. 8 floats of padding
-    // per pixel put the second pair on the other half of the banks.
-    t.stride = t.cg == DW_CG_MIN ? t.cg + 8 : t.cg;
-    t.tiles_y = (d.H + t.th - 1) / t.th;
-    t.tiles_x = (d.W + t.tw - 1) / t.tw;
-    t.groups = (d.C + t.cg - 1) / t.cg;
-    return t;
+typedef struct DwGrid {
+    int V, cv;               // channels per thread; channel vectors C / V
+    int cw;                  // strip width (dw_strip): the kernel's CW
+    int lanes, sblk;         // channel vectors and strips per block
+    int strips, groups, sgroups;
+    int rh, chunks;          // output rows per thread, row runs per image
+} DwGrid;
+
+static DwGrid dw_grid(const DwDims &d, int V, int cw) {
+    DwGrid g;
+    g.V = V;
+    g.cv = d.C / V;
+    g.cw = cw;
+    g.strips = (d.W + cw - 1) / cw;
+    // 32 lanes, or 16 where that divides the channel vectors and 32 does not (no idle lanes in
+    // the last group), or all of them when fewer.
+    g.lanes = g.cv % 32 != 0 && g.cv % 16 == 0 ? 16 : 32;
+    if (g.cv < g.lanes) g.lanes = g.cv;
+    g.sblk = DW_THREADS / g.lanes < g.strips ? DW_THREADS / g.lanes : g.strips;
+    if (g.sblk < 1) g.sblk = 1;
+    if (g.lanes * g.sblk < DW_THREADS && g.cv > g.lanes)   // narrow images: more channels a block
+        g.lanes = DW_THREADS / g.sblk < g.cv ? DW_THREADS / g.sblk : g.cv;
+    g.groups = (g.cv + g.lanes - 1) / g.lanes;
+    g.sgroups = (g.strips + g.sblk - 1) / g.sblk;
+    g.rh = d.H;
+    g.chunks = 1;
+    return g;
 }
 
-// Stages img[h0 .. h0+rows) x [w0 .. w0+cols) x [c0 .. c0+cg) (one image's (H,W,C) plane, zero
-// outside it) into s[(r * cols + col) * stride + c] as fp32, V channels per load (C a multiple of
-// V and img aligned to V elements: dw_vec).
-template <int V, typename T>
-__device__ __forceinline__ void dw_stage_v(float *s, const T *img, const DwDims &d, const DwTile &t,
-                                           int c0, int h0, int w0, int rows, int cols) {
-    const int per = t.cg / V, total = rows * cols * per;
-    #pragma unroll 4
-    for (int q = threadIdx.x; q < total; q += blockDim.x) {
-        int pix = q / per, v = q - pix * per;
-        int r = pix / cols, col = pix - r * cols;
-        int hh = h0 + r, ww = w0 + col, c = c0 + v * V;
-        float val[V];
-        if (hh >= 0 && hh < d.H && ww >= 0 && ww < d.W && c < d.C)
-            load_v<V>(img + ((size_t)hh * d.W + ww) * d.C + c, val);
-        else
-            for (int j = 0; j < V; j++) val[j] = 0.0f;
-        Vec<float, V>::of(val).store(s + pix * t.stride + v * V);
+// Cuts rows into runs until the grid has `want` threads (or runs reach 2k rows).
+static void dw_split_rows(DwGrid &g, const DwDims &d, size_t want) {
+    size_t per_run = (size_t)d.B * g.groups * g.sgroups * g.lanes * g.sblk;
+    while (per_run * g.chunks < want && g.rh >= 4 * d.k) {
+        g.chunks *= 2;
+        g.rh = (d.H + g.chunks - 1) / g.chunks;
     }
+    g.chunks = (d.H + g.rh - 1) / g.rh;
 }
 
-template <typename T>
-__device__ __forceinline__ void dw_stage(float *s, const T *img, const DwDims &d, const DwTile &t,
-                                         int c0, int h0, int w0, int rows, int cols, int vec) {
-    switch (vec) {
-    case 8: dw_stage_v<8>(s, img, d, t, c0, h0, w0, rows, cols); break;
-    case 4: dw_stage_v<4>(s, img, d, t, c0, h0, w0, rows, cols); break;
-    case 2: dw_stage_v<2>(s, img, d, t, c0, h0, w0, rows, cols); break;
-    default: dw_stage_v<1>(s, img, d, t, c0, h0, w0, rows, cols); break;
-    }
+// Resident threads the launches aim for: four waves of 16 warps per SM (the 7x7 kernels' register
+// budget allows 16).
+static size_t dw_want_threads(Ctx *ctx) { return (size_t)cuda_ctx_of(ctx)->sm_count * 2048; }
+
+// Channels per thread: 2 (one 8- or 4-byte load) for k <= 3, where the k^2 weights and k rows of
+// sums of two channels fit in registers, when C is even and both tensors are aligned to it; else 1.
+static int dw_vec(const DwDims &d, size_t elem, const void *a, const void *b) {
+    uintptr_t align = (uintptr_t)(2 * elem) - 1;
+    return d.k <= 3 && d.C % 2 == 0 && ((uintptr_t)a & align) == 0 && ((uintptr_t)b & align) == 0 ? 2 : 1;
 }
+
+// Blocks per SM the registers are kept to: a 7x7 thread holds 49 weights (or sums), 7 rows of
+// strip sums (or dy) and two input windows (ptxas: no spills at these counts but a few bytes at 7x7).
+template <int K, bool DW> constexpr int dw_min_blocks() { return K <= 1 ? 8 : K <= 3 && !DW ? 5 : 4; }
+
+// The thread's place: channel vector and strip (either may lie past the end: `live` false).
+struct DwPlace {
+    int cvi, strip;
+    bool live;
+};
+
+__device__ __forceinline__ DwPlace dw_place(const DwGrid &g) {
+    DwPlace p;
+    const int lane = threadIdx.x % g.lanes, sl = threadIdx.x / g.lanes;
+    const int group = blockIdx.x % g.groups, sgrp = blockIdx.x / g.groups;
+    p.cvi = group * g.lanes + lane;
+    p.strip = sgrp * g.sblk + sl;
+    p.live = p.cvi < g.cv && p.strip < g.strips && sl < g.sblk;
+    return p;
+}
+
+__device__ constexpr float kZeros[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+
+// A thread's columns, fixed for its whole sweep: window pixel q (0 <= q < CW + K - 1) is column
+// x0 - P + q, at element offset off0 + q C within a row, and lies in the image where bit q of
+// `mask` is set (offsets within one image fit an int: launch checks it).
+struct DwCols {
+    int off0, row, mask;   // row: elements per image row (W C)
+};
+
+template <int K, int CW>
+__device__ __forceinline__ DwCols dw_cols(const DwDims &d, int x0, int c) {
+    DwCols k;
+    k.off0 = (x0 - K / 2) * d.C + c;
+    k.row = d.W * d.C;
+    k.mask = 0;
+    #pragma unroll
+    for (int q = 0; q < CW + K - 1; q++) {
+        const int xx = x0 - K / 2 + q;
+        if (xx >= 0 && xx < d.W) k.mask |= 1 << q;
+    }
+    return k;
+}
+
+// One input row's window: the thread's CW + K - 1 pixels of row r, V channels each, as raw vectors
+// (zero outside the image), loaded a row ahead of its use.
+template <int K, int CW, int V, typename T> struct DwWindow {
+    static constexpr int N = CW + K - 1;
+    Vec<T, V> px[N];
+    __device__ __forceinline__ void load(const T *img, const DwCols &k, const DwDims &d, int r) {
+        const bool row_in = r >= 0 && r < d.H;
+        const int base = r * k.row + k.off0;
+        #pragma unroll
+        for (int q = 0; q < N; q++)
+            px[q] = row_in && (k.mask >> q & 1) ? Vec<T, V>::load(img + (base + q * d.C)) : Vec<T, V>::of(kZeros);
+    }
+    __device__ __forceinline__ void unpack(float (*win)[V]) const {
+        #pragma unroll
+        for (int q = 0; q < N; q++)
+            #pragma unroll
+            for (int v = 0; v < V; v++) win[q][v] = px[q].get(v);
+    }
+};
 
 // ---- y and dx -----------------------------------------------------------------------------------
 // out[b,h,w,c] (+)= bias[c] + sum_{i,j} w'[i][j] in[b, h+i-p, w+j-p, c] (+ in[b,h,w,c]); w' = w,
 // or w mirrored in both axes for dx (dy correlated with the mirrored taps is the adjoint).
-// DW_RESID: in's own value added (the residual's identity path, from the staged tile);
-// DW_ACCUM: added to out's prior value; either way rounded once.
+// DW_RESID: in's own value added (the residual's identity path); DW_ACCUM: added to out's prior
+// value; either way rounded once.
 enum { DW_FLIP = 1, DW_ACCUM = 2, DW_RESID = 4 };
 
-// Blocks per SM the compiler keeps the registers to: a 3x3 thread holds 9 weights and its sums,
-// a 7x7 one 49 (ptxas: no spills at these counts).
-template <int K> constexpr int dw_min_blocks() { return K <= 3 ? 4 : K <= 5 ? 3 : 2; }
-
-template <int K, int TH, typename T, typename TW>
-__global__ void __launch_bounds__(DW_THREADS, dw_min_blocks<K>())
-dwconv_tile_kernel(const T *in, const TW *w, const TW *bias, T *out, DwDims d, DwTile t,
-                   int flags, int vec) {
-    extern __shared__ float tile[];   // (TH + K - 1, tw + K - 1, stride)
-    constexpr int P = K / 2, ROWS = TH + K - 1;
-    const int group = blockIdx.x % t.groups, tx = blockIdx.x / t.groups, ty = blockIdx.y;
-    const int b = blockIdx.z, cols = t.tw + K - 1;
-    const int c0 = group * t.cg, y0 = ty * TH, x0 = tx * t.tw;
-    const T *img = in + (size_t)b * d.H * d.W * d.C;
-    dw_stage(tile, img, d, t, c0, y0 - P, x0 - P, ROWS, cols, vec);
-
-    const int cl = threadIdx.x % t.cg, pair = threadIdx.x / t.cg, c = c0 + cl;
-    float wr[K][K];
-    #pragma unroll
-    for (int i = 0; i < K; i++)
-        #pragma unroll
-        for (int j = 0; j < K; j++) {
-            int tap = flags & DW_FLIP ? (K - 1 - i) * K + (K - 1 - j) : i * K + j;
-            wr[i][j] = c < d.C ? load_or(w, (size_t)c * K * K + tap, 0.0f) : 0.0f;
-        }
-    __syncthreads();
-    float acc[TH][2];
-    #pragma unroll
-    for (int h = 0; h < TH; h++) acc[h][0] = acc[h][1] = 0.0f;
-    const float *col = tile + 2 * pair * t.stride + cl;
-    // Staged row r is tap row i of output row r - i.
-    #pragma unroll
-    for (int r = 0; r < ROWS; r++) {
-        float v[K + 1];
-        #pragma unroll
-        for (int j = 0; j <= K; j++) v[j] = col[(r * cols + j) * t.stride];
-        #pragma unroll
-        for (int i = 0; i < K; i++) {
-            const int h = r - i;
-            if (h < 0 || h >= TH) continue;
-            #pragma unroll
-            for (int j = 0; j < K; j++) {
-                acc[h][0] = fmaf(wr[i][j], v[j], acc[h][0]);
-                acc[h][1] = fmaf(wr[i][j], v[j + 1], acc[h][1]);
-            }
-        }
+// Input row r = y0 - P + t feeds output row y0 + t - i through tap row i; that row's sums sit in
+// ring slot (t - i) mod K. Output row y0 + t - (K - 1) has all its rows after step t: it is
+// written and its slot cleared for row y0 + t + 1. The step loop unrolls K times, so every slot
+// index is a constant.
+template <int K, int CW, int V, typename T, typename TW>
+__global__ void __launch_bounds__(DW_THREADS, dw_min_blocks<K, false>())
+dwconv_rows_kernel(const T *__restrict__ in, const TW *__restrict__ w, const TW *__restrict__ bias,
+                   T *__restrict__ out, DwDims d, DwGrid g, int flags) {
+    constexpr int P = K / 2, KK = K * K;
+    extern __shared__ float ws[];   // (V, lanes, K^2): the block's taps as read (mirrored for dx)
+    const DwPlace pl = dw_place(g);
+    const int lane = threadIdx.x % g.lanes, cv0 = blockIdx.x % g.groups * g.lanes;
+    for (int e = threadIdx.x; e < V * g.lanes * KK; e += blockDim.x) {
+        const int v = e / (g.lanes * KK), ln = e / KK % g.lanes, tap = e % KK;
+        const int ch = (cv0 + ln) * V + v;
+        ws[e] = ch < d.C ? load_or(w, (size_t)ch * KK + (flags & DW_FLIP ? KK - 1 - tap : tap), 0.0f) : 0.0f;
     }
-    if (c >= d.C) return;
-    const float b0 = bias ? load_or(bias, (size_t)c, 0.0f) : 0.0f;
-    T *o = out + (size_t)b * d.H * d.W * d.C + c;
+    __syncthreads();
+    if (!pl.live) return;
+    const int c = pl.cvi * V, x0 = pl.strip * CW, y0 = blockIdx.y * g.rh, b = blockIdx.z;
+    const int rows = min(g.rh, d.H - y0), steps = rows + K - 1;
+    // Read anew at every use (volatile): held in registers, 49 taps would crowd out the sums.
+    const volatile float *wt[V];
+    float bv[V];
     #pragma unroll
-    for (int h = 0; h < TH; h++) {
-        const int hh = y0 + h;
-        if (hh >= d.H) break;
+    for (int v = 0; v < V; v++) wt[v] = ws + (v * g.lanes + lane) * KK;
+    #pragma unroll
+    for (int v = 0; v < V; v++) bv[v] = bias ? load_or(bias, (size_t)(c + v), 0.0f) : 0.0f;
+    const T *img = in + (size_t)b * d.H * d.W * d.C;
+    T *o = out + (size_t)b * d.H * d.W * d.C;
+    const DwCols cols = dw_cols<K, CW>(d, x0, c);
+    float acc[K][CW][V];
+    #pragma unroll
+    for (int s = 0; s < K; s++)
         #pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int ww = x0 + 2 * pair + e;
-            if (ww >= d.W) continue;
-            T *p = o + ((size_t)hh * d.W + ww) * d.C;
-            float s = acc[h][e] + b0;
-            if (flags & DW_RESID) s += tile[((h + P) * cols + 2 * pair + e + P) * t.stride + cl];
-            if (flags & DW_ACCUM) s += load_or(p, 0, 0.0f);
-            store_v<1>(p, &s);
+        for (int q = 0; q < CW; q++)
+            #pragma unroll
+            for (int v = 0; v < V; v++) acc[s][q][v] = 0.0f;
+    DwWindow<K, CW, V, T> next;
+    next.load(img, cols, d, y0 - P);
+    for (int t0 = 0; t0 < steps; t0 += K) {
+        #pragma unroll
+        for (int u = 0; u < K; u++) {
+            const int t = t0 + u, r = y0 - P + t;
+            if (t >= steps) break;
+            float win[DwWindow<K, CW, V, T>::N][V];
+            next.unpack(win);
+            if (t + 1 < steps) next.load(img, cols, d, r + 1);
+            if (r >= 0 && r < d.H) {   // rows outside the image add nothing
+                #pragma unroll
+                for (int i = 0; i < K; i++) {
+                    const int s = (u - i + K) % K;
+                    #pragma unroll
+                    for (int j = 0; j < K; j++)
+                        #pragma unroll
+                        for (int v = 0; v < V; v++) {
+                            const float tap = wt[v][i * K + j];
+                            #pragma unroll
+                            for (int q = 0; q < CW; q++)
+                                acc[s][q][v] = fmaf(tap, win[q + j][v], acc[s][q][v]);
+                        }
+                }
+                if (flags & DW_RESID) {
+                    const int s = (u - P + K) % K;
+                    #pragma unroll
+                    for (int q = 0; q < CW; q++)
+                        #pragma unroll
+                        for (int v = 0; v < V; v++) acc[s][q][v] += win[q + P][v];
+                }
+            }
+            const int s = (u + 1) % K, y = y0 + t - (K - 1);
+            if (y >= y0) {
+                #pragma unroll
+                for (int q = 0; q < CW; q++) {
+                    if (!(cols.mask >> (q + P) & 1)) continue;
+                    T *p = o + (y * cols.row + cols.off0 + (q + P) * d.C);
+                    float val[V];
+                    if (flags & DW_ACCUM) load_v<V>(p, val);
+                    #pragma unroll
+                    for (int v = 0; v < V; v++)
+                        val[v] = acc[s][q][v] + bv[v] + (flags & DW_ACCUM ? val[v] : 0.0f);
+                    store_v<V>(p, val);
+                }
+            }
+            #pragma unroll
+            for (int q = 0; q < CW; q++)
+                #pragma unroll
+                for (int v = 0; v < V; v++) acc[s][q][v] = 0.0f;
         }
     }
 }
 
+// dy's row y at the thread's CW columns (window pixels P .. P + CW - 1); zero where `in_run` is
+// false or past the image.
+template <int K, int CW, int V, typename T>
+__device__ __forceinline__ void dw_load_dy_row(Vec<T, V> *g, const T *img, const DwCols &k,
+                                               const DwDims &d, int y, bool in_run) {
+    const int base = y * k.row + k.off0;
+    #pragma unroll
+    for (int q = 0; q < CW; q++)
+        g[q] = in_run && (k.mask >> (q + K / 2) & 1) ? Vec<T, V>::load(img + (base + (q + K / 2) * d.C))
+                                                     : Vec<T, V>::of(kZeros);
+}
+
 // ---- dw and db ----------------------------------------------------------------------------------
-// Block (group, tile, split) walks the images of its split: it stages x's tile with its halo and
-// dy's tile, and thread (c, pair) adds dy[h, w] x[h+i-p, w+j-p] over its two columns into k^2
-// register sums, and dy into a (k^2 + 1)-th. After the last image the pairs' sums are added in
-// pair order in shared memory, and the block writes its row of the partial matrix
-// (tiles * splits, C k^2 + C): columns c k^2 + tap for dw, C k^2 + c for db.
-template <int K, int TH, typename T>
-__global__ void __launch_bounds__(DW_THREADS, dw_min_blocks<K>())
-dwconv_dw_tile_kernel(const T *dy, const T *x, DwDims d, DwTile t, int imgs_per_split, int vec,
-                      float *partial) {
-    extern __shared__ float sm[];   // x tile (TH + K - 1, tw + K - 1, stride), dy tile (TH, tw, stride)
-    constexpr int P = K / 2, ROWS = TH + K - 1, KK = K * K;
-    const int group = blockIdx.x % t.groups, tx = blockIdx.x / t.groups, ty = blockIdx.y;
-    const int split = blockIdx.z, cols = t.tw + K - 1;
-    const int c0 = group * t.cg, y0 = ty * TH, x0 = tx * t.tw;
-    float *xs = sm, *gs = sm + ROWS * cols * t.stride;
-    const int cl = threadIdx.x % t.cg, pair = threadIdx.x / t.cg;
-    float acc[K][K], accb = 0.0f;
+// The same sweep with the roles turned: at step t the thread brings in x's input row r = y0 - P + t
+// (a window) and dy's row y0 + t (into ring slot t mod K; zero past the run), and adds
+// dy[y0 + t - i][col] x[r][col + j] into sum (i, j) for every tap. Over its run of images, then the
+// block's strips are added in order in shared memory and the block writes its row of the partial
+// matrix (runs * chunks * strip groups, C k^2 + C): columns c k^2 + tap for dw, C k^2 + c for db.
+template <int K, int V, typename T>
+__global__ void __launch_bounds__(DW_THREADS, dw_min_blocks<K, true>())
+dwconv_dw_rows_kernel(const T *__restrict__ dy, const T *__restrict__ x, DwDims d, DwGrid g,
+                      int imgs_per_run, float *__restrict__ partial) {
+    constexpr int P = K / 2, CW = DW_STRIP_DW, KK = K * K;
+    // The next step's rows are loaded during this one, except at 7x7: there the 49 sums and the
+    // ring leave no registers for a second window, and the other warps hide the loads.
+    constexpr bool PREFETCH = K < 7;
+    extern __shared__ float red[];   // (sblk, KK + 1, lanes * V)
+    const DwPlace pl = dw_place(g);
+    const int c = pl.cvi * V, x0 = pl.strip * CW, y0 = blockIdx.y * g.rh;
+    const int rows = min(g.rh, d.H - y0), steps = rows + K - 1;
+    float acc[K][K][V], accb[V];
     #pragma unroll
     for (int i = 0; i < K; i++)
         #pragma unroll
-        for (int j = 0; j < K; j++) acc[i][j] = 0.0f;
-    const int b0 = split * imgs_per_split, b1 = min(b0 + imgs_per_split, d.B);
+        for (int j = 0; j < K; j++)
+            #pragma unroll
+            for (int v = 0; v < V; v++) acc[i][j][v] = 0.0f;
+    #pragma unroll
+    for (int v = 0; v < V; v++) accb[v] = 0.0f;
+    const int b0 = blockIdx.z * imgs_per_run, b1 = min(b0 + imgs_per_run, d.B);
+    const DwCols cols = dw_cols<K, CW>(d, x0, c);
     const size_t plane = (size_t)d.H * d.W * d.C;
-    for (int b = b0; b < b1; b++) {
-        __syncthreads();   // the previous image's reads are done
-        dw_stage(xs, x + b * plane, d, t, c0, y0 - P, x0 - P, ROWS, cols, vec);
-        dw_stage(gs, dy + b * plane, d, t, c0, y0, x0, TH, t.tw, vec);
-        __syncthreads();
-        const float *xc = xs + 2 * pair * t.stride + cl, *gc = gs + 2 * pair * t.stride + cl;
-        // g[i]: the thread's two dy values of row r - i, the row whose tap row i is staged row r
-        // (0 outside the tile). A sliding window, so the row loop need not unroll: the k^2 sums,
-        // the window and one staged row fit in registers.
-        float g[K][2];
+    for (int b = pl.live ? b0 : b1; b < b1; b++) {
+        const T *xi = x + b * plane, *gi = dy + b * plane;
+        float ring[K][CW][V];
         #pragma unroll
-        for (int i = 0; i < K; i++) g[i][0] = g[i][1] = 0.0f;
-        #pragma unroll 1
-        for (int r = 0; r < ROWS; r++) {
+        for (int s = 0; s < K; s++)
             #pragma unroll
-            for (int i = K - 1; i > 0; i--) g[i][0] = g[i - 1][0], g[i][1] = g[i - 1][1];
-            g[0][0] = r < TH ? gc[r * t.tw * t.stride] : 0.0f;
-            g[0][1] = r < TH ? gc[(r * t.tw + 1) * t.stride] : 0.0f;
-            accb += g[0][0] + g[0][1];
-            float v[K + 1];
-            #pragma unroll
-            for (int j = 0; j <= K; j++) v[j] = xc[(r * cols + j) * t.stride];
-            #pragma unroll
-            for (int i = 0; i < K; i++)
+            for (int q = 0; q < CW; q++)
                 #pragma unroll
-                for (int j = 0; j < K; j++)
-                    acc[i][j] = fmaf(g[i][0], v[j], fmaf(g[i][1], v[j + 1], acc[i][j]));
+                for (int v = 0; v < V; v++) ring[s][q][v] = 0.0f;
+        DwWindow<K, CW, V, T> next;
+        Vec<T, V> gnext[CW];   // dy's row y0 + t (zero past the run)
+        if (PREFETCH) {
+            next.load(xi, cols, d, y0 - P);
+            dw_load_dy_row<K, CW, V>(gnext, gi, cols, d, y0, rows > 0);
+        }
+        for (int t0 = 0; t0 < steps; t0 += K) {
+            #pragma unroll
+            for (int u = 0; u < K; u++) {
+                const int t = t0 + u, r = y0 - P + t;
+                if (t >= steps) break;
+                if (!PREFETCH) {
+                    next.load(xi, cols, d, r);
+                    dw_load_dy_row<K, CW, V>(gnext, gi, cols, d, y0 + t, t < rows);
+                }
+                float win[DwWindow<K, CW, V, T>::N][V];
+                next.unpack(win);
+                // dy's row y0 + t into slot u (the row y0 + t - K it replaces is done).
+                #pragma unroll
+                for (int q = 0; q < CW; q++)
+                    #pragma unroll
+                    for (int v = 0; v < V; v++) {
+                        ring[u][q][v] = gnext[q].get(v);
+                        accb[v] += ring[u][q][v];
+                    }
+                if (PREFETCH && t + 1 < steps) {
+                    next.load(xi, cols, d, r + 1);
+                    dw_load_dy_row<K, CW, V>(gnext, gi, cols, d, y0 + t + 1, t + 1 < rows);
+                }
+                if (r >= 0 && r < d.H) {
+                    #pragma unroll
+                    for (int i = 0; i < K; i++) {
+                        const int s = (u - i + K) % K;
+                        #pragma unroll
+                        for (int j = 0; j < K; j++)
+                            #pragma unroll
+                            for (int q = 0; q < CW; q++)
+                                #pragma unroll
+                                for (int v = 0; v < V; v++)
+                                    acc[i][j][v] = fmaf(ring[s][q][v], win[q + j][v], acc[i][j][v]);
+                    }
+                }
+            }
         }
     }
+    // The block's strips, added in strip order.
+    const int lane = threadIdx.x % g.lanes, sl = threadIdx.x / g.lanes, width_blk = g.lanes * V;
+    if (sl < g.sblk) {
+        #pragma unroll
+        for (int q = 0; q < KK; q++)
+            #pragma unroll
+            for (int v = 0; v < V; v++)
+                red[(sl * (KK + 1) + q) * width_blk + lane * V + v] = acc[q / K][q % K][v];
+        #pragma unroll
+        for (int v = 0; v < V; v++) red[(sl * (KK + 1) + KK) * width_blk + lane * V + v] = accb[v];
+    }
     __syncthreads();
-    float *red = sm;   // (pairs, KK + 1, cg)
-    #pragma unroll
-    for (int q = 0; q < KK; q++) red[(pair * (KK + 1) + q) * t.cg + cl] = acc[q / K][q % K];
-    red[(pair * (KK + 1) + KK) * t.cg + cl] = accb;
-    __syncthreads();
+    const int group = blockIdx.x % g.groups, sgrp = blockIdx.x / g.groups, c0 = group * g.lanes * V;
     const size_t width = (size_t)d.C * KK + d.C;
-    float *row = partial + ((size_t)split * t.tiles_y * t.tiles_x + ty * t.tiles_x + tx) * width;
-    for (int q = threadIdx.x; q < (KK + 1) * t.cg; q += blockDim.x) {
-        const int tap = q / t.cg, cq = q - tap * t.cg, c = c0 + cq;
-        if (c >= d.C) continue;
+    float *row = partial + (((size_t)blockIdx.z * g.chunks + blockIdx.y) * g.sgroups + sgrp) * width;
+    const int nsl = min(g.sblk, g.strips - sgrp * g.sblk);
+    for (int e = threadIdx.x; e < (KK + 1) * width_blk; e += blockDim.x) {
+        const int tap = e / width_blk, cq = e - tap * width_blk, ch = c0 + cq;
+        if (ch >= d.C) continue;
         float s = 0.0f;
-        for (int p = 0; p < t.pairs; p++) s += red[(p * (KK + 1) + tap) * t.cg + cq];
-        row[tap < KK ? (size_t)c * KK + tap : (size_t)d.C * KK + c] = s;
+        for (int p = 0; p < nsl; p++) s += red[(p * (KK + 1) + tap) * width_blk + cq];
+        row[tap < KK ? (size_t)ch * KK + tap : (size_t)d.C * KK + ch] = s;
     }
 }
 
 // ---- launches ---------------------------------------------------------------------------------
 
-// f(K, TH) as template arguments (the sums and the weights live in registers).
-template <typename F> static void dispatch_k_th(int k, int th, F &&f) {
-    auto with_th = [&](auto kc) {
-        if (th == 7) f(kc, std::integral_constant<int, 7>{});
-        else f(kc, std::integral_constant<int, 14>{});
-    };
+// f(K, V) as template arguments (the sums and the weights live in registers); V = 2 only for
+// k <= 3 (dw_vec).
+template <typename F> static void dispatch_k_v(int k, int v, F &&f) {
+    using I1 = std::integral_constant<int, 1>;
+    using I2 = std::integral_constant<int, 2>;
     switch (k) {
-    case 1: with_th(std::integral_constant<int, 1>{}); break;
-    case 3: with_th(std::integral_constant<int, 3>{}); break;
-    case 5: with_th(std::integral_constant<int, 5>{}); break;
-    default: with_th(std::integral_constant<int, 7>{}); break;   // odd k <= DWCONV_MAX_K = 7
+    case 1: if (v == 2) f(I1{}, I2{}); else f(I1{}, I1{}); break;
+    case 3: if (v == 2) f(std::integral_constant<int, 3>{}, I2{}); else f(std::integral_constant<int, 3>{}, I1{}); break;
+    case 5: f(std::integral_constant<int, 5>{}, I1{}); break;
+    default: f(std::integral_constant<int, 7>{}, I1{}); break;   // odd k <= DWCONV_MAX_K = 7
     }
 }
 
-// Allows a kernel the dynamic shared memory it asks for (above the 48 KiB default), and asks for
-// the largest shared-memory carveout: the tiles, not L1, hold what the blocks reuse, and several
-// blocks per SM overlap one's loads with another's arithmetic.
+// Allows a kernel more than the 48 KiB default of dynamic shared memory when it asks for it.
 template <typename Kern> static void dw_allow_smem(Kern kernel, size_t bytes) {
     if (bytes > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                    (int)cudaSharedmemCarveoutMaxShared));
 }
 
-// Channels per staging load: the widest of 8, 4, 2 that divides C and to whose bytes both
-// tensors are aligned (a tensor's pixels then all are); 1 otherwise.
-static int dw_vec(const DwDims &d, size_t elem, const void *a, const void *b) {
-    for (int v = 8; v > 1; v /= 2) {
-        uintptr_t align = (uintptr_t)(v * elem) - 1;
-        if (d.C % v == 0 && ((uintptr_t)a & align) == 0 && ((uintptr_t)b & align) == 0) return v;
-    }
-    return 1;
+static void dw_check_grid(const DwGrid &g, const DwDims &d, unsigned z) {
+    CG_CHECK((size_t)d.H * d.W * d.C < 0x7fffffffu, "", "dwconv: one image of %dx%dx%d has more "
+             "than 2^31 elements", d.H, d.W, d.C);
+    CG_CHECK((size_t)g.groups * g.sgroups <= 0x7fffffffu && g.chunks <= 65535 && z <= 65535, "",
+             "dwconv: image %dx%dx%d x %d images exceed the grid", d.H, d.W, d.C, d.B);
 }
 
 template <typename T, typename TW>
-static void launch_tiles(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *out, DwDims d,
-                         int flags) {
-    DwTile t = dw_tile(d);
-    int vec = dw_vec(d, sizeof(T), in, in);
-    CG_CHECK(t.tiles_y <= 65535 && d.B <= 65535, "", "dwconv: image %dx%d x %d images exceed the grid",
-             d.H, d.W, d.B);
-    dim3 grid((unsigned)(t.groups * t.tiles_x), (unsigned)t.tiles_y, (unsigned)d.B);
-    dispatch_k_th(d.k, t.th, [&](auto kc, auto thc) {
-        constexpr int K = decltype(kc)::value, TH = decltype(thc)::value;
-        size_t smem = (size_t)(TH + K - 1) * (t.tw + K - 1) * t.stride * sizeof(float);
-        auto kernel = dwconv_tile_kernel<K, TH, T, TW>;
-        dw_allow_smem(kernel, smem);
-        kernel<<<grid, t.cg * t.pairs, smem, cuda_stream_of(ctx)>>>(in, w, bias, out, d, t, flags, vec);
+static void launch_rows(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *out, DwDims d,
+                        int flags) {
+    DwGrid g = dw_grid(d, dw_vec(d, sizeof(T), in, out), dw_strip(d, false));
+    dw_split_rows(g, d, dw_want_threads(ctx));
+    dw_check_grid(g, d, (unsigned)d.B);
+    dim3 grid((unsigned)(g.groups * g.sgroups), (unsigned)g.chunks, (unsigned)d.B);
+    dispatch_k_v(d.k, g.V, [&](auto kc, auto vc) {
+        constexpr int K = decltype(kc)::value, V = decltype(vc)::value;
+        auto go = [&](auto cwc) {
+            auto kernel = dwconv_rows_kernel<K, decltype(cwc)::value, V, T, TW>;
+            const size_t smem = (size_t)V * g.lanes * K * K * sizeof(float);
+            dw_allow_smem(kernel, smem);
+            kernel<<<grid, g.lanes * g.sblk, smem, cuda_stream_of(ctx)>>>(in, w, bias, out, d, g, flags);
+        };
+        if constexpr (K >= 5) {
+            if (g.cw == 7) go(std::integral_constant<int, 7>{});
+            else go(std::integral_constant<int, 4>{});
+        } else {
+            go(std::integral_constant<int, 4>{});
+        }
     });
     CUDA_CHECK_LAUNCH();
 }
@@ -291,34 +433,39 @@ void cuda_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b
     dispatch_dtype2(x->dtype, w->dtype, [&](auto tx, auto tw) {
         using T = TAG_T(tx);
         using TW = TAG_T(tw);
-        launch_tiles(ctx, (const T *)x->data, (const TW *)w->data, b ? (const TW *)b->data : nullptr,
-                     (T *)y->data, d, flags & DWCONV_RESIDUAL ? DW_RESID : 0);
+        launch_rows(ctx, (const T *)x->data, (const TW *)w->data, b ? (const TW *)b->data : nullptr,
+                    (T *)y->data, d, flags & DWCONV_RESIDUAL ? DW_RESID : 0);
     });
 }
 
-// dw and db: the tile kernel's partial rows, then their fixed-order column sums.
+// dw and db: the sweep's partial rows, then their fixed-order column sums.
 template <typename T>
 static void launch_dw(Ctx *ctx, const T *dy, const T *x, DwDims d, float *dw, float *db) {
-    DwTile t = dw_tile(d);
+    DwGrid g = dw_grid(d, dw_vec(d, sizeof(T), dy, x), dw_strip(d, true));
     const int KK = d.k * d.k;
-    // Splits of the batch: enough blocks for several waves of a large GPU.
-    int blocks = t.groups * t.tiles_x * t.tiles_y;
-    int want = (4 * cuda_ctx_of(ctx)->sm_count + blocks - 1) / blocks;
-    int splits = want < d.B ? want : d.B;
-    int per = (d.B + splits - 1) / splits;
-    splits = (d.B + per - 1) / per;
-    size_t width = (size_t)d.C * KK + d.C, parts = (size_t)splits * t.tiles_y * t.tiles_x;
+    // Runs of images: enough threads to fill the GPU, each thread summing as many images as that
+    // allows (fewer partial rows to add).
+    size_t per_img = (size_t)g.groups * g.sgroups * g.lanes * g.sblk;
+    size_t want = dw_want_threads(ctx);
+    int runs = (int)((want + per_img - 1) / per_img);
+    if (runs > d.B) {
+        runs = d.B;
+        DwDims one = d;   // rows cut as for the images alone
+        one.B = 1;
+        dw_split_rows(g, one, (want + d.B - 1) / d.B);
+    }
+    const int per = (d.B + runs - 1) / runs;
+    runs = (d.B + per - 1) / per;
+    dw_check_grid(g, d, (unsigned)runs);
+    const size_t width = (size_t)d.C * KK + d.C, parts = (size_t)runs * g.chunks * g.sgroups;
     float *partial = (float *)cuda_scratch(ctx, parts * width * sizeof(float));
-    int vec = dw_vec(d, sizeof(T), dy, x);
-    dim3 grid((unsigned)(t.groups * t.tiles_x), (unsigned)t.tiles_y, (unsigned)splits);
-    dispatch_k_th(d.k, t.th, [&](auto kc, auto thc) {
-        constexpr int K = decltype(kc)::value, TH = decltype(thc)::value;
-        size_t tiles = ((size_t)(TH + K - 1) * (t.tw + K - 1) + (size_t)TH * t.tw) * t.stride;
-        size_t red = (size_t)t.pairs * (K * K + 1) * t.cg;
-        size_t smem = (tiles > red ? tiles : red) * sizeof(float);
-        auto kernel = dwconv_dw_tile_kernel<K, TH, T>;
+    dim3 grid((unsigned)(g.groups * g.sgroups), (unsigned)g.chunks, (unsigned)runs);
+    const size_t smem = (size_t)g.sblk * (KK + 1) * g.lanes * g.V * sizeof(float);
+    dispatch_k_v(d.k, g.V, [&](auto kc, auto vc) {
+        constexpr int K = decltype(kc)::value, V = decltype(vc)::value;
+        auto kernel = dwconv_dw_rows_kernel<K, V, T>;
         dw_allow_smem(kernel, smem);
-        kernel<<<grid, t.cg * t.pairs, smem, cuda_stream_of(ctx)>>>(dy, x, d, t, per, vec, partial);
+        kernel<<<grid, g.lanes * g.sblk, smem, cuda_stream_of(ctx)>>>(dy, x, d, g, per, partial);
     });
     CUDA_CHECK_LAUNCH();
     cuda_sum_partials(ctx, partial, (unsigned)parts, width, (size_t)d.C * KK, dw, db);
@@ -348,10 +495,10 @@ void cuda_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *
         dispatch_dtype2(x->dtype, w->dtype, [&](auto tx, auto tw) {
             using T = TAG_T(tx);
             using TW = TAG_T(tw);
-            launch_tiles(ctx, (const T *)dy->data, (const TW *)w->data, (const TW *)nullptr,
-                         (T *)dx->data, d,
-                         DW_FLIP | (flags & DWCONV_WRITE_DX ? 0 : DW_ACCUM) |
-                             (flags & DWCONV_RESIDUAL ? DW_RESID : 0));
+            launch_rows(ctx, (const T *)dy->data, (const TW *)w->data, (const TW *)nullptr,
+                        (T *)dx->data, d,
+                        DW_FLIP | (flags & DWCONV_WRITE_DX ? 0 : DW_ACCUM) |
+                            (flags & DWCONV_RESIDUAL ? DW_RESID : 0));
         });
     if (dw || db)
         dispatch_dtype(x->dtype, [&](auto tx) {
