@@ -31,6 +31,13 @@ enum { DWCONV_RESIDUAL = 1, DWCONV_WRITE_DX = 2 };
 typedef struct AdamWArgs {
     float lr, beta1, beta2, eps, weight_decay, grad_scale;
     int step;   // 1-based
+    // Several parameters in one call, their buffers end to end (the trainer's whole table in one
+    // launch): n_decay_runs > 0 cuts the elements into runs, run r ending at decay_ends[r]
+    // (exclusive; the last at numel, each a multiple of 8), and weight_decay applies in run r
+    // only when decay_on[r]. Both arrays live on the op's device. 0: every element decays.
+    int n_decay_runs;
+    const uint64_t *decay_ends;
+    const uint8_t *decay_on;
 } AdamWArgs;
 // drop_path_fwd / drop_path_bwd: which samples a residual branch drops (their entries).
 typedef struct DropPathArgs {

@@ -241,7 +241,8 @@ OP(sumsq, (Ctx *ctx, const Tensor *x, Tensor *sumsq),
 //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
 //   p -= lr * (m / (1-b1^step) / (sqrt(v / (1-b2^step)) + eps) + wd * p)
 // master (fp32) holds the weights when param is bf16: the update is applied to master and
-// param receives it rounded; master is NULL when param is fp32.
+// param receives it rounded; master is NULL when param is fp32. args' decay runs let one call
+// update many parameters laid end to end, wd applying only to some (kernels/ops.h AdamWArgs).
 OP(adamw, (Ctx *ctx, Tensor *param, Tensor *master, const Tensor *grad, Tensor *m, Tensor *v,
        const AdamWArgs *args),
    (ctx, param, master, grad, m, v, args))

@@ -271,7 +271,45 @@ void params_shard_state(ParamTable *t, Ctx *ctx, const ParamSegment *seg, int n)
     }
 }
 
+// bytes (a multiple of 4) from the host into device memory of ctx's kind.
+static void upload_bytes(Ctx *ctx, void *dst, const void *src, size_t bytes) {
+    Tensor x = {0};
+    tensor_set_shape(&x, 1, (int[]){(int)(bytes / sizeof(float))});
+    x.dtype = DTYPE_F32;
+    x.device = ctx->device;
+    x.data = dst;
+    tensor_upload(ctx, &x, src);
+}
+
+void params_decay_runs(ParamTable *t, Ctx *ctx) {
+    if (t->n_decay_runs > 0 || t->n == 0) return;
+    CG_CHECK(t->values, "", "params_decay_runs: the table is not allocated");
+    uint64_t *ends = cg_calloc((size_t)t->n, sizeof *ends);
+    size_t on_bytes = ((size_t)t->n + 3) / 4 * 4;
+    uint8_t *on = cg_calloc(on_bytes, 1);
+    int n = 0;
+    for (int i = 0; i < t->n; i++) {
+        const size_t end = i + 1 < t->n ? t->params[i + 1]->offset : t->total;
+        const uint8_t d = t->params[i]->decay ? 1 : 0;
+        if (n > 0 && on[n - 1] == d) {
+            ends[n - 1] = end;
+        } else {
+            ends[n] = end;
+            on[n++] = d;
+        }
+    }
+    t->decay_ends = device_alloc(ctx, (size_t)n * sizeof *ends);
+    t->decay_on = device_alloc(ctx, on_bytes);
+    upload_bytes(ctx, t->decay_ends, ends, (size_t)n * sizeof *ends);
+    upload_bytes(ctx, t->decay_on, on, on_bytes);
+    t->n_decay_runs = n;
+    free(ends);
+    free(on);
+}
+
 void params_free(ParamTable *t, Ctx *ctx) {
+    if (t->decay_ends) device_free(ctx, t->decay_ends);
+    if (t->decay_on) device_free(ctx, t->decay_on);
     if (t->values) {
         device_free(ctx, t->values);
         if (t->grads) device_free(ctx, t->grads);   // absent in a frozen table

@@ -63,6 +63,11 @@ typedef struct ParamTable {
     size_t state_total;  // elements of each of m, v, masters (total, or the shard's when sharded)
     ParamSegment *shard; // NULL: whole state; else the pieces kept (params_shard_state)
     int n_shard;
+    // Runs of parameters with equal weight decay over the whole buffers, on the device, for one
+    // AdamW launch over the table (kernels/ops.h AdamWArgs); params_decay_runs builds them.
+    int n_decay_runs;
+    uint64_t *decay_ends;
+    uint8_t *decay_on;
 } ParamTable;
 
 void params_init_table(ParamTable *t);
@@ -95,6 +100,10 @@ void params_upload_state(ParamTable *t, Ctx *ctx, ParamState kind, int param, co
 // Bytes of one kind of optimizer state the table holds on its device (0 when it holds none).
 size_t params_state_bytes(const ParamTable *t, ParamState kind);
 void params_zero_grads(ParamTable *t, Ctx *ctx);
+// Builds the table's decay runs (once; params_alloc must have run): consecutive parameters with
+// the same decay flag form one run, which ends where the next run's first parameter starts (its
+// padding included) or at `total`.
+void params_decay_runs(ParamTable *t, Ctx *ctx);
 void params_zero_moments(ParamTable *t, Ctx *ctx);
 void params_free(ParamTable *t, Ctx *ctx);
 Param *params_find(const ParamTable *t, const char *name);

@@ -124,6 +124,40 @@ static void test_adamw_second_step_applies_bias_correction(void **state) {
 
 // ---- learning-rate schedule ------------------------------------------------------------------
 
+// Two parameters end to end in one call, decay runs saying the first decays and the second does
+// not, give bitwise what one call per parameter gives (weight_decay 0 for the second).
+static void test_adamw_decay_runs_match_one_call_per_parameter(void **state) {
+    Ctx ctx = ctx_cpu();
+    enum { A = 16, B = 8 };
+    float p0[A + B], grad[A + B];
+    for (int i = 0; i < A + B; i++) {
+        p0[i] = 0.5f - 0.03f * (float)i;
+        grad[i] = 0.1f * (float)((i * 7) % 11) - 0.5f;
+    }
+    Tensor *p = vec(A + B, p0), *g = vec(A + B, grad), *m = vec(A + B, NULL), *v = vec(A + B, NULL);
+    const uint64_t ends[2] = {A, A + B};
+    const uint8_t on[2] = {1, 0};
+    AdamWArgs runs = ADAM;
+    runs.n_decay_runs = 2, runs.decay_ends = ends, runs.decay_on = on;
+    cpu_adamw(&ctx, p, NULL, g, m, v, &runs);
+    Tensor *pa = vec(A, p0), *ga = vec(A, grad), *ma = vec(A, NULL), *va = vec(A, NULL);
+    Tensor *pb = vec(B, p0 + A), *gb = vec(B, grad + A), *mb = vec(B, NULL), *vb = vec(B, NULL);
+    AdamWArgs no_decay = ADAM;
+    no_decay.weight_decay = 0.0f;
+    cpu_adamw(&ctx, pa, NULL, ga, ma, va, &ADAM);
+    cpu_adamw(&ctx, pb, NULL, gb, mb, vb, &no_decay);
+    assert_memory_equal(tensor_f32(p), tensor_f32(pa), A * sizeof(float));
+    assert_memory_equal(tensor_f32(p) + A, tensor_f32(pb), B * sizeof(float));
+    assert_memory_equal(tensor_f32(m) + A, tensor_f32(mb), B * sizeof(float));
+    assert_memory_equal(tensor_f32(v), tensor_f32(va), A * sizeof(float));
+    // The runs decide: without decay the first parameter would have moved differently.
+    Tensor *pn = vec(A, p0), *gn = vec(A, grad), *mn = vec(A, NULL), *vn = vec(A, NULL);
+    cpu_adamw(&ctx, pn, NULL, gn, mn, vn, &no_decay);
+    assert_true(memcmp(tensor_f32(p), tensor_f32(pn), A * sizeof(float)) != 0);
+    Tensor *all[] = {p, g, m, v, pa, ga, ma, va, pb, gb, mb, vb, pn, gn, mn, vn};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) test_tensor_free(all[i]);
+}
+
 static void test_lr_schedule_warmup_then_cosine_at_known_steps(void **state) {
     const double base = 1e-3, min = 1e-5;
     LrSchedule s = {.base_lr = (float)base, .min_lr = (float)min, .warmup_steps = 10,
@@ -185,6 +219,7 @@ int main(void) {
         cmocka_unit_test(test_sumsq_adds_sum_of_squares),
         cmocka_unit_test(test_adamw_first_step_matches_hand_computed_update),
         cmocka_unit_test(test_adamw_second_step_applies_bias_correction),
+        cmocka_unit_test(test_adamw_decay_runs_match_one_call_per_parameter),
         cmocka_unit_test(test_lr_schedule_warmup_then_cosine_at_known_steps),
         cmocka_unit_test(test_label_smoothing_targets_sum_to_one),
     };

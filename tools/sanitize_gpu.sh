@@ -54,7 +54,8 @@ run_one() {
         errs=$(sed -n 's/.*RACECHECK SUMMARY: [0-9]* hazards displayed (\([0-9]*\) errors, \([0-9]*\) warnings).*/\1 \2/p' "$log" |
                awk '{s += $1 + $2; n++} END {print n ? s : "?"}')
     else
-        errs=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$log" | awk '{s += $1; n++} END {print n ? s : "?"}')
+        # (past the print limit a second line, "ERROR SUMMARY: M errors were not printed", follows)
+        errs=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) errors*$/\1/p' "$log" | awk '{s += $1; n++} END {print n ? s : "?"}')
     fi
     echo "$tool $name $errs $rc $((SECONDS - t0))" >"$out/$tool-$name.result"
     printf '  %-10s %-28s errors %-4s exit %-3s %5ss\n' "$tool" "$name" "$errs" "$rc" "$((SECONDS - t0))"

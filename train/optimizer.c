@@ -1,8 +1,17 @@
 #include "optimizer.h"
 #include "../kernels/ops.h"
 #include "../kernels/error.h"
-#include "../kernels/error.h"
 #include <math.h>
+
+// One of the table's whole buffers (every parameter and its padding) as a 1-D tensor.
+static Tensor whole(const ParamTable *t, Ctx *ctx, void *buf, DType dtype) {
+    Tensor x = {0};
+    tensor_set_shape(&x, 1, (int[]){(int)t->total});
+    x.data = buf;
+    x.device = ctx->device;
+    x.dtype = dtype;
+    return x;
+}
 
 StepStats optimizer_step(ParamTable *t, Ctx *ctx, Arena *scratch, const OptimizerConfig *o,
                          long step) {
@@ -16,12 +25,9 @@ StepStats optimizer_step(ParamTable *t, Ctx *ctx, Arena *scratch, const Optimize
     op_zero(ctx, sumsq);
     bool all = true;
     for (int i = 0; i < t->n; i++) all = all && t->params[i]->trainable;
-    if (all && t->total > 0) {
-        Tensor grads = {0};
-        tensor_set_shape(&grads, 1, (int[]){(int)t->total});
-        grads.data = t->grads;
-        grads.device = ctx->device;
-        grads.dtype = DTYPE_F32;
+    all = all && t->total > 0;
+    if (all) {
+        Tensor grads = whole(t, ctx, t->grads, DTYPE_F32);
         op_sumsq(ctx, &grads, sumsq);
     } else {
         for (int i = 0; i < t->n; i++)
@@ -35,12 +41,26 @@ StepStats optimizer_step(ParamTable *t, Ctx *ctx, Arena *scratch, const Optimize
     if (s.finite) {
         float scale = 1.0f;
         if (o->grad_clip > 0 && s.grad_norm > o->grad_clip) scale = o->grad_clip / s.grad_norm;
-        for (int i = 0; i < t->n; i++) {
-            Param *p = t->params[i];
-            if (!p->trainable) continue;
-            AdamWArgs a = {s.lr, o->beta1, o->beta2, o->eps, p->decay ? o->weight_decay : 0.0f,
-                           scale, (int)(step + 1)};
-            op_adamw(ctx, &p->value, p->master.data ? &p->master : NULL, &p->grad, &p->m, &p->v, &a);
+        if (all) {
+            // One launch over the whole buffers (padding stays zero: zero gradient, moments and
+            // weight), the decay runs saying which parameters decay; the same arithmetic per
+            // element as one call per parameter.
+            params_decay_runs(t, ctx);
+            AdamWArgs a = {s.lr, o->beta1, o->beta2, o->eps, o->weight_decay, scale, (int)(step + 1),
+                           t->n_decay_runs, t->decay_ends, t->decay_on};
+            Tensor value = whole(t, ctx, t->values, t->dtype), grad = whole(t, ctx, t->grads, DTYPE_F32);
+            Tensor m = whole(t, ctx, t->m, DTYPE_F32), v = whole(t, ctx, t->v, DTYPE_F32);
+            Tensor master = whole(t, ctx, t->masters, DTYPE_F32);
+            op_adamw(ctx, &value, t->masters ? &master : NULL, &grad, &m, &v, &a);
+        } else {
+            for (int i = 0; i < t->n; i++) {
+                Param *p = t->params[i];
+                if (!p->trainable) continue;
+                AdamWArgs a = {.lr = s.lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps,
+                               .weight_decay = p->decay ? o->weight_decay : 0.0f,
+                               .grad_scale = scale, .step = (int)(step + 1)};
+                op_adamw(ctx, &p->value, p->master.data ? &p->master : NULL, &p->grad, &p->m, &p->v, &a);
+            }
         }
     }
     params_zero_grads(t, ctx);
@@ -75,8 +95,9 @@ StepStats optimizer_step_dist(ParamTable *t, Ctx *ctx, Arena *scratch, const Opt
             const ParamSegment *sg = &g->seg[i];
             Param *p = t->params[sg->param];
             if (!p->trainable) continue;
-            AdamWArgs a = {s.lr, o->beta1, o->beta2, o->eps, p->decay ? o->weight_decay : 0.0f,
-                           scale, (int)(step + 1)};
+            AdamWArgs a = {.lr = s.lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps,
+                           .weight_decay = p->decay ? o->weight_decay : 0.0f,
+                           .grad_scale = scale, .step = (int)(step + 1)};
             Tensor value = dist_segment_view(&p->value, sg->start, sg->len);
             Tensor grad = dist_segment_view(&p->grad, sg->start, sg->len);
             // The table keeps the shard's moments and masters only (nn/params.h, shard layout).

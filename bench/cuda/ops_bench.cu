@@ -172,7 +172,8 @@ int cuda_bench_ops(FILE *out) {
         Tensor grad = bench_tensor(&ctx, n, 0, DTYPE_F32, 13, -1e-3f, 1e-3f);
         Tensor m = bench_tensor(&ctx, n, 0, DTYPE_F32, 14, -1e-4f, 1e-4f);
         Tensor v = bench_tensor(&ctx, n, 0, DTYPE_F32, 15, 0.0f, 1e-6f);
-        AdamWArgs a = {1e-4f, 0.9f, 0.999f, 1e-8f, 0.05f, 1.0f, 10};
+        AdamWArgs a = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.05f,
+                       .grad_scale = 1.0f, .step = 10};
         double ms = bench_ms(&ctx, 10, [&] { cuda_adamw(&ctx, &param, &master, &grad, &m, &v, &a); });
         bench_line(out, "adamw 400M bf16 param + fp32 master (30 B/param)", ms, 30.0 * n, copy_gbs);
         ms = bench_ms(&ctx, 10, [&] { cuda_adamw(&ctx, &master, NULL, &grad, &m, &v, &a); });

@@ -50,12 +50,21 @@ void cpu_adamw(Ctx *ctx, Tensor *param, Tensor *master, const Tensor *grad, Tens
     const float decay = 1.0f - args->lr * args->weight_decay;
     float *p = tensor_f32(param), *pm = tensor_f32(m), *pv = tensor_f32(v);
     const float *pg = tensor_f32(grad);
-    #pragma omp parallel for
-    for (size_t i = 0; i < param->numel; i++) {
-        float g = pg[i] * scale;
-        pm[i] = b1 * pm[i] + (1.0f - b1) * g;
-        pv[i] = b2 * pv[i] + (1.0f - b2) * g * g;
-        float denom = sqrtf(pv[i]) / bc2_sqrt + eps;
-        p[i] = p[i] * decay - step_size * pm[i] / denom;
+    const int runs = args->n_decay_runs > 0 ? args->n_decay_runs : 1;
+    CG_CHECK(args->n_decay_runs <= 0 || args->decay_ends[runs - 1] == param->numel, "",
+             "op adamw: the decay runs end at %llu, the tensors hold %zu elements",
+             (unsigned long long)args->decay_ends[runs - 1], param->numel);
+    for (int r = 0; r < runs; r++) {
+        const size_t lo = args->n_decay_runs > 0 && r > 0 ? args->decay_ends[r - 1] : 0;
+        const size_t hi = args->n_decay_runs > 0 ? args->decay_ends[r] : param->numel;
+        const float d = args->n_decay_runs > 0 && !args->decay_on[r] ? 1.0f : decay;
+        #pragma omp parallel for
+        for (size_t i = lo; i < hi; i++) {
+            float g = pg[i] * scale;
+            pm[i] = b1 * pm[i] + (1.0f - b1) * g;
+            pv[i] = b2 * pv[i] + (1.0f - b2) * g * g;
+            float denom = sqrtf(pv[i]) / bc2_sqrt + eps;
+            p[i] = p[i] * d - step_size * pm[i] / denom;
+        }
     }
 }

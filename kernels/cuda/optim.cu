@@ -58,7 +58,22 @@ template <typename TP, typename TG, bool MASTER> struct AdamWOp {
     const TG *grad;
     float *m, *v;
     float b1, b2, eps, scale, step_size, bc2_sqrt, decay;
+    int n_runs;   // AdamWArgs' decay runs (device arrays), 0: every element decays
+    const uint64_t *ends;
+    const uint8_t *on;
+    // The decay factor of elements i .. i + V - 1 (one run: runs end at multiples of 8).
+    __device__ float decay_at(size_t i) const {
+        if (n_runs == 0) return decay;
+        int lo = 0, hi = n_runs - 1;   // the first run ending past i
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (ends[mid] > i) hi = mid;
+            else lo = mid + 1;
+        }
+        return on[lo] ? decay : 1.0f;
+    }
     template <int V> __device__ void apply(size_t i) const {
+        const float d = decay_at(i);
         float g[V], vm[V], vv[V], p[V];
         load_v<V>(grad + i, g);
         load_v<V>(m + i, vm);
@@ -71,7 +86,7 @@ template <typename TP, typename TG, bool MASTER> struct AdamWOp {
             vm[j] = b1 * vm[j] + (1.0f - b1) * gj;
             vv[j] = b2 * vv[j] + (1.0f - b2) * gj * gj;
             float denom = sqrtf(vv[j]) / bc2_sqrt + eps;
-            p[j] = p[j] * decay - step_size * vm[j] / denom;
+            p[j] = p[j] * d - step_size * vm[j] / denom;
         }
         store_v<V>(m + i, vm);
         store_v<V>(v + i, vv);
@@ -106,6 +121,9 @@ void cuda_adamw(Ctx *ctx, Tensor *param, Tensor *master, const Tensor *grad, Ten
     float decay = 1.0f - args->lr * args->weight_decay;
     bool vec = aligned16(param->data) && aligned16(grad->data) && aligned16(m->data) &&
                aligned16(v->data) && (!master || aligned16(master->data));
+    const int runs = args->n_decay_runs > 0 ? args->n_decay_runs : 0;
+    CG_CHECK(runs == 0 || (args->decay_ends && args->decay_on), "",
+             "op adamw: %d decay runs without their arrays", runs);
     dispatch_dtype2(param->dtype, grad->dtype, [&](auto tp, auto tg) {
         using TP = TAG_T(tp);
         using TG = TAG_T(tg);
@@ -114,10 +132,12 @@ void cuda_adamw(Ctx *ctx, Tensor *param, Tensor *master, const Tensor *grad, Ten
         if (master)
             launch_map(ctx, n, vec,
                        AdamWOp<TP, TG, true>{pp, tensor_f32(master), pg, tensor_f32(m), tensor_f32(v),
-                                             b1, b2, eps, scale, step_size, bc2_sqrt, decay});
+                                             b1, b2, eps, scale, step_size, bc2_sqrt, decay, runs,
+                                             args->decay_ends, args->decay_on});
         else
             launch_map(ctx, n, vec,
                        AdamWOp<TP, TG, false>{pp, nullptr, pg, tensor_f32(m), tensor_f32(v), b1, b2,
-                                              eps, scale, step_size, bc2_sqrt, decay});
+                                              eps, scale, step_size, bc2_sqrt, decay, runs,
+                                              args->decay_ends, args->decay_on});
     });
 }

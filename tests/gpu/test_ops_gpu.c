@@ -890,7 +890,8 @@ static void test_adamw_matches_cpu_with_and_without_master(void **state) {
             Tensor *m = rnd(HT(n), 3, -0.1f, 0.1f, DTYPE_F32), *v = rnd(HT(n), 4, 0.0f, 0.01f, DTYPE_F32);
             Tensor *gp = dev(p, dt), *gmaster = dt == DTYPE_BF16 ? dev(p, DTYPE_F32) : NULL;
             Tensor *gg = dev(g, DTYPE_F32), *gm = dev(m, DTYPE_F32), *gv = dev(v, DTYPE_F32);
-            AdamWArgs args = {1e-2f, 0.9f, 0.999f, 1e-8f, 0.05f, 0.5f, 3};
+            AdamWArgs args = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                              .weight_decay = 0.05f, .grad_scale = 0.5f, .step = 3};
             cpu_adamw(&H, p, NULL, g, m, v, &args);
             cuda_adamw(&G, gp, gmaster, gg, gm, gv, &args);
             if (gmaster) check("adamw.master", dt, gmaster, p);
@@ -899,6 +900,48 @@ static void test_adamw_matches_cpu_with_and_without_master(void **state) {
             check("adamw.v", dt, gv, v);
             release_all();
         }
+}
+
+// A device copy of `bytes` (a multiple of 4) host bytes; free with device_free.
+static void *dev_bytes(const void *host, size_t bytes) {
+    Tensor t = {0};
+    tensor_set_shape(&t, 1, (int[]){(int)(bytes / sizeof(float))});
+    t.dtype = DTYPE_F32;
+    t.device = DEVICE_CUDA;
+    t.data = device_alloc(&G, bytes);
+    tensor_upload(&G, &t, host);
+    return t.data;
+}
+
+// Several parameters in one call: decay runs (device arrays) of lengths 64, 128, 64 and the
+// rest, decaying on, off, on, off, against the CPU with the same runs.
+static void test_adamw_decay_runs_match_cpu(void **state) {
+    const int n = 8085;
+    const uint64_t ends[4] = {64, 192, 256, (uint64_t)n};
+    const uint8_t on[4] = {1, 0, 1, 0};
+    for (int mi = 0; mi < 2; mi++) {
+        DType dt = MODES[mi];
+        printf("  %s\n", dtype_name(dt));
+        Tensor *p = rnd(HT(n), 1, -0.5f, 0.5f, DTYPE_F32), *g = rnd(HT(n), 2, -1, 1, DTYPE_F32);
+        Tensor *m = rnd(HT(n), 3, -0.1f, 0.1f, DTYPE_F32), *v = rnd(HT(n), 4, 0.0f, 0.01f, DTYPE_F32);
+        Tensor *gp = dev(p, dt), *gmaster = dt == DTYPE_BF16 ? dev(p, DTYPE_F32) : NULL;
+        Tensor *gg = dev(g, DTYPE_F32), *gm = dev(m, DTYPE_F32), *gv = dev(v, DTYPE_F32);
+        uint64_t *dends = dev_bytes(ends, sizeof ends);
+        uint8_t *don = dev_bytes(on, sizeof on);
+        AdamWArgs args = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                          .weight_decay = 0.05f, .grad_scale = 0.5f, .step = 3,
+                          .n_decay_runs = 4, .decay_ends = ends, .decay_on = on};
+        cpu_adamw(&H, p, NULL, g, m, v, &args);
+        args.decay_ends = dends, args.decay_on = don;
+        cuda_adamw(&G, gp, gmaster, gg, gm, gv, &args);
+        if (gmaster) check("adamw.master", dt, gmaster, p);
+        check("adamw.param", dt, gp, p);
+        check("adamw.m", dt, gm, m);
+        check("adamw.v", dt, gv, v);
+        device_free(&G, dends);
+        device_free(&G, don);
+        release_all();
+    }
 }
 
 // ---- accumulation twice, determinism ----------------------------------------------------------------
@@ -1076,6 +1119,7 @@ int main(void) {
         cmocka_unit_test(test_token_kl_matches_cpu),
         cmocka_unit_test(test_sumsq_accumulates_and_matches_cpu),
         cmocka_unit_test(test_adamw_matches_cpu_with_and_without_master),
+        cmocka_unit_test(test_adamw_decay_runs_match_cpu),
         cmocka_unit_test(test_backward_twice_accumulates_twice),
         cmocka_unit_test(test_reductions_are_bitwise_deterministic),
     };
