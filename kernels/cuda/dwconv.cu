@@ -256,17 +256,48 @@ __device__ __forceinline__ void dw_load_dy_row(Vec<T, V> *g, const T *img, const
                                                      : Vec<T, V>::of(kZeros);
 }
 
+// The end of a dw kernel: the thread's k^2 + 1 sums (acc, accb) of every block strip, added in
+// strip order in shared memory `red` (sblk, K^2 + 1, lanes V), then the block's row of the partial
+// matrix (runs * chunks * strip groups, C k^2 + C): columns c k^2 + tap for dw, C k^2 + c for db.
+template <int K, int V>
+__device__ __forceinline__ void dw_write_partials(const float (&acc)[K][K][V], const float (&accb)[V],
+                                                  const DwDims &d, const DwGrid &g, float *red,
+                                                  float *partial) {
+    constexpr int KK = K * K;
+    const int lane = threadIdx.x % g.lanes, sl = threadIdx.x / g.lanes, width_blk = g.lanes * V;
+    if (sl < g.sblk) {
+        #pragma unroll
+        for (int q = 0; q < KK; q++)
+            #pragma unroll
+            for (int v = 0; v < V; v++)
+                red[(sl * (KK + 1) + q) * width_blk + lane * V + v] = acc[q / K][q % K][v];
+        #pragma unroll
+        for (int v = 0; v < V; v++) red[(sl * (KK + 1) + KK) * width_blk + lane * V + v] = accb[v];
+    }
+    __syncthreads();
+    const int group = blockIdx.x % g.groups, sgrp = blockIdx.x / g.groups, c0 = group * g.lanes * V;
+    const size_t width = (size_t)d.C * KK + d.C;
+    float *row = partial + (((size_t)blockIdx.z * g.chunks + blockIdx.y) * g.sgroups + sgrp) * width;
+    const int nsl = min(g.sblk, g.strips - sgrp * g.sblk);
+    for (int e = threadIdx.x; e < (KK + 1) * width_blk; e += blockDim.x) {
+        const int tap = e / width_blk, cq = e - tap * width_blk, ch = c0 + cq;
+        if (ch >= d.C) continue;
+        float s = 0.0f;
+        for (int p = 0; p < nsl; p++) s += red[(p * (KK + 1) + tap) * width_blk + cq];
+        row[tap < KK ? (size_t)ch * KK + tap : (size_t)d.C * KK + ch] = s;
+    }
+}
+
 // ---- dw and db ----------------------------------------------------------------------------------
 // The same sweep with the roles turned: at step t the thread brings in x's input row r = y0 - P + t
 // (a window) and dy's row y0 + t (into ring slot t mod K; zero past the run), and adds
-// dy[y0 + t - i][col] x[r][col + j] into sum (i, j) for every tap. Over its run of images, then the
-// block's strips are added in order in shared memory and the block writes its row of the partial
-// matrix (runs * chunks * strip groups, C k^2 + C): columns c k^2 + tap for dw, C k^2 + c for db.
+// dy[y0 + t - i][col] x[r][col + j] into sum (i, j) for every tap. Over its run of images, then
+// dw_write_partials.
 template <int K, int V, typename T>
 __global__ void __launch_bounds__(DW_THREADS, dw_min_blocks<K, true>())
 dwconv_dw_rows_kernel(const T *__restrict__ dy, const T *__restrict__ x, DwDims d, DwGrid g,
                       int imgs_per_run, float *__restrict__ partial) {
-    constexpr int P = K / 2, CW = DW_STRIP_DW, KK = K * K;
+    constexpr int P = K / 2, CW = DW_STRIP_DW;
     // The next step's rows are loaded during this one, except at 7x7: there the 49 sums and the
     // ring leave no registers for a second window, and the other warps hide the loads.
     constexpr bool PREFETCH = K < 7;
@@ -340,29 +371,100 @@ dwconv_dw_rows_kernel(const T *__restrict__ dy, const T *__restrict__ x, DwDims 
             }
         }
     }
-    // The block's strips, added in strip order.
-    const int lane = threadIdx.x % g.lanes, sl = threadIdx.x / g.lanes, width_blk = g.lanes * V;
-    if (sl < g.sblk) {
+    dw_write_partials<K, V>(acc, accb, d, g, red, partial);
+}
+
+// ---- dx, dw and db in one pass (k <= 3) ------------------------------------------------------
+// One sweep over dy and x instead of two over dy: the thread keeps rings of k windows of each.
+// At step t it brings in dy's row y0 - P + t and x's row y0 + t (x's rows y0 - P .. y0 - 1 come
+// in before step 0), both as windows of CW + k - 1 pixels. Then
+//   dw: dy's row y = y0 - P + t, if it is in the run, against x's rows y - P .. y + P;
+//   dx: row y0 - 2P + t, whose last dy row just came in, from dy's k rows (the mirrored taps).
+// V = 1: the two rings, the sums and the weights fill the registers (ptxas) at 3x3.
+template <int K, typename T, typename TW>
+__global__ void __launch_bounds__(DW_THREADS, 4)
+dwconv_bwd_fused_kernel(const T *__restrict__ dy, const T *__restrict__ x, const TW *__restrict__ w,
+                        T *__restrict__ dx, DwDims d, DwGrid g, int flags, int imgs_per_run,
+                        float *__restrict__ partial) {
+    constexpr int P = K / 2, CW = DW_STRIP_DW, V = 1, N = CW + K - 1;
+    extern __shared__ float red[];   // (sblk, K^2 + 1, lanes)
+    const DwPlace pl = dw_place(g);
+    const int c = pl.cvi, x0 = pl.strip * CW, y0 = blockIdx.y * g.rh;
+    const int rows = min(g.rh, d.H - y0), steps = rows + 2 * P;
+    float wr[K][K], acc[K][K][V], accb[V] = {0.0f};
+    #pragma unroll
+    for (int i = 0; i < K; i++)
         #pragma unroll
-        for (int q = 0; q < KK; q++)
+        for (int j = 0; j < K; j++) {
+            wr[i][j] = pl.live ? load_or(w, (size_t)c * K * K + i * K + j, 0.0f) : 0.0f;
+            acc[i][j][0] = 0.0f;
+        }
+    const int b0 = blockIdx.z * imgs_per_run, b1 = min(b0 + imgs_per_run, d.B);
+    const DwCols cols = dw_cols<K, CW>(d, x0, c);
+    const size_t plane = (size_t)d.H * d.W * d.C;
+    for (int b = pl.live ? b0 : b1; b < b1; b++) {
+        const T *xi = x + b * plane, *gi = dy + b * plane;
+        T *o = dx + b * plane;
+        float gr[K][N], xr[K][N];   // dy's rows in slot t mod K, x's rows y0 + t in slot t mod K
+        DwWindow<K, CW, V, T> gnext, xnext;
+        #pragma unroll
+        for (int s = 0; s < K; s++) {   // x's rows y0 - P .. y0 - 1 in slots K - P .. K - 1
+            if (s < K - P) continue;
+            xnext.load(xi, cols, d, y0 + s - K);
             #pragma unroll
-            for (int v = 0; v < V; v++)
-                red[(sl * (KK + 1) + q) * width_blk + lane * V + v] = acc[q / K][q % K][v];
-        #pragma unroll
-        for (int v = 0; v < V; v++) red[(sl * (KK + 1) + KK) * width_blk + lane * V + v] = accb[v];
+            for (int q = 0; q < N; q++) xr[s][q] = xnext.px[q].get(0);
+        }
+        gnext.load(gi, cols, d, y0 - P);
+        xnext.load(xi, cols, d, y0);
+        for (int t0 = 0; t0 < steps; t0 += K) {
+            #pragma unroll
+            for (int u = 0; u < K; u++) {
+                const int t = t0 + u;
+                if (t >= steps) break;
+                #pragma unroll
+                for (int q = 0; q < N; q++) {
+                    gr[u][q] = gnext.px[q].get(0);
+                    xr[u][q] = xnext.px[q].get(0);
+                }
+                if (t + 1 < steps) {
+                    gnext.load(gi, cols, d, y0 - P + t + 1);
+                    xnext.load(xi, cols, d, y0 + t + 1);
+                }
+                if (t >= P && t < rows + P) {   // dy's row y0 - P + t is in the run
+                    #pragma unroll
+                    for (int q = 0; q < CW; q++) accb[0] += gr[u][q + P];
+                    #pragma unroll
+                    for (int i = 0; i < K; i++) {
+                        const int s = (u - 2 * P + i + 2 * K) % K;   // x's row y + i - P
+                        #pragma unroll
+                        for (int j = 0; j < K; j++)
+                            #pragma unroll
+                            for (int q = 0; q < CW; q++)
+                                acc[i][j][0] = fmaf(gr[u][q + P], xr[s][q + j], acc[i][j][0]);
+                    }
+                }
+                if (t >= 2 * P) {   // dx's row y0 - 2P + t
+                    const int yd = y0 - 2 * P + t;
+                    #pragma unroll
+                    for (int q = 0; q < CW; q++) {
+                        if (!(cols.mask >> (q + P) & 1)) continue;
+                        float sum = 0.0f;
+                        #pragma unroll
+                        for (int i = 0; i < K; i++) {
+                            const int s = (u - i + K) % K;   // dy's row yd - i + P
+                            #pragma unroll
+                            for (int j = 0; j < K; j++) sum = fmaf(wr[i][j], gr[s][q - j + 2 * P], sum);
+                        }
+                        if (flags & DW_RESID) sum += gr[(u - P + K) % K][q + P];
+                        T *p = o + (yd * cols.row + cols.off0 + (q + P) * d.C);
+                        if (flags & DW_ACCUM) sum += load_or(p, 0, 0.0f);
+                        store_v<1>(p, &sum);
+                    }
+                }
+            }
+        }
     }
-    __syncthreads();
-    const int group = blockIdx.x % g.groups, sgrp = blockIdx.x / g.groups, c0 = group * g.lanes * V;
-    const size_t width = (size_t)d.C * KK + d.C;
-    float *row = partial + (((size_t)blockIdx.z * g.chunks + blockIdx.y) * g.sgroups + sgrp) * width;
-    const int nsl = min(g.sblk, g.strips - sgrp * g.sblk);
-    for (int e = threadIdx.x; e < (KK + 1) * width_blk; e += blockDim.x) {
-        const int tap = e / width_blk, cq = e - tap * width_blk, ch = c0 + cq;
-        if (ch >= d.C) continue;
-        float s = 0.0f;
-        for (int p = 0; p < nsl; p++) s += red[(p * (KK + 1) + tap) * width_blk + cq];
-        row[tap < KK ? (size_t)ch * KK + tap : (size_t)d.C * KK + ch] = s;
-    }
+    dw_write_partials<K, V>(acc, accb, d, g, red, partial);
 }
 
 // ---- launches ---------------------------------------------------------------------------------
@@ -438,37 +540,70 @@ void cuda_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b
     });
 }
 
-// dw and db: the sweep's partial rows, then their fixed-order column sums.
-template <typename T>
-static void launch_dw(Ctx *ctx, const T *dy, const T *x, DwDims d, float *dw, float *db) {
-    DwGrid g = dw_grid(d, dw_vec(d, sizeof(T), dy, x), dw_strip(d, true));
+// Runs of images for the dw sweeps: enough threads to fill the GPU, each thread summing as many
+// images as that allows (fewer partial rows to add); rows cut into chunks only when the images
+// alone are too few. The partial matrix (runs * chunks * strip groups, C k^2 + C) in scratch.
+struct DwRuns {
+    int per, runs;
+    size_t parts, width, smem;
+    float *partial;
+};
+
+static DwRuns dw_runs(Ctx *ctx, const DwDims &d, DwGrid &g) {
+    DwRuns r;
     const int KK = d.k * d.k;
-    // Runs of images: enough threads to fill the GPU, each thread summing as many images as that
-    // allows (fewer partial rows to add).
     size_t per_img = (size_t)g.groups * g.sgroups * g.lanes * g.sblk;
     size_t want = dw_want_threads(ctx);
-    int runs = (int)((want + per_img - 1) / per_img);
-    if (runs > d.B) {
-        runs = d.B;
+    r.runs = (int)((want + per_img - 1) / per_img);
+    if (r.runs > d.B) {
+        r.runs = d.B;
         DwDims one = d;   // rows cut as for the images alone
         one.B = 1;
         dw_split_rows(g, one, (want + d.B - 1) / d.B);
     }
-    const int per = (d.B + runs - 1) / runs;
-    runs = (d.B + per - 1) / per;
-    dw_check_grid(g, d, (unsigned)runs);
-    const size_t width = (size_t)d.C * KK + d.C, parts = (size_t)runs * g.chunks * g.sgroups;
-    float *partial = (float *)cuda_scratch(ctx, parts * width * sizeof(float));
-    dim3 grid((unsigned)(g.groups * g.sgroups), (unsigned)g.chunks, (unsigned)runs);
-    const size_t smem = (size_t)g.sblk * (KK + 1) * g.lanes * g.V * sizeof(float);
+    r.per = (d.B + r.runs - 1) / r.runs;
+    r.runs = (d.B + r.per - 1) / r.per;
+    dw_check_grid(g, d, (unsigned)r.runs);
+    r.width = (size_t)d.C * KK + d.C;
+    r.parts = (size_t)r.runs * g.chunks * g.sgroups;
+    r.partial = (float *)cuda_scratch(ctx, r.parts * r.width * sizeof(float));
+    r.smem = (size_t)g.sblk * (KK + 1) * g.lanes * g.V * sizeof(float);
+    return r;
+}
+
+// dw and db: the sweep's partial rows, then their fixed-order column sums.
+template <typename T>
+static void launch_dw(Ctx *ctx, const T *dy, const T *x, DwDims d, float *dw, float *db) {
+    DwGrid g = dw_grid(d, dw_vec(d, sizeof(T), dy, x), dw_strip(d, true));
+    DwRuns r = dw_runs(ctx, d, g);
+    dim3 grid((unsigned)(g.groups * g.sgroups), (unsigned)g.chunks, (unsigned)r.runs);
     dispatch_k_v(d.k, g.V, [&](auto kc, auto vc) {
         constexpr int K = decltype(kc)::value, V = decltype(vc)::value;
         auto kernel = dwconv_dw_rows_kernel<K, V, T>;
-        dw_allow_smem(kernel, smem);
-        kernel<<<grid, g.lanes * g.sblk, smem, cuda_stream_of(ctx)>>>(dy, x, d, g, per, partial);
+        dw_allow_smem(kernel, r.smem);
+        kernel<<<grid, g.lanes * g.sblk, r.smem, cuda_stream_of(ctx)>>>(dy, x, d, g, r.per, r.partial);
     });
     CUDA_CHECK_LAUNCH();
-    cuda_sum_partials(ctx, partial, (unsigned)parts, width, (size_t)d.C * KK, dw, db);
+    cuda_sum_partials(ctx, r.partial, (unsigned)r.parts, r.width, (size_t)d.C * d.k * d.k, dw, db);
+}
+
+// dx, dw and db in one sweep (k <= 3), then dw and db's column sums.
+template <typename T, typename TW>
+static void launch_bwd_fused(Ctx *ctx, const T *dy, const T *x, const TW *w, T *dx, DwDims d,
+                             int flags, float *dw, float *db) {
+    DwGrid g = dw_grid(d, 1, dw_strip(d, true));
+    DwRuns r = dw_runs(ctx, d, g);
+    dim3 grid((unsigned)(g.groups * g.sgroups), (unsigned)g.chunks, (unsigned)r.runs);
+    auto go = [&](auto kc) {
+        auto kernel = dwconv_bwd_fused_kernel<decltype(kc)::value, T, TW>;
+        dw_allow_smem(kernel, r.smem);
+        kernel<<<grid, g.lanes * g.sblk, r.smem, cuda_stream_of(ctx)>>>(dy, x, w, dx, d, g, flags, r.per,
+                                                                          r.partial);
+    };
+    if (d.k == 1) go(std::integral_constant<int, 1>{});
+    else go(std::integral_constant<int, 3>{});
+    CUDA_CHECK_LAUNCH();
+    cuda_sum_partials(ctx, r.partial, (unsigned)r.parts, r.width, (size_t)d.C * d.k * d.k, dw, db);
 }
 
 void cuda_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, int flags,
@@ -491,14 +626,24 @@ void cuda_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *
         CG_CHECK(dx->data != dy->data, "", "op dwconv_bwd: dx is dy (the taps read neighbours of what they write)");
     }
     if (x->numel == 0) return;
+    const int dx_flags = DW_FLIP | (flags & DWCONV_WRITE_DX ? 0 : DW_ACCUM) |
+                         (flags & DWCONV_RESIDUAL ? DW_RESID : 0);
+    if (dx && (dw || db) && d.k <= 3) {   // one pass over dy and x
+        dispatch_dtype2(x->dtype, w->dtype, [&](auto tx, auto tw) {
+            using T = TAG_T(tx);
+            using TW = TAG_T(tw);
+            launch_bwd_fused(ctx, (const T *)dy->data, (const T *)x->data, (const TW *)w->data,
+                             (T *)dx->data, d, dx_flags, dw ? tensor_f32(dw) : nullptr,
+                             db ? tensor_f32(db) : nullptr);
+        });
+        return;
+    }
     if (dx)
         dispatch_dtype2(x->dtype, w->dtype, [&](auto tx, auto tw) {
             using T = TAG_T(tx);
             using TW = TAG_T(tw);
             launch_rows(ctx, (const T *)dy->data, (const TW *)w->data, (const TW *)nullptr,
-                        (T *)dx->data, d,
-                        DW_FLIP | (flags & DWCONV_WRITE_DX ? 0 : DW_ACCUM) |
-                            (flags & DWCONV_RESIDUAL ? DW_RESID : 0));
+                        (T *)dx->data, d, dx_flags);
         });
     if (dw || db)
         dispatch_dtype(x->dtype, [&](auto tx) {
