@@ -9,6 +9,7 @@
 // and whose k^2 + 1 sums per channel stay in registers over a run of images, then a fixed-order
 // reduction over strips (shared memory) and runs (kernels/cuda/reduce.cu). Deterministic.
 #include "cuda_elem.cuh"
+#include "dwconv_mma.h"
 #include "../dwconv_shape.h"
 
 typedef DwconvShape DwDims;   // kernels/dwconv_shape.h: the geometry and checks both backends share
@@ -149,8 +150,7 @@ template <int K, int CW, int V, typename T> struct DwWindow {
 // out[b,h,w,c] (+)= bias[c] + sum_{i,j} w'[i][j] in[b, h+i-p, w+j-p, c] (+ in[b,h,w,c]); w' = w,
 // or w mirrored in both axes for dx (dy correlated with the mirrored taps is the adjoint).
 // DW_RESID: in's own value added (the residual's identity path); DW_ACCUM: added to out's prior
-// value; either way rounded once.
-enum { DW_FLIP = 1, DW_ACCUM = 2, DW_RESID = 4 };
+// value; either way rounded once (the flags: kernels/cuda/dwconv_mma.h).
 
 // Input row r = y0 - P + t feeds output row y0 + t - i through tap row i; that row's sums sit in
 // ring slot (t - i) mod K. Output row y0 + t - (K - 1) has all its rows after step t: it is
@@ -498,6 +498,8 @@ static void dw_check_grid(const DwGrid &g, const DwDims &d, unsigned z) {
 template <typename T, typename TW>
 static void launch_rows(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *out, DwDims d,
                         int flags) {
+    if constexpr (std::is_same<T, bf16>::value && std::is_same<TW, bf16>::value)
+        if (cuda_dwconv_mma(ctx, in, w, bias, out, d, flags)) return;   // 7x7 on tensor cores
     DwGrid g = dw_grid(d, dw_vec(d, sizeof(T), in, out), dw_strip(d, false));
     dw_split_rows(g, d, dw_want_threads(ctx));
     dw_check_grid(g, d, (unsigned)d.B);

@@ -587,11 +587,14 @@ static void test_attention_pool_matches_cpu(void **state) {
 // vector path) and not, rows longer than a thread's segment (37 > 16: the window carried across
 // segments), enough image rows for dw's reduction to split (8 x 28 rows), and a 2x2 grid under a
 // 7x7 kernel (gspn_hier's last stages).
-// Shapes that reach the tiling's edges: several tiles down and across with partial last ones
-// (56 x 30), images of at most 7 rows (the 7-row tiles), channel groups of 16, 32 and 64 with a
-// partial last group, channel counts that are multiples of 4 and of 2 but not of 8 (the narrower
-// staging loads) or odd (one channel a load), rows narrower than k. Modes: all fp32, all bf16, and fp32 x with bf16 weights (the LPUs on the
-// residual stream), whose fp32 arithmetic on the same rounded weights is held to fp32's bound.
+// Shapes that reach the kernels' edges: widths that leave a partial last strip (4 or 7 columns)
+// and a partial last block of strips (56 x 30, 15 x 29), images of at most 7 rows and rows
+// narrower than k, channel counts that leave a partial last block of channels, that are even
+// but not multiples of 4 or 8 (18, 108) or odd (one channel a load, no 2-channel threads at 3x3).
+// 7x7 in bf16 on grids of at least 28 x 28 with C a multiple of 8 takes the tensor-core kernel
+// (kernels/cuda/dwconv_mma.cu); the last three shapes give it each flag set. Modes: all fp32, all
+// bf16, and fp32 x with bf16 weights (the LPUs on the residual stream), whose fp32 arithmetic on
+// the same rounded weights is held to fp32's bound.
 // Shapes take turns with the flags: none, DWCONV_RESIDUAL, and that with DWCONV_WRITE_DX (dx's
 // random prior values must then be ignored).
 static void test_dwconv_matches_cpu(void **state) {
@@ -599,7 +602,8 @@ static void test_dwconv_matches_cpu(void **state) {
                                     {2, 5, 37, 40, 7},  {8, 28, 28, 48, 7}, {3, 4, 5, 33, 1},
                                     {4, 2, 2, 24, 7},   {2, 56, 30, 24, 7}, {3, 7, 7, 72, 3},
                                     {2, 16, 9, 20, 5},  {1, 15, 29, 144, 7}, {2, 9, 13, 18, 7},
-                                    {1, 30, 28, 108, 3}};   // B H W C k
+                                    {1, 30, 28, 108, 3},  {2, 28, 28, 16, 7}, {3, 29, 33, 32, 7},
+                                    {2, 40, 28, 8, 7}};   // B H W C k
     const int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
     for (int mi = 0; mi < 3; mi++)
         for (int si = 0; si < nshapes; si++) {

@@ -1,0 +1,148 @@
+// CUDA: the depthwise convolution's y / dx pass on tensor cores (kernels/cuda/dwconv_mma.h).
+// Along a row, a depthwise convolution is a banded (Toeplitz) matrix product per channel. For tap
+// row i, 16 output rows times output columns x0 .. x0 + 7 of one channel take
+//   D (16 x 8) += A_i (16 x 16) B_i (16 x 8),  A_i[m][q] = in[row m + i - P][x0 - P + q],
+//                                              B_i[q][n] = w[i][q - n] where 0 <= q - n < K, else 0,
+// one m16n8k16 bf16 MMA with fp32 sums (products of two bf16 values are exact in fp32). At k = 7
+// that is 7 MMAs per 16 x 8 tile, 44% of whose products lie in the band: still several times the
+// rate of fp32 FMAs, which bound the 7x7 kernels of dwconv.cu.
+//
+// A block owns MMA_CG channels of MMA_TH output rows across the whole width. It stages their
+// TH + K - 1 input rows channel-major in shared memory (a fragment's column pairs are then 32-bit
+// words), a warp per channel builds that channel's K B fragments once and runs every column tile,
+// and the fp32 sums go back out through shared memory along channels (16-byte stores).
+#include "dwconv_mma.h"
+
+enum { MMA_THREADS = 128, MMA_TH = 16, MMA_CG = 8, MMA_K = 7 };
+
+// Staged row width (bf16 elements): at least the column tiles' reach (tiles * 8 + 8, with the
+// halo) and 8 modulo 64, so that the 8 rows of one fragment load fall on 8 different bank quads.
+static int mma_stage_width(int tiles_x) {
+    int need = tiles_x * 8 + 8, sw = 8;
+    while (sw < need) sw += 64;
+    return sw;
+}
+
+// Floats per row of the sums' staging: the row's tiles * 8 pixels of MMA_CG channels, plus 4 (the
+// 8 rows one fragment writes then spread over the banks; rows stay 16-byte aligned).
+__host__ __device__ static int mma_sum_stride(int tiles_x) { return tiles_x * 8 * MMA_CG + 4; }
+
+__device__ __forceinline__ unsigned mma_pack(float lo, float hi) {
+    return (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+           ((unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
+}
+
+template <int K>
+__global__ void __launch_bounds__(MMA_THREADS)
+dwconv_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const bf16 *__restrict__ bias,
+                  bf16 *__restrict__ out, DwconvShape d, int flags, int tiles_x, int sw) {
+    constexpr int P = K / 2, ROWS = MMA_TH + K - 1;
+    extern __shared__ __align__(16) unsigned char mma_smem[];
+    unsigned short *tile = reinterpret_cast<unsigned short *>(mma_smem);   // (CG, ROWS, sw) bf16 bits
+    float *sums = reinterpret_cast<float *>(mma_smem + (size_t)MMA_CG * ROWS * sw * 2);   // (TH, stride)
+    const int stride = mma_sum_stride(tiles_x);
+    const int c0 = blockIdx.x * MMA_CG, y0 = blockIdx.y * MMA_TH;
+    const size_t plane = (size_t)d.H * d.W * d.C, b = blockIdx.z;
+    const bf16 *img = in + b * plane + c0;
+    // Staged pixel (r, s) is input (y0 - P + r, s - P), its MMA_CG channels one 16-byte load.
+    for (int r = threadIdx.x / 32; r < ROWS; r += MMA_THREADS / 32) {   // a warp per staged row
+        const int yy = y0 - P + r;
+        for (int s = threadIdx.x % 32; s < sw; s += 32) {
+            const int xx = s - P;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (yy >= 0 && yy < d.H && xx >= 0 && xx < d.W)
+                v = *reinterpret_cast<const uint4 *>(img + ((size_t)yy * d.W + xx) * d.C);
+            const unsigned words[4] = {v.x, v.y, v.z, v.w};
+            #pragma unroll
+            for (int c = 0; c < MMA_CG; c++)
+                tile[(c * ROWS + r) * sw + s] = (unsigned short)(words[c / 2] >> (16 * (c % 2)));
+        }
+    }
+    __syncthreads();
+    const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    for (int c = threadIdx.x / 32; c < MMA_CG; c += MMA_THREADS / 32) {
+        // B_i's fragment: this lane's (q, n = g) for q = 2 t4, 2 t4 + 1 and those + 8.
+        unsigned bfrag[K][2];
+        const bf16 *wc = w + (size_t)(c0 + c) * K * K;
+        #pragma unroll
+        for (int i = 0; i < K; i++) {
+            float v[4];
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = 2 * t4 + (e & 1) + (e >> 1) * 8 - g;
+                const int tap = flags & DW_FLIP ? (K - 1 - i) * K + (K - 1 - j) : i * K + j;
+                v[e] = j >= 0 && j < K ? __bfloat162float(wc[tap]) : 0.0f;
+            }
+            bfrag[i][0] = mma_pack(v[0], v[1]);
+            bfrag[i][1] = mma_pack(v[2], v[3]);
+        }
+        const unsigned *tw = reinterpret_cast<const unsigned *>(tile + (size_t)c * ROWS * sw);
+        const int half = sw / 2;   // 32-bit words per staged row
+        for (int jt = 0; jt < tiles_x; jt++) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const int wcol = jt * 4 + t4;   // the word of columns jt * 8 + 2 t4, + 1
+            #pragma unroll
+            for (int i = 0; i < K; i++) {
+                // A_i's fragment: rows g and g + 8 (staged rows + i), column pairs 2 t4 and 2 t4 + 8.
+                const unsigned a0 = tw[(g + i) * half + wcol], a1 = tw[(g + 8 + i) * half + wcol];
+                const unsigned a2 = tw[(g + i) * half + wcol + 4], a3 = tw[(g + 8 + i) * half + wcol + 4];
+                asm volatile(
+                    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                    "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                    : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+                    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(bfrag[i][0]), "r"(bfrag[i][1]));
+            }
+            // D's fragment: rows g and g + 8, columns jt * 8 + 2 t4 and + 1.
+            const int col = jt * 8 + 2 * t4;
+            sums[g * stride + col * MMA_CG + c] = acc[0];
+            sums[g * stride + (col + 1) * MMA_CG + c] = acc[1];
+            sums[(g + 8) * stride + col * MMA_CG + c] = acc[2];
+            sums[(g + 8) * stride + (col + 1) * MMA_CG + c] = acc[3];
+        }
+    }
+    __syncthreads();
+    // Out along channels: a thread per output pixel of the block's rows.
+    bf16 *o = out + b * plane + c0;
+    float bv[MMA_CG];
+    #pragma unroll
+    for (int c = 0; c < MMA_CG; c++) bv[c] = bias ? __bfloat162float(bias[c0 + c]) : 0.0f;
+    for (int e = threadIdx.x; e < MMA_TH * d.W; e += blockDim.x) {
+        const int r = e / d.W, xx = e - r * d.W, yy = y0 + r;
+        if (yy >= d.H) break;   // e grows with r
+        float v[MMA_CG];
+        const float4 *s4 = reinterpret_cast<const float4 *>(sums + r * stride + xx * MMA_CG);
+        const float4 lo = s4[0], hi = s4[1];
+        v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+        bf16 *p = o + ((size_t)yy * d.W + xx) * d.C;
+        float prior[MMA_CG];
+        if (flags & DW_ACCUM) load_v<MMA_CG>(p, prior);
+        #pragma unroll
+        for (int c = 0; c < MMA_CG; c++) {
+            v[c] += bv[c];
+            if (flags & DW_RESID)
+                v[c] += __uint_as_float((unsigned)tile[(c * ROWS + r + P) * sw + xx + P] << 16);
+            if (flags & DW_ACCUM) v[c] += prior[c];
+        }
+        store_v<MMA_CG>(p, v);
+    }
+}
+
+bool cuda_dwconv_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
+                     const DwconvShape &d, int flags) {
+    // Below 28 x 28 the fp32 kernel of dwconv.cu is as fast (H100: 14 x 14 x 576, 0.116 ms against
+    // 0.127): a block's staging, sums and write-out run one after another, and small grids give
+    // too few blocks to overlap them.
+    if (d.k != MMA_K || d.C % MMA_CG != 0 || d.H < 28 || d.W < 28 || !aligned16(in) || !aligned16(out))
+        return false;
+    const int tiles_x = (d.W + 7) / 8, sw = mma_stage_width(tiles_x);
+    const size_t smem = (size_t)MMA_CG * (MMA_TH + MMA_K - 1) * sw * 2 +
+                        (size_t)MMA_TH * mma_sum_stride(tiles_x) * sizeof(float);
+    if (smem > 100 * 1024 || (d.H + MMA_TH - 1) / MMA_TH > 65535 || d.B > 65535) return false;
+    auto kernel = dwconv_mma_kernel<MMA_K>;
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid((unsigned)(d.C / MMA_CG), (unsigned)((d.H + MMA_TH - 1) / MMA_TH), (unsigned)d.B);
+    kernel<<<grid, MMA_THREADS, smem, cuda_stream_of(ctx)>>>(in, w, bias, out, d, flags, tiles_x, sw);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
