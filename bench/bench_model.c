@@ -397,11 +397,12 @@ int bench_classify_run(FILE *out) {
                 "train/s", "train/s c", "infer/s", "infer/s c");
         for (size_t j = 0; j < sizeof CLASSIFY_TIMM / sizeof *CLASSIFY_TIMM; j++) {
             const char *k = CLASSIFY_TIMM[j];
-            fprintf(out, "%-14s %10.0f %10.0f %10.0f %10.0f\n", k,
-                    timm_json_numberf(json, "classify/%s/eager/step_img_per_s", k),
-                    timm_json_numberf(json, "classify/%s/compiled/step_img_per_s", k),
-                    timm_json_numberf(json, "classify/%s/eager/infer_img_per_s", k),
-                    timm_json_numberf(json, "classify/%s/compiled/infer_img_per_s", k));
+            const double v[4] = {timm_json_numberf(json, "classify/%s/eager/step_img_per_s", k),
+                                 timm_json_numberf(json, "classify/%s/compiled/step_img_per_s", k),
+                                 timm_json_numberf(json, "classify/%s/eager/infer_img_per_s", k),
+                                 timm_json_numberf(json, "classify/%s/compiled/infer_img_per_s", k)};
+            if (v[0] == 0 && v[1] == 0 && v[2] == 0 && v[3] == 0) continue;   // a peer the json lacks
+            fprintf(out, "%-14s %10.0f %10.0f %10.0f %10.0f\n", k, v[0], v[1], v[2], v[3]);
         }
         for (int i = 0; i < N; i++) {
             const char *peer = CLASSIFY_PEER[i];

@@ -638,7 +638,11 @@ def bench_classify(args, device, out, save):
     timer = Timer(device)
     x = torch.randn(batch, 3, 224, 224, device=device)
     y = torch.randint(0, 1000, (batch,), device=device)
-    for key, name in CLASSIFY_MODELS.items():
+    wanted = args.classify_models.split(",") if args.classify_models else list(CLASSIFY_MODELS)
+    for key in wanted:
+        if key not in CLASSIFY_MODELS:
+            sys.exit(f"bench_timm.py: --classify-models: unknown {key!r} (one of {', '.join(CLASSIFY_MODELS)})")
+    for key, name in ((k, CLASSIFY_MODELS[k]) for k in wanted):
         out[f"classify/{key}/batch"] = batch
         out[f"classify/{key}/timm_model"] = name
         torch.manual_seed(0)
@@ -726,6 +730,8 @@ def main():
     ap.add_argument("--out", default="build/bench_timm.json")
     ap.add_argument("--only", choices=["all", "vit", "block", "distill", "classify", "dwconv"], default="all")
     ap.add_argument("--models", default=",".join(VIT_MODELS), help="vit model keys")
+    ap.add_argument("--classify-models", default="",
+                    help="classify peers to run, comma-separated (default: all of CLASSIFY_MODELS)")
     ap.add_argument("--no-compile", action="store_true", help="eager only")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
