@@ -1,13 +1,15 @@
 // CUDA: depthwise convolution, channels-last, stride 1, zero padding k/2 (kernels/ops.h; CPU
 // reference kernels/cpu/dwconv.c). No shared-memory tiles: a thread owns V channels (one vector
-// load) of a strip of 4 output columns and sweeps down a run of rows, reading each input row
-// once (4 + k - 1 pixels straight from global memory; the strips beside it share them in L1)
-// and scattering it into the k output rows it feeds, kept as a ring of sums in registers; an
-// output row is written the moment its last input row is in. The next row's loads are issued
-// before the current row's arithmetic. y and dx share one kernel (dx is dy correlated with the
-// mirrored taps); dw and db come from a second kernel of the same shape whose ring holds dy rows
-// and whose k^2 + 1 sums per channel stay in registers over a run of images, then a fixed-order
-// reduction over strips (shared memory) and runs (kernels/cuda/reduce.cu). Deterministic.
+// load) of a strip of 4 output columns (7 at 5x5/7x7) and sweeps down a run of rows, reading each
+// input row once (strip + k - 1 pixels straight from global memory; the strips beside it share
+// them in L1) and scattering it into the k output rows it feeds, kept as a ring of sums in
+// registers; an output row is written the moment its last input row is in. The next row's loads
+// are issued before the current row's arithmetic. y and dx share one kernel (dx is dy correlated
+// with the mirrored taps), which hands bf16 7x7 on grids of at least 28 x 28 to the tensor-core
+// pass (dwconv_mma.cu). dw and db come from a second kernel of the same shape whose ring holds dy
+// rows and whose k^2 + 1 sums per channel stay in registers over a run of images, then a
+// fixed-order reduction over strips (shared memory) and runs (kernels/cuda/reduce.cu); at k <= 3
+// one kernel makes dx, dw and db in a single pass over dy and x. Deterministic.
 #include "cuda_elem.cuh"
 #include "dwconv_mma.h"
 #include "../dwconv_shape.h"
