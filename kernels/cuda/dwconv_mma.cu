@@ -27,11 +27,6 @@ static int mma_stage_width(int tiles_x) {
 // 8 rows one fragment writes then spread over the banks; rows stay 16-byte aligned).
 __host__ __device__ static int mma_sum_stride(int tiles_x) { return tiles_x * 8 * MMA_CG + 4; }
 
-__device__ __forceinline__ unsigned mma_pack(float lo, float hi) {
-    return (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
-           ((unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
-}
-
 template <int K>
 __global__ void __launch_bounds__(MMA_THREADS)
 dwconv_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const bf16 *__restrict__ bias,
@@ -73,8 +68,8 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const
                 const int tap = flags & DW_FLIP ? (K - 1 - i) * K + (K - 1 - j) : i * K + j;
                 v[e] = j >= 0 && j < K ? __bfloat162float(wc[tap]) : 0.0f;
             }
-            bfrag[i][0] = mma_pack(v[0], v[1]);
-            bfrag[i][1] = mma_pack(v[2], v[3]);
+            bfrag[i][0] = Vec<bf16, 8>::pair(v[0], v[1]);   // the lower k in the low half
+            bfrag[i][1] = Vec<bf16, 8>::pair(v[2], v[3]);
         }
         const unsigned *tw = reinterpret_cast<const unsigned *>(tile + (size_t)c * ROWS * sw);
         const int half = sw / 2;   // 32-bit words per staged row
