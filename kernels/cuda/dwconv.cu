@@ -89,6 +89,16 @@ static int dw_vec(const DwDims &d, size_t elem, const void *a, const void *b) {
 // strip sums (or dy) and two input windows (ptxas: no spills at these counts but a few bytes at 7x7).
 template <int K, bool DW> constexpr int dw_min_blocks() { return K <= 1 ? 8 : K <= 3 && !DW ? 5 : 4; }
 
+// A register array (sums, a ring of rows) set to zero; unrolled, so it stays in registers.
+template <int A, int B, int V> __device__ __forceinline__ void dw_zero(float (&a)[A][B][V]) {
+    #pragma unroll
+    for (int i = 0; i < A; i++)
+        #pragma unroll
+        for (int j = 0; j < B; j++)
+            #pragma unroll
+            for (int v = 0; v < V; v++) a[i][j][v] = 0.0f;
+}
+
 // The thread's place: channel vector and strip (either may lie past the end: `live` false).
 struct DwPlace {
     int cvi, strip;
@@ -186,12 +196,7 @@ dwconv_rows_kernel(const T *__restrict__ in, const TW *__restrict__ w, const TW 
     T *o = out + (size_t)b * d.H * d.W * d.C;
     const DwCols cols = dw_cols<K, CW>(d, x0, c);
     float acc[K][CW][V];
-    #pragma unroll
-    for (int s = 0; s < K; s++)
-        #pragma unroll
-        for (int q = 0; q < CW; q++)
-            #pragma unroll
-            for (int v = 0; v < V; v++) acc[s][q][v] = 0.0f;
+    dw_zero(acc);
     DwWindow<K, CW, V, T> next;
     next.load(img, cols, d, y0 - P);
     for (int t0 = 0; t0 < steps; t0 += K) {
@@ -308,12 +313,7 @@ dwconv_dw_rows_kernel(const T *__restrict__ dy, const T *__restrict__ x, DwDims 
     const int c = pl.cvi * V, x0 = pl.strip * CW, y0 = blockIdx.y * g.rh;
     const int rows = min(g.rh, d.H - y0), steps = rows + K - 1;
     float acc[K][K][V], accb[V];
-    #pragma unroll
-    for (int i = 0; i < K; i++)
-        #pragma unroll
-        for (int j = 0; j < K; j++)
-            #pragma unroll
-            for (int v = 0; v < V; v++) acc[i][j][v] = 0.0f;
+    dw_zero(acc);
     #pragma unroll
     for (int v = 0; v < V; v++) accb[v] = 0.0f;
     const int b0 = blockIdx.z * imgs_per_run, b1 = min(b0 + imgs_per_run, d.B);
@@ -322,12 +322,7 @@ dwconv_dw_rows_kernel(const T *__restrict__ dy, const T *__restrict__ x, DwDims 
     for (int b = pl.live ? b0 : b1; b < b1; b++) {
         const T *xi = x + b * plane, *gi = dy + b * plane;
         float ring[K][CW][V];
-        #pragma unroll
-        for (int s = 0; s < K; s++)
-            #pragma unroll
-            for (int q = 0; q < CW; q++)
-                #pragma unroll
-                for (int v = 0; v < V; v++) ring[s][q][v] = 0.0f;
+        dw_zero(ring);
         DwWindow<K, CW, V, T> next;
         Vec<T, V> gnext[CW];   // dy's row y0 + t (zero past the run)
         if (PREFETCH) {
