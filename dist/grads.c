@@ -304,6 +304,9 @@ static void device_gather(DistGrads *g) {
                                         d->world - 1, comm, v->stream));
         NCCL_CHECK(d, ncclGroupEnd());
     }
+    if (g->t->values_f32)   // kept-fp32 values: zeros but for each rank's pieces (train/optimizer.c)
+        NCCL_CHECK(d, ncclAllReduce(g->t->values_f32, g->t->values_f32, g->t->total_f32, ncclFloat,
+                                    ncclSum, comm, v->stream));
     CUDA_CHECK(cudaEventRecord(v->gather_done, v->stream));
     device_wait(g, v->gather_done, "the all-gather of updated parameters (zero = 1)");
     CUDA_CHECK(cudaStreamWaitEvent(cuda_stream_of(g->ctx), v->gather_done, 0));
@@ -389,6 +392,14 @@ static void host_gather(DistGrads *g) {
         }
         dist_all_gather_parts(g->d, buf, n, dtype_size(dt), what);
         if (g->t->device != DEVICE_CPU) tensor_upload(g->ctx, &staged, g->host);
+    }
+    if (g->t->values_f32) {   // kept-fp32 values: zeros but for each rank's pieces (train/optimizer.c)
+        Tensor kept = range_tensor(g->t, g->t->values_f32, DTYPE_F32, 0, g->t->total_f32);
+        float *host = cg_malloc(g->t->total_f32 * sizeof(float));
+        tensor_download(g->ctx, &kept, host);
+        dist_all_reduce_f32(g->d, host, g->t->total_f32, false, "the sum of kept-fp32 parameters (zero = 1)");
+        tensor_upload(g->ctx, &kept, host);
+        free(host);
     }
 }
 

@@ -17,7 +17,8 @@
 //             parameters, nn/params.h's ParamSegment). The table keeps moments and fp32 masters
 //             for the shard only (params_shard_state: shard-size buffers, the pieces at running
 //             offsets); the optimizer steps the shard and dist_gather_values all-gathers the
-//             updated parameter values (in their dtype: bf16 on the GPU), which stay whole.
+//             updated parameter values (in their dtype: bf16 on the GPU), which stay whole, and
+//             sums the kept-fp32 values (nn/params.h), zeros but for each rank's pieces.
 //
 // Backends: the CPU backend uses the host collectives (dist/dist.h: sums in rank order, so
 // bit-identical across runs); CUDA tensors use NCCL on a communication stream of its own (one

@@ -12,8 +12,9 @@
 // - Scalars that come back to the host (losses, norms) are written to 1-element fp32 tensors.
 // - Precision: activations and their gradients are in ctx->act_dtype (fp32 on the CPU; bf16 or
 //   fp32 on the GPU), except the encoders' residual stream, kept in fp32; parameters are in
-//   act_dtype too, with fp32 master copies when that is bf16; parameter gradients, optimizer
-//   moments, LayerNorm statistics and losses are fp32.
+//   act_dtype too, with fp32 master copies when that is bf16, except those no GEMM or
+//   convolution reads (LayerNorm's, the scan's merge weights), which stay fp32 (nn/params.h);
+//   parameter gradients, optimizer moments, LayerNorm statistics and losses are fp32.
 //   An op accepts any mix that follows these rules (e.g. linear_bwd: bf16 dy, x, w; fp32 dw).
 #pragma once
 #include "ctx.h"

@@ -152,8 +152,9 @@ static Tensor *block_forward(Tape *t, const HierEncoder *e, HierDrop d, int i, T
     Tensor *xc = linear_as(t, &g->down, v, op_dtype(t, e, HIER_OP_DOWN));       // (B,H,W,Cc)
     Tensor *gates = linear_as(t, &g->gate, xc, op_dtype(t, e, HIER_OP_GATE));  // (B,H,W,G)
     dt = op_dtype(t, e, HIER_OP_SCAN);
+    // merge: four fp32 scalars whatever dt is (kept fp32 in a bf16 table, nn/params.h)
     Tensor *yc = nn_gspn_scan(t, as_dtype(t, xc, dt), as_dtype(t, gates, dt),
-                              as_dtype(t, g->merge, dt), g->shared_w);
+                              as_dtype(t, g->merge, DTYPE_F32), g->shared_w);
     if (g->out_norm) yc = layernorm(t, &g->norm, yc);
     Tensor *mix = linear_as(t, &g->up, yc, op_dtype(t, e, HIER_OP_UP));        // (B,H,W,C_s)
     if (pp) *pp = mix = as_dtype(t, mix, t->ctx->act_dtype);

@@ -24,6 +24,8 @@ void layernorm_register(LayerNorm *l, ParamTable *t, const char *prefix, int wid
     l->w = params_add(t, name, 1, (int[]){width}, INIT_ONES, 0, false);
     pname(name, sizeof(name), prefix, "bias");
     l->b = params_add(t, name, 1, (int[]){width}, INIT_ZEROS, 0, false);
+    params_keep_f32(t, l->w);   // autocast keeps norms fp32 (nn/params.h)
+    params_keep_f32(t, l->b);
     l->eps = eps;
 }
 
@@ -91,6 +93,7 @@ void cgspn_layer_register(CgspnLayer *l, ParamTable *t, const char *prefix, int 
     l->gate.b = params_add(t, name, 1, (int[]){G}, INIT_ZEROS, 0, false);
     pname(name, sizeof(name), prefix, "merge");
     l->merge = params_add(t, name, 1, (int[]){4}, INIT_CONST, 0.25f, false);
+    params_keep_f32(t, l->merge);   // read by the scan as a scalar, never by a GEMM
     if (out_norm) {
         pname(name, sizeof(name), prefix, "norm");
         layernorm_register(&l->norm, t, name, latent, ln_eps);

@@ -29,6 +29,18 @@ Tensor *params_add(ParamTable *t, const char *name, int ndim, const int *shape, 
     return &p->value;
 }
 
+void params_keep_f32(ParamTable *t, Tensor *value) {
+    CG_CHECK(t->values == NULL, "", "params_keep_f32 after params_alloc");
+    for (int i = 0; i < t->n; i++)
+        if (&t->params[i]->value == value) {
+            t->params[i]->keep_f32 = true;
+            return;
+        }
+    CG_CHECK(0, "", "params_keep_f32: not a parameter of this table");
+}
+
+static Tensor buffer_range(void *buf, size_t at, size_t n, Device dev);
+
 static Tensor bind(const Tensor *shape_of, void *base, size_t offset, Device dev, DType dt) {
     Tensor x = *shape_of;
     x.grad = NULL;
@@ -57,10 +69,17 @@ void params_alloc(ParamTable *t, Ctx *ctx) {
         if (t->masters) p->master = bind(&p->value, t->masters, p->offset, ctx->device, DTYPE_F32);
         p->value.data = (char *)t->values + p->offset * dtype_size(t->dtype);
         p->value.dtype = t->dtype;
+        if (p->keep_f32 && t->masters) {   // the master is the value (params.h, kept fp32)
+            p->value.data = p->master.data;
+            p->value.dtype = DTYPE_F32;
+        }
         p->value.device = ctx->device;
         p->value.grad = &p->grad;
         p->value.requires_grad = p->trainable;
     }
+    Tensor values = buffer_range(t->values, 0, n, ctx->device);
+    values.dtype = t->dtype;   // kept-fp32 parameters' unused slots read as zeros
+    op_zero(ctx, &values);
     params_zero_grads(t, ctx);
     params_zero_moments(t, ctx);
 }
@@ -213,6 +232,33 @@ void params_upload_state(ParamTable *t, Ctx *ctx, ParamState kind, int param, co
     }
 }
 
+// Before the masters are sharded: the kept-fp32 values (views of the whole masters) move into
+// values_f32, laid out in table order.
+static void keep_f32_values(ParamTable *t, Ctx *ctx) {
+    size_t total = 0, longest = 0;
+    for (int i = 0; i < t->n; i++) {
+        Param *p = t->params[i];
+        if (!p->keep_f32 || !t->masters) continue;
+        p->offset_f32 = total;
+        total += (p->value.numel + PARAM_ALIGN - 1) / PARAM_ALIGN * PARAM_ALIGN;
+        if (p->value.numel > longest) longest = p->value.numel;
+    }
+    if (!total) return;
+    t->values_f32 = device_alloc(ctx, total * sizeof(float));
+    t->total_f32 = total;
+    zero_buffer(ctx, t->values_f32, total);
+    float *host = cg_malloc(longest * sizeof(float));
+    for (int i = 0; i < t->n; i++) {
+        Param *p = t->params[i];
+        if (!p->keep_f32) continue;
+        Tensor to = buffer_range(t->values_f32, p->offset_f32, p->value.numel, ctx->device);
+        tensor_download(ctx, &p->value, host);
+        tensor_upload(ctx, &to, host);
+        p->value.data = to.data;
+    }
+    free(host);
+}
+
 static bool same_pieces(const ParamSegment *a, const ParamSegment *b, int n) {
     for (int i = 0; i < n; i++)
         if (a[i].param != b[i].param || a[i].start != b[i].start || a[i].len != b[i].len) return false;
@@ -242,6 +288,7 @@ void params_shard_state(ParamTable *t, Ctx *ctx, const ParamSegment *seg, int n)
         at += (seg[i].len + PARAM_ALIGN - 1) / PARAM_ALIGN * PARAM_ALIGN;
         if (seg[i].len > longest) longest = seg[i].len;
     }
+    keep_f32_values(t, ctx);
     // The pieces' current state (masters hold the weights set so far) moves through host memory:
     // exact bits, once per run.
     float *host = cg_malloc((longest ? longest : 1) * sizeof(float));
@@ -316,6 +363,7 @@ void params_free(ParamTable *t, Ctx *ctx) {
         if (t->m) device_free(ctx, t->m);
         if (t->v) device_free(ctx, t->v);
         if (t->masters) device_free(ctx, t->masters);
+        if (t->values_f32) device_free(ctx, t->values_f32);
     }
     free(t->shard);
     for (int i = 0; i < t->n; i++) free(t->params[i]);

@@ -4,6 +4,12 @@
 // bf16). Layers keep Tensor pointers into the table. Values are in the context's activation
 // dtype; gradients, moments and masters are fp32 (kernels/ops.h, precision rules).
 //
+// Kept fp32 (params_keep_f32): in a bf16 table, a parameter that no GEMM or convolution reads
+// (LayerNorm weights and biases, the propagation's merge weights) has fp32 values: the master
+// itself, as PyTorch's autocast leaves such parameters unrounded. Its slot in the bf16 values
+// buffer is unused. When ZeRO shards the masters, these values move to a small whole buffer of
+// their own (values_f32), which every step's all-gather completes (dist/grads.h).
+//
 // The optimizer state (m, v, masters) has one of two layouts:
 //   whole    (params_alloc) laid out as the values: parameter p at p->offset; p->m, p->v and
 //            p->master are views of it.
@@ -48,9 +54,11 @@ typedef struct Param {
                          // and in a sharded table: ParamTable.masters says whether there are any)
     bool trainable;
     bool decay;          // weight decay applies (not to biases, norms, 1-D params, tokens)
+    bool keep_f32;       // fp32 values in a bf16 table (params_keep_f32)
     ParamInit init;
     float init_arg;
     size_t offset;       // elements from the start of each buffer
+    size_t offset_f32;   // elements from the start of values_f32 (a sharded table's kept fp32)
 } Param;
 
 typedef struct ParamTable {
@@ -63,6 +71,10 @@ typedef struct ParamTable {
     size_t state_total;  // elements of each of m, v, masters (total, or the shard's when sharded)
     ParamSegment *shard; // NULL: whole state; else the pieces kept (params_shard_state)
     int n_shard;
+    // A sharded bf16 table's kept-fp32 values (the parameters in table order, each at its
+    // offset_f32, padded to PARAM_ALIGN): total_f32 elements, or NULL when it has none.
+    void *values_f32;
+    size_t total_f32;
     // Runs of parameters with equal weight decay over the whole buffers, on the device, for one
     // AdamW launch over the table (kernels/ops.h AdamWArgs); params_decay_runs builds them.
     int n_decay_runs;
@@ -76,6 +88,9 @@ Tensor *params_add(ParamTable *t, const char *name, int ndim, const int *shape, 
                    float init_arg, bool decay);
 // Allocates the buffers on ctx's device (values in ctx->act_dtype) and binds every tensor.
 void params_alloc(ParamTable *t, Ctx *ctx);
+// Marks a registered parameter (value as params_add returned it) to keep fp32 values in a bf16
+// table (the header's comment). Before params_alloc; a frozen table ignores it.
+void params_keep_f32(ParamTable *t, Tensor *value);
 // A frozen table (a teacher): values only, no gradients, moments or masters (a quarter of the
 // memory, or less); every parameter is marked not trainable. Values in ctx->act_dtype (bf16 on
 // the GPU). params_set_trainable must not make such a table trainable.

@@ -36,6 +36,10 @@ static inline void dist_test_model_on(DistTestModel *m, Ctx ctx) {
     params_add(&m->t, "b.weight", 2, (int[]){300, 7}, INIT_XAVIER_UNIFORM, 0.0f, true);
     params_add(&m->t, "b.bias", 1, (int[]){300}, INIT_ZEROS, 0.0f, false);
     params_add(&m->t, "tok", 3, (int[]){1, 3, 5}, INIT_TRUNC_NORMAL, 0.02f, false);
+    // fp32 values in a bf16 table (nn/params.h): one trainable across the shards' boundaries,
+    // one frozen
+    params_keep_f32(&m->t, &params_find(&m->t, "b.bias")->value);
+    params_keep_f32(&m->t, &params_find(&m->t, "frozen.weight")->value);
     params_set_trainable(&m->t, "frozen.", false);
     params_alloc(&m->t, &m->ctx);
     params_initialize(&m->t, &m->ctx, 42);

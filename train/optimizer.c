@@ -59,7 +59,9 @@ StepStats optimizer_step(ParamTable *t, Ctx *ctx, Arena *scratch, const Optimize
                 AdamWArgs a = {.lr = s.lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps,
                                .weight_decay = p->decay ? o->weight_decay : 0.0f,
                                .grad_scale = scale, .step = (int)(step + 1)};
-                op_adamw(ctx, &p->value, p->master.data ? &p->master : NULL, &p->grad, &p->m, &p->v, &a);
+                // fp32 values (an fp32 table, or kept fp32 in a bf16 one) are their own masters
+                Tensor *master = p->value.dtype == DTYPE_F32 ? NULL : &p->master;
+                op_adamw(ctx, &p->value, master, &p->grad, &p->m, &p->v, &a);
             }
         }
     }
@@ -91,10 +93,27 @@ StepStats optimizer_step_dist(ParamTable *t, Ctx *ctx, Arena *scratch, const Opt
     if (s.finite) {
         float scale = 1.0f;
         if (o->grad_clip > 0 && s.grad_norm > o->grad_clip) scale = o->grad_clip / s.grad_norm;
+        // Kept-fp32 values (nn/params.h): each rank writes its shard's pieces into zeros, and
+        // dist_gather_values sums the ranks' buffers (one writer per element: exact).
+        if (t->values_f32) {
+            Tensor kept = {0};
+            tensor_set_shape(&kept, 1, (int[]){(int)t->total_f32});
+            kept.data = t->values_f32;
+            kept.device = ctx->device;
+            kept.dtype = DTYPE_F32;
+            op_zero(ctx, &kept);
+        }
         for (int i = 0; i < g->n_seg; i++) {
             const ParamSegment *sg = &g->seg[i];
             Param *p = t->params[sg->param];
-            if (!p->trainable) continue;
+            if (!p->trainable) {
+                if (p->keep_f32 && t->values_f32) {   // unchanged: its master, written back
+                    Tensor value = dist_segment_view(&p->value, sg->start, sg->len);
+                    Tensor master = params_state_view(t, PARAM_STATE_MASTER, sg->param, sg->start, sg->len);
+                    op_cast_colsum(ctx, &master, &value, NULL);
+                }
+                continue;
+            }
             AdamWArgs a = {.lr = s.lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps,
                            .weight_decay = p->decay ? o->weight_decay : 0.0f,
                            .grad_scale = scale, .step = (int)(step + 1)};

@@ -108,6 +108,8 @@ static int child_step(Dist *d, void *arg) {
                     "state buffers of %zu elements for a table of %zu", m.t.state_total, m.t.total);
     }
     if (c->dtype == DTYPE_BF16) {
+        CHILD_CHECK(params_find(&m.t, "b.bias")->value.dtype == DTYPE_F32 &&
+                        (!c->zero || m.t.values_f32), "b.bias does not keep fp32 values");
         w = download_weights(&m, false);
         wr = download_weights(&ref, false);
         double e = dist_test_max_rel(&m.t, w, wr);

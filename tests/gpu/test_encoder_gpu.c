@@ -118,7 +118,7 @@ static void set_params(Side *cpu, Side *gpu, float *const *base, int draw, DType
     for (int i = 0; i < cpu->params.n; i++) {
         Tensor *v = &cpu->params.params[i]->value;
         scale_randomly(v->data, base[i], v->numel, &st, draw ? BF16_DRAW_SCALE : 0.0);
-        if (dt == DTYPE_BF16) gpu_test_round_to_bf16(v);
+        if (gpu->params.params[i]->value.dtype == DTYPE_BF16) gpu_test_round_to_bf16(v);
         params_set_value(&gpu->params, i, &gpu->ctx, v->data);
     }
 }

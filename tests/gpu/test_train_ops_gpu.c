@@ -2,8 +2,10 @@
 // reference (kernels/cpu/drop_path.c): drop path forward and backward (the same per-sample mask
 // on both backends; += checked from nonzero gradients), and the EMA update over a buffer with a
 // fp32 or bf16 source and an optional rounded output. Shapes with per-sample sizes that are
-// multiples of 8 take the vector path, odd ones the scalar path.
+// multiples of 8 take the vector path, odd ones the scalar path. And the parameters a bf16 table
+// keeps in fp32 (nn/params.h) under AdamW.
 #include "gpulib.h"
+#include "../testlib_dist.h"
 #include "../../kernels/drop_path_mask.h"
 
 // fp32: both backends do one rounded product (and one rounded sum for the backward / EMA) per
@@ -89,6 +91,74 @@ static void test_ema_update_matches_cpu_bit_for_bit(void **state) {
     ema_case(4096, DTYPE_BF16, DTYPE_BF16);  // bf16 source (values of a bf16 table)
 }
 
+static void upload_grads(DistTestModel *m, const float *host) {
+    Tensor all = {0};
+    tensor_set_shape(&all, 1, (int[]){(int)m->t.total});
+    all.data = m->t.grads;
+    all.dtype = DTYPE_F32;
+    all.device = DEVICE_CUDA;
+    tensor_upload(&m->ctx, &all, host);
+}
+
+static bool same_bits(Ctx *ctx, const Tensor *a, const Tensor *b) {
+    float *x = tensor_to_host_f32(ctx, a), *y = tensor_to_host_f32(ctx, b);
+    bool same = memcmp(x, y, a->numel * sizeof(float)) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+// The same table in bf16 and in fp32, stepped on the same gradients: a kept parameter's value is
+// its master, in fp32, and moves bit for bit as in the fp32 table (the same fp32 AdamW); every
+// other parameter's master does too, its value being that master rounded. all_train: every
+// parameter trains (one AdamW launch over the whole buffers), else one stays frozen (a launch
+// per parameter).
+static void kept_f32_case(bool all_train) {
+    Ctx c32 = G;
+    c32.act_dtype = DTYPE_F32;
+    DistTestModel m, ref;
+    dist_test_model_on(&m, G);
+    dist_test_model_on(&ref, c32);
+    if (all_train) {
+        params_set_trainable(&m.t, NULL, true);
+        params_set_trainable(&ref.t, NULL, true);
+    }
+    float *host = malloc(m.t.total * sizeof(float));
+    OptimizerConfig o = dist_test_optimizer();
+    for (int s = 0; s < DIST_TEST_STEPS; s++) {
+        dist_test_grads_into(&m.t, host, 0, s);
+        upload_grads(&m, host);
+        upload_grads(&ref, host);
+        StepStats a = optimizer_step(&m.t, &m.ctx, &m.arena, &o, s);
+        StepStats b = optimizer_step(&ref.t, &ref.ctx, &ref.arena, &o, s);
+        arena_reset(&m.arena);
+        arena_reset(&ref.arena);
+        assert_true(a.grad_norm == b.grad_norm);
+    }
+    int kept = 0;
+    for (int i = 0; i < m.t.n; i++) {
+        Param *p = m.t.params[i], *q = ref.t.params[i];
+        if (p->keep_f32) {
+            kept++;
+            assert_int_equal(p->value.dtype, DTYPE_F32);
+            assert_ptr_equal(p->value.data, p->master.data);
+            if (!same_bits(&G, &p->value, &q->value)) fail_msg("%s: kept fp32 value differs", p->name);
+        } else {
+            assert_int_equal(p->value.dtype, DTYPE_BF16);
+            if (!same_bits(&G, &p->master, &q->value)) fail_msg("%s: master differs", p->name);
+        }
+    }
+    assert_int_equal(kept, 2);
+    free(host);
+    dist_test_model_free(&m);
+    dist_test_model_free(&ref);
+}
+
+static void test_bf16_table_keeps_marked_parameters_fp32_under_adamw(void **state) {
+    kept_f32_case(false);
+    kept_f32_case(true);
+}
+
 static int group_setup(void **state) {
     if (cuda_device_count() == 0) {
         printf("no CUDA device visible (make test-gpu runs on a GPU machine)\n");
@@ -108,6 +178,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_drop_path_matches_cpu),
         cmocka_unit_test(test_ema_update_matches_cpu_bit_for_bit),
+        cmocka_unit_test(test_bf16_table_keeps_marked_parameters_fp32_under_adamw),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
