@@ -51,7 +51,8 @@ BOUND = {"fp32": 1e-4, "bf16": 2e-2}
 # noise: PyTorch's own per-tensor error moves by up to 13x between two such draws of gspn_t (8 to
 # 43 of 326 tensors over this rule against each other; docs/gspn_hier.md). An RMS over n draws is
 # itself uncertain by about 1/sqrt(2n), 32% at 5; a gspn_t realization costs ~20 s on an H100, and
-# at 5 the tensor closest to its bound is at 0.91 of it.
+# at 5 the tensor closest to its bound was at 0.99 of it on an H200 (a 2-element down.bias at the
+# 2e-2 floor; results/parity_gspn_hier_h200.log).
 BF16_TORCH_FACTOR = 1.5
 BF16_REALIZATIONS = 5
 # name: (config, --key=value overrides, batch, image side)
