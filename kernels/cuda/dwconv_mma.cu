@@ -11,6 +11,10 @@
 // TH + K - 1 input rows channel-major in shared memory (a fragment's column pairs are then 32-bit
 // words), a warp per channel builds that channel's K B fragments once and runs every column tile,
 // and the fp32 sums go back out through shared memory along channels (16-byte stores).
+//
+// The dw pass is the same product with the roles turned (dwconv_mma_dw_kernel below): the taps
+// become the 7 x 8 result of one MMA per dy row and 16 columns, summed in registers over a run
+// of images.
 #include "dwconv_mma.h"
 
 enum { MMA_THREADS = 128, MMA_TH = 16, MMA_CG = 8, MMA_K = 7 };
@@ -139,5 +143,134 @@ bool cuda_dwconv_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, 
     dim3 grid((unsigned)(d.C / MMA_CG), (unsigned)((d.H + MMA_TH - 1) / MMA_TH), (unsigned)d.B);
     kernel<<<grid, MMA_THREADS, smem, cuda_stream_of(ctx)>>>(in, w, bias, out, d, flags, tiles_x, sw);
     CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+// ---- dw and db ----------------------------------------------------------------------------------
+// dw[i][j] = sum over images, rows y and columns x of dy[y][x] in[y + i - P][x + j - P]. With the
+// column shift put on dy, 16 columns x0 .. x0 + 15 of dy row y and one channel take
+//   D (16 x 8) += A (16 x 16) B (16 x 8),  A[j][q] = dy[y][x0 + q - j + P],
+//                                          B[q][i] = in[y + i - P][x0 + q],
+// so that D[j][i] = dw[i][j] (j, i < K); every (dy, input) pair with both in the image is counted
+// once, the others meet zeros. B's spare column i = 7 is ones: D[P][7] adds dy[y][x0 .. x0 + 15],
+// the bias gradient. A block owns MMA_CG channels and MMA_TH dy rows of a run of images; per
+// image it stages those dy rows and their TH + K - 1 input rows channel-major, and each warp adds
+// MMA_CG / 4 channels' products into registers. Its sums are then one row of the partial matrix
+// (runs * row blocks, C k^2 + C) that dwconv.cu's dw kernels write, added in a fixed order.
+// dy is staged from column x - DWM_OFF, so that (P + DWM_OFF) is even: A's column pairs are
+// 32-bit words for even j and two words' halves (one byte permute) for odd j.
+enum { DWM_OFF = 5, DWM_CPW = MMA_CG / (MMA_THREADS / 32) };
+
+// Staged row widths (bf16 elements) of the dw pass for tiles_x tiles of 16 columns. Input rows:
+// B's reach, 8 modulo 64 (8 rows of one fragment load on 8 different bank quads). dy rows: A's
+// reach with the shift (tiles * 16 + 10), even.
+static int mma_dw_x_width(int tiles_x) {
+    int sw = 8;
+    while (sw < tiles_x * 16) sw += 64;
+    return sw;
+}
+static int mma_dw_dy_width(int tiles_x) { return tiles_x * 16 + 16; }
+
+template <int K>
+__global__ void __launch_bounds__(MMA_THREADS)
+dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, DwconvShape d,
+                     int tiles_x, int swx, int swd, int per, float *__restrict__ partial) {
+    constexpr int P = K / 2, ROWS = MMA_TH + K - 1, KK = K * K;
+    static_assert((P + DWM_OFF) % 2 == 0, "dy's staging offset must make A's pairs even for j even");
+    extern __shared__ __align__(16) unsigned char mma_smem[];
+    unsigned short *xs = reinterpret_cast<unsigned short *>(mma_smem);   // (CG, ROWS, swx) bf16 bits
+    unsigned short *ds = xs + (size_t)MMA_CG * ROWS * swx;               // (CG, TH, swd)
+    const int c0 = blockIdx.x * MMA_CG, y0 = blockIdx.y * MMA_TH;
+    const int b0 = blockIdx.z * per, b1 = min(d.B, b0 + per);
+    const size_t plane = (size_t)d.H * d.W * d.C;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    const int rows = min(MMA_TH, d.H - y0);
+    const unsigned ones = Vec<bf16, 8>::pair(1.0f, 1.0f);
+    const unsigned sel = g & 1 ? 0x5432u : 0x3210u;   // A's pair: one word, or the halves of two
+    float acc[DWM_CPW][4] = {};
+    for (int b = b0; b < b1; b++) {
+        // Staged rows: input rows y0 - P .. y0 + TH + P - 1 (xs), then dy rows y0 .. y0 + TH - 1 (ds),
+        // a warp per row, MMA_CG channels one 16-byte load; zero outside the image.
+        for (int r = warp; r < ROWS + MMA_TH; r += MMA_THREADS / 32) {
+            const bool isx = r < ROWS;
+            const int yy = isx ? y0 - P + r : y0 + r - ROWS, sw = isx ? swx : swd;
+            const int off = isx ? 0 : DWM_OFF;
+            const bf16 *src = (isx ? in : dy) + b * plane + c0;
+            unsigned short *dst = isx ? xs + (size_t)r * swx : ds + (size_t)(r - ROWS) * swd;
+            const size_t cstride = isx ? (size_t)ROWS * swx : (size_t)MMA_TH * swd;
+            for (int s = lane; s < sw; s += 32) {
+                const int xx = s - off;
+                uint4 v = make_uint4(0, 0, 0, 0);
+                if (yy >= 0 && yy < d.H && xx >= 0 && xx < d.W)
+                    v = *reinterpret_cast<const uint4 *>(src + ((size_t)yy * d.W + xx) * d.C);
+                const unsigned words[4] = {v.x, v.y, v.z, v.w};
+                #pragma unroll
+                for (int c = 0; c < MMA_CG; c++)
+                    dst[c * cstride + s] = (unsigned short)(words[c / 2] >> (16 * (c % 2)));
+            }
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int cc = 0; cc < DWM_CPW; cc++) {
+            const int c = warp * DWM_CPW + cc;
+            const unsigned *xw = reinterpret_cast<const unsigned *>(xs + (size_t)c * ROWS * swx);
+            const unsigned *dw = reinterpret_cast<const unsigned *>(ds + (size_t)c * MMA_TH * swd);
+            for (int r = 0; r < rows; r++) {
+                const unsigned *drow = dw + r * (swd / 2);
+                // B's column i = g: input row y + g - P, staged row r + g (g = K: the ones).
+                const unsigned *xrow = xw + (r + min(g, K - 1)) * (swx / 2);
+                for (int jt = 0; jt < tiles_x; jt++) {
+                    const int w0 = (jt * 16 + 2 * t4 - g + P + DWM_OFF) >> 1;   // A[g][2 t4]'s word
+                    const unsigned a0 = __byte_perm(drow[w0], drow[w0 + 1], sel);
+                    const unsigned a2 = __byte_perm(drow[w0 + 4], drow[w0 + 5], sel);
+                    const unsigned bb0 = g < K ? xrow[jt * 8 + t4] : ones;
+                    const unsigned bb1 = g < K ? xrow[jt * 8 + t4 + 4] : ones;
+                    asm volatile(
+                        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                        : "+f"(acc[cc][0]), "+f"(acc[cc][1]), "+f"(acc[cc][2]), "+f"(acc[cc][3])
+                        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(bb0), "r"(bb1));
+                }
+            }
+        }
+        __syncthreads();
+    }
+    // D's fragment: rows j = g (and g + 8, unused), columns i = 2 t4 and 2 t4 + 1.
+    float *row = partial + ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * ((size_t)d.C * KK + d.C);
+    #pragma unroll
+    for (int cc = 0; cc < DWM_CPW; cc++) {
+        const int c = c0 + warp * DWM_CPW + cc, i = 2 * t4;
+        if (g < K) {
+            row[(size_t)c * KK + i * K + g] = acc[cc][0];
+            if (i + 1 < K) row[(size_t)c * KK + (i + 1) * K + g] = acc[cc][1];
+        }
+        if (g == P && i + 1 == K) row[(size_t)d.C * KK + c] = acc[cc][1];
+    }
+}
+
+bool cuda_dwconv_mma_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
+                        float *db) {
+    if (d.k != MMA_K || d.C % MMA_CG != 0 || !aligned16(dy) || !aligned16(in)) return false;
+    const int tiles_x = (d.W + 15) / 16, swx = mma_dw_x_width(tiles_x),
+              swd = mma_dw_dy_width(tiles_x);
+    const size_t smem = (size_t)MMA_CG * ((MMA_TH + MMA_K - 1) * swx + MMA_TH * swd) * 2;
+    const int hblocks = (d.H + MMA_TH - 1) / MMA_TH, groups = d.C / MMA_CG;
+    if (smem > 100 * 1024 || hblocks > 65535) return false;
+    // Runs of images: about ten blocks per SM, each summing as many images as that leaves.
+    const size_t want = (size_t)cuda_ctx_of(ctx)->sm_count * 10, base = (size_t)groups * hblocks;
+    int runs = (int)((want + base - 1) / base);
+    if (runs > d.B) runs = d.B;
+    const int per = (d.B + runs - 1) / runs;
+    runs = (d.B + per - 1) / per;
+    if (runs > 65535) return false;
+    const size_t width = (size_t)d.C * MMA_K * MMA_K + d.C, parts = (size_t)runs * hblocks;
+    float *partial = (float *)cuda_scratch(ctx, parts * width * sizeof(float));
+    auto kernel = dwconv_mma_dw_kernel<MMA_K>;
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid((unsigned)groups, (unsigned)hblocks, (unsigned)runs);
+    kernel<<<grid, MMA_THREADS, smem, cuda_stream_of(ctx)>>>(dy, in, d, tiles_x, swx, swd, per, partial);
+    CUDA_CHECK_LAUNCH();
+    cuda_sum_partials(ctx, partial, (unsigned)parts, width, (size_t)d.C * MMA_K * MMA_K, dw, db);
     return true;
 }

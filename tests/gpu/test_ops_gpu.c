@@ -592,7 +592,9 @@ static void test_attention_pool_matches_cpu(void **state) {
 // narrower than k, channel counts that leave a partial last block of channels, that are even
 // but not multiples of 4 or 8 (18, 108) or odd (one channel a load, no 2-channel threads at 3x3).
 // 7x7 in bf16 on grids of at least 28 x 28 with C a multiple of 8 takes the tensor-core kernel
-// (kernels/cuda/dwconv_mma.cu); the last three shapes give it each flag set. Modes: all fp32, all
+// (kernels/cuda/dwconv_mma.cu); the last three shapes give it each flag set. Its dw pass takes
+// every bf16 7x7 shape with C a multiple of 8 (grids from 2 x 2 to 56 x 30, rows past 16 columns,
+// row blocks past 16 rows). Modes: all fp32, all
 // bf16, and fp32 x with bf16 weights (the LPUs on the residual stream), whose fp32 arithmetic on
 // the same rounded weights is held to fp32's bound.
 // Shapes take turns with the flags: none, DWCONV_RESIDUAL, and that with DWCONV_WRITE_DX (dx's
