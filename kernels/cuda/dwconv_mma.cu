@@ -31,6 +31,37 @@ static int mma_stage_width(int tiles_x) {
 // 8 rows one fragment writes then spread over the banks; rows stay 16-byte aligned).
 __host__ __device__ static int mma_sum_stride(int tiles_x) { return tiles_x * 8 * MMA_CG + 4; }
 
+// Stages rows y_first .. y_first + nrows - 1 of one image's MMA_CG channels from img (the image at
+// its first channel) into dst (MMA_CG, nrows, sw) channel-major as bf16 bits: staged pixel (r, s)
+// is (y_first + r, s - off), zero outside the image. A thread moves MMA_STAGE_U pixels (16-byte
+// loads) at a time, all loads before any store: one memory latency per batch, not per pixel.
+enum { MMA_STAGE_U = 8 };
+__device__ __forceinline__ void mma_stage(const bf16 *__restrict__ img, const DwconvShape &d,
+                                          int y_first, int nrows, int sw, int off,
+                                          unsigned short *__restrict__ dst) {
+    const int n = nrows * sw;
+    const size_t cstride = (size_t)nrows * sw;
+    for (int e0 = threadIdx.x; e0 < n; e0 += MMA_STAGE_U * MMA_THREADS) {
+        uint4 v[MMA_STAGE_U];
+        #pragma unroll
+        for (int u = 0; u < MMA_STAGE_U; u++) {
+            const int e = e0 + u * MMA_THREADS, r = e / sw, yy = y_first + r, xx = e - r * sw - off;
+            v[u] = make_uint4(0, 0, 0, 0);
+            if (e < n && yy >= 0 && yy < d.H && xx >= 0 && xx < d.W)
+                v[u] = *reinterpret_cast<const uint4 *>(img + ((size_t)yy * d.W + xx) * d.C);
+        }
+        #pragma unroll
+        for (int u = 0; u < MMA_STAGE_U; u++) {
+            const int e = e0 + u * MMA_THREADS;
+            if (e >= n) break;
+            const unsigned words[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+            #pragma unroll
+            for (int c = 0; c < MMA_CG; c++)
+                dst[c * cstride + e] = (unsigned short)(words[c / 2] >> (16 * (c % 2)));
+        }
+    }
+}
+
 template <int K>
 __global__ void __launch_bounds__(MMA_THREADS)
 dwconv_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const bf16 *__restrict__ bias,
@@ -42,21 +73,8 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const
     const int stride = mma_sum_stride(tiles_x);
     const int c0 = blockIdx.x * MMA_CG, y0 = blockIdx.y * MMA_TH;
     const size_t plane = (size_t)d.H * d.W * d.C, b = blockIdx.z;
-    const bf16 *img = in + b * plane + c0;
-    // Staged pixel (r, s) is input (y0 - P + r, s - P), its MMA_CG channels one 16-byte load.
-    for (int r = threadIdx.x / 32; r < ROWS; r += MMA_THREADS / 32) {   // a warp per staged row
-        const int yy = y0 - P + r;
-        for (int s = threadIdx.x % 32; s < sw; s += 32) {
-            const int xx = s - P;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (yy >= 0 && yy < d.H && xx >= 0 && xx < d.W)
-                v = *reinterpret_cast<const uint4 *>(img + ((size_t)yy * d.W + xx) * d.C);
-            const unsigned words[4] = {v.x, v.y, v.z, v.w};
-            #pragma unroll
-            for (int c = 0; c < MMA_CG; c++)
-                tile[(c * ROWS + r) * sw + s] = (unsigned short)(words[c / 2] >> (16 * (c % 2)));
-        }
-    }
+    // Staged pixel (r, s) is input (y0 - P + r, s - P).
+    mma_stage(in + b * plane + c0, d, y0 - P, ROWS, sw, P, tile);
     __syncthreads();
     const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
     for (int c = threadIdx.x / 32; c < MMA_CG; c += MMA_THREADS / 32) {
@@ -187,52 +205,34 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
     const int rows = min(MMA_TH, d.H - y0);
     const unsigned ones = Vec<bf16, 8>::pair(1.0f, 1.0f);
     const unsigned sel = g & 1 ? 0x5432u : 0x3210u;   // A's pair: one word, or the halves of two
-    float acc[DWM_CPW][4] = {};
+    float acc[DWM_CPW][2][4] = {};   // per channel, per tile parity
     for (int b = b0; b < b1; b++) {
-        // Staged rows: input rows y0 - P .. y0 + TH + P - 1 (xs), then dy rows y0 .. y0 + TH - 1 (ds),
-        // a warp per row, MMA_CG channels one 16-byte load; zero outside the image.
-        for (int r = warp; r < ROWS + MMA_TH; r += MMA_THREADS / 32) {
-            const bool isx = r < ROWS;
-            const int yy = isx ? y0 - P + r : y0 + r - ROWS, sw = isx ? swx : swd;
-            const int off = isx ? 0 : DWM_OFF;
-            const bf16 *src = (isx ? in : dy) + b * plane + c0;
-            unsigned short *dst = isx ? xs + (size_t)r * swx : ds + (size_t)(r - ROWS) * swd;
-            const size_t cstride = isx ? (size_t)ROWS * swx : (size_t)MMA_TH * swd;
-            for (int s = lane; s < sw; s += 32) {
-                const int xx = s - off;
-                uint4 v = make_uint4(0, 0, 0, 0);
-                if (yy >= 0 && yy < d.H && xx >= 0 && xx < d.W)
-                    v = *reinterpret_cast<const uint4 *>(src + ((size_t)yy * d.W + xx) * d.C);
-                const unsigned words[4] = {v.x, v.y, v.z, v.w};
-                #pragma unroll
-                for (int c = 0; c < MMA_CG; c++)
-                    dst[c * cstride + s] = (unsigned short)(words[c / 2] >> (16 * (c % 2)));
-            }
-        }
+        // Input rows y0 - P .. y0 + TH + P - 1 (xs), dy rows y0 .. y0 + TH - 1 from column -DWM_OFF (ds).
+        mma_stage(in + b * plane + c0, d, y0 - P, ROWS, swx, 0, xs);
+        mma_stage(dy + b * plane + c0, d, y0, MMA_TH, swd, DWM_OFF, ds);
         __syncthreads();
-        #pragma unroll
-        for (int cc = 0; cc < DWM_CPW; cc++) {
-            const int c = warp * DWM_CPW + cc;
-            const unsigned *xw = reinterpret_cast<const unsigned *>(xs + (size_t)c * ROWS * swx);
-            const unsigned *dw = reinterpret_cast<const unsigned *>(ds + (size_t)c * MMA_TH * swd);
-            for (int r = 0; r < rows; r++) {
-                const unsigned *drow = dw + r * (swd / 2);
-                // B's column i = g: input row y + g - P, staged row r + g (g = K: the ones).
-                const unsigned *xrow = xw + (r + min(g, K - 1)) * (swx / 2);
-                for (int jt = 0; jt < tiles_x; jt++) {
+        for (int r = 0; r < rows; r++)
+            for (int jt0 = 0; jt0 < tiles_x; jt0 += 2)
+                #pragma unroll
+                for (int h = 0; h < 2; h++)
+                #pragma unroll
+                for (int cc = 0; cc < DWM_CPW; cc++) {   // 2 channels x 2 tile parities: 4 MMA chains
+                    const int c = warp * DWM_CPW + cc, jt = jt0 + h;
+                    if (jt >= tiles_x) break;
+                    const unsigned *drow = reinterpret_cast<const unsigned *>(ds + ((size_t)c * MMA_TH + r) * swd);
+                    // B's column i = g: input row y + g - P, staged row r + g (g = K: the ones).
+                    const unsigned *xrow = reinterpret_cast<const unsigned *>(
+                        xs + ((size_t)c * ROWS + r + min(g, K - 1)) * swx);
                     const int w0 = (jt * 16 + 2 * t4 - g + P + DWM_OFF) >> 1;   // A[g][2 t4]'s word
                     const unsigned a0 = __byte_perm(drow[w0], drow[w0 + 1], sel);
                     const unsigned a2 = __byte_perm(drow[w0 + 4], drow[w0 + 5], sel);
                     const unsigned bb0 = g < K ? xrow[jt * 8 + t4] : ones;
                     const unsigned bb1 = g < K ? xrow[jt * 8 + t4 + 4] : ones;
-                    asm volatile(
-                        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                        : "+f"(acc[cc][0]), "+f"(acc[cc][1]), "+f"(acc[cc][2]), "+f"(acc[cc][3])
+                        : "+f"(acc[cc][h][0]), "+f"(acc[cc][h][1]), "+f"(acc[cc][h][2]), "+f"(acc[cc][h][3])
                         : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(bb0), "r"(bb1));
                 }
-            }
-        }
         __syncthreads();
     }
     // D's fragment: rows j = g (and g + 8, unused), columns i = 2 t4 and 2 t4 + 1.
@@ -240,11 +240,12 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
     #pragma unroll
     for (int cc = 0; cc < DWM_CPW; cc++) {
         const int c = c0 + warp * DWM_CPW + cc, i = 2 * t4;
+        const float s0 = acc[cc][0][0] + acc[cc][1][0], s1 = acc[cc][0][1] + acc[cc][1][1];
         if (g < K) {
-            row[(size_t)c * KK + i * K + g] = acc[cc][0];
-            if (i + 1 < K) row[(size_t)c * KK + (i + 1) * K + g] = acc[cc][1];
+            row[(size_t)c * KK + i * K + g] = s0;
+            if (i + 1 < K) row[(size_t)c * KK + (i + 1) * K + g] = s1;
         }
-        if (g == P && i + 1 == K) row[(size_t)d.C * KK + c] = acc[cc][1];
+        if (g == P && i + 1 == K) row[(size_t)d.C * KK + c] = s1;
     }
 }
 
