@@ -19,28 +19,24 @@
 
 enum { MMA_THREADS = 128, MMA_TH = 16, MMA_CG = 8, MMA_K = 7 };
 
-// Staged row width (bf16 elements): at least the column tiles' reach (tiles * 8 + 8, with the
-// halo) and 8 modulo 64, so that the 8 rows of one fragment load fall on 8 different bank quads.
-static int mma_stage_width(int tiles_x) {
-    int need = tiles_x * 8 + 8, sw = 8;
-    while (sw < need) sw += 64;
-    return sw;
-}
+// Staged row width (bf16 elements) of at least `need` (a multiple of 8), 8 modulo 16: a row is
+// then 4 modulo 8 words, so the 8 rows of one fragment load (4 words each) fall on 8 different
+// bank quads.
+static int mma_row_width(int need) { return need % 16 == 8 ? need : need + 8; }
 
 // Floats per row of the sums' staging: the row's tiles * 8 pixels of MMA_CG channels, plus 4 (the
 // 8 rows one fragment writes then spread over the banks; rows stay 16-byte aligned).
 __host__ __device__ static int mma_sum_stride(int tiles_x) { return tiles_x * 8 * MMA_CG + 4; }
 
 // Stages rows y_first .. y_first + nrows - 1 of one image's MMA_CG channels from img (the image at
-// its first channel) into dst (MMA_CG, nrows, sw) channel-major as bf16 bits: staged pixel (r, s)
-// is (y_first + r, s - off), zero outside the image. A thread moves MMA_STAGE_U pixels (16-byte
+// its first channel) into dst channel-major as bf16 bits, channel c's rows cstride elements apart:
+// staged pixel (r, s) is (y_first + r, s - off), zero outside the image. A thread moves MMA_STAGE_U pixels (16-byte
 // loads) at a time, all loads before any store: one memory latency per batch, not per pixel.
 enum { MMA_STAGE_U = 8 };
 __device__ __forceinline__ void mma_stage(const bf16 *__restrict__ img, const DwconvShape &d,
                                           int y_first, int nrows, int sw, int off,
-                                          unsigned short *__restrict__ dst) {
+                                          unsigned short *__restrict__ dst, size_t cstride) {
     const int n = nrows * sw;
-    const size_t cstride = (size_t)nrows * sw;
     for (int e0 = threadIdx.x; e0 < n; e0 += MMA_STAGE_U * MMA_THREADS) {
         uint4 v[MMA_STAGE_U];
         #pragma unroll
@@ -74,7 +70,7 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const
     const int c0 = blockIdx.x * MMA_CG, y0 = blockIdx.y * MMA_TH;
     const size_t plane = (size_t)d.H * d.W * d.C, b = blockIdx.z;
     // Staged pixel (r, s) is input (y0 - P + r, s - P).
-    mma_stage(in + b * plane + c0, d, y0 - P, ROWS, sw, P, tile);
+    mma_stage(in + b * plane + c0, d, y0 - P, ROWS, sw, P, tile, (size_t)ROWS * sw);
     __syncthreads();
     const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
     for (int c = threadIdx.x / 32; c < MMA_CG; c += MMA_THREADS / 32) {
@@ -146,12 +142,11 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const
 
 bool cuda_dwconv_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
                      const DwconvShape &d, int flags) {
-    // Below 28 x 28 the fp32 kernel of dwconv.cu is as fast (H100: 14 x 14 x 576, 0.116 ms against
-    // 0.127): a block's staging, sums and write-out run one after another, and small grids give
-    // too few blocks to overlap them.
-    if (d.k != MMA_K || d.C % MMA_CG != 0 || d.H < 28 || d.W < 28 || !aligned16(in) || !aligned16(out))
+    // Below 14 x 14 the fp32 kernel of dwconv.cu is as fast: a block's staging, sums and write-out
+    // run one after another, and small grids give too few blocks to overlap them.
+    if (d.k != MMA_K || d.C % MMA_CG != 0 || d.H < 14 || d.W < 14 || !aligned16(in) || !aligned16(out))
         return false;
-    const int tiles_x = (d.W + 7) / 8, sw = mma_stage_width(tiles_x);
+    const int tiles_x = (d.W + 7) / 8, sw = mma_row_width(tiles_x * 8 + 8);   // the tiles' reach
     const size_t smem = (size_t)MMA_CG * (MMA_TH + MMA_K - 1) * sw * 2 +
                         (size_t)MMA_TH * mma_sum_stride(tiles_x) * sizeof(float);
     if (smem > 100 * 1024 || (d.H + MMA_TH - 1) / MMA_TH > 65535 || d.B > 65535) return false;
@@ -179,14 +174,8 @@ bool cuda_dwconv_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, 
 // 32-bit words for even j and two words' halves (one byte permute) for odd j.
 enum { DWM_OFF = 5, DWM_CPW = MMA_CG / (MMA_THREADS / 32) };
 
-// Staged row widths (bf16 elements) of the dw pass for tiles_x tiles of 16 columns. Input rows:
-// B's reach, 8 modulo 64 (8 rows of one fragment load on 8 different bank quads). dy rows: A's
-// reach with the shift (tiles * 16 + 10), even.
-static int mma_dw_x_width(int tiles_x) {
-    int sw = 8;
-    while (sw < tiles_x * 16) sw += 64;
-    return sw;
-}
+// Staged dy row width (bf16 elements) of the dw pass for tiles_x tiles of 16 columns: A's reach
+// with the shift (tiles * 16 + 10), even.
 static int mma_dw_dy_width(int tiles_x) { return tiles_x * 16 + 16; }
 
 template <int K>
@@ -208,8 +197,9 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
     float acc[DWM_CPW][2][4] = {};   // per channel, per tile parity
     for (int b = b0; b < b1; b++) {
         // Input rows y0 - P .. y0 + TH + P - 1 (xs), dy rows y0 .. y0 + TH - 1 from column -DWM_OFF (ds).
-        mma_stage(in + b * plane + c0, d, y0 - P, ROWS, swx, 0, xs);
-        mma_stage(dy + b * plane + c0, d, y0, MMA_TH, swd, DWM_OFF, ds);
+        // (only the rows the block's dy rows reach: fewer in a short image)
+        mma_stage(in + b * plane + c0, d, y0 - P, rows + K - 1, swx, 0, xs, (size_t)ROWS * swx);
+        mma_stage(dy + b * plane + c0, d, y0, rows, swd, DWM_OFF, ds, (size_t)MMA_TH * swd);
         __syncthreads();
         for (int r = 0; r < rows; r++)
             for (int jt0 = 0; jt0 < tiles_x; jt0 += 2)
@@ -252,13 +242,15 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
 bool cuda_dwconv_mma_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
                         float *db) {
     if (d.k != MMA_K || d.C % MMA_CG != 0 || !aligned16(dy) || !aligned16(in)) return false;
-    const int tiles_x = (d.W + 15) / 16, swx = mma_dw_x_width(tiles_x),
+    const int tiles_x = (d.W + 15) / 16, swx = mma_row_width(tiles_x * 16),
               swd = mma_dw_dy_width(tiles_x);
     const size_t smem = (size_t)MMA_CG * ((MMA_TH + MMA_K - 1) * swx + MMA_TH * swd) * 2;
     const int hblocks = (d.H + MMA_TH - 1) / MMA_TH, groups = d.C / MMA_CG;
     if (smem > 100 * 1024 || hblocks > 65535) return false;
-    // Runs of images: about ten blocks per SM, each summing as many images as that leaves.
-    const size_t want = (size_t)cuda_ctx_of(ctx)->sm_count * 10, base = (size_t)groups * hblocks;
+    // Runs of images: two blocks for every one an SM holds at once (shared memory, 16 blocks of
+    // 128 threads), each summing as many images as that leaves.
+    const size_t per_sm = std::min<size_t>(16, (size_t)227 * 1024 / smem);
+    const size_t want = (size_t)cuda_ctx_of(ctx)->sm_count * per_sm * 2, base = (size_t)groups * hblocks;
     int runs = (int)((want + base - 1) / base);
     if (runs > d.B) runs = d.B;
     const int per = (d.B + runs - 1) / runs;
