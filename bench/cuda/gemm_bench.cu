@@ -1,8 +1,11 @@
 // `cgspn bench gemm` (bench/cuda/kernel_bench.h): the bf16 linear products of a training step,
 // timed through the CUDA ops themselves (plan lookup and epilogue handling included), for the
-// ViT-B/16 layers at batch 256 x 197 tokens and the so14 MLP at 1036 px (B=32, 74x74 tokens).
-// FLOPs are 2 N K M per product; the percent is of the ~770 TFLOP/s dense bf16 peak measured on
-// the H100.
+// ViT-B/16 layers at batch 256 x 197 tokens, the so14 MLP at 1036 px (B=32, 74x74 tokens) and
+// gspn_t's linears at batch 128 (in_proj, fc1, fc2 of each stage: 56^2 .. 7^2 positions, widths
+// 96 .. 768). FLOPs are 2 N K M per product; the percent is of the ~770 TFLOP/s dense bf16 peak
+// measured on the H100. The roofline of a product is the longer of its FLOPs at that peak and its
+// bf16 operands moved once at the copy bandwidth measured in the same run (the narrow stages of
+// gspn_t are memory-bound): "roof" is that time over the measured one.
 #include "../../kernels/cuda/cuda_gemm.h"
 #include "kernel_bench.h"
 #include "../../kernels/ops.h"
@@ -25,7 +28,21 @@ static const BenchLinear BENCH_SHAPES[] = {
     {"vit_b16 fc2", 256 * 197, 3072, 768, 2},
     {"so14 fc1 (B=32, 74x74)", 32 * 74 * 74, 1152, 4304, 1},
     {"so14 fc2 (B=32, 74x74)", 32 * 74 * 74, 4304, 1152, 2},
+    {"gspn_t 56^2 in_proj", 128 * 3136, 96, 144, 0},
+    {"gspn_t 56^2 fc1", 128 * 3136, 96, 384, 1},
+    {"gspn_t 56^2 fc2", 128 * 3136, 384, 96, 2},
+    {"gspn_t 28^2 in_proj", 128 * 784, 192, 288, 0},
+    {"gspn_t 28^2 fc1", 128 * 784, 192, 768, 1},
+    {"gspn_t 28^2 fc2", 128 * 784, 768, 192, 2},
+    {"gspn_t 14^2 in_proj", 128 * 196, 384, 576, 0},
+    {"gspn_t 14^2 fc1", 128 * 196, 384, 1536, 1},
+    {"gspn_t 14^2 fc2", 128 * 196, 1536, 384, 2},
+    {"gspn_t 7^2 in_proj", 128 * 49, 768, 1152, 0},
+    {"gspn_t 7^2 fc1", 128 * 49, 768, 3072, 1},
+    {"gspn_t 7^2 fc2", 128 * 49, 3072, 768, 2},
 };
+
+static double g_copy_gbs;   // the device copy bandwidth, measured at the start of the run
 
 // Uniform in [-1, 1) from a hash of the index (no host copies of the big operands).
 template <typename T>
@@ -83,9 +100,12 @@ static double bench_ms(Ctx *ctx, F f) {
 }
 
 static void bench_row(FILE *out, const BenchLinear *s, const char *product, double ms) {
-    double tflops = 2.0 * s->N * (double)s->K * s->M / (ms * 1e-3) / 1e12;
-    fprintf(out, "%-24s %-30s %7d %5d %5d %9.3f %8.1f %6.1f%%\n", s->name, product, s->N, s->K,
-            s->M, ms, tflops, 100.0 * tflops / GEMM_PEAK_TFLOPS);
+    const double flops = 2.0 * s->N * (double)s->K * s->M, tflops = flops / (ms * 1e-3) / 1e12;
+    // bf16 x (N,K), w (M,K) and y (N,M) once (or their gradients: the same sizes)
+    const double bytes = 2.0 * ((double)s->N * s->K + (double)s->M * s->K + (double)s->N * s->M);
+    const double roof_ms = fmax(flops / (GEMM_PEAK_TFLOPS * 1e12), bytes / (g_copy_gbs * 1e9)) * 1e3;
+    fprintf(out, "%-24s %-30s %7d %5d %5d %9.3f %8.1f %6.1f%% %6.1f%%\n", s->name, product, s->N,
+            s->K, s->M, ms, tflops, 100.0 * tflops / GEMM_PEAK_TFLOPS, 100.0 * roof_ms / ms);
     fflush(out);
 }
 
@@ -100,10 +120,11 @@ extern "C" int cuda_bench_gemm(FILE *out) {
     char date[32];
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
-    fprintf(out, "bench gemm: %s, %s, bf16 in / fp32 accumulate, peak %.0f TFLOP/s (measured H100)\n",
-            prop.name, date, GEMM_PEAK_TFLOPS);
-    fprintf(out, "%-24s %-30s %7s %5s %5s %9s %8s %7s\n", "layer", "product", "N", "K", "M", "ms",
-            "TFLOP/s", "peak");
+    g_copy_gbs = cuda_bench_copy_gbs();
+    fprintf(out, "bench gemm: %s, %s, bf16 in / fp32 accumulate, peak %.0f TFLOP/s (measured H100), "
+            "copy %.0f GB/s\n", prop.name, date, GEMM_PEAK_TFLOPS, g_copy_gbs);
+    fprintf(out, "%-24s %-30s %7s %5s %5s %9s %8s %7s %7s\n", "layer", "product", "N", "K", "M", "ms",
+            "TFLOP/s", "peak", "roof");
 
     for (size_t i = 0; i < sizeof BENCH_SHAPES / sizeof BENCH_SHAPES[0]; i++) {
         const BenchLinear *s = &BENCH_SHAPES[i];
