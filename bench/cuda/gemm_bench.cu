@@ -159,7 +159,10 @@ extern "C" int cuda_bench_gemm(FILE *out) {
             cuda_gemm_set_fusion(c, CUDA_FUSE_DEFAULT);
         }
         bench_row(out, s, "bwd dw += dy^T x", bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, NULL, &dw, NULL); }));
-        bench_row(out, s, "bwd dw, db (default: colsum)",
+        bench_row(out, s, "bwd dw, db (default)",
+                  bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, NULL, &dw, &db); }));
+        cuda_gemm_set_fusion(c, CUDA_FUSE_DEFAULT & ~CUDA_FUSE_BIAS_GRAD_TALL);
+        bench_row(out, s, "bwd dw, db (colsum)",
                   bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, NULL, &dw, &db); }));
         cuda_gemm_set_fusion(c, CUDA_FUSE_ALL);
         bench_row(out, s, "bwd dw, db (BGRAD* + add)",

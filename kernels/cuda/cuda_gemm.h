@@ -45,15 +45,23 @@ enum {
     CUDA_FUSE_GELU = 4,        // GELU, GELU_AUX(_BIAS)
     CUDA_FUSE_DGELU = 8,       // DGELU
     CUDA_FUSE_DGELU_BGRAD = 16,   // DGELU_BGRAD: dpre and its column sums in one product
-    CUDA_FUSE_ALL = 31,
+    // BGRADA / BGRADB on a product over at least CUDA_BGRAD_TALL_K (the dw product of a linear
+    // over that many rows): there the column-sum kernel's extra read of dy costs more than the
+    // epilogue (H100, gspn_t at 56^2, 401408 rows: in_proj dw + db 0.088 against 0.150 ms, fc1
+    // 0.154 against 0.285, fc2 0.149 against 0.206), while at 100352 rows (28^2) the column sum
+    // is still faster (0.081 against 0.109, 0.155 against 0.174, 0.109 against 0.152;
+    // results/bench_gemm_h100.txt).
+    CUDA_FUSE_BIAS_GRAD_TALL = 32,
+    CUDA_FUSE_ALL = 63,
     // BGRADB is off by default: on the H200 the dw GEMM with it took longer than the dw GEMM plus
     // the separate column-sum kernel (ViT-B/16 qkv 0.377 vs 0.359 ms, so14 fc1 3.51 vs 3.20 ms);
     // so did BGRADA in a widening linear's transposed product (so14 fc1 3.66 vs 3.10 ms;
     // results/gemm_tune/bgrada_transposed_h200.txt).
     // DGELU_BGRAD is off too: in the so14 block at 2058 px (H200) linear_dgelu_bwd took ~3-4 ms
     // longer with it, about what the column-sum kernel it replaces costs (block time unchanged).
-    CUDA_FUSE_DEFAULT = CUDA_FUSE_BIAS | CUDA_FUSE_GELU | CUDA_FUSE_DGELU,
+    CUDA_FUSE_DEFAULT = CUDA_FUSE_BIAS | CUDA_FUSE_GELU | CUDA_FUSE_DGELU | CUDA_FUSE_BIAS_GRAD_TALL,
 };
+enum { CUDA_BGRAD_TALL_K = 1 << 18 };
 void cuda_gemm_set_fusion(Ctx *ctx, unsigned mask);
 // A device buffer of at least `bytes` owned by the context's GEMM cache, valid until the next
 // call (ops use it for bias-gradient vectors and column-sum partials on the main stream).

@@ -15,12 +15,13 @@
 //
 // Fused epilogues and their fallbacks (each fallback is exact to the same math; tests compare both):
 // - BIAS in forward. Fallback: GEMM, then a bias-add kernel.
-// - BGRADB in the dw product (opt-in: CUDA_FUSE_BIAS_GRAD, kernels/cuda/cuda_gemm.h): cuBLASLt
-//   OVERWRITES the bias-gradient vector, and our db accumulates, so it writes into an fp32 scratch
-//   vector (M floats) that a small kernel adds into db. Measured on the H200 (kernels/cuda/
-//   gemm_bench.cu), the dw GEMM with BGRADB took longer than the plain dw GEMM plus the column
-//   sum below, so the default is the column sum: a deterministic two-pass sum of dy (fixed row
-//   chunks, then the chunks in order), which also serves db without dw.
+// - BGRADB in the dw product (kernels/cuda/cuda_gemm.h: by default only over at least
+//   CUDA_BGRAD_TALL_K rows): cuBLASLt OVERWRITES the bias-gradient vector, and our db
+//   accumulates, so it writes into an fp32 scratch vector (M floats) that a small kernel adds into
+//   db. Measured (bench/cuda/gemm_bench.cu), the dw GEMM with BGRADB took longer than the plain dw
+//   GEMM plus the column sum below except over very many rows, so the default elsewhere is the
+//   column sum: a deterministic two-pass sum of dy (fixed row chunks, then the chunks in order),
+//   which also serves db without dw.
 // - GELU_AUX_BIAS in linear_gelu_fwd (pre written as aux, ld must be a multiple of 8, so M % 8 == 0).
 //   cuBLASLt's GELU is the tanh approximation (GELU_TANH). Fallback: linear, then a GELU kernel.
 // - DGELU in linear_dgelu_bwd's dx product (aux = pre, K % 8 == 0). Fallback: the product in fp32
