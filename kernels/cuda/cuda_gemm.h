@@ -45,12 +45,14 @@ enum {
     CUDA_FUSE_GELU = 4,        // GELU, GELU_AUX(_BIAS)
     CUDA_FUSE_DGELU = 8,       // DGELU
     CUDA_FUSE_DGELU_BGRAD = 16,   // DGELU_BGRAD: dpre and its column sums in one product
-    // BGRADA / BGRADB on a product over at least CUDA_BGRAD_TALL_K (the dw product of a linear
-    // over that many rows): there the column-sum kernel's extra read of dy costs more than the
-    // epilogue (H100, gspn_t at 56^2, 401408 rows: in_proj dw + db 0.088 against 0.150 ms, fc1
-    // 0.154 against 0.285, fc2 0.149 against 0.206), while at 100352 rows (28^2) the column sum
-    // is still faster (0.081 against 0.109, 0.155 against 0.174, 0.109 against 0.152;
-    // results/bench_gemm_h100.txt).
+    // BGRADA / BGRADB on a product over at least CUDA_BGRAD_TALL_K whose m and n are at least
+    // CUDA_BGRAD_MIN_MN (the dw product of a linear over that many rows, both widths not narrow):
+    // there the column-sum kernel's extra read of dy costs more than the epilogue (H100, gspn_t
+    // at 56^2, 401408 rows: in_proj dw + db 0.088 against 0.150 ms, fc1 0.154 against 0.285, fc2
+    // 0.149 against 0.206), while at 100352 rows (28^2) the column sum is still faster (0.081
+    // against 0.109, 0.155 against 0.174, 0.109 against 0.152; results/bench_gemm_h100.txt).
+    // With a narrow side (the propagation's 2 proxy channels, its 28 gates) cuBLASLt's epilogue
+    // kernels were two orders of magnitude slower: a gspn_t step took 198 ms instead of 36.
     CUDA_FUSE_BIAS_GRAD_TALL = 32,
     CUDA_FUSE_ALL = 63,
     // BGRADB is off by default: on the H200 the dw GEMM with it took longer than the dw GEMM plus
@@ -61,7 +63,7 @@ enum {
     // longer with it, about what the column-sum kernel it replaces costs (block time unchanged).
     CUDA_FUSE_DEFAULT = CUDA_FUSE_BIAS | CUDA_FUSE_GELU | CUDA_FUSE_DGELU | CUDA_FUSE_BIAS_GRAD_TALL,
 };
-enum { CUDA_BGRAD_TALL_K = 1 << 18 };
+enum { CUDA_BGRAD_TALL_K = 1 << 18, CUDA_BGRAD_MIN_MN = 64 };
 void cuda_gemm_set_fusion(Ctx *ctx, unsigned mask);
 // A device buffer of at least `bytes` owned by the context's GEMM cache, valid until the next
 // call (ops use it for bias-gradient vectors and column-sum partials on the main stream).

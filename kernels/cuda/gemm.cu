@@ -242,7 +242,9 @@ extern "C" int cuda_gemm_try(Ctx *ctx, const CudaGemm *g) {
     CudaGemmCache *s = gemm_cache(ctx);
     uint32_t epi = g->epilogue ? (uint32_t)g->epilogue : (uint32_t)CUBLASLT_EPILOGUE_DEFAULT;
     unsigned need = epilogue_fusion(epi), allowed = s->fusion;
-    if (allowed & CUDA_FUSE_BIAS_GRAD_TALL && g->k >= CUDA_BGRAD_TALL_K) allowed |= CUDA_FUSE_BIAS_GRAD;
+    if (allowed & CUDA_FUSE_BIAS_GRAD_TALL && g->k >= CUDA_BGRAD_TALL_K && g->m >= CUDA_BGRAD_MIN_MN &&
+        g->n >= CUDA_BGRAD_MIN_MN)
+        allowed |= CUDA_FUSE_BIAS_GRAD;
     if ((need & allowed) != need) return 0;
     if (epilogue_has_aux(epi) && g->ldaux % 8 != 0) return 0;   // cuBLASLt: aux ld % 8 == 0
     if (g->m == 0 || g->n == 0) return 1;
