@@ -91,6 +91,36 @@ Tensor *nn_layernorm_f32(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps) {
     return layernorm_into(t, nn_cast(t, x, DTYPE_F32), w, b, eps, true);
 }
 
+// ---- linear onto a residual: y = res + x w^T + b (linear_residual_fwd) ----
+typedef struct { Tensor *x, *w, *b, *res, *y; } LinearResidualRec;
+static void linear_residual_backward(Tape *t, void *p) {
+    LinearResidualRec *r = p;
+    Tensor *dy = r->y->grad;
+    if (!dy) return;
+    Tensor *dw = tape_grad(t, r->w), *db = tape_grad(t, r->b);
+    if (dw || db || r->x->requires_grad) {
+        bool db_done, fresh;
+        Tensor *g = branch_grad(t, dy, r->x, db, &db_done);   // the branch's gradient (and db)
+        Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
+        (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, g, r->x, r->w, dx, dw,
+                                                      db_done ? NULL : db);
+    }
+    pass_grad(t, r->res, dy);
+}
+Tensor *nn_linear_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tensor *b) {
+    CG_CHECK(tensor_last(x) == w->shape[1] && res->numel == tensor_rows(x) * (size_t)w->shape[0],
+             "", "linear onto a residual: input width %d, weight (%d, %d), residual of %zu "
+             "elements", tensor_last(x), w->shape[0], w->shape[1], res->numel);
+    Tensor *y = tape_tensor_like(t, res);
+    op_linear_residual_fwd(t->ctx, x, w, b, res, y);
+    bool track = tape_track(t, y, x, w, b);
+    if (t->grad_enabled && res->requires_grad) track = y->requires_grad = true;
+    if (track)
+        *(LinearResidualRec *)tape_record(t, linear_residual_backward, sizeof(LinearResidualRec)) =
+            (LinearResidualRec){x, w, b, res, y};
+    return y;
+}
+
 // ---- linear onto a residual, then LayerNorm: h = res + x w^T + b, y = layernorm(h) ----
 typedef struct { Tensor *x, *w, *b, *res; LayerNormRec ln; } LinearAddLayerNormRec;   // ln.x: h
 static void linear_add_layernorm_backward(Tape *t, void *p) {

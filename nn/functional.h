@@ -12,6 +12,9 @@ Tensor *nn_layernorm(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps);
 // layer_norm: a norm that starts an fp32 residual stream (gspn_hier's stem and downsampling) keeps
 // its output and the gradient reaching it unrounded.
 Tensor *nn_layernorm_f32(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps);
+// res + nn_linear(x, w, b) with the GEMM writing the sum (linear_residual_fwd: one pass over the
+// residual stream; y has res's shape and dtype).
+Tensor *nn_linear_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tensor *b);
 // h = res + nn_linear(x, w, b), returned (res's shape and dtype), and *normed = nn_layernorm(h,
 // ln_w, ln_b, eps): the linear writes the branch in the activation dtype and one pass adds it to
 // res and normalizes the sum (add_layernorm_fwd); the tape sees a linear onto res, then the norm.

@@ -156,9 +156,14 @@ static Tensor *block_forward(Tape *t, const HierEncoder *e, HierDrop d, int i, T
     Tensor *yc = nn_gspn_scan(t, as_dtype(t, xc, dt), as_dtype(t, gates, dt),
                               as_dtype(t, g->merge, DTYPE_F32), g->shared_w);
     if (g->out_norm) yc = layernorm(t, &g->norm, yc);
-    Tensor *mix = linear_as(t, &g->up, yc, op_dtype(t, e, HIER_OP_UP));        // (B,H,W,C_s)
-    if (pp) *pp = mix = as_dtype(t, mix, t->ctx->act_dtype);
-    x = nn_add(t, x, drop(t, d, i, 0, mix));
+    if (!pp && !encoder_drop_active(t, d.dp, d.depth) &&
+        op_dtype(t, e, HIER_OP_UP) == t->ctx->act_dtype) {   // the up projection writes x + mix
+        x = nn_linear_residual(t, x, yc, g->up.w, g->up.b);
+    } else {
+        Tensor *mix = linear_as(t, &g->up, yc, op_dtype(t, e, HIER_OP_UP));    // (B,H,W,C_s)
+        if (pp) *pp = mix = as_dtype(t, mix, t->ctx->act_dtype);
+        x = nn_add(t, x, drop(t, d, i, 0, mix));
+    }
     x = nn_dwconv_residual(t, x, b->lpu2.w, b->lpu2.b);
     Tensor *h2 = op_dtype(t, e, HIER_OP_NORM2) == DTYPE_F32
                      ? nn_layernorm_f32(t, x, b->norm2.w, b->norm2.b, b->norm2.eps)
