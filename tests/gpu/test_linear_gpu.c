@@ -50,6 +50,8 @@ static const Case CASES[] = {
     {33, 130, 96, 0},    // K = 130 not a multiple of 8: DGELU aux cannot run; dx rows unaligned
     {257, 64, 136, 1},   // every fused epilogue can run (K, M multiples of 8); x is 3-D
     {1, 8, 8, 0},        // one row
+    {3001, 2, 96, 0},    // K = 2 (the propagation's proxy into its up projection): the narrow kernel
+    {517, 3, 28, 1},     // K = 3, M = 28 (a gate width): the narrow kernel, 4 outputs a thread
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 
