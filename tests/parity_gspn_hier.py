@@ -402,11 +402,11 @@ def rms(xs):
 
 
 def compare_bf16(args, first):
-    """cgspn bf16 and PyTorch autocast bf16 against float64 on BF16_REALIZATIONS models whose
+    """cgspn bf16 and PyTorch autocast bf16 against float64 on --bf16-realizations models whose
     roundings are drawn anew (make_case); per tensor, cgspn's RMS error over them must be within
     max(BOUND bf16, BF16_TORCH_FACTOR x PyTorch's RMS error)."""
     ours, theirs = [], []
-    for k in range(BF16_REALIZATIONS):   # realization 0 is main's case (first), made once
+    for k in range(args.bf16_realizations):   # realization 0 is main's case (first), made once
         cfg, overrides, weights, inputs, feats, grads, torch_bf16, _ = first if k == 0 else \
             make_case(args.case, k)
         with tempfile.TemporaryDirectory() as work:
@@ -524,6 +524,9 @@ def main():
     ap.add_argument("--realizations", type=int, default=1,
                     help="with --bisect: models with the bf16 roundings drawn anew (make_case)")
     ap.add_argument("--dump", metavar="JSON", help="with --bisect: every error, per run")
+    ap.add_argument("--bf16-realizations", type=int, default=BF16_REALIZATIONS, metavar="N",
+                    help="bf16: the RMS over N realizations (default %(default)s; more narrows the "
+                         "noise of tensors of a few elements, about 20 s each on an H100)")
     ap.add_argument("--sensitivity", type=int, metavar="DRAWS",
                     help="only measure the factor of sensitivity_factor() over DRAWS draws")
     args = ap.parse_args()
