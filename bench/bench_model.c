@@ -246,7 +246,7 @@ static void bench_one_vit(FILE *out, const VitCase *vc, int ckpt, VitRow *row, b
         double ms = device_event_ms(ev[0], ev[3]);
         fprintf(out, "\nper-op profile of one %s step (batch %d): %.2f ms with an event pair "
                      "around every op (%.2f ms without)\n", vc->label, B, ms, row->step_ms);
-        op_profile_print(out, p, ms, copy_gbs());
+        op_profile_print(out, p, ms, copy_gbs(), BENCH_BF16_PEAK_TFLOPS);
         op_profile_free(p);
     }
     for (int i = 0; i < 4; i++) device_event_free(ev[i]);
@@ -492,7 +492,7 @@ static void block_profile(FILE *prof, const char *label, Tape *tape, Ctx *ctx, c
                   "every op (%.2f ms without)", label, ms, timed_ms);
     for (int k = 0; k < n; k++) fprintf(prof, "; %s %.2f ms", ph[k].name, ph[k].ms);
     fprintf(prof, "\n");
-    op_profile_print(prof, p, ms, copy_gbs());
+    op_profile_print(prof, p, ms, copy_gbs(), BENCH_BF16_PEAK_TFLOPS);
     fprintf(prof, "the calls in order (ms):\n");
     op_profile_print_calls(prof, p, 4);
     op_profile_free(p);

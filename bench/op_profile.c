@@ -1,6 +1,7 @@
 // Per-op and per-phase GPU time (bench/op_profile.h).
 #include "op_profile.h"
 #include "../kernels/error.h"
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +14,7 @@ struct OpProfile {
     DeviceEvent *ev[2 * PROF_MAX];                    // (op, start|end)
     const char *name[PROF_MAX];
     double bytes[PROF_MAX];                          // its tensor arguments' bytes (ctx.h)
+    double flops[PROF_MAX];                          // its products' FLOPs, as reported
     int phase_of[PROF_MAX];                          // the phase each op started in
     DeviceEvent *mark[OP_PROFILE_MAX_PHASES + 1];     // phase starts, then the stop
     const char *phase[OP_PROFILE_MAX_PHASES];
@@ -22,6 +24,10 @@ struct OpProfile {
 
 static void profile_hook(Ctx *ctx, const char *op, int end, double bytes) {
     OpProfile *p = ctx->profile_data;
+    if (end == CTX_PROFILE_FLOPS) {   // to the outermost op in progress
+        if (p->depth > 0 && p->n < PROF_MAX) p->flops[p->n] += bytes;
+        return;
+    }
     if (!end) {
         if (p->depth++ > 0) return;   // an op called from inside another: counted in it
         if (p->n >= PROF_MAX) {
@@ -30,6 +36,7 @@ static void profile_hook(Ctx *ctx, const char *op, int end, double bytes) {
         }
         p->name[p->n] = op;
         p->bytes[p->n] = bytes;
+        p->flops[p->n] = 0;
         p->phase_of[p->n] = p->n_phases - 1;
         device_event_record(p->ev[2 * p->n]);
     } else {
@@ -93,10 +100,11 @@ int op_profile_totals(const OpProfile *p, OpTotal *out, int max) {
     for (int i = 0; i < p->n; i++) {
         int k = 0;
         while (k < nt && strcmp(tot[k].name, p->name[i]) != 0) k++;
-        if (k == nt && nt < PROF_NAMES) tot[nt++] = (OpTotal){p->name[i], 0, 0, 0};
+        if (k == nt && nt < PROF_NAMES) tot[nt++] = (OpTotal){p->name[i], 0, 0, 0, 0};
         if (k < nt) {
             tot[k].calls++;
             tot[k].bytes += p->bytes[i];
+            tot[k].flops += p->flops[i];
             tot[k].ms += device_event_ms(p->ev[2 * i], p->ev[2 * i + 1]);
         }
     }
@@ -119,17 +127,28 @@ int op_profile_phases(const OpProfile *p, OpPhase *out, int max) {
     return n;
 }
 
-void op_profile_print(FILE *out, const OpProfile *p, double step_ms, double copy_gbs) {
+void op_profile_print(FILE *out, const OpProfile *p, double step_ms, double copy_gbs,
+                      double peak_tflops) {
     if (!p) return;
     OpTotal tot[PROF_NAMES];
     const int nt = op_profile_totals(p, tot, PROF_NAMES);
+    const bool roof = copy_gbs > 0 && peak_tflops > 0;
     double sum = 0;
-    fprintf(out, "  %-20s %6s %9s %7s %8s %7s\n", "op", "calls", "ms", "% step", "GB/s", "% copy");
+    fprintf(out, "  %-20s %6s %9s %7s %8s %7s", "op", "calls", "ms", "% step", "GB/s", "% copy");
+    if (roof) fprintf(out, " %8s %7s", "TFLOP/s", "% roof");
+    fprintf(out, "\n");
     for (int k = 0; k < nt; k++) {
-        double gbs = tot[k].ms > 0 ? tot[k].bytes / (tot[k].ms * 1e-3) / 1e9 : 0;
+        const double s = tot[k].ms * 1e-3;
+        double gbs = s > 0 ? tot[k].bytes / s / 1e9 : 0;
         fprintf(out, "  %-20s %6d %9.3f %6.1f%% %8.0f", tot[k].name, tot[k].calls, tot[k].ms,
                 100.0 * tot[k].ms / step_ms, gbs);
         if (copy_gbs > 0) fprintf(out, " %6.1f%%", 100.0 * gbs / copy_gbs);
+        if (roof) {
+            const double bound = fmax(tot[k].bytes / (copy_gbs * 1e9), tot[k].flops / (peak_tflops * 1e12));
+            if (tot[k].flops > 0) fprintf(out, " %8.1f", s > 0 ? tot[k].flops / s / 1e12 : 0);
+            else fprintf(out, " %8s", "");
+            fprintf(out, " %6.1f%%", s > 0 ? 100.0 * bound / s : 0);
+        }
         fprintf(out, "\n");
         sum += tot[k].ms;
     }

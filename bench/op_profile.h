@@ -13,6 +13,7 @@ typedef struct OpTotal {
     int calls;
     double ms;
     double bytes;   // of the calls' tensor arguments (kernels/ctx.h's profile hook)
+    double flops;   // of their matrix products, as the ops report them (ctx_profile_flops); 0: none
 } OpTotal;
 
 enum { OP_PROFILE_MAX_PHASES = 16 };
@@ -40,8 +41,11 @@ int op_profile_totals(const OpProfile *p, OpTotal *out, int max);
 int op_profile_phases(const OpProfile *p, OpPhase *out, int max);
 // The op table against step_ms, with the part of the step outside ops; per op its GB/s over the
 // bytes of its tensor arguments (each tensor once: what a memory-bound op must move at least,
-// so ops that add into an output, or that compute much per byte (GEMMs, attention), show low),
-// and that as a percent of copy_gbs (the device's copy bandwidth; 0: no such column).
-void op_profile_print(FILE *out, const OpProfile *p, double step_ms, double copy_gbs);
+// so ops that add into an output show low), that as a percent of copy_gbs (the device's copy
+// bandwidth), the TFLOP/s of the products it reports, and its roofline: the longer of its bytes
+// at copy_gbs and its FLOPs at peak_tflops, as a percent of its time (the columns need copy_gbs
+// and peak_tflops > 0).
+void op_profile_print(FILE *out, const OpProfile *p, double step_ms, double copy_gbs,
+                      double peak_tflops);
 // Every timed call in order (name and ms), `per_line` to a line: for short profiles (one block).
 void op_profile_print_calls(FILE *out, const OpProfile *p, int per_line);

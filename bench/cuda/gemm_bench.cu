@@ -11,7 +11,6 @@
 #include "../../kernels/ops.h"
 #include <time.h>
 
-#define GEMM_PEAK_TFLOPS 770.0
 // Each timing repeats the product for about this long (after two warm-up calls).
 #define BENCH_TARGET_MS 150.0
 
@@ -103,9 +102,9 @@ static void bench_row(FILE *out, const BenchLinear *s, const char *product, doub
     const double flops = 2.0 * s->N * (double)s->K * s->M, tflops = flops / (ms * 1e-3) / 1e12;
     // bf16 x (N,K), w (M,K) and y (N,M) once (or their gradients: the same sizes)
     const double bytes = 2.0 * ((double)s->N * s->K + (double)s->M * s->K + (double)s->N * s->M);
-    const double roof_ms = fmax(flops / (GEMM_PEAK_TFLOPS * 1e12), bytes / (g_copy_gbs * 1e9)) * 1e3;
+    const double roof_ms = fmax(flops / (BENCH_BF16_PEAK_TFLOPS * 1e12), bytes / (g_copy_gbs * 1e9)) * 1e3;
     fprintf(out, "%-24s %-30s %7d %5d %5d %9.3f %8.1f %6.1f%% %6.1f%%\n", s->name, product, s->N,
-            s->K, s->M, ms, tflops, 100.0 * tflops / GEMM_PEAK_TFLOPS, 100.0 * roof_ms / ms);
+            s->K, s->M, ms, tflops, 100.0 * tflops / BENCH_BF16_PEAK_TFLOPS, 100.0 * roof_ms / ms);
     fflush(out);
 }
 
@@ -122,7 +121,7 @@ extern "C" int cuda_bench_gemm(FILE *out) {
     strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
     g_copy_gbs = cuda_bench_copy_gbs();
     fprintf(out, "bench gemm: %s, %s, bf16 in / fp32 accumulate, peak %.0f TFLOP/s (measured H100), "
-            "copy %.0f GB/s\n", prop.name, date, GEMM_PEAK_TFLOPS, g_copy_gbs);
+            "copy %.0f GB/s\n", prop.name, date, BENCH_BF16_PEAK_TFLOPS, g_copy_gbs);
     fprintf(out, "%-24s %-30s %7s %5s %5s %9s %8s %7s %7s\n", "layer", "product", "N", "K", "M", "ms",
             "TFLOP/s", "peak", "roof");
 

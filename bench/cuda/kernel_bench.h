@@ -6,6 +6,10 @@
 #pragma once
 #include <stdio.h>
 
+// The dense bf16 GEMM peak measured on the H100 (TFLOP/s): the FLOP roofline of `bench gemm` and
+// of the per-op profiles.
+#define BENCH_BF16_PEAK_TFLOPS 770.0
+
 #ifdef __cplusplus
 extern "C" {
 #endif

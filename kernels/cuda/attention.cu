@@ -164,19 +164,30 @@ extern "C" CudaAttnPath cuda_attention_bwd_path(Ctx *ctx, const Tensor *dout, co
                              false);
 }
 
+// The FLOPs of attention over qkv (B,N,3C) or (B,H,W,3C) for the per-op profile (kernels/ctx.h):
+// the forward's two products, Q K^T and P V, are 4 B N^2 C; the backward's five, 10 B N^2 C.
+static void report_attention_flops(Ctx *ctx, const Tensor *qkv, double products) {
+    if (qkv->ndim < 2 || qkv->numel == 0) return;
+    const double B = qkv->shape[0], C3 = qkv->shape[qkv->ndim - 1], N = (double)qkv->numel / (B * C3);
+    ctx_profile_flops(ctx, 2.0 * products * B * N * N * (C3 / 3));
+}
+
 extern "C" void cuda_attention_fwd(Ctx *ctx, const Tensor *qkv, int heads, Tensor *out,
                                    Tensor *lse) {
+    report_attention_flops(ctx, qkv, 2);
     cuda_attention_fwd_path(ctx, qkv, heads, out, lse, CUDA_ATTN_AUTO);
 }
 
 extern "C" void cuda_attention_bwd(Ctx *ctx, const Tensor *dout, const Tensor *qkv,
                                    const Tensor *out, const Tensor *lse, int heads,
                                    Tensor *dqkv) {
+    report_attention_flops(ctx, qkv, 5);
     cuda_attention_bwd_path(ctx, dout, qkv, out, lse, heads, dqkv, CUDA_ATTN_AUTO, NULL);
 }
 
 extern "C" void cuda_attention_bwd_write(Ctx *ctx, const Tensor *dout, const Tensor *qkv,
                                          const Tensor *out, const Tensor *lse, int heads,
                                          Tensor *dqkv) {
+    report_attention_flops(ctx, qkv, 5);
     attention_bwd_run(ctx, dout, qkv, out, lse, heads, dqkv, CUDA_ATTN_AUTO, NULL, true);
 }

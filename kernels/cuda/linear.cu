@@ -172,6 +172,11 @@ static CudaGemm gemm_dw(const LinearShape *s, const void *dy, const void *x, flo
 }
 
 // y = x w^T + b, the bias fused when cuBLASLt can, else added by a kernel.
+// The FLOPs of `products` (N,K) x (K,M) products, for the per-op profile (kernels/ctx.h).
+static void report_flops(Ctx *ctx, const LinearShape *s, int products) {
+    ctx_profile_flops(ctx, 2.0 * (double)s->N * s->K * s->M * products);
+}
+
 // ---- narrow inputs (K <= LINEAR_NARROW_K) -------------------------------------------------------
 // A product over a handful of inputs (the propagation's 2 proxy channels into its gates and its up
 // projection) moves y and nothing else of size: a thread makes 4 outputs of one row from the
@@ -237,6 +242,7 @@ static bool linear_narrow(Ctx *ctx, const LinearShape *s, const void *x, const v
 
 static void linear_forward(Ctx *ctx, const LinearShape *s, const void *x, const void *w,
                            const void *b, void *y) {
+    report_flops(ctx, s, 1);
     if (linear_narrow(ctx, s, x, w, b, NULL, y, s->act)) return;
     CudaGemm g = gemm_forward(s, x, w, y);
     if (b) {
@@ -322,6 +328,7 @@ static bool dw_transposed(Ctx *ctx, const LinearShape *s, const void *dy, const 
 static void linear_backward(Ctx *ctx, const LinearShape *s, const void *dy, const void *x,
                             const void *w, void *dx, float *dw, float *db, float dx_beta = 1.0f) {
     if (s->N == 0) return;
+    report_flops(ctx, s, (dx ? 1 : 0) + (dw ? 1 : 0));
     if (dx) {
         CudaGemm g = gemm_dx(s, dy, w, dx, cuda_dtype_of(s->act), dx_beta);
         cuda_gemm(ctx, &g, "linear_bwd dx");
@@ -383,8 +390,10 @@ extern "C" void cuda_linear_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor
              "op %s: res and y must share a dtype and not alias", op);
     if (b) check_bias(op, &s, b);
     if (s.N == 0) return;
-    if (linear_narrow(ctx, &s, x->data, w->data, b ? b->data : NULL, res->data, y->data, y->dtype))
+    if (linear_narrow(ctx, &s, x->data, w->data, b ? b->data : NULL, res->data, y->data, y->dtype)) {
+        report_flops(ctx, &s, 1);
         return;
+    }
     CudaGemm g = gemm_forward(&s, x->data, w->data, y->data);
     g.d_type = cuda_dtype_of(y->dtype);
     g.c = res->data;
@@ -395,7 +404,10 @@ extern "C" void cuda_linear_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor
         g.bias = b->data;
         g.bias_type = cuda_dtype_of(b->dtype);
     }
-    if (cuda_gemm_try(ctx, &g)) return;
+    if (cuda_gemm_try(ctx, &g)) {
+        report_flops(ctx, &s, 1);
+        return;
+    }
     void *tmp = temp_alloc(ctx, s.N * (size_t)s.M * dtype_size(s.act));
     linear_forward(ctx, &s, x->data, w->data, b ? b->data : NULL, tmp);
     Tensor branch = *y;
@@ -462,7 +474,10 @@ extern "C" void cuda_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w,
     } else {
         g.epilogue = b ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
     }
-    if (cuda_gemm_try(ctx, &g)) return;
+    if (cuda_gemm_try(ctx, &g)) {
+        report_flops(ctx, &s, 1);
+        return;
+    }
 
     // Unfused: pre = x w^T + b (into y when pre is not kept), then y = gelu(pre).
     void *p = pre ? pre->data : y->data;
@@ -526,6 +541,7 @@ extern "C" void cuda_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *
         cuda_check_dtype("linear_dgelu_bwd", "dpre", dpre, s.act);
     }
     if (s.N == 0) return;
+    if (dpre) report_flops(ctx, &s, 1);   // the dx product (dw's: linear_backward below)
     if (dpre && kind == GELU_ERF) {   // the product written into dpre, then scaled in place
         CudaGemm g = gemm_dx(&s, dy->data, w->data, dpre->data, cuda_dtype_of(s.act), 0.0f);
         cuda_gemm(ctx, &g, "linear_dgelu_bwd dx");
