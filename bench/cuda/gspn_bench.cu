@@ -176,8 +176,9 @@ Result run_config(Ctx *ctx, const Config &cf, const Tune &tu, int reps = REPS) {
     r.fwd_must = x + g + x + h;
     r.bwd_must = x + x + g + h + x + g;
     r.bwd_acc = r.bwd_must + x + g;
-    r.fwd_moved = 4 * x + g + h + 8 * x + x;
-    r.bwd_moved = 4 * x + 4 * x + g + h + g + 8 * x + x;   // written: no dgates / dxc read back
+    const double part = tok * cf.Cc * 4.0;   // one direction's y_d or lam_d dh_d slice, fp32
+    r.fwd_moved = 4 * x + g + h + 8 * part + x;
+    r.bwd_moved = 4 * x + 4 * x + g + h + g + 8 * part + x;   // written: no dgates / dxc read back
 
     Tensor *all[] = {&xc, &gates, &yc, &dyc, &dxc, &dgates, &hidden, &merge, &dmerge};
     for (Tensor *t : all) cuda_free(t->data);

@@ -22,15 +22,17 @@
 // Forward step: h of the previous step lives in shared memory ((N+2) x CG floats with a zero halo
 //   lane each side, double buffered: one barrier per step); the sigmoid and row-stochastic
 //   normalization are computed in registers (the weights are never written); h (fp32) goes to
-//   `hidden` and y_d = u_d h_d (activation dtype) to a scratch slice. An elementwise kernel then
-//   merges yc = sum_d m_d y_d in the fixed order TB, BT, LR, RL: no atomics, yc is reproducible.
+//   `hidden` and y_d = u_d h_d (fp32) to a scratch slice. An elementwise kernel then merges
+//   yc = sum_d m_d y_d in the fixed order TB, BT, LR, RL: no atomics, yc is reproducible, and
+//   rounded once to the activation dtype (as autocast's fp32 merge is; a bf16 y_d would round
+//   four terms that may cancel, then their sum).
 // Backward step (reverse scan): dL/dh of step s is m_d u dyc plus the transposed weights of step
 //   s+1, which the block keeps in shared memory (w_{-1} dh and w_{+1} dh of every lane, double
 //   buffered; w_0 dh stays with its owner). Gate gradients are added into dgates in place (each
 //   element has one owner), or written without reading dgates (gspn_scan_bwd_write, the tape's
 //   case; the pipelined kernel then stages 7 slots per item instead of 12, so deeper pipelines
-//   fit). dxc needs sum_d lam_d dh_d: each direction writes its own slice and an
-//   elementwise kernel adds them in the fixed order; dmerge is reduced per block in fp64 and the
+//   fit). dxc needs sum_d lam_d dh_d: each direction writes its own slice (fp32) and an
+//   elementwise kernel adds them in the fixed order, rounding once; dmerge is reduced per block in fp64 and the
 //   block partials summed in a fixed order, one warp per direction. Bitwise deterministic.
 //
 // The channel group, vector width and pipeline depth are chosen per call (auto_tuning,
@@ -41,22 +43,23 @@
 //
 // Bytes per element (one token-channel) for bf16 activations and per-channel weights, G = 20 Cc:
 //   what must move, forward:  xc 2 + gates 40 + yc 2 + hidden 16 (fp32, 4 directions)   =  60
-//   what this moves, forward: xc 4x2 + gates 40 + hidden 16 + y_d 4x2 (write, then read) + yc 2
-//                                                                                        =  82
+//   what this moves, forward: xc 4x2 + gates 40 + hidden 16 + y_d 4x4 (write, then read) + yc 2
+//                                                                                        =  98
 //   what must move, backward: dyc 2 + xc 2 + gates 40 + hidden 16 + dxc 2 + dgates 40   = 102
 //     (+ dxc 2 + dgates 40 read back, since backward accumulates into them               = 144)
 //   what this moves, backward: dyc 4x2 + xc 4x2 + gates 40 + hidden 16 + dgates 40 +
-//     dxc_d 4x2 (write, then read) + dxc 2                    (gspn_scan_bwd_write)      = 130
-//     (gspn_scan_bwd, accumulating: + dgates 40 + dxc 2 read back                        = 172)
+//     dxc_d 4x4 (write, then read) + dxc 2                    (gspn_scan_bwd_write)      = 146
+//     (gspn_scan_bwd, accumulating: + dgates 40 + dxc 2 read back                        = 188)
 // The extra reads of xc / dyc (one per direction) and the y_d / dxc_d round trip are the price of
 // running the directions as separate scans without float atomics; the whole H x W plane of a
 // channel group would have to stay on chip to avoid them, which it does not at 74^2 and up.
 // Pairing scans does not help: TB reaches row i at step i, BT at step H-1-i, so whichever comes
 // second needs the first one's y (or xc) for every row, i.e. the same round trip; only a scan
 // that also writes the final yc saves bytes, and that serializes directions. So even at the copy
-// rate the forward reaches at most 60/82 = 73% and the writing backward 102/130 = 78% (the
-// accumulating one 144/172 = 84% counting the += reads) of the copy bandwidth on the bytes that
-// must move (gspn_scan_notes.md).
+// rate the forward reaches at most 60/98 = 61% and the writing backward 102/146 = 70% (the
+// accumulating one 144/188 = 77% counting the += reads) of the copy bandwidth on the bytes that
+// must move (gspn_scan_notes.md; with bf16 slices it was 73%, 78% and 84%, at the price of the
+// double rounding).
 //
 // hidden: the forward saves h (fp32) when given `hidden`; the backward recomputes it into scratch
 // when called with hidden == NULL (a second forward scan: 42 bytes read and 16 written per element

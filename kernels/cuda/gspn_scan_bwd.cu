@@ -33,7 +33,7 @@ template <typename T, int V, bool SH>
 __global__ void __launch_bounds__(SCAN_THREADS_MAX)
 gspn_bwd_dir_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
                     const T *__restrict__ gates, const float *__restrict__ hid,
-                    const void *merge, int merge_bf16, T *__restrict__ dxpart,
+                    const void *merge, int merge_bf16, float *__restrict__ dxpart,
                     T *__restrict__ dgates, double *__restrict__ dmpart, DirGeom g) {
     // Carries into step s-1 from step s: cm[l] = w_{-1} dh (goes to lane l-1), cp[l] = w_{+1} dh
     // (to lane l+1), both double buffered; c0[l] = w_0 dh (to lane l, read only by its owner).
@@ -128,7 +128,7 @@ gspn_bwd_dir_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
                         np[i] = w[2] * dh[i];
                     }
                 }
-                if (dxpart) stv<T, V>(dxpart + o, dx);
+                if (dxpart) stf<V>(dxpart + o, dx);
                 if (dgp) {
                     float ol[V], ou[V];
                     if (SH) {
@@ -193,17 +193,17 @@ gspn_bwd_dir_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
 
 // dxc (+)= ((dxpart_TB + dxpart_BT) + dxpart_LR) + dxpart_RL; write: dxc's old values unread
 template <typename T, int V>
-__global__ void gspn_dx_finalize_kernel(const T *__restrict__ dxpart, long long plane,
+__global__ void gspn_dx_finalize_kernel(const float *__restrict__ dxpart, long long plane,
                                         T *__restrict__ dxc, int write) {
     const long long nvec = plane / V;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < nvec;
          i += (long long)gridDim.x * blockDim.x) {
         const long long o = i * V;
         float p0[V], p1[V], p2[V], p3[V], acc[V];
-        ldv<T, V>(dxpart + o, p0);
-        ldv<T, V>(dxpart + plane + o, p1);
-        ldv<T, V>(dxpart + 2 * plane + o, p2);
-        ldv<T, V>(dxpart + 3 * plane + o, p3);
+        ldf_ro<V>(dxpart + o, p0);
+        ldf_ro<V>(dxpart + plane + o, p1);
+        ldf_ro<V>(dxpart + 2 * plane + o, p2);
+        ldf_ro<V>(dxpart + 3 * plane + o, p3);
         if (write) {
 #pragma unroll
             for (int k = 0; k < V; k++) acc[k] = 0.0f;
@@ -242,7 +242,7 @@ template <typename T, int V, int D>
 __global__ void __launch_bounds__(PipeThreads<T, V>::bwd)
 gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
                      const T *__restrict__ gates, const float *__restrict__ hid,
-                     const void *merge, int merge_bf16, T *__restrict__ dxpart,
+                     const void *merge, int merge_bf16, float *__restrict__ dxpart,
                      T *__restrict__ dgates, double *__restrict__ dmpart, long long plane,
                      int nblk, ScanArgs a) {
     constexpr int VB = V * (int)sizeof(T), HB = V * 4;
@@ -369,7 +369,7 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
                     np[i] = w[2] * dh[i];
                 }
             }
-            if (dxpart) stv<T, V>(dxpart + o, dx);
+            if (dxpart) stf<V>(dxpart + o, dx);
             if (dgates) {
                 T *dgp = dgates + (tl + (long long)s * g.sstride) * g.G + g.goff + c;
                 float ol[V], ou[V];
@@ -437,7 +437,7 @@ template <typename T, int V>
 __global__ void __launch_bounds__(SH_BWD_THREADS)
 gspn_bwd_sh_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
                    const T *__restrict__ gates, const float *__restrict__ hid,
-                   const void *merge, int merge_bf16, T *__restrict__ dxpart,
+                   const void *merge, int merge_bf16, float *__restrict__ dxpart,
                    T *__restrict__ dgates, double *__restrict__ dmpart, long long plane, int nblk,
                    ShArgs a) {
     const int d = blockIdx.x & 3;
@@ -550,7 +550,7 @@ gspn_bwd_sh_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
                     }
                 }
                 stf<V>(wk + (l + 1) * CW + c, dh);
-                if (dxpart) stv<T, V>(dxpart + o, dx);
+                if (dxpart) stf<V>(dxpart + o, dx);
             }
             float *wr = wk + (l + 1) * CW + Cc;
             wr[0] = sw[0];
@@ -597,7 +597,7 @@ gspn_bwd_sh_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
 // ---- host side -----------------------------------------------------------------------------
 template <typename T, int V, bool SH>
 void launch_bwd_dir(const DirGeom &g, int B, const T *dyc, const T *xc, const T *gates,
-                    const float *hid, const void *merge, int merge_bf16, T *dxpart, T *dgates,
+                    const float *hid, const void *merge, int merge_bf16, float *dxpart, T *dgates,
                     double *dmpart, cudaStream_t st) {
     const size_t smem = 5 * (size_t)(g.N + 2) * g.CG * sizeof(float);
     CG_CHECK(smem <= smem_limit(), "use gspn_shared_w = 0 or a smaller grid",
@@ -612,7 +612,7 @@ void launch_bwd_dir(const DirGeom &g, int B, const T *dyc, const T *xc, const T 
 
 template <typename T, int V>
 bool bwd_pipe(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gates,
-              const float *hid, const void *merge, int merge_bf16, T *dxpart, T *dgates,
+              const float *hid, const void *merge, int merge_bf16, float *dxpart, T *dgates,
               double *dmpart, bool dg_write) {
     if constexpr (V * sizeof(T) < 8) {
         return false;
@@ -633,7 +633,7 @@ bool bwd_pipe(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gat
 
 template <typename T, int V>
 bool bwd_sh(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gates,
-            const float *hid, const void *merge, int merge_bf16, T *dxpart, T *dgates,
+            const float *hid, const void *merge, int merge_bf16, float *dxpart, T *dgates,
             double *dmpart) {
     ShArgs a;
     const size_t smem = sh_plan(p, true, 1, a);
@@ -653,11 +653,11 @@ void scan_bwd(Ctx *ctx, const Plan &p, const Tensor *dyc, const Tensor *xc, cons
               Tensor *dmerge, bool write) {
     CudaCtx *c = cuda_ctx_of(ctx);
     const int nblk = p.B * p.ngroups;   // blocks per direction
-    const size_t part_bytes = dxc ? DIRS * (size_t)p.plane * sizeof(T) : 0;
+    const size_t part_bytes = dxc ? DIRS * (size_t)p.plane * sizeof(float) : 0;
     const size_t hid_bytes = hidden ? 0 : DIRS * (size_t)p.plane * sizeof(float);
     const size_t dm_bytes = dmerge ? DIRS * (size_t)nblk * sizeof(double) : 0;
     char *scratch = static_cast<char *>(scratch_alloc(c, part_bytes + hid_bytes + dm_bytes));
-    T *dxpart = dxc ? reinterpret_cast<T *>(scratch) : nullptr;
+    float *dxpart = dxc ? reinterpret_cast<float *>(scratch) : nullptr;
     float *hid = hidden ? tensor_f32(hidden) : reinterpret_cast<float *>(scratch + part_bytes);
     double *dmpart = dmerge ? reinterpret_cast<double *>(scratch + part_bytes + hid_bytes) : nullptr;
     const T *x = static_cast<const T *>(xc->data), *g = static_cast<const T *>(gates->data);

@@ -477,7 +477,7 @@ void launch_pipe(K kernel, const Plan &p, const ScanArgs &a, size_t smem, int ip
 
 // The four forward scans (gspn_scan_fwd.cu; the backward recomputes h with them).
 template <typename T, int V, bool SH>
-void fwd_scans(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, T *ypart);
+void fwd_scans(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, float *ypart);
 
 // The two passes with a tuning (gspn_scan_fwd.cu, gspn_scan_bwd.cu); gspn_scan.cu's C entries.
 void gspn_fwd_impl(Ctx *ctx, const Tensor *xc, const Tensor *gates, const Tensor *merge,

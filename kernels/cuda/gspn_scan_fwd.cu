@@ -9,7 +9,7 @@ namespace {
 template <typename T, int V, bool SH>
 __global__ void __launch_bounds__(SCAN_THREADS_MAX)
 gspn_fwd_dir_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
-                    float *__restrict__ hid, T *__restrict__ ypart, DirGeom g) {
+                    float *__restrict__ hid, float *__restrict__ ypart, DirGeom g) {
     extern __shared__ float smem[];     // h of the previous / current step: [2][N+2][CG]
     const int rowf = (g.N + 2) * g.CG;
     for (int i = threadIdx.x; i < 2 * rowf; i += blockDim.x) smem[i] = 0.0f;
@@ -79,7 +79,7 @@ gspn_fwd_dir_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
                 float y[V];
 #pragma unroll
                 for (int i = 0; i < V; i++) y[i] = u[i] * h[i];
-                if (ypart) stv<T, V>(ypart + o, y);
+                if (ypart) stf<V>(ypart + o, y);
             }
         }
         __syncthreads();
@@ -88,7 +88,7 @@ gspn_fwd_dir_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
 
 // yc = sum_d m_d ypart_d, in the fixed order TB, BT, LR, RL.
 template <typename T, int V>
-__global__ void gspn_merge_kernel(const T *__restrict__ ypart, long long plane, const void *merge,
+__global__ void gspn_merge_kernel(const float *__restrict__ ypart, long long plane, const void *merge,
                                   int merge_bf16, T *__restrict__ yc) {
     const float m0 = load_param(merge, merge_bf16, 0), m1 = load_param(merge, merge_bf16, 1);
     const float m2 = load_param(merge, merge_bf16, 2), m3 = load_param(merge, merge_bf16, 3);
@@ -97,10 +97,10 @@ __global__ void gspn_merge_kernel(const T *__restrict__ ypart, long long plane, 
          i += (long long)gridDim.x * blockDim.x) {
         const long long o = i * V;
         float y0[V], y1[V], y2[V], y3[V], acc[V];
-        ldv<T, V>(ypart + o, y0);
-        ldv<T, V>(ypart + plane + o, y1);
-        ldv<T, V>(ypart + 2 * plane + o, y2);
-        ldv<T, V>(ypart + 3 * plane + o, y3);
+        ldf_ro<V>(ypart + o, y0);
+        ldf_ro<V>(ypart + plane + o, y1);
+        ldf_ro<V>(ypart + 2 * plane + o, y2);
+        ldf_ro<V>(ypart + 3 * plane + o, y3);
 #pragma unroll
         for (int k = 0; k < V; k++) {
             acc[k] = m0 * y0[k];
@@ -118,7 +118,7 @@ __global__ void gspn_merge_kernel(const T *__restrict__ ypart, long long plane, 
 template <typename T, int V, int D, int IPT>
 __global__ void __launch_bounds__(PipeThreads<T, V>::fwd)
 gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
-                     float *__restrict__ hid, T *__restrict__ ypart, long long plane,
+                     float *__restrict__ hid, float *__restrict__ ypart, long long plane,
                      ScanArgs a) {
     constexpr int VB = V * (int)sizeof(T), NQ = 6;
     const int d = blockIdx.x & 3;
@@ -215,7 +215,7 @@ gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
                 float y[V];
 #pragma unroll
                 for (int i = 0; i < V; i++) y[i] = u[i] * h[i];
-                stv<T, V>(ypart + o, y);
+                stf<V>(ypart + o, y);
             }
         }
         __syncthreads();
@@ -227,7 +227,7 @@ gspn_fwd_pipe_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
 template <typename T, int V>
 __global__ void __launch_bounds__(SH_FWD_THREADS)
 gspn_fwd_sh_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
-                   float *__restrict__ hid, T *__restrict__ ypart, long long plane, ShArgs a) {
+                   float *__restrict__ hid, float *__restrict__ ypart, long long plane, ShArgs a) {
     const int d = blockIdx.x & 3;
     const DirGeom g = pick_dir_sh(a, d);
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -317,7 +317,7 @@ gspn_fwd_sh_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
                     float y[V];
 #pragma unroll
                     for (int i = 0; i < V; i++) y[i] = u[i] * h[i];
-                    stv<T, V>(ypart + o, y);
+                    stf<V>(ypart + o, y);
                 }
             }
         }
@@ -327,7 +327,7 @@ gspn_fwd_sh_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
 
 // ---- host side -----------------------------------------------------------------------------
 template <typename T, int V, bool SH>
-void launch_fwd_dir(const DirGeom &g, int B, const T *xc, const T *gates, float *hid, T *ypart,
+void launch_fwd_dir(const DirGeom &g, int B, const T *xc, const T *gates, float *hid, float *ypart,
                     cudaStream_t st) {
     const size_t smem = 2 * (size_t)(g.N + 2) * g.CG * sizeof(float);
     CG_CHECK(smem <= smem_limit(), "use gspn_shared_w = 0 or a smaller grid",
@@ -342,7 +342,7 @@ void launch_fwd_dir(const DirGeom &g, int B, const T *xc, const T *gates, float 
 // The four forward scans, concurrently on the side streams. hid (4 slices) and/or ypart
 // (4 slices) may be NULL.
 template <typename T, int V, bool SH>
-void fwd_all(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, T *ypart) {
+void fwd_all(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, float *ypart) {
     CUDA_CHECK(cudaEventRecord(c->fork, c->stream));
     for (int d = 0; d < DIRS; d++) {
         CUDA_CHECK(cudaStreamWaitEvent(c->side[d], c->fork, 0));
@@ -354,7 +354,7 @@ void fwd_all(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid,
 }
 
 template <typename T, int V>
-bool fwd_pipe(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, T *ypart) {
+bool fwd_pipe(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, float *ypart) {
     if constexpr (V * sizeof(T) < 8) {
         return false;
     } else {
@@ -386,7 +386,7 @@ bool fwd_pipe(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid
 // (sgroups = 2: 128 blocks at the 1024^2 benchmark instead of 64, each with the whole gate chunk)
 // measured 2.5x slower (H200: 28.8 ms against 11.6 ms), so sgroups stays 1.
 template <typename T, int V>
-bool fwd_sh(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, T *ypart) {
+bool fwd_sh(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, float *ypart) {
     if (!aligned4(xc) || !aligned4(gates)) return false;
     ShArgs a;
     const size_t smem = sh_plan(p, false, 1, a);
@@ -402,13 +402,13 @@ bool fwd_sh(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, 
 
 // The four forward scans by the fastest path that applies. hid and/or ypart may be NULL.
 template <typename T, int V, bool SH>
-void fwd_scans(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, T *ypart) {
+void fwd_scans(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, float *ypart) {
     const bool done = SH ? fwd_sh<T, V>(c, p, xc, gates, hid, ypart)
                          : fwd_pipe<T, V>(c, p, xc, gates, hid, ypart);
     if (!done) fwd_all<T, V, SH>(c, p, xc, gates, hid, ypart);
 }
 #define GSPN_FWD_SCANS(T, V, SH)                                                               \
-    template void fwd_scans<T, V, SH>(CudaCtx *, const Plan &, const T *, const T *, float *, T *);
+    template void fwd_scans<T, V, SH>(CudaCtx *, const Plan &, const T *, const T *, float *, float *);
 GSPN_INSTANCES(GSPN_FWD_SCANS)
 #undef GSPN_FWD_SCANS
 
@@ -416,7 +416,7 @@ template <typename T, int V, bool SH>
 void scan_fwd(Ctx *ctx, const Plan &p, const Tensor *xc, const Tensor *gates, const Tensor *merge,
               Tensor *yc, Tensor *hidden) {
     CudaCtx *c = cuda_ctx_of(ctx);
-    T *ypart = static_cast<T *>(scratch_alloc(c, DIRS * (size_t)p.plane * sizeof(T)));
+    float *ypart = static_cast<float *>(scratch_alloc(c, DIRS * (size_t)p.plane * sizeof(float)));
     const T *x = static_cast<const T *>(xc->data), *g = static_cast<const T *>(gates->data);
     float *hid = hidden ? tensor_f32(hidden) : nullptr;
     fwd_scans<T, V, SH>(c, p, x, g, hid, ypart);
