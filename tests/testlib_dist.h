@@ -48,6 +48,16 @@ static inline void dist_test_model_on(DistTestModel *m, Ctx ctx) {
 
 static inline void dist_test_model(DistTestModel *m) { dist_test_model_on(m, ctx_cpu()); }
 
+// Uploads a host buffer laid out as the table's gradient buffer (t.total floats) into it.
+static inline void dist_test_upload_grads(DistTestModel *m, const float *host) {
+    Tensor all = {0};
+    tensor_set_shape(&all, 1, (int[]){(int)m->t.total});
+    all.data = m->t.grads;
+    all.dtype = DTYPE_F32;
+    all.device = m->ctx.device;
+    tensor_upload(&m->ctx, &all, host);
+}
+
 static inline void dist_test_model_free(DistTestModel *m) {
     arena_free(&m->arena);
     params_free(&m->t, &m->ctx);

@@ -26,16 +26,6 @@ static char g_dir[256];
 static int setup_dir(void **state) { return test_make_temp_dir(g_dir, sizeof g_dir, "nccl"); }
 static int teardown_dir(void **state) { return test_remove_dir(g_dir); }
 
-// Uploads a host buffer laid out as t's gradient buffer into the table's gradients.
-static void upload_grads(DistTestModel *m, const float *host) {
-    Tensor all = {0};
-    tensor_set_shape(&all, 1, (int[]){(int)m->t.total});
-    all.data = m->t.grads;
-    all.dtype = DTYPE_F32;
-    all.device = DEVICE_CUDA;
-    tensor_upload(&m->ctx, &all, host);
-}
-
 // A host fp32 copy of every parameter's values (masters when the table keeps them).
 static float *download_weights(DistTestModel *m, bool masters) {
     float *h = calloc(m->t.total, sizeof(float));
@@ -65,13 +55,13 @@ static int child_step(Dist *d, void *arg) {
     OptimizerConfig o = dist_test_optimizer();
     for (int s = 0; s < DIST_TEST_STEPS; s++) {
         dist_test_grads_into(&m.t, host, d->rank, s);
-        upload_grads(&m, host);
+        dist_test_upload_grads(&m, host);
         for (int i = m.t.n - 1; i >= m.t.n / 2; i--) dist_grad_ready(g, i);   // as backward would
         StepStats st = optimizer_step_dist(&m.t, &m.ctx, &m.arena, &o, s, g);
         arena_reset(&m.arena);
         // The one-GPU reference on the mean gradient.
         dist_test_mean_grads_into(&ref.t, host, d->world, s);
-        upload_grads(&ref, host);
+        dist_test_upload_grads(&ref, host);
         StepStats rs = optimizer_step(&ref.t, &ref.ctx, &ref.arena, &o, s);
         arena_reset(&ref.arena);
         CHILD_CHECK(fabsf(st.grad_norm - rs.grad_norm) <= 1e-6f * rs.grad_norm, "step %d norm %.9g vs %.9g",

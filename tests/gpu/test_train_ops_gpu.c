@@ -91,15 +91,6 @@ static void test_ema_update_matches_cpu_bit_for_bit(void **state) {
     ema_case(4096, DTYPE_BF16, DTYPE_BF16);  // bf16 source (values of a bf16 table)
 }
 
-static void upload_grads(DistTestModel *m, const float *host) {
-    Tensor all = {0};
-    tensor_set_shape(&all, 1, (int[]){(int)m->t.total});
-    all.data = m->t.grads;
-    all.dtype = DTYPE_F32;
-    all.device = DEVICE_CUDA;
-    tensor_upload(&m->ctx, &all, host);
-}
-
 static bool same_bits(Ctx *ctx, const Tensor *a, const Tensor *b) {
     float *x = tensor_to_host_f32(ctx, a), *y = tensor_to_host_f32(ctx, b);
     bool same = memcmp(x, y, a->numel * sizeof(float)) == 0;
@@ -127,8 +118,8 @@ static void kept_f32_case(bool all_train) {
     OptimizerConfig o = dist_test_optimizer();
     for (int s = 0; s < DIST_TEST_STEPS; s++) {
         dist_test_grads_into(&m.t, host, 0, s);
-        upload_grads(&m, host);
-        upload_grads(&ref, host);
+        dist_test_upload_grads(&m, host);
+        dist_test_upload_grads(&ref, host);
         StepStats a = optimizer_step(&m.t, &m.ctx, &m.arena, &o, s);
         StepStats b = optimizer_step(&ref.t, &ref.ctx, &ref.arena, &o, s);
         arena_reset(&m.arena);
