@@ -31,6 +31,8 @@ Exit status 1 when any tensor is over its bound.
 fp32) and fp32 runs on bf16-rounded weights, over --realizations models:
     python3 tests/parity_gspn_hier.py --bisect "none;all;scan;all,-scan;fp32+round_autocast" \
         --realizations 5 --dump errors.json
+--from-dump errors.json summarizes such a dump again without running anything, and --focus NAME
+adds a table of every configuration's ratio to PyTorch for the tensors whose name contains NAME.
 """
 import argparse
 import copy
@@ -477,6 +479,38 @@ def bisect(name, cfg, overrides, device, work, cgspn, weights, rounded, ipath, f
     return table
 
 
+def summarize_study(runs, configs, focus=None):
+    """Per configuration: the tensors over the bf16 parity bound (max(BOUND, BF16_TORCH_FACTOR x
+    PyTorch's RMS), cgspn's RMS over the realizations against it) and the largest ratio of cgspn's
+    RMS error to PyTorch's among tensors whose error is at least BOUND / 2 (smaller ones make
+    ratios of noise). focus: a name fragment; its tensors get a table of ratios, one column per
+    configuration."""
+    keys = list(runs[0]["torch_bf16"])
+    torch_rms = {t: rms([r["torch_bf16"][t] for r in runs]) for t in keys}
+    ours = {c: {t: rms([r["cgspn"][c][t] for r in runs]) for t in keys}
+            for c in configs if all(c in r["cgspn"] for r in runs)}
+    for c, cg in ours.items():
+        bound = {t: max(BOUND["bf16"], BF16_TORCH_FACTOR * torch_rms[t]) for t in keys}
+        over = [t for t in keys if cg[t] > bound[t]]
+        big = [t for t in keys if cg[t] >= BOUND["bf16"] / 2]
+        worst = max(big, key=lambda t: cg[t] / torch_rms[t]) if big else None
+        print(f"RMS over {len(runs)}: {c:30s} {len(over)} tensors over their bound"
+              + (f"; largest ratio to PyTorch {cg[worst] / torch_rms[worst]:.2f} ({worst})" if worst else "")
+              + (f"; over: {', '.join(over[:6])}" if over else ""))
+    if focus:
+        rows = [t for t in keys if focus in t]
+        print(f"{'tensor (cgspn RMS / PyTorch RMS)':48s} {'PyTorch':>9s}" +
+              "".join(f" {c[:10]:>10s}" for c in ours))
+        for t in rows:
+            print(f"{t[:48]:48s} {torch_rms[t]:9.2e}" +
+                  "".join(f" {ours[c][t] / torch_rms[t]:10.2f}" for c in ours))
+    # PyTorch against itself: realization 0's error over the RMS of the others
+    if len(runs) > 2:
+        self_ratio = max(runs[0]["torch_bf16"][t] / rms([r["torch_bf16"][t] for r in runs[1:]])
+                         for t in keys)
+        print(f"PyTorch's own realization 0 against the RMS of the others: worst ratio {self_ratio:.2f}")
+
+
 def study(args):
     """--bisect over --realizations: per realization the bisect lines; then, per configuration,
     the RMS over realizations of each tensor's error against PyTorch autocast's RMS."""
@@ -491,21 +525,7 @@ def study(args):
             table = bisect(args.case, cfg, overrides, args.device, work, args.cgspn, weights,
                            rounded, ipath, feats, grads, torch_bf16, configs)
         runs.append({"torch_bf16": torch_bf16, "cgspn": table})
-    keys = list(runs[0]["torch_bf16"])
-    rms = lambda xs: (sum(x * x for x in xs) / len(xs)) ** 0.5
-    torch_rms = {t: rms([r["torch_bf16"][t] for r in runs]) for t in keys}
-    for c in configs:
-        if not all(c in r["cgspn"] for r in runs):
-            continue
-        ratio = {t: rms([r["cgspn"][c][t] for r in runs]) / torch_rms[t] for t in keys}
-        worst = max(ratio, key=ratio.get)
-        print(f"RMS over {len(runs)}: {c:30s} cgspn/PyTorch median {sorted(ratio.values())[len(keys) // 2]:.2f}"
-              f", worst {ratio[worst]:.2f} ({worst}), {sum(v > 1.5 for v in ratio.values())} over 1.5")
-    # PyTorch against itself: realization k's error over the RMS of the others
-    if len(runs) > 2:
-        self_ratio = max(runs[0]["torch_bf16"][t] / rms([r["torch_bf16"][t] for r in runs[1:]])
-                         for t in keys)
-        print(f"PyTorch's own realization 0 against the RMS of the others: worst ratio {self_ratio:.2f}")
+    summarize_study(runs, configs, args.focus)
     if args.dump:
         with open(args.dump, "w") as f:
             json.dump(runs, f)
@@ -524,6 +544,12 @@ def main():
     ap.add_argument("--realizations", type=int, default=1,
                     help="with --bisect: models with the bf16 roundings drawn anew (make_case)")
     ap.add_argument("--dump", metavar="JSON", help="with --bisect: every error, per run")
+    ap.add_argument("--focus", metavar="NAME",
+                    help="with --bisect or --from-dump: a table of every configuration's ratio to "
+                         "PyTorch for the tensors whose name contains NAME")
+    ap.add_argument("--from-dump", metavar="JSON",
+                    help="summarize a --dump of an earlier --bisect run (its configurations) "
+                         "without running anything")
     ap.add_argument("--bf16-realizations", type=int, default=BF16_REALIZATIONS, metavar="N",
                     help="bf16: the RMS over N realizations (default %(default)s; more narrows the "
                          "noise of tensors of a few elements, about 20 s each on an H100)")
@@ -531,6 +557,11 @@ def main():
                     help="only measure the factor of sensitivity_factor() over DRAWS draws")
     args = ap.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
+    if args.from_dump:
+        with open(args.from_dump) as f:
+            runs = json.load(f)
+        summarize_study(runs, list(runs[0]["cgspn"]), args.focus)
+        return
     if args.bisect:
         study(args)
         return
