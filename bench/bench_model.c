@@ -170,6 +170,24 @@ static double infer_median_ms(VitRun *r, DeviceEvent **ev) {
     return median(ms, VIT_STEPS);
 }
 
+// One inference (forward + head, gradients off) under the per-op profile: its op table into out.
+static void profile_inference(FILE *out, const char *label, int batch, VitRun *r, DeviceEvent **ev,
+                              double infer_ms) {
+    bool was = tape_set_grad_enabled(r->tape, false);
+    tape_reset(r->tape);
+    OpProfile *p = op_profile_start(r->ctx);
+    device_event_record(ev[0]);
+    encoder_head(r->tape, r->enc, encoder_forward(r->tape, r->enc, r->img, NULL));
+    device_event_record(ev[1]);
+    op_profile_stop(p);
+    tape_set_grad_enabled(r->tape, was);
+    double ms = device_event_ms(ev[0], ev[1]);
+    fprintf(out, "\nper-op profile of one %s inference (batch %d): %.2f ms with an event pair "
+                 "around every op (%.2f ms without)\n", label, batch, ms, infer_ms);
+    op_profile_print(out, p, ms, copy_gbs(), BENCH_BF16_PEAK_TFLOPS);
+    op_profile_free(p);
+}
+
 static void bench_one_vit(FILE *out, const VitCase *vc, int ckpt, VitRow *row, bool profile,
                           bool infer) {
     Config c;
@@ -248,6 +266,7 @@ static void bench_one_vit(FILE *out, const VitCase *vc, int ckpt, VitRow *row, b
                      "around every op (%.2f ms without)\n", vc->label, B, ms, row->step_ms);
         op_profile_print(out, p, ms, copy_gbs(), BENCH_BF16_PEAK_TFLOPS);
         op_profile_free(p);
+        if (infer) profile_inference(out, vc->label, B, &run, ev, row->infer_ms);
     }
     for (int i = 0; i < 4; i++) device_event_free(ev[i]);
     free_tensor(&ctx, img);
