@@ -234,8 +234,9 @@ static void test_linear_backward_is_deterministic_across_thread_counts(void **st
     linear_case_free(&c);
 }
 
-// A shape error stops the program with a message naming the op (run in a child process).
-static void test_linear_rejects_mismatched_shapes_with_a_message(void **state) {
+// Runs fn in a child process and expects it to stop (exit status 1) with a message on stderr
+// that contains every string of want (NULL-terminated).
+static void expect_stop(void (*fn)(void), const char *const *want) {
     int fds[2];
     assert_int_equal(pipe(fds), 0);
     fflush(stdout);
@@ -243,9 +244,7 @@ static void test_linear_rejects_mismatched_shapes_with_a_message(void **state) {
     assert_true(pid >= 0);
     if (pid == 0) {
         dup2(fds[1], 2);
-        Ctx ctx = ctx_cpu();
-        Tensor *x = test_tensor(2, 5, 7), *w = test_tensor(2, 3, 6), *y = test_tensor(2, 5, 3);
-        cpu_linear_fwd(&ctx, x, w, NULL, y);   // 7 inputs against a weight taking 6
+        fn();
         _exit(0);
     }
     close(fds[1]);
@@ -259,8 +258,18 @@ static void test_linear_rejects_mismatched_shapes_with_a_message(void **state) {
     waitpid(pid, &status, 0);
     printf("    message: %s", msg);
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 1);
-    assert_non_null(strstr(msg, "linear_fwd"));
-    assert_non_null(strstr(msg, "(5, 7)"));
+    for (; *want; want++) assert_non_null(strstr(msg, *want));
+}
+
+static void linear_with_7_inputs_against_6(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(2, 5, 7), *w = test_tensor(2, 3, 6), *y = test_tensor(2, 5, 3);
+    cpu_linear_fwd(&ctx, x, w, NULL, y);
+}
+
+// A shape error stops the program with a message naming the op (run in a child process).
+static void test_linear_rejects_mismatched_shapes_with_a_message(void **state) {
+    expect_stop(linear_with_7_inputs_against_6, (const char *[]){"linear_fwd", "(5, 7)", NULL});
 }
 
 // ---- layernorm --------------------------------------------------------------------------------
@@ -350,6 +359,37 @@ static void test_layernorm_backward_matches_finite_differences(void **state) {
     Tensor *t[] = {dx, dw, db, dx2, dw2, db2};
     for (size_t i = 0; i < sizeof t / sizeof *t; i++) test_tensor_free(t[i]);
     ln_case_free(&c);
+}
+
+// The shapes kernels/layernorm_shape.h refuses, on either backend: a weight of C + 1, statistics
+// of N + 1 rows, dw without a weight, a sum h that aliases x.
+static void ln_weight_too_long(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(2, 3, 8), *w = test_tensor(1, 9), *y = test_tensor(2, 3, 8);
+    cpu_layernorm_fwd(&ctx, x, w, NULL, 1e-5f, y, NULL, NULL);
+}
+static void ln_stats_one_row_long(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(2, 3, 8), *y = test_tensor(2, 3, 8), *mean = test_tensor(1, 4);
+    cpu_layernorm_fwd(&ctx, x, NULL, NULL, 1e-5f, y, mean, NULL);
+}
+static void ln_dw_without_weight(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(2, 3, 8), *dy = test_tensor(2, 3, 8), *mean = test_tensor(1, 3),
+           *rstd = test_tensor(1, 3), *dw = test_tensor(1, 8);
+    cpu_layernorm_bwd(&ctx, dy, x, NULL, mean, rstd, NULL, dw, NULL, NULL, NULL);
+}
+static void ln_sum_aliases_x(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(2, 3, 8), *r = test_tensor(2, 3, 8), *y = test_tensor(2, 3, 8);
+    cpu_add_layernorm_fwd(&ctx, x, r, NULL, NULL, 1e-5f, x, y, NULL, NULL);
+}
+
+static void test_layernorm_rejects_bad_shapes_with_a_message(void **state) {
+    expect_stop(ln_weight_too_long, (const char *[]){"layernorm_fwd", "w has shape (9)", NULL});
+    expect_stop(ln_stats_one_row_long, (const char *[]){"layernorm_fwd", "mean", "expected 3", NULL});
+    expect_stop(ln_dw_without_weight, (const char *[]){"layernorm_bwd", "no weight w", NULL});
+    expect_stop(ln_sum_aliases_x, (const char *[]){"add_layernorm_fwd", "must not alias", NULL});
 }
 
 // ---- gelu -------------------------------------------------------------------------------------
@@ -730,6 +770,7 @@ int main(void) {
         cmocka_unit_test(test_linear_rejects_mismatched_shapes_with_a_message),
         cmocka_unit_test(test_layernorm_forward_matches_naive),
         cmocka_unit_test(test_layernorm_backward_matches_finite_differences),
+        cmocka_unit_test(test_layernorm_rejects_bad_shapes_with_a_message),
         cmocka_unit_test(test_gelu_erf_and_tanh_match_known_values),
         cmocka_unit_test(test_gelu_backward_matches_finite_differences),
         cmocka_unit_test(test_silu_matches_known_values_and_finite_differences),

@@ -1,6 +1,7 @@
 // CPU reference: LayerNorm over the last dim (kernels/ops.h), PyTorch semantics (biased
 // variance, eps inside the square root). x (N,C) is any tensor with last dim C.
 #include "../ops.h"
+#include "../layernorm_shape.h"
 #include "cpu_check.h"
 #include <math.h>
 
@@ -12,16 +13,16 @@ enum { LAYERNORM_DW_CHUNK = 16 };
 // backward (either may be NULL when no backward follows). w or b NULL means 1 or 0.
 void cpu_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
                        Tensor *y, Tensor *mean, Tensor *rstd) {
-    cpu_check_f32("layernorm_fwd", "x", x);
-    int C = tensor_last(x);
-    size_t N = tensor_rows(x);
-    cpu_check_same("layernorm_fwd", "y", y, "x", x);
-    if (w) cpu_check_numel("layernorm_fwd", "w", w, (size_t)C);
-    if (b) cpu_check_numel("layernorm_fwd", "b", b, (size_t)C);
-    if (mean) cpu_check_numel("layernorm_fwd", "mean", mean, N);
-    if (rstd) cpu_check_numel("layernorm_fwd", "rstd", rstd, N);
-    CG_CHECK(eps >= 0.0f, "layernorm eps is usually 1e-6 (timm ViT) or 1e-5",
-             "op layernorm_fwd: eps = %g is negative", eps);
+    const char *op = "layernorm_fwd";
+    const LayerNormDims d = layernorm_fwd_dims(op, x, NULL, w, b, eps, NULL, y, mean, rstd);
+    const int C = d.C;
+    const size_t N = d.N;
+    cpu_check_f32(op, "x", x);
+    cpu_check_f32(op, "y", y);
+    if (w) cpu_check_f32(op, "w", w);
+    if (b) cpu_check_f32(op, "b", b);
+    if (mean) cpu_check_f32(op, "mean", mean);
+    if (rstd) cpu_check_f32(op, "rstd", rstd);
 
     const float *px = tensor_f32(x), *pw = w ? tensor_f32(w) : NULL, *pb = b ? tensor_f32(b) : NULL;
     float *py = tensor_f32(y);
@@ -47,11 +48,11 @@ void cpu_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor 
 void cpu_add_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *r, const Tensor *w,
                            const Tensor *b, float eps, Tensor *h, Tensor *y, Tensor *mean,
                            Tensor *rstd) {
-    cpu_check_f32("add_layernorm_fwd", "x", x);
-    cpu_check_same("add_layernorm_fwd", "r", r, "x", x);
-    cpu_check_same("add_layernorm_fwd", "h", h, "x", x);
-    CG_CHECK(h->data != x->data && h->data != r->data, "", "op add_layernorm_fwd: h must not alias "
-             "x or r");
+    const char *op = "add_layernorm_fwd";
+    layernorm_fwd_dims(op, x, r, w, b, eps, h, y, mean, rstd);
+    cpu_check_f32(op, "x", x);
+    cpu_check_f32(op, "r", r);
+    cpu_check_f32(op, "h", h);
     cpu_add_fwd(ctx, x, r, h);
     cpu_layernorm_fwd(ctx, h, w, b, eps, y, mean, rstd);
 }
@@ -61,22 +62,19 @@ void cpu_add_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *r, const Ten
 void cpu_layernorm_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
                        const Tensor *mean, const Tensor *rstd, Tensor *dx, Tensor *dw, Tensor *db,
                        Tensor *dx_act, Tensor *dx_sum) {
-    CG_CHECK(dx || (!dx_act && !dx_sum), "", "op layernorm_bwd: dx_act and dx_sum hand dx on: "
-             "they need dx");
-    cpu_check_f32("layernorm_bwd", "x", x);
-    int C = tensor_last(x);
-    size_t N = tensor_rows(x);
-    cpu_check_same("layernorm_bwd", "dy", dy, "x", x);
-    if (w) cpu_check_numel("layernorm_bwd", "w", w, (size_t)C);
-    CG_CHECK(mean && rstd, "run layernorm_fwd with mean and rstd tensors before its backward",
-             "op layernorm_bwd: needs the mean and rstd saved by the forward pass");
-    cpu_check_numel("layernorm_bwd", "mean", mean, N);
-    cpu_check_numel("layernorm_bwd", "rstd", rstd, N);
+    const char *op = "layernorm_bwd";
+    const LayerNormDims d = layernorm_bwd_dims(op, dy, x, w, mean, rstd, dx, dw, db, dx_act, dx_sum);
+    const int C = d.C;
+    const size_t N = d.N;
+    const Tensor *args[] = {dy, x, w, mean, rstd, dx, dw, db, dx_act, dx_sum};
+    static const char *const names[] = {"dy", "x", "w", "mean", "rstd", "dx", "dw", "db", "dx_act",
+                                        "dx_sum"};
+    for (int i = 0; i < (int)(sizeof args / sizeof args[0]); i++)
+        if (args[i]) cpu_check_f32(op, names[i], args[i]);   // the CPU computes in fp32
     const float *pdy = tensor_f32(dy), *px = tensor_f32(x), *pw = w ? tensor_f32(w) : NULL;
     const float *pmean = tensor_f32(mean), *prstd = tensor_f32(rstd);
 
     if (dx) {
-        cpu_check_same("layernorm_bwd", "dx", dx, "x", x);
         float *pdx = tensor_f32(dx);
         #pragma omp parallel for schedule(static)
         for (size_t n = 0; n < N; n++) {
@@ -98,14 +96,8 @@ void cpu_layernorm_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor
         }
         // the hand-off of the final dx: a copy, and its column sums
         if (dx_act) cpu_scale_fwd(ctx, dx, 1.0f, dx_act);
-        if (dx_sum) {
-            cpu_check_numel("layernorm_bwd", "dx_sum", dx_sum, (size_t)C);
-            cpu_add_bcast_bwd(ctx, dx, NULL, dx_sum);
-        }
+        if (dx_sum) cpu_add_bcast_bwd(ctx, dx, NULL, dx_sum);
     }
-    if (dw) CG_CHECK(w, "", "op layernorm_bwd: dw given but the layer has no weight w");
-    if (dw) cpu_check_numel("layernorm_bwd", "dw", dw, (size_t)C);
-    if (db) cpu_check_numel("layernorm_bwd", "db", db, (size_t)C);
     if (dw || db) {
         float *pdw = dw ? tensor_f32(dw) : NULL, *pdb = db ? tensor_f32(db) : NULL;
         int chunks = (C + LAYERNORM_DW_CHUNK - 1) / LAYERNORM_DW_CHUNK;

@@ -13,6 +13,7 @@
 // slice is laid out by (pack slot, element, lane), so the 32 lanes of a warp touch 32
 // consecutive words (no bank conflicts).
 #include "cuda_elem.cuh"
+#include "../layernorm_shape.h"
 #include <type_traits>
 
 enum { LN_FWD_WARPS = 8, LN_BWD_WARPS = 4 };
@@ -225,27 +226,25 @@ static void ln_fwd_launch(Ctx *ctx, const Tensor *x, const Tensor *w, const Tens
 // layernorm_fwd, and add_layernorm_fwd when r (then h) is given.
 static void ln_fwd(const char *op, Ctx *ctx, const Tensor *x, const Tensor *r, const Tensor *w,
                    const Tensor *b, float eps, Tensor *h, Tensor *y, Tensor *mean, Tensor *rstd) {
+    const LayerNormDims d = layernorm_fwd_dims(op, x, r, w, b, eps, h, y, mean, rstd);
+    const int C = d.C;
+    const size_t N = d.N;
     cuda_check_tensor(op, "x", x);
-    int C = tensor_last(x);
-    size_t N = tensor_rows(x);
-    cuda_check_numel(op, "y", y, x->numel);
+    cuda_check_tensor(op, "y", y);
     ln_check_pair(op, "y", y, "x", x);
     if (r) {
-        cuda_check_numel(op, "r", r, x->numel);
-        cuda_check_numel(op, "h", h, x->numel);
+        cuda_check_tensor(op, "r", r);
+        cuda_check_tensor(op, "h", h);
         cuda_check_same_dtype(op, "h", h, "x", x);
         CG_CHECK(r->dtype == x->dtype || r->dtype == y->dtype, "",
                  "op %s: r is %s, x %s and y %s", op, dtype_name(r->dtype), dtype_name(x->dtype),
                  dtype_name(y->dtype));
-        CG_CHECK(h->data != x->data && h->data != r->data, "", "op %s: h must not alias x or r", op);
     }
-    if (w) cuda_check_numel(op, "w", w, (size_t)C);
-    if (b) cuda_check_numel(op, "b", b, (size_t)C);
+    if (w) cuda_check_tensor(op, "w", w);
+    if (b) cuda_check_tensor(op, "b", b);
     if (w && b) cuda_check_same_dtype(op, "b", b, "w", w);
-    if (mean) { cuda_check_f32(op, "mean", mean); cuda_check_numel(op, "mean", mean, N); }
-    if (rstd) { cuda_check_f32(op, "rstd", rstd); cuda_check_numel(op, "rstd", rstd, N); }
-    CG_CHECK(eps >= 0.0f, "layernorm eps is usually 1e-6 (timm ViT) or 1e-5",
-             "op %s: eps = %g is negative", op, eps);
+    if (mean) cuda_check_f32(op, "mean", mean);
+    if (rstd) cuda_check_f32(op, "rstd", rstd);
     if (N == 0) return;
     DType pdt = w ? w->dtype : b ? b->dtype : x->dtype;
     bool vec = C % 8 == 0 && aligned16(x->data) && aligned16(y->data) &&
@@ -637,32 +636,26 @@ void cuda_layernorm_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tenso
                         Tensor *db, Tensor *dx_act, Tensor *dx_sum) {
     const char *op = "layernorm_bwd";
     if (!dx && !dw && !db) return;
-    CG_CHECK(dx || (!dx_act && !dx_sum), "", "op layernorm_bwd: dx_act and dx_sum hand dx on: "
-             "they need dx");
+    const LayerNormDims d = layernorm_bwd_dims(op, dy, x, w, mean, rstd, dx, dw, db, dx_act, dx_sum);
+    const int C = d.C;
+    const size_t N = d.N;
     cuda_check_tensor(op, "x", x);
-    int C = tensor_last(x);
-    size_t N = tensor_rows(x);
-    cuda_check_numel(op, "dy", dy, x->numel);
+    cuda_check_tensor(op, "dy", dy);
     ln_check_pair(op, "dy", dy, "x", x);
-    if (w) cuda_check_numel(op, "w", w, (size_t)C);
-    CG_CHECK(mean && rstd, "run layernorm_fwd with mean and rstd tensors before its backward",
-             "op layernorm_bwd: needs the mean and rstd saved by the forward pass");
+    if (w) cuda_check_tensor(op, "w", w);
     cuda_check_f32(op, "mean", mean);
     cuda_check_f32(op, "rstd", rstd);
-    cuda_check_numel(op, "mean", mean, N);
-    cuda_check_numel(op, "rstd", rstd, N);
     if (dx) {
-        cuda_check_numel(op, "dx", dx, x->numel);
+        cuda_check_tensor(op, "dx", dx);
         cuda_check_same_dtype(op, "dx", dx, "x", x);
     }
-    if (dw) CG_CHECK(w, "", "op layernorm_bwd: dw given but the layer has no weight w");
-    if (dw) { cuda_check_f32(op, "dw", dw); cuda_check_numel(op, "dw", dw, (size_t)C); }
-    if (db) { cuda_check_f32(op, "db", db); cuda_check_numel(op, "db", db, (size_t)C); }
+    if (dw) cuda_check_f32(op, "dw", dw);
+    if (db) cuda_check_f32(op, "db", db);
     if (dx_act) {
-        cuda_check_numel(op, "dx_act", dx_act, x->numel);
+        cuda_check_tensor(op, "dx_act", dx_act);
         cuda_check_same_dtype(op, "dx_act", dx_act, "dy", dy);
     }
-    if (dx_sum) { cuda_check_f32(op, "dx_sum", dx_sum); cuda_check_numel(op, "dx_sum", dx_sum, (size_t)C); }
+    if (dx_sum) cuda_check_f32(op, "dx_sum", dx_sum);
     if (N == 0) return;
     bool vec = C % 8 == 0 && aligned16(dy->data) && aligned16(x->data) &&
                (!w || aligned16(w->data)) && (!dx || aligned16(dx->data)) &&
