@@ -172,6 +172,8 @@ static void zero_buffer(Ctx *ctx, void *buf, size_t n) {
 
 void params_zero_grads(ParamTable *t, Ctx *ctx) { zero_buffer(ctx, t->grads, t->total); }
 
+void params_zero_kept_f32(ParamTable *t, Ctx *ctx) { zero_buffer(ctx, t->values_f32, t->total_f32); }
+
 void params_zero_moments(ParamTable *t, Ctx *ctx) {
     zero_buffer(ctx, t->m, t->state_total);
     zero_buffer(ctx, t->v, t->state_total);

@@ -120,6 +120,9 @@ void params_zero_grads(ParamTable *t, Ctx *ctx);
 // padding included) or at `total`.
 void params_decay_runs(ParamTable *t, Ctx *ctx);
 void params_zero_moments(ParamTable *t, Ctx *ctx);
+// Zeroes a sharded table's kept-fp32 values (values_f32; nothing when it has none): the ZeRO step
+// then writes its shard's pieces and the ranks' buffers are summed (dist_gather_values).
+void params_zero_kept_f32(ParamTable *t, Ctx *ctx);
 void params_free(ParamTable *t, Ctx *ctx);
 Param *params_find(const ParamTable *t, const char *name);
 size_t params_count(const ParamTable *t, bool trainable_only);

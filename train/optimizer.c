@@ -95,14 +95,7 @@ StepStats optimizer_step_dist(ParamTable *t, Ctx *ctx, Arena *scratch, const Opt
         if (o->grad_clip > 0 && s.grad_norm > o->grad_clip) scale = o->grad_clip / s.grad_norm;
         // Kept-fp32 values (nn/params.h): each rank writes its shard's pieces into zeros, and
         // dist_gather_values sums the ranks' buffers (one writer per element: exact).
-        if (t->values_f32) {
-            Tensor kept = {0};
-            tensor_set_shape(&kept, 1, (int[]){(int)t->total_f32});
-            kept.data = t->values_f32;
-            kept.device = ctx->device;
-            kept.dtype = DTYPE_F32;
-            op_zero(ctx, &kept);
-        }
+        params_zero_kept_f32(t, ctx);
         for (int i = 0; i < g->n_seg; i++) {
             const ParamSegment *sg = &g->seg[i];
             Param *p = t->params[sg->param];
