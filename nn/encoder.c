@@ -190,9 +190,12 @@ static Tensor *block_forward_planned(Tape *t, const Encoder *e, int i, Tensor *x
 }
 
 Tensor *encoder_forward(Tape *t, const Encoder *e, Tensor *img, EncoderTaps *taps) {
+    // gspn_hier's final norm writes fp32, as autocast's layer_norm does: a gradient that a loss on
+    // the tokens hands it (a feature probe, an MSE) reaches its backward unrounded, where the
+    // cancellations of the norm's backward would magnify a bf16 rounding.
     if (e->cfg.kind == ENCODER_GSPN_HIER)
-        return layernorm(t, &e->norm, hier_forward(t, &e->hier, &e->cfg, &e->drop_path, img,
-                                                   taps ? taps->pp : NULL, taps ? taps->pb : NULL));
+        return layernorm_f32(t, &e->norm, hier_forward(t, &e->hier, &e->cfg, &e->drop_path, img,
+                                                       taps ? taps->pp : NULL, taps ? taps->pb : NULL));
     Tensor *x = encoder_embed(t, e, img);
     for (int i = 0; i < e->cfg.depth; i++) {
         x = block_forward_planned(t, e, i, x, taps ? &taps->pp[i] : NULL);
@@ -262,7 +265,7 @@ Tensor *encoder_pool(Tape *t, const Encoder *e, Tensor *tokens) {
 
 Tensor *encoder_head(Tape *t, const Encoder *e, Tensor *tokens) {
     CG_CHECK(e->cfg.num_classes > 0, "set num_classes", "this encoder has no classification head");
-    return linear(t, &e->head, encoder_pool(t, e, tokens));
+    return linear(t, &e->head, nn_cast(t, encoder_pool(t, e, tokens), e->head.w->dtype));
 }
 
 double encoder_flops_per_image(const EncoderConfig *c) {

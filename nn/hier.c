@@ -141,7 +141,7 @@ static Tensor *block_forward(Tape *t, const HierEncoder *e, HierDrop d, int i, T
     const HierBlock *b = &e->blocks[i];
     x = nn_dwconv_residual(t, x, b->lpu1.w, b->lpu1.b);
     Tensor *h = op_dtype(t, e, HIER_OP_NORM1) == DTYPE_F32
-                    ? nn_layernorm_f32(t, x, b->norm1.w, b->norm1.b, b->norm1.eps)
+                    ? layernorm_f32(t, &b->norm1, x)
                     : layernorm(t, &b->norm1, x);
     Tensor *v = linear_as(t, &b->in_proj, h, op_dtype(t, e, HIER_OP_IN_PROJ));   // (B,H,W,Ci)
     DType dt = op_dtype(t, e, HIER_OP_CONV);
@@ -166,7 +166,7 @@ static Tensor *block_forward(Tape *t, const HierEncoder *e, HierDrop d, int i, T
     }
     x = nn_dwconv_residual(t, x, b->lpu2.w, b->lpu2.b);
     Tensor *h2 = op_dtype(t, e, HIER_OP_NORM2) == DTYPE_F32
-                     ? nn_layernorm_f32(t, x, b->norm2.w, b->norm2.b, b->norm2.eps)
+                     ? layernorm_f32(t, &b->norm2, x)
                      : layernorm(t, &b->norm2, x);
     dt = op_dtype(t, e, HIER_OP_MLP);
     if (dt == DTYPE_F32 && t->ctx->act_dtype != DTYPE_F32) {
@@ -179,10 +179,6 @@ static Tensor *block_forward(Tape *t, const HierEncoder *e, HierDrop d, int i, T
     h2 = as_dtype(t, h2, dt);
     if (!encoder_drop_active(t, d.dp, d.depth)) return mlp(t, &b->mlp, h2, x);
     return nn_add(t, x, drop(t, d, i, 1, mlp(t, &b->mlp, h2, NULL)));
-}
-
-static Tensor *stream_norm(Tape *t, const LayerNorm *l, Tensor *x) {   // -> fp32
-    return nn_layernorm_f32(t, x, l->w, l->b, l->eps);
 }
 
 static Tensor *tokens_view(Tape *t, Tensor *x) {   // (B,H,W,C) -> (B,H*W,C)
@@ -201,7 +197,7 @@ Tensor *hier_forward(Tape *t, const HierEncoder *h, const EncoderConfig *c,
     // The residual stream is fp32, as in the isotropic encoders; the norms that start it write
     // fp32 (PyTorch's autocast runs them in fp32): their gradient is not rounded to bf16 before
     // their backward, whose cancellations would magnify it.
-    x = stream_norm(t, &h->stem_norm2, conv2d(t, &h->stem2, nn_gelu(t, x, GELU_ERF), 0));
+    x = layernorm_f32(t, &h->stem_norm2, conv2d(t, &h->stem2, nn_gelu(t, x, GELU_ERF), 0));
     int i = 0;
     for (int s = 0; s < HIER_STAGES; s++) {
         for (int j = 0; j < c->depths[s]; j++, i++) {
@@ -211,7 +207,7 @@ Tensor *hier_forward(Tape *t, const HierEncoder *h, const EncoderConfig *c,
             if (pb) pb[i] = tokens_view(t, x);
         }
         if (s < HIER_STAGES - 1)
-            x = stream_norm(t, &h->down_norm[s], conv2d(t, &h->down[s], x, 0));
+            x = layernorm_f32(t, &h->down_norm[s], conv2d(t, &h->down[s], x, 0));
     }
     return tokens_view(t, x);
 }

@@ -111,6 +111,10 @@ Tensor *layernorm(Tape *t, const LayerNorm *l, Tensor *x) {
     return nn_layernorm(t, x, l->w, l->b, l->eps);
 }
 
+Tensor *layernorm_f32(Tape *t, const LayerNorm *l, Tensor *x) {
+    return nn_layernorm_f32(t, x, l->w, l->b, l->eps);
+}
+
 Tensor *mlp(Tape *t, const Mlp *m, Tensor *x, Tensor *res) {
     if (res) return nn_mlp_residual(t, res, x, m->fc1.w, m->fc1.b, m->fc2.w, m->fc2.b, m->gelu);
     return nn_mlp(t, x, m->fc1.w, m->fc1.b, m->fc2.w, m->fc2.b, m->gelu);

@@ -44,6 +44,9 @@ void cgspn_layer_register(CgspnLayer *l, ParamTable *t, const char *prefix, int 
 
 Tensor *linear(Tape *t, const Linear *l, Tensor *x);
 Tensor *layernorm(Tape *t, const LayerNorm *l, Tensor *x);
+// The same writing fp32 whatever the activation dtype (nn_layernorm_f32): for a norm whose output
+// starts an fp32 stream or is the model's output, as PyTorch's autocast runs layer_norm.
+Tensor *layernorm_f32(Tape *t, const LayerNorm *l, Tensor *x);
 // res not NULL: res + mlp(x), the sum written by fc2 (one pass over the residual stream; the
 // result has res's shape and dtype).
 Tensor *mlp(Tape *t, const Mlp *m, Tensor *x, Tensor *res);

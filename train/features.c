@@ -174,7 +174,7 @@ int cmd_features(int argc, char **argv) {
     if (grads) {
         // d(sum(norm * probe))/dnorm = probe: the probes seed the backward pass directly.
         Tensor *outs[3] = {norm, recorded_head ? logits : NULL, pooled}, *seeds[3];
-        seeds[0] = read_input(&imgs, &tape, "probe_norm", 3, true);
+        seeds[0] = read_input(&imgs, &tape, "probe_norm", 3, norm->dtype != DTYPE_F32);
         CG_CHECK(seeds[0], "add a tensor probe_norm of the norm output's shape", "%s: --grads "
                  "needs the tensor probe_norm", images);
         check_same_shape(images, "probe_norm", seeds[0], norm);
