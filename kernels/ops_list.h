@@ -88,7 +88,8 @@ OP(linear_dgelu_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor 
 // w, b may be NULL (1 and 0); mean, rstd may be NULL in forward when no backward follows.
 // y may have another dtype than x: the encoders normalize their fp32 residual stream straight
 // into a bf16 sublayer input (as PyTorch autocast runs LayerNorm in fp32 and the next linear
-// reads it in bf16). In backward dy has y's dtype and dx has x's.
+// reads it in bf16), and gspn_hier a bf16 convolution's output into its fp32 stream (autocast
+// writes layer_norm's output in fp32). In backward dy has y's dtype and dx has x's.
 OP(layernorm_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
        Tensor *y, Tensor *mean, Tensor *rstd),
    (ctx, x, w, b, eps, y, mean, rstd))

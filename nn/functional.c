@@ -88,7 +88,7 @@ Tensor *nn_layernorm(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps) {
     return layernorm_into(t, x, w, b, eps, false);
 }
 Tensor *nn_layernorm_f32(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps) {
-    return layernorm_into(t, nn_cast(t, x, DTYPE_F32), w, b, eps, true);
+    return layernorm_into(t, x, w, b, eps, true);   // a bf16 x is read as it is (layernorm_fwd)
 }
 
 // ---- linear onto a residual: y = res + x w^T + b (linear_residual_fwd) ----

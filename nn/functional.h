@@ -8,9 +8,9 @@ Tensor *nn_linear(Tape *t, Tensor *x, Tensor *w, Tensor *b);            // (..,K
 // y in the context's activation dtype whatever x's (an fp32 residual stream is normalized
 // straight into a bf16 sublayer input on the GPU).
 Tensor *nn_layernorm(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps);
-// The same normalizing x (converted to fp32 first) into fp32, as PyTorch's autocast runs
-// layer_norm: a norm that starts an fp32 residual stream (gspn_hier's stem and downsampling) keeps
-// its output and the gradient reaching it unrounded.
+// The same normalizing x (fp32 or bf16) into fp32, as PyTorch's autocast runs layer_norm: a
+// norm that starts or ends an fp32 residual stream (gspn_hier's stem, downsampling and final
+// norm) keeps its output and the gradient reaching it unrounded; dx has x's dtype.
 Tensor *nn_layernorm_f32(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps);
 // res + nn_linear(x, w, b) with the GEMM writing the sum (linear_residual_fwd: one pass over the
 // residual stream; y has res's shape and dtype).

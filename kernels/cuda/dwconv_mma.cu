@@ -29,31 +29,40 @@ static int mma_row_width(int need) { return need % 16 == 8 ? need : need + 8; }
 __host__ __device__ static int mma_sum_stride(int tiles_x) { return tiles_x * 8 * MMA_CG + 4; }
 
 // Stages rows y_first .. y_first + nrows - 1 of one image's MMA_CG channels from img (the image at
-// its first channel) into dst channel-major as bf16 bits, channel c's rows cstride elements apart:
-// staged pixel (r, s) is (y_first + r, s - off), zero outside the image. A thread moves MMA_STAGE_U pixels (16-byte
-// loads) at a time, all loads before any store: one memory latency per batch, not per pixel.
-enum { MMA_STAGE_U = 8 };
+// its first channel) into dst channel-major as bf16 bits, channel c's rows cstride elements apart
+// (cstride and sw even): staged pixel (r, s) is (y_first + r, s - off), zero outside the image. A
+// thread moves MMA_STAGE_U pairs of neighbouring staged pixels at a time, all loads (16 bytes, a
+// pixel's channels) before any store: one memory latency per batch, not per pixel; a pair is one
+// 32-bit store per channel (shared-memory stores, not loads, bound the staging).
+enum { MMA_STAGE_U = 4 };
 __device__ __forceinline__ void mma_stage(const bf16 *__restrict__ img, const DwconvShape &d,
                                           int y_first, int nrows, int sw, int off,
                                           unsigned short *__restrict__ dst, size_t cstride) {
-    const int n = nrows * sw;
-    for (int e0 = threadIdx.x; e0 < n; e0 += MMA_STAGE_U * MMA_THREADS) {
-        uint4 v[MMA_STAGE_U];
+    const int pairs = nrows * sw / 2;   // sw even: a pair never straddles two rows
+    unsigned *__restrict__ dst32 = reinterpret_cast<unsigned *>(dst);
+    const size_t cstride32 = cstride / 2;
+    for (int p0 = threadIdx.x; p0 < pairs; p0 += MMA_STAGE_U * MMA_THREADS) {
+        uint4 v[MMA_STAGE_U][2];
         #pragma unroll
         for (int u = 0; u < MMA_STAGE_U; u++) {
-            const int e = e0 + u * MMA_THREADS, r = e / sw, yy = y_first + r, xx = e - r * sw - off;
-            v[u] = make_uint4(0, 0, 0, 0);
-            if (e < n && yy >= 0 && yy < d.H && xx >= 0 && xx < d.W)
-                v[u] = *reinterpret_cast<const uint4 *>(img + ((size_t)yy * d.W + xx) * d.C);
+            const int p = p0 + u * MMA_THREADS, r = 2 * p / sw, yy = y_first + r;
+            const int xx = 2 * p - r * sw - off;
+            #pragma unroll
+            for (int q = 0; q < 2; q++) {
+                v[u][q] = make_uint4(0, 0, 0, 0);
+                if (p < pairs && yy >= 0 && yy < d.H && xx + q >= 0 && xx + q < d.W)
+                    v[u][q] = *reinterpret_cast<const uint4 *>(img + ((size_t)yy * d.W + xx + q) * d.C);
+            }
         }
         #pragma unroll
         for (int u = 0; u < MMA_STAGE_U; u++) {
-            const int e = e0 + u * MMA_THREADS;
-            if (e >= n) break;
-            const unsigned words[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+            const int p = p0 + u * MMA_THREADS;
+            if (p >= pairs) break;
+            const unsigned lo[4] = {v[u][0].x, v[u][0].y, v[u][0].z, v[u][0].w};
+            const unsigned hi[4] = {v[u][1].x, v[u][1].y, v[u][1].z, v[u][1].w};
             #pragma unroll
-            for (int c = 0; c < MMA_CG; c++)
-                dst[c * cstride + e] = (unsigned short)(words[c / 2] >> (16 * (c % 2)));
+            for (int c = 0; c < MMA_CG; c++)   // channel c of both pixels: the word's halves
+                dst32[c * cstride32 + p] = __byte_perm(lo[c / 2], hi[c / 2], c % 2 ? 0x7632u : 0x5410u);
         }
     }
 }
@@ -91,19 +100,23 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const
         }
         const unsigned *tw = reinterpret_cast<const unsigned *>(tile + (size_t)c * ROWS * sw);
         const int half = sw / 2;   // 32-bit words per staged row
+        // A_i's fragment: rows g and g + 8 (staged rows + i), the words of column pairs 2 t4 and
+        // 2 t4 + 8 of the tile. A tile's second word is the next tile's first: each is read once.
+        unsigned a_lo[K][2];
+        #pragma unroll
+        for (int i = 0; i < K; i++) a_lo[i][0] = tw[(g + i) * half + t4], a_lo[i][1] = tw[(g + 8 + i) * half + t4];
         for (int jt = 0; jt < tiles_x; jt++) {
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             const int wcol = jt * 4 + t4;   // the word of columns jt * 8 + 2 t4, + 1
             #pragma unroll
             for (int i = 0; i < K; i++) {
-                // A_i's fragment: rows g and g + 8 (staged rows + i), column pairs 2 t4 and 2 t4 + 8.
-                const unsigned a0 = tw[(g + i) * half + wcol], a1 = tw[(g + 8 + i) * half + wcol];
                 const unsigned a2 = tw[(g + i) * half + wcol + 4], a3 = tw[(g + 8 + i) * half + wcol + 4];
                 asm volatile(
                     "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                     : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-                    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(bfrag[i][0]), "r"(bfrag[i][1]));
+                    : "r"(a_lo[i][0]), "r"(a_lo[i][1]), "r"(a2), "r"(a3), "r"(bfrag[i][0]), "r"(bfrag[i][1]));
+                a_lo[i][0] = a2, a_lo[i][1] = a3;
             }
             // D's fragment: rows g and g + 8, columns jt * 8 + 2 t4 and + 1.
             const int col = jt * 8 + 2 * t4;

@@ -1,6 +1,7 @@
 // CUDA: LayerNorm over the last dim (kernels/ops.h; CPU reference kernels/cpu/layernorm.c).
-// x, dx in one dtype and y, dy in one dtype: the same (the activation dtype), or fp32 x and bf16
-// y (the encoders' fp32 residual stream normalized straight into a bf16 sublayer input); w and b
+// x, dx in one dtype and y, dy in one dtype: the same (the activation dtype), fp32 x and bf16
+// y (the encoders' fp32 residual stream normalized straight into a bf16 sublayer input), or bf16
+// x and fp32 y (a bf16 convolution's output normalized into gspn_hier's fp32 stream); w and b
 // in the parameter dtype (either may be NULL); mean, rstd, dw, db fp32. One warp per row (short
 // rows, C <= 128: 4 to 16 lanes per row, several rows per warp). When C is a multiple of 8, the pointers are
 // aligned and C <= 2048 (forward) or 1280 (backward), the row stays in registers between the
@@ -19,19 +20,21 @@
 enum { LN_FWD_WARPS = 8, LN_BWD_WARPS = 4 };
 
 // Calls f(x tag, y tag, parameter tag) for the dtype combinations the op takes: x and y alike,
-// or fp32 x with bf16 y (checked by the caller).
+// or one fp32 and the other bf16 (checked by the caller).
 template <typename F> static void ln_dispatch(DType x, DType y, DType p, F &&f) {
     dispatch_dtype(p, [&](auto tp) {
         if (x == DTYPE_F32 && y == DTYPE_F32) f(DTypeTag<float>{}, DTypeTag<float>{}, tp);
         else if (x == DTYPE_BF16 && y == DTYPE_BF16) f(DTypeTag<bf16>{}, DTypeTag<bf16>{}, tp);
-        else f(DTypeTag<float>{}, DTypeTag<bf16>{}, tp);
+        else if (x == DTYPE_F32) f(DTypeTag<float>{}, DTypeTag<bf16>{}, tp);
+        else f(DTypeTag<bf16>{}, DTypeTag<float>{}, tp);
     });
 }
 
 static void ln_check_pair(const char *op, const char *yname, const Tensor *y, const char *xname,
                           const Tensor *x) {
-    CG_CHECK(y->dtype == x->dtype || (x->dtype == DTYPE_F32 && y->dtype == DTYPE_BF16),
-             "LayerNorm writes its input's dtype, or bf16 from an fp32 input",
+    const bool known = (x->dtype == DTYPE_F32 || x->dtype == DTYPE_BF16) &&
+                       (y->dtype == DTYPE_F32 || y->dtype == DTYPE_BF16);
+    CG_CHECK(known, "LayerNorm reads and writes fp32 or bf16",
              "op %s: %s is %s and %s is %s", op, xname, dtype_name(x->dtype), yname,
              dtype_name(y->dtype));
 }

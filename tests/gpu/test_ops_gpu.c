@@ -465,6 +465,40 @@ static void test_layernorm_fp32_input_bf16_output_matches_cpu(void **state) {
     }
 }
 
+// bf16 x (a convolution's output) normalized into an fp32 y, as gspn_hier starts its fp32 stream;
+// backward with an fp32 dy accumulating into a bf16 dx. x is rounded to bf16 on both sides; y,
+// mean, rstd, dw, db are fp32 math on identical inputs: FP32_TOL; dx is that math rounded once
+// into its bf16 prior: BF16_ROUNDED_TOL.
+static void test_layernorm_bf16_input_fp32_output_matches_cpu(void **state) {
+    for (int si = 0; si < N_LN_SHAPES; si++) {
+        int N = LN_SHAPES[si][0], C = LN_SHAPES[si][1];
+        printf("  bf16 -> fp32 (%d, %d)\n", N, C);
+        Tensor *x = rnd(HT(N, C), 1, -1, 3, DTYPE_BF16), *w = rnd(HT(C), 2, 0.5f, 1.5f, DTYPE_F32);
+        Tensor *b = rnd(HT(C), 3, -0.5f, 0.5f, DTYPE_F32);
+        Tensor *gx = dev(x, DTYPE_BF16), *gw = dev(w, DTYPE_F32), *gb = dev(b, DTYPE_F32);
+        Tensor *y = HT(N, C), *mean = HT(N), *rstd = HT(N);
+        Tensor *gy = dev_zeros(y, DTYPE_F32), *gmean = dev_zeros(mean, DTYPE_F32);
+        Tensor *grstd = dev_zeros(rstd, DTYPE_F32);
+        cpu_layernorm_fwd(&H, x, w, b, 1e-5f, y, mean, rstd);
+        cuda_layernorm_fwd(&G, gx, gw, gb, 1e-5f, gy, gmean, grstd);
+        check("layernorm_fwd.y", DTYPE_F32, gy, y);
+        check("layernorm_fwd.mean", DTYPE_F32, gmean, mean);
+        check("layernorm_fwd.rstd", DTYPE_F32, grstd, rstd);
+
+        Tensor *gm = dev(mean, DTYPE_F32), *gr = dev(rstd, DTYPE_F32);
+        Tensor *dy = rnd(HT(N, C), 4, -1, 1, DTYPE_F32), *gdy = dev(dy, DTYPE_F32);
+        Tensor *dx = rnd(HT(N, C), 5, -1, 1, DTYPE_BF16);
+        Tensor *dw = rnd(HT(C), 6, -1, 1, DTYPE_F32), *db = rnd(HT(C), 7, -1, 1, DTYPE_F32);
+        Tensor *gdx = dev(dx, DTYPE_BF16), *gdw = dev(dw, DTYPE_F32), *gdb = dev(db, DTYPE_F32);
+        cpu_layernorm_bwd(&H, dy, x, w, mean, rstd, dx, dw, db, NULL, NULL);
+        cuda_layernorm_bwd(&G, gdy, gx, gw, gm, gr, gdx, gdw, gdb, NULL, NULL);
+        check("layernorm_bwd.dx", DTYPE_BF16, gdx, dx);
+        check("layernorm_bwd.dw", DTYPE_F32, gdw, dw);
+        check("layernorm_bwd.db", DTYPE_F32, gdb, db);
+        release_all();
+    }
+}
+
 // add_layernorm_fwd: h = x + r, y = LayerNorm(h); both as the encoders use it (fp32 stream x,
 // r and y in the mode's dtype) and all in one dtype, on every LayerNorm path (scalar, cached at
 // each size, uncached). h and y start NaN: every element must be written.
@@ -1110,6 +1144,7 @@ int main(void) {
         cmocka_unit_test(test_layer_scale_matches_cpu),
         cmocka_unit_test(test_layernorm_matches_cpu),
         cmocka_unit_test(test_layernorm_fp32_input_bf16_output_matches_cpu),
+        cmocka_unit_test(test_layernorm_bf16_input_fp32_output_matches_cpu),
         cmocka_unit_test(test_add_layernorm_matches_cpu),
         cmocka_unit_test(test_gelu_matches_cpu),
         cmocka_unit_test(test_silu_matches_cpu),
