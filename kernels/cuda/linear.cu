@@ -42,21 +42,6 @@
 #include "../linear_shape.h"
 #include <limits.h>
 
-#define GELU_SQRT2_PI 0.79788456080286536f   // sqrt(2 / pi)
-#define GELU_TANH_C   0.044715f
-
-// Same expressions as kernels/cpu/gelu.c (GELU_TANH).
-static __device__ __forceinline__ float gelu_tanh_value(float x) {
-    float u = GELU_SQRT2_PI * (x + GELU_TANH_C * x * x * x);
-    return 0.5f * x * (1.0f + tanhf(u));
-}
-static __device__ __forceinline__ float gelu_tanh_slope(float x) {
-    float u = GELU_SQRT2_PI * (x + GELU_TANH_C * x * x * x);
-    float t = tanhf(u);
-    return 0.5f * (1.0f + t) +
-           0.5f * x * (1.0f - t * t) * GELU_SQRT2_PI * (1.0f + 3.0f * GELU_TANH_C * x * x);
-}
-
 // ---- small kernels -------------------------------------------------------------------------------
 
 // y (N,M) += b (M) on every row
@@ -76,14 +61,14 @@ __global__ void add_f32_kernel(float *dst, const float *src, int n) {
 template <typename T>
 __global__ void gelu_tanh_kernel(const T *pre, T *y, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        y[i] = cuda_from_f32<T>(gelu_tanh_value(cuda_to_f32(pre[i])));
+        y[i] = cuda_from_f32<T>(gelu_value<GELU_TANH>(cuda_to_f32(pre[i])));
 }
 
 // out = g * gelu_tanh'(pre), written
 template <typename G, typename T>
 __global__ void dgelu_tanh_kernel(const G *g, const T *pre, T *out, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = cuda_from_f32<T>(cuda_to_f32(g[i]) * gelu_tanh_slope(cuda_to_f32(pre[i])));
+        out[i] = cuda_from_f32<T>(cuda_to_f32(g[i]) * gelu_slope<GELU_TANH>(cuda_to_f32(pre[i])));
 }
 
 // ---- shapes and checks -----------------------------------------------------------------------------
