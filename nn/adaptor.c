@@ -19,7 +19,7 @@ void adaptor_register(Adaptor *a, ParamTable *t, const char *prefix, int width, 
 
 Tensor *adaptor_forward(Tape *t, const Adaptor *a, Tensor *v) {
     Tensor *h = nn_mlp(t, nn_cast(t, v, t->ctx->act_dtype), a->fc1.w, a->fc1.b, a->fc2.w, a->fc2.b,
-                       a->gelu);
+                       a->gelu, false);
     if (!a->residual) return nn_cast(t, h, v->dtype);   // (..., out_width)
     return nn_add(t, v, h);   // (..., width), v's dtype
 }

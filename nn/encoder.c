@@ -73,7 +73,7 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
         snprintf(name, sizeof(name), "%s.norm2", p);
         layernorm_register(&b->norm2, t, name, C, cfg->ln_eps);
         snprintf(name, sizeof(name), "%s.mlp", p);
-        mlp_register(&b->mlp, t, name, C, cfg->mlp_hidden, cfg->gelu);
+        mlp_register(&b->mlp, t, name, C, cfg->mlp_hidden, cfg->gelu, cfg->mlp_keep_hidden);
         if (cfg->layer_scale_init > 0) {
             snprintf(name, sizeof(name), "%s.ls2.gamma", p);
             b->ls2 = params_add(t, name, 1, (int[]){C}, INIT_CONST, cfg->layer_scale_init, false);
@@ -88,7 +88,7 @@ void encoder_register(Encoder *e, const EncoderConfig *cfg, ParamTable *t) {
         linear_register(&m->kv, t, "attn_pool.kv", C, 2 * C, cfg->qkv_bias, 0.02f);
         linear_register(&m->proj, t, "attn_pool.proj", C, C, true, 0.02f);
         layernorm_register(&m->norm, t, "attn_pool.norm", C, cfg->ln_eps);
-        mlp_register(&m->mlp, t, "attn_pool.mlp", C, cfg->mlp_hidden, cfg->gelu);
+        mlp_register(&m->mlp, t, "attn_pool.mlp", C, cfg->mlp_hidden, cfg->gelu, false);   // forward only
     }
     if (cfg->num_classes > 0) linear_register(&e->head, t, "head", C, cfg->num_classes, true, 0.02f);
 }

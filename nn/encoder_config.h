@@ -37,6 +37,7 @@ typedef struct EncoderConfig {
     int gspn_shared_w, gspn_out_norm;
     int attn_every;           // hybrid: blocks attn_every, 2*attn_every, ... (1-based) attend
     int grad_checkpoint;      // 0 = off; N: blocks 0, N, 2N, ... recompute their forward in backward
+    int mlp_keep_hidden;      // the blocks' MLPs keep gelu(fc1(x)) for backward (else make it again)
     // gspn_hier (nn/hier.h): width is the first stage's, depth the sum of depths, patch 4 (the
     // stem's stride); mlp_hidden unused (mlp_ratio per stage).
     int depths[HIER_STAGES];

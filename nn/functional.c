@@ -206,26 +206,30 @@ Tensor *nn_silu(Tape *t, Tensor *x) {
 }
 
 // ---- MLP: linear + GELU + linear ----
-// The record keeps fc1's output pre, not h = gelu(pre): backward makes h again from pre (one
-// elementwise pass, as torch.compile's partitioner does), so the forward keeps 2 bytes less per
-// hidden unit and token (the widest activation of a block). On the CPU the bits are the
-// forward's; on the GPU the forward's h came from the fp32 product (the GEMM's GELU epilogue),
-// the recomputed one from pre rounded to the activation dtype.
-typedef struct { Tensor *x, *w1, *b1, *w2, *b2, *pre, *y; GeluKind kind; } MlpRec;
+// The record keeps fc1's output pre and, with keep_hidden, h = gelu(pre). Without it backward
+// makes h again from pre (one elementwise pass, as torch.compile's partitioner does), so the
+// forward keeps 2 bytes less per hidden unit and token (the widest activation of a block). On the
+// CPU, and for the erf GELU on the GPU, those bits are the forward's; for the tanh GELU on the GPU
+// the forward's h came from the fp32 product (the GEMM's GELU epilogue), the recomputed one from
+// pre rounded to the activation dtype.
+typedef struct { Tensor *x, *w1, *b1, *w2, *b2, *pre, *h, *y; GeluKind kind; } MlpRec;
 // The MLP's backward from dy, the gradient of its output (fc2's y) in the activation dtype.
 // db2: fc2's bias gradient, or NULL when the caller has it already (branch_grad).
 static void mlp_backward_from(Tape *t, const MlpRec *r, const Tensor *dy, Tensor *db2) {
     bool fresh;
     Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
     Tensor *dw1 = tape_grad(t, r->w1), *db1 = tape_grad(t, r->b1);
-    Tensor *h = tape_tensor_like(t, r->pre);
-    op_gelu_fwd(t->ctx, r->pre, r->kind, h);
+    Tensor *h = r->h;
+    if (!h) {
+        h = tape_tensor_like(t, r->pre);
+        op_gelu_fwd(t->ctx, r->pre, r->kind, h);
+    }
     // dpre is written by linear_dgelu_bwd (never zeroed); not needed when fc1 wants nothing.
     Tensor *dpre = dx || dw1 || db1 ? tape_tensor_like(t, r->pre) : NULL;
     // fc1's bias gradient, the column sums of dpre, comes with dpre (one product on the GPU).
     op_linear_dgelu_bwd(t->ctx, dy, h, r->w2, r->pre, r->kind, dpre, db1,
                         tape_grad(t, r->w2), db2);
-    tape_release(t, h);
+    if (!r->h) tape_release(t, h);
     if (dpre && (dx || dw1))
         (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, dpre, r->x, r->w1, dx, dw1, NULL);
 }
@@ -233,7 +237,8 @@ static void mlp_backward(Tape *t, void *p) {
     MlpRec *r = p;
     if (NEED_GRAD(r)) mlp_backward_from(t, r, r->y->grad, tape_grad(t, r->b2));
 }
-Tensor *nn_mlp(Tape *t, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2, Tensor *b2, GeluKind kind) {
+Tensor *nn_mlp(Tape *t, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2, Tensor *b2, GeluKind kind,
+               bool keep_hidden) {
     CG_CHECK(tensor_last(x) == w1->shape[1] && w2->shape[1] == w1->shape[0], "",
              "MLP: input width %d, fc1 (%d, %d), fc2 (%d, %d)", tensor_last(x), w1->shape[0],
              w1->shape[1], w2->shape[0], w2->shape[1]);
@@ -244,10 +249,11 @@ Tensor *nn_mlp(Tape *t, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2, Tensor *b
     Tensor *pre = track ? new_shaped(t, x, w1->shape[0]) : NULL;
     op_linear_gelu_fwd(t->ctx, x, w1, b1, kind, pre, h);
     op_linear_fwd(t->ctx, h, w2, b2, y);
-    tape_release(t, h);   // made again from pre in backward
+    const bool keep = track && keep_hidden;
+    if (!keep) tape_release(t, h);   // made again from pre in backward
     if (track)
         *(MlpRec *)tape_record(t, mlp_backward, sizeof(MlpRec)) =
-            (MlpRec){x, w1, b1, w2, b2, pre, y, kind};
+            (MlpRec){x, w1, b1, w2, b2, pre, keep ? h : NULL, y, kind};
     return y;
 }
 
@@ -268,7 +274,7 @@ static void mlp_residual_backward(Tape *t, void *p) {
     pass_grad(t, r->res, dy);
 }
 Tensor *nn_mlp_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2,
-                        Tensor *b2, GeluKind kind) {
+                        Tensor *b2, GeluKind kind, bool keep_hidden) {
     CG_CHECK(tensor_last(x) == w1->shape[1] && w2->shape[1] == w1->shape[0] &&
                  res->numel == tensor_rows(x) * (size_t)w2->shape[0], "",
              "MLP on a residual: input width %d, fc1 (%d, %d), fc2 (%d, %d), residual of %zu "
@@ -282,10 +288,11 @@ Tensor *nn_mlp_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w1, Tensor *b1,
     Tensor *pre = track ? new_shaped(t, x, w1->shape[0]) : NULL;
     op_linear_gelu_fwd(t->ctx, x, w1, b1, kind, pre, h);
     op_linear_residual_fwd(t->ctx, h, w2, b2, res, y);
-    tape_release(t, h);   // made again from pre in backward
+    const bool keep = track && keep_hidden;
+    if (!keep) tape_release(t, h);   // made again from pre in backward
     if (track)
         *(MlpResidualRec *)tape_record(t, mlp_residual_backward, sizeof(MlpResidualRec)) =
-            (MlpResidualRec){{x, w1, b1, w2, b2, pre, y, kind}, res};
+            (MlpResidualRec){{x, w1, b1, w2, b2, pre, keep ? h : NULL, y, kind}, res};
     return y;
 }
 

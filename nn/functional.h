@@ -24,11 +24,14 @@ Tensor *nn_gelu(Tape *t, Tensor *x, GeluKind kind);
 Tensor *nn_silu(Tape *t, Tensor *x);                                    // x * sigmoid(x)
 // MLP y = gelu(x w1^T + b1) w2^T + b2 as one record: linear_gelu_fwd, and in backward
 // linear_dgelu_bwd (fc2 with the GELU's backward fused, dpre written) then linear_bwd (fc1).
-Tensor *nn_mlp(Tape *t, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2, Tensor *b2, GeluKind kind);
+// keep_hidden: the record keeps h = gelu(x w1^T + b1) for fc2's weight gradient; else backward
+// makes it again from fc1's output (below).
+Tensor *nn_mlp(Tape *t, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2, Tensor *b2, GeluKind kind,
+               bool keep_hidden);
 // res + nn_mlp(x, ...) with fc2 writing the sum (one pass over the residual stream; y has res's
 // shape and dtype).
 Tensor *nn_mlp_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2,
-                        Tensor *b2, GeluKind kind);
+                        Tensor *b2, GeluKind kind, bool keep_hidden);
 Tensor *nn_softmax(Tape *t, Tensor *x);
 Tensor *nn_attention(Tape *t, Tensor *qkv, int heads);                   // (B,N,3C) -> (B,N,C)
 // One query per head against every token (kernels/ops.h attention_pool_fwd): q (C), kv (B,N,2C)

@@ -107,7 +107,7 @@ void hier_register(HierEncoder *h, const EncoderConfig *c, ParamTable *t) {
                                  c->gspn_shared_w, c->gspn_out_norm, c->ln_eps);
             dwconv_register(&b->lpu2, t, NAME("lpu2"), Cs, HIER_LPU_KERNEL, true);
             layernorm_register(&b->norm2, t, NAME("norm2"), Cs, c->ln_eps);
-            mlp_register(&b->mlp, t, NAME("mlp"), Cs, mlp_width(c, s), c->gelu);
+            mlp_register(&b->mlp, t, NAME("mlp"), Cs, mlp_width(c, s), c->gelu, c->mlp_keep_hidden);
 #undef NAME
         }
         if (s < HIER_STAGES - 1) {
@@ -173,7 +173,7 @@ static Tensor *block_forward(Tape *t, const HierEncoder *e, HierDrop d, int i, T
         const Mlp *m = &b->mlp;
         Tensor *y = nn_mlp(t, as_dtype(t, h2, dt), as_dtype(t, m->fc1.w, dt),
                            as_dtype(t, m->fc1.b, dt), as_dtype(t, m->fc2.w, dt),
-                           as_dtype(t, m->fc2.b, dt), m->gelu);
+                           as_dtype(t, m->fc2.b, dt), m->gelu, m->keep_hidden);
         return nn_add(t, x, drop(t, d, i, 1, y));
     }
     h2 = as_dtype(t, h2, dt);

@@ -29,13 +29,15 @@ void layernorm_register(LayerNorm *l, ParamTable *t, const char *prefix, int wid
     l->eps = eps;
 }
 
-void mlp_register(Mlp *m, ParamTable *t, const char *prefix, int width, int hidden, GeluKind g) {
+void mlp_register(Mlp *m, ParamTable *t, const char *prefix, int width, int hidden, GeluKind g,
+                  bool keep_hidden) {
     char name[PARAM_NAME_MAX];
     pname(name, sizeof(name), prefix, "fc1");
     linear_register(&m->fc1, t, name, width, hidden, true, 0.02f);
     pname(name, sizeof(name), prefix, "fc2");
     linear_register(&m->fc2, t, name, hidden, width, true, 0.02f);
     m->gelu = g;
+    m->keep_hidden = keep_hidden;
 }
 
 void attention_register(Attention *a, ParamTable *t, const char *prefix, int width, int heads,
@@ -116,8 +118,10 @@ Tensor *layernorm_f32(Tape *t, const LayerNorm *l, Tensor *x) {
 }
 
 Tensor *mlp(Tape *t, const Mlp *m, Tensor *x, Tensor *res) {
-    if (res) return nn_mlp_residual(t, res, x, m->fc1.w, m->fc1.b, m->fc2.w, m->fc2.b, m->gelu);
-    return nn_mlp(t, x, m->fc1.w, m->fc1.b, m->fc2.w, m->fc2.b, m->gelu);
+    if (res)
+        return nn_mlp_residual(t, res, x, m->fc1.w, m->fc1.b, m->fc2.w, m->fc2.b, m->gelu,
+                               m->keep_hidden);
+    return nn_mlp(t, x, m->fc1.w, m->fc1.b, m->fc2.w, m->fc2.b, m->gelu, m->keep_hidden);
 }
 
 Tensor *attention_body(Tape *t, const Attention *a, Tensor *x) {

@@ -7,7 +7,11 @@
 typedef struct Linear { Tensor *w, *b; } Linear;                // w (out, in), b (out) or NULL
 typedef struct LayerNorm { Tensor *w, *b; float eps; } LayerNorm;
 
-typedef struct Mlp { Linear fc1, fc2; GeluKind gelu; } Mlp;     // fc2(gelu(fc1(x)))
+typedef struct Mlp {   // fc2(gelu(fc1(x)))
+    Linear fc1, fc2;
+    GeluKind gelu;
+    bool keep_hidden;   // backward reads the forward's gelu(fc1(x)) instead of making it again
+} Mlp;
 
 typedef struct Attention { Linear qkv, proj; int heads; } Attention;
 
@@ -30,7 +34,8 @@ typedef struct CgspnLayer {
 void linear_register(Linear *l, ParamTable *t, const char *prefix, int in, int out, bool bias,
                      float std);
 void layernorm_register(LayerNorm *l, ParamTable *t, const char *prefix, int width, float eps);
-void mlp_register(Mlp *m, ParamTable *t, const char *prefix, int width, int hidden, GeluKind g);
+void mlp_register(Mlp *m, ParamTable *t, const char *prefix, int width, int hidden, GeluKind g,
+                  bool keep_hidden);
 void attention_register(Attention *a, ParamTable *t, const char *prefix, int width, int heads,
                         bool qkv_bias);
 // x (B,H,W,width) -> (B,H,W,out_width): out_width is width in a block, C in a hierarchical

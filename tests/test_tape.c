@@ -264,6 +264,46 @@ static void test_gspn_hier_backward_matches_finite_differences(void **state) {
     net_free(&n);
 }
 
+// mlp_keep_hidden: backward reads the forward's gelu(fc1(x)) instead of making it again; the
+// gradients are the same bits (the CPU makes h from the same fp32 pre either way), and the arena
+// holds the kept hidden activations after the forward pass.
+static void expect_keep_hidden_same_gradients(EncoderConfig c, bool taps) {
+    Net a, b;
+    c.mlp_keep_hidden = 0;
+    net_init(&a, &c, 2);
+    c.mlp_keep_hidden = 1;
+    net_init(&b, &c, 2);
+    a.tap_loss = b.tap_loss = taps;
+    params_zero_grads(&a.params, &a.ctx);
+    params_zero_grads(&b.params, &b.ctx);
+    Tensor *la = net_loss(&a), *lb = net_loss(&b);
+    assert_true(b.arena.in_use > a.arena.in_use);
+    tape_backward(&a.tape, la);
+    tape_backward(&b.tape, lb);
+    for (int i = 0; i < a.params.n; i++) {
+        const Tensor *ga = &a.params.params[i]->grad, *gb = &b.params.params[i]->grad;
+        assert_true(test_dot(ga, ga) > 0);
+        assert_memory_equal(ga->data, gb->data, tensor_bytes(ga));
+    }
+    assert_memory_equal(a.img->grad->data, b.img->grad->data, tensor_bytes(a.img));
+    net_free(&a);
+    net_free(&b);
+}
+
+static void test_mlp_keep_hidden_gives_the_same_gradients(void **state) {
+    (void)state;
+    EncoderConfig v = tiny(ENCODER_VIT);
+    expect_keep_hidden_same_gradients(v, false);   // fc2 writing x + MLP (nn_mlp_residual)
+    v.layer_scale_init = 0.5f;
+    expect_keep_hidden_same_gradients(v, true);    // layer scale: the MLP alone (nn_mlp)
+    EncoderConfig h = {.kind = ENCODER_GSPN_HIER, .img_h = 9, .img_w = 11, .in_chans = 2,
+                       .patch = 4, .width = 8, .depths = {1, 1, 1, 1}, .depth = 4,
+                       .mlp_ratio = 1, .mixer_ratio = 1.5f, .mixer_conv = 5, .gelu = GELU_ERF,
+                       .ln_eps = 1e-5f, .num_classes = 5, .gspn_latent = 2, .gspn_shared_w = 1,
+                       .avg_pool = 1};
+    expect_keep_hidden_same_gradients(h, false);
+}
+
 static void test_no_grad_records_nothing(void **state) {
     (void)state;
     Net n;
@@ -518,6 +558,7 @@ int main(void) {
         cmocka_unit_test(test_cgspn_shared_w_without_out_norm_backward_matches_finite_differences),
         cmocka_unit_test(test_hybrid_backward_matches_finite_differences),
         cmocka_unit_test(test_gspn_hier_backward_matches_finite_differences),
+        cmocka_unit_test(test_mlp_keep_hidden_gives_the_same_gradients),
         cmocka_unit_test(test_no_grad_records_nothing),
         cmocka_unit_test(test_frozen_parameters_get_no_gradient),
         cmocka_unit_test(test_param_done_reports_each_parameter_once_with_its_final_gradient),

@@ -82,6 +82,7 @@ X(float,  grad_clip,        1.0f,      "clip the global gradient norm to this; 0
 X(float,  label_smoothing,  0.0f,      "cross-entropy label smoothing")
 X(int,    accum_steps,      1,         "gradient accumulation: micro-batches of batch_size / accum_steps per optimizer step")
 X(float,  drop_path,        0.0f,      "stochastic depth rate of the last block, linear from 0 over depth (timm drop_path_rate)")
+X(bool,   mlp_keep_hidden,  0,         "MLP: keep gelu(fc1(x)) for the backward pass (2 bytes per hidden unit and token more) instead of making it again from fc1's output there (one elementwise pass over it); 0 = make it again")
 X(int,    grad_checkpoint,  0,         "activation recomputation: 0 = off; N = every N-th block (blocks 0, N, 2N, ...) keeps only its input and recomputes its forward during backward (1 = every block; timm set_grad_checkpointing)")
 X(float,  ema_decay,        0.0f,      "EMA of the weights, updated every step and evaluated beside them (timm model_ema_decay); 0 = off")
 X(float,  mesa,             0.0f,      "MESA (Du et al. 2022, sharpness-aware training for free) weight lambda: the loss adds lambda T^2 KL(softmax(ema/T) || softmax(student/T)), the EMA model's logits on the same batch as the target; needs ema_decay > 0; 0 = off")

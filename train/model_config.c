@@ -34,6 +34,7 @@ EncoderConfig encoder_config_from(const Config *c) {
     e.gspn_out_norm = c->gspn_out_norm;
     e.attn_every = c->attn_every;
     e.grad_checkpoint = c->grad_checkpoint;
+    e.mlp_keep_hidden = c->mlp_keep_hidden;
     CG_CHECK(e.grad_checkpoint >= 0, "grad_checkpoint = 0 (off), 1 (every block) or N (every N-th)",
              "grad_checkpoint %d is negative", e.grad_checkpoint);
     CG_CHECK(e.kind != ENCODER_HYBRID || e.attn_every > 0, "set attn_every (e.g. 9)",

@@ -43,12 +43,14 @@ static EncoderConfig vit_fc_norm(void) {
 }
 
 // The hierarchical GSPN encoder: stem, LPUs, the mixer's 7x7 depthwise conv, SiLU and 2-channel
-// shared-weight scan, downsampling; grids 8x6 -> 4x3 -> 2x2 -> 1x1.
+// shared-weight scan, downsampling; grids 8x6 -> 4x3 -> 2x2 -> 1x1. Its MLPs keep their hidden
+// activations for backward, as configs/gspn_t.cfg's do.
 static EncoderConfig gspn_hier(void) {
     EncoderConfig c = {.kind = ENCODER_GSPN_HIER, .img_h = 32, .img_w = 24, .in_chans = 3,
                        .patch = 4, .width = 16, .depths = {1, 1, 2, 1}, .depth = 5,
                        .mlp_ratio = 2, .mixer_ratio = 1.5f, .mixer_conv = 7, .gelu = GELU_ERF,
-                       .ln_eps = 1e-5f, .gspn_latent = 2, .gspn_shared_w = 1, .avg_pool = 1};
+                       .ln_eps = 1e-5f, .gspn_latent = 2, .gspn_shared_w = 1, .avg_pool = 1,
+                       .mlp_keep_hidden = 1};
     return c;
 }
 
