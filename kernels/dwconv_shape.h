@@ -5,6 +5,7 @@
 #pragma once
 #include "tensor.h"
 #include "error.h"
+#include "ops.h"
 
 #define DWCONV_MAX_K 7
 
@@ -22,4 +23,14 @@ static inline DwconvShape dwconv_shape(const char *op, const Tensor *x, const Te
              "op %s: w has shape %s for %d channels", op, tensor_shape_str(w, buf, sizeof buf), s.C);
     s.p = s.k / 2;
     return s;
+}
+
+// The flags (kernels/ops.h) each op takes: dwconv_fwd DWCONV_RESIDUAL or DWCONV_SILU, not both;
+// dwconv_bwd DWCONV_RESIDUAL and DWCONV_WRITE_DX.
+static inline void dwconv_check_flags(const char *op, int flags, bool fwd) {
+    const int known = fwd ? DWCONV_RESIDUAL | DWCONV_SILU : DWCONV_RESIDUAL | DWCONV_WRITE_DX;
+    CG_CHECK((flags & ~known) == 0 && (flags & (DWCONV_RESIDUAL | DWCONV_SILU)) !=
+                                          (DWCONV_RESIDUAL | DWCONV_SILU),
+             "dwconv_fwd takes DWCONV_RESIDUAL or DWCONV_SILU, dwconv_bwd DWCONV_RESIDUAL and "
+             "DWCONV_WRITE_DX", "op %s: flags %d", op, flags);
 }

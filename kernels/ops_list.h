@@ -166,7 +166,10 @@ OP(im2col_bwd, (Ctx *ctx, const Tensor *dcols, int nchw, int k, int stride, int 
 // (at most 7: kernels/dwconv_shape.h); stride 1, zero padding k/2; b (C) or NULL. y (B,H,W,C),
 // x's dtype:
 //   y[b,h,w,c] = b[c] + sum_{i,j < k} w[c,0,i,j] x[b, h+i-k/2, w+j-k/2, c]
-// flags: DWCONV_RESIDUAL adds x[b,h,w,c] too (the LPU's x + dwconv(x) in one pass; y is not x).
+// flags: DWCONV_RESIDUAL adds x[b,h,w,c] too (the LPU's x + dwconv(x) in one pass; y is not x);
+// DWCONV_SILU (not with DWCONV_RESIDUAL) writes silu(y) instead, y first rounded to x's dtype as
+// silu_fwd would read it (the mixer's convolution and activation in one pass, where no backward
+// needs y itself).
 OP(dwconv_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, int flags, Tensor *y),
    (ctx, x, w, b, flags, y))
 // dx (x's dtype) += dL/dx, dw and db (fp32) += theirs; any of them NULL: skipped. flags:

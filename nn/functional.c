@@ -661,6 +661,13 @@ static Tensor *dwconv_flags(Tape *t, Tensor *x, Tensor *w, Tensor *b, int flags)
     return y;
 }
 Tensor *nn_dwconv(Tape *t, Tensor *x, Tensor *w, Tensor *b) { return dwconv_flags(t, x, w, b, 0); }
+Tensor *nn_dwconv_silu(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
+    // silu's backward reads the convolution's output: recorded, the two ops keep it
+    if (tape_would_track(t, x, w, b)) return nn_silu(t, nn_dwconv(t, x, w, b));
+    Tensor *y = tape_tensor_like(t, x);
+    op_dwconv_fwd(t->ctx, x, w, b, DWCONV_SILU, y);
+    return y;
+}
 Tensor *nn_dwconv_residual(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
     return dwconv_flags(t, x, w, b, DWCONV_RESIDUAL);
 }

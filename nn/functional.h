@@ -43,6 +43,9 @@ Tensor *nn_dwconv(Tape *t, Tensor *x, Tensor *w, Tensor *b);
 // x + nn_dwconv(x) in one pass each way (the LPU): one record, no add, and the backward writes
 // dy + the taps' sum into x's gradient at once.
 Tensor *nn_dwconv_residual(Tape *t, Tensor *x, Tensor *w, Tensor *b);
+// nn_silu(nn_dwconv(x, w, b)) (gspn_hier's mixer): one pass (DWCONV_SILU) when nothing is
+// recorded, as in inference; the two ops otherwise.
+Tensor *nn_dwconv_silu(Tape *t, Tensor *x, Tensor *w, Tensor *b);
 // k x k convolution, stride, zero padding (im2col + GEMM, kernels/ops.h): x (B,H,W,C), or
 // (B,C,H,W) images with nchw, w (Cout,C,k,k) PyTorch's layout, b (Cout) or NULL ->
 // (B,Ho,Wo,Cout) channels-last in the activation dtype. GSPN's stem and downsampling.

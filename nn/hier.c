@@ -146,8 +146,13 @@ static Tensor *block_forward(Tape *t, const HierEncoder *e, HierDrop d, int i, T
     Tensor *v = linear_as(t, &b->in_proj, h, op_dtype(t, e, HIER_OP_IN_PROJ));   // (B,H,W,Ci)
     DType dt = op_dtype(t, e, HIER_OP_CONV);
     const Conv2d *mc = &b->mixer_conv;
-    v = nn_dwconv(t, as_dtype(t, v, dt), as_dtype(t, mc->w, dt), as_dtype(t, mc->b, dt));
-    v = nn_silu(t, as_dtype(t, v, op_dtype(t, e, HIER_OP_SILU)));
+    v = as_dtype(t, v, dt);
+    if (dt == op_dtype(t, e, HIER_OP_SILU)) {
+        v = nn_dwconv_silu(t, v, as_dtype(t, mc->w, dt), as_dtype(t, mc->b, dt));
+    } else {
+        v = nn_dwconv(t, v, as_dtype(t, mc->w, dt), as_dtype(t, mc->b, dt));
+        v = nn_silu(t, as_dtype(t, v, op_dtype(t, e, HIER_OP_SILU)));
+    }
     const CgspnLayer *g = &b->gspn;
     Tensor *xc = linear_as(t, &g->down, v, op_dtype(t, e, HIER_OP_DOWN));       // (B,H,W,Cc)
     Tensor *gates = linear_as(t, &g->gate, xc, op_dtype(t, e, HIER_OP_GATE));  // (B,H,W,G)

@@ -102,9 +102,13 @@ Tensor *tape_tensor_like(Tape *t, const Tensor *x) {
     return y;
 }
 
+bool tape_would_track(const Tape *t, const Tensor *a, const Tensor *b, const Tensor *c) {
+    return t->grad_enabled &&
+           ((a && a->requires_grad) || (b && b->requires_grad) || (c && c->requires_grad));
+}
+
 bool tape_track(Tape *t, Tensor *out, const Tensor *a, const Tensor *b, const Tensor *c) {
-    out->requires_grad = t->grad_enabled && ((a && a->requires_grad) || (b && b->requires_grad) ||
-                                             (c && c->requires_grad));
+    out->requires_grad = tape_would_track(t, a, b, c);
     if (out->requires_grad) {   // ops call tape_track before tape_record: t->n is their record
         note_param(t, a);
         note_param(t, b);

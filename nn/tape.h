@@ -78,6 +78,9 @@ Tensor *tape_tensor(Tape *t, int ndim, const int *shape, bool f32);
 Tensor *tape_tensor_like(Tape *t, const Tensor *x);
 // Marks out as needing a gradient when recording and any input does; returns whether it does.
 bool tape_track(Tape *t, Tensor *out, const Tensor *a, const Tensor *b, const Tensor *c);
+// Whether an op on a, b, c (any may be NULL) would be recorded: tape_track's answer, asked before
+// the op runs (an op that fuses what no backward needs when nothing is recorded).
+bool tape_would_track(const Tape *t, const Tensor *a, const Tensor *b, const Tensor *c);
 // Appends a record of `bytes` zeroed host bytes for fn and returns it for the op to fill.
 void *tape_record(Tape *t, TapeBackwardFn fn, size_t bytes);
 // x's gradient (zeroed on first use) when x needs one, else NULL.

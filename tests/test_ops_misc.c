@@ -364,7 +364,7 @@ typedef struct DwCase {
 static double dw_loss(void *user) {
     DwCase *c = user;
     Ctx ctx = ctx_cpu();
-    cpu_dwconv_fwd(&ctx, c->x, c->w, c->b, c->flags, c->y);
+    cpu_dwconv_fwd(&ctx, c->x, c->w, c->b, c->flags & DWCONV_RESIDUAL, c->y);
     double s = 0;
     for (size_t i = 0; i < c->y->numel; i++) s += (double)tensor_f32(c->y)[i] * tensor_f32(c->r)[i];
     return s;
@@ -419,6 +419,27 @@ static void test_dwconv_matches_reference_and_finite_differences(void **state) {
     check_dwconv(1, 2, 3, 4, 3, 0);   // smaller than the kernel's reach
     check_dwconv(2, 5, 7, 3, 3, DWCONV_RESIDUAL);
     check_dwconv(1, 6, 4, 2, 5, DWCONV_RESIDUAL | DWCONV_WRITE_DX);
+}
+
+// DWCONV_SILU: y = silu(conv(x) + b), against SiLU's formula in double on the plain output.
+static void test_dwconv_silu_is_silu_of_the_convolution(void **state) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(4, 2, 6, 5, 3), *w = test_tensor(4, 3, 1, 5, 5), *b = test_tensor(1, 3);
+    Tensor *y = test_like(x), *ys = test_like(x);
+    test_fill(x, 91, -2, 2);
+    test_fill(w, 92, -1, 1);
+    test_fill(b, 93, -1, 1);
+    cpu_dwconv_fwd(&ctx, x, w, b, 0, y);
+    cpu_dwconv_fwd(&ctx, x, w, b, DWCONV_SILU, ys);
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < y->numel; i++) {
+        double v = tensor_f32(y)[i], want = v / (1.0 + exp(-v));
+        worst = fmax(worst, fabs(tensor_f32(ys)[i] - want));
+        scale = fmax(scale, fabs(want));
+    }
+    assert_true(worst <= 1e-6 * scale);   // fp32's expf and division: a few ulps
+    Tensor *t[] = {x, w, b, y, ys};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) test_tensor_free(t[i]);
 }
 
 // ---- convolution: im2col ---------------------------------------------------------------------------
@@ -797,6 +818,7 @@ int main(void) {
         cmocka_unit_test(test_mean_tokens_matches_reference_and_finite_differences),
         cmocka_unit_test(test_attention_pool_equals_attention_with_the_query_in_every_row),
         cmocka_unit_test(test_dwconv_matches_reference_and_finite_differences),
+        cmocka_unit_test(test_dwconv_silu_is_silu_of_the_convolution),
         cmocka_unit_test(test_im2col_convolution_matches_direct_and_its_adjoint),
         cmocka_unit_test(test_resize_forward_matches_pytorch_values_by_hand),
         cmocka_unit_test(test_resize_matches_reference_and_finite_differences),

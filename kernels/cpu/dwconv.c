@@ -42,8 +42,8 @@ static void add_taps(const DwconvShape *s, const float *in, const float *Wt, boo
 
 void cpu_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, int flags,
                     Tensor *y) {
-    (void)ctx;
     DwconvShape s = dw_shape("dwconv_fwd", x, w);
+    dwconv_check_flags("dwconv_fwd", flags, true);
     cpu_check_same("dwconv_fwd", "y", y, "x", x);
     CG_CHECK(y->data != x->data, "", "op dwconv_fwd: y is x (the taps read neighbours of what they write)");
     if (b) cpu_check_numel("dwconv_fwd", "b", b, (size_t)s.C);
@@ -54,12 +54,14 @@ void cpu_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
             Y[px * s.C + c] = (b ? tensor_f32(b)[c] : 0.0f) +
                               (flags & DWCONV_RESIDUAL ? X[px * s.C + c] : 0.0f);
     add_taps(&s, tensor_f32(x), tensor_f32(w), false, Y);
+    if (flags & DWCONV_SILU) cpu_silu_fwd(ctx, y, y);   // the activation's own formula, in place
 }
 
 void cpu_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, int flags,
                     Tensor *dx, Tensor *dw, Tensor *db) {
     (void)ctx;
     DwconvShape s = dw_shape("dwconv_bwd", x, w);
+    dwconv_check_flags("dwconv_bwd", flags, false);
     cpu_check_same("dwconv_bwd", "dy", dy, "x", x);
     const float *DY = tensor_f32(dy), *X = tensor_f32(x);
     int kk = s.k * s.k;

@@ -163,7 +163,8 @@ template <int K, int CW, int V, typename T> struct DwWindow {
 // out[b,h,w,c] (+)= bias[c] + sum_{i,j} w'[i][j] in[b, h+i-p, w+j-p, c] (+ in[b,h,w,c]); w' = w,
 // or w mirrored in both axes for dx (dy correlated with the mirrored taps is the adjoint).
 // DW_RESID: in's own value added (the residual's identity path); DW_ACCUM: added to out's prior
-// value; either way rounded once (the flags: kernels/cuda/dwconv_mma.h).
+// value; either way rounded once; DW_SILU: silu of the rounded sum (the flags:
+// kernels/cuda/dwconv_mma.h).
 
 // Input row r = y0 - P + t feeds output row y0 + t - i through tap row i; that row's sums sit in
 // ring slot (t - i) mod K. Output row y0 + t - (K - 1) has all its rows after step t: it is
@@ -239,8 +240,10 @@ dwconv_rows_kernel(const T *__restrict__ in, const TW *__restrict__ w, const TW 
                     float val[V];
                     if (flags & DW_ACCUM) load_v<V>(p, val);
                     #pragma unroll
-                    for (int v = 0; v < V; v++)
+                    for (int v = 0; v < V; v++) {
                         val[v] = acc[s][q][v] + bv[v] + (flags & DW_ACCUM ? val[v] : 0.0f);
+                        if (flags & DW_SILU) val[v] = dw_silu<T>(val[v]);
+                    }
                     store_v<V>(p, val);
                 }
             }
@@ -524,6 +527,7 @@ void cuda_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b
                      Tensor *y) {
     const char *op = "dwconv_fwd";
     DwDims d = dw_dims(op, x, w);
+    dwconv_check_flags(op, flags, true);
     cuda_check_numel(op, "y", y, x->numel);
     cuda_check_same_dtype(op, "y", y, "x", x);
     CG_CHECK(y->data != x->data, "", "op dwconv_fwd: y is x (the taps read neighbours of what they write)");
@@ -536,7 +540,8 @@ void cuda_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b
         using T = TAG_T(tx);
         using TW = TAG_T(tw);
         launch_rows(ctx, (const T *)x->data, (const TW *)w->data, b ? (const TW *)b->data : nullptr,
-                    (T *)y->data, d, flags & DWCONV_RESIDUAL ? DW_RESID : 0);
+                    (T *)y->data, d,
+                    (flags & DWCONV_RESIDUAL ? DW_RESID : 0) | (flags & DWCONV_SILU ? DW_SILU : 0));
     });
 }
 
@@ -612,6 +617,7 @@ void cuda_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *
                      Tensor *dx, Tensor *dw, Tensor *db) {
     const char *op = "dwconv_bwd";
     DwDims d = dw_dims(op, x, w);
+    dwconv_check_flags(op, flags, false);
     cuda_check_numel(op, "dy", dy, x->numel);
     cuda_check_same_dtype(op, "dy", dy, "x", x);
     if (dw) {

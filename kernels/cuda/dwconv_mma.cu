@@ -148,6 +148,7 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const
             if (flags & DW_RESID)
                 v[c] += __uint_as_float((unsigned)tile[(c * ROWS + r + P) * sw + xx + P] << 16);
             if (flags & DW_ACCUM) v[c] += prior[c];
+            if (flags & DW_SILU) v[c] = dw_silu<bf16>(v[c]);
         }
         store_v<MMA_CG>(p, v);
     }

@@ -1,13 +1,22 @@
 // The depthwise convolution on tensor cores (kernels/cuda/dwconv_mma.cu), for the shapes it
-// covers: the y / dx pass for bf16 activations and weights, k = 7, images of at least 28 rows and
+// covers: the y / dx pass for bf16 activations and weights, k = 7, images of at least 14 rows and
 // columns, C a multiple of 8; the dw / db pass for bf16 activations, k = 7, C a multiple of 8.
 // kernels/cuda/dwconv.cu calls them first and falls back to its own kernels.
 #pragma once
 #include "cuda_elem.cuh"
+#include "silu.h"
 #include "../dwconv_shape.h"
+#include <type_traits>
 
 // How the y / dx pass reads its taps and where its result goes (dwconv.cu's kernels take the same).
-enum { DW_FLIP = 1, DW_ACCUM = 2, DW_RESID = 4 };
+// DW_SILU: silu of the sum, the sum first rounded to the output's dtype (dwconv_fwd's DWCONV_SILU).
+enum { DW_FLIP = 1, DW_ACCUM = 2, DW_RESID = 4, DW_SILU = 8 };
+
+// The output value of a sum under DW_SILU: silu of it as read back from T (dw_silu<float>: exact).
+template <typename T> __device__ __forceinline__ float dw_silu(float v) {
+    if constexpr (std::is_same<T, bf16>::value) v = __bfloat162float(__float2bfloat16_rn(v));
+    return silu_value(v);
+}
 
 // out (+)= bias + the k x k taps of in (mirrored with DW_FLIP) (+ in with DW_RESID). Returns
 // false, launching nothing, when the shape or dtypes are not covered.

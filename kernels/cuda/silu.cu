@@ -1,8 +1,7 @@
 // CUDA: SiLU (kernels/ops.h; CPU reference kernels/cpu/silu.c, same fp32 formulas). x, y, dy, dx
 // in one dtype; elementwise, 16-byte accesses where aligned.
 #include "cuda_elem.cuh"
-
-__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+#include "silu.h"
 
 template <typename T> struct SiluFwdOp {
     const T *x;
@@ -11,7 +10,7 @@ template <typename T> struct SiluFwdOp {
         float v[V];
         load_v<V>(x + i, v);
         #pragma unroll
-        for (int j = 0; j < V; j++) v[j] = v[j] * sigmoid_f(v[j]);
+        for (int j = 0; j < V; j++) v[j] = silu_value(v[j]);
         store_v<V>(y + i, v);
     }
 };
@@ -26,7 +25,7 @@ template <typename T> struct SiluBwdOp {
         load_v<V>(dx + i, d);
         #pragma unroll
         for (int j = 0; j < V; j++) {
-            float s = sigmoid_f(v[j]);
+            float s = silu_sigmoid(v[j]);
             d[j] += g[j] * s * (1.0f + v[j] * (1.0f - s));
         }
         store_v<V>(dx + i, d);

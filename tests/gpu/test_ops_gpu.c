@@ -64,6 +64,7 @@ static const NamedTol BF16_TOLS[] = {
     {"softmax_fwd.y", BF16_ROUNDED_TOL},
     {"attention_pool_fwd.out", BF16_ROUNDED_TOL},   // fp32 math on bf16 inputs, rounded once
     {"dwconv_fwd.y", BF16_ROUNDED_TOL},
+    {"dwconv_fwd.y_silu", BF16_TWICE_TOL},   // the sum rounded as silu reads it, silu's value rounded
     {"im2col_fwd.cols", 0.0},                // copies of bf16 values: exact
     {"im2col_bwd.dx", BF16_ROUNDED_TOL},     // prior + up to k*k columns, rounded once
     {"dwconv_bwd.dx", BF16_ROUNDED_TOL},     // prior + the taps' sum, rounded once
@@ -653,9 +654,14 @@ static void test_dwconv_matches_cpu(void **state) {
                    wid, C, k, flags);
             Tensor *x = rnd(HT(B, hgt, wid, C), 1, -1, 1, xt), *w = rnd(HT(C, 1, k, k), 2, -1, 1, wt);
             Tensor *b = rnd(HT(C), 3, -1, 1, wt), *y = HT(B, hgt, wid, C), *gy = dev_zeros(y, xt);
-            cpu_dwconv_fwd(&H, x, w, b, flags, y);
-            cuda_dwconv_fwd(&G, dev(x, xt), dev(w, wt), dev(b, wt), flags, gy);
+            const int fwd_flags = flags & DWCONV_RESIDUAL;
+            cpu_dwconv_fwd(&H, x, w, b, fwd_flags, y);
+            cuda_dwconv_fwd(&G, dev(x, xt), dev(w, wt), dev(b, wt), fwd_flags, gy);
             check("dwconv_fwd.y", mode, gy, y);
+            Tensor *ys = HT(B, hgt, wid, C), *gys = dev_zeros(ys, xt);   // the mixer's conv + SiLU
+            cpu_dwconv_fwd(&H, x, w, b, DWCONV_SILU, ys);
+            cuda_dwconv_fwd(&G, dev(x, xt), dev(w, wt), dev(b, wt), DWCONV_SILU, gys);
+            check("dwconv_fwd.y_silu", mode, gys, ys);
             Tensor *dy = rnd(HT(B, hgt, wid, C), 4, -1, 1, xt), *dx = rnd(HT(B, hgt, wid, C), 5, -1, 1, xt);
             Tensor *dw = rnd(HT(C, 1, k, k), 6, -1, 1, DTYPE_F32), *db = rnd(HT(C), 7, -1, 1, DTYPE_F32);
             Tensor *gdx = dev(dx, xt), *gdw = dev(dw, DTYPE_F32), *gdb = dev(db, DTYPE_F32);
