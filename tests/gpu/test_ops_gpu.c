@@ -414,39 +414,45 @@ static void test_layernorm_matches_cpu(void **state) {
         }
 }
 
-// fp32 x (the residual stream) normalized into a bf16 y, as the encoders do; backward with a bf16
-// dy accumulating into an fp32 dx. x stays unrounded (fp32 on both sides); dy is rounded to bf16
-// on the CPU side. y is one bf16 rounding of fp32 math: BF16_ROUNDED_TOL; mean, rstd, dx, dw, db
-// are fp32 math on identical inputs: FP32_TOL.
-static void test_layernorm_fp32_input_bf16_output_matches_cpu(void **state) {
+// Mixed dtypes: fp32 x (the residual stream) normalized into a bf16 y, as the encoders do, its
+// backward a bf16 dy accumulating into an fp32 dx; and bf16 x (a convolution's output) into an
+// fp32 y, as gspn_hier starts its fp32 stream, an fp32 dy into a bf16 dx. Each side's bf16
+// tensors are rounded on the CPU side too, so both compute from identical values: a tensor
+// written in bf16 is one rounding of fp32 math (BF16_ROUNDED_TOL), one written in fp32 is fp32
+// math (FP32_TOL); the mode passed to check() is the dtype the tensor is written in. w and b take
+// y's dtype.
+static void check_layernorm_mixed(DType xt, DType yt) {
     for (int si = 0; si < N_LN_SHAPES; si++) {
         int N = LN_SHAPES[si][0], C = LN_SHAPES[si][1];
-        printf("  fp32 -> bf16 (%d, %d)\n", N, C);
-        Tensor *x = rnd(HT(N, C), 1, -1, 3, DTYPE_F32), *w = rnd(HT(C), 2, 0.5f, 1.5f, DTYPE_BF16);
-        Tensor *b = rnd(HT(C), 3, -0.5f, 0.5f, DTYPE_BF16);
-        Tensor *gx = dev(x, DTYPE_F32), *gw = dev(w, DTYPE_BF16), *gb = dev(b, DTYPE_BF16);
+        printf("  %s -> %s (%d, %d)\n", dtype_name(xt), dtype_name(yt), N, C);
+        Tensor *x = rnd(HT(N, C), 1, -1, 3, xt), *w = rnd(HT(C), 2, 0.5f, 1.5f, yt);
+        Tensor *b = rnd(HT(C), 3, -0.5f, 0.5f, yt);
+        Tensor *gx = dev(x, xt), *gw = dev(w, yt), *gb = dev(b, yt);
         Tensor *y = HT(N, C), *mean = HT(N), *rstd = HT(N);
-        Tensor *gy = dev_zeros(y, DTYPE_BF16), *gmean = dev_zeros(mean, DTYPE_F32);
+        Tensor *gy = dev_zeros(y, yt), *gmean = dev_zeros(mean, DTYPE_F32);
         Tensor *grstd = dev_zeros(rstd, DTYPE_F32);
         cpu_layernorm_fwd(&H, x, w, b, 1e-6f, y, mean, rstd);
         cuda_layernorm_fwd(&G, gx, gw, gb, 1e-6f, gy, gmean, grstd);
-        check("layernorm_fwd.y", DTYPE_BF16, gy, y);
+        check("layernorm_fwd.y", yt, gy, y);
         check("layernorm_fwd.mean", DTYPE_F32, gmean, mean);
         check("layernorm_fwd.rstd", DTYPE_F32, grstd, rstd);
 
         Tensor *gm = dev(mean, DTYPE_F32), *gr = dev(rstd, DTYPE_F32);
-        Tensor *dy = rnd(HT(N, C), 4, -1, 1, DTYPE_BF16), *gdy = dev(dy, DTYPE_BF16);
-        Tensor *dx = rnd(HT(N, C), 5, -1, 1, DTYPE_F32);
+        Tensor *dy = rnd(HT(N, C), 4, -1, 1, yt), *gdy = dev(dy, yt);
+        Tensor *dx = rnd(HT(N, C), 5, -1, 1, xt);
         Tensor *dw = rnd(HT(C), 6, -1, 1, DTYPE_F32), *db = rnd(HT(C), 7, -1, 1, DTYPE_F32);
-        Tensor *gdx = dev(dx, DTYPE_F32), *gdw = dev(dw, DTYPE_F32), *gdb = dev(db, DTYPE_F32);
+        Tensor *gdx = dev(dx, xt), *gdw = dev(dw, DTYPE_F32), *gdb = dev(db, DTYPE_F32);
         cpu_layernorm_bwd(&H, dy, x, w, mean, rstd, dx, dw, db, NULL, NULL);
         cuda_layernorm_bwd(&G, gdy, gx, gw, gm, gr, gdx, gdw, gdb, NULL, NULL);
-        check("layernorm_bwd.dx", DTYPE_F32, gdx, dx);
+        check("layernorm_bwd.dx", xt, gdx, dx);
         check("layernorm_bwd.dw", DTYPE_F32, gdw, dw);
         check("layernorm_bwd.db", DTYPE_F32, gdb, db);
-
-        // the hand-off of the final dx (in bf16, starts NaN) and its column sums, with and
-        // without dw, db, and each part alone
+        if (xt != DTYPE_F32) {
+            release_all();
+            continue;
+        }
+        // the residual stream's hand-off of the final dx (in bf16, starts NaN) and its column
+        // sums, with and without dw, db, and each part alone
         Tensor *nan = HT(N, C);
         for (size_t i = 0; i < nan->numel; i++) tensor_f32(nan)[i] = NAN;
         Tensor *act = HT(N, C), *sums = rnd(HT(C), 8, -1, 1, DTYPE_F32);
@@ -466,38 +472,9 @@ static void test_layernorm_fp32_input_bf16_output_matches_cpu(void **state) {
     }
 }
 
-// bf16 x (a convolution's output) normalized into an fp32 y, as gspn_hier starts its fp32 stream;
-// backward with an fp32 dy accumulating into a bf16 dx. x is rounded to bf16 on both sides; y,
-// mean, rstd, dw, db are fp32 math on identical inputs: FP32_TOL; dx is that math rounded once
-// into its bf16 prior: BF16_ROUNDED_TOL.
-static void test_layernorm_bf16_input_fp32_output_matches_cpu(void **state) {
-    for (int si = 0; si < N_LN_SHAPES; si++) {
-        int N = LN_SHAPES[si][0], C = LN_SHAPES[si][1];
-        printf("  bf16 -> fp32 (%d, %d)\n", N, C);
-        Tensor *x = rnd(HT(N, C), 1, -1, 3, DTYPE_BF16), *w = rnd(HT(C), 2, 0.5f, 1.5f, DTYPE_F32);
-        Tensor *b = rnd(HT(C), 3, -0.5f, 0.5f, DTYPE_F32);
-        Tensor *gx = dev(x, DTYPE_BF16), *gw = dev(w, DTYPE_F32), *gb = dev(b, DTYPE_F32);
-        Tensor *y = HT(N, C), *mean = HT(N), *rstd = HT(N);
-        Tensor *gy = dev_zeros(y, DTYPE_F32), *gmean = dev_zeros(mean, DTYPE_F32);
-        Tensor *grstd = dev_zeros(rstd, DTYPE_F32);
-        cpu_layernorm_fwd(&H, x, w, b, 1e-5f, y, mean, rstd);
-        cuda_layernorm_fwd(&G, gx, gw, gb, 1e-5f, gy, gmean, grstd);
-        check("layernorm_fwd.y", DTYPE_F32, gy, y);
-        check("layernorm_fwd.mean", DTYPE_F32, gmean, mean);
-        check("layernorm_fwd.rstd", DTYPE_F32, grstd, rstd);
-
-        Tensor *gm = dev(mean, DTYPE_F32), *gr = dev(rstd, DTYPE_F32);
-        Tensor *dy = rnd(HT(N, C), 4, -1, 1, DTYPE_F32), *gdy = dev(dy, DTYPE_F32);
-        Tensor *dx = rnd(HT(N, C), 5, -1, 1, DTYPE_BF16);
-        Tensor *dw = rnd(HT(C), 6, -1, 1, DTYPE_F32), *db = rnd(HT(C), 7, -1, 1, DTYPE_F32);
-        Tensor *gdx = dev(dx, DTYPE_BF16), *gdw = dev(dw, DTYPE_F32), *gdb = dev(db, DTYPE_F32);
-        cpu_layernorm_bwd(&H, dy, x, w, mean, rstd, dx, dw, db, NULL, NULL);
-        cuda_layernorm_bwd(&G, gdy, gx, gw, gm, gr, gdx, gdw, gdb, NULL, NULL);
-        check("layernorm_bwd.dx", DTYPE_BF16, gdx, dx);
-        check("layernorm_bwd.dw", DTYPE_F32, gdw, dw);
-        check("layernorm_bwd.db", DTYPE_F32, gdb, db);
-        release_all();
-    }
+static void test_layernorm_mixed_dtypes_match_cpu(void **state) {
+    check_layernorm_mixed(DTYPE_F32, DTYPE_BF16);
+    check_layernorm_mixed(DTYPE_BF16, DTYPE_F32);
 }
 
 // add_layernorm_fwd: h = x + r, y = LayerNorm(h); both as the encoders use it (fp32 stream x,
@@ -1149,8 +1126,7 @@ int main(void) {
         cmocka_unit_test(test_cast_colsum_matches_cpu),
         cmocka_unit_test(test_layer_scale_matches_cpu),
         cmocka_unit_test(test_layernorm_matches_cpu),
-        cmocka_unit_test(test_layernorm_fp32_input_bf16_output_matches_cpu),
-        cmocka_unit_test(test_layernorm_bf16_input_fp32_output_matches_cpu),
+        cmocka_unit_test(test_layernorm_mixed_dtypes_match_cpu),
         cmocka_unit_test(test_add_layernorm_matches_cpu),
         cmocka_unit_test(test_gelu_matches_cpu),
         cmocka_unit_test(test_silu_matches_cpu),
