@@ -392,6 +392,45 @@ static void test_gspn_backward_accumulates_into_gradients(void **state) {
     }
 }
 
+// ---- refusals (kernels/gspn_scan_shape.h, shared with the CUDA op) ---------------------------------
+
+// Shared-weight gates of a per-channel width: G = 20 * Cc = 40 where 4 * (2 * Cc + 3) = 28.
+static void scan_shared_with_per_channel_gates(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *xc = test_tensor(4, 1, 3, 4, 2), *gates = test_tensor(4, 1, 3, 4, 40);
+    Tensor *merge = test_tensor(1, 4), *yc = test_like(xc);
+    cpu_gspn_scan_fwd(&ctx, xc, gates, merge, 1, yc, NULL);
+}
+
+// A saved hidden state of one direction instead of four.
+static void scan_backward_with_one_direction_of_hidden(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *xc = test_tensor(4, 1, 3, 4, 2), *gates = test_tensor(4, 1, 3, 4, 28);
+    Tensor *merge = test_tensor(1, 4), *dyc = test_like(xc), *dxc = test_like(xc);
+    Tensor *hidden = test_tensor(4, 1, 3, 4, 2);
+    cpu_gspn_scan_bwd(&ctx, dyc, xc, gates, merge, 1, hidden, dxc, NULL, NULL);
+}
+
+// A dgates of the wrong width for the write variant.
+static void scan_backward_write_with_short_dgates(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *xc = test_tensor(4, 1, 3, 4, 2), *gates = test_tensor(4, 1, 3, 4, 28);
+    Tensor *merge = test_tensor(1, 4), *dyc = test_like(xc), *dgates = test_tensor(4, 1, 3, 4, 27);
+    cpu_gspn_scan_bwd_write(&ctx, dyc, xc, gates, merge, 1, NULL, NULL, dgates, NULL);
+}
+
+// Each stops the program with a message naming the op, the argument and the shapes (run in a
+// child process).
+static void test_gspn_rejects_bad_shapes_with_a_message(void **state) {
+    (void)state;
+    expect_stop(scan_shared_with_per_channel_gates,
+                (const char *[]){"gspn_scan_fwd", "gates have shape (1, 3, 4, 40)", "4*(2*Cc+3)", NULL});
+    expect_stop(scan_backward_with_one_direction_of_hidden,
+                (const char *[]){"gspn_scan_bwd", "hidden", "(4, B, H, W, Cc)", NULL});
+    expect_stop(scan_backward_write_with_short_dgates,
+                (const char *[]){"gspn_scan_bwd_write", "dgates has shape (1, 3, 4, 27)", NULL});
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gspn_forward_matches_naive_reference),
@@ -400,6 +439,7 @@ int main(void) {
         cmocka_unit_test(test_gspn_backward_matches_finite_differences),
         cmocka_unit_test(test_gspn_backward_recompute_equals_saved_hidden),
         cmocka_unit_test(test_gspn_backward_accumulates_into_gradients),
+        cmocka_unit_test(test_gspn_rejects_bad_shapes_with_a_message),
     };
     return cmocka_run_group_tests_name("gspn", tests, NULL, NULL);
 }

@@ -8,8 +8,6 @@
 #include <stdint.h>
 #include "testlib.h"
 #include <omp.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #include "../kernels/ops.h"
 #include "../kernels/cpu/gemm.h"
 
@@ -232,33 +230,6 @@ static void test_linear_backward_is_deterministic_across_thread_counts(void **st
     test_tensor_free(dw3);
     test_tensor_free(db3);
     linear_case_free(&c);
-}
-
-// Runs fn in a child process and expects it to stop (exit status 1) with a message on stderr
-// that contains every string of want (NULL-terminated).
-static void expect_stop(void (*fn)(void), const char *const *want) {
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    fflush(stdout);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        dup2(fds[1], 2);
-        fn();
-        _exit(0);
-    }
-    close(fds[1]);
-    char msg[512] = {0};
-    size_t got = 0;
-    ssize_t n;
-    while (got < sizeof msg - 1 && (n = read(fds[0], msg + got, sizeof msg - 1 - got)) > 0)
-        got += (size_t)n;
-    close(fds[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    printf("    message: %s", msg);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 1);
-    for (; *want; want++) assert_non_null(strstr(msg, *want));
 }
 
 static void linear_with_7_inputs_against_6(void) {

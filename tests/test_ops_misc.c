@@ -442,6 +442,25 @@ static void test_dwconv_silu_is_silu_of_the_convolution(void **state) {
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) test_tensor_free(t[i]);
 }
 
+static void dwconv_silu_with_residual(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(4, 1, 3, 3, 2), *w = test_tensor(4, 2, 1, 3, 3), *y = test_like(x);
+    cpu_dwconv_fwd(&ctx, x, w, NULL, DWCONV_SILU | DWCONV_RESIDUAL, y);
+}
+
+static void dwconv_backward_of_silu(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(4, 1, 3, 3, 2), *w = test_tensor(4, 2, 1, 3, 3), *dx = test_like(x);
+    cpu_dwconv_bwd(&ctx, test_like(x), x, w, DWCONV_SILU, dx, NULL, NULL);
+}
+
+// Flags an op does not take stop with a message naming the op and the flags (kernels/
+// dwconv_shape.h, shared with the CUDA op; run in a child process).
+static void test_dwconv_rejects_flags_it_does_not_take(void **state) {
+    expect_stop(dwconv_silu_with_residual, (const char *[]){"dwconv_fwd", "flags 5", NULL});
+    expect_stop(dwconv_backward_of_silu, (const char *[]){"dwconv_bwd", "flags 4", NULL});
+}
+
 // ---- convolution: im2col ---------------------------------------------------------------------------
 
 // im2col composed with the linear op against a direct convolution, and im2col_bwd as its
@@ -819,6 +838,7 @@ int main(void) {
         cmocka_unit_test(test_attention_pool_equals_attention_with_the_query_in_every_row),
         cmocka_unit_test(test_dwconv_matches_reference_and_finite_differences),
         cmocka_unit_test(test_dwconv_silu_is_silu_of_the_convolution),
+        cmocka_unit_test(test_dwconv_rejects_flags_it_does_not_take),
         cmocka_unit_test(test_im2col_convolution_matches_direct_and_its_adjoint),
         cmocka_unit_test(test_resize_forward_matches_pytorch_values_by_hand),
         cmocka_unit_test(test_resize_matches_reference_and_finite_differences),

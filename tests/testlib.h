@@ -1,4 +1,5 @@
-// Shared helpers for the CMocka tests: CPU tensors, seeded fills, finite-difference checks.
+// Shared helpers for the CMocka tests: CPU tensors, seeded fills, finite-difference checks, and
+// expect_stop for the refusals of bad arguments.
 #pragma once
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include "../kernels/tensor.h"
 
 // Central differences in fp32 with this step: truncation error ~ eps^2 * f''' stays near 1e-4
@@ -36,6 +39,33 @@ static inline void assert_contains(const char *s, const char *part) {
 }
 
 // A whole file's bytes (n of them); free the result.
+// Runs fn in a child process and expects it to stop (exit status 1) with a message on stderr
+// that contains every string of want (NULL-terminated).
+static inline void expect_stop(void (*fn)(void), const char *const *want) {
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    fflush(stdout);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        fn();
+        _exit(0);
+    }
+    close(fds[1]);
+    char msg[512] = {0};
+    size_t got = 0;
+    ssize_t n;
+    while (got < sizeof msg - 1 && (n = read(fds[0], msg + got, sizeof msg - 1 - got)) > 0)
+        got += (size_t)n;
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    printf("    message: %s", msg);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+    for (; *want; want++) assert_non_null(strstr(msg, *want));
+}
+
 static inline uint8_t *test_read_bytes(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
     if (!f) fail_msg("cannot open %s", path);

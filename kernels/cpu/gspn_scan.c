@@ -18,6 +18,8 @@
 #include "gspn_scan.h"
 #include "../ops.h"
 #include "../error.h"
+#include "../gspn_scan_shape.h"
+#include "cpu_check.h"
 
 // One scan direction over one image of H x W tokens.
 typedef struct ScanDir {
@@ -75,57 +77,50 @@ GspnShape gspn_shape_make(int B, int H, int W, int Cc, int shared_w) {
 
 // ---- the op on Tensors -----------------------------------------------------------------------
 
-static GspnShape gspn_shape(const Tensor *xc, const Tensor *gates, const Tensor *merge,
-                            int shared_w) {
-    char a[64], b[64];
-    CG_CHECK(xc->ndim == 4, "", "gspn_scan: xc must be (B, H, W, Cc), got %s",
-             tensor_shape_str(xc, a, sizeof a));
-    GspnShape sh = gspn_shape_make(xc->shape[0], xc->shape[1], xc->shape[2], xc->shape[3],
-                                   shared_w);
-    CG_CHECK(gates->ndim == 4 && gates->shape[0] == sh.B && gates->shape[1] == sh.H &&
-             gates->shape[2] == sh.W && gates->shape[3] == sh.G,
-             shared_w ? "gspn_shared_w = 1 expects G = 4*(2*Cc+3)" : "gspn_shared_w = 0 expects G = 20*Cc",
-             "gspn_scan: gates %s do not match xc %s",
-             tensor_shape_str(gates, a, sizeof a), tensor_shape_str(xc, b, sizeof b));
-    CG_CHECK(merge->numel == GSPN_DIRS, "", "gspn_scan: merge has %zu elements, expected 4",
-             merge->numel);
-    CG_CHECK(xc->dtype == DTYPE_F32 && gates->dtype == DTYPE_F32 && merge->dtype == DTYPE_F32,
-             "", "gspn_scan: the CPU kernel takes fp32 tensors");
-    return sh;
+// The shared checks (kernels/gspn_scan_shape.h), then the CPU's rule: fp32 on the host.
+static GspnShape gspn_shape(const char *op, const Tensor *xc, const Tensor *gates,
+                            const Tensor *merge, int shared_w) {
+    const GspnScanDims d = gspn_scan_dims(op, xc, gates, merge, shared_w);
+    cpu_check_f32(op, "xc", xc);
+    cpu_check_f32(op, "gates", gates);
+    cpu_check_f32(op, "merge", merge);
+    return gspn_shape_make(d.B, d.H, d.W, d.Cc, shared_w);
 }
 
-static void check_like(const char *what, const Tensor *t, const Tensor *ref) {
-    char a[64], b[64];
+// t (NULL: not given) is host fp32 with ref's element count.
+static void check_like(const char *op, const char *name, const Tensor *t, const char *ref_name,
+                       const Tensor *ref) {
     if (!t) return;
-    CG_CHECK(t->numel == ref->numel && t->dtype == DTYPE_F32, "",
-             "gspn_scan: %s %s does not match %s", what, tensor_shape_str(t, a, sizeof a),
-             tensor_shape_str(ref, b, sizeof b));
+    gspn_scan_check_like(op, name, t, ref_name, ref);
+    cpu_check_f32(op, name, t);
 }
 
 void cpu_gspn_scan_fwd(Ctx *ctx, const Tensor *xc, const Tensor *gates, const Tensor *merge,
                        int shared_w, Tensor *yc, Tensor *hidden) {
-    const GspnShape sh = gspn_shape(xc, gates, merge, shared_w);
-    check_like("yc", yc, xc);
+    const char *op = "gspn_scan_fwd";
+    const GspnShape sh = gspn_shape(op, xc, gates, merge, shared_w);
+    CG_CHECK(yc, "", "op %s: yc is required", op);
+    check_like(op, "yc", yc, "xc", xc);
     const size_t plane = xc->numel;
-    CG_CHECK(!hidden || (hidden->numel == GSPN_DIRS * plane && hidden->dtype == DTYPE_F32), "",
-             "gspn_scan: hidden must be (4, B, H, W, Cc) fp32");
+    gspn_scan_check_hidden(op, hidden, plane);
 
     float *h = hidden ? tensor_f32(hidden) : cg_malloc(GSPN_DIRS * plane * sizeof(float));
     gspn_core_fwd_f32(&sh, tensor_f32(xc), tensor_f32(gates), tensor_f32(merge), tensor_f32(yc), h);
     if (!hidden) free(h);
 }
 
-void cpu_gspn_scan_bwd(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
-                       const Tensor *merge, int shared_w, const Tensor *hidden,
-                       Tensor *dxc, Tensor *dgates, Tensor *dmerge) {
-    const GspnShape sh = gspn_shape(xc, gates, merge, shared_w);
-    check_like("dyc", dyc, xc);
-    check_like("dxc", dxc, xc);
-    check_like("dgates", dgates, gates);
-    check_like("dmerge", dmerge, merge);
+// The backward, accumulating; op names the caller in messages.
+static void scan_bwd(const char *op, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
+                     const Tensor *merge, int shared_w, const Tensor *hidden, Tensor *dxc,
+                     Tensor *dgates, Tensor *dmerge) {
+    const GspnShape sh = gspn_shape(op, xc, gates, merge, shared_w);
+    CG_CHECK(dyc, "", "op %s: dyc is required", op);
+    check_like(op, "dyc", dyc, "xc", xc);
+    check_like(op, "dxc", dxc, "xc", xc);
+    check_like(op, "dgates", dgates, "gates", gates);
+    check_like(op, "dmerge", dmerge, "merge", merge);
     const size_t plane = xc->numel;
-    CG_CHECK(!hidden || (hidden->numel == GSPN_DIRS * plane && hidden->dtype == DTYPE_F32), "",
-             "gspn_scan: hidden must be (4, B, H, W, Cc) fp32");
+    gspn_scan_check_hidden(op, hidden, plane);
     if (!dxc && !dgates && !dmerge) return;
 
     const float *x = tensor_f32(xc), *g = tensor_f32(gates);
@@ -148,13 +143,20 @@ void cpu_gspn_scan_bwd(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tens
     free(h_own);
 }
 
+void cpu_gspn_scan_bwd(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
+                       const Tensor *merge, int shared_w, const Tensor *hidden,
+                       Tensor *dxc, Tensor *dgates, Tensor *dmerge) {
+    scan_bwd("gspn_scan_bwd", dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge);
+}
+
 // The reference writes by zeroing, then accumulating: the same values as the GPU's direct writes.
 void cpu_gspn_scan_bwd_write(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
                              const Tensor *merge, int shared_w, const Tensor *hidden,
                              Tensor *dxc, Tensor *dgates, Tensor *dmerge) {
-    check_like("dxc", dxc, xc);
-    check_like("dgates", dgates, gates);
+    const char *op = "gspn_scan_bwd_write";
+    check_like(op, "dxc", dxc, "xc", xc);
+    check_like(op, "dgates", dgates, "gates", gates);
     if (dxc) memset(tensor_f32(dxc), 0, dxc->numel * sizeof(float));
     if (dgates) memset(tensor_f32(dgates), 0, dgates->numel * sizeof(float));
-    cpu_gspn_scan_bwd(ctx, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge);
+    scan_bwd(op, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge);
 }
