@@ -3,14 +3,12 @@
 // hold the two passes' kernels and launches, gspn_scan.cu the plan of a call and the C entries.
 #pragma once
 #include "cuda_common.h"
-#include "cuda_elem.cuh"
 #include "../ops.h"
-#include "../gspn_scan_shape.h"
 #include <stdint.h>
 
 namespace gspn {
 
-constexpr int DIRS = GSPN_SCAN_DIRS;
+constexpr int DIRS = 4;
 constexpr float S_MIN = 1e-7f;            // w_k = a_k / max(S, S_MIN), as the CPU reference
 constexpr int SCAN_THREADS_MAX = 512;     // threads per scan block (lanes beyond loop)
 constexpr int EW_THREADS = 256;           // elementwise kernels
@@ -411,12 +409,10 @@ struct Tuning {
     int dir_mask;   // benchmark diagnostics only: run these directions of the pipelined kernels
 };
 
-// The plan of a call and the launch geometry (gspn_scan.cu, each described there); op names the
-// op in messages.
-Plan make_plan(const char *op, const Tensor *xc, const Tensor *gates, const Tensor *merge,
-               int shared_w, Tuning tu, bool bwd, const void *const *ptrs, int nptrs);
-void check_dtype_like(const char *op, const char *name, const Tensor *t, const char *ref_name,
-                      const Tensor *ref);
+// The plan of a call and the launch geometry (gspn_scan.cu, each described there).
+Plan make_plan(const Tensor *xc, const Tensor *gates, const Tensor *merge, int shared_w,
+               Tuning tu, bool bwd, const void *const *ptrs, int nptrs);
+void check_dtype_like(const char *what, const Tensor *t, const Tensor *ref);
 DirGeom dir_geom(const Plan &p, int d);
 int scan_threads(const DirGeom &g);
 size_t smem_limit();

@@ -64,7 +64,9 @@ static const NamedTol BF16_TOLS[] = {
     {"softmax_fwd.y", BF16_ROUNDED_TOL},
     {"attention_pool_fwd.out", BF16_ROUNDED_TOL},   // fp32 math on bf16 inputs, rounded once
     {"dwconv_fwd.y", BF16_ROUNDED_TOL},
-    {"dwconv_fwd.y_silu", BF16_TWICE_TOL},   // the sum rounded as silu reads it, silu's value rounded
+    // the sum rounded as silu reads it, then silu's value rounded: two roundings (seen: at most
+    // 2.8e-3 over the 48 shape and dtype cases, H100 and H200, 2026-11-26)
+    {"dwconv_fwd.y_silu", BF16_TWICE_TOL},
     {"im2col_fwd.cols", 0.0},                // copies of bf16 values: exact
     {"im2col_bwd.dx", BF16_ROUNDED_TOL},     // prior + up to k*k columns, rounded once
     {"dwconv_bwd.dx", BF16_ROUNDED_TOL},     // prior + the taps' sum, rounded once
