@@ -13,6 +13,7 @@
 // one kernel makes dx, dw and db in a single pass over dy and x. Deterministic.
 #include "cuda_elem.cuh"
 #include "dwconv_mma.h"
+#include "dwconv_plane.h"
 #include "../dwconv_shape.h"
 
 typedef DwconvShape DwDims;   // kernels/dwconv_shape.h: the geometry and checks both backends share
@@ -499,8 +500,10 @@ static void dw_check_grid(const DwGrid &g, const DwDims &d, unsigned z) {
 template <typename T, typename TW>
 static void launch_rows(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *out, DwDims d,
                         int flags) {
-    if constexpr (std::is_same<T, bf16>::value && std::is_same<TW, bf16>::value)
-        if (cuda_dwconv_mma(ctx, in, w, bias, out, d, flags)) return;   // 7x7 on tensor cores
+    if constexpr (std::is_same<T, bf16>::value && std::is_same<TW, bf16>::value) {
+        if (cuda_dwconv_plane(ctx, in, w, bias, out, d, flags)) return;   // 7x7 on small images
+        if (cuda_dwconv_mma(ctx, in, w, bias, out, d, flags)) return;     // 7x7 on tensor cores
+    }
     DwGrid g = dw_grid(d, dw_vec(d, sizeof(T), in, out), dw_strip(d, false));
     dw_split_rows(g, d, dw_want_threads(ctx));
     dw_check_grid(g, d, (unsigned)d.B);
@@ -579,8 +582,10 @@ static DwRuns dw_runs(Ctx *ctx, const DwDims &d, DwGrid &g) {
 // dw and db: the sweep's partial rows, then their fixed-order column sums.
 template <typename T>
 static void launch_dw(Ctx *ctx, const T *dy, const T *x, DwDims d, float *dw, float *db) {
-    if constexpr (std::is_same<T, bf16>::value)
-        if (cuda_dwconv_mma_dw(ctx, dy, x, d, dw, db)) return;   // 7x7 on tensor cores
+    if constexpr (std::is_same<T, bf16>::value) {
+        if (cuda_dwconv_plane_dw(ctx, dy, x, d, dw, db)) return;   // 7x7 on small images
+        if (cuda_dwconv_mma_dw(ctx, dy, x, d, dw, db)) return;     // 7x7 on tensor cores
+    }
     DwGrid g = dw_grid(d, dw_vec(d, sizeof(T), dy, x), dw_strip(d, true));
     DwRuns r = dw_runs(ctx, d, g);
     dim3 grid((unsigned)(g.groups * g.sgroups), (unsigned)g.chunks, (unsigned)r.runs);

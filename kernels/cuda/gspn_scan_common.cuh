@@ -3,6 +3,7 @@
 // hold the two passes' kernels and launches, gspn_scan.cu the plan of a call and the C entries.
 #pragma once
 #include "cuda_common.h"
+#include "cuda_async.cuh"
 #include "../ops.h"
 #include <stdint.h>
 
@@ -247,28 +248,6 @@ __host__ __device__ constexpr int bwd_stage_slots(int dg_write) { return dg_writ
 // above wait for each step's loads before computing it). One launch covers the four directions;
 // blockIdx.x = (image, channel group) * 4 + direction, so the four scans of one image slice run
 // side by side and can share xc / dyc in L2 (the four read them at different steps).
-// No L2 cache-policy hints on cp.async: fractional policies there are miscompiled by ptxas before
-// 13.4.59 (triton-lang/triton#11660; this project's machines have 13.0) and faulted here with
-// "illegal instruction".
-template <int BYTES>
-__device__ __forceinline__ void cp_async(void *dst, const void *src) {
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    if constexpr (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(d), "l"(src), "n"(BYTES)
-                     : "memory");
-}
-// L2 prefetch of `bytes` (a multiple of 16) at a 16-byte aligned address (sm_90 bulk copy engine;
-// nothing on older GPUs).
-__device__ __forceinline__ void l2_prefetch(const void *src, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 // V elements of T staged in shared memory -> floats.
 template <typename T, int V>

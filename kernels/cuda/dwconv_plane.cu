@@ -1,0 +1,296 @@
+// CUDA: the 7x7 depthwise convolution on small images (kernels/cuda/dwconv_plane.h). On a 14 x 14
+// or 7 x 7 image the strip kernels of dwconv.cu and the tensor-core pass spend most of their time
+// on halos, staging and too few threads per image; here a block stages one image's whole channel
+// group once (its rows, with zero columns either side) and then reads nothing from global memory.
+// Blocks stay resident and take images in turn, copying the next image into a second buffer
+// (cp.async) while they compute the current one.
+//
+// y / dx: a thread owns one channel and CW neighbouring columns, holds its 49 taps in registers
+// and sweeps down the image: input row r (CW + 6 pixels from shared memory) feeds output rows
+// r - 3 .. r + 3, whose sums it keeps as a ring of K rows; row r - 3 is complete after row r and
+// is written at once. 98 fused multiply-adds (CW = 2) per 8 shared-memory loads.
+//
+// dw / db: a thread owns a channel pair and one tap row i, and for every dy pixel adds dy times
+// the 7 input pixels of row y + i - 3 that its taps meet, the window sliding along the row (one
+// new word a pixel, both channels in it). Its 14 sums run over the block's images, then a
+// fixed-order reduction over blocks (kernels/cuda/reduce.cu). Deterministic.
+#include "dwconv_plane.h"
+#include "cuda_async.cuh"
+#include <utility>
+
+enum { DWP_K = 7, DWP_THREADS = 256 };
+
+__host__ __device__ static size_t dwp_align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
+
+// Starts copying one image's CG channels (img: the image at its first channel) into plane (H, sw,
+// CG) as bf16 bits, input column x at staged column x + off (16-byte cp.async; the caller commits
+// and waits). Staged columns outside the image are left as they are.
+template <int CG>
+__device__ __forceinline__ void dwp_stage(const bf16 *__restrict__ img, const DwconvShape &d, int sw,
+                                          int off, unsigned short *__restrict__ plane) {
+    constexpr int VPP = CG / 8;   // vectors per pixel
+    const int total = d.H * d.W * VPP;
+    for (int e = threadIdx.x; e < total; e += blockDim.x) {
+        const int px = e / VPP, r = px / d.W, xx = px - r * d.W, part = e - px * VPP;
+        cp_async<16>(plane + ((size_t)r * sw + xx + off) * CG + part * 8,
+                     img + ((size_t)r * d.W + xx) * d.C + part * 8);
+    }
+}
+
+__device__ __forceinline__ float dwp_lo(unsigned w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float dwp_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+
+// Blocks of `threads` threads and `smem` bytes for a grid of `groups` channel groups: as many per
+// group as fit on the SMs at once (each block then loops over images, staging the next while it
+// computes the current one), at most one per image.
+template <typename Kern>
+static unsigned dwp_image_blocks(Ctx *ctx, Kern kernel, int threads, size_t smem, int groups, int B) {
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    const long resident = (long)cuda_ctx_of(ctx)->sm_count * (per_sm > 0 ? per_sm : 1);
+    long per_group = resident / groups;   // one wave: a second, partial one would idle most SMs
+    if (per_group > B) per_group = B;
+    if (per_group > 65535) per_group = 65535;
+    return (unsigned)(per_group > 0 ? per_group : 1);
+}
+
+// f(std::integral_constant<int, 0>{}), ..., f(<N - 1>): a loop whose index is a constant in each copy.
+template <typename F, int... I>
+__device__ __forceinline__ void dwp_unroll_seq(F &f, std::integer_sequence<int, I...>) {
+    (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, typename F> __device__ __forceinline__ void dwp_unroll(F &&f) {
+    dwp_unroll_seq(f, std::make_integer_sequence<int, N>{});
+}
+
+// ---- y and dx -----------------------------------------------------------------------------------
+// Block (C / CG, image blocks), CG * ceil(W / CW) threads: thread t is channel t % CG of columns
+// (t / CG) CW .. + CW - 1; the block takes images blockIdx.y, + gridDim.y, ... through two staged
+// planes. Output row y takes input rows y - P .. y + P through tap rows 0 .. K - 1; its sums sit
+// in ring slot y mod K. The step loop unrolls K times, so every slot is a constant.
+template <int K, int CG, int CW>
+__global__ void __launch_bounds__(DWP_THREADS, 2)
+dwconv_plane_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const bf16 *__restrict__ bias,
+                    bf16 *__restrict__ out, DwconvShape d, int flags) {
+    constexpr int P = K / 2, KK = K * K, NW = CW + K - 1, VPP = CG / 8;
+    extern __shared__ __align__(16) unsigned char dwp_smem[];
+    const int sw = d.W + 2 * P;
+    const size_t plane_elems = dwp_align16((size_t)d.H * sw * CG * 2) / 2;
+    unsigned short *planes = reinterpret_cast<unsigned short *>(dwp_smem);   // 2 x (H, sw, CG)
+    float *ws = reinterpret_cast<float *>(planes + 2 * plane_elems);        // (KK, CG)
+    const int c0 = blockIdx.x * CG;
+    const size_t img = (size_t)d.H * d.W * d.C;
+    if (blockIdx.y < (unsigned)d.B) dwp_stage<CG>(in + blockIdx.y * img + c0, d, sw, P, planes);
+    cp_async_commit();
+    for (int e = threadIdx.x; e < 2 * d.H * 2 * P * VPP; e += blockDim.x) {   // the zero columns
+        const int v = e % VPP, col = e / VPP % (2 * P), r = e / VPP / (2 * P) % d.H, buf = e / VPP / (2 * P) / d.H;
+        const int s = col < P ? col : d.W + col;
+        reinterpret_cast<uint4 *>(planes + buf * plane_elems + ((size_t)r * sw + s) * CG)[v] = make_uint4(0, 0, 0, 0);
+    }
+    for (int e = threadIdx.x; e < CG * KK; e += blockDim.x) {   // w's CG rows are contiguous
+        const int c = e / KK, tap = e - c * KK;
+        ws[(flags & DW_FLIP ? KK - 1 - tap : tap) * CG + c] = __bfloat162float(w[(size_t)c0 * KK + e]);
+    }
+    __syncthreads();
+    const int c = threadIdx.x % CG, x0 = threadIdx.x / CG * CW;
+    const bool live = x0 < d.W;
+    float tap[KK];
+    #pragma unroll
+    for (int t = 0; t < KK; t++) tap[t] = ws[t * CG + c];
+    const float bv = bias ? __bfloat162float(bias[c0 + c]) : 0.0f;
+    int buf = 0;
+    for (unsigned b = blockIdx.y; b < (unsigned)d.B; b += gridDim.y, buf ^= 1) {
+        const unsigned nb = b + gridDim.y;
+        if (nb < (unsigned)d.B) dwp_stage<CG>(in + nb * img + c0, d, sw, P, planes + (buf ^ 1) * plane_elems);
+        cp_async_commit();
+        cp_async_wait<1>();   // image b's copies are in
+        __syncthreads();
+        if (live) {
+            const unsigned short *pc = planes + buf * plane_elems + x0 * CG + c;   // pixel (r, x0 + q): pc[(r sw + q) CG]
+            bf16 *o = out + b * img + c0 + c;
+            float acc[K][CW];
+            #pragma unroll
+            for (int s = 0; s < K; s++)
+                #pragma unroll
+                for (int q = 0; q < CW; q++) acc[s][q] = 0.0f;
+            // Step r: input row r (if r < H; `whole`: known to be) into the ring, then output row
+            // r - P out. Output row y's slot is y mod K, a constant in each copy (U = r mod K).
+            auto step = [&](int r, auto uc, auto whole) {
+                constexpr int U = decltype(uc)::value % K;
+                if (decltype(whole)::value || r < d.H) {
+                    float win[NW];
+                    #pragma unroll
+                    for (int q = 0; q < NW; q++) win[q] = dwp_lo(pc[(r * sw + q) * CG]);
+                    #pragma unroll
+                    for (int j = 0; j < K; j++)   // j outermost: consecutive FMAs feed different sums
+                        #pragma unroll
+                        for (int i = 0; i < K; i++)
+                            #pragma unroll
+                            for (int q = 0; q < CW; q++)
+                                acc[(U - i + P + K) % K][q] = fmaf(tap[i * K + j], win[q + j], acc[(U - i + P + K) % K][q]);
+                }
+                constexpr int s = (U - P + K) % K;
+                const int y = r - P;
+                if (y >= 0) {
+                    #pragma unroll
+                    for (int q = 0; q < CW; q++) {
+                        const int xx = x0 + q;
+                        if (xx >= d.W) break;
+                        bf16 *p = o + ((size_t)y * d.W + xx) * d.C;
+                        float v = acc[s][q] + bv;
+                        if (flags & DW_RESID) v += dwp_lo(pc[(y * sw + q + P) * CG]);
+                        if (flags & DW_ACCUM) v += __bfloat162float(*p);
+                        if (flags & DW_SILU) v = dw_silu<bf16>(v);
+                        *p = __float2bfloat16_rn(v);
+                    }
+                }
+                #pragma unroll
+                for (int q = 0; q < CW; q++) acc[s][q] = 0.0f;
+            };
+            int t0 = 0;
+            for (; t0 + K <= d.H; t0 += K)   // whole rounds of K input rows: no branch on r
+                dwp_unroll<K>([&](auto uc) { step(t0 + decltype(uc)::value, uc, std::true_type{}); });
+            const int steps = d.H + P;   // the rest: rows up to H - 1, then P steps that only finish rows
+            dwp_unroll<K + P>([&](auto uc) {
+                if (t0 + decltype(uc)::value < steps) step(t0 + decltype(uc)::value, uc, std::false_type{});
+            });
+        }
+        __syncthreads();   // plane buf is free for the image after next
+    }
+}
+
+template <int CG, int CW>
+static void dwp_launch_rows(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
+                            const DwconvShape &d, int flags) {
+    const int threads = CG * ((d.W + CW - 1) / CW), groups = d.C / CG;
+    const size_t smem = 2 * dwp_align16((size_t)d.H * (d.W + DWP_K - 1) * CG * 2) + (size_t)DWP_K * DWP_K * CG * 4;
+    auto kernel = dwconv_plane_kernel<DWP_K, CG, CW>;
+    dim3 grid((unsigned)groups, dwp_image_blocks(ctx, kernel, threads, smem, groups, d.B));
+    kernel<<<grid, threads, smem, cuda_stream_of(ctx)>>>(in, w, bias, out, d, flags);
+    CUDA_CHECK_LAUNCH();
+}
+
+// CW = 1 on odd widths up to 8 (no idle column; at most 8 x 32 threads), else 2.
+template <int CG>
+static void dwp_launch_rows_cw(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
+                               const DwconvShape &d, int flags) {
+    if (d.W % 2 == 1 && d.W <= 8) dwp_launch_rows<CG, 1>(ctx, in, w, bias, out, d, flags);
+    else dwp_launch_rows<CG, 2>(ctx, in, w, bias, out, d, flags);
+}
+
+bool cuda_dwconv_plane(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
+                       const DwconvShape &d, int flags) {
+    if (d.k != DWP_K || d.C % 8 != 0 || d.H > DWP_MAX_SIDE || d.W > DWP_MAX_SIDE || d.B == 0 ||
+        !aligned16(in) || !aligned16(out))
+        return false;
+    // Channels a block: the widest group dividing C (a warp's loads span 32 consecutive channels).
+    if (d.C % 32 == 0) dwp_launch_rows_cw<32>(ctx, in, w, bias, out, d, flags);
+    else if (d.C % 16 == 0) dwp_launch_rows_cw<16>(ctx, in, w, bias, out, d, flags);
+    else dwp_launch_rows_cw<8>(ctx, in, w, bias, out, d, flags);
+    return true;
+}
+
+// ---- dw and db ----------------------------------------------------------------------------------
+// Block (C / 2CP, image blocks), K * CP threads: thread t is channel pair t % CP and tap row
+// i = t / CP; images as in the y kernel, through two staged pairs of planes. Staged x rows are swx
+// pixels apart, swx odd where a warp holds several tap rows (32 / CP), which then read different
+// banks. Every dy pixel is counted in row i when input row y + i - P is in the image; db from
+// tap row P, whose input row is always y. Each block's sums are one row of the partial matrix
+// (image blocks, C k^2 + C), added in a fixed order.
+template <int K, int CP>
+__global__ void __launch_bounds__(K * 32)
+dwconv_plane_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, DwconvShape d,
+                       int swx, float *__restrict__ partial) {
+    constexpr int P = K / 2, KK = K * K, CG = 2 * CP;
+    extern __shared__ __align__(16) unsigned char dwp_smem[];
+    const size_t xs_words = (size_t)d.H * swx * CP, set_words = xs_words + (size_t)d.H * d.W * CP;
+    unsigned *sets = reinterpret_cast<unsigned *>(dwp_smem);   // 2 x [x (H, swx, CP), dy (H, W, CP)]
+    const int c0 = blockIdx.x * CG, p = threadIdx.x % CP, i = threadIdx.x / CP;
+    const size_t img = (size_t)d.H * d.W * d.C;
+    auto stage = [&](unsigned b, unsigned *set) {
+        dwp_stage<CG>(in + b * img + c0, d, swx, 0, reinterpret_cast<unsigned short *>(set));
+        dwp_stage<CG>(dy + b * img + c0, d, d.W, 0, reinterpret_cast<unsigned short *>(set + xs_words));
+    };
+    if (blockIdx.y < (unsigned)d.B) stage(blockIdx.y, sets);
+    cp_async_commit();
+    float acc[K][2], accb[2] = {0.0f, 0.0f};
+    #pragma unroll
+    for (int j = 0; j < K; j++) acc[j][0] = acc[j][1] = 0.0f;
+    int buf = 0;
+    for (unsigned b = blockIdx.y; b < (unsigned)d.B; b += gridDim.y, buf ^= 1) {
+        const unsigned nb = b + gridDim.y;
+        if (nb < (unsigned)d.B) stage(nb, sets + (buf ^ 1) * set_words);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const unsigned *xs = sets + buf * set_words, *ds = xs + xs_words;
+        for (int y = 0; y < d.H; y++) {
+            const int r = y + i - P;
+            if (r < 0 || r >= d.H) continue;
+            const unsigned *dr = ds + (size_t)y * d.W * CP + p;
+            const unsigned *xr = xs + (size_t)r * swx * CP + p;   // input column c: xr[c CP]
+            float2 win[K];   // input columns x - P .. x + P in slots (x + j) mod K
+            #pragma unroll
+            for (int j = 0; j < K - 1; j++) {
+                const unsigned v = j >= P ? xr[(j - P) * CP] : 0u;
+                win[j] = make_float2(dwp_lo(v), dwp_hi(v));
+            }
+            auto step = [&](int x, auto uc) {   // dy pixel x; its window slots (x + j) mod K
+                constexpr int U = decltype(uc)::value;
+                const unsigned nw = x + P < d.W ? xr[(x + P) * CP] : 0u, gw = dr[x * CP];
+                win[(U + K - 1) % K] = make_float2(dwp_lo(nw), dwp_hi(nw));
+                const float g0 = dwp_lo(gw), g1 = dwp_hi(gw);
+                #pragma unroll
+                for (int j = 0; j < K; j++) {
+                    acc[j][0] = fmaf(g0, win[(U + j) % K].x, acc[j][0]);
+                    acc[j][1] = fmaf(g1, win[(U + j) % K].y, acc[j][1]);
+                }
+                if (i == P) accb[0] += g0, accb[1] += g1;
+            };
+            int x0 = 0;
+            for (; x0 + K <= d.W; x0 += K)   // whole rounds of K pixels: no branch on x
+                dwp_unroll<K>([&](auto uc) { step(x0 + decltype(uc)::value, uc); });
+            dwp_unroll<K - 1>([&](auto uc) {
+                if (x0 + decltype(uc)::value < d.W) step(x0 + decltype(uc)::value, uc);
+            });
+        }
+        __syncthreads();
+    }
+    float *row = partial + (size_t)blockIdx.y * ((size_t)d.C * KK + d.C);
+    #pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int c = c0 + 2 * p + e;
+        #pragma unroll
+        for (int j = 0; j < K; j++) row[(size_t)c * KK + i * K + j] = acc[j][e];
+        if (i == P) row[(size_t)d.C * KK + c] = accb[e];
+    }
+}
+
+template <int CP>
+static void dwp_launch_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
+                          float *db) {
+    const int threads = DWP_K * CP, groups = d.C / (2 * CP);
+    const int swx = CP < 32 ? d.W | 1 : d.W;
+    const size_t smem = 2 * ((size_t)d.H * swx + (size_t)d.H * d.W) * CP * 4;
+    auto kernel = dwconv_plane_dw_kernel<DWP_K, CP>;
+    const unsigned blocks = dwp_image_blocks(ctx, kernel, threads, smem, groups, d.B);
+    const size_t width = (size_t)d.C * DWP_K * DWP_K + d.C;
+    float *partial = (float *)cuda_scratch(ctx, (size_t)blocks * width * sizeof(float));
+    kernel<<<dim3((unsigned)groups, blocks), threads, smem, cuda_stream_of(ctx)>>>(dy, in, d, swx, partial);
+    CUDA_CHECK_LAUNCH();
+    cuda_sum_partials(ctx, partial, blocks, width, (size_t)d.C * DWP_K * DWP_K, dw, db);
+}
+
+bool cuda_dwconv_plane_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
+                          float *db) {
+    if (d.k != DWP_K || d.C % 16 != 0 || d.H > DWP_MAX_SIDE || d.W > DWP_MAX_SIDE || d.B == 0 ||
+        !aligned16(dy) || !aligned16(in))
+        return false;
+    // Channel pairs a block: the widest group dividing C / 2 (a warp is then one tap row).
+    if (d.C % 64 == 0) dwp_launch_dw<32>(ctx, dy, in, d, dw, db);
+    else if (d.C % 32 == 0) dwp_launch_dw<16>(ctx, dy, in, d, dw, db);
+    else dwp_launch_dw<8>(ctx, dy, in, d, dw, db);
+    return true;
+}
