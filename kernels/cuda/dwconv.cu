@@ -500,10 +500,9 @@ static void dw_check_grid(const DwGrid &g, const DwDims &d, unsigned z) {
 template <typename T, typename TW>
 static void launch_rows(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *out, DwDims d,
                         int flags) {
-    if constexpr (std::is_same<T, bf16>::value && std::is_same<TW, bf16>::value) {
-        if (cuda_dwconv_plane(ctx, in, w, bias, out, d, flags)) return;   // 7x7 on small images
-        if (cuda_dwconv_mma(ctx, in, w, bias, out, d, flags)) return;     // 7x7 on tensor cores
-    }
+    if (cuda_dwconv_plane(ctx, in, w, bias, out, d, flags)) return;   // small images
+    if constexpr (std::is_same<T, bf16>::value && std::is_same<TW, bf16>::value)
+        if (cuda_dwconv_mma(ctx, in, w, bias, out, d, flags)) return;   // 7x7 on tensor cores
     DwGrid g = dw_grid(d, dw_vec(d, sizeof(T), in, out), dw_strip(d, false));
     dw_split_rows(g, d, dw_want_threads(ctx));
     dw_check_grid(g, d, (unsigned)d.B);
@@ -603,6 +602,7 @@ static void launch_dw(Ctx *ctx, const T *dy, const T *x, DwDims d, float *dw, fl
 template <typename T, typename TW>
 static void launch_bwd_fused(Ctx *ctx, const T *dy, const T *x, const TW *w, T *dx, DwDims d,
                              int flags, float *dw, float *db) {
+    if (cuda_dwconv_plane_bwd(ctx, dy, x, w, dx, d, flags, dw, db)) return;   // small images
     DwGrid g = dw_grid(d, 1, dw_strip(d, true));
     DwRuns r = dw_runs(ctx, d, g);
     dim3 grid((unsigned)(g.groups * g.sgroups), (unsigned)g.chunks, (unsigned)r.runs);

@@ -16,6 +16,8 @@
 // fixed-order reduction over blocks (kernels/cuda/reduce.cu). Deterministic.
 #include "dwconv_plane.h"
 #include "cuda_async.cuh"
+#include <algorithm>
+#include <type_traits>
 #include <utility>
 
 enum { DWP_K = 7, DWP_THREADS = 256 };
@@ -23,20 +25,22 @@ enum { DWP_K = 7, DWP_THREADS = 256 };
 __host__ __device__ static size_t dwp_align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
 
 // Starts copying one image's CG channels (img: the image at its first channel) into plane (H, sw,
-// CG) as bf16 bits, input column x at staged column x + off (16-byte cp.async; the caller commits
-// and waits). Staged columns outside the image are left as they are.
-template <int CG>
-__device__ __forceinline__ void dwp_stage(const bf16 *__restrict__ img, const DwconvShape &d, int sw,
-                                          int off, unsigned short *__restrict__ plane) {
-    constexpr int VPP = CG / 8;   // vectors per pixel
+// CG), input column x at staged column x + off (16-byte cp.async; the caller commits and waits).
+// Staged columns outside the image are left as they are.
+template <int CG, typename T>
+__device__ __forceinline__ void dwp_stage(const T *__restrict__ img, const DwconvShape &d, int sw, int off,
+                                          T *__restrict__ plane) {
+    constexpr int EPV = 16 / sizeof(T), VPP = CG / EPV;   // elements a vector, vectors a pixel
     const int total = d.H * d.W * VPP;
     for (int e = threadIdx.x; e < total; e += blockDim.x) {
         const int px = e / VPP, r = px / d.W, xx = px - r * d.W, part = e - px * VPP;
-        cp_async<16>(plane + ((size_t)r * sw + xx + off) * CG + part * 8,
-                     img + ((size_t)r * d.W + xx) * d.C + part * 8);
+        cp_async<16>(plane + ((size_t)r * sw + xx + off) * CG + part * EPV,
+                     img + ((size_t)r * d.W + xx) * d.C + part * EPV);
     }
 }
 
+__device__ __forceinline__ float dwp_f(float v) { return v; }
+__device__ __forceinline__ float dwp_f(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float dwp_lo(unsigned w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float dwp_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
 
@@ -70,16 +74,16 @@ template <int N, typename F> __device__ __forceinline__ void dwp_unroll(F &&f) {
 // (t / CG) CW .. + CW - 1; the block takes images blockIdx.y, + gridDim.y, ... through two staged
 // planes. Output row y takes input rows y - P .. y + P through tap rows 0 .. K - 1; its sums sit
 // in ring slot y mod K. The step loop unrolls K times, so every slot is a constant.
-template <int K, int CG, int CW>
-__global__ void __launch_bounds__(DWP_THREADS, 2)
-dwconv_plane_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const bf16 *__restrict__ bias,
-                    bf16 *__restrict__ out, DwconvShape d, int flags) {
-    constexpr int P = K / 2, KK = K * K, NW = CW + K - 1, VPP = CG / 8;
+template <int K, int CG, int CW, typename T, typename TW>
+__global__ void __launch_bounds__(DWP_THREADS, K >= 5 ? 2 : 3)
+dwconv_plane_kernel(const T *__restrict__ in, const TW *__restrict__ w, const TW *__restrict__ bias,
+                    T *__restrict__ out, DwconvShape d, int flags) {
+    constexpr int P = K / 2, KK = K * K, NW = CW + K - 1, VPP = CG * (int)sizeof(T) / 16;
     extern __shared__ __align__(16) unsigned char dwp_smem[];
     const int sw = d.W + 2 * P;
-    const size_t plane_elems = dwp_align16((size_t)d.H * sw * CG * 2) / 2;
-    unsigned short *planes = reinterpret_cast<unsigned short *>(dwp_smem);   // 2 x (H, sw, CG)
-    float *ws = reinterpret_cast<float *>(planes + 2 * plane_elems);        // (KK, CG)
+    const size_t plane_elems = dwp_align16((size_t)d.H * sw * CG * sizeof(T)) / sizeof(T);
+    T *planes = reinterpret_cast<T *>(dwp_smem);                      // 2 x (H, sw, CG)
+    float *ws = reinterpret_cast<float *>(planes + 2 * plane_elems);   // (KK, CG)
     const int c0 = blockIdx.x * CG;
     const size_t img = (size_t)d.H * d.W * d.C;
     if (blockIdx.y < (unsigned)d.B) dwp_stage<CG>(in + blockIdx.y * img + c0, d, sw, P, planes);
@@ -91,7 +95,7 @@ dwconv_plane_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, con
     }
     for (int e = threadIdx.x; e < CG * KK; e += blockDim.x) {   // w's CG rows are contiguous
         const int c = e / KK, tap = e - c * KK;
-        ws[(flags & DW_FLIP ? KK - 1 - tap : tap) * CG + c] = __bfloat162float(w[(size_t)c0 * KK + e]);
+        ws[(flags & DW_FLIP ? KK - 1 - tap : tap) * CG + c] = load_or(w, (size_t)c0 * KK + e, 0.0f);
     }
     __syncthreads();
     const int c = threadIdx.x % CG, x0 = threadIdx.x / CG * CW;
@@ -99,7 +103,7 @@ dwconv_plane_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, con
     float tap[KK];
     #pragma unroll
     for (int t = 0; t < KK; t++) tap[t] = ws[t * CG + c];
-    const float bv = bias ? __bfloat162float(bias[c0 + c]) : 0.0f;
+    const float bv = load_or(bias, (size_t)(c0 + c), 0.0f);
     int buf = 0;
     for (unsigned b = blockIdx.y; b < (unsigned)d.B; b += gridDim.y, buf ^= 1) {
         const unsigned nb = b + gridDim.y;
@@ -108,8 +112,8 @@ dwconv_plane_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, con
         cp_async_wait<1>();   // image b's copies are in
         __syncthreads();
         if (live) {
-            const unsigned short *pc = planes + buf * plane_elems + x0 * CG + c;   // pixel (r, x0 + q): pc[(r sw + q) CG]
-            bf16 *o = out + b * img + c0 + c;
+            const T *pc = planes + buf * plane_elems + x0 * CG + c;   // pixel (r, x0 + q): pc[(r sw + q) CG]
+            T *o = out + b * img + c0 + c;
             float acc[K][CW];
             #pragma unroll
             for (int s = 0; s < K; s++)
@@ -122,7 +126,7 @@ dwconv_plane_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, con
                 if (decltype(whole)::value || r < d.H) {
                     float win[NW];
                     #pragma unroll
-                    for (int q = 0; q < NW; q++) win[q] = dwp_lo(pc[(r * sw + q) * CG]);
+                    for (int q = 0; q < NW; q++) win[q] = dwp_f(pc[(r * sw + q) * CG]);
                     #pragma unroll
                     for (int j = 0; j < K; j++)   // j outermost: consecutive FMAs feed different sums
                         #pragma unroll
@@ -138,12 +142,12 @@ dwconv_plane_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, con
                     for (int q = 0; q < CW; q++) {
                         const int xx = x0 + q;
                         if (xx >= d.W) break;
-                        bf16 *p = o + ((size_t)y * d.W + xx) * d.C;
+                        T *p = o + ((size_t)y * d.W + xx) * d.C;
                         float v = acc[s][q] + bv;
-                        if (flags & DW_RESID) v += dwp_lo(pc[(y * sw + q + P) * CG]);
-                        if (flags & DW_ACCUM) v += __bfloat162float(*p);
-                        if (flags & DW_SILU) v = dw_silu<bf16>(v);
-                        *p = __float2bfloat16_rn(v);
+                        if (flags & DW_RESID) v += dwp_f(pc[(y * sw + q + P) * CG]);
+                        if (flags & DW_ACCUM) v += dwp_f(*p);
+                        if (flags & DW_SILU) v = dw_silu<T>(v);
+                        store_v<1>(p, &v);
                     }
                 }
                 #pragma unroll
@@ -161,36 +165,174 @@ dwconv_plane_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, con
     }
 }
 
-template <int CG, int CW>
-static void dwp_launch_rows(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
+template <int K, int CG, int CW, typename T, typename TW>
+static void dwp_launch_rows(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *out,
                             const DwconvShape &d, int flags) {
     const int threads = CG * ((d.W + CW - 1) / CW), groups = d.C / CG;
-    const size_t smem = 2 * dwp_align16((size_t)d.H * (d.W + DWP_K - 1) * CG * 2) + (size_t)DWP_K * DWP_K * CG * 4;
-    auto kernel = dwconv_plane_kernel<DWP_K, CG, CW>;
+    const size_t smem = 2 * dwp_align16((size_t)d.H * (d.W + K - 1) * CG * sizeof(T)) + (size_t)K * K * CG * 4;
+    auto kernel = dwconv_plane_kernel<K, CG, CW, T, TW>;
     dim3 grid((unsigned)groups, dwp_image_blocks(ctx, kernel, threads, smem, groups, d.B));
     kernel<<<grid, threads, smem, cuda_stream_of(ctx)>>>(in, w, bias, out, d, flags);
     CUDA_CHECK_LAUNCH();
 }
 
-// CW = 1 on odd widths up to 8 (no idle column; at most 8 x 32 threads), else 2.
-template <int CG>
-static void dwp_launch_rows_cw(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
+// Channels a block: the widest group dividing C (a warp's loads span up to 32 consecutive
+// channels); CW = 1 on odd widths up to 8 (no idle column), else 2: at most 8 x 32 threads.
+template <int K, typename T, typename TW>
+static void dwp_launch_rows_cg(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *out,
                                const DwconvShape &d, int flags) {
-    if (d.W % 2 == 1 && d.W <= 8) dwp_launch_rows<CG, 1>(ctx, in, w, bias, out, d, flags);
-    else dwp_launch_rows<CG, 2>(ctx, in, w, bias, out, d, flags);
+    auto go = [&](auto cgc) {
+        constexpr int CG = decltype(cgc)::value;
+        if (d.W % 2 == 1 && d.W <= 8) dwp_launch_rows<K, CG, 1>(ctx, in, w, bias, out, d, flags);
+        else dwp_launch_rows<K, CG, 2>(ctx, in, w, bias, out, d, flags);
+    };
+    if (d.C % 32 == 0) go(std::integral_constant<int, 32>{});
+    else if (d.C % 16 == 0) go(std::integral_constant<int, 16>{});
+    else go(std::integral_constant<int, 8>{});
 }
 
-bool cuda_dwconv_plane(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
-                       const DwconvShape &d, int flags) {
-    if (d.k != DWP_K || d.C % 8 != 0 || d.H > DWP_MAX_SIDE || d.W > DWP_MAX_SIDE || d.B == 0 ||
-        !aligned16(in) || !aligned16(out))
+template <typename T, typename TW>
+bool cuda_dwconv_plane(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *out, const DwconvShape &d,
+                       int flags) {
+    if (d.C % 8 != 0 || d.H > DWP_MAX_SIDE || d.W > DWP_MAX_SIDE || d.B == 0 || !aligned16(in) ||
+        !aligned16(out))
         return false;
-    // Channels a block: the widest group dividing C (a warp's loads span 32 consecutive channels).
-    if (d.C % 32 == 0) dwp_launch_rows_cw<32>(ctx, in, w, bias, out, d, flags);
-    else if (d.C % 16 == 0) dwp_launch_rows_cw<16>(ctx, in, w, bias, out, d, flags);
-    else dwp_launch_rows_cw<8>(ctx, in, w, bias, out, d, flags);
-    return true;
+    if constexpr (std::is_same<T, bf16>::value && std::is_same<TW, bf16>::value) {
+        if (d.k != 7) return false;
+        dwp_launch_rows_cg<7>(ctx, in, w, bias, out, d, flags);   // the mixer
+        return true;
+    } else if constexpr (std::is_same<T, float>::value) {
+        if (d.k != 3) return false;
+        dwp_launch_rows_cg<3>(ctx, in, w, bias, out, d, flags);   // the LPU on the fp32 stream
+        return true;
+    }
+    return false;
 }
+template bool cuda_dwconv_plane(Ctx *, const bf16 *, const bf16 *, const bf16 *, bf16 *, const DwconvShape &, int);
+template bool cuda_dwconv_plane(Ctx *, const bf16 *, const float *, const float *, bf16 *, const DwconvShape &, int);
+template bool cuda_dwconv_plane(Ctx *, const float *, const bf16 *, const bf16 *, float *, const DwconvShape &, int);
+template bool cuda_dwconv_plane(Ctx *, const float *, const float *, const float *, float *, const DwconvShape &, int);
+
+// ---- dx, dw and db in one pass (3x3 on the fp32 stream) -----------------------------------------
+// Block (C / CG, image blocks), CG * W threads: thread t is channel t % CG of column t / CG. The x
+// and dy planes are staged with P zero rows and columns around the image, so that
+//   dx[y][x]  = sum_{i,j} w[i][j] dy[y - i + P][x - j + P]  (+ dy[y][x]) (+ dx's prior value)
+//   dw[i][j] += dy[y][x] in[y + i - P][x + j - P],   db += dy[y][x]
+// read them without a branch. A thread's dw and db sums run over the block's images, then add in
+// column order (shared memory) into the block's row of the partial matrix (image blocks, C k^2 + C).
+template <int K, int CG, typename T, typename TW>
+__global__ void __launch_bounds__(DWP_THREADS, 3)
+dwconv_plane_bwd_kernel(const T *__restrict__ dy, const T *__restrict__ in, const TW *__restrict__ w,
+                        T *__restrict__ dx, DwconvShape d, int flags, float *__restrict__ partial) {
+    constexpr int P = K / 2, KK = K * K;
+    extern __shared__ __align__(16) unsigned char dwp_smem[];
+    const int sw = d.W + 2 * P;
+    const size_t plane_elems = dwp_align16((size_t)(d.H + 2 * P) * sw * CG * sizeof(T)) / sizeof(T);
+    T *planes = reinterpret_cast<T *>(dwp_smem);   // 2 x [in, dy] (H + 2P, sw, CG)
+    const int c0 = blockIdx.x * CG, c = threadIdx.x % CG, xx = threadIdx.x / CG;
+    const size_t img = (size_t)d.H * d.W * d.C;
+    for (size_t e = threadIdx.x; e < 4 * plane_elems * sizeof(T) / 16; e += blockDim.x)
+        reinterpret_cast<uint4 *>(dwp_smem)[e] = make_uint4(0, 0, 0, 0);   // the zero border, once
+    __syncthreads();
+    auto stage = [&](unsigned b, int set) {
+        T *xs = planes + 2 * set * plane_elems + (size_t)P * sw * CG;   // image row 0 at staged row P
+        dwp_stage<CG>(in + b * img + c0, d, sw, P, xs);
+        dwp_stage<CG>(dy + b * img + c0, d, sw, P, xs + plane_elems);
+    };
+    if (blockIdx.y < (unsigned)d.B) stage(blockIdx.y, 0);
+    cp_async_commit();
+    float wr[KK], acc[KK], accb = 0.0f;
+    #pragma unroll
+    for (int t = 0; t < KK; t++) wr[t] = load_or(w, (size_t)(c0 + c) * KK + t, 0.0f), acc[t] = 0.0f;
+    int buf = 0;
+    for (unsigned b = blockIdx.y; b < (unsigned)d.B; b += gridDim.y, buf ^= 1) {
+        const unsigned nb = b + gridDim.y;
+        if (nb < (unsigned)d.B) stage(nb, buf ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        if (xx < d.W) {
+            // Staged (r, s) is image pixel (r - P, s - P): rows y .. y + 2P, columns xx .. xx + 2P
+            // are the window around (y, xx).
+            const T *xs = planes + 2 * buf * plane_elems + (size_t)xx * CG + c, *gs = xs + plane_elems;
+            T *o = dx + b * img + c0 + c + (size_t)xx * d.C;
+            for (int y = 0; y < d.H; y++) {
+                float g[K][K], xv[K][K];
+                #pragma unroll
+                for (int i = 0; i < K; i++)
+                    #pragma unroll
+                    for (int j = 0; j < K; j++) {
+                        g[i][j] = dwp_f(gs[((size_t)(y + i) * sw + j) * CG]);
+                        xv[i][j] = dwp_f(xs[((size_t)(y + i) * sw + j) * CG]);
+                    }
+                float sum = 0.0f;
+                #pragma unroll
+                for (int i = 0; i < K; i++)
+                    #pragma unroll
+                    for (int j = 0; j < K; j++) sum = fmaf(wr[i * K + j], g[K - 1 - i][K - 1 - j], sum);
+                const float gc = g[P][P];
+                if (flags & DW_RESID) sum += gc;
+                T *p = o + (size_t)y * d.W * d.C;
+                if (flags & DW_ACCUM) sum += dwp_f(*p);
+                store_v<1>(p, &sum);
+                #pragma unroll
+                for (int t = 0; t < KK; t++) acc[t] = fmaf(gc, xv[t / K][t % K], acc[t]);
+                accb += gc;
+            }
+        }
+        __syncthreads();
+    }
+    float *red = reinterpret_cast<float *>(dwp_smem);   // (W, KK + 1, CG), over the planes
+    if (xx < d.W) {
+        #pragma unroll
+        for (int t = 0; t < KK; t++) red[((size_t)xx * (KK + 1) + t) * CG + c] = acc[t];
+        red[((size_t)xx * (KK + 1) + KK) * CG + c] = accb;
+    }
+    __syncthreads();
+    float *row = partial + (size_t)blockIdx.y * ((size_t)d.C * KK + d.C);
+    for (int e = threadIdx.x; e < (KK + 1) * CG; e += blockDim.x) {
+        const int t = e / CG, cc = e - t * CG;
+        float sum = 0.0f;
+        for (int q = 0; q < d.W; q++) sum += red[((size_t)q * (KK + 1) + t) * CG + cc];
+        row[t < KK ? (size_t)(c0 + cc) * KK + t : (size_t)d.C * KK + c0 + cc] = sum;
+    }
+}
+
+template <int CG, typename T, typename TW>
+static void dwp_launch_bwd(Ctx *ctx, const T *dy, const T *in, const TW *w, T *dx, const DwconvShape &d,
+                           int flags, float *dw, float *db) {
+    constexpr int K = 3;
+    const int threads = CG * d.W, groups = d.C / CG;
+    const size_t planes = 4 * dwp_align16((size_t)(d.H + K - 1) * (d.W + K - 1) * CG * sizeof(T));
+    const size_t smem = std::max(planes, (size_t)d.W * (K * K + 1) * CG * sizeof(float));
+    auto kernel = dwconv_plane_bwd_kernel<K, CG, T, TW>;
+    const unsigned blocks = dwp_image_blocks(ctx, kernel, threads, smem, groups, d.B);
+    const size_t width = (size_t)d.C * K * K + d.C;
+    float *partial = (float *)cuda_scratch(ctx, (size_t)blocks * width * sizeof(float));
+    kernel<<<dim3((unsigned)groups, blocks), threads, smem, cuda_stream_of(ctx)>>>(dy, in, w, dx, d, flags, partial);
+    CUDA_CHECK_LAUNCH();
+    cuda_sum_partials(ctx, partial, blocks, width, (size_t)d.C * K * K, dw, db);
+}
+
+template <typename T, typename TW>
+bool cuda_dwconv_plane_bwd(Ctx *ctx, const T *dy, const T *in, const TW *w, T *dx, const DwconvShape &d,
+                           int flags, float *dw, float *db) {
+    if constexpr (std::is_same<T, float>::value) {   // the LPU on the fp32 stream
+        if (d.k != 3 || d.C % 8 != 0 || d.H > DWP_MAX_SIDE || d.W > DWP_MAX_SIDE || d.B == 0 ||
+            !aligned16(dy) || !aligned16(in))
+            return false;
+        // Channels a block: the widest group dividing C that keeps CG * W within DWP_THREADS.
+        if (d.C % 32 == 0 && 32 * d.W <= DWP_THREADS) dwp_launch_bwd<32>(ctx, dy, in, w, dx, d, flags, dw, db);
+        else if (d.C % 16 == 0) dwp_launch_bwd<16>(ctx, dy, in, w, dx, d, flags, dw, db);
+        else dwp_launch_bwd<8>(ctx, dy, in, w, dx, d, flags, dw, db);
+        return true;
+    }
+    return false;
+}
+template bool cuda_dwconv_plane_bwd(Ctx *, const bf16 *, const bf16 *, const bf16 *, bf16 *, const DwconvShape &, int, float *, float *);
+template bool cuda_dwconv_plane_bwd(Ctx *, const bf16 *, const bf16 *, const float *, bf16 *, const DwconvShape &, int, float *, float *);
+template bool cuda_dwconv_plane_bwd(Ctx *, const float *, const float *, const bf16 *, float *, const DwconvShape &, int, float *, float *);
+template bool cuda_dwconv_plane_bwd(Ctx *, const float *, const float *, const float *, float *, const DwconvShape &, int, float *, float *);
 
 // ---- dw and db ----------------------------------------------------------------------------------
 // Block (C / 2CP, image blocks), K * CP threads: thread t is channel pair t % CP and tap row
@@ -210,8 +352,8 @@ dwconv_plane_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in,
     const int c0 = blockIdx.x * CG, p = threadIdx.x % CP, i = threadIdx.x / CP;
     const size_t img = (size_t)d.H * d.W * d.C;
     auto stage = [&](unsigned b, unsigned *set) {
-        dwp_stage<CG>(in + b * img + c0, d, swx, 0, reinterpret_cast<unsigned short *>(set));
-        dwp_stage<CG>(dy + b * img + c0, d, d.W, 0, reinterpret_cast<unsigned short *>(set + xs_words));
+        dwp_stage<CG>(in + b * img + c0, d, swx, 0, reinterpret_cast<bf16 *>(set));
+        dwp_stage<CG>(dy + b * img + c0, d, d.W, 0, reinterpret_cast<bf16 *>(set + xs_words));
     };
     if (blockIdx.y < (unsigned)d.B) stage(blockIdx.y, sets);
     cp_async_commit();
