@@ -4,28 +4,6 @@
 namespace gspn {
 namespace {
 
-// dL/dwt from dL/dw through the normalization (as the CPU reference's weights_backward). For
-// S > S_MIN the weights are a_k / S, so 1/S = w_k / a_k is already known: w_1 / a_1 (a_1, the
-// centre, always exists and is > 0). fp32 divides as the reference does.
-template <typename T>
-__device__ __forceinline__ void weights_bwd(const float (&a)[3], const float (&w)[3], float S,
-                                            const float (&dw)[3], float (&dwt)[3]) {
-    if (S > S_MIN) {
-        const float mean = w[0] * dw[0] + w[1] * dw[1] + w[2] * dw[2];
-        if constexpr (sizeof(T) == 4) {
-#pragma unroll
-            for (int k = 0; k < 3; k++) dwt[k] = a[k] * (1.0f - a[k]) * (dw[k] - mean) / S;
-        } else {
-            const float invS = recip<T>(S);
-#pragma unroll
-            for (int k = 0; k < 3; k++) dwt[k] = a[k] * (1.0f - a[k]) * (dw[k] - mean) * invS;
-        }
-    } else {
-#pragma unroll
-        for (int k = 0; k < 3; k++) dwt[k] = a[k] * (1.0f - a[k]) * dw[k] * (1.0f / S_MIN);
-    }
-}
-
 // ---- backward: one direction -------------------------------------------------------------------
 // Reverse scan. dxpart (B,H,W,Cc) = lam_d dh_d or NULL; dgates += the gate gradients of direction
 // d or NULL; dmpart[blockIdx.x] = this block's sum of u h dyc, or NULL.
@@ -652,6 +630,24 @@ void scan_bwd(Ctx *ctx, const Plan &p, const Tensor *dyc, const Tensor *xc, cons
               const Tensor *merge, const Tensor *hidden, Tensor *dxc, Tensor *dgates,
               Tensor *dmerge, bool write) {
     CudaCtx *c = cuda_ctx_of(ctx);
+    const int mbf = merge->dtype == DTYPE_BF16;
+    const void *ptrs[] = {dyc->data, xc->data, gates->data, dxc ? dxc->data : nullptr,
+                          dgates ? dgates->data : nullptr};
+    if (SH && img_fits<T>(p, true, dgates != nullptr, ptrs, 5)) {   // the whole image on chip
+        double *dmpart = dmerge ? static_cast<double *>(scratch_alloc(c, DIRS * (size_t)p.B * sizeof(double)))
+                                : nullptr;
+        bwd_img<T>(c, p, static_cast<const T *>(dyc->data), static_cast<const T *>(xc->data),
+                   static_cast<const T *>(gates->data), hidden ? tensor_f32(hidden) : nullptr, merge->data,
+                   mbf, dxc ? static_cast<T *>(dxc->data) : nullptr,
+                   dgates ? static_cast<T *>(dgates->data) : nullptr, dmpart, write);
+        if (dmpart) {
+            gspn_dmerge_finalize_kernel<<<1, 32 * DIRS, 0, c->stream>>>(dmpart, p.B, dmerge->data,
+                                                                         dmerge->dtype == DTYPE_BF16);
+            CUDA_CHECK_LAUNCH();
+            CUDA_CHECK(cudaFreeAsync(dmpart, c->stream));
+        }
+        return;
+    }
     const int nblk = p.B * p.ngroups;   // blocks per direction
     const size_t part_bytes = dxc ? DIRS * (size_t)p.plane * sizeof(float) : 0;
     const size_t hid_bytes = hidden ? 0 : DIRS * (size_t)p.plane * sizeof(float);
@@ -665,7 +661,6 @@ void scan_bwd(Ctx *ctx, const Plan &p, const Tensor *dyc, const Tensor *xc, cons
     if (!hidden) fwd_scans<T, V, SH>(c, p, x, g, hid, nullptr);   // recompute h
     const T *dy = static_cast<const T *>(dyc->data);
     T *dg = dgates ? static_cast<T *>(dgates->data) : nullptr;
-    const int mbf = merge->dtype == DTYPE_BF16;
     // write: the pipelined kernel writes dgates; the other kernels add, into zeros.
     bool done = !SH && bwd_pipe<T, V>(c, p, dy, x, g, hid, merge->data, mbf, dxpart, dg, dmpart, write);
     if (!done && write && dg)

@@ -206,6 +206,28 @@ __device__ __forceinline__ float weights(float wm, float w0, float wp, bool has_
     return S;
 }
 
+// dL/dwt from dL/dw through the normalization (as the CPU reference's weights_backward). For
+// S > S_MIN the weights are a_k / S, so 1/S = w_k / a_k is already known: w_1 / a_1 (a_1, the
+// centre, always exists and is > 0). fp32 divides as the reference does.
+template <typename T>
+__device__ __forceinline__ void weights_bwd(const float (&a)[3], const float (&w)[3], float S,
+                                            const float (&dw)[3], float (&dwt)[3]) {
+    if (S > S_MIN) {
+        const float mean = w[0] * dw[0] + w[1] * dw[1] + w[2] * dw[2];
+        if constexpr (sizeof(T) == 4) {
+#pragma unroll
+            for (int k = 0; k < 3; k++) dwt[k] = a[k] * (1.0f - a[k]) * (dw[k] - mean) / S;
+        } else {
+            const float invS = recip<T>(S);
+#pragma unroll
+            for (int k = 0; k < 3; k++) dwt[k] = a[k] * (1.0f - a[k]) * (dw[k] - mean) * invS;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 3; k++) dwt[k] = a[k] * (1.0f - a[k]) * dw[k] * (1.0f / S_MIN);
+    }
+}
+
 __device__ __forceinline__ float load_param(const void *p, int bf16, int i) {
     return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16 *>(p)[i])
                 : static_cast<const float *>(p)[i];
@@ -457,6 +479,19 @@ void launch_pipe(K kernel, const Plan &p, const ScanArgs &a, size_t smem, int ip
 // The four forward scans (gspn_scan_fwd.cu; the backward recomputes h with them).
 template <typename T, int V, bool SH>
 void fwd_scans(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, float *ypart);
+
+// The shared-weight scans on images that fit on chip (gspn_scan_image.cu): img_fits says whether
+// the path applies to the plan and pointers (NULL ones skipped); fwd_img writes yc and hid (or
+// not, NULL); bwd_img writes (write) or adds dxc and dgates (either NULL: skipped), h from hid or
+// recomputed when NULL, and dmpart (4, B) fp64 partials of dmerge (NULL: skipped).
+template <typename T>
+bool img_fits(const Plan &p, bool bwd, bool dgates, const void *const *ptrs, int nptrs);
+template <typename T>
+void fwd_img(CudaCtx *c, const Plan &p, const T *xc, const T *gates, const void *merge, int merge_bf16,
+             T *yc, float *hid);
+template <typename T>
+void bwd_img(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gates, const float *hid,
+             const void *merge, int merge_bf16, T *dxc, T *dgates, double *dmpart, bool write);
 
 // The two passes with a tuning (gspn_scan_fwd.cu, gspn_scan_bwd.cu); gspn_scan.cu's C entries.
 void gspn_fwd_impl(Ctx *ctx, const Tensor *xc, const Tensor *gates, const Tensor *merge,

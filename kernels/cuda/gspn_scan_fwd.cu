@@ -416,9 +416,14 @@ template <typename T, int V, bool SH>
 void scan_fwd(Ctx *ctx, const Plan &p, const Tensor *xc, const Tensor *gates, const Tensor *merge,
               Tensor *yc, Tensor *hidden) {
     CudaCtx *c = cuda_ctx_of(ctx);
-    float *ypart = static_cast<float *>(scratch_alloc(c, DIRS * (size_t)p.plane * sizeof(float)));
     const T *x = static_cast<const T *>(xc->data), *g = static_cast<const T *>(gates->data);
     float *hid = hidden ? tensor_f32(hidden) : nullptr;
+    const void *ptrs[] = {x, g, yc->data};
+    if (SH && img_fits<T>(p, false, false, ptrs, 3)) {   // the whole image on chip: merged there
+        fwd_img<T>(c, p, x, g, merge->data, merge->dtype == DTYPE_BF16, static_cast<T *>(yc->data), hid);
+        return;
+    }
+    float *ypart = static_cast<float *>(scratch_alloc(c, DIRS * (size_t)p.plane * sizeof(float)));
     fwd_scans<T, V, SH>(c, p, x, g, hid, ypart);
     const long long nvec = p.plane / V;
     gspn_merge_kernel<T, V><<<ew_blocks(nvec, c), EW_THREADS, 0, c->stream>>>(

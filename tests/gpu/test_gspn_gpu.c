@@ -236,6 +236,27 @@ static void test_gspn_gpu_latent_sizes_match_cpu(void **state) {
     assert_int_equal(fails, 0);
 }
 
+// Shared weights on images that fit on chip (kernels/cuda/gspn_scan_image.cu: one block per
+// image, lines of at most 32 lanes, up to 4 channels): gspn_hier's 28 x 28, 14 x 14 and 7 x 7
+// latents (Cc = 2; at 28 x 28 fp32 the backward takes the staged kernels), H != W both ways, one
+// row, one column, Cc = 1 and 4, and lines of 32 lanes.
+static void test_gspn_gpu_shared_w_images_on_chip_match_cpu(void **state) {
+    GPU_TEST_REQUIRE_DEVICE();
+    const Shape shapes[] = {{3, 14, 14, 2}, {2, 7, 7, 2},  {2, 28, 28, 2}, {2, 13, 9, 2},
+                            {2, 6, 11, 1},  {1, 32, 17, 4}, {2, 1, 6, 2},  {2, 9, 1, 2}};
+    const Tols fp32 = {FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL};
+    const Tols bf16 = {BF16_YC_TOL, BF16_HIDDEN_TOL, BF16_GRAD_TOL, BF16_GRAD_TOL, BF16_DMERGE_TOL};
+    int fails = 0;
+    for (int dti = 0; dti < 2; dti++) {
+        const DType dt = dti ? DTYPE_BF16 : DTYPE_F32;
+        Ctx g = cuda_ctx_create(0, dt);
+        for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++)
+            fails += check_case(&g, &shapes[i], 1, dt, dti ? &bf16 : &fp32, 500 + 11 * i, 0);
+        cuda_ctx_destroy(&g);
+    }
+    assert_int_equal(fails, 0);
+}
+
 // The other tunings (channels per block, load width) compute the same function.
 static void test_gspn_gpu_tunings_match_cpu(void **state) {
     GPU_TEST_REQUIRE_DEVICE();
@@ -259,12 +280,14 @@ static void test_gspn_gpu_tunings_match_cpu(void **state) {
 }
 
 // Two backward calls on the same inputs give bitwise the same gradients: no float atomics, all
-// reductions in a fixed order.
+// reductions in a fixed order. The second shape takes the on-chip image path with shared weights.
 static void test_gspn_gpu_backward_is_bitwise_deterministic(void **state) {
     GPU_TEST_REQUIRE_DEVICE();
     Ctx g = cuda_ctx_create(0, DTYPE_BF16);
-    const Shape s = {4, 19, 41, 64};
-    for (int shared_w = 0; shared_w < 2; shared_w++) {
+    const Shape shapes[] = {{4, 19, 41, 64}, {4, 14, 14, 2}};
+    for (int case_i = 0; case_i < 4; case_i++) {
+        const Shape s = shapes[case_i / 2];
+        const int shared_w = case_i % 2;
         const int G = gate_width(s.Cc, shared_w);
         Tensor *xc = test_tensor(4, s.B, s.H, s.W, s.Cc), *gates = test_tensor(4, s.B, s.H, s.W, G);
         Tensor *merge = test_tensor(1, DIRS), *dyc = test_like(xc);
@@ -311,6 +334,7 @@ int main(void) {
         cmocka_unit_test(test_gspn_gpu_bf16_per_channel_matches_cpu),
         cmocka_unit_test(test_gspn_gpu_bf16_shared_w_matches_cpu),
         cmocka_unit_test(test_gspn_gpu_latent_sizes_match_cpu),
+        cmocka_unit_test(test_gspn_gpu_shared_w_images_on_chip_match_cpu),
         cmocka_unit_test(test_gspn_gpu_tunings_match_cpu),
         cmocka_unit_test(test_gspn_gpu_backward_is_bitwise_deterministic),
     };
