@@ -12,7 +12,8 @@ cc=${CC:-gcc}
 signature() {
     { command -v nvcc mpicc mpirun pkg-config 2>/dev/null
       echo "missing: $(bash tools/install_deps.sh --check build test mpi)"
-      echo "roots: ${CMOCKA_ROOT:-} ${CUDNN_ROOT:-} cc: $cc"; } | md5sum | cut -c1-32
+      echo "roots: ${CMOCKA_ROOT:-} ${CUDNN_ROOT:-} ${CUTLASS_ROOT:-} ${CUTLASS_WHEEL:-} cc: $cc"
+      ls -d build/deps/cutlass-* 2>/dev/null; } | md5sum | cut -c1-32
 }
 if [ "${1:-}" = --signature ]; then
     signature
@@ -64,6 +65,14 @@ CU
                 echo "CUDNN_CFLAGS := -I$CUDNN_ROOT/include"
                 echo "CUDNN_LIBS := -L$linkdir -lcudnn -Xlinker -rpath,$CUDNN_ROOT/lib"
             fi
+        fi
+        # CUTLASS headers (tools/fetch_cutlass.sh): the fused erf-GELU GEMMs; without them those
+        # GEMMs run unfused.
+        if cutlass=$(bash tools/fetch_cutlass.sh 2>"$tmp/cutlass.err"); then
+            echo "HAVE_CUTLASS := 1"
+            echo "CUTLASS_CFLAGS := -I$cutlass/include -I$cutlass/tools/util/include"
+        else
+            echo "cgspn: no CUTLASS, the erf-GELU GEMMs will run unfused: $(cat "$tmp/cutlass.err")" >&2
         fi
         printf '#include <nccl.h>\nint main(){int v; return ncclGetVersion(&v);}\n' > "$tmp/nccl.c"
         "$cc" -I"$cudahome/include" "$tmp/nccl.c" -o "$tmp/nccl" -L"$cudahome/lib64" -lnccl >/dev/null 2>&1 \

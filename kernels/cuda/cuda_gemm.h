@@ -65,6 +65,11 @@ enum {
 };
 enum { CUDA_BGRAD_TALL_K = 1 << 18, CUDA_BGRAD_MIN_MN = 64 };
 void cuda_gemm_set_fusion(Ctx *ctx, unsigned mask);
+// Whether every CUDA_FUSE_* bit of `bits` is allowed; fused products outside cuBLASLt
+// (kernels/cuda/gemm_gelu.cu) ask before running and count their launches with
+// cuda_gemm_count_fused, so the switch and cuda_gemm_cache_stats cover them too.
+int cuda_gemm_fusion_allowed(Ctx *ctx, unsigned bits);
+void cuda_gemm_count_fused(Ctx *ctx);
 // A device buffer of at least `bytes` owned by the context's GEMM cache, valid until the next
 // call (ops use it for bias-gradient vectors and column-sum partials on the main stream).
 void *cuda_gemm_scratch(Ctx *ctx, size_t bytes);

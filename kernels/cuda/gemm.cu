@@ -309,6 +309,12 @@ extern "C" void cuda_gemm(Ctx *ctx, const CudaGemm *g, const char *what) {
 
 extern "C" void cuda_gemm_set_fusion(Ctx *ctx, unsigned mask) { gemm_cache(ctx)->fusion = mask; }
 
+extern "C" int cuda_gemm_fusion_allowed(Ctx *ctx, unsigned bits) {
+    return (gemm_cache(ctx)->fusion & bits) == bits;
+}
+
+extern "C" void cuda_gemm_count_fused(Ctx *ctx) { gemm_cache(ctx)->fused++; }
+
 extern "C" void *cuda_gemm_scratch(Ctx *ctx, size_t bytes) {
     CudaGemmCache *s = gemm_cache(ctx);
     if (bytes > s->scratch_bytes) {

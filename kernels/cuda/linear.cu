@@ -26,7 +26,9 @@
 //   cuBLASLt's GELU is the tanh approximation (GELU_TANH). Fallback: linear, then a GELU kernel.
 // - DGELU in linear_dgelu_bwd's dx product (aux = pre, K % 8 == 0). Fallback: the product in fp32
 //   into a temporary, then a kernel multiplies by gelu'(pre).
-// The erf GELU (GELU_ERF, timm's default) has no cuBLASLt epilogue: linear_gelu_fwd runs the GEMM
+// The erf GELU (GELU_ERF, timm's default) has no cuBLASLt epilogue. In bf16 on sm_90 both products
+// take CUTLASS kernels with the GELU (and gelu') in their epilogue (kernels/cuda/gemm_gelu.cu, the
+// same values); elsewhere linear_gelu_fwd runs the GEMM
 // with its bias fused into pre, then one GELU pass (pre -> y); linear_dgelu_bwd writes the dx
 // product into dpre (beta = 0: no zeroing, no read of old values) and scales it in place by
 // gelu'(pre) (kernels/cuda/gelu.h). That rounds the product to the activation dtype before the
@@ -38,6 +40,7 @@
 #include "cuda_colsum.cuh"
 #include "cuda_gemm.h"
 #include "gelu.h"
+#include "gemm_gelu.h"
 #include "../ops.h"
 #include "../linear_shape.h"
 #include <limits.h>
@@ -442,7 +445,15 @@ extern "C" void cuda_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w,
     }
     if (b) check_bias("linear_gelu_fwd", &s, b);
     if (s.N == 0) return;
-    if (kind == GELU_ERF) {   // GEMM + bias into pre (or y), then one GELU pass
+    if (kind == GELU_ERF) {   // GEMM + bias + GELU in one CUTLASS product, else GEMM + bias, GELU pass
+        if (s.act == DTYPE_BF16 && w->dtype == DTYPE_BF16 && b && b->dtype == DTYPE_BF16 &&
+            cuda_gemm_fusion_allowed(ctx, CUDA_FUSE_GELU) &&
+            cuda_gemm_gelu_erf_fwd(ctx, (const bf16 *)x->data, (const bf16 *)w->data, (const bf16 *)b->data,
+                                   pre ? (bf16 *)pre->data : NULL, (bf16 *)y->data, s.N, s.K, s.M)) {
+            cuda_gemm_count_fused(ctx);
+            report_flops(ctx, &s, 1);
+            return;
+        }
         void *p = pre ? pre->data : y->data;
         linear_forward(ctx, &s, x->data, w->data, b ? b->data : NULL, p);
         cuda_gelu_apply(ctx, GELU_ERF, s.act, p, y->data, s.N * (size_t)s.M);
@@ -527,7 +538,12 @@ extern "C" void cuda_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *
     }
     if (s.N == 0) return;
     if (dpre) report_flops(ctx, &s, 1);   // the dx product (dw's: linear_backward below)
-    if (dpre && kind == GELU_ERF) {   // the product written into dpre, then scaled in place
+    if (dpre && kind == GELU_ERF && s.act == DTYPE_BF16 && w->dtype == DTYPE_BF16 &&
+        cuda_gemm_fusion_allowed(ctx, CUDA_FUSE_DGELU) &&
+        cuda_gemm_dgelu_erf_bwd(ctx, (const bf16 *)dy->data, (const bf16 *)w->data,
+                                (const bf16 *)pre->data, (bf16 *)dpre->data, s.N, s.M, s.K)) {
+        cuda_gemm_count_fused(ctx);   // the product and the scaling in one CUTLASS product
+    } else if (dpre && kind == GELU_ERF) {   // the product written into dpre, then scaled in place
         CudaGemm g = gemm_dx(&s, dy->data, w->data, dpre->data, cuda_dtype_of(s.act), 0.0f);
         cuda_gemm(ctx, &g, "linear_dgelu_bwd dx");
         cuda_dgelu_scale(ctx, GELU_ERF, s.act, pre->data, dpre->data, s.N * (size_t)s.K);
