@@ -376,7 +376,7 @@ dwconv_plane_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in,
             float2 win[K];   // input columns x - P .. x + P in slots (x + j) mod K
             #pragma unroll
             for (int j = 0; j < K - 1; j++) {
-                const unsigned v = j >= P ? xr[(j - P) * CP] : 0u;
+                const unsigned v = j >= P && j - P < d.W ? xr[(j - P) * CP] : 0u;
                 win[j] = make_float2(dwp_lo(v), dwp_hi(v));
             }
             auto step = [&](int x, auto uc) {   // dy pixel x; its window slots (x + j) mod K

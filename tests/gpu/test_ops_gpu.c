@@ -607,8 +607,9 @@ static void test_attention_pool_matches_cpu(void **state) {
 // but not multiples of 4 or 8 (18, 108) or odd (one channel a load, no 2-channel threads at 3x3).
 // bf16 7x7 on images of at most 16 x 16 with C a multiple of 8 takes the whole-image kernels
 // (kernels/cuda/dwconv_plane.cu; dw where C is a multiple of 16): the four shapes from
-// 14 x 14 x 96 give them 32, 16 and 8 channels a block, even and odd widths and each flag set. So
-// does 3x3 on fp32 activations (both weight dtypes), forward and the one-pass backward: the
+// 14 x 14 x 96 give them 32, 16 and 8 channels a block, even and odd widths and each flag set,
+// and 2 x 2 and 1 x 1 images (narrower than the 7 taps: the dw window's columns past the image).
+// So does 3x3 on fp32 activations (both weight dtypes), forward and the one-pass backward: the
 // 3x3 shapes up to 16 x 16 with C a multiple of 8. Larger bf16 7x7 grids with
 // C a multiple of 8 take the tensor-core kernel (kernels/cuda/dwconv_mma.cu); the three shapes
 // from 28 x 28 x 16 give it each flag set. Its dw pass takes the other bf16 7x7 shapes with C a
@@ -625,7 +626,8 @@ static void test_dwconv_matches_cpu(void **state) {
                                     {1, 30, 28, 108, 3},  {2, 28, 28, 16, 7}, {3, 29, 33, 32, 7},
                                     {2, 40, 28, 8, 7},  {3, 14, 14, 96, 7}, {2, 7, 7, 48, 7},
                                     {2, 11, 16, 32, 7}, {1, 16, 15, 56, 7}, {2, 16, 16, 48, 3},
-                                    {3, 5, 12, 40, 3},  {2, 14, 14, 32, 3}};   // B H W C k
+                                    {3, 5, 12, 40, 3},  {2, 14, 14, 32, 3}, {3, 2, 2, 64, 7},
+                                    {2, 1, 1, 32, 7},   {2, 3, 2, 48, 3}};   // B H W C k
     const int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
     for (int mi = 0; mi < 3; mi++)
         for (int si = 0; si < nshapes; si++) {
