@@ -4,7 +4,7 @@
 # after `make test` installs OpenMPI; the second probe must find MPI without deleting anything
 # by hand. Also: plain `make` builds ./cgspn, and tools/install_deps.sh judges packages by
 # their files (a dataset folder given by FMNIST_SRC counts; MPI's header through mpicc, which
-# openmpi-bin brings without it).
+# openmpi-bin brings without it); tools/fetch_cutlass.sh takes a named copy and refuses a bad one.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/tests/expect.sh"   # expect NAME COND; fail
@@ -59,4 +59,18 @@ expect "install_deps --check: mpicc without mpi.h is libopenmpi-dev missing" \
        "[ \"\$out\" = libopenmpi-dev ]"
 PATH="$tmp/bin_only:$no_mpi_path" make -s build/config.mk >/dev/null 2>&1
 expect "the probe finds no MPI behind an mpicc without mpi.h" "! grep -q '^HAVE_MPI := 1' build/config.mk"
+
+# CUTLASS (tools/fetch_cutlass.sh, no network needed here): a named copy is used as it is, a
+# copy without the headers is refused by name, and a wheel whose sha256 differs leaves nothing.
+mkdir -p "$tmp/cutlass/include/cutlass" "$tmp/cutlass/tools/util/include/cutlass/util"
+touch "$tmp/cutlass/include/cutlass/cutlass.h" "$tmp/cutlass/tools/util/include/cutlass/util/packed_stride.hpp"
+out=$(CUTLASS_ROOT="$tmp/cutlass" bash tools/fetch_cutlass.sh 2>&1)
+expect "fetch_cutlass: CUTLASS_ROOT with the headers is the root" "[ \"\$out\" = \"$tmp/cutlass\" ]"
+out=$(CUTLASS_ROOT="$tmp/fmnist" bash tools/fetch_cutlass.sh 2>&1); rc=$?
+expect "fetch_cutlass: CUTLASS_ROOT without them fails, naming it" "[ $rc = 1 ] && grep -q CUTLASS_ROOT <<<\"\$out\""
+printf 'not a wheel' > "$tmp/fake.whl"
+mkdir -p "$tmp/fetch" && cp -r tools "$tmp/fetch/"   # a tree that has fetched nothing yet
+out=$(cd "$tmp/fetch" && CUTLASS_WHEEL="$tmp/fake.whl" bash tools/fetch_cutlass.sh 2>&1); rc=$?
+expect "fetch_cutlass: a wheel with another sha256 fails and unpacks nothing" \
+       "[ $rc = 1 ] && grep -q 'sha256 mismatch' <<<\"\$out\" && ! ls -d $tmp/fetch/build/deps/cutlass-* >/dev/null 2>&1"
 exit $fail

@@ -92,6 +92,8 @@ static double err_vs(Ctx *ctx, const Tensor *gpu, const Tensor *cpu) {
 typedef struct Tols {
     double yc, hidden, dxc, dgates, dmerge;
 } Tols;
+static const Tols FP32_TOLS = {FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL};
+static const Tols BF16_TOLS = {BF16_YC_TOL, BF16_HIDDEN_TOL, BF16_GRAD_TOL, BF16_GRAD_TOL, BF16_DMERGE_TOL};
 
 // One shape, one dtype, one weight variant: forward and backward against the CPU, with hidden
 // saved and with hidden recomputed (NULL). Returns the number of failed comparisons.
@@ -192,15 +194,32 @@ static int check_case(Ctx *g, const Shape *s, int shared_w, DType dt, const Tols
 
 static void run_all_shapes(int shared_w, DType dt) {
     GPU_TEST_REQUIRE_DEVICE();
-    const Tols fp32 = {FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL};
-    const Tols bf16 = {BF16_YC_TOL, BF16_HIDDEN_TOL, BF16_GRAD_TOL, BF16_GRAD_TOL, BF16_DMERGE_TOL};
     Ctx g = cuda_ctx_create(0, dt);
     int fails = 0;
     for (int i = 0; i < NSHAPES; i++)
-        fails += check_case(&g, &SHAPES[i], shared_w, dt, dt == DTYPE_BF16 ? &bf16 : &fp32,
+        fails += check_case(&g, &SHAPES[i], shared_w, dt, dt == DTYPE_BF16 ? &BF16_TOLS : &FP32_TOLS,
                             1000 + 17 * (uint64_t)i, 0);
     cuda_ctx_destroy(&g);
     assert_int_equal(fails, 0);
+}
+
+// Every shape in fp32 and in bf16 with the default tuning: with shared weights only (variants 1)
+// or per-channel then shared (variants 2); case seed = seed + step * shape + variant. Returns the
+// number of failed comparisons.
+static int check_shapes_both_dtypes(const Shape *shapes, int n, int variants, uint64_t seed, int step) {
+    int fails = 0;
+    for (int dti = 0; dti < 2; dti++) {
+        const DType dt = dti ? DTYPE_BF16 : DTYPE_F32;
+        Ctx g = cuda_ctx_create(0, dt);
+        for (int i = 0; i < n; i++)
+            for (int v = 0; v < variants; v++) {
+                const int sh = variants == 1 ? 1 : v;
+                fails += check_case(&g, &shapes[i], sh, dt, dti ? &BF16_TOLS : &FP32_TOLS,
+                                    seed + step * i + v, 0);
+            }
+        cuda_ctx_destroy(&g);
+    }
+    return fails;
 }
 
 static void test_gspn_gpu_fp32_per_channel_matches_cpu(void **state) {
@@ -221,19 +240,7 @@ static void test_gspn_gpu_latent_sizes_match_cpu(void **state) {
     // per thread in the 600-lane line)
     const Shape full[] = {{2, 27, 27, 64}, {1, 74, 31, 64}, {1, 5, 600, 8}};
     const Shape small[] = {{1, 9, 40, 16}, {1, 40, 3, 8}, {1, 2, 600, 8}};
-    const Shape *big = gpu_test_small() ? small : full;
-    const Tols fp32 = {FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL};
-    const Tols bf16 = {BF16_YC_TOL, BF16_HIDDEN_TOL, BF16_GRAD_TOL, BF16_GRAD_TOL, BF16_DMERGE_TOL};
-    int fails = 0;
-    for (int dti = 0; dti < 2; dti++) {
-        const DType dt = dti ? DTYPE_BF16 : DTYPE_F32;
-        Ctx g = cuda_ctx_create(0, dt);
-        for (int i = 0; i < (int)(sizeof full / sizeof full[0]); i++)
-            for (int sh = 0; sh < 2; sh++)
-                fails += check_case(&g, &big[i], sh, dt, dti ? &bf16 : &fp32, 77 + 5 * i + sh, 0);
-        cuda_ctx_destroy(&g);
-    }
-    assert_int_equal(fails, 0);
+    assert_int_equal(check_shapes_both_dtypes(gpu_test_small() ? small : full, 3, 2, 77, 5), 0);
 }
 
 // Shared weights on images that fit on chip (kernels/cuda/gspn_scan_image.cu: one block per
@@ -244,17 +251,7 @@ static void test_gspn_gpu_shared_w_images_on_chip_match_cpu(void **state) {
     GPU_TEST_REQUIRE_DEVICE();
     const Shape shapes[] = {{3, 14, 14, 2}, {2, 7, 7, 2},  {2, 28, 28, 2}, {2, 13, 9, 2},
                             {2, 6, 11, 1},  {1, 32, 17, 4}, {2, 1, 6, 2},  {2, 9, 1, 2}};
-    const Tols fp32 = {FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL};
-    const Tols bf16 = {BF16_YC_TOL, BF16_HIDDEN_TOL, BF16_GRAD_TOL, BF16_GRAD_TOL, BF16_DMERGE_TOL};
-    int fails = 0;
-    for (int dti = 0; dti < 2; dti++) {
-        const DType dt = dti ? DTYPE_BF16 : DTYPE_F32;
-        Ctx g = cuda_ctx_create(0, dt);
-        for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++)
-            fails += check_case(&g, &shapes[i], 1, dt, dti ? &bf16 : &fp32, 500 + 11 * i, 0);
-        cuda_ctx_destroy(&g);
-    }
-    assert_int_equal(fails, 0);
+    assert_int_equal(check_shapes_both_dtypes(shapes, 8, 1, 500, 11), 0);
 }
 
 // The other tunings (channels per block, load width) compute the same function.
@@ -264,8 +261,6 @@ static void test_gspn_gpu_tunings_match_cpu(void **state) {
     const Shape shapes[] = {{2, 13, 37, 64}, {1, 6, 5, 24}, {2, 3, 9, 3}, {1, 5, 150, 64}};
     const Shape small[] = {{1, 5, 37, 64}, {1, 6, 5, 24}, {1, 3, 9, 3}, {1, 2, 70, 64}};
     const Shape *use = gpu_test_small() ? small : shapes;
-    const Tols fp32 = {FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL};
-    const Tols bf16 = {BF16_YC_TOL, BF16_HIDDEN_TOL, BF16_GRAD_TOL, BF16_GRAD_TOL, BF16_DMERGE_TOL};
     const int ntun = (int)(sizeof TUNINGS / sizeof TUNINGS[0]);
     int fails = 0;
     for (int dti = 0; dti < 2; dti++) {
@@ -273,7 +268,7 @@ static void test_gspn_gpu_tunings_match_cpu(void **state) {
         Ctx g = cuda_ctx_create(0, dt);
         for (int i = 0; i < 4; i++)
             for (int t = 1; t < ntun; t++)
-                fails += check_case(&g, &use[i], 0, dt, dti ? &bf16 : &fp32, 300 + 7 * i + t, t);
+                fails += check_case(&g, &use[i], 0, dt, dti ? &BF16_TOLS : &FP32_TOLS, 300 + 7 * i + t, t);
         cuda_ctx_destroy(&g);
     }
     assert_int_equal(fails, 0);
