@@ -73,6 +73,7 @@
 // (each pass's kernels, launches and entry), and this one: the plan of a call (tuning, channel
 // groups, geometry, shared memory, pipeline depth) and the C entry points.
 #include "gspn_scan_common.cuh"
+#include "../gspn_scan_shape.h"
 
 namespace gspn {
 namespace {
@@ -107,42 +108,39 @@ Tuning auto_tuning(Tuning tu, bool bf16, int Cc, int lanes, bool bwd) {
 
 }  // namespace
 
-void check_dtype_like(const char *what, const Tensor *t, const Tensor *ref) {
-    char a[64], b[64];
+void check_like(const char *op, const char *name, const Tensor *t, const char *ref_name, const Tensor *ref) {
     if (!t) return;
-    CG_CHECK(t->device == DEVICE_CUDA, "", "gspn_scan (CUDA): %s is not on the GPU", what);
-    CG_CHECK(t->numel == ref->numel && t->dtype == ref->dtype, "",
-             "gspn_scan (CUDA): %s %s %s does not match xc %s %s", what,
-             tensor_shape_str(t, a, sizeof a), dtype_name(t->dtype),
-             tensor_shape_str(ref, b, sizeof b), dtype_name(ref->dtype));
+    gspn_scan_check_like(op, name, t, ref_name, ref);
+    CG_CHECK(t->device == DEVICE_CUDA, "", "op %s (CUDA): %s is not on the GPU", op, name);
+    CG_CHECK(t->dtype == ref->dtype, "", "op %s (CUDA): %s is %s, %s %s", op, name,
+             dtype_name(t->dtype), ref_name, dtype_name(ref->dtype));
 }
 
-Plan make_plan(const Tensor *xc, const Tensor *gates, const Tensor *merge, int shared_w,
+void check_hidden(const char *op, const Tensor *hidden, long long plane) {
+    gspn_scan_check_hidden(op, hidden, (size_t)plane);
+    CG_CHECK(!hidden || hidden->device == DEVICE_CUDA, "", "op %s (CUDA): hidden is not on the GPU", op);
+}
+
+// The shared rules first (kernels/gspn_scan_shape.h), then the CUDA op's: every tensor on the
+// GPU, gates in xc's dtype, grids within the launch limits.
+Plan make_plan(const char *op, const Tensor *xc, const Tensor *gates, const Tensor *merge, int shared_w,
                Tuning tu, bool bwd, const void *const *ptrs, int nptrs) {
-    char a[64], b[64];
-    CG_CHECK(xc->ndim == 4, "", "gspn_scan: xc must be (B, H, W, Cc), got %s",
-             tensor_shape_str(xc, a, sizeof a));
-    CG_CHECK(xc->device == DEVICE_CUDA && gates->device == DEVICE_CUDA &&
-             merge->device == DEVICE_CUDA, "", "gspn_scan (CUDA): tensors must be on the GPU");
-    Plan p{};
-    p.B = xc->shape[0];
-    p.H = xc->shape[1];
-    p.W = xc->shape[2];
-    p.Cc = xc->shape[3];
-    p.shared = shared_w != 0;
-    p.block = p.shared ? 2 * p.Cc + 3 : 5 * p.Cc;
-    p.G = DIRS * p.block;
-    p.bf16 = xc->dtype == DTYPE_BF16;
-    p.plane = (long long)xc->numel;
-    CG_CHECK(gates->ndim == 4 && gates->shape[0] == p.B && gates->shape[1] == p.H &&
-             gates->shape[2] == p.W && gates->shape[3] == p.G,
-             shared_w ? "gspn_shared_w = 1 expects G = 4*(2*Cc+3)" : "gspn_shared_w = 0 expects G = 20*Cc",
-             "gspn_scan: gates %s do not match xc %s", tensor_shape_str(gates, a, sizeof a),
-             tensor_shape_str(xc, b, sizeof b));
-    CG_CHECK(gates->dtype == xc->dtype, "", "gspn_scan (CUDA): gates are %s, xc is %s",
+    const GspnScanDims d = gspn_scan_dims(op, xc, gates, merge, shared_w);
+    CG_CHECK(xc->device == DEVICE_CUDA && gates->device == DEVICE_CUDA && merge->device == DEVICE_CUDA,
+             "", "op %s (CUDA): xc, gates and merge must be on the GPU", op);
+    CG_CHECK(gates->dtype == xc->dtype, "", "op %s (CUDA): gates are %s, xc is %s", op,
              dtype_name(gates->dtype), dtype_name(xc->dtype));
-    CG_CHECK(merge->numel == DIRS, "", "gspn_scan: merge has %zu elements, expected 4", merge->numel);
-    CG_CHECK(p.H <= 65535 && p.W <= 65535, "", "gspn_scan (CUDA): grid %dx%d too large", p.H, p.W);
+    CG_CHECK(d.H <= 65535 && d.W <= 65535, "", "op %s (CUDA): grid %dx%d too large", op, d.H, d.W);
+    Plan p{};
+    p.B = d.B;
+    p.H = d.H;
+    p.W = d.W;
+    p.Cc = d.Cc;
+    p.shared = shared_w != 0;
+    p.block = d.block;
+    p.G = d.G;
+    p.bf16 = xc->dtype == DTYPE_BF16;
+    p.plane = (long long)d.plane;
 
     const int esz = p.bf16 ? 2 : 4;
     tu = auto_tuning(tu, p.bf16, p.Cc, p.H > p.W ? p.H : p.W, bwd);

@@ -1,5 +1,6 @@
 // The C-GSPN scan's backward pass on the GPU: kernels, launches, entry (design: gspn_scan.cu).
 #include "gspn_scan_common.cuh"
+#include "../gspn_scan_shape.h"
 
 namespace gspn {
 namespace {
@@ -696,17 +697,19 @@ void scan_bwd(Ctx *ctx, const Plan &p, const Tensor *dyc, const Tensor *xc, cons
 void gspn_bwd_impl(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
                    const Tensor *merge, int shared_w, const Tensor *hidden, Tensor *dxc,
                    Tensor *dgates, Tensor *dmerge, Tuning tu, bool write) {
+    const char *op = write ? "gspn_scan_bwd_write" : "gspn_scan_bwd";
+    CG_CHECK(dyc && xc && gates, "", "op %s: dyc, xc, gates and merge are required", op);
     const void *ptrs[] = {dyc->data, xc->data, gates->data, hidden ? hidden->data : nullptr,
                           dxc ? dxc->data : nullptr, dgates ? dgates->data : nullptr};
-    const Plan p = make_plan(xc, gates, merge, shared_w, tu, true, ptrs, 6);
-    check_dtype_like("dyc", dyc, xc);
-    check_dtype_like("dxc", dxc, xc);
-    check_dtype_like("dgates", dgates, gates);
-    CG_CHECK(!dmerge || (dmerge->numel == DIRS && dmerge->device == DEVICE_CUDA), "",
-             "gspn_scan (CUDA): dmerge must be 4 elements on the GPU");
-    CG_CHECK(!hidden || (hidden->numel == DIRS * (size_t)p.plane && hidden->dtype == DTYPE_F32 &&
-                         hidden->device == DEVICE_CUDA),
-             "", "gspn_scan (CUDA): hidden must be (4, B, H, W, Cc) fp32 on the GPU");
+    const Plan p = make_plan(op, xc, gates, merge, shared_w, tu, true, ptrs, 6);
+    check_like(op, "dyc", dyc, "xc", xc);
+    check_like(op, "dxc", dxc, "xc", xc);
+    check_like(op, "dgates", dgates, "gates", gates);
+    if (dmerge) {
+        gspn_scan_check_like(op, "dmerge", dmerge, "merge", merge);
+        CG_CHECK(dmerge->device == DEVICE_CUDA, "", "op %s (CUDA): dmerge is not on the GPU", op);
+    }
+    check_hidden(op, hidden, p.plane);
     if (p.plane == 0 || (!dxc && !dgates && !dmerge)) return;
     GSPN_DISPATCH(p, scan_bwd, ctx, p, dyc, xc, gates, merge, hidden, dxc, dgates, dmerge, write);
 }

@@ -411,9 +411,12 @@ struct Tuning {
 };
 
 // The plan of a call and the launch geometry (gspn_scan.cu, each described there).
-Plan make_plan(const Tensor *xc, const Tensor *gates, const Tensor *merge, int shared_w,
+Plan make_plan(const char *op, const Tensor *xc, const Tensor *gates, const Tensor *merge, int shared_w,
                Tuning tu, bool bwd, const void *const *ptrs, int nptrs);
-void check_dtype_like(const char *what, const Tensor *t, const Tensor *ref);
+// t (NULL: not given) as ref: its element count (kernels/gspn_scan_shape.h), on the GPU, ref's dtype.
+void check_like(const char *op, const char *name, const Tensor *t, const char *ref_name, const Tensor *ref);
+// hidden (NULL: not given): (4, B, H, W, Cc) fp32 on the GPU.
+void check_hidden(const char *op, const Tensor *hidden, long long plane);
 DirGeom dir_geom(const Plan &p, int d);
 int scan_threads(const DirGeom &g);
 size_t smem_limit();

@@ -434,13 +434,14 @@ void scan_fwd(Ctx *ctx, const Plan &p, const Tensor *xc, const Tensor *gates, co
 
 void gspn_fwd_impl(Ctx *ctx, const Tensor *xc, const Tensor *gates, const Tensor *merge,
                    int shared_w, Tensor *yc, Tensor *hidden, Tuning tu) {
+    CG_CHECK(xc && gates, "", "op gspn_scan_fwd: xc, gates and merge are required");
     const void *ptrs[] = {xc->data, gates->data, yc ? yc->data : nullptr,
                           hidden ? hidden->data : nullptr};
-    const Plan p = make_plan(xc, gates, merge, shared_w, tu, false, ptrs, 4);
-    check_dtype_like("yc", yc, xc);
-    CG_CHECK(!hidden || (hidden->numel == DIRS * (size_t)p.plane && hidden->dtype == DTYPE_F32 &&
-                         hidden->device == DEVICE_CUDA),
-             "", "gspn_scan (CUDA): hidden must be (4, B, H, W, Cc) fp32 on the GPU");
+    const char *op = "gspn_scan_fwd";
+    const Plan p = make_plan(op, xc, gates, merge, shared_w, tu, false, ptrs, 4);
+    CG_CHECK(yc, "", "op %s: yc is required", op);
+    check_like(op, "yc", yc, "xc", xc);
+    check_hidden(op, hidden, p.plane);
     if (p.plane == 0) return;
     GSPN_DISPATCH(p, scan_fwd, ctx, p, xc, gates, merge, yc, hidden);
 }
