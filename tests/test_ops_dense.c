@@ -691,6 +691,35 @@ static void test_patch_embed_backward_matches_finite_differences(void **state) {
     patch_case_free(&c);
 }
 
+static void patch_embed_of_ragged_image(void) {   // 10 rows do not split into 4-row patches
+    Ctx ctx = ctx_cpu();
+    Tensor *img = test_tensor(4, 1, 3, 10, 8), *w = test_tensor(2, 5, 48);
+    cpu_patch_embed_fwd(&ctx, img, w, NULL, 4, test_tensor(2, 4, 48), test_tensor(2, 4, 5));
+}
+
+static void patch_embed_weight_for_other_channels(void) {   // 2 channels x 4 x 4 is 32, not 48
+    Ctx ctx = ctx_cpu();
+    Tensor *img = test_tensor(4, 1, 3, 8, 8), *w = test_tensor(2, 5, 32);
+    cpu_patch_embed_fwd(&ctx, img, w, NULL, 4, test_tensor(2, 4, 48), test_tensor(2, 4, 5));
+}
+
+static void patch_embed_bwd_dimg_of_other_images(void) {   // cols of 4 tokens, dimg of 8
+    Ctx ctx = ctx_cpu();
+    Tensor *cols = test_tensor(2, 4, 48), *w = test_tensor(2, 5, 48), *dy = test_tensor(2, 4, 5);
+    cpu_patch_embed_bwd(&ctx, dy, cols, w, 4, test_tensor(4, 2, 3, 8, 8), NULL, NULL);
+}
+
+// Shapes the op does not take stop with a message naming the op and the mismatch
+// (kernels/patch_embed_shape.h, shared with the CUDA op; run in a child process).
+static void test_patch_embed_rejects_shapes_it_does_not_take(void **state) {
+    expect_stop(patch_embed_of_ragged_image,
+                (const char *[]){"patch_embed_fwd", "10x8 image does not split into 4x4", NULL});
+    expect_stop(patch_embed_weight_for_other_channels,
+                (const char *[]){"patch_embed_fwd", "w has shape (5, 32)", NULL});
+    expect_stop(patch_embed_bwd_dimg_of_other_images,
+                (const char *[]){"patch_embed_bwd", "does not match cols of 4 tokens", NULL});
+}
+
 // ---- the profile hook (kernels/ctx.h): every op_* reports its name and its tensors' bytes ----
 
 typedef struct HookLog { const char *op[8]; double bytes[8]; int begins, ends; } HookLog;
@@ -751,6 +780,7 @@ int main(void) {
         cmocka_unit_test(test_attention_backward_matches_finite_differences),
         cmocka_unit_test(test_patch_embed_forward_matches_direct_convolution),
         cmocka_unit_test(test_patch_embed_backward_matches_finite_differences),
+        cmocka_unit_test(test_patch_embed_rejects_shapes_it_does_not_take),
     };
     return cmocka_run_group_tests_name("ops_dense", tests, NULL, NULL);
 }

@@ -6,36 +6,14 @@
 // Patches do not overlap (stride = kernel), so col2im in backward is a scatter, not a sum.
 #include "../ops.h"
 #include "cpu_check.h"
+#include "../patch_embed_shape.h"
 #include "gemm.h"
 
-typedef struct PatchShape {
-    int B, Cin, Hi, Wi, p, H, W, D;
-    int K;       // Cin * p * p, columns of cols
-    size_t R;    // B * H * W, rows of cols (tokens)
-} PatchShape;
-
-static PatchShape patch_shape(const char *op, const Tensor *img, const Tensor *w, int patch) {
-    char buf[64];
+// The shared geometry and checks (kernels/patch_embed_shape.h), then the CPU's rule: fp32 on the host.
+static PatchShape cpu_patch_shape(const char *op, const Tensor *img, const Tensor *w, int patch) {
     cpu_check_f32(op, "img", img);
-    CG_CHECK(img->ndim == 4, "images are NCHW at the op boundary",
-             "op %s: img has shape %s, expected (B, Cin, H, W)", op,
-             tensor_shape_str(img, buf, sizeof buf));
-    PatchShape s = {.B = img->shape[0], .Cin = img->shape[1], .Hi = img->shape[2],
-                    .Wi = img->shape[3], .p = patch};
-    CG_CHECK(patch > 0 && s.Hi % patch == 0 && s.Wi % patch == 0,
-             "choose img_size a multiple of patch_size",
-             "op %s: a %dx%d image does not split into %dx%d patches", op, s.Hi, s.Wi, patch, patch);
-    s.H = s.Hi / patch;
-    s.W = s.Wi / patch;
-    s.K = s.Cin * patch * patch;
-    s.R = (size_t)s.B * s.H * s.W;
     cpu_check_f32(op, "w", w);
-    s.D = w->shape[0];
-    CG_CHECK(w->numel == (size_t)s.D * s.K, "in_chans and patch_size must match the weight",
-             "op %s: w has shape %s, expected (%d, %d) or (%d, %d, %d, %d) for %d input channels "
-             "and patch %d", op, tensor_shape_str(w, buf, sizeof buf), s.D, s.K, s.D, s.Cin,
-             patch, patch, s.Cin, patch);
-    return s;
+    return patch_shape(op, img, w, patch);
 }
 
 // cols[(b*H + i)*W + j][ci*p*p + ky*p + kx] = img[b][ci][i*p + ky][j*p + kx]
@@ -71,7 +49,7 @@ static void patch_col2im_add(const PatchShape *s, const float *cols, float *img)
 
 void cpu_patch_embed_fwd(Ctx *ctx, const Tensor *img, const Tensor *w, const Tensor *b,
                          int patch, Tensor *cols, Tensor *y) {
-    PatchShape s = patch_shape("patch_embed_fwd", img, w, patch);
+    PatchShape s = cpu_patch_shape("patch_embed_fwd", img, w, patch);
     cpu_check_matrix("patch_embed_fwd", "cols", cols, s.R, s.K);
     cpu_check_matrix("patch_embed_fwd", "y", y, s.R, s.D);
     patch_im2col(&s, tensor_f32(img), tensor_f32(cols));
@@ -86,11 +64,9 @@ void cpu_patch_embed_bwd(Ctx *ctx, const Tensor *dy, const Tensor *cols, const T
                          int patch, Tensor *dimg, Tensor *dw, Tensor *db) {
     cpu_check_f32("patch_embed_bwd", "w", w);
     cpu_check_f32("patch_embed_bwd", "cols", cols);
-    int D = w->shape[0], K = tensor_last(cols);
-    size_t R = tensor_rows(cols);
-    CG_CHECK(patch > 0 && K % (patch * patch) == 0 && w->numel == (size_t)D * K, "",
-             "op patch_embed_bwd: cols have %d columns and w %zu elements, not a patch %d "
-             "embedding with %d outputs", K, w->numel, patch, D);
+    int D, K;
+    size_t R;
+    patch_cols_check("patch_embed_bwd", cols, w, patch, &R, &K, &D);
     cpu_check_matrix("patch_embed_bwd", "dy", dy, R, D);
     Tensor w2 = tensor_view(w, 2, (int[]){D, K});
     Tensor c2 = tensor_view(cols, 2, (int[]){(int)R, K});
@@ -104,9 +80,8 @@ void cpu_patch_embed_bwd(Ctx *ctx, const Tensor *dy, const Tensor *cols, const T
         cpu_linear_bwd(ctx, &dy2, &c2, &w2, NULL, dw ? &dw2 : NULL, db);
     }
     if (dimg) {
-        PatchShape s = patch_shape("patch_embed_bwd", dimg, w, patch);
-        CG_CHECK(s.R == R && s.K == K, "", "op patch_embed_bwd: dimg (%d images, %d channels, "
-                 "%dx%d) does not match cols of %zu tokens x %d", s.B, s.Cin, s.Hi, s.Wi, R, K);
+        cpu_check_f32("patch_embed_bwd", "dimg", dimg);
+        PatchShape s = patch_dimg_check("patch_embed_bwd", dimg, w, patch, R, K);
         float *dcols = cg_malloc(sizeof(float) * R * K);   // dcols = dy w, (R, K)
         cpu_sgemm(0, 0, (int)R, K, D, 1.0f, tensor_f32(dy), D, tensor_f32(w), K, 0.0f, dcols, K);
         patch_col2im_add(&s, dcols, tensor_f32(dimg));

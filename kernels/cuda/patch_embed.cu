@@ -9,36 +9,15 @@
 // overlap, so every pixel reads exactly one dcols element (deterministic, no atomics).
 #include "cuda_gemm.h"
 #include "../ops.h"
+#include "../patch_embed_shape.h"
 #include <limits.h>
 
-typedef struct PatchShape {
-    int B, Cin, Hi, Wi, p, H, W, D;
-    int K;      // Cin * p * p, columns of cols
-    size_t R;   // B * H * W, rows of cols (tokens)
-} PatchShape;
-
-static PatchShape patch_shape(const char *op, const Tensor *img, const Tensor *w, int patch) {
-    char buf[64];
+// The shared geometry and checks (kernels/patch_embed_shape.h), then the CUDA op's rules: both
+// on the GPU, tokens within int range.
+static PatchShape cuda_patch_shape(const char *op, const Tensor *img, const Tensor *w, int patch) {
     cuda_check_tensor(op, "img", img);
-    CG_CHECK(img->ndim == 4, "images are NCHW at the op boundary",
-             "op %s: img has shape %s, expected (B, Cin, H, W)", op,
-             tensor_shape_str(img, buf, sizeof buf));
-    PatchShape s;
-    s.B = img->shape[0]; s.Cin = img->shape[1]; s.Hi = img->shape[2]; s.Wi = img->shape[3];
-    s.p = patch;
-    CG_CHECK(patch > 0 && s.Hi % patch == 0 && s.Wi % patch == 0,
-             "choose img_size a multiple of patch_size",
-             "op %s: a %dx%d image does not split into %dx%d patches", op, s.Hi, s.Wi, patch, patch);
-    s.H = s.Hi / patch;
-    s.W = s.Wi / patch;
-    s.K = s.Cin * patch * patch;
-    s.R = (size_t)s.B * s.H * s.W;
     cuda_check_tensor(op, "w", w);
-    s.D = w->shape[0];
-    CG_CHECK(w->numel == (size_t)s.D * s.K, "in_chans and patch_size must match the weight",
-             "op %s: w has shape %s, expected (%d, %d) or (%d, %d, %d, %d) for %d input channels "
-             "and patch %d", op, tensor_shape_str(w, buf, sizeof buf), s.D, s.K, s.D, s.Cin,
-             patch, patch, s.Cin, patch);
+    PatchShape s = patch_shape(op, img, w, patch);
     CG_CHECK(s.R <= INT_MAX, "reduce batch_size", "op %s: %zu tokens exceed int range", op, s.R);
     return s;
 }
@@ -89,7 +68,7 @@ static void launch_im2col(Ctx *ctx, const TI *img, void *cols, DType act, const 
 
 extern "C" void cuda_patch_embed_fwd(Ctx *ctx, const Tensor *img, const Tensor *w, const Tensor *b,
                                      int patch, Tensor *cols, Tensor *y) {
-    PatchShape s = patch_shape("patch_embed_fwd", img, w, patch);
+    PatchShape s = cuda_patch_shape("patch_embed_fwd", img, w, patch);
     DType act = w->dtype;
     CG_CHECK(img->dtype == act || img->dtype == DTYPE_F32, "",
              "op patch_embed_fwd: img is %s, expected %s or fp32", dtype_name(img->dtype),
@@ -114,11 +93,10 @@ extern "C" void cuda_patch_embed_bwd(Ctx *ctx, const Tensor *dy, const Tensor *c
                                      int patch, Tensor *dimg, Tensor *dw, Tensor *db) {
     cuda_check_tensor("patch_embed_bwd", "w", w);
     cuda_check_dtype("patch_embed_bwd", "cols", cols, w->dtype);
-    int D = w->shape[0], K = tensor_last(cols);
-    size_t R = tensor_rows(cols);
-    CG_CHECK(patch > 0 && K % (patch * patch) == 0 && w->numel == (size_t)D * K && R <= INT_MAX, "",
-             "op patch_embed_bwd: cols have %d columns and w %zu elements, not a patch %d "
-             "embedding with %d outputs", K, w->numel, patch, D);
+    int D, K;
+    size_t R;
+    patch_cols_check("patch_embed_bwd", cols, w, patch, &R, &K, &D);
+    CG_CHECK(R <= INT_MAX, "reduce batch_size", "op patch_embed_bwd: %zu tokens exceed int range", R);
     cuda_check_matrix("patch_embed_bwd", "dy", dy, R, D);
     cuda_check_dtype("patch_embed_bwd", "dy", dy, w->dtype);
     int wshape[2] = {D, K}, cshape[2] = {(int)R, K}, dyshape[2] = {(int)R, D};
@@ -135,9 +113,8 @@ extern "C" void cuda_patch_embed_bwd(Ctx *ctx, const Tensor *dy, const Tensor *c
         cuda_linear_bwd(ctx, &dy2, &c2, &w2, NULL, dw ? &dw2 : NULL, db);
     }
     if (!dimg || R == 0) return;
-    PatchShape s = patch_shape("patch_embed_bwd", dimg, w, patch);
-    CG_CHECK(s.R == R && s.K == K, "", "op patch_embed_bwd: dimg (%d images, %d channels, %dx%d) "
-             "does not match cols of %zu tokens x %d", s.B, s.Cin, s.Hi, s.Wi, R, K);
+    cuda_check_tensor("patch_embed_bwd", "dimg", dimg);
+    PatchShape s = patch_dimg_check("patch_embed_bwd", dimg, w, patch, R, K);
     CG_CHECK(dimg->dtype == w->dtype || dimg->dtype == DTYPE_F32, "",
              "op patch_embed_bwd: dimg is %s, expected %s or fp32", dtype_name(dimg->dtype),
              dtype_name(w->dtype));
