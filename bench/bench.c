@@ -16,6 +16,7 @@
 #pragma weak cuda_bench_gemm
 #pragma weak cuda_bench_attention
 #pragma weak cuda_bench_ops
+#pragma weak cuda_bench_gspn_config
 
 typedef struct Bench {
     const char *name;
@@ -38,10 +39,31 @@ static const Bench kBenches[] = {
     {NULL, NULL, NULL, false},
 };
 
+// `bench gspn --config=B,H,W,Cc,shared,cg,vec,stages,prefetch,dirs,reps`: one scan configuration.
+static int bench_gspn_config(const char *spec) {
+    int v[11];
+    char end;
+    const int n = sscanf(spec, "%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d%c", &v[0], &v[1], &v[2], &v[3], &v[4],
+                         &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &end);
+    CG_CHECK(n == 11 && v[0] > 0 && v[1] > 0 && v[2] > 0 && v[3] > 0 && v[10] >= 0,
+             "for example --config=128,56,56,2,1,0,0,0,0,15,25",
+             "bench gspn: --config=%s is not 11 comma-separated integers B,H,W,Cc,shared,cg,vec,"
+             "stages,prefetch,dirs,reps", spec);
+    CG_CHECK(cuda_bench_gspn_config && device_has_cuda(),
+             "rebuild on a machine with nvcc on PATH (make clean && make)",
+             "bench gspn: this build has no CUDA backend");
+    CG_CHECK(device_gpu_count() > 0, "run it on the GPU machine", "bench gspn: no CUDA GPU found");
+    return cuda_bench_gspn_config(stdout, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9],
+                                  v[10]);
+}
+
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: cgspn bench NAME... | all\n"
                "       [mpirun -np N] cgspn bench distill [STUDENT_CFG] [--zero=1] [--memory=1] [--key=value ...]\n"
                "       cgspn bench distill [STUDENT_CFG] --max-batch [--sizes=378,1036]\n"
+               "       cgspn bench gspn --config=B,H,W,Cc,shared,cg,vec,stages,prefetch,dirs,reps\n"
+               "         (one bf16 scan configuration; reps 0: forward and backward once, untimed, for a\n"
+               "         profiler; cg vec stages prefetch 0 0 0 0 and dirs 15 are the defaults)\n"
                "Runs benchmarks on the GPU and prints their tables (device and date first).\n"
                "`make bench` runs them all and keeps the output in build/bench.txt.\n\nbenchmarks:\n");
     for (const Bench *b = kBenches; b->name; b++) fprintf(f, "  %-10s %s\n", b->name, b->summary);
@@ -66,6 +88,8 @@ int cmd_bench(int argc, char **argv) {
     }
     if (strcmp(argv[2], "dwconv") == 0 && argc > 3 && strcmp(argv[3], "--list") == 0)
         return bench_dwconv_list(stdout);
+    if (strcmp(argv[2], "gspn") == 0 && argc > 3 && strncmp(argv[3], "--config=", 9) == 0)
+        return bench_gspn_config(argv[3] + 9);
     int status = 0;
     for (int i = 2; i < argc; i++) {
         bool all = strcmp(argv[i], "all") == 0, found = all;
