@@ -5,7 +5,9 @@
 // 96 .. 768). FLOPs are 2 N K M per product; the percent is of the ~770 TFLOP/s dense bf16 peak
 // measured on the H100. The roofline of a product is the longer of its FLOPs at that peak and its
 // bf16 operands moved once at the copy bandwidth measured in the same run (the narrow stages of
-// gspn_t are memory-bound): "roof" is that time over the measured one.
+// gspn_t are memory-bound): "roof" is that time over the measured one. The GELU rows time the tanh
+// form through cuBLASLt's epilogues (fused and unfused) and the erf form through the CUTLASS
+// kernels that gspn_t/s/b run (kernels/cuda/gemm_gelu.cu; the unfused path without them).
 #include "../../kernels/cuda/cuda_gemm.h"
 #include "kernel_bench.h"
 #include "../../kernels/ops.h"
@@ -146,10 +148,14 @@ extern "C" int cuda_bench_gemm(FILE *out) {
             bench_row(out, s, "fwd + gelu unfused",
                       bench_ms(c, [&] { cuda_linear_gelu_fwd(c, &x, &w, &b, GELU_TANH, &pre, &y); }));
             cuda_gemm_set_fusion(c, CUDA_FUSE_DEFAULT);
+            bench_row(out, s, "fwd + gelu erf (CUTLASS)",
+                      bench_ms(c, [&] { cuda_linear_gelu_fwd(c, &x, &w, &b, GELU_ERF, &pre, &y); }));
             cuda_free(pre.data);
         }
         bench_row(out, s, "bwd dx += dy w", bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, &dx, NULL, NULL); }));
         if (s->gelu == 2) {   // x stands in for h = gelu(pre) and for pre; dx receives dpre
+            bench_row(out, s, "bwd dpre erf (CUTLASS)",
+                      bench_ms(c, [&] { cuda_linear_dgelu_bwd(c, &dy, &x, &w, &x, GELU_ERF, &dx, NULL, NULL, NULL); }));
             bench_row(out, s, "bwd dpre = dy w * gelu' (DGELU)",
                       bench_ms(c, [&] { cuda_linear_dgelu_bwd(c, &dy, &x, &w, &x, GELU_TANH, &dx, NULL, NULL, NULL); }));
             cuda_gemm_set_fusion(c, 0);
