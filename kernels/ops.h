@@ -28,6 +28,8 @@ extern "C" {
 typedef enum { GELU_ERF = 0, GELU_TANH = 1 } GeluKind;
 // dwconv_fwd and dwconv_bwd flags (their entries say what each does).
 enum { DWCONV_RESIDUAL = 1, DWCONV_WRITE_DX = 2, DWCONV_SILU = 4 };
+// conv2d_bwd's flags (its entry).
+enum { CONV2D_WRITE_DX = 1 };
 // adamw's hyperparameters (the update is written at its entry).
 typedef struct AdamWArgs {
     float lr, beta1, beta2, eps, weight_decay, grad_scale;

@@ -150,16 +150,23 @@ OP(attention_bwd_write, (Ctx *ctx, const Tensor *dout, const Tensor *qkv, const 
 OP(attention_pool_fwd, (Ctx *ctx, const Tensor *q, const Tensor *kv, int heads, Tensor *out),
    (ctx, q, kv, heads, out))
 
-// ---- convolution as im2col + GEMM (GSPN's stem and downsampling) -------------------------------
-// x (B,H,W,C) channels-last, or (B,C,H,W) with nchw (images); k x k windows, stride s, zero
-// padding p: Ho = (H + 2p - k) / s + 1 (Wo likewise). cols (B*Ho*Wo, C*k*k), x's dtype, row
-// (b*Ho + ho)*Wo + wo, column c*k*k + ky*k + kx = x[b, ho*s + ky - p, wo*s + kx - p, c] (0
-// outside): PyTorch's (Cout, C, k, k) weight flattened is the GEMM's (Cout, C*k*k).
-OP(im2col_fwd, (Ctx *ctx, const Tensor *x, int nchw, int k, int stride, int pad, Tensor *cols),
-   (ctx, x, nchw, k, stride, pad, cols))
-// dx += the adjoint: every input element sums the columns that copied it, in (ky, kx) order.
-OP(im2col_bwd, (Ctx *ctx, const Tensor *dcols, int nchw, int k, int stride, int pad, Tensor *dx),
-   (ctx, dcols, nchw, k, stride, pad, dx))
+// ---- convolution (GSPN's stem and downsampling) ----------------------------------------------
+// x (B,H,W,C) channels-last, or (B,C,H,W) with nchw (images); w (Cout,C,k,k), PyTorch's layout;
+// b (Cout) or NULL; stride s, zero padding p: Ho = (H + 2p - k) / s + 1 (Wo likewise),
+//   y[b,ho,wo,o] = b[o] + sum_{c,ky,kx} w[o,c,ky,kx] x[b, ho*s + ky - p, wo*s + kx - p, c]
+// (0 outside x), y (B,Ho,Wo,Cout) in w's dtype; x in w's dtype or fp32 (the fp32 stream, read
+// as the GEMM's dtype). cols (B*Ho*Wo, C*k*k), w's dtype: the windows, kept for the backward in
+// an order of the backend's choosing (kernels/cpu/conv2d.c, kernels/cuda/conv2d.cu), or NULL
+// when no backward follows (then the backend uses scratch).
+OP(conv2d_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, int nchw, int stride,
+       int pad, Tensor *cols, Tensor *y),
+   (ctx, x, w, b, nchw, stride, pad, cols, y))
+// From dy (y's dtype) and the forward's cols: dx (x's shape and dtype) += dL/dx, or = with
+// CONV2D_WRITE_DX (every element written, its prior values never read); dw, db (fp32) +=
+// theirs. Any of them NULL: skipped. An input element sums its taps in (ky, kx) order.
+OP(conv2d_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *cols, const Tensor *w, int nchw,
+       int stride, int pad, int flags, Tensor *dx, Tensor *dw, Tensor *db),
+   (ctx, dy, cols, w, nchw, stride, pad, flags, dx, dw, db))
 
 // ---- depthwise convolution (GSPN's Local Perception Unit) ------------------------------------
 // x (B,H,W,C) channels-last; w (C,1,k,k), PyTorch's depthwise Conv2d weight (groups = C), k odd

@@ -672,28 +672,17 @@ Tensor *nn_dwconv_residual(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
     return dwconv_flags(t, x, w, b, DWCONV_RESIDUAL);
 }
 
-// ---- convolution (im2col + GEMM) ----
-// A parameter's weight in another shape: the view shares the parameter's fp32 gradient buffer, so
-// an op writes its weight gradient there directly (ops take fp32 parameter gradients; a tape-made
-// gradient of the view would have the bf16 activation dtype), and the tape reports the parameter
-// done by that buffer's address. Any other tensor: nn_view.
-static Tensor *weight_view(Tape *t, Tensor *w, int ndim, const int *shape) {
-    if (!w->grad) return nn_view(t, w, ndim, shape);
-    Tensor *y = arena_host_alloc(t->arena, sizeof(Tensor));
-    Tensor *g = arena_host_alloc(t->arena, sizeof(Tensor));
-    *y = tensor_view(w, ndim, shape);
-    *g = tensor_view(w->grad, ndim, shape);
-    y->grad = g;
-    y->requires_grad = w->requires_grad;
-    return y;
-}
-
-typedef struct { Tensor *x, *y; int nchw, k, stride, pad; } Im2colRec;
-static void im2col_backward(Tape *t, void *p) {
-    Im2colRec *r = p;
+// ---- convolution ----
+// The record keeps the forward's column matrix (the op's workspace for backward), not x: dx needs
+// only x's shape and dtype.
+typedef struct { Tensor *x, *w, *b, *cols, *y; int nchw, stride, pad; } Conv2dRec;
+static void conv2d_backward(Tape *t, void *p) {
+    Conv2dRec *r = p;
     if (!NEED_GRAD(r)) return;
-    Tensor *dx = tape_grad(t, r->x);
-    if (dx) op_im2col_bwd(t->ctx, r->y->grad, r->nchw, r->k, r->stride, r->pad, dx);
+    bool fresh;   // a dx nothing has written yet is written, not zeroed and added to
+    Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
+    op_conv2d_bwd(t->ctx, r->y->grad, r->cols, r->w, r->nchw, r->stride, r->pad,
+                  fresh ? CONV2D_WRITE_DX : 0, dx, tape_grad(t, r->w), tape_grad(t, r->b));
 }
 Tensor *nn_conv2d(Tape *t, Tensor *x, Tensor *w, Tensor *b, int nchw, int stride, int pad) {
     CG_CHECK(x->ndim == 4 && w->ndim == 4 && w->shape[2] == w->shape[3], "",
@@ -703,12 +692,16 @@ Tensor *nn_conv2d(Tape *t, Tensor *x, Tensor *w, Tensor *b, int nchw, int stride
     CG_CHECK((nchw ? x->shape[1] : x->shape[3]) == C, "", "conv2d: %d input channels, the weight "
              "takes %d", nchw ? x->shape[1] : x->shape[3], C);
     int Ho = (H + 2 * pad - k) / stride + 1, Wo = (W + 2 * pad - k) / stride + 1;
-    x = nn_cast(t, x, t->ctx->act_dtype);   // an fp32 image into the activation dtype
-    Tensor *cols = tape_tensor(t, 2, (int[]){B * Ho * Wo, C * k * k}, x->dtype == DTYPE_F32);
-    op_im2col_fwd(t->ctx, x, nchw, k, stride, pad, cols);
-    if (tape_track(t, cols, x, NULL, NULL))
-        *(Im2colRec *)tape_record(t, im2col_backward, sizeof(Im2colRec)) =
-            (Im2colRec){x, cols, nchw, k, stride, pad};
-    Tensor *y = nn_linear(t, cols, weight_view(t, w, 2, (int[]){Cout, C * k * k}), b);
-    return nn_view(t, y, 4, (int[]){B, Ho, Wo, Cout});
+    // x in fp32 (an image, the fp32 stream) is read as it is, anything else in w's dtype; y and
+    // the columns are in w's.
+    if (x->dtype != DTYPE_F32) x = nn_cast(t, x, w->dtype);
+    const bool f32 = w->dtype == DTYPE_F32;
+    Tensor *y = tape_tensor(t, 4, (int[]){B, Ho, Wo, Cout}, f32);
+    const bool track = tape_track(t, y, x, w, b);
+    Tensor *cols = track ? tape_tensor(t, 2, (int[]){B * Ho * Wo, C * k * k}, f32) : NULL;
+    op_conv2d_fwd(t->ctx, x, w, b, nchw, stride, pad, cols, y);
+    if (track)
+        *(Conv2dRec *)tape_record(t, conv2d_backward, sizeof(Conv2dRec)) =
+            (Conv2dRec){x, w, b, cols, y, nchw, stride, pad};
+    return y;
 }

@@ -46,9 +46,9 @@ Tensor *nn_dwconv_residual(Tape *t, Tensor *x, Tensor *w, Tensor *b);
 // nn_silu(nn_dwconv(x, w, b)) (gspn_hier's mixer): one pass (DWCONV_SILU) when nothing is
 // recorded, as in inference; the two ops otherwise.
 Tensor *nn_dwconv_silu(Tape *t, Tensor *x, Tensor *w, Tensor *b);
-// k x k convolution, stride, zero padding (im2col + GEMM, kernels/ops.h): x (B,H,W,C), or
-// (B,C,H,W) images with nchw, w (Cout,C,k,k) PyTorch's layout, b (Cout) or NULL ->
-// (B,Ho,Wo,Cout) channels-last in the activation dtype. GSPN's stem and downsampling.
+// k x k convolution, stride, zero padding (conv2d, kernels/ops_list.h): x (B,H,W,C), or
+// (B,C,H,W) images with nchw, fp32 or in w's dtype, w (Cout,C,k,k) PyTorch's layout, b (Cout) or
+// NULL -> (B,Ho,Wo,Cout) channels-last in w's dtype. GSPN's stem and downsampling.
 Tensor *nn_conv2d(Tape *t, Tensor *x, Tensor *w, Tensor *b, int nchw, int stride, int pad);
 Tensor *nn_patch_embed(Tape *t, Tensor *img, Tensor *w, Tensor *b, int patch); // -> (B,H,W,D)
 Tensor *nn_add(Tape *t, Tensor *a, Tensor *b);

@@ -461,21 +461,21 @@ static void test_dwconv_rejects_flags_it_does_not_take(void **state) {
     expect_stop(dwconv_backward_of_silu, (const char *[]){"dwconv_bwd", "flags 4", NULL});
 }
 
-// ---- convolution: im2col ---------------------------------------------------------------------------
+// ---- convolution ------------------------------------------------------------------------------
 
-// im2col composed with the linear op against a direct convolution, and im2col_bwd as its
-// adjoint: <im2col(x), r> = <x, im2col_bwd(r)> for random x and r.
+// conv2d_fwd against a direct convolution, and conv2d_bwd as its adjoint for random dy = r:
+// <conv(x) - b, r> = <x, dx> = <w, dw> (the convolution is linear in x and in w) and db = the sums
+// of r; dx written (CONV2D_WRITE_DX, over garbage) equals dx added to zeros, bitwise.
 static void check_conv(int nchw, int B, int C, int H, int W, int Cout, int k, int s, int p) {
     Ctx ctx = ctx_cpu();
     Tensor *x = nchw ? test_tensor(4, B, C, H, W) : test_tensor(4, B, H, W, C);
     int Ho = (H + 2 * p - k) / s + 1, Wo = (W + 2 * p - k) / s + 1;
-    Tensor *cols = test_tensor(2, B * Ho * Wo, C * k * k), *w = test_tensor(2, Cout, C * k * k);
-    Tensor *bias = test_tensor(1, Cout), *y = test_tensor(2, B * Ho * Wo, Cout);
+    Tensor *cols = test_tensor(2, B * Ho * Wo, C * k * k), *w = test_tensor(4, Cout, C, k, k);
+    Tensor *bias = test_tensor(1, Cout), *y = test_tensor(4, B, Ho, Wo, Cout);
     test_fill(x, 91, -1, 1);
     test_fill(w, 92, -1, 1);
     test_fill(bias, 93, -1, 1);
-    cpu_im2col_fwd(&ctx, x, nchw, k, s, p, cols);
-    cpu_linear_fwd(&ctx, cols, w, bias, y);
+    cpu_conv2d_fwd(&ctx, x, w, bias, nchw, s, p, cols, y);
     double *ref = calloc(y->numel, sizeof(double));
     for (int b = 0; b < B; b++)
         for (int ho = 0; ho < Ho; ho++)
@@ -496,20 +496,33 @@ static void check_conv(int nchw, int B, int C, int H, int W, int Cout, int k, in
     char what[80];
     snprintf(what, sizeof what, "conv k%d s%d p%d %s", k, s, p, nchw ? "NCHW" : "NHWC");
     assert_close_ref(what, y, ref);
-    free(ref);
-    Tensor *r = test_like(cols), *dx = test_like(x);
+    Tensor *r = test_like(y), *dx = test_like(x), *dx_w = test_like(x), *dw = test_like(w);
+    Tensor *db = test_like(bias);
     test_fill(r, 94, -1, 1);
-    cpu_im2col_bwd(&ctx, r, nchw, k, s, p, dx);
-    double lhs = 0, rhs = 0;
-    for (size_t i = 0; i < cols->numel; i++) lhs += (double)tensor_f32(cols)[i] * tensor_f32(r)[i];
-    for (size_t i = 0; i < x->numel; i++) rhs += (double)tensor_f32(x)[i] * tensor_f32(dx)[i];
-    printf("    adjoint   %-28s %.9g vs %.9g\n", what, lhs, rhs);
-    assert_true(fabs(lhs - rhs) <= 1e-5 * (fabs(lhs) + 1));
-    Tensor *t[] = {x, cols, w, bias, y, r, dx};
+    test_fill(dx_w, 95, -1e3, 1e3);   // garbage the written dx must not read
+    cpu_conv2d_bwd(&ctx, r, cols, w, nchw, s, p, 0, dx, dw, db);
+    cpu_conv2d_bwd(&ctx, r, cols, w, nchw, s, p, CONV2D_WRITE_DX, dx_w, NULL, NULL);
+    assert_memory_equal(dx->data, dx_w->data, x->numel * sizeof(float));
+    double lhs = 0, rhs_x = 0, rhs_w = 0;
+    for (size_t i = 0; i < y->numel; i++)
+        lhs += (ref[i] - tensor_f32(bias)[i % Cout]) * tensor_f32(r)[i];
+    for (size_t i = 0; i < x->numel; i++) rhs_x += (double)tensor_f32(x)[i] * tensor_f32(dx)[i];
+    for (size_t i = 0; i < w->numel; i++) rhs_w += (double)tensor_f32(w)[i] * tensor_f32(dw)[i];
+    printf("    adjoint   %-28s %.9g vs dx %.9g, dw %.9g\n", what, lhs, rhs_x, rhs_w);
+    // fp32 sums of at most a few hundred products of values in [-1, 1]: 1e-5 relative
+    assert_true(fabs(lhs - rhs_x) <= 1e-5 * (fabs(lhs) + 1));
+    assert_true(fabs(lhs - rhs_w) <= 1e-5 * (fabs(lhs) + 1));
+    for (int o = 0; o < Cout; o++) {
+        double sum = 0;
+        for (size_t i = o; i < r->numel; i += Cout) sum += tensor_f32(r)[i];
+        assert_true(fabs(sum - tensor_f32(db)[o]) <= 1e-5 * (fabs(sum) + 1));
+    }
+    free(ref);
+    Tensor *t[] = {x, cols, w, bias, y, r, dx, dx_w, dw, db};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) test_tensor_free(t[i]);
 }
 
-static void test_im2col_convolution_matches_direct_and_its_adjoint(void **state) {
+static void test_conv2d_matches_direct_and_its_adjoint(void **state) {
     check_conv(1, 2, 3, 9, 8, 5, 3, 2, 1);   // a stem: NCHW image, 3x3 stride 2
     check_conv(0, 2, 4, 7, 6, 6, 3, 2, 1);   // downsampling, channels-last
     check_conv(0, 1, 3, 8, 8, 4, 2, 2, 0);   // 2x2 stride 2 (patch merging)
@@ -839,7 +852,7 @@ int main(void) {
         cmocka_unit_test(test_dwconv_matches_reference_and_finite_differences),
         cmocka_unit_test(test_dwconv_silu_is_silu_of_the_convolution),
         cmocka_unit_test(test_dwconv_rejects_flags_it_does_not_take),
-        cmocka_unit_test(test_im2col_convolution_matches_direct_and_its_adjoint),
+        cmocka_unit_test(test_conv2d_matches_direct_and_its_adjoint),
         cmocka_unit_test(test_resize_forward_matches_pytorch_values_by_hand),
         cmocka_unit_test(test_resize_matches_reference_and_finite_differences),
         cmocka_unit_test(test_cross_entropy_matches_reference_and_finite_differences),

@@ -69,6 +69,11 @@ void cuda_ctx_on_destroy(Ctx *ctx, CudaRelease release);
 // Growing frees the old buffer in stream order (cudaFreeAsync), so queued kernels that still
 // read it finish first; no cudaMalloc per call.
 void *cuda_scratch(Ctx *ctx, size_t bytes);
+// A temporary of its own for the op running now (where scratch is taken by what the op calls),
+// from the stream-ordered pool on the context's main stream; cuda_temp_free returns it in stream
+// order.
+void *cuda_temp_alloc(Ctx *ctx, size_t bytes);
+void cuda_temp_free(Ctx *ctx, void *p);
 
 // The GPU half of kernels/device.h (kernels/cuda/cuda_ctx.cu, kernels/cuda/cuda_device.cu);
 // kernels/device.c routes to them.

@@ -57,6 +57,14 @@ extern "C" void *cuda_scratch(Ctx *ctx, size_t bytes) {
     return p;
 }
 
+extern "C" void *cuda_temp_alloc(Ctx *ctx, size_t bytes) {
+    void *p = NULL;
+    CUDA_CHECK(cudaMallocAsync(&p, bytes ? bytes : 1, cuda_stream_of(ctx)));
+    return p;
+}
+
+extern "C" void cuda_temp_free(Ctx *ctx, void *p) { CUDA_CHECK(cudaFreeAsync(p, cuda_stream_of(ctx))); }
+
 extern "C" Ctx cuda_ctx_create(int device, DType act_dtype) {
     CudaCtx *c = (CudaCtx *)cg_calloc(1, sizeof(CudaCtx));
     c->device = device;

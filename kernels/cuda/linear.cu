@@ -345,14 +345,6 @@ static void linear_backward(Ctx *ctx, const LinearShape *s, const void *dy, cons
     if (db && !db_done) colsum_add(ctx, s, dy, db);
 }
 
-// Device memory for a temporary on the main stream (stream-ordered: freed with temp_free).
-static void *temp_alloc(Ctx *ctx, size_t bytes) {
-    void *p = NULL;
-    CUDA_CHECK(cudaMallocAsync(&p, bytes ? bytes : 1, cuda_stream_of(ctx)));
-    return p;
-}
-static void temp_free(Ctx *ctx, void *p) { CUDA_CHECK(cudaFreeAsync(p, cuda_stream_of(ctx))); }
-
 // ---- ops -----------------------------------------------------------------------------------------
 
 extern "C" void cuda_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
@@ -396,13 +388,13 @@ extern "C" void cuda_linear_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor
         report_flops(ctx, &s, 1);
         return;
     }
-    void *tmp = temp_alloc(ctx, s.N * (size_t)s.M * dtype_size(s.act));
+    void *tmp = cuda_temp_alloc(ctx, s.N * (size_t)s.M * dtype_size(s.act));
     linear_forward(ctx, &s, x->data, w->data, b ? b->data : NULL, tmp);
     Tensor branch = *y;
     branch.data = tmp;
     branch.dtype = s.act;
     cuda_add_fwd(ctx, res, &branch, y);
-    temp_free(ctx, tmp);
+    cuda_temp_free(ctx, tmp);
 }
 
 static void linear_bwd_op(const char *op, Ctx *ctx, const Tensor *dy, const Tensor *x,
@@ -508,13 +500,13 @@ extern "C" void cuda_linear_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x
 
     // dpre = dy * gelu'(pre) in act dtype (what an unfused gelu_bwd would hand the linear).
     size_t n = s.N * (size_t)s.M;
-    void *dpre = temp_alloc(ctx, n * dtype_size(s.act));
+    void *dpre = cuda_temp_alloc(ctx, n * dtype_size(s.act));
     CUDA_CHECK(cudaMemcpyAsync(dpre, dy->data, n * dtype_size(s.act), cudaMemcpyDeviceToDevice,
                                cuda_stream_of(ctx)));
     cuda_dgelu_scale(ctx, kind, s.act, pre->data, dpre, n);
     linear_backward(ctx, &s, dpre, x->data, w->data, dx ? dx->data : NULL,
                     dw ? (float *)dw->data : NULL, db ? (float *)db->data : NULL);
-    temp_free(ctx, dpre);
+    cuda_temp_free(ctx, dpre);
 }
 
 extern "C" void cuda_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
@@ -567,7 +559,7 @@ extern "C" void cuda_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *
         g.epilogue = CUBLASLT_EPILOGUE_DGELU;
         if (!dpre_db_done && !cuda_gemm_try(ctx, &g)) {   // the product in fp32, then one rounding of the scaled value
             size_t n = s.N * (size_t)s.K;
-            float *tmp = (float *)temp_alloc(ctx, n * sizeof(float));
+            float *tmp = (float *)cuda_temp_alloc(ctx, n * sizeof(float));
             CudaGemm p = gemm_dx(&s, dy->data, w->data, tmp, CUDA_R_32F, 0.0f);
             cuda_gemm(ctx, &p, "linear_dgelu_bwd dx");
             cudaStream_t st = cuda_stream_of(ctx);
@@ -578,7 +570,7 @@ extern "C" void cuda_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *
                 dgelu_tanh_kernel<<<cuda_grid_for(ctx, n), 256, 0, st>>>(
                     (const float *)tmp, (const float *)pre->data, (float *)dpre->data, n);
             CUDA_CHECK_LAUNCH();
-            temp_free(ctx, tmp);
+            cuda_temp_free(ctx, tmp);
         }
     }
     if (dpre_db && !dpre_db_done) {   // the column sums of dpre (N,K) apart

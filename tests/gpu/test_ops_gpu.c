@@ -67,8 +67,11 @@ static const NamedTol BF16_TOLS[] = {
     // the sum rounded as silu reads it, then silu's value rounded: two roundings (seen: at most
     // 2.8e-3 over the 48 shape and dtype cases, H100 and H200, 2026-11-26)
     {"dwconv_fwd.y_silu", BF16_TWICE_TOL},
-    {"im2col_fwd.cols", 0.0},                // copies of bf16 values: exact
-    {"im2col_bwd.dx", BF16_ROUNDED_TOL},     // prior + up to k*k columns, rounded once
+    {"conv2d_fwd.y", BF16_ROUNDED_TOL},      // fp32 sums of exact products, rounded once
+    {"conv2d_bwd.dx", BF16_TWICE_TOL},       // dcols rounded, then prior + its taps rounded
+    {"conv2d_bwd.dx_f32", BF16_ROUNDED_TOL}, // dcols rounded; the taps summed into fp32 dx
+    {"conv2d_bwd.dw", FP32_TOL},             // fp32 sums of exact products: only the order differs
+    {"conv2d_bwd.db", FP32_TOL},
     {"dwconv_bwd.dx", BF16_ROUNDED_TOL},     // prior + the taps' sum, rounded once
     {"dwconv_bwd.dw", FP32_TOL},             // fp32 column sums of bf16 products
     {"dwconv_bwd.db", FP32_TOL},
@@ -685,30 +688,55 @@ static void test_dwconv_bwd_is_deterministic(void **state) {
     release_all();
 }
 
-// im2col for the stem (NCHW image, 3x3 stride 2), downsampling (channels-last 3x3 stride 2) and
-// 2x2 patch merging, and its adjoint.
-static void test_im2col_matches_cpu(void **state) {
-    static const int cases[][8] = {{1, 2, 3, 16, 12, 3, 2, 1}, {0, 2, 16, 14, 14, 3, 2, 1},
-                                   {0, 3, 8, 8, 10, 2, 2, 0}, {0, 1, 5, 7, 7, 3, 1, 1}};   // nchw B C H W k s p
-    for (int mi = 0; mi < 2; mi++)
+// conv2d for the stem (NCHW image, 3x3 stride 2), downsampling (channels-last 3x3 stride 2, 16
+// channels: the 8-channel vector path), 2x2 patch merging and an odd channel count at stride 1,
+// in fp32, in bf16, and with an fp32 x under a bf16 weight (gspn_hier's fp32 stream): y with
+// and without kept columns (the same bits), then dx, dw, db added to prior values, dx written
+// over garbage, and dw, db alone (no dx, as for an image).
+static void test_conv2d_matches_cpu(void **state) {
+    static const int cases[][9] = {{1, 2, 3, 16, 12, 8, 3, 2, 1}, {0, 2, 16, 14, 14, 24, 3, 2, 1},
+                                   {0, 3, 8, 8, 10, 12, 2, 2, 0}, {0, 1, 5, 7, 7, 6, 3, 1, 1}};
+    // nchw B C H W Cout k s p
+    for (int mi = 0; mi < 3; mi++)
         for (int ci = 0; ci < 4; ci++) {
-            DType dt = MODES[mi];
+            const DType dt = mi == 0 ? DTYPE_F32 : DTYPE_BF16, xdt = mi == 1 ? DTYPE_BF16 : DTYPE_F32;
             const int *q = cases[ci];
-            int nchw = q[0], B = q[1], C = q[2], hgt = q[3], wid = q[4], k = q[5], st = q[6], pd = q[7];
+            int nchw = q[0], B = q[1], C = q[2], hgt = q[3], wid = q[4], Co = q[5], k = q[6], st = q[7], pd = q[8];
             int Ho = (hgt + 2 * pd - k) / st + 1, Wo = (wid + 2 * pd - k) / st + 1;
-            printf("  %s %s (%d,%d,%d,%d) k%d s%d p%d\n", dtype_name(dt), nchw ? "NCHW" : "NHWC", B, C,
-                   hgt, wid, k, st, pd);
-            Tensor *x = nchw ? rnd(HT(B, C, hgt, wid), 1, -1, 1, dt) : rnd(HT(B, hgt, wid, C), 1, -1, 1, dt);
-            Tensor *cols = HT(B * Ho * Wo, C * k * k), *gcols = dev_zeros(cols, dt);
-            cpu_im2col_fwd(&H, x, nchw, k, st, pd, cols);
-            cuda_im2col_fwd(&G, dev(x, dt), nchw, k, st, pd, gcols);
-            check("im2col_fwd.cols", dt, gcols, cols);
-            Tensor *dc = rnd(HT(B * Ho * Wo, C * k * k), 2, -1, 1, dt);
-            Tensor *dx = nchw ? rnd(HT(B, C, hgt, wid), 3, -1, 1, dt) : rnd(HT(B, hgt, wid, C), 3, -1, 1, dt);
-            Tensor *gdx = dev(dx, dt);
-            cpu_im2col_bwd(&H, dc, nchw, k, st, pd, dx);
-            cuda_im2col_bwd(&G, dev(dc, dt), nchw, k, st, pd, gdx);
-            check("im2col_bwd.dx", dt, gdx, dx);
+            printf("  w %s, x %s: %s (%d,%d,%d,%d) -> %d, k%d s%d p%d\n", dtype_name(dt), dtype_name(xdt),
+                   nchw ? "NCHW" : "NHWC", B, C, hgt, wid, Co, k, st, pd);
+            Tensor *x = nchw ? HT(B, C, hgt, wid) : HT(B, hgt, wid, C);
+            rnd(x, 1, -1, 1, dt);   // bf16 values when the columns are bf16, whatever x's dtype
+            Tensor *w = rnd(HT(Co, C, k, k), 2, -1, 1, dt), *b = rnd(HT(Co), 3, -1, 1, dt);
+            Tensor *cols = HT(B * Ho * Wo, C * k * k), *y = HT(B, Ho, Wo, Co);
+            Tensor *gw = dev(w, dt), *gcols = dev_zeros(cols, dt), *gy = dev_zeros(y, dt);
+            Tensor *gy2 = dev_zeros(y, dt);
+            cpu_conv2d_fwd(&H, x, w, b, nchw, st, pd, cols, y);
+            cuda_conv2d_fwd(&G, dev(x, xdt), gw, dev(b, dt), nchw, st, pd, gcols, gy);
+            check("conv2d_fwd.y", dt, gy, y);
+            cuda_conv2d_fwd(&G, dev(x, xdt), gw, dev(b, dt), nchw, st, pd, NULL, gy2);
+            assert_same_bits("conv2d_fwd.y without kept columns", gy, download_raw(gy2));
+
+            Tensor *dy = rnd(HT(B, Ho, Wo, Co), 4, -1, 1, dt);
+            Tensor *dx = rnd(nchw ? HT(B, C, hgt, wid) : HT(B, hgt, wid, C), 5, -1, 1, xdt);
+            Tensor *dw = rnd(HT(Co, C, k, k), 6, -1, 1, DTYPE_F32), *db = rnd(HT(Co), 7, -1, 1, DTYPE_F32);
+            Tensor *gdy = dev(dy, dt), *gdx = dev(dx, xdt), *gdw = dev(dw, DTYPE_F32), *gdb = dev(db, DTYPE_F32);
+            Tensor *dx_w = HT(B, nchw ? C : hgt, nchw ? hgt : wid, nchw ? wid : C);
+            Tensor *gdx_w = dev(rnd(HT(B, nchw ? C : hgt, nchw ? hgt : wid, nchw ? wid : C), 8, -1e3, 1e3, xdt), xdt);
+            cpu_conv2d_bwd(&H, dy, cols, w, nchw, st, pd, 0, dx, dw, db);
+            cuda_conv2d_bwd(&G, gdy, gcols, gw, nchw, st, pd, 0, gdx, gdw, gdb);
+            const char *dx_name = dt == DTYPE_BF16 && xdt == DTYPE_F32 ? "conv2d_bwd.dx_f32" : "conv2d_bwd.dx";
+            check(dx_name, dt, gdx, dx);
+            check("conv2d_bwd.dw", dt, gdw, dw);
+            check("conv2d_bwd.db", dt, gdb, db);
+            cpu_conv2d_bwd(&H, dy, cols, w, nchw, st, pd, CONV2D_WRITE_DX, dx_w, NULL, NULL);
+            cuda_conv2d_bwd(&G, gdy, gcols, gw, nchw, st, pd, CONV2D_WRITE_DX, gdx_w, NULL, NULL);
+            check(dx_name, dt, gdx_w, dx_w);
+            Tensor *dw2 = HT(Co, C, k, k), *db2 = HT(Co), *gdw2 = dev_zeros(dw2, DTYPE_F32), *gdb2 = dev_zeros(db2, DTYPE_F32);
+            cpu_conv2d_bwd(&H, dy, cols, w, nchw, st, pd, 0, NULL, dw2, db2);
+            cuda_conv2d_bwd(&G, gdy, gcols, gw, nchw, st, pd, 0, NULL, gdw2, gdb2);
+            check("conv2d_bwd.dw", dt, gdw2, dw2);
+            check("conv2d_bwd.db", dt, gdb2, db2);
             release_all();
         }
 }
@@ -1144,7 +1172,7 @@ int main(void) {
         cmocka_unit_test(test_attention_pool_matches_cpu),
         cmocka_unit_test(test_dwconv_matches_cpu),
         cmocka_unit_test(test_dwconv_bwd_is_deterministic),
-        cmocka_unit_test(test_im2col_matches_cpu),
+        cmocka_unit_test(test_conv2d_matches_cpu),
         cmocka_unit_test(test_token_ops_match_cpu),
         cmocka_unit_test(test_resize_bilinear_matches_cpu),
         cmocka_unit_test(test_cross_entropy_matches_cpu),
