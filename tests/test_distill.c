@@ -1044,6 +1044,30 @@ static void test_nonfinite_step_in_distill_is_skipped_or_stops_as_configured(voi
     assert_int_equal(ckpt_list(path, steps, 4), 0);   // ckpt_every 4: nothing; nothing of step 3
 }
 
+// A student head of another width than the shards' 10 classes, narrower or wider, is refused
+// before the run starts, naming num_classes. The real binary: a refusal exits.
+static void test_num_classes_other_than_the_shards_is_refused_by_distill(void **state) {
+    if (access("./cgspn", X_OK) != 0) fail_msg("./cgspn is not built (make test builds it first)");
+    write_teacher(28, "", NULL, false);
+    fixture_build_shards(g_dir, 40, 16);
+    Config c = run_config(2, "nc_refused", 2);
+    assert_int_equal(c.num_classes, 10);
+    char cfg[600], log[600], cmd[3000];
+    snprintf(cfg, sizeof cfg, "%s/nc.cfg", g_dir);
+    snprintf(log, sizeof log, "%s/nc.log", g_dir);
+    assert_int_equal(config_save(&c, cfg), 0);
+    const int wrong[] = {5, 12};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "./cgspn distill %s --num_classes=%d", cfg, wrong[i]);
+        assert_int_not_equal(test_run_logged(cmd, log), 0);
+        char *out = test_read_text(log);
+        fixture_assert_num_classes_refused(out, "cgspn distill", "train", wrong[i]);
+        free(out);
+    }
+    snprintf(cmd, sizeof cmd, "./cgspn distill %s", cfg);   // the shards' count: the run goes on
+    if (test_run_logged(cmd, log) != 0) fail_msg("%s failed:\n%s", cmd, test_read_text(log));
+}
+
 static void test_ckpt_minutes_writes_checkpoints_by_wall_time(void **state) {
     write_teacher(28, "", NULL, false);
     fixture_build_shards(g_dir, 40, 16);
@@ -1133,6 +1157,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_phi_s_standardizes_the_gathered_features, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_stage2_init_from_stage1_and_export_drops_adaptors, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_nonfinite_step_in_distill_is_skipped_or_stops_as_configured, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_num_classes_other_than_the_shards_is_refused_by_distill, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_ckpt_minutes_writes_checkpoints_by_wall_time, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_sigterm_to_distill_writes_a_checkpoint_exits_0_and_matches_a_clean_stop, setup_dir, teardown_dir),
     };

@@ -233,6 +233,40 @@ static void test_eval_command_reproduces_the_trainers_evaluation(void **state) {
     assert_contains(err, "pass the checkpoint or run folder");
 }
 
+// ---- the shards' class count ---------------------------------------------------------------------
+
+// A head of another width than the shards' 10 classes, narrower or wider, is refused before
+// training or evaluating, naming num_classes (labels past the head, or a head wider than the
+// labels, would train or score the wrong thing silently). The real binary: a refusal exits.
+static void test_num_classes_other_than_the_shards_is_refused_by_train_and_eval(void **state) {
+    Config c = fixture_config(g_dir, "vit", "nc_run", 2);
+    assert_int_equal(c.num_classes, 10);   // the fixture's shards hold 10 classes
+    TrainResult r = classify_train(&c, NULL);
+    assert_int_equal(r.status, TRAIN_DONE);
+    Config refused = fixture_config(g_dir, "vit", "nc_refused", 2);
+    char cfg[600], log[600], cmd[3000];
+    snprintf(cfg, sizeof cfg, "%s/nc.cfg", g_dir);
+    snprintf(log, sizeof log, "%s/nc.log", g_dir);
+    assert_int_equal(config_save(&refused, cfg), 0);
+    const int wrong[] = {5, 12};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "./cgspn train %s --num_classes=%d", cfg, wrong[i]);
+        assert_int_not_equal(test_run_logged(cmd, log), 0);
+        char *out = test_read_text(log);
+        fixture_assert_num_classes_refused(out, "cgspn train", "train", wrong[i]);
+        free(out);
+        // cgspn eval RUN: the run's config.cfg, its head overridden
+        snprintf(cmd, sizeof cmd, "./cgspn eval %s --num_classes=%d", r.run_dir, wrong[i]);
+        assert_int_not_equal(test_run_logged(cmd, log), 0);
+        out = test_read_text(log);
+        fixture_assert_num_classes_refused(out, "cgspn eval", "val", wrong[i]);
+        free(out);
+    }
+    char refused_dir[700];
+    snprintf(refused_dir, sizeof refused_dir, "%s/nc_refused", g_dir);
+    assert_int_not_equal(access(refused_dir, F_OK), 0);   // refused before a run folder was made
+}
+
 // ---- accumulation and lr scaling -------------------------------------------------------------------
 
 static double first_logged(const char *run, const char *key) {
@@ -312,6 +346,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_nonfinite_stop_names_the_step_and_keeps_the_last_checkpoint, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_0, setup, teardown),
         cmocka_unit_test_setup_teardown(test_eval_command_reproduces_the_trainers_evaluation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_num_classes_other_than_the_shards_is_refused_by_train_and_eval, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gradient_accumulation_matches_one_large_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lr_scale_batch_scales_the_peak_rate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mesa_starts_at_its_epoch, setup, teardown),

@@ -114,3 +114,19 @@ static inline void fixture_gspn_hier(Config *c, int width) {
     c->pos_embed = 0;
     snprintf(c->global_pool, sizeof c->global_pool, "avg");
 }
+
+// The refusal of a head narrower or wider than the fixture's 10 classes, in out (a command's
+// output): narrower, the loader's (a label past the head has no output); wider, the command's
+// own check (who: "cgspn train", ...); both name num_classes in the hint.
+static inline void fixture_assert_num_classes_refused(const char *out, const char *who,
+                                                      const char *split, int num_classes) {
+    char what[128];
+    if (num_classes < 10)
+        snprintf(what, sizeof what, "/%s: 10 classes; num_classes is %d\n", split, num_classes);
+    else
+        snprintf(what, sizeof what, "%s: num_classes = %d, but the %s split of", who, num_classes,
+                 split);
+    assert_contains(out, what);
+    assert_contains(out, "hint: set num_classes to the shards' class count");
+    assert_null(strstr(out, "hint: build shards"));   // one hint, the one that applies
+}
