@@ -1034,6 +1034,26 @@ static void test_nonfinite_step_in_distill_is_skipped_or_stops_as_configured(voi
     assert_contains(m, "{\"step\": 3, ");
     assert_contains(m, "\"nonfinite_skipped\": 1}");
     free(m);
+    // Stopped after step 4 (a checkpoint) and resumed: the update skipped before the checkpoint
+    // is still counted, so one skipped after the resume (step 5) is the second, as in a run
+    // never stopped.
+    Config a2 = run_config(2, "nan_skip_resumed", 6);
+    snprintf(a2.on_nonfinite, sizeof a2.on_nonfinite, "skip");
+    DistillOptions o2 = {.nonfinite_at = 3, .stop_after = 4};
+    r = distill_train(&a2, &o2);
+    assert_int_equal(r.status, TRAIN_STOPPED);
+    assert_int_equal(r.skipped, 1);
+    snprintf(a2.resume, sizeof a2.resume, "auto");
+    o2 = (DistillOptions){.nonfinite_at = 5};
+    r = distill_train(&a2, &o2);
+    assert_int_equal(r.status, TRAIN_DONE);
+    assert_int_equal(r.step, 6);
+    assert_int_equal(r.skipped, 2);
+    snprintf(path, sizeof path, "%s/nan_skip_resumed/metrics.jsonl", g_dir);
+    m = test_read_text(path);
+    assert_contains(m, "\"nonfinite_skipped\": 1}");
+    assert_contains(m, "\"nonfinite_skipped\": 2}");   // step 5's, counting step 3's
+    free(m);
     Config b = run_config(2, "nan_stop", 6);   // on_nonfinite = stop, the default
     r = distill_train(&b, &o);
     assert_int_equal(r.status, TRAIN_NONFINITE);
