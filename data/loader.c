@@ -338,8 +338,9 @@ Loader *loader_open(const LoaderOptions *opt, char *err, size_t n) {
                         "rebuild the shards with --channels %d, or set in_chans = %d", opt->dir,
                         opt->split, m->channels, opt->channels, opt->channels, m->channels);
     else if (opt->num_classes && opt->num_classes < m->num_classes)
-        bad = data_fail(err, n, "%s/%s: %d classes; num_classes is %d", opt->dir, opt->split,
-                        m->num_classes, opt->num_classes);
+        bad = data_fail(err, n, "%s/%s: %d classes; num_classes is %d\n  hint: set num_classes to "
+                        "the shards' class count (--num_classes=%d)", opt->dir, opt->split,
+                        m->num_classes, opt->num_classes, m->num_classes);
     else if (m->images > UINT32_MAX)
         bad = data_fail(err, n, "%s/%s: %llu images; the loader handles up to 2^32", opt->dir,
                         opt->split, (unsigned long long)m->images);

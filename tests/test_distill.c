@@ -1034,6 +1034,26 @@ static void test_nonfinite_step_in_distill_is_skipped_or_stops_as_configured(voi
     assert_contains(m, "{\"step\": 3, ");
     assert_contains(m, "\"nonfinite_skipped\": 1}");
     free(m);
+    // Stopped after step 4 (a checkpoint) and resumed: the update skipped before the checkpoint
+    // is still counted, so one skipped after the resume (step 5) is the second, as in a run
+    // never stopped.
+    Config a2 = run_config(2, "nan_skip_resumed", 6);
+    snprintf(a2.on_nonfinite, sizeof a2.on_nonfinite, "skip");
+    DistillOptions o2 = {.nonfinite_at = 3, .stop_after = 4};
+    r = distill_train(&a2, &o2);
+    assert_int_equal(r.status, TRAIN_STOPPED);
+    assert_int_equal(r.skipped, 1);
+    snprintf(a2.resume, sizeof a2.resume, "auto");
+    o2 = (DistillOptions){.nonfinite_at = 5};
+    r = distill_train(&a2, &o2);
+    assert_int_equal(r.status, TRAIN_DONE);
+    assert_int_equal(r.step, 6);
+    assert_int_equal(r.skipped, 2);
+    snprintf(path, sizeof path, "%s/nan_skip_resumed/metrics.jsonl", g_dir);
+    m = test_read_text(path);
+    assert_contains(m, "\"nonfinite_skipped\": 1}");
+    assert_contains(m, "\"nonfinite_skipped\": 2}");   // step 5's, counting step 3's
+    free(m);
     Config b = run_config(2, "nan_stop", 6);   // on_nonfinite = stop, the default
     r = distill_train(&b, &o);
     assert_int_equal(r.status, TRAIN_NONFINITE);
@@ -1042,6 +1062,23 @@ static void test_nonfinite_step_in_distill_is_skipped_or_stops_as_configured(voi
     snprintf(path, sizeof path, "%s/nan_stop", g_dir);
     long steps[4];
     assert_int_equal(ckpt_list(path, steps, 4), 0);   // ckpt_every 4: nothing; nothing of step 3
+}
+
+// A student head of another width than the shards' 10 classes, narrower or wider, is refused
+// before the run starts, naming num_classes. The real binary: a refusal exits.
+static void test_num_classes_other_than_the_shards_is_refused_by_distill(void **state) {
+    if (access("./cgspn", X_OK) != 0) fail_msg("./cgspn is not built (make test builds it first)");
+    write_teacher(28, "", NULL, false);
+    fixture_build_shards(g_dir, 40, 16);
+    Config c = run_config(2, "nc_refused", 2);
+    assert_int_equal(c.num_classes, 10);
+    char cfg[600], cmd[700], log[600];
+    snprintf(cfg, sizeof cfg, "%s/nc.cfg", g_dir);
+    assert_int_equal(config_save(&c, cfg), 0);
+    fixture_expect_num_classes_refused(g_dir, "distill", cfg, "train");
+    snprintf(cmd, sizeof cmd, "./cgspn distill %s", cfg);   // the shards' count: the run goes on
+    snprintf(log, sizeof log, "%s/nc_ok.log", g_dir);
+    if (test_run_logged(cmd, log) != 0) fail_msg("%s failed:\n%s", cmd, test_read_text(log));
 }
 
 static void test_ckpt_minutes_writes_checkpoints_by_wall_time(void **state) {
@@ -1133,6 +1170,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_phi_s_standardizes_the_gathered_features, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_stage2_init_from_stage1_and_export_drops_adaptors, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_nonfinite_step_in_distill_is_skipped_or_stops_as_configured, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_num_classes_other_than_the_shards_is_refused_by_distill, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_ckpt_minutes_writes_checkpoints_by_wall_time, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_sigterm_to_distill_writes_a_checkpoint_exits_0_and_matches_a_clean_stop, setup_dir, teardown_dir),
     };

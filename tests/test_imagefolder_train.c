@@ -51,14 +51,9 @@ static void test_jpeg_imagefolder_with_a_flat_val_folder_trains(void **state) {
 }
 
 // What the shards and the run must agree on, through the command line: a head of another width
-// than the shards' class count, and a train split rebuilt with an extra class folder against the
-// val split already there, are refused by name (either would train on shifted or missing labels).
-static int run_quiet(const char *cmd, const char *log) {
-    char full[3000];
-    snprintf(full, sizeof full, "%s > %s 2>&1", cmd, log);
-    return system(full);
-}
-
+// than the shards' class count, a train split rebuilt with an extra class folder against the
+// val split already there, and splits whose class lists differ, are refused by name (each would
+// train on shifted or missing labels).
 static void test_mismatched_classes_are_refused_by_name(void **state) {
     if (access("./cgspn", X_OK) != 0) fail_msg("./cgspn is not built (make test builds it first)");
     jpeg_tree_build(g_dir, 200, 50);
@@ -69,7 +64,7 @@ static void test_mismatched_classes_are_refused_by_name(void **state) {
     snprintf(log, sizeof log, "%s/wide.log", g_dir);
     assert_int_equal(config_save(&c, cfg), 0);
     snprintf(cmd, sizeof cmd, "./cgspn train %s", cfg);
-    assert_int_not_equal(run_quiet(cmd, log), 0);
+    assert_int_not_equal(test_run_logged(cmd, log), 0);
     char *out = test_read_text(log);
     assert_contains(out, "num_classes = 1000, but the train split of");
     assert_contains(out, "has 10 classes");
@@ -83,7 +78,7 @@ static void test_mismatched_classes_are_refused_by_name(void **state) {
     snprintf(log, sizeof log, "%s/build.log", g_dir);
     snprintf(cmd, sizeof cmd, "./cgspn data build --from imagefolder %s/train --out %s/shards "
              "--size 28 --quiet", g_dir, g_dir);
-    assert_int_not_equal(run_quiet(cmd, log), 0);
+    assert_int_not_equal(test_run_logged(cmd, log), 0);
     out = test_read_text(log);
     assert_contains(out, "the train split's classes differ from the val split in");
     assert_contains(out, "11 classes in train, 10 in val (the first 10 agree)");
@@ -95,9 +90,23 @@ static void test_mismatched_classes_are_refused_by_name(void **state) {
     assert_int_equal(system(cmd), 0);
     snprintf(cmd, sizeof cmd, "./cgspn data build --from imagefolder %s/valx --out %s/shards "
              "--size 28 --val --quiet", g_dir, g_dir);
-    assert_int_not_equal(run_quiet(cmd, log), 0);
+    assert_int_not_equal(test_run_logged(cmd, log), 0);
     out = test_read_text(log);
     assert_contains(out, "class 'n99' is not among the 10 classes of the train split in");
+    free(out);
+    // Splits that data build never compared (that val split built on its own, its files put
+    // beside the train split): cgspn train compares the class lists and names the first
+    // difference.
+    snprintf(cmd, sizeof cmd, "./cgspn data build --from imagefolder %s/valx --out %s/shards_x "
+             "--size 28 --channels 1 --val --quiet && mkdir %s/mixed && cp %s/shards/train* %s/shards_x/val* "
+             "%s/mixed/", g_dir, g_dir, g_dir, g_dir, g_dir, g_dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(log, sizeof log, "%s/mixed.log", g_dir);
+    snprintf(cmd, sizeof cmd, "./cgspn train %s --num_classes=10 --data_shards=%s/mixed", cfg, g_dir);
+    assert_int_not_equal(test_run_logged(cmd, log), 0);
+    out = test_read_text(log);
+    assert_contains(out, "cgspn train: the train and val splits of");
+    assert_contains(out, "name different classes: class 1 is 'n01' in train, 'n99' in val");
     free(out);
 }
 

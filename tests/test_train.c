@@ -233,6 +233,61 @@ static void test_eval_command_reproduces_the_trainers_evaluation(void **state) {
     assert_contains(err, "pass the checkpoint or run folder");
 }
 
+// ---- the shards' class count ---------------------------------------------------------------------
+
+// A head of another width than the shards' 10 classes, narrower or wider, is refused before
+// training or evaluating, naming num_classes (labels past the head, or a head wider than the
+// labels, would train or score the wrong thing silently). The real binary: a refusal exits.
+static void test_num_classes_other_than_the_shards_is_refused_by_train_and_eval(void **state) {
+    Config c = fixture_config(g_dir, "vit", "nc_run", 2);
+    assert_int_equal(c.num_classes, 10);   // the fixture's shards hold 10 classes
+    TrainResult r = classify_train(&c, NULL);
+    assert_int_equal(r.status, TRAIN_DONE);
+    Config refused = fixture_config(g_dir, "vit", "nc_refused", 2);
+    char cfg[600];
+    snprintf(cfg, sizeof cfg, "%s/nc.cfg", g_dir);
+    assert_int_equal(config_save(&refused, cfg), 0);
+    fixture_expect_num_classes_refused(g_dir, "train", cfg, "train");
+    fixture_expect_num_classes_refused(g_dir, "eval", r.run_dir, "val");   // its config.cfg
+    char refused_dir[700];
+    snprintf(refused_dir, sizeof refused_dir, "%s/nc_refused", g_dir);
+    assert_int_not_equal(access(refused_dir, F_OK), 0);   // refused before a run folder was made
+}
+
+// ---- precision on the CPU ---------------------------------------------------------------------------
+
+// precision = auto (every shipped config's) on a machine without a GPU runs in fp32 and one line
+// says so; an explicit bf16 there is refused with the override in the hint. The real binary, with
+// the GPUs hidden (the GPU machine runs this test too).
+static void test_precision_auto_runs_fp32_on_a_cpu_and_says_so_and_bf16_is_refused(void **state) {
+    Config c = fixture_config(g_dir, "vit", "auto_cpu", 1);
+    snprintf(c.device, sizeof c.device, "auto");
+    assert_string_equal(c.precision, "auto");
+    char cfg[600], log[600], cmd[2000];
+    snprintf(cfg, sizeof cfg, "%s/auto.cfg", g_dir);
+    snprintf(log, sizeof log, "%s/auto.log", g_dir);
+    assert_int_equal(config_save(&c, cfg), 0);
+    snprintf(cmd, sizeof cmd, "CUDA_VISIBLE_DEVICES= ./cgspn train %s", cfg);
+    int rc = test_run_logged(cmd, log);
+    char *out = test_read_text(log);
+    if (rc != 0) fail_msg("cgspn train with precision = auto on the CPU failed:\n%s", out);
+    assert_contains(out, "note: no GPU found, running on the CPU in fp32 (precision = auto: bf16 "
+                         "on a GPU, fp32 on the CPU)\n");
+    assert_contains(out, "device: cpu (");
+    assert_contains(out, " threads, fp32)\n");
+    free(out);
+    snprintf(cmd, sizeof cmd, "CUDA_VISIBLE_DEVICES= ./cgspn train %s --precision=bf16 "
+             "--run_name=bf16_cpu", cfg);
+    assert_int_not_equal(test_run_logged(cmd, log), 0);
+    out = test_read_text(log);
+    assert_contains(out, "precision = bf16 needs the GPU");
+    assert_contains(out, "hint: set precision = fp32 (or auto) on the CPU");
+    free(out);
+    char refused[700];
+    snprintf(refused, sizeof refused, "%s/bf16_cpu", g_dir);
+    assert_int_not_equal(access(refused, F_OK), 0);   // refused before a run folder was made
+}
+
 // ---- accumulation and lr scaling -------------------------------------------------------------------
 
 static double first_logged(const char *run, const char *key) {
@@ -312,6 +367,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_nonfinite_stop_names_the_step_and_keeps_the_last_checkpoint, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_0, setup, teardown),
         cmocka_unit_test_setup_teardown(test_eval_command_reproduces_the_trainers_evaluation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_num_classes_other_than_the_shards_is_refused_by_train_and_eval, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_precision_auto_runs_fp32_on_a_cpu_and_says_so_and_bf16_is_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gradient_accumulation_matches_one_large_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lr_scale_batch_scales_the_peak_rate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mesa_starts_at_its_epoch, setup, teardown),

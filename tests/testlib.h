@@ -87,6 +87,18 @@ static inline char *test_read_text(const char *path) {
     return s;
 }
 
+// Runs the shell command cmd with its stdout and stderr in the file log; its exit status (0:
+// success). For the real binary (./cgspn): a refusal there exits, which a forked child of a test
+// that already ran OpenMP could not reach (libgomp does not survive fork).
+static inline int test_run_logged(const char *cmd, const char *log) {
+    size_t n = strlen(cmd) + strlen(log) + 16;
+    char *full = malloc(n);
+    snprintf(full, n, "%s > %s 2>&1", cmd, log);
+    int rc = system(full);
+    free(full);
+    return rc;
+}
+
 static inline void assert_files_equal(const char *a, const char *b) {
     size_t na, nb;
     uint8_t *x = test_read_bytes(a, &na), *y = test_read_bytes(b, &nb);

@@ -114,3 +114,28 @@ static inline void fixture_gspn_hier(Config *c, int width) {
     c->pos_embed = 0;
     snprintf(c->global_pool, sizeof c->global_pool, "avg");
 }
+
+// `./cgspn COMMAND ARG` (a config or run folder on the fixture's shards of 10 classes) run with a
+// head narrower (num_classes 5) and wider (12), its output in DIR/nc.log: both refused, naming
+// num_classes in the hint. Narrower, by the loader (a label past the head has no output); wider,
+// by the command's own check ("cgspn COMMAND: ...", naming split).
+static inline void fixture_expect_num_classes_refused(const char *dir, const char *command,
+                                                      const char *arg, const char *split) {
+    const int wrong[] = {5, 12};
+    for (int i = 0; i < 2; i++) {
+        char cmd[1400], log[600], what[128];
+        snprintf(cmd, sizeof cmd, "./cgspn %s %s --num_classes=%d", command, arg, wrong[i]);
+        snprintf(log, sizeof log, "%s/nc.log", dir);
+        if (test_run_logged(cmd, log) == 0) fail_msg("%s was not refused", cmd);
+        char *out = test_read_text(log);
+        if (wrong[i] < 10)
+            snprintf(what, sizeof what, "/%s: 10 classes; num_classes is %d\n", split, wrong[i]);
+        else
+            snprintf(what, sizeof what, "cgspn %s: num_classes = %d, but the %s split of", command,
+                     wrong[i], split);
+        assert_contains(out, what);
+        assert_contains(out, "hint: set num_classes to the shards' class count");
+        assert_null(strstr(out, "hint: build shards"));   // one hint, the one that applies
+        free(out);
+    }
+}

@@ -102,7 +102,7 @@ X(int,    ckpt_every,       0,         "write a checkpoint every N steps, and al
 X(float,  ckpt_minutes,     30.0f,     "also write a checkpoint once this many minutes of wall time have passed since the last one (the ranks agree on it), so a preempted run keeps its work; 0 = off")
 X(int,    keep_last,        3,         "complete checkpoints kept in the run folder, the newest; 0 = all")
 X(string, resume,           "",        "continue a run: empty = no; auto = the newest complete checkpoint of this run folder (none yet: start at step 0); or a checkpoint or run folder path")
-X(string, precision,        "auto",    "parameters/activations: bf16 (fp32 master weights, moments, reductions) or fp32; auto = bf16 on GPU, fp32 on CPU (what the shipped configs say; an explicit bf16 on a CPU is refused)")
+X(string, precision,        "auto",    "parameters/activations: bf16 (fp32 master weights, moments, reductions) or fp32; auto = bf16 on a GPU, fp32 on a CPU with a line saying so (what the shipped configs say; an explicit bf16 on a CPU is refused: set fp32 or auto)")
 X(string, device,           "auto",    "where to run; auto picks cuda when a GPU is present")
 X(string, cpu_config,       "",        "a config file (next to the top-level one) used instead of it when the run is on a CPU (the command line still applies): a GPU recipe names its CPU-sized version")
 

@@ -71,8 +71,9 @@ Loader *loader_open_from_config_rank(const Config *c, int train, int batch, bool
     if (pinned) o.alloc = device_pinned_alloc, o.free = device_pinned_free;
     char err[2048];
     Loader *l = loader_open(&o, err, sizeof err);
-    if (!l) {
-        const char *hint = strcmp(c->data_shards, "data/shards/fmnist") == 0
+    if (!l) {   // the loader's own hint (shards that do not fit the run), else how to build them
+        const char *hint = strstr(err, "\n  hint: ") ? ""
+            : strcmp(c->data_shards, "data/shards/fmnist") == 0
             ? "build the Fashion-MNIST shards first: make fmnist-shards"
             : "build shards with cgspn data build (data/README.md), or set data_shards";
         CG_FAIL(hint, "%s", err);

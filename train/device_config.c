@@ -26,8 +26,11 @@ Ctx device_open(const Config *c) {
                  "device = cuda, but no CUDA device is visible");
     }
     bool use_cuda = !want_cpu && gpus > 0;
-    if (!use_cuda && !want_cpu) printf("note: no GPU found, running on the CPU\n");
-    bool bf16 = strcmp(c->precision, "bf16") == 0 || (strcmp(c->precision, "auto") == 0 && use_cuda);
+    bool autocast = strcmp(c->precision, "auto") == 0;
+    if (!use_cuda && !want_cpu)
+        printf("note: no GPU found, running on the CPU%s\n",
+               autocast ? " in fp32 (precision = auto: bf16 on a GPU, fp32 on the CPU)" : "");
+    bool bf16 = strcmp(c->precision, "bf16") == 0 || (autocast && use_cuda);
     if (!use_cuda) {
         CG_CHECK(!bf16, "set precision = fp32 (or auto) on the CPU",
                  "precision = bf16 needs the GPU; the CPU backend is the fp32 reference");

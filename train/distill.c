@@ -15,6 +15,7 @@
 #include "../nn/safetensors.h"
 #include <math.h>
 #include <omp.h>
+#include <stddef.h>
 #include <sys/stat.h>
 
 static void distill_usage(FILE *f) {
@@ -48,15 +49,18 @@ static void distill_usage(FILE *f) {
 
 // ---- the run ------------------------------------------------------------------------------------------
 
-// The data cursor and the log window's partial sums (so a resumed run logs the same lines).
+// The data cursor, the log window's partial sums and the count of skipped updates (so a resumed
+// run logs the same lines). Version 2 ended before skipped (it resumes with none skipped).
 typedef struct DistillCursor {
     uint32_t version, n_parts;
     int64_t epoch, step;          // the train loader's next batch
     double loss_sum;
     int64_t loss_n;
     float part_sums[DISTILL_MAX_PARTS];
+    int64_t skipped;              // updates skipped for a non-finite loss or gradient norm
 } DistillCursor;
-#define DISTILL_CURSOR_VERSION 2
+#define DISTILL_CURSOR_VERSION 3
+#define DISTILL_CURSOR_V2_BYTES offsetof(DistillCursor, skipped)
 _Static_assert(sizeof(DistillCursor) <= CKPT_CURSOR_MAX, "distill cursor exceeds the checkpoint's");
 
 static bool is_adaptor(const char *name) {
@@ -169,7 +173,7 @@ static void save_checkpoint(void *self, long step, const LoopWindow *w) {
     CkptState st = {.step = step};
     LoaderCursor lc = loader_cursor_get(r->train);
     DistillCursor cur = {DISTILL_CURSOR_VERSION, (uint32_t)d->n_parts, lc.epoch, lc.step, w->loss_sum,
-                         w->loss_n, {0}};
+                         w->loss_n, {0}, w->skipped};
     memcpy(cur.part_sums, r->part_sums, (size_t)d->n_parts * sizeof(float));
     st.cursor_bytes = sizeof cur;
     memcpy(st.cursor, &cur, sizeof cur);
@@ -295,7 +299,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
     OptimizerConfig opt = plan.opt;
     long first = 0;
     double loss_sum = 0;
-    long loss_n = 0;
+    long loss_n = 0, skipped = 0;
     float part_sums[DISTILL_MAX_PARTS] = {0};
     char run_dir[1024] = "", from[1024], err[4096];
     if (c->run_name[0]) snprintf(run_dir, sizeof run_dir, "%s/%s", c->out_dir, c->run_name);
@@ -306,12 +310,15 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
     if (found == 1) {
         CkptState st;
         dp_load(&dp, from, c, &d.params, NULL, &ctx, &st);
-        DistillCursor cur;
-        CG_CHECK(st.cursor_bytes == sizeof cur, "resume a checkpoint of cgspn distill",
+        DistillCursor cur = {0};
+        CG_CHECK(st.cursor_bytes == sizeof cur || st.cursor_bytes == DISTILL_CURSOR_V2_BYTES,
+                 "resume a checkpoint of cgspn distill",
                  "%s: data cursor of %zu bytes, expected %zu (not a distillation checkpoint)", from,
                  st.cursor_bytes, sizeof cur);
-        memcpy(&cur, st.cursor, sizeof cur);
-        CG_CHECK(cur.version == DISTILL_CURSOR_VERSION && cur.n_parts == (uint32_t)d.n_parts,
+        memcpy(&cur, st.cursor, st.cursor_bytes);
+        bool known = st.cursor_bytes == sizeof cur ? cur.version == DISTILL_CURSOR_VERSION
+                                                   : cur.version == 2;
+        CG_CHECK(known && cur.n_parts == (uint32_t)d.n_parts,
                  "resume with the config of the checkpoint (stage, taps, tap_pp, tap_pb)",
                  "%s: cursor version %u with %u loss parts, this run has version %d with %d", from,
                  cur.version, cur.n_parts, DISTILL_CURSOR_VERSION, d.n_parts);
@@ -322,6 +329,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
             CG_FAIL("", "%s", err);
         loss_sum = cur.loss_sum;
         loss_n = (long)cur.loss_n;
+        skipped = (long)cur.skipped;
         memcpy(part_sums, cur.part_sums, (size_t)d.n_parts * sizeof(float));
         printf("resumed from %s at step %ld\n", from, first);
     } else {
@@ -363,7 +371,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         .images_per_step = c->batch_size, .tables = tables, .n_tables = n_tables};
     LoopHooks hooks = {&run, distill_step, distill_updated, distill_log,
                        has_head ? distill_eval : NULL, save_checkpoint};
-    LoopResult lr = loop_run(&spec, &hooks, (LoopWindow){loss_sum, loss_n, 0});
+    LoopResult lr = loop_run(&spec, &hooks, (LoopWindow){loss_sum, loss_n, skipped});
     long step = lr.step;
     EvalResult ev = run.ev;
     res.status = lr.status;

@@ -88,6 +88,12 @@ int cmd_eval(int argc, char **argv) {
         snprintf(path, sizeof path, "%s", weights);
     }
 
+    // The shards first: a head that does not match their classes is refused by num_classes
+    // before the weights (of that head's shape) are read.
+    Loader *val = loader_open_from_config(&c, 0, c.eval_batch_size > 0 ? c.eval_batch_size
+                                                                      : c.batch_size, false);
+    data_check_classes(&c, NULL, val, "cgspn eval");
+
     Ctx ctx = device_open(&c);
     device_describe(&ctx, stdout);
     EncoderConfig ecfg = encoder_config_from(&c);
@@ -103,12 +109,6 @@ int cmd_eval(int argc, char **argv) {
     load_report_free(&report);
     encoder_describe(&enc, &params, stdout);
 
-    LoaderOptions o;
-    loader_options_from_config(&c, 0, 0, 1, &o);
-    o.batch_size = c.eval_batch_size > 0 ? c.eval_batch_size : c.batch_size;
-    Loader *val = loader_open(&o, err, sizeof err);
-    if (!val) CG_FAIL("build shards with cgspn data build (make fmnist-shards for Fashion-MNIST)", "%s", err);
-    data_check_classes(&c, NULL, val, "cgspn eval");
     double t0 = now_seconds();
     EvalResult ev = classify_evaluate(&ctx, &enc, val);
     printf("eval %s | %s top1 %.2f%% | top5 %.2f%% | loss %.4f | %ld images | %.1f s\n",
