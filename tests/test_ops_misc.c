@@ -328,6 +328,44 @@ static void test_mean_tokens_matches_reference_and_finite_differences(void **sta
 
 // ---- attention pooling ------------------------------------------------------------------------
 
+// The shapes kernels/tokens_shape.h refuses, on either backend: y one token short of prefix + x,
+// a prefix gradient whose width is not dy's, a slice past the end, a mean of the wrong size, a
+// bf16 tensor given to the CPU.
+static void prefix_y_one_token_short(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *p = test_tensor(2, 1, 4), *x = test_tensor(3, 2, 5, 4), *y = test_tensor(3, 2, 5, 4);
+    cpu_concat_prefix_fwd(&ctx, p, x, y);
+}
+static void prefix_grad_width_differs(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *dy = test_tensor(3, 2, 6, 4), *dp = test_tensor(2, 1, 3);
+    cpu_concat_prefix_bwd(&ctx, dy, dp, NULL);
+}
+static void slice_past_the_end(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(3, 2, 5, 4), *y = test_tensor(3, 2, 3, 4);
+    cpu_slice_tokens_fwd(&ctx, x, 3, y);
+}
+static void mean_of_the_wrong_size(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(3, 2, 5, 4), *y = test_tensor(2, 2, 5);
+    cpu_mean_tokens_fwd(&ctx, x, y);
+}
+static void tokens_in_bf16_on_the_cpu(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(3, 2, 5, 4), *y = test_tensor(2, 2, 4);
+    x->dtype = DTYPE_BF16;
+    cpu_mean_tokens_fwd(&ctx, x, y);
+}
+
+static void test_token_ops_reject_bad_shapes_with_a_message(void **state) {
+    expect_stop(prefix_y_one_token_short, (const char *[]){"concat_prefix_fwd", "y 2 x 5 x 4", NULL});
+    expect_stop(prefix_grad_width_differs, (const char *[]){"concat_prefix_bwd", "dprefix has last dim 3", NULL});
+    expect_stop(slice_past_the_end, (const char *[]){"slice_tokens_fwd", "tokens 3..6 of 5", NULL});
+    expect_stop(mean_of_the_wrong_size, (const char *[]){"mean_tokens_fwd", "y has 10 elements", NULL});
+    expect_stop(tokens_in_bf16_on_the_cpu, (const char *[]){"mean_tokens_fwd", "x is a bf16 tensor", NULL});
+}
+
 // One query shared by every token: full self-attention over rows q | k_n | v_n gives every row
 // the pooled output, so the tested attention op is the reference.
 static void test_attention_pool_equals_attention_with_the_query_in_every_row(void **state) {
@@ -529,6 +567,44 @@ static void test_conv2d_matches_direct_and_its_adjoint(void **state) {
     check_conv(0, 1, 2, 5, 5, 3, 3, 1, 1);   // stride 1: every input in up to 9 windows
 }
 
+// The shapes kernels/conv2d_shape.h refuses, on either backend: a weight of other channels than
+// x, a non-square kernel, y of the wrong grid, a column matrix one row short, a written dx given
+// without the shape a padded window needs.
+static void conv_channels_differ(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(4, 1, 6, 6, 4), *w = test_tensor(4, 8, 3, 3, 3), *y = test_tensor(4, 1, 3, 3, 8);
+    cpu_conv2d_fwd(&ctx, x, w, NULL, 0, 2, 1, NULL, y);
+}
+static void conv_kernel_not_square(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(4, 1, 6, 6, 4), *w = test_tensor(4, 8, 4, 3, 2), *y = test_tensor(4, 1, 3, 3, 8);
+    cpu_conv2d_fwd(&ctx, x, w, NULL, 0, 2, 1, NULL, y);
+}
+static void conv_output_grid_wrong(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(4, 1, 6, 6, 4), *w = test_tensor(4, 8, 4, 3, 3), *y = test_tensor(4, 1, 6, 6, 8);
+    cpu_conv2d_fwd(&ctx, x, w, NULL, 0, 2, 1, NULL, y);
+}
+static void conv_cols_one_row_short(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *dy = test_tensor(4, 1, 3, 3, 8), *w = test_tensor(4, 8, 4, 3, 3), *cols = test_tensor(2, 8, 36),
+           *dw = test_tensor(4, 8, 4, 3, 3);
+    cpu_conv2d_bwd(&ctx, dy, cols, w, 0, 2, 1, 0, NULL, dw, NULL);
+}
+static void conv_kernel_past_the_padding(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(4, 1, 2, 2, 4), *w = test_tensor(4, 8, 4, 5, 5), *y = test_tensor(4, 1, 1, 1, 8);
+    cpu_conv2d_fwd(&ctx, x, w, NULL, 0, 1, 1, NULL, y);
+}
+
+static void test_conv2d_rejects_bad_shapes_with_a_message(void **state) {
+    expect_stop(conv_channels_differ, (const char *[]){"conv2d_fwd", "x has 4 channels, w takes 3", NULL});
+    expect_stop(conv_kernel_not_square, (const char *[]){"conv2d_fwd", "expected (Cout, C, k, k)", NULL});
+    expect_stop(conv_output_grid_wrong, (const char *[]){"conv2d_fwd", "y has shape", "(1, 3, 3, 8)", NULL});
+    expect_stop(conv_cols_one_row_short, (const char *[]){"conv2d_bwd", "cols has 288 elements", NULL});
+    expect_stop(conv_kernel_past_the_padding, (const char *[]){"conv2d_fwd", "kernel 5", NULL});
+}
+
 // ---- bilinear resize -------------------------------------------------------------------------
 
 // Resizes a single-channel grid given as rows and compares with values known by hand.
@@ -634,6 +710,30 @@ static void check_resize(int B, int H, int W, int C, int H2, int W2, int gradche
     cpu_resize_bilinear_bwd(&ctx, c.r, dx);
     assert_doubled(dx, dx1);
     test_tensor_free(dx); test_tensor_free(dx1); test_tensor_free(c.x); test_tensor_free(c.y); test_tensor_free(c.r);
+}
+
+// The shapes kernels/resize_shape.h refuses, on either backend: an empty output side, channels
+// that differ, a grid that is not 4-D.
+static void resize_to_no_rows(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(4, 1, 3, 3, 2), *y = test_tensor(4, 1, 0, 3, 2);
+    cpu_resize_bilinear_fwd(&ctx, x, y);
+}
+static void resize_channels_differ(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(4, 1, 3, 3, 2), *y = test_tensor(4, 1, 5, 5, 3);
+    cpu_resize_bilinear_fwd(&ctx, x, y);
+}
+static void resize_tokens_not_a_grid(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *dx = test_tensor(3, 1, 9, 2), *dy = test_tensor(4, 1, 5, 5, 2);
+    cpu_resize_bilinear_bwd(&ctx, dy, dx);
+}
+
+static void test_resize_rejects_bad_shapes_with_a_message(void **state) {
+    expect_stop(resize_to_no_rows, (const char *[]){"resize_bilinear_fwd", "(1, 3, 3, 2) -> (1, 0, 3, 2)", NULL});
+    expect_stop(resize_channels_differ, (const char *[]){"resize_bilinear_fwd", "-> (1, 5, 5, 3)", NULL});
+    expect_stop(resize_tokens_not_a_grid, (const char *[]){"resize_bilinear_bwd", "got (1, 9, 2)", NULL});
 }
 
 static void test_resize_matches_reference_and_finite_differences(void **state) {
@@ -848,13 +948,16 @@ int main(void) {
         cmocka_unit_test(test_concat_prefix_matches_reference_and_finite_differences),
         cmocka_unit_test(test_slice_tokens_matches_reference_and_finite_differences),
         cmocka_unit_test(test_mean_tokens_matches_reference_and_finite_differences),
+        cmocka_unit_test(test_token_ops_reject_bad_shapes_with_a_message),
         cmocka_unit_test(test_attention_pool_equals_attention_with_the_query_in_every_row),
         cmocka_unit_test(test_dwconv_matches_reference_and_finite_differences),
         cmocka_unit_test(test_dwconv_silu_is_silu_of_the_convolution),
         cmocka_unit_test(test_dwconv_rejects_flags_it_does_not_take),
         cmocka_unit_test(test_conv2d_matches_direct_and_its_adjoint),
+        cmocka_unit_test(test_conv2d_rejects_bad_shapes_with_a_message),
         cmocka_unit_test(test_resize_forward_matches_pytorch_values_by_hand),
         cmocka_unit_test(test_resize_matches_reference_and_finite_differences),
+        cmocka_unit_test(test_resize_rejects_bad_shapes_with_a_message),
         cmocka_unit_test(test_cross_entropy_matches_reference_and_finite_differences),
         cmocka_unit_test(test_cross_entropy_one_hot_is_minus_log_softmax_at_label),
         cmocka_unit_test(test_mse_matches_reference_and_finite_differences),

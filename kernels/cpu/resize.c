@@ -10,6 +10,8 @@
 // ratio and H != W.
 #include <math.h>
 #include "../ops.h"
+#include "../resize_shape.h"
+#include "cpu_check.h"
 #include "../error.h"
 
 // Where output coordinate `dst` reads from along one axis.
@@ -35,19 +37,10 @@ static ResizeTap *resize_taps(int in, int out) {
     return taps;
 }
 
-typedef struct { int B, H, W, H2, W2, C; } ResizeDims;
-
-static ResizeDims resize_dims(const char *op, const Tensor *x, const Tensor *y) {
-    CG_CHECK(x->ndim == 4 && y->ndim == 4 && x->shape[0] == y->shape[0] &&
-             x->shape[3] == y->shape[3] && x->shape[1] > 0 && x->shape[2] > 0, "",
-             "op %s: expected grids (B,H,W,C) -> (B,H2,W2,C), got rank %d -> rank %d", op,
-             x->ndim, y->ndim);
-    return (ResizeDims){x->shape[0], x->shape[1], x->shape[2], y->shape[1], y->shape[2],
-                        x->shape[3]};
-}
-
 // x (B,H,W,C) -> y (B,H2,W2,C)
 void cpu_resize_bilinear_fwd(Ctx *ctx, const Tensor *x, Tensor *y) {
+    cpu_check_f32("resize_bilinear_fwd", "x", x);
+    cpu_check_f32("resize_bilinear_fwd", "y", y);
     ResizeDims d = resize_dims("resize_bilinear_fwd", x, y);
     ResizeTap *th = resize_taps(d.H, d.H2), *tw = resize_taps(d.W, d.W2);
     const float *px = tensor_f32(x);
@@ -78,6 +71,8 @@ void cpu_resize_bilinear_fwd(Ctx *ctx, const Tensor *x, Tensor *y) {
 
 void cpu_resize_bilinear_bwd(Ctx *ctx, const Tensor *dy, Tensor *dx) {
     if (!dx) return;
+    cpu_check_f32("resize_bilinear_bwd", "dy", dy);
+    cpu_check_f32("resize_bilinear_bwd", "dx", dx);
     ResizeDims d = resize_dims("resize_bilinear_bwd", dx, dy);
     ResizeTap *th = resize_taps(d.H, d.H2), *tw = resize_taps(d.W, d.W2);
     const float *pdy = tensor_f32(dy);

@@ -1,25 +1,18 @@
 // CPU reference: token layout ops — prefix tokens (class token), token slices, mean over tokens
-// (kernels/ops.h). A token tensor is (B, N, C): B = shape[0], C = last dim, N = the rest, so a
-// (B, H, W, C) grid counts as N = H*W tokens.
+// (kernels/ops.h). Shapes and their checks: kernels/tokens_shape.h; this backend's rule: fp32 on
+// the host.
 #include "../ops.h"
-#include "../error.h"
-
-typedef struct { size_t B, N, C; } TokenDims;
-
-static TokenDims token_dims(const Tensor *t) {
-    TokenDims d = {(size_t)t->shape[0], 0, (size_t)tensor_last(t)};
-    CG_CHECK(t->ndim >= 2, "", "token tensor of rank %d, expected (B, N, C)", t->ndim);
-    d.N = d.B > 0 && d.C > 0 ? t->numel / (d.B * d.C) : 0;
-    return d;
-}
+#include "../tokens_shape.h"
+#include "cpu_check.h"
 
 // prefix (P, C), x (B, N, C) -> y (B, P+N, C)
 void cpu_concat_prefix_fwd(Ctx *ctx, const Tensor *prefix, const Tensor *x, Tensor *y) {
-    TokenDims dx = token_dims(x), dy = token_dims(y);
-    size_t P = tensor_rows(prefix), C = dx.C;
-    CG_CHECK(dy.B == dx.B && dy.C == C && (size_t)tensor_last(prefix) == C && dy.N == P + dx.N,
-             "", "op concat_prefix_fwd: prefix %zu x %d, x %zu x %zu x %zu, y %zu x %zu x %zu",
-             P, tensor_last(prefix), dx.B, dx.N, dx.C, dy.B, dy.N, dy.C);
+    const char *op = "concat_prefix_fwd";
+    cpu_check_f32(op, "prefix", prefix);
+    cpu_check_f32(op, "x", x);
+    cpu_check_f32(op, "y", y);
+    TokenDims dx, dy;
+    const size_t P = concat_prefix_dims(op, prefix, x, y, &dx, &dy), C = dx.C;
     const float *pp = tensor_f32(prefix), *px = tensor_f32(x);
     float *py = tensor_f32(y);
     #pragma omp parallel for collapse(2)
@@ -32,14 +25,13 @@ void cpu_concat_prefix_fwd(Ctx *ctx, const Tensor *prefix, const Tensor *x, Tens
 
 // dprefix (P, C) += sum over b of dy[b, :P]; dx (B, N, C) += dy[:, P:]
 void cpu_concat_prefix_bwd(Ctx *ctx, const Tensor *dy, Tensor *dprefix, Tensor *dx) {
-    TokenDims d = token_dims(dy);
-    size_t C = d.C, P;
-    if (dprefix) P = tensor_rows(dprefix);
-    else if (dx) P = d.N - token_dims(dx).N;
-    else return;
-    size_t N = d.N - P;
-    CG_CHECK(P <= d.N && (!dx || (token_dims(dx).N == N && dx->numel == d.B * N * C)), "",
-             "op concat_prefix_bwd: %zu prefix tokens of %zu", P, d.N);
+    const char *op = "concat_prefix_bwd";
+    if (!dprefix && !dx) return;
+    cpu_check_f32(op, "dy", dy);
+    if (dprefix) cpu_check_f32(op, "dprefix", dprefix);
+    if (dx) cpu_check_f32(op, "dx", dx);
+    TokenDims d;
+    const size_t P = concat_prefix_bwd_dims(op, dy, dprefix, dx, &d), C = d.C, N = d.N - P;
     const float *pdy = tensor_f32(dy);
     if (dprefix) {
         float *pdp = tensor_f32(dprefix);
@@ -60,9 +52,11 @@ void cpu_concat_prefix_bwd(Ctx *ctx, const Tensor *dy, Tensor *dprefix, Tensor *
 
 // x (B, N, C) -> y (B, count, C) = x[:, start:start+count]
 void cpu_slice_tokens_fwd(Ctx *ctx, const Tensor *x, int start, Tensor *y) {
-    TokenDims dx = token_dims(x), dy = token_dims(y);
-    CG_CHECK(dx.B == dy.B && dx.C == dy.C && start >= 0 && (size_t)start + dy.N <= dx.N, "",
-             "op slice_tokens_fwd: tokens %d..%zu of %zu", start, (size_t)start + dy.N, dx.N);
+    const char *op = "slice_tokens_fwd";
+    cpu_check_f32(op, "x", x);
+    cpu_check_f32(op, "y", y);
+    TokenDims dx, dy;
+    slice_tokens_dims(op, "x", x, "y", y, start, &dx, &dy);
     const float *px = tensor_f32(x);
     float *py = tensor_f32(y);
     size_t row = dy.N * dy.C;
@@ -73,10 +67,12 @@ void cpu_slice_tokens_fwd(Ctx *ctx, const Tensor *x, int start, Tensor *y) {
 
 // dx[:, start:start+count] += dy
 void cpu_slice_tokens_bwd(Ctx *ctx, const Tensor *dy, int start, Tensor *dx) {
+    const char *op = "slice_tokens_bwd";
     if (!dx) return;
-    TokenDims dd = token_dims(dy), dX = token_dims(dx);
-    CG_CHECK(dd.B == dX.B && dd.C == dX.C && start >= 0 && (size_t)start + dd.N <= dX.N, "",
-             "op slice_tokens_bwd: tokens %d..%zu of %zu", start, (size_t)start + dd.N, dX.N);
+    cpu_check_f32(op, "dy", dy);
+    cpu_check_f32(op, "dx", dx);
+    TokenDims dX, dd;
+    slice_tokens_dims(op, "dx", dx, "dy", dy, start, &dX, &dd);
     const float *pdy = tensor_f32(dy);
     float *pdx = tensor_f32(dx);
     size_t row = dd.N * dd.C;
@@ -88,9 +84,10 @@ void cpu_slice_tokens_bwd(Ctx *ctx, const Tensor *dy, int start, Tensor *dx) {
 
 // x (B, N, C) -> y (B, C) = mean over the N tokens (summed in order, in double)
 void cpu_mean_tokens_fwd(Ctx *ctx, const Tensor *x, Tensor *y) {
-    TokenDims d = token_dims(x);
-    CG_CHECK(y->numel == d.B * d.C && d.N > 0, "",
-             "op mean_tokens_fwd: x %zu x %zu x %zu, y has %zu elements", d.B, d.N, d.C, y->numel);
+    const char *op = "mean_tokens_fwd";
+    cpu_check_f32(op, "x", x);
+    cpu_check_f32(op, "y", y);
+    TokenDims d = mean_tokens_dims(op, "x", x, "y", y);
     const float *px = tensor_f32(x);
     float *py = tensor_f32(y);
     #pragma omp parallel for collapse(2)
@@ -104,11 +101,11 @@ void cpu_mean_tokens_fwd(Ctx *ctx, const Tensor *x, Tensor *y) {
 
 // dx[b, n, c] += dy[b, c] / N
 void cpu_mean_tokens_bwd(Ctx *ctx, const Tensor *dy, Tensor *dx) {
+    const char *op = "mean_tokens_bwd";
     if (!dx) return;
-    TokenDims d = token_dims(dx);
-    CG_CHECK(dy->numel == d.B * d.C && d.N > 0, "",
-             "op mean_tokens_bwd: dx %zu x %zu x %zu, dy has %zu elements", d.B, d.N, d.C,
-             dy->numel);
+    cpu_check_f32(op, "dy", dy);
+    cpu_check_f32(op, "dx", dx);
+    TokenDims d = mean_tokens_dims(op, "dx", dx, "dy", dy);
     const float *pdy = tensor_f32(dy);
     float *pdx = tensor_f32(dx);
     float inv_n = 1.0f / (float)d.N;
