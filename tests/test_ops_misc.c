@@ -568,33 +568,29 @@ static void test_conv2d_matches_direct_and_its_adjoint(void **state) {
 }
 
 // The shapes kernels/conv2d_shape.h refuses, on either backend: a weight of other channels than
-// x, a non-square kernel, y of the wrong grid, a column matrix one row short, a written dx given
-// without the shape a padded window needs.
-static void conv_channels_differ(void) {
+// x, a non-square kernel, y of the wrong grid, a column matrix one row short, a kernel larger
+// than the padded image. Each runs in a child process (expect_stop).
+static void conv_fwd_of(Tensor *x, Tensor *w, Tensor *y, int stride, int pad) {
     Ctx ctx = ctx_cpu();
-    Tensor *x = test_tensor(4, 1, 6, 6, 4), *w = test_tensor(4, 8, 3, 3, 3), *y = test_tensor(4, 1, 3, 3, 8);
-    cpu_conv2d_fwd(&ctx, x, w, NULL, 0, 2, 1, NULL, y);
+    cpu_conv2d_fwd(&ctx, x, w, NULL, 0, stride, pad, NULL, y);
+}
+static void conv_channels_differ(void) {
+    conv_fwd_of(test_tensor(4, 1, 6, 6, 4), test_tensor(4, 8, 3, 3, 3), test_tensor(4, 1, 3, 3, 8), 2, 1);
 }
 static void conv_kernel_not_square(void) {
-    Ctx ctx = ctx_cpu();
-    Tensor *x = test_tensor(4, 1, 6, 6, 4), *w = test_tensor(4, 8, 4, 3, 2), *y = test_tensor(4, 1, 3, 3, 8);
-    cpu_conv2d_fwd(&ctx, x, w, NULL, 0, 2, 1, NULL, y);
+    conv_fwd_of(test_tensor(4, 1, 6, 6, 4), test_tensor(4, 8, 4, 3, 2), test_tensor(4, 1, 3, 3, 8), 2, 1);
 }
 static void conv_output_grid_wrong(void) {
-    Ctx ctx = ctx_cpu();
-    Tensor *x = test_tensor(4, 1, 6, 6, 4), *w = test_tensor(4, 8, 4, 3, 3), *y = test_tensor(4, 1, 6, 6, 8);
-    cpu_conv2d_fwd(&ctx, x, w, NULL, 0, 2, 1, NULL, y);
+    conv_fwd_of(test_tensor(4, 1, 6, 6, 4), test_tensor(4, 8, 4, 3, 3), test_tensor(4, 1, 6, 6, 8), 2, 1);
+}
+static void conv_kernel_past_the_padding(void) {
+    conv_fwd_of(test_tensor(4, 1, 2, 2, 4), test_tensor(4, 8, 4, 5, 5), test_tensor(4, 1, 1, 1, 8), 1, 1);
 }
 static void conv_cols_one_row_short(void) {
     Ctx ctx = ctx_cpu();
     Tensor *dy = test_tensor(4, 1, 3, 3, 8), *w = test_tensor(4, 8, 4, 3, 3), *cols = test_tensor(2, 8, 36),
            *dw = test_tensor(4, 8, 4, 3, 3);
     cpu_conv2d_bwd(&ctx, dy, cols, w, 0, 2, 1, 0, NULL, dw, NULL);
-}
-static void conv_kernel_past_the_padding(void) {
-    Ctx ctx = ctx_cpu();
-    Tensor *x = test_tensor(4, 1, 2, 2, 4), *w = test_tensor(4, 8, 4, 5, 5), *y = test_tensor(4, 1, 1, 1, 8);
-    cpu_conv2d_fwd(&ctx, x, w, NULL, 0, 1, 1, NULL, y);
 }
 
 static void test_conv2d_rejects_bad_shapes_with_a_message(void **state) {
