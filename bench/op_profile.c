@@ -2,6 +2,7 @@
 #include "op_profile.h"
 #include "../kernels/error.h"
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,34 +128,60 @@ int op_profile_phases(const OpProfile *p, OpPhase *out, int max) {
     return n;
 }
 
+// One row of the op table: the name column, then calls, ms, % step, GB/s and, with copy_gbs (and
+// peak_tflops), % copy, TFLOP/s and % roof.
+static void print_row(FILE *out, const char *name, int calls, double ms, double bytes, double flops,
+                      double step_ms, double copy_gbs, double peak_tflops) {
+    const double s = ms * 1e-3, gbs = s > 0 ? bytes / s / 1e9 : 0;
+    fprintf(out, "  %-20s %6d %9.3f %6.1f%% %8.0f", name, calls, ms, 100.0 * ms / step_ms, gbs);
+    if (copy_gbs > 0) fprintf(out, " %6.1f%%", 100.0 * gbs / copy_gbs);
+    if (copy_gbs > 0 && peak_tflops > 0) {
+        const double bound = fmax(bytes / (copy_gbs * 1e9), flops / (peak_tflops * 1e12));
+        if (flops > 0) fprintf(out, " %8.1f", s > 0 ? flops / s / 1e12 : 0);
+        else fprintf(out, " %8s", "");
+        fprintf(out, " %6.1f%%", s > 0 ? 100.0 * bound / s : 0);
+    }
+    fprintf(out, "\n");
+}
+
+// Whether `name` is one of the comma-separated names in `list`.
+static bool in_list(const char *list, const char *name) {
+    const size_t n = strlen(name);
+    for (const char *q = list; (q = strstr(q, name)) != NULL; q += n)
+        if ((q == list || q[-1] == ',') && (q[n] == ',' || q[n] == '\0')) return true;
+    return false;
+}
+
 void op_profile_print(FILE *out, const OpProfile *p, double step_ms, double copy_gbs,
                       double peak_tflops) {
     if (!p) return;
     OpTotal tot[PROF_NAMES];
     const int nt = op_profile_totals(p, tot, PROF_NAMES);
-    const bool roof = copy_gbs > 0 && peak_tflops > 0;
     double sum = 0;
     fprintf(out, "  %-20s %6s %9s %7s %8s %7s", "op", "calls", "ms", "% step", "GB/s", "% copy");
-    if (roof) fprintf(out, " %8s %7s", "TFLOP/s", "% roof");
+    if (copy_gbs > 0 && peak_tflops > 0) fprintf(out, " %8s %7s", "TFLOP/s", "% roof");
     fprintf(out, "\n");
     for (int k = 0; k < nt; k++) {
-        const double s = tot[k].ms * 1e-3;
-        double gbs = s > 0 ? tot[k].bytes / s / 1e9 : 0;
-        fprintf(out, "  %-20s %6d %9.3f %6.1f%% %8.0f", tot[k].name, tot[k].calls, tot[k].ms,
-                100.0 * tot[k].ms / step_ms, gbs);
-        if (copy_gbs > 0) fprintf(out, " %6.1f%%", 100.0 * gbs / copy_gbs);
-        if (roof) {
-            const double bound = fmax(tot[k].bytes / (copy_gbs * 1e9), tot[k].flops / (peak_tflops * 1e12));
-            if (tot[k].flops > 0) fprintf(out, " %8.1f", s > 0 ? tot[k].flops / s / 1e12 : 0);
-            else fprintf(out, " %8s", "");
-            fprintf(out, " %6.1f%%", s > 0 ? 100.0 * bound / s : 0);
-        }
-        fprintf(out, "\n");
+        print_row(out, tot[k].name, tot[k].calls, tot[k].ms, tot[k].bytes, tot[k].flops, step_ms,
+                  copy_gbs, peak_tflops);
         sum += tot[k].ms;
     }
     fprintf(out, "  %-20s %6d %9.3f %6.1f%%  (the rest: gaps between ops, host waits)\n",
             "all ops", p->n, sum, 100.0 * sum / step_ms);
     if (p->dropped) fprintf(out, "  (%d op calls past the profile's %d not timed)\n", p->dropped, PROF_MAX);
+    // CGSPN_PROFILE_CALLS=op,op,...: every call of those ops too, in the order they ran (#1, #2, ...).
+    const char *calls = getenv("CGSPN_PROFILE_CALLS");
+    if (!calls || !calls[0]) return;
+    int seen[PROF_NAMES] = {0};
+    for (int i = 0; i < p->n; i++) {
+        if (!in_list(calls, p->name[i])) continue;
+        int k = 0;
+        while (k < nt && strcmp(tot[k].name, p->name[i]) != 0) k++;
+        char label[48];
+        snprintf(label, sizeof label, "%s #%d", p->name[i], k < nt ? ++seen[k] : 0);
+        print_row(out, label, 1, device_event_ms(p->ev[2 * i], p->ev[2 * i + 1]), p->bytes[i],
+                  p->flops[i], step_ms, copy_gbs, peak_tflops);
+    }
 }
 
 void op_profile_print_calls(FILE *out, const OpProfile *p, int per_line) {

@@ -44,7 +44,8 @@ int op_profile_phases(const OpProfile *p, OpPhase *out, int max);
 // so ops that add into an output show low), that as a percent of copy_gbs (the device's copy
 // bandwidth), the TFLOP/s of the products it reports, and its roofline: the longer of its bytes
 // at copy_gbs and its FLOPs at peak_tflops, as a percent of its time (the columns need copy_gbs
-// and peak_tflops > 0).
+// and peak_tflops > 0). CGSPN_PROFILE_CALLS=op,op,... adds a row for every call of those ops (by
+// their order in the step): which of an op's shapes takes the time.
 void op_profile_print(FILE *out, const OpProfile *p, double step_ms, double copy_gbs,
                       double peak_tflops);
 // Every timed call in order (name and ms), `per_line` to a line: for short profiles (one block).
