@@ -1,6 +1,7 @@
 // CUDA conv2d (kernels/ops_list.h; geometry kernels/conv2d_shape.h; CPU reference
-// kernels/cpu/conv2d.c) as im2col and the linear op's cuBLASLt GEMMs. The column matrix is this
-// file's alone, so its order is chosen for the copies:
+// kernels/cpu/conv2d.c) as im2col and the linear op's cuBLASLt GEMMs; the stem on a few-channel
+// image (its forward, and dw and db) runs without the GEMMs (conv2d_stem.cu). The column matrix
+// is this file's alone, so its order is chosen for the copies:
 //   NCHW input (the stem's image): PyTorch's order, column c k^2 + ky k + kx; the GEMM takes the
 //   weight (Cout, C k^2) as stored. A warp per row, lanes along the row.
 //   Channels-last input: column (ky k + kx) C + c, so a window is k^2 runs of C contiguous
@@ -13,6 +14,7 @@
 // Backward: dcols = dy w written by the GEMM (beta 0) into a temporary, then a thread per (input
 // pixel, V channels) gathers its taps in (ky, kx) order: no atomics, the CPU's order.
 #include "cuda_gemm.h"
+#include "conv2d_stem.h"
 #include "../ops.h"
 #include "../conv2d_shape.h"
 #include <limits.h>
@@ -303,7 +305,7 @@ extern "C" void cuda_conv2d_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, cons
     conv2d_check_out(op, "y", &g, y, true);
     if (b) conv2d_check_bias(op, &g, b);
     if (cols) conv2d_check_cols(op, &g, cols);
-    if (g.rows == 0) return;
+    if (g.rows == 0 || cuda_conv2d_stem(ctx, g, nchw, x, w, b, cols, y)) return;
     const DType dt = w->dtype;
     void *cd = cols ? cols->data : cuda_temp_alloc(ctx, g.rows * g.cols * dtype_size(dt));
     launch_im2col(ctx, g, nchw, x, dt, cd);
@@ -332,6 +334,7 @@ extern "C" void cuda_conv2d_bwd(Ctx *ctx, const Tensor *dy, const Tensor *cols, 
         conv2d_check_bias(op, &g, db);
     }
     if (g.rows == 0 || (!dx && !dw && !db)) return;
+    if (!dx && cuda_conv2d_stem_dw(ctx, g, nchw, dy, cols, dw, db)) return;
     const DType dt = w->dtype;
     cudaStream_t st = cuda_stream_of(ctx);
     // dw in the columns' order: dw itself (NCHW), or a zeroed temporary added permuted below.

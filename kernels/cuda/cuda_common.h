@@ -36,6 +36,7 @@ typedef void (*CudaRelease)(struct Ctx *ctx);
 typedef struct CudaCtx {
     int device;
     int sm_count;
+    int cc;                                    // compute capability, major * 10 + minor (90: H100)
     cudaStream_t stream;                       // the main stream every op runs on
     cudaStream_t side[CUDA_SIDE_STREAMS];      // for concurrent work (the four scan directions)
     cudaEvent_t fork, join[CUDA_SIDE_STREAMS];

@@ -112,18 +112,7 @@ using FwdNoAuxGemm = GeluGemm<cutlass::layout::ColumnMajor, FwdNoAuxFusion>::Gem
 using BwdGemm = GeluGemm<cutlass::layout::RowMajor, BwdFusion>::Gemm;      // B = w (K, N) row-major
 
 // The kernels are built for sm_90a only (the Makefile): another GPU takes the unfused path.
-bool device_is_sm90(Ctx *ctx) {
-    static int device = -1, sm90 = 0;
-    const int dev = cuda_ctx_of(ctx)->device;
-    if (dev != device) {
-        int major = 0, minor = 0;
-        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-        sm90 = major == 9 && minor == 0;
-        device = dev;
-    }
-    return sm90;
-}
+bool device_is_sm90(Ctx *ctx) { return cuda_ctx_of(ctx)->cc == 90; }
 
 template <class Gemm>
 bool run(Ctx *ctx, typename Gemm::Arguments &args) {

@@ -688,17 +688,21 @@ static void test_dwconv_bwd_is_deterministic(void **state) {
     release_all();
 }
 
-// conv2d for the stem (NCHW image, 3x3 stride 2), downsampling (channels-last 3x3 stride 2, 16
-// channels: the 8-channel vector path), 2x2 patch merging and an odd channel count at stride 1,
+// conv2d for the stem (NCHW image, 3x3 stride 2: RGB and grey with 8k outputs, the direct stem
+// kernels, one case over several of their blocks; 6 outputs, the columns), downsampling
+// (channels-last 3x3 stride 2, 16 channels: the 8-channel vector path), 2x2 patch merging and an
+// odd channel count at stride 1,
 // in fp32, in bf16, and with an fp32 x under a bf16 weight (gspn_hier's fp32 stream): y with
 // and without kept columns (the same bits), then dx, dw, db added to prior values, dx written
 // over garbage, and dw, db alone (no dx, as for an image).
 static void test_conv2d_matches_cpu(void **state) {
-    static const int cases[][9] = {{1, 2, 3, 16, 12, 8, 3, 2, 1}, {0, 2, 16, 14, 14, 24, 3, 2, 1},
-                                   {0, 3, 8, 8, 10, 12, 2, 2, 0}, {0, 1, 5, 7, 7, 6, 3, 1, 1}};
+    static const int cases[][9] = {{1, 2, 3, 16, 12, 8, 3, 2, 1}, {1, 2, 1, 9, 7, 16, 3, 2, 1},
+                                   {1, 3, 3, 50, 66, 24, 3, 2, 1}, {1, 2, 3, 9, 11, 6, 3, 2, 1},
+                                   {0, 2, 16, 14, 14, 24, 3, 2, 1}, {0, 3, 8, 8, 10, 12, 2, 2, 0},
+                                   {0, 1, 5, 7, 7, 6, 3, 1, 1}};
     // nchw B C H W Cout k s p
     for (int mi = 0; mi < 3; mi++)
-        for (int ci = 0; ci < 4; ci++) {
+        for (int ci = 0; ci < 7; ci++) {
             const DType dt = mi == 0 ? DTYPE_F32 : DTYPE_BF16, xdt = mi == 1 ? DTYPE_BF16 : DTYPE_F32;
             const int *q = cases[ci];
             int nchw = q[0], B = q[1], C = q[2], hgt = q[3], wid = q[4], Co = q[5], k = q[6], st = q[7], pd = q[8];

@@ -1,0 +1,264 @@
+// The stem's convolution (kernels/cuda/conv2d_stem.h) without the column GEMM: its windows are
+// C k^2 = 27 values (an RGB image, 3x3), too narrow for it (rows of 54 bytes, not 16-byte aligned;
+// a K of 27 wastes most of a tensor-core tile) and too cheap to need it: 27 FMAs per output. A
+// thread computes STEM_PIX output pixels: it loads their windows once into registers (rounded to
+// w's dtype, as the columns hold them) and sweeps the output channels 8 at a time against the
+// weight, which sits in shared memory in fp32 (a 16-byte broadcast load serves 4 channels of both
+// pixels). Each output is the fp32 sum over its window in column order, then + bias, rounded once.
+// Where the backward wants the columns, the block writes its rows of them as one contiguous run
+// through shared memory (a row is 54 bytes: written straight, a warp's stores scatter).
+#include "conv2d_stem.h"
+
+enum { STEM_THREADS = 128, STEM_PIX = 2, STEM_OV = 8 };
+
+// Output pixel r's window: its image and the input row and column of its top-left tap.
+struct StemPixel {
+    size_t image;   // element offset of the image in x
+    int h0, w0;
+};
+
+__device__ __forceinline__ StemPixel stem_pixel(const Conv2dShape &g, size_t r) {
+    const int wo = (int)(r % (size_t)g.Wo);
+    const size_t bh = r / (size_t)g.Wo;
+    return {bh / (size_t)g.Ho * g.sb, (int)(bh % (size_t)g.Ho) * g.s - g.p, wo * g.s - g.p};
+}
+
+// Window value j = (c K + ky) K + kx of a pixel of an NCHW x (the columns' order), rounded to TW
+// as the columns would hold it; 0 in the padding.
+template <int K, typename TX, typename TW>
+__device__ __forceinline__ float stem_window(const TX *__restrict__ x, const Conv2dShape &g, const StemPixel &px,
+                                             int j) {
+    const int h = px.h0 + j / K % K, ww = px.w0 + j % K;
+    if (h < 0 || h >= g.H || ww < 0 || ww >= g.W) return 0.0f;
+    return (float)(TW)(float)x[px.image + (size_t)(j / (K * K)) * g.sc + (size_t)h * g.W + ww];
+}
+
+template <int C, int K, typename TX, typename TW>
+__global__ void __launch_bounds__(STEM_THREADS)
+conv2d_stem_kernel(const TX *__restrict__ x, const TW *__restrict__ w, const TW *__restrict__ bias,
+                   TW *__restrict__ y, TW *__restrict__ cols, Conv2dShape g) {
+    constexpr int KK = C * K * K, ROWS = STEM_THREADS * STEM_PIX;
+    extern __shared__ float4 stem_smem[];
+    // (Cout / 8, KK, 8): w in fp32, each group of 8 output channels transposed, so that the sweep
+    // below reads it at constant offsets from one base; then the bias; then the block's columns
+    // (ROWS, KK) when they are kept, written out from here in one contiguous run.
+    float *sw = (float *)stem_smem;
+    float *sb = sw + KK * g.Cout;
+    TW *scols = (TW *)(sb + g.Cout);
+    for (int i = threadIdx.x; i < KK * g.Cout; i += blockDim.x) {
+        const int u = i % STEM_OV, j = i / STEM_OV % KK, o = i / (STEM_OV * KK) * STEM_OV + u;
+        sw[i] = (float)w[(size_t)o * KK + j];
+    }
+    for (int o = threadIdx.x; o < g.Cout; o += blockDim.x) sb[o] = bias ? (float)bias[o] : 0.0f;
+
+    // The thread's pixels: rows r0 + p STEM_THREADS (a warp's stores then cover neighbouring rows).
+    const size_t r_block = (size_t)blockIdx.x * ROWS, r0 = r_block + threadIdx.x;
+    float win[STEM_PIX][KK];
+    #pragma unroll
+    for (int p = 0; p < STEM_PIX; p++) {
+        const size_t r = r0 + (size_t)p * STEM_THREADS < g.rows ? r0 + (size_t)p * STEM_THREADS : g.rows - 1;
+        const StemPixel px = stem_pixel(g, r);
+        #pragma unroll
+        for (int j = 0; j < KK; j++) win[p][j] = stem_window<K, TX, TW>(x, g, px, j);
+        if (cols) {
+            #pragma unroll
+            for (int j = 0; j < KK; j++) scols[(p * STEM_THREADS + threadIdx.x) * KK + j] = (TW)win[p][j];
+        }
+    }
+    __syncthreads();
+    if (cols) {
+        const size_t n = (g.rows - r_block < (size_t)ROWS ? g.rows - r_block : ROWS) * KK;
+        for (size_t i = threadIdx.x; i < n; i += blockDim.x) cols[r_block * KK + i] = scols[i];
+    }
+    #pragma unroll 1
+    for (int o = 0; o < g.Cout; o += STEM_OV) {
+        float acc[STEM_PIX][STEM_OV];
+        #pragma unroll
+        for (int p = 0; p < STEM_PIX; p++)
+            #pragma unroll
+            for (int u = 0; u < STEM_OV; u++) acc[p][u] = 0.0f;
+        const float *wg = sw + o * KK;
+        #pragma unroll
+        for (int j = 0; j < KK; j++) {
+            const float4 w0 = *(const float4 *)(wg + j * STEM_OV);
+            const float4 w1 = *(const float4 *)(wg + j * STEM_OV + 4);
+            const float wv[STEM_OV] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+            #pragma unroll
+            for (int p = 0; p < STEM_PIX; p++)
+                #pragma unroll
+                for (int u = 0; u < STEM_OV; u++) acc[p][u] = fmaf(wv[u], win[p][j], acc[p][u]);
+            // A compiler barrier every 9 taps: without it the weight loads of all 27 are hoisted
+            // ahead of the FMAs, and ptxas spills (95 registers with it, 255 and spills without).
+            if (j % 9 == 8) asm volatile("" ::: "memory");
+        }
+        #pragma unroll
+        for (int p = 0; p < STEM_PIX; p++) {
+            const size_t r = r0 + (size_t)p * STEM_THREADS;
+            if (r >= g.rows) break;
+            #pragma unroll
+            for (int u = 0; u < STEM_OV; u++) acc[p][u] += sb[o + u];
+            store_v<STEM_OV>(y + r * g.Cout + o, acc[p]);
+        }
+    }
+}
+
+template <int C, typename TX, typename TW>
+static void launch_stem(Ctx *ctx, const Conv2dShape &g, const TX *x, const TW *w, const TW *b, TW *y,
+                        TW *cols) {
+    constexpr int K = 3, KK = C * K * K;
+    const size_t smem = (size_t)(KK + 1) * g.Cout * sizeof(float) +
+                        (cols ? (size_t)STEM_THREADS * STEM_PIX * KK * sizeof(TW) : 0);
+    auto kernel = conv2d_stem_kernel<C, K, TX, TW>;
+    if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const unsigned blocks = (unsigned)ceil_div(g.rows, (size_t)STEM_THREADS * STEM_PIX);
+    kernel<<<blocks, STEM_THREADS, smem, cuda_stream_of(ctx)>>>(x, w, b, y, cols, g);
+    CUDA_CHECK_LAUNCH();
+}
+
+// The shapes both stem kernels take: an NCHW image of 1, 3 or 4 channels, 3x3, Cout 8k up to 64
+// (gspn_t/s/b: 48, 56, 64).
+static bool stem_covers(const Conv2dShape &g, int nchw) {
+    return nchw && g.k == 3 && (g.C == 1 || g.C == 3 || g.C == 4) && g.Cout % STEM_OV == 0 &&
+           g.Cout <= 64 && g.rows > 0;
+}
+
+bool cuda_conv2d_stem(Ctx *ctx, const Conv2dShape &g, int nchw, const Tensor *x, const Tensor *w,
+                      const Tensor *b, Tensor *cols, Tensor *y) {
+    if (!stem_covers(g, nchw) || !aligned16(y->data)) return false;
+    dispatch_dtype2(x->dtype, w->dtype, [&](auto tx, auto tw) {
+        using TX = TAG_T(tx);
+        using TW = TAG_T(tw);
+        const TX *xp = (const TX *)x->data;
+        const TW *wp = (const TW *)w->data, *bp = b ? (const TW *)b->data : nullptr;
+        TW *yp = (TW *)y->data, *cp = cols ? (TW *)cols->data : nullptr;
+        if (g.C == 1) launch_stem<1>(ctx, g, xp, wp, bp, yp, cp);
+        else if (g.C == 3) launch_stem<3>(ctx, g, xp, wp, bp, yp, cp);
+        else launch_stem<4>(ctx, g, xp, wp, bp, yp, cp);
+    });
+    return true;
+}
+
+// ---- dw and db from the columns -----------------------------------------------------------------
+// dw[o, j] = sum_r dy[r, o] cols[r, j] and db[o] = sum_r dy[r, o]: (Cout, C k^2 + 1) sums over
+// millions of rows, a GEMM whose K is the rows and whose N (27) leaves its tiles mostly empty. A
+// block takes a run of STEM_DW_CHUNKS chunks of STEM_DW_CHUNK rows; it stages a chunk's dy and
+// columns in shared memory in fp32 (contiguous runs of both; column C k^2 is the bias's column of
+// ones). A thread owns STEM_DW_OV output channels times STEM_DW_JV
+// columns, and the threads that own the same sums split a chunk's rows between them (pixel
+// groups, interleaved). The groups are added in order in shared memory, each block writes one row
+// of a partial matrix, and cuda_sum_partials adds the rows in order: deterministic.
+enum { STEM_DW_THREADS = 256, STEM_DW_OV = 4, STEM_DW_JV = 7, STEM_DW_CHUNK = 64, STEM_DW_CHUNKS = 32 };
+
+struct StemDwSplit {
+    int og, jg, tiles, groups;   // channel groups, column groups, their product, pixel groups
+    int jp;                      // staged columns per row: jg STEM_DW_JV
+};
+
+static StemDwSplit stem_dw_split(const Conv2dShape &g) {
+    StemDwSplit s;
+    s.og = g.Cout / STEM_DW_OV;
+    s.jg = (int)((g.cols + 1 + STEM_DW_JV - 1) / STEM_DW_JV);
+    s.tiles = s.og * s.jg;
+    s.groups = STEM_DW_THREADS / s.tiles;
+    s.jp = s.jg * STEM_DW_JV;
+    return s;
+}
+
+// Shared memory: the staged chunk (dy (CHUNK, Cout), columns (CHUNK, jp)), then, reusing it, the
+// groups' sums (groups, tiles, OV JV).
+static size_t stem_dw_smem(const Conv2dShape &g, const StemDwSplit &sp) {
+    const size_t chunk = (size_t)STEM_DW_CHUNK * (g.Cout + sp.jp);
+    const size_t red = (size_t)sp.groups * sp.tiles * STEM_DW_OV * STEM_DW_JV;
+    return (chunk > red ? chunk : red) * sizeof(float);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(STEM_DW_THREADS)
+conv2d_stem_dw_kernel(const T *__restrict__ dy, const T *__restrict__ cols, Conv2dShape g, StemDwSplit sp,
+                      float *__restrict__ partial) {
+    constexpr int TILE = STEM_DW_OV * STEM_DW_JV;
+    extern __shared__ float4 stem_dw_shared[];
+    float *sdy = (float *)stem_dw_shared, *scol = sdy + STEM_DW_CHUNK * g.Cout, *red = sdy;
+    const int kk = (int)g.cols, tile = threadIdx.x % sp.tiles, grp = threadIdx.x / sp.tiles;
+    const int o0 = tile % sp.og * STEM_DW_OV, j0 = tile / sp.og * STEM_DW_JV;
+    for (int i = threadIdx.x; i < STEM_DW_CHUNK * (sp.jp - kk); i += blockDim.x) {   // constant columns
+        const int r = i / (sp.jp - kk), j = kk + i % (sp.jp - kk);
+        scol[r * sp.jp + j] = j == kk ? 1.0f : 0.0f;
+    }
+    float acc[STEM_DW_OV][STEM_DW_JV];
+    #pragma unroll
+    for (int a = 0; a < STEM_DW_OV; a++)
+        #pragma unroll
+        for (int u = 0; u < STEM_DW_JV; u++) acc[a][u] = 0.0f;
+    const size_t r_run = (size_t)blockIdx.x * STEM_DW_CHUNK * STEM_DW_CHUNKS;
+    for (int ch = 0; ch < STEM_DW_CHUNKS; ch++) {
+        const size_t ra = r_run + (size_t)ch * STEM_DW_CHUNK;
+        if (ra >= g.rows) break;
+        const int n = g.rows - ra < STEM_DW_CHUNK ? (int)(g.rows - ra) : STEM_DW_CHUNK;
+        __syncthreads();   // the previous chunk's sums are done
+        for (int i = threadIdx.x * 8; i < n * g.Cout; i += blockDim.x * 8) {   // Cout: 8k
+            float v[8];
+            load_v<8>(dy + ra * g.Cout + i, v);
+            #pragma unroll
+            for (int e = 0; e < 8; e++) sdy[i + e] = v[e];
+        }
+        for (int i = threadIdx.x; i < n * kk; i += blockDim.x) {   // the chunk's columns: one run
+            const int r = i / kk;
+            scol[r * sp.jp + i - r * kk] = (float)cols[ra * kk + i];
+        }
+        __syncthreads();
+        if (grp < sp.groups) {
+            for (int r = grp; r < n; r += sp.groups) {
+                const float4 d4 = *(const float4 *)(sdy + r * g.Cout + o0);
+                const float d[STEM_DW_OV] = {d4.x, d4.y, d4.z, d4.w};
+                float xv[STEM_DW_JV];
+                #pragma unroll
+                for (int u = 0; u < STEM_DW_JV; u++) xv[u] = scol[r * sp.jp + j0 + u];
+                #pragma unroll
+                for (int a = 0; a < STEM_DW_OV; a++)
+                    #pragma unroll
+                    for (int u = 0; u < STEM_DW_JV; u++) acc[a][u] = fmaf(d[a], xv[u], acc[a][u]);
+            }
+        }
+    }
+    __syncthreads();
+    if (grp < sp.groups) {
+        #pragma unroll
+        for (int a = 0; a < STEM_DW_OV; a++)
+            #pragma unroll
+            for (int u = 0; u < STEM_DW_JV; u++) red[(grp * sp.tiles + tile) * TILE + a * STEM_DW_JV + u] = acc[a][u];
+    }
+    __syncthreads();
+    float *row = partial + (size_t)blockIdx.x * ((size_t)g.Cout * kk + g.Cout);
+    for (int e = threadIdx.x; e < sp.tiles * TILE; e += blockDim.x) {
+        const int t = e / TILE, a = e / STEM_DW_JV % STEM_DW_OV, u = e % STEM_DW_JV;
+        const int o = t % sp.og * STEM_DW_OV + a, j = t / sp.og * STEM_DW_JV + u;
+        if (j > kk) continue;
+        float s = 0.0f;
+        for (int q = 0; q < sp.groups; q++) s += red[(q * sp.tiles + t) * TILE + a * STEM_DW_JV + u];
+        row[j < kk ? (size_t)o * kk + j : (size_t)g.Cout * kk + o] = s;
+    }
+}
+
+bool cuda_conv2d_stem_dw(Ctx *ctx, const Conv2dShape &g, int nchw, const Tensor *dy, const Tensor *cols,
+                         Tensor *dw, Tensor *db) {
+    if (!stem_covers(g, nchw) || !aligned16(dy->data)) return false;
+    const StemDwSplit sp = stem_dw_split(g);
+    if (sp.groups < 1) return false;
+    const unsigned blocks = (unsigned)ceil_div(g.rows, (size_t)STEM_DW_CHUNK * STEM_DW_CHUNKS);
+    const size_t width = (size_t)g.Cout * g.cols + g.Cout, smem = stem_dw_smem(g, sp);
+    float *partial = (float *)cuda_temp_alloc(ctx, blocks * width * sizeof(float));
+    dispatch_dtype(dy->dtype, [&](auto tag) {
+        using T = TAG_T(tag);
+        auto kernel = conv2d_stem_dw_kernel<T>;
+        if (smem > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        kernel<<<blocks, STEM_DW_THREADS, smem, cuda_stream_of(ctx)>>>((const T *)dy->data, (const T *)cols->data,
+                                                                       g, sp, partial);
+    });
+    CUDA_CHECK_LAUNCH();
+    cuda_sum_partials(ctx, partial, blocks, width, (size_t)g.Cout * g.cols, dw ? (float *)dw->data : nullptr,
+                      db ? (float *)db->data : nullptr);
+    cuda_temp_free(ctx, partial);
+    return true;
+}
