@@ -903,6 +903,47 @@ static void test_token_kl_is_zero_for_identical_inputs_and_positive_otherwise(vo
     test_tensor_free(s); test_tensor_free(t); test_tensor_free(loss);
 }
 
+// The shapes kernels/losses_shape.h refuses: a loss of more than one element, targets of another
+// size than the logits, an empty batch, mse over tensors of different sizes, a da of the wrong
+// size, token KL over different last dims. Each runs in a child process (expect_stop).
+static void ce_loss_not_scalar(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(2, 3, 4);
+    cpu_cross_entropy_fwd(&ctx, x, test_like(x), test_tensor(1, 2), test_like(x));
+}
+static void ce_targets_short(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(2, 3, 4);
+    cpu_cross_entropy_fwd(&ctx, x, test_tensor(2, 3, 3), test_scalar(0), test_like(x));
+}
+static void ce_empty_batch(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(2, 0, 4);
+    cpu_cross_entropy_fwd(&ctx, x, test_like(x), test_scalar(0), test_like(x));
+}
+static void mse_sizes_differ(void) {
+    Ctx ctx = ctx_cpu();
+    cpu_mse_fwd(&ctx, test_tensor(2, 3, 4), test_tensor(2, 4, 4), test_scalar(0));
+}
+static void mse_da_short(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *a = test_tensor(2, 3, 4);
+    cpu_mse_bwd(&ctx, test_scalar(1), a, test_like(a), test_tensor(2, 3, 3), NULL);
+}
+static void token_kl_last_dims_differ(void) {
+    Ctx ctx = ctx_cpu();
+    cpu_token_kl_fwd(&ctx, test_tensor(2, 4, 6), test_tensor(2, 6, 4), test_scalar(0));
+}
+
+static void test_losses_refuse_bad_shapes_with_a_message(void **state) {
+    expect_stop(ce_loss_not_scalar, (const char *[]){"cross_entropy_fwd", "loss holds 1 element, got 2", NULL});
+    expect_stop(ce_targets_short, (const char *[]){"cross_entropy_fwd", "targets has shape (3, 3)", NULL});
+    expect_stop(ce_empty_batch, (const char *[]){"cross_entropy_fwd", "empty batch", NULL});
+    expect_stop(mse_sizes_differ, (const char *[]){"mse_fwd", "b has shape (4, 4) (16 elements), expected 12", NULL});
+    expect_stop(mse_da_short, (const char *[]){"mse_bwd", "da has shape (3, 3)", NULL});
+    expect_stop(token_kl_last_dims_differ, (const char *[]){"token_kl_fwd", "t has last dim 4", NULL});
+}
+
 // ---- determinism -------------------------------------------------------------------------------
 
 // Reductions must not depend on the thread count: 1 and 3 threads give identical bits.
@@ -959,6 +1000,7 @@ int main(void) {
         cmocka_unit_test(test_mse_matches_reference_and_finite_differences),
         cmocka_unit_test(test_token_kl_matches_reference_and_finite_differences),
         cmocka_unit_test(test_token_kl_is_zero_for_identical_inputs_and_positive_otherwise),
+        cmocka_unit_test(test_losses_refuse_bad_shapes_with_a_message),
         cmocka_unit_test(test_reductions_are_identical_for_any_thread_count),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -5,13 +5,10 @@
 #include <math.h>
 #include "../ops.h"
 #include "../error.h"
+#include "../losses_shape.h"
 
 // Elements per partial sum of the MSE.
 #define MSE_BLOCK 4096
-
-static void check_scalar(const char *op, const Tensor *t) {
-    CG_CHECK(t->numel == 1, "", "op %s: loss tensors hold 1 element, got %zu", op, t->numel);
-}
 
 // Partials summed in index order.
 static double sum_in_order(const double *part, size_t n) {
@@ -32,11 +29,7 @@ static double row_logsumexp(const float *x, size_t C) {
 // logits, targets (B,K) -> loss = mean_b sum_k -t[b,k] log softmax(logits[b])_k; probs (B,K).
 void cpu_cross_entropy_fwd(Ctx *ctx, const Tensor *logits, const Tensor *targets, Tensor *loss,
                            Tensor *probs) {
-    size_t B = tensor_rows(logits), K = (size_t)tensor_last(logits);
-    CG_CHECK(targets->numel == logits->numel && probs->numel == logits->numel && B > 0, "",
-             "op cross_entropy_fwd: logits %zu x %zu, targets %zu and probs %zu elements", B, K,
-             targets->numel, probs->numel);
-    check_scalar("cross_entropy_fwd", loss);
+    size_t K, B = cross_entropy_dims("cross_entropy_fwd", logits, targets, probs, loss, &K);
     const float *x = tensor_f32(logits), *t = tensor_f32(targets);
     float *p = tensor_f32(probs);
     double *row_loss = cg_malloc(B * sizeof(double));
@@ -59,11 +52,7 @@ void cpu_cross_entropy_fwd(Ctx *ctx, const Tensor *logits, const Tensor *targets
 void cpu_cross_entropy_bwd(Ctx *ctx, const Tensor *dloss, const Tensor *probs,
                            const Tensor *targets, Tensor *dlogits) {
     if (!dlogits) return;
-    check_scalar("cross_entropy_bwd", dloss);
-    CG_CHECK(probs->numel == targets->numel && probs->numel == dlogits->numel, "",
-             "op cross_entropy_bwd: probs %zu, targets %zu, dlogits %zu elements", probs->numel,
-             targets->numel, dlogits->numel);
-    size_t B = tensor_rows(probs);
+    size_t B = cross_entropy_bwd_dims("cross_entropy_bwd", dloss, probs, targets, dlogits);
     float g = tensor_f32(dloss)[0] / (float)B;
     const float *p = tensor_f32(probs), *t = tensor_f32(targets);
     float *dx = tensor_f32(dlogits);
@@ -74,10 +63,8 @@ void cpu_cross_entropy_bwd(Ctx *ctx, const Tensor *dloss, const Tensor *probs,
 // ---- mean squared error -------------------------------------------------------------------
 // loss = mean over all n elements of (a - b)^2
 void cpu_mse_fwd(Ctx *ctx, const Tensor *a, const Tensor *b, Tensor *loss) {
-    size_t n = a->numel;
-    CG_CHECK(b->numel == n && n > 0, "", "op mse_fwd: tensors of %zu and %zu elements", n,
-             b->numel);
-    check_scalar("mse_fwd", loss);
+    size_t n = mse_dims("mse_fwd", a, b, NULL, NULL);
+    loss_check_scalar("mse_fwd", "loss", loss);
     const float *pa = tensor_f32(a), *pb = tensor_f32(b);
     size_t blocks = (n + MSE_BLOCK - 1) / MSE_BLOCK;
     double *part = cg_malloc(blocks * sizeof(double));
@@ -98,10 +85,8 @@ void cpu_mse_fwd(Ctx *ctx, const Tensor *a, const Tensor *b, Tensor *loss) {
 // da += dloss * 2 (a - b) / n; db -= the same
 void cpu_mse_bwd(Ctx *ctx, const Tensor *dloss, const Tensor *a, const Tensor *b, Tensor *da,
                  Tensor *db) {
-    check_scalar("mse_bwd", dloss);
-    size_t n = a->numel;
-    CG_CHECK(b->numel == n && (!da || da->numel == n) && (!db || db->numel == n), "",
-             "op mse_bwd: tensors of different sizes (a has %zu elements)", n);
+    loss_check_scalar("mse_bwd", "dloss", dloss);
+    size_t n = mse_dims("mse_bwd", a, b, da, db);
     float g = 2.0f * tensor_f32(dloss)[0] / (float)n;
     const float *pa = tensor_f32(a), *pb = tensor_f32(b);
     float *pda = da ? tensor_f32(da) : NULL, *pdb = db ? tensor_f32(db) : NULL;
@@ -116,10 +101,8 @@ void cpu_mse_bwd(Ctx *ctx, const Tensor *dloss, const Tensor *a, const Tensor *b
 // ---- token-wise softmax KL ------------------------------------------------------------------
 // s, t (N,C): ps = softmax(s_n), pt = softmax(t_n) over C; loss = mean_n sum_c ps (log ps - log pt)
 void cpu_token_kl_fwd(Ctx *ctx, const Tensor *s, const Tensor *t, Tensor *loss) {
-    size_t N = tensor_rows(s), C = (size_t)tensor_last(s);
-    CG_CHECK(t->numel == s->numel && (size_t)tensor_last(t) == C && N > 0, "",
-             "op token_kl_fwd: s %zu x %zu, t has %zu elements", N, C, t->numel);
-    check_scalar("token_kl_fwd", loss);
+    size_t C, N = token_kl_dims("token_kl_fwd", s, t, NULL, NULL, &C);
+    loss_check_scalar("token_kl_fwd", "loss", loss);
     const float *ps = tensor_f32(s), *pt = tensor_f32(t);
     double *row_kl = cg_malloc(N * sizeof(double));
     #pragma omp parallel for
@@ -142,11 +125,8 @@ void cpu_token_kl_fwd(Ctx *ctx, const Tensor *s, const Tensor *t, Tensor *loss) 
 void cpu_token_kl_bwd(Ctx *ctx, const Tensor *dloss, const Tensor *s, const Tensor *t,
                       Tensor *ds, Tensor *dt) {
     if (!ds && !dt) return;
-    check_scalar("token_kl_bwd", dloss);
-    size_t N = tensor_rows(s), C = (size_t)tensor_last(s);
-    CG_CHECK(t->numel == s->numel && (!ds || ds->numel == s->numel) &&
-             (!dt || dt->numel == s->numel), "",
-             "op token_kl_bwd: tensors of different sizes (s has %zu elements)", s->numel);
+    loss_check_scalar("token_kl_bwd", "dloss", dloss);
+    size_t C, N = token_kl_dims("token_kl_bwd", s, t, ds, dt, &C);
     double g = (double)tensor_f32(dloss)[0] / (double)N;
     const float *ps = tensor_f32(s), *pt = tensor_f32(t);
     float *pds = ds ? tensor_f32(ds) : NULL, *pdt = dt ? tensor_f32(dt) : NULL;
