@@ -711,6 +711,21 @@ static void patch_embed_bwd_dimg_of_other_images(void) {   // cols of 4 tokens, 
 
 // Shapes the op does not take stop with a message naming the op and the mismatch
 // (kernels/patch_embed_shape.h, shared with the CUDA op; run in a child process).
+// The shapes kernels/attention_shape.h refuses: a qkv whose last dim is not 3C, channels that do
+// not split into the heads (each in a child process).
+static void attention_of_qkv_not_3c(void) {
+    Ctx ctx = ctx_cpu();
+    cpu_attention_fwd(&ctx, test_tensor(3, 2, 5, 16), 2, test_tensor(3, 2, 5, 5), test_tensor(3, 2, 2, 5));
+}
+static void attention_of_uneven_heads(void) {
+    Ctx ctx = ctx_cpu();
+    cpu_attention_fwd(&ctx, test_tensor(3, 2, 5, 18), 4, test_tensor(3, 2, 5, 6), test_tensor(3, 2, 4, 5));
+}
+static void test_attention_rejects_bad_shapes_with_a_message(void **state) {
+    expect_stop(attention_of_qkv_not_3c, (const char *[]){"attention_fwd", "qkv has shape (2, 5, 16)", NULL});
+    expect_stop(attention_of_uneven_heads, (const char *[]){"attention_fwd", "6 channels do not split into 4 heads", NULL});
+}
+
 static void test_patch_embed_rejects_shapes_it_does_not_take(void **state) {
     expect_stop(patch_embed_of_ragged_image,
                 (const char *[]){"patch_embed_fwd", "10x8 image does not split into 4x4", NULL});
@@ -778,6 +793,7 @@ int main(void) {
         cmocka_unit_test(test_softmax_backward_matches_finite_differences),
         cmocka_unit_test(test_attention_forward_matches_naive_softmax_attention),
         cmocka_unit_test(test_attention_backward_matches_finite_differences),
+        cmocka_unit_test(test_attention_rejects_bad_shapes_with_a_message),
         cmocka_unit_test(test_patch_embed_forward_matches_direct_convolution),
         cmocka_unit_test(test_patch_embed_backward_matches_finite_differences),
         cmocka_unit_test(test_patch_embed_rejects_shapes_it_does_not_take),

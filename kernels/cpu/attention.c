@@ -9,6 +9,7 @@
 //   P = exp(S - lse);  dV = P^T dO;  dP = dO V^T;  D_i = sum_d dO_id O_id (= sum_j P_ij dP_ij)
 //   dS = P * (dP - D_i);  dQ = scale dS K;  dK = scale dS^T Q
 #include "../ops.h"
+#include "../attention_shape.h"
 #include "cpu_check.h"
 #include "gemm.h"
 #include <math.h>
@@ -16,27 +17,10 @@
 
 enum { ATTN_QB = 64 };   // query rows per block
 
-typedef struct AttnShape {
-    int B, N, C, H, D;   // batch, tokens, channels, heads, head dim
-    float scale;         // D^-0.5
-} AttnShape;
-
 static AttnShape attn_shape(const char *op, const Tensor *qkv, int heads, const Tensor *out,
                             const Tensor *lse) {
+    AttnShape s = attention_shape(op, qkv, heads);
     cpu_check_f32(op, "qkv", qkv);
-    char buf[64];
-    CG_CHECK(qkv->ndim >= 2 && tensor_last(qkv) % 3 == 0, "",
-             "op %s: qkv has shape %s, expected (B, N, 3C)", op,
-             tensor_shape_str(qkv, buf, sizeof buf));
-    AttnShape s;
-    s.B = qkv->shape[0];
-    s.C = tensor_last(qkv) / 3;
-    s.N = s.B && s.C ? (int)(qkv->numel / ((size_t)s.B * 3 * s.C)) : 0;
-    s.H = heads;
-    CG_CHECK(heads > 0 && s.C % heads == 0, "num_heads must divide the embedding width",
-             "op %s: %d channels do not split into %d heads", op, s.C, heads);
-    s.D = s.C / heads;
-    s.scale = 1.0f / sqrtf((float)s.D);
     cpu_check_matrix(op, "out", out, (size_t)s.B * s.N, s.C);
     cpu_check_numel(op, "lse", lse, (size_t)s.B * s.H * s.N);
     return s;
