@@ -123,6 +123,8 @@ typedef struct VitRow {
     float loss, grad_norm;
     int ckpt;                  // grad_checkpoint
     double infer_ms;           // forward + head without gradients (eval), when asked for
+    double step_graph_ms;      // the step with forward, loss and backward replayed as one graph
+    double infer_graph_ms;     // inference replayed as one graph
 } VitRow;
 
 typedef struct VitRun {
@@ -168,6 +170,54 @@ static double infer_median_ms(VitRun *r, DeviceEvent **ev) {
     }
     tape_set_grad_enabled(r->tape, was);
     return median(ms, VIT_STEPS);
+}
+
+// The median of VIT_STEPS replays of g after VIT_WARMUP, each followed by `then` (if any).
+static double graph_median_ms(VitRun *r, DeviceGraph *g, long *step, DeviceEvent **ev,
+                              void (*then)(VitRun *, long)) {
+    double ms[VIT_STEPS];
+    for (int i = 0; i < VIT_WARMUP + VIT_STEPS; i++) {
+        device_event_record(ev[0]);
+        device_graph_launch(g);
+        if (then) then(r, (*step)++);
+        device_event_record(ev[1]);
+        device_event_wait(ev[1]);
+        if (i >= VIT_WARMUP) ms[i - VIT_WARMUP] = device_event_ms(ev[0], ev[1]);
+    }
+    return median(ms, VIT_STEPS);
+}
+
+// Inference captured once as a graph and replayed: the host's launches drop out of the time.
+static double infer_graph_median_ms(VitRun *r, DeviceEvent **ev) {
+    bool was = tape_set_grad_enabled(r->tape, false);
+    tape_reset(r->tape);
+    device_graph_begin(r->ctx);
+    encoder_head(r->tape, r->enc, encoder_forward(r->tape, r->enc, r->img, NULL));
+    DeviceGraph *g = device_graph_end(r->ctx);
+    tape_set_grad_enabled(r->tape, was);
+    long unused = 0;
+    double ms = graph_median_ms(r, g, &unused, ev, NULL);
+    device_graph_free(g);
+    return ms;
+}
+
+static void graph_step_optimizer(VitRun *r, long step) {
+    StepStats st = optimizer_step(r->params, r->ctx, r->arena, &r->opt, step);
+    CG_CHECK(st.finite, "", "bench: the gradient norm is not finite at step %ld", step + 1);
+}
+
+// A training step whose forward, loss and backward are one captured graph; AdamW (which reads
+// the gradient norm on the host) runs as usual after each replay.
+static double step_graph_median_ms(VitRun *r, long *step, DeviceEvent **ev) {
+    tape_reset(r->tape);
+    device_graph_begin(r->ctx);
+    Tensor *logits = encoder_head(r->tape, r->enc, encoder_forward(r->tape, r->enc, r->img, NULL));
+    Tensor *loss = nn_cross_entropy(r->tape, logits, r->tgt);
+    tape_backward(r->tape, loss);
+    DeviceGraph *g = device_graph_end(r->ctx);
+    double ms = graph_median_ms(r, g, step, ev, graph_step_optimizer);
+    device_graph_free(g);
+    return ms;
 }
 
 // One inference (forward + head, gradients off) under the per-op profile: its op table into out.
@@ -255,7 +305,11 @@ static void bench_one_vit(FILE *out, const VitCase *vc, int ckpt, VitRow *row, b
     row->act_gib = arena.peak / 1073741824.0;
     row->gpu_gib = device_memory_use(&ctx).peak / 1073741824.0;
     row->ckpt = ckpt;
-    if (infer) row->infer_ms = infer_median_ms(&run, ev);
+    if (infer) {
+        row->infer_ms = infer_median_ms(&run, ev);
+        row->infer_graph_ms = infer_graph_median_ms(&run, ev);
+        row->step_graph_ms = step_graph_median_ms(&run, &step, ev);
+    }
 
     if (profile) {
         OpProfile *p = op_profile_start(&ctx);
@@ -401,14 +455,17 @@ int bench_classify_run(FILE *out) {
         bench_one_vit(prof, &CLASSIFY_CASES[i], 0, &rows[i], true, true);
     }
     fclose(prof);
-    fprintf(out, "\n%-8s %4s %5s %8s %9s %8s %9s %8s %7s\n", "model", "img", "batch", "step ms",
-            "train/s", "infer ms", "infer/s", "GMACs", "GPU GiB");
+    fprintf(out, "\n%-8s %4s %5s %8s %9s %8s %9s %8s %7s %8s %8s\n", "model", "img", "batch",
+            "step ms", "train/s", "infer ms", "infer/s", "GMACs", "GPU GiB", "step g", "infer g");
     for (int i = 0; i < N; i++) {
         const VitRow *r = &rows[i];
-        fprintf(out, "%-8s %4d %5d %8.2f %9.0f %8.2f %9.0f %8.3f %7.2f\n", CLASSIFY_CASES[i].label,
-                r->img, r->batch, r->step_ms, r->batch / (r->step_ms * 1e-3), r->infer_ms,
-                r->batch / (r->infer_ms * 1e-3), r->flops / 3.0 / r->batch / 2e9, r->gpu_gib);
+        fprintf(out, "%-8s %4d %5d %8.2f %9.0f %8.2f %9.0f %8.3f %7.2f %8.2f %8.2f\n",
+                CLASSIFY_CASES[i].label, r->img, r->batch, r->step_ms, r->batch / (r->step_ms * 1e-3),
+                r->infer_ms, r->batch / (r->infer_ms * 1e-3), r->flops / 3.0 / r->batch / 2e9,
+                r->gpu_gib, r->step_graph_ms, r->infer_graph_ms);
     }
+    fprintf(out, "(step g, infer g: ms with forward and backward, or inference, replayed as one "
+                 "CUDA graph)\n");
     char *json = timm_json_load(out);
     if (json) {
         fprintf(out, "\ntimm (same device run, bf16 autocast, batch %d):\n%-14s %10s %10s %10s %10s\n",

@@ -224,3 +224,40 @@ void device_event_free(DeviceEvent *e) {
 #endif
     free(e);
 }
+
+struct DeviceGraph {
+    Ctx *ctx;
+    void *exec;   // cudaGraphExec_t
+};
+
+void device_graph_begin(Ctx *ctx) {
+    CG_CHECK(ctx->device == DEVICE_CUDA, "", "device_graph_begin: graphs need a GPU context");
+#ifdef CGSPN_CUDA
+    cuda_graph_begin(ctx);
+#endif
+}
+
+DeviceGraph *device_graph_end(Ctx *ctx) {
+    CG_CHECK(ctx->device == DEVICE_CUDA, "", "device_graph_end: graphs need a GPU context");
+    DeviceGraph *g = cg_calloc(1, sizeof *g);
+    g->ctx = ctx;
+#ifdef CGSPN_CUDA
+    g->exec = cuda_graph_end(ctx);
+#endif
+    return g;
+}
+
+void device_graph_launch(DeviceGraph *g) {
+#ifdef CGSPN_CUDA
+    cuda_graph_launch(g->exec, g->ctx);
+#endif
+    (void)g;
+}
+
+void device_graph_free(DeviceGraph *g) {
+    if (!g) return;
+#ifdef CGSPN_CUDA
+    if (g->exec) cuda_graph_destroy(g->exec);
+#endif
+    free(g);
+}

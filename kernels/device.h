@@ -70,6 +70,16 @@ void device_event_wait(DeviceEvent *e);   // the host waits until the mark is re
 double device_event_ms(const DeviceEvent *from, const DeviceEvent *to);
 void device_event_free(DeviceEvent *e);
 
+// A recorded sequence of the context's GPU work (a CUDA graph), replayed with one launch: the
+// kernels' arguments, addresses included, are fixed at capture, so a replay reads and writes the
+// buffers the captured pass did. Between begin and end the work is recorded, not run; nothing in
+// it may wait on the host. GPU contexts only.
+typedef struct DeviceGraph DeviceGraph;
+void device_graph_begin(Ctx *ctx);
+DeviceGraph *device_graph_end(Ctx *ctx);
+void device_graph_launch(DeviceGraph *g);   // queued on the capturing context's stream
+void device_graph_free(DeviceGraph *g);
+
 #ifdef __cplusplus
 }
 #endif

@@ -10,6 +10,8 @@ void tape_init(Tape *t, Ctx *ctx, Arena *arena) {
 }
 
 void tape_free(Tape *t) {
+    if (t->one) device_free(t->ctx, t->one);
+    t->one = NULL;
     free(t->entries);
     free(t->uses);
     free(t->seen);
@@ -271,8 +273,19 @@ void tape_backward(Tape *t, Tensor *loss) {
     CG_CHECK(loss->requires_grad, "check that some parameter is trainable",
              "backward: the loss does not depend on any trainable parameter");
     Tensor *g = tape_grad(t, loss);
-    float one = 1.0f;
-    tensor_upload(t->ctx, g, &one);
+    if (g->dtype != DTYPE_F32 || t->ctx->device != DEVICE_CUDA) {
+        float one = 1.0f;
+        tensor_upload_f32(t->ctx, g, &one);
+    } else {
+        if (!t->one) {
+            t->one = device_alloc(t->ctx, sizeof(float));
+            Tensor o = *g;
+            o.data = t->one;
+            float one = 1.0f;
+            tensor_upload(t->ctx, &o, &one);
+        }
+        device_copy(t->ctx, g->data, t->one, sizeof(float));
+    }
     run_backward(t);
 }
 

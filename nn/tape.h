@@ -47,6 +47,8 @@ struct Tape {
     int cap_seen;
     TapeParamDoneFn param_done;   // NULL: no reports
     void *param_done_user;
+    void *one;             // 1.0f on the device, backward's seed: a copy, not an upload, so a
+                           // backward can be captured as a graph (made by the first backward)
 };
 
 void tape_init(Tape *t, Ctx *ctx, Arena *arena);

@@ -92,6 +92,10 @@ void cuda_event_record(void *event, Ctx *ctx);
 void cuda_event_wait(void *event);
 double cuda_event_ms(void *from, void *to);
 void cuda_event_destroy(void *event);
+void cuda_graph_begin(Ctx *ctx);
+void *cuda_graph_end(Ctx *ctx);                 // a cudaGraphExec_t behind a pointer
+void cuda_graph_launch(void *exec, Ctx *ctx);
+void cuda_graph_destroy(void *exec);
 void *cuda_pinned_alloc(size_t bytes);         // NULL when page-locked memory is not available
 bool cuda_pinned_free(void *p);                // false: p is not page-locked (the caller frees it)
 #ifdef __cplusplus

@@ -59,6 +59,30 @@ extern "C" double cuda_event_ms(void *from, void *to) {
 
 extern "C" void cuda_event_destroy(void *event) { CUDA_CHECK(cudaEventDestroy((cudaEvent_t)event)); }
 
+// Thread-local capture: another thread's CUDA calls (the loader's uploads) do not invalidate it.
+// The side streams join through the fork/join events the ops already record.
+extern "C" void cuda_graph_begin(Ctx *ctx) {
+    CUDA_CHECK(cudaStreamBeginCapture(cuda_stream_of(ctx), cudaStreamCaptureModeThreadLocal));
+}
+
+extern "C" void *cuda_graph_end(Ctx *ctx) {
+    cudaGraph_t graph = NULL;
+    cudaError_t err = cudaStreamEndCapture(cuda_stream_of(ctx), &graph);
+    if (err != cudaSuccess)
+        cg_fail(__FILE__, __LINE__, "an op in the captured pass waited on the host or used another stream",
+                "cudaStreamEndCapture failed (%s)", cudaGetErrorString(err));
+    cudaGraphExec_t exec = NULL;
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    return (void *)exec;
+}
+
+extern "C" void cuda_graph_launch(void *exec, Ctx *ctx) {
+    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)exec, cuda_stream_of(ctx)));
+}
+
+extern "C" void cuda_graph_destroy(void *exec) { CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)exec)); }
+
 extern "C" void *cuda_pinned_alloc(size_t bytes) {
     void *p = NULL;
     if (cuda_device_count() > 0 && cudaMallocHost(&p, bytes) == cudaSuccess) return p;
