@@ -3,6 +3,7 @@
 // one dtype; elementwise, 16-byte accesses where aligned.
 #include "cuda_elem.cuh"
 #include "gelu.h"
+#include <type_traits>
 
 template <typename T, GeluKind K> struct GeluFwdOp {
     const T *x;
@@ -11,7 +12,7 @@ template <typename T, GeluKind K> struct GeluFwdOp {
         float v[V];
         load_v<V>(x + i, v);
         #pragma unroll
-        for (int j = 0; j < V; j++) v[j] = gelu_value<K>(v[j]);
+        for (int j = 0; j < V; j++) v[j] = gelu_value<K, std::is_same<T, bf16>::value>(v[j]);
         store_v<V>(y + i, v);
     }
 };
@@ -25,7 +26,7 @@ template <typename T, GeluKind K> struct GeluBwdOp {
         load_v<V>(x + i, v);
         load_v<V>(dx + i, d);
         #pragma unroll
-        for (int j = 0; j < V; j++) d[j] += g[j] * gelu_slope<K>(v[j]);
+        for (int j = 0; j < V; j++) d[j] += g[j] * gelu_slope<K, std::is_same<T, bf16>::value>(v[j]);
         store_v<V>(dx + i, d);
     }
 };
@@ -79,7 +80,7 @@ template <typename T, GeluKind K> struct DGeluScaleOp {
         load_v<V>(g + i, vg);
         load_v<V>(pre + i, vp);
         #pragma unroll
-        for (int j = 0; j < V; j++) vg[j] *= gelu_slope<K>(vp[j]);
+        for (int j = 0; j < V; j++) vg[j] *= gelu_slope<K, std::is_same<T, bf16>::value>(vp[j]);
         store_v<V>(g + i, vg);
     }
 };

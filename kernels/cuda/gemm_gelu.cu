@@ -35,7 +35,7 @@ __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(_
 template <class T> struct GeluErfOfStored {
     CUTLASS_HOST_DEVICE T operator()(T const &v) const {
 #ifdef __CUDA_ARCH__
-        return T(gelu_value<GELU_ERF>(round_bf16(float(v))));
+        return T(gelu_value<GELU_ERF, true>(round_bf16(float(v))));
 #else
         return v;
 #endif
@@ -55,7 +55,7 @@ template <class T, int N> struct GeluErfOfStored<cutlass::Array<T, N>> {
 template <class T> struct DGeluErfOfStored {
     CUTLASS_HOST_DEVICE T operator()(T const &d, T const &z) const {
 #ifdef __CUDA_ARCH__
-        return T(round_bf16(float(d)) * gelu_slope<GELU_ERF>(float(z)));
+        return T(round_bf16(float(d)) * gelu_slope<GELU_ERF, true>(float(z)));
 #else
         return d;
 #endif
