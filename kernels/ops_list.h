@@ -43,7 +43,9 @@ OP(layer_scale_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *
 // x (N,K), w (M,K) in PyTorch's (out, in) layout, b (M) or NULL -> y (N,M) = x w^T + b
 OP(linear_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y),
    (ctx, x, w, b, y))
-// dx (N,K) += dy w; dw (M,K) += dy^T x; db (M) += sum_n dy
+// dx (N,K) += dy w; dw (M,K) += dy^T x; db (M) += sum_n dy. dy may be fp32 under bf16 x and w
+// (the gradient of a residual stream): dx and dw then take dy rounded to bf16, as a bf16 copy of
+// it would hold, and db its fp32 values (cast_colsum's).
 OP(linear_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
        Tensor *dw, Tensor *db),
    (ctx, dy, x, w, dx, dw, db))

@@ -99,11 +99,9 @@ static void linear_residual_backward(Tape *t, void *p) {
     if (!dy) return;
     Tensor *dw = tape_grad(t, r->w), *db = tape_grad(t, r->b);
     if (dw || db || r->x->requires_grad) {
-        bool db_done, fresh;
-        Tensor *g = branch_grad(t, dy, r->x, db, &db_done);   // the branch's gradient (and db)
+        bool fresh;   // dy may be the fp32 stream's gradient under a bf16 x (linear_bwd reads it)
         Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
-        (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, g, r->x, r->w, dx, dw,
-                                                      db_done ? NULL : db);
+        (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, dy, r->x, r->w, dx, dw, db);
     }
     pass_grad(t, r->res, dy);
 }

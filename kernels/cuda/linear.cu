@@ -228,6 +228,167 @@ static bool linear_narrow(Ctx *ctx, const LinearShape *s, const void *x, const v
     return true;
 }
 
+// The backward of a narrow product in one pass over dy: dx (N,K) (+)= dy w, dw (M,K) += dy^T x,
+// db (M) += the column sums of dy. cuBLASLt's products with an output 2 wide (dx), or a reduction
+// over all rows into 2 columns (dw), ran at about 3% of the copy roofline on gspn_t's gates and up
+// projections. A thread takes 4 columns of a row; a group of Q lanes (Q a power of 2, at most 32,
+// the fewest whose 4 Q columns cover M) takes a row, so a warp takes 32 / Q rows at a time.
+// Block (column tile of 4 Q, row range): its NARROW_PHASES warps step through the range together.
+// A thread sums dw and db for its columns over its rows in registers; per row, the group's partial
+// dot products for dx (one per k) are summed by shuffles, and the group's first lane writes dx when
+// one tile covers M, else the tile's partial (tiles, N, K) that linear_narrow_dx_kernel adds in
+// tile order. dw and db: the row slots (phase, group) in order through shared memory, then the row
+// ranges in order (cuda_sum_partials). Deterministic. dy may be fp32 under bf16 x and w (a
+// residual stream's gradient): dx and dw then read it rounded to bf16, as a bf16 copy of it would
+// hold, and db its fp32 values.
+enum { NARROW_PHASES = 8, NARROW_TARGET_BLOCKS = 1024, NARROW_MIN_ROWS = 64 };
+
+template <typename TD, typename T, int K>
+__global__ void __launch_bounds__(32 * NARROW_PHASES)
+linear_narrow_bwd_kernel(const TD *__restrict__ dy, const T *__restrict__ x, const T *__restrict__ w,
+                         size_t N, int M, int Q, size_t rows_per_split, T *__restrict__ dx,
+                         float dx_beta, float *__restrict__ dx_part, float *__restrict__ part,
+                         float *__restrict__ dw, float *__restrict__ db) {
+    constexpr bool ROUND = std::is_same<TD, float>::value && std::is_same<T, bf16>::value;
+    // (row slot, column entry): 32 NARROW_PHASES / Q slots of a tile's 4 Q columns, K dw sums and
+    // db each: 4 (K + 1) floats a thread whatever Q is.
+    __shared__ float sm[32 * NARROW_PHASES * 4 * (K + 1)];
+    const int lane = threadIdx.x % 32, q = lane % Q, slot = threadIdx.x / Q;
+    const int per_pass = 32 * NARROW_PHASES / Q;   // rows the block takes at a time
+    const int tile_w = 4 * Q, m0 = blockIdx.x * tile_w + q * 4;
+    const bool live = m0 < M;
+    const size_t r0 = (size_t)blockIdx.y * rows_per_split;
+    const size_t r1 = r0 + rows_per_split < N ? r0 + rows_per_split : N;
+    float wv[4][K], sw[4][K], sb[4];
+    #pragma unroll
+    for (int j = 0; j < 4; j++) {
+        sb[j] = 0.0f;
+        #pragma unroll
+        for (int k = 0; k < K; k++) {
+            wv[j][k] = live ? cuda_to_f32(w[(size_t)(m0 + j) * K + k]) : 0.0f;
+            sw[j][k] = 0.0f;
+        }
+    }
+    // Every lane of a warp runs the same passes (its shuffles need all 32), rows past r1 as zeros.
+    for (size_t base = r0; base < r1; base += per_pass) {
+        const size_t r = base + slot;
+        const bool row = r < r1;
+        float g[4] = {0.0f, 0.0f, 0.0f, 0.0f}, xv[K];
+        if (row && live) load_v<4>(dy + r * M + m0, g);
+        #pragma unroll
+        for (int k = 0; k < K; k++) xv[k] = row ? cuda_to_f32(x[r * K + k]) : 0.0f;
+        float p[K];
+        #pragma unroll
+        for (int k = 0; k < K; k++) p[k] = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            sb[j] += g[j];
+            const float gr = ROUND ? __bfloat162float(__float2bfloat16_rn(g[j])) : g[j];
+            #pragma unroll
+            for (int k = 0; k < K; k++) {
+                sw[j][k] = fmaf(gr, xv[k], sw[j][k]);
+                p[k] = fmaf(gr, wv[j][k], p[k]);
+            }
+        }
+        if (!dx && !dx_part) continue;
+        #pragma unroll
+        for (int k = 0; k < K; k++)
+            for (int o = Q / 2; o > 0; o /= 2) p[k] += __shfl_xor_sync(0xffffffffu, p[k], o);
+        if (q != 0 || !row) continue;
+        if (dx_part) {
+            #pragma unroll
+            for (int k = 0; k < K; k++) dx_part[((size_t)blockIdx.x * N + r) * K + k] = p[k];
+        } else {
+            #pragma unroll
+            for (int k = 0; k < K; k++) {
+                const float old = dx_beta != 0.0f ? cuda_to_f32(dx[r * K + k]) : 0.0f;
+                dx[r * K + k] = cuda_from_f32<T>(old + p[k]);
+            }
+        }
+    }
+    if (!part && !dw && !db) return;
+    const int width = tile_w * (K + 1);   // a slot's entries: column c's K dw sums, then its db
+    #pragma unroll
+    for (int j = 0; j < 4; j++) {
+        #pragma unroll
+        for (int k = 0; k < K; k++) sm[slot * width + (q * 4 + j) * (K + 1) + k] = sw[j][k];
+        sm[slot * width + (q * 4 + j) * (K + 1) + K] = sb[j];
+    }
+    __syncthreads();
+    // Thread t adds entry t of the tile over the slots, in order.
+    for (int e = threadIdx.x; e < width; e += blockDim.x) {
+        const int ml = e / (K + 1), k = e - ml * (K + 1), m = blockIdx.x * tile_w + ml;
+        if (m >= M) continue;
+        float t = sm[e];
+        for (int y = 1; y < per_pass; y++) t += sm[y * width + e];
+        // the row of partials: dw (M,K) then db (M)
+        const size_t i = k < K ? (size_t)m * K + k : (size_t)M * K + m;
+        if (part) part[(size_t)blockIdx.y * ((size_t)M * (K + 1)) + i] = t;
+        else if (k < K) { if (dw) dw[i] += t; }
+        else if (db) db[m] += t;
+    }
+}
+
+// dx (N,K) = beta dx + the tiles' partials (tiles, N, K), added in tile order, rounded once.
+template <typename T>
+__global__ void linear_narrow_dx_kernel(const float *__restrict__ dx_part, int tiles, size_t n,
+                                        T *__restrict__ dx, float dx_beta) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float t = dx_beta != 0.0f ? cuda_to_f32(dx[i]) : 0.0f;
+        for (int tl = 0; tl < tiles; tl++) t += dx_part[(size_t)tl * n + i];
+        dx[i] = cuda_from_f32<T>(t);
+    }
+}
+
+// The narrow backward when the shape is narrow and dy takes 4-element vectors; returns whether it
+// ran. dy_dt: dy's dtype (the activation dtype, or fp32 under bf16).
+static bool linear_narrow_bwd(Ctx *ctx, const LinearShape *s, DType dy_dt, const void *dy,
+                              const void *x, const void *w, void *dx, float *dw, float *db,
+                              float dx_beta) {
+    if (s->K > LINEAR_NARROW_K || s->M % 4 != 0 || !aligned16(dy)) return false;
+    int Q = 1;
+    while (Q < 32 && 4 * Q < s->M) Q *= 2;
+    const unsigned tiles = (unsigned)ceil_div((size_t)s->M, (size_t)(4 * Q));
+    size_t splits = ceil_div((size_t)NARROW_TARGET_BLOCKS, (size_t)tiles);
+    const size_t most = ceil_div(s->N, (size_t)NARROW_MIN_ROWS);
+    if (splits > most) splits = most;
+    if (splits < 1) splits = 1;
+    if (splits > 65535) splits = 65535;
+    const size_t rows_per_split = ceil_div(s->N, splits);
+    splits = ceil_div(s->N, rows_per_split);
+    const size_t width = (size_t)s->M * (s->K + 1);
+    float *part = splits > 1 && (dw || db) ? (float *)cuda_temp_alloc(ctx, splits * width * sizeof(float)) : nullptr;
+    float *dx_part = dx && tiles > 1 ? (float *)cuda_temp_alloc(ctx, tiles * s->N * s->K * sizeof(float)) : nullptr;
+    cudaStream_t st = cuda_stream_of(ctx);
+    dispatch_dtype2(dy_dt, s->act, [&](auto td, auto ta) {
+        using TD = TAG_T(td);
+        using T = TAG_T(ta);
+        auto go = [&](auto kc) {
+            linear_narrow_bwd_kernel<TD, T, decltype(kc)::value>
+                <<<dim3(tiles, (unsigned)splits), 32 * NARROW_PHASES, 0, st>>>(
+                    (const TD *)dy, (const T *)x, (const T *)w, s->N, s->M, Q, rows_per_split,
+                    dx_part ? nullptr : (T *)dx, dx_beta, dx_part, part, dw, db);
+        };
+        switch (s->K) {
+        case 1: go(std::integral_constant<int, 1>{}); break;
+        case 2: go(std::integral_constant<int, 2>{}); break;
+        case 3: go(std::integral_constant<int, 3>{}); break;
+        default: go(std::integral_constant<int, 4>{}); break;
+        }
+        CUDA_CHECK_LAUNCH();
+        if (dx_part) {
+            const size_t n = s->N * s->K;
+            linear_narrow_dx_kernel<T><<<cuda_grid_for(ctx, n), 256, 0, st>>>(dx_part, (int)tiles, n,
+                                                                               (T *)dx, dx_beta);
+            CUDA_CHECK_LAUNCH();
+        }
+    });
+    if (part) cuda_sum_partials(ctx, part, (unsigned)splits, width, (size_t)s->M * s->K, dw, db);
+    if (part) cuda_temp_free(ctx, part);
+    if (dx_part) cuda_temp_free(ctx, dx_part);
+    return true;
+}
+
 static void linear_forward(Ctx *ctx, const LinearShape *s, const void *x, const void *w,
                            const void *b, void *y) {
     report_flops(ctx, s, 1);
@@ -401,7 +562,9 @@ static void linear_bwd_op(const char *op, Ctx *ctx, const Tensor *dy, const Tens
                           const Tensor *w, Tensor *dx, Tensor *dw, Tensor *db, float dx_beta) {
     LinearShape s = linear_shape(op, x, w);
     cuda_check_matrix(op, "dy", dy, s.N, s.M);
-    cuda_check_dtype(op, "dy", dy, s.act);
+    CG_CHECK(dy->dtype == s.act || (dy->dtype == DTYPE_F32 && s.act == DTYPE_BF16), "",
+             "op %s: dy is %s with %s x and w (it may be their dtype, or fp32 under bf16)", op,
+             dtype_name(dy->dtype), dtype_name(s.act));
     if (dx) {
         cuda_check_dtype(op, "dx", dx, s.act);
         char a[64], c[64];
@@ -410,8 +573,24 @@ static void linear_bwd_op(const char *op, Ctx *ctx, const Tensor *dy, const Tens
     }
     if (dw) check_param_grad(op, "dw", dw, (size_t)s.M * s.K);
     if (db) check_param_grad(op, "db", db, (size_t)s.M);
-    linear_backward(ctx, &s, dy->data, x->data, w->data, dx ? dx->data : NULL,
-                    dw ? (float *)dw->data : NULL, db ? (float *)db->data : NULL, dx_beta);
+    if (s.N == 0) return;
+    void *pdx = dx ? dx->data : NULL;
+    float *pdw = dw ? (float *)dw->data : NULL, *pdb = db ? (float *)db->data : NULL;
+    if (linear_narrow_bwd(ctx, &s, dy->dtype, dy->data, x->data, w->data, pdx, pdw, pdb, dx_beta)) {
+        report_flops(ctx, &s, (dx ? 1 : 0) + (dw ? 1 : 0));
+        return;
+    }
+    if (dy->dtype == s.act) {
+        linear_backward(ctx, &s, dy->data, x->data, w->data, pdx, pdw, pdb, dx_beta);
+        return;
+    }
+    // fp32 dy under bf16: a bf16 copy for the products, db from the fp32 values on the way.
+    Tensor g = *dy;
+    g.dtype = s.act;
+    g.data = cuda_temp_alloc(ctx, tensor_bytes(&g));
+    cuda_cast_colsum(ctx, dy, &g, db);
+    linear_backward(ctx, &s, g.data, x->data, w->data, pdx, pdw, NULL, dx_beta);
+    cuda_temp_free(ctx, g.data);
 }
 
 extern "C" void cuda_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,

@@ -97,6 +97,11 @@ static Tensor *run(Side *s, Tensor *img, Tensor *seed, bool taps, bool pool) {
 // draws 0.91 and 0.80, the same before and after such a change (H100, 2026-11-26). 32 draws
 // take about 3 s.
 #define BF16_DRAWS 32
+// CGSPN_TEST_BF16_DRAWS=N: N draws instead (how the RMS settles as draws are added).
+static int bf16_draws(void) {
+    const char *e = getenv("CGSPN_TEST_BF16_DRAWS");
+    return e && atoi(e) > 0 ? atoi(e) : BF16_DRAWS;
+}
 #define BF16_DRAW_SCALE 0x1p-8   // parameters scaled by 1 + u 2^-8, u uniform in [-1, 1]
 // How much a gradient moves under bf16 is measured here too: s, the RMS over the draws of its
 // norm-wise change on the CPU when the image and the seed backward starts from are scaled by

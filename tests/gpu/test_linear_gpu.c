@@ -52,12 +52,13 @@ static const Case CASES[] = {
     {1, 8, 8, 0},        // one row
     {3001, 2, 96, 0},    // K = 2 (the propagation's proxy into its up projection): the narrow kernel
     {517, 3, 28, 1},     // K = 3, M = 28 (a gate width): the narrow kernel, 4 outputs a thread
+    {700, 2, 392, 0},    // K = 2, M = 392: the narrow backward's dx from 4 column tiles' partials
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
-// The GELU (MLP) tests take the cases before the two narrow ones: no MLP has a hidden layer 2 or
-// 3 wide, and there fc1's bias gradient is a column sum of 2 or 3 columns of bf16 dpre over
+// The GELU (MLP) tests take the cases before the three narrow ones: no MLP has a hidden layer 2
+// or 3 wide, and there fc1's bias gradient is a column sum of 2 or 3 columns of bf16 dpre over
 // thousands of rows, whose cancellation alone leaves a relative error of 1e-2 (N = 3001: 1.4e-2).
-#define NCASES_MLP (NCASES - 2)
+#define NCASES_MLP (NCASES - 3)
 
 // ---- helpers ---------------------------------------------------------------------------------
 
@@ -173,6 +174,46 @@ static int check_linear_bwd_write(Ctx *g, const Case *c, DType dt, uint64_t seed
     Tensor *gpu[] = {gx, gw, gdy, gdx, gdw, gdb}, *host[] = {x, w, dy, dx, dw, db};
     for (int i = 0; i < 6; i++) { gpu_test_free(gpu[i]); test_tensor_free(host[i]); }
     return fails;
+}
+
+// An fp32 dy under bf16 x and w (the residual stream's gradient into a bf16 branch), written
+// (`write`) or added: dx and dw from dy rounded to bf16, db from its fp32 values, as a bf16 copy
+// of dy with its column sums (cast_colsum) would give. Tolerances: dx one bf16 rounding; dw exact
+// products summed in fp32 (BF16_PARAM_GRAD_TOL); db fp32 sums of the same values (FP32_TOL).
+static int check_linear_bwd_fp32_dy(Ctx *g, const Case *c, int write, uint64_t seed) {
+    Ctx cpu = ctx_cpu();
+    Tensor *x = host_rand(host_x(c, c->K), seed, 1);
+    Tensor *w = host_rand(test_tensor(2, c->M, c->K), seed + 1, 1);
+    Tensor *dy = host_rand(host_x(c, c->M), seed + 2, 0), *dyr = host_copy(dy);
+    gpu_test_round_to_bf16(dyr);
+    Tensor *dx = host_rand(host_x(c, c->K), seed + 3, 1);
+    Tensor *dw = host_rand(test_tensor(2, c->M, c->K), seed + 4, 0);
+    Tensor *db = host_rand(test_tensor(1, c->M), seed + 5, 0);
+    Tensor *gx = gpu_test_upload(g, x, DTYPE_BF16), *gw = gpu_test_upload(g, w, DTYPE_BF16);
+    Tensor *gdy = gpu_test_upload(g, dy, DTYPE_F32);
+    Tensor *gdx = write ? gpu_poison(g, dx, DTYPE_BF16) : gpu_test_upload(g, dx, DTYPE_BF16);
+    Tensor *gdw = gpu_test_upload(g, dw, DTYPE_F32), *gdb = gpu_test_upload(g, db, DTYPE_F32);
+    (write ? cpu_linear_bwd_write : cpu_linear_bwd)(&cpu, dyr, x, w, dx, dw, NULL);
+    cpu_linear_bwd(&cpu, dy, x, w, NULL, NULL, db);
+    (write ? op_linear_bwd_write : op_linear_bwd)(g, gdy, gx, gw, gdx, gdw, gdb);
+    const char *op = write ? "linear_bwd_write(fp32 dy)" : "linear_bwd(fp32 dy)";
+    int fails = check(g, op, "dx", c, gdx, dx, BF16_ACT_TOL) +
+                check(g, op, "dw", c, gdw, dw, BF16_PARAM_GRAD_TOL) +
+                check(g, op, "db", c, gdb, db, FP32_TOL);
+    Tensor *gpu[] = {gx, gw, gdy, gdx, gdw, gdb}, *host[] = {x, w, dy, dyr, dx, dw, db};
+    for (int i = 0; i < 6; i++) gpu_test_free(gpu[i]);
+    for (int i = 0; i < 7; i++) test_tensor_free(host[i]);
+    return fails;
+}
+
+static void test_linear_backward_takes_fp32_dy_under_bf16(void **state) {
+    GPU_TEST_REQUIRE_DEVICE();
+    Ctx g = cuda_ctx_create(0, DTYPE_BF16);
+    int fails = 0;
+    for (int i = 0; i < NCASES; i++)   // the narrow kernel and the cast-then-GEMM path
+        for (int write = 0; write < 2; write++) fails += check_linear_bwd_fp32_dy(&g, &CASES[i], write, 200 + 13 * i);
+    cuda_ctx_destroy(&g);
+    assert_int_equal(fails, 0);
 }
 
 // linear_residual_fwd: y (fp32, starts NaN) = res (fp32) + x w^T + b, the GEMM reading res as C.
@@ -584,6 +625,7 @@ int main(void) {
         cmocka_unit_test(test_linear_fp32_backward_accumulates_and_matches_cpu),
         cmocka_unit_test(test_linear_bf16_backward_accumulates_and_matches_cpu),
         cmocka_unit_test(test_linear_backward_twice_doubles_the_gradients),
+        cmocka_unit_test(test_linear_backward_takes_fp32_dy_under_bf16),
         cmocka_unit_test(test_linear_gelu_fp32_fused_matches_cpu_composition),
         cmocka_unit_test(test_linear_gelu_bf16_fused_matches_cpu_composition),
         cmocka_unit_test(test_fused_epilogues_match_unfused_paths),
