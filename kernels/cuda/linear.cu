@@ -389,10 +389,200 @@ static bool linear_narrow_bwd(Ctx *ctx, const LinearShape *s, DType dy_dt, const
     return true;
 }
 
+// ---- narrow outputs (M <= LINEAR_NARROW_K) ------------------------------------------------------
+// A product into a handful of outputs (the propagation's down projection, 1.5 C_s -> 2 proxy
+// channels) reads x and little else: cuBLASLt ran it at about 46% of the copy roofline forward
+// and 21-30% backward on gspn_t.
+// Forward: a group of Q lanes takes a row, each lane 8 inputs (a chunk) at a time (16-byte
+// loads) against w staged in shared memory as fp32 (M, 8, K / 8): input j of chunk c of output m
+// at (m 8 + j) K / 8 + c, so the lanes of a group, on consecutive chunks, read consecutive words
+// (w's own layout put them 8 words apart: 8-way bank conflicts, slower than cuBLASLt). The group's
+// M dot products are summed by shuffles; y is rounded once.
+template <typename T, int M>
+__global__ void __launch_bounds__(256)
+linear_narrow_out_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__restrict__ b,
+                         T *__restrict__ y, size_t N, int K, int Q) {
+    extern __shared__ float narrow_ws[];   // (M, 8, K / 8)
+    const int CH = K / 8;
+    for (int e = threadIdx.x; e < M * K; e += blockDim.x) {
+        const int m = e / K, k = e - m * K;
+        narrow_ws[(m * 8 + k % 8) * CH + k / 8] = cuda_to_f32(w[e]);
+    }
+    __syncthreads();
+    const int lane = threadIdx.x % 32, q = lane % Q, rows_per_warp = 32 / Q;
+    const size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32;
+    const size_t warps = (size_t)gridDim.x * blockDim.x / 32;
+    // Every lane of a warp runs the same passes (its shuffles need all 32), rows past N as zeros.
+    for (size_t base = warp * rows_per_warp; base < N; base += warps * rows_per_warp) {
+        const size_t r = base + lane / Q;
+        float p[M];
+        #pragma unroll
+        for (int m = 0; m < M; m++) p[m] = 0.0f;
+        if (r < N)
+            for (int c = q; c < CH; c += Q) {
+                float xv[8];
+                load_v<8>(x + r * K + c * 8, xv);
+                #pragma unroll
+                for (int m = 0; m < M; m++)
+                    #pragma unroll
+                    for (int j = 0; j < 8; j++) p[m] = fmaf(xv[j], narrow_ws[(m * 8 + j) * CH + c], p[m]);
+            }
+        #pragma unroll
+        for (int m = 0; m < M; m++)
+            for (int o = Q / 2; o > 0; o /= 2) p[m] += __shfl_xor_sync(0xffffffffu, p[m], o);
+        if (q == 0 && r < N) {
+            #pragma unroll
+            for (int m = 0; m < M; m++) y[r * M + m] = cuda_from_f32<T>(p[m] + (b ? cuda_to_f32(b[m]) : 0.0f));
+        }
+    }
+}
+
+// Backward: dx (N,K) (+)= dy w, dw (M,K) += dy^T x, db (M) += the column sums of dy. A block of
+// CH R threads (CH = K / 8 chunks of a row, R rows at a time) takes a range of rows: thread t owns
+// chunk t % CH of row slot t / CH, so it writes its dx chunk whole (no reduction) and sums dw for
+// its chunk (and, for chunk 0, db) over its rows in registers; the slots then add in order through
+// shared memory and the ranges in order (cuda_sum_partials). dy may be fp32 under bf16 x and w, as
+// for linear_narrow_bwd.
+enum { NARROW_OUT_THREADS = 256 };
+template <typename TD, typename T, int M>
+__global__ void __launch_bounds__(NARROW_OUT_THREADS)
+linear_narrow_out_bwd_kernel(const TD *__restrict__ dy, const T *__restrict__ x, const T *__restrict__ w,
+                             size_t N, int K, size_t rows_per_split, T *__restrict__ dx, float dx_beta,
+                             float *__restrict__ part, float *__restrict__ dw, float *__restrict__ db) {
+    constexpr bool ROUND = std::is_same<TD, float>::value && std::is_same<T, bf16>::value;
+    extern __shared__ float narrow_sm[];   // (R, M K + M): a slot's dw (M,K) and db (M)
+    const int CH = K / 8, R = blockDim.x / CH, c = threadIdx.x % CH, slot = threadIdx.x / CH;   // blockDim = CH R
+    const size_t r0 = (size_t)blockIdx.x * rows_per_split;
+    const size_t r1 = r0 + rows_per_split < N ? r0 + rows_per_split : N;
+    float wv[M][8], sw[M][8], sb[M];
+    #pragma unroll
+    for (int m = 0; m < M; m++) {
+        sb[m] = 0.0f;
+        load_v<8>(w + (size_t)m * K + c * 8, wv[m]);
+        #pragma unroll
+        for (int j = 0; j < 8; j++) sw[m][j] = 0.0f;
+    }
+    for (size_t r = r0 + slot; r < r1; r += R) {
+        float g[M], xv[8], d[8];
+        #pragma unroll
+        for (int m = 0; m < M; m++) {
+            const float v = cuda_to_f32(dy[r * M + m]);
+            sb[m] += v;
+            g[m] = ROUND ? __bfloat162float(__float2bfloat16_rn(v)) : v;
+        }
+        load_v<8>(x + r * K + c * 8, xv);
+        if (dx && dx_beta != 0.0f) load_v<8>(dx + r * K + c * 8, d);
+        else {
+            #pragma unroll
+            for (int j = 0; j < 8; j++) d[j] = 0.0f;
+        }
+        #pragma unroll
+        for (int m = 0; m < M; m++)
+            #pragma unroll
+            for (int j = 0; j < 8; j++) {
+                sw[m][j] = fmaf(g[m], xv[j], sw[m][j]);
+                d[j] = fmaf(g[m], wv[m][j], d[j]);
+            }
+        if (dx) store_v<8>(dx + r * K + c * 8, d);
+    }
+    if (!part && !dw && !db) return;
+    const int width = M * K + M;
+    #pragma unroll
+    for (int m = 0; m < M; m++) {
+        #pragma unroll
+        for (int j = 0; j < 8; j++) narrow_sm[slot * width + m * K + c * 8 + j] = sw[m][j];
+        if (c == 0) narrow_sm[slot * width + M * K + m] = sb[m];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < width; e += CH * R) {
+        float t = narrow_sm[e];
+        for (int y = 1; y < R; y++) t += narrow_sm[y * width + e];
+        if (part) part[(size_t)blockIdx.x * width + e] = t;
+        else if (e < M * K) { if (dw) dw[e] += t; }
+        else if (db) db[e - M * K] += t;
+    }
+}
+
+// The narrow-output forward, when M <= LINEAR_NARROW_K and x takes 16-byte loads; returns whether
+// it ran.
+static bool linear_narrow_out(Ctx *ctx, const LinearShape *s, const void *x, const void *w,
+                              const void *b, void *y) {
+    if (s->M > LINEAR_NARROW_K || s->K <= LINEAR_NARROW_K || s->K % 8 != 0 || !aligned16(x) ||
+        !aligned16(w) || (size_t)s->M * s->K * sizeof(float) > 48 * 1024)
+        return false;
+    // Lanes a row: the largest power of two up to 32 that divides the row's chunks, so every lane
+    // of a group loads on every pass (36 chunks over 32 lanes left 28 idle on the second pass and
+    // ran gspn_t's 28^2 down projection 15% slower than cuBLASLt).
+    const int CH = s->K / 8;
+    int Q = 1;
+    while (Q < 32 && CH % (2 * Q) == 0) Q *= 2;
+    const unsigned blocks = cuda_grid_for(ctx, s->N * Q);   // Q threads a row, grid-stride
+    const size_t smem = (size_t)s->M * s->K * sizeof(float);
+    dispatch_dtype(s->act, [&](auto ta) {
+        using T = TAG_T(ta);
+        auto go = [&](auto mc) {
+            linear_narrow_out_kernel<T, decltype(mc)::value><<<blocks, 256, smem, cuda_stream_of(ctx)>>>(
+                (const T *)x, (const T *)w, (const T *)b, (T *)y, s->N, s->K, Q);
+        };
+        switch (s->M) {
+        case 1: go(std::integral_constant<int, 1>{}); break;
+        case 2: go(std::integral_constant<int, 2>{}); break;
+        case 3: go(std::integral_constant<int, 3>{}); break;
+        default: go(std::integral_constant<int, 4>{}); break;
+        }
+    });
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+// The narrow-output backward, when M <= LINEAR_NARROW_K, K is 8 to 2048 in steps of 8 and x, w,
+// dx take 16-byte accesses; returns whether it ran.
+static bool linear_narrow_out_bwd(Ctx *ctx, const LinearShape *s, DType dy_dt, const void *dy,
+                                  const void *x, const void *w, void *dx, float *dw, float *db,
+                                  float dx_beta) {
+    const int CH = s->K / 8;
+    if (s->M > LINEAR_NARROW_K || s->K <= LINEAR_NARROW_K || s->K % 8 != 0 || CH > NARROW_OUT_THREADS ||
+        !aligned16(x) || !aligned16(w) || (dx && !aligned16(dx)))
+        return false;
+    const int R = NARROW_OUT_THREADS / CH;
+    const size_t width = (size_t)s->M * s->K + s->M, smem = (size_t)R * width * sizeof(float);
+    if (smem > 48 * 1024) return false;
+    size_t splits = NARROW_TARGET_BLOCKS;
+    const size_t most = ceil_div(s->N, (size_t)NARROW_MIN_ROWS);
+    if (splits > most) splits = most;
+    if (splits < 1) splits = 1;
+    const size_t rows_per_split = ceil_div(s->N, splits);
+    splits = ceil_div(s->N, rows_per_split);
+    float *part = splits > 1 && (dw || db) ? (float *)cuda_temp_alloc(ctx, splits * width * sizeof(float)) : nullptr;
+    dispatch_dtype2(dy_dt, s->act, [&](auto td, auto ta) {
+        using TD = TAG_T(td);
+        using T = TAG_T(ta);
+        auto go = [&](auto mc) {
+            linear_narrow_out_bwd_kernel<TD, T, decltype(mc)::value>
+                <<<(unsigned)splits, CH * R, smem, cuda_stream_of(ctx)>>>(
+                    (const TD *)dy, (const T *)x, (const T *)w, s->N, s->K, rows_per_split, (T *)dx,
+                    dx_beta, part, dw, db);
+        };
+        switch (s->M) {
+        case 1: go(std::integral_constant<int, 1>{}); break;
+        case 2: go(std::integral_constant<int, 2>{}); break;
+        case 3: go(std::integral_constant<int, 3>{}); break;
+        default: go(std::integral_constant<int, 4>{}); break;
+        }
+    });
+    CUDA_CHECK_LAUNCH();
+    if (part) {
+        cuda_sum_partials(ctx, part, (unsigned)splits, width, (size_t)s->M * s->K, dw, db);
+        cuda_temp_free(ctx, part);
+    }
+    return true;
+}
+
 static void linear_forward(Ctx *ctx, const LinearShape *s, const void *x, const void *w,
                            const void *b, void *y) {
     report_flops(ctx, s, 1);
     if (linear_narrow(ctx, s, x, w, b, NULL, y, s->act)) return;
+    if (linear_narrow_out(ctx, s, x, w, b, y)) return;
     CudaGemm g = gemm_forward(s, x, w, y);
     if (b) {
         g.epilogue = CUBLASLT_EPILOGUE_BIAS;
@@ -576,7 +766,8 @@ static void linear_bwd_op(const char *op, Ctx *ctx, const Tensor *dy, const Tens
     if (s.N == 0) return;
     void *pdx = dx ? dx->data : NULL;
     float *pdw = dw ? (float *)dw->data : NULL, *pdb = db ? (float *)db->data : NULL;
-    if (linear_narrow_bwd(ctx, &s, dy->dtype, dy->data, x->data, w->data, pdx, pdw, pdb, dx_beta)) {
+    if (linear_narrow_bwd(ctx, &s, dy->dtype, dy->data, x->data, w->data, pdx, pdw, pdb, dx_beta) ||
+        linear_narrow_out_bwd(ctx, &s, dy->dtype, dy->data, x->data, w->data, pdx, pdw, pdb, dx_beta)) {
         report_flops(ctx, &s, (dx ? 1 : 0) + (dw ? 1 : 0));
         return;
     }
