@@ -55,6 +55,16 @@ OP(linear_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Te
 OP(linear_bwd_write, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
        Tensor *dw, Tensor *db),
    (ctx, dy, x, w, dx, dw, db))
+// y (N,M) = silu(x) w^T + b: linear_fwd of silu_fwd's output (silu(x) rounded to x's dtype, as
+// silu_fwd stores it) without that output in memory (the mixer's SiLU inside its down
+// projection). x (N,K), w (M,K), b (M) or NULL, one dtype.
+OP(silu_linear_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y),
+   (ctx, x, w, b, y))
+// Its backward: dx (N,K) = (dy w) * silu'(x) WRITTEN (dy w rounded to x's dtype first, as
+// linear_bwd would store it); dw (M,K) += dy^T silu(x); db (M) += sum_n dy. dx, dw, db may be NULL.
+OP(silu_linear_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
+       Tensor *dw, Tensor *db),
+   (ctx, dy, x, w, dx, dw, db))
 // y (N,M) = res + x w^T + b: a linear added onto a residual stream in one pass (on the GPU the
 // GEMM reads res as its C operand: no separate add, no activation-dtype copy of x w^T + b).
 // res and y share a dtype (fp32 in the encoders; y may not alias res), x and w the activation

@@ -203,6 +203,28 @@ Tensor *nn_silu(Tape *t, Tensor *x) {
     return y;
 }
 
+// ---- silu, then linear: y = silu(x) w^T + b (silu_linear_fwd), silu's output never stored ----
+typedef struct { Tensor *x, *w, *b, *y; } SiluLinearRec;
+static void silu_linear_backward(Tape *t, void *p) {
+    SiluLinearRec *r = p;
+    if (!NEED_GRAD(r)) return;
+    bool fresh;   // silu_linear_bwd writes dx: into x's gradient when new, else added to it
+    Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
+    Tensor *into = dx && !fresh ? tape_tensor_like(t, r->x) : dx;
+    op_silu_linear_bwd(t->ctx, r->y->grad, r->x, r->w, into, tape_grad(t, r->w), tape_grad(t, r->b));
+    if (into != dx) op_accumulate(t->ctx, into, dx);
+}
+Tensor *nn_silu_linear(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
+    CG_CHECK(tensor_last(x) == w->shape[1], "", "silu + linear: input width %d, weight expects %d",
+             tensor_last(x), w->shape[1]);
+    Tensor *y = new_shaped(t, x, w->shape[0]);
+    op_silu_linear_fwd(t->ctx, x, w, b, y);
+    if (tape_track(t, y, x, w, b))
+        *(SiluLinearRec *)tape_record(t, silu_linear_backward, sizeof(SiluLinearRec)) =
+            (SiluLinearRec){x, w, b, y};
+    return y;
+}
+
 // ---- MLP: linear + GELU + linear ----
 // The record keeps fc1's output pre and, with keep_hidden, h = gelu(pre). Without it backward
 // makes h again from pre (one elementwise pass, as torch.compile's partitioner does), so the
@@ -665,6 +687,10 @@ Tensor *nn_dwconv_silu(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
     Tensor *y = tape_tensor_like(t, x);
     op_dwconv_fwd(t->ctx, x, w, b, DWCONV_SILU, y);
     return y;
+}
+Tensor *nn_dwconv_silu_linear(Tape *t, Tensor *x, Tensor *cw, Tensor *cb, Tensor *w, Tensor *b) {
+    if (tape_would_track(t, x, cw, cb)) return nn_silu_linear(t, nn_dwconv(t, x, cw, cb), w, b);
+    return nn_linear(t, nn_dwconv_silu(t, x, cw, cb), w, b);
 }
 Tensor *nn_dwconv_residual(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
     return dwconv_flags(t, x, w, b, DWCONV_RESIDUAL);

@@ -22,6 +22,9 @@ Tensor *nn_linear_add_layernorm(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tens
                                 Tensor *ln_w, Tensor *ln_b, float eps, Tensor **normed);
 Tensor *nn_gelu(Tape *t, Tensor *x, GeluKind kind);
 Tensor *nn_silu(Tape *t, Tensor *x);                                    // x * sigmoid(x)
+// nn_linear(nn_silu(x), w, b) as one record (silu_linear_fwd / _bwd): SiLU's output is made on
+// the fly from x and never stored; the record keeps x.
+Tensor *nn_silu_linear(Tape *t, Tensor *x, Tensor *w, Tensor *b);
 // MLP y = gelu(x w1^T + b1) w2^T + b2 as one record: linear_gelu_fwd, and in backward
 // linear_dgelu_bwd (fc2 with the GELU's backward fused, dpre written) then linear_bwd (fc1).
 // keep_hidden: the record keeps h = gelu(x w1^T + b1) for fc2's weight gradient; else backward
@@ -46,6 +49,10 @@ Tensor *nn_dwconv_residual(Tape *t, Tensor *x, Tensor *w, Tensor *b);
 // nn_silu(nn_dwconv(x, w, b)) (gspn_hier's mixer): one pass (DWCONV_SILU) when nothing is
 // recorded, as in inference; the two ops otherwise.
 Tensor *nn_dwconv_silu(Tape *t, Tensor *x, Tensor *w, Tensor *b);
+// nn_linear(nn_silu(nn_dwconv(x, cw, cb)), w, b) (the mixer's convolution, SiLU and down
+// projection): recorded, the convolution's output is kept and the linear applies SiLU on the fly
+// (nn_silu_linear); else the convolution writes silu (nn_dwconv_silu) and a plain linear follows.
+Tensor *nn_dwconv_silu_linear(Tape *t, Tensor *x, Tensor *cw, Tensor *cb, Tensor *w, Tensor *b);
 // k x k convolution, stride, zero padding (conv2d, kernels/ops_list.h): x (B,H,W,C), or
 // (B,C,H,W) images with nchw, fp32 or in w's dtype, w (Cout,C,k,k) PyTorch's layout, b (Cout) or
 // NULL -> (B,Ho,Wo,Cout) channels-last in w's dtype. GSPN's stem and downsampling.

@@ -147,14 +147,16 @@ static Tensor *block_forward(Tape *t, const HierEncoder *e, HierDrop d, int i, T
     DType dt = op_dtype(t, e, HIER_OP_CONV);
     const Conv2d *mc = &b->mixer_conv;
     v = as_dtype(t, v, dt);
-    if (dt == op_dtype(t, e, HIER_OP_SILU)) {
-        v = nn_dwconv_silu(t, v, as_dtype(t, mc->w, dt), as_dtype(t, mc->b, dt));
-    } else {
+    const CgspnLayer *g = &b->gspn;
+    Tensor *xc;                                                                  // (B,H,W,Cc)
+    if (dt == op_dtype(t, e, HIER_OP_SILU) && dt == op_dtype(t, e, HIER_OP_DOWN)) {
+        xc = nn_dwconv_silu_linear(t, v, as_dtype(t, mc->w, dt), as_dtype(t, mc->b, dt),
+                                   as_dtype(t, g->down.w, dt), as_dtype(t, g->down.b, dt));
+    } else {   // the ops in different dtypes (CGSPN_FP32_OPS)
         v = nn_dwconv(t, v, as_dtype(t, mc->w, dt), as_dtype(t, mc->b, dt));
         v = nn_silu(t, as_dtype(t, v, op_dtype(t, e, HIER_OP_SILU)));
+        xc = linear_as(t, &g->down, v, op_dtype(t, e, HIER_OP_DOWN));
     }
-    const CgspnLayer *g = &b->gspn;
-    Tensor *xc = linear_as(t, &g->down, v, op_dtype(t, e, HIER_OP_DOWN));       // (B,H,W,Cc)
     Tensor *gates = linear_as(t, &g->gate, xc, op_dtype(t, e, HIER_OP_GATE));  // (B,H,W,G)
     dt = op_dtype(t, e, HIER_OP_SCAN);
     // merge: four fp32 scalars whatever dt is (kept fp32 in a bf16 table, nn/params.h)

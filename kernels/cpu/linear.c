@@ -101,6 +101,30 @@ static Tensor linear_scratch_like(const Tensor *ref) {
     return t;
 }
 
+// y = silu(x) w^T + b
+void cpu_silu_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y) {
+    Tensor s = linear_scratch_like(x);
+    cpu_silu_fwd(ctx, x, &s);
+    cpu_linear_fwd(ctx, &s, w, b, y);
+    free(s.data);
+}
+
+// dx = (dy w) * silu'(x) (written); dw += dy^T silu(x); db += sum_n dy.
+void cpu_silu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
+                         Tensor *dw, Tensor *db) {
+    if (!dx && !dw && !db) return;
+    Tensor s = linear_scratch_like(x), g = linear_scratch_like(x);
+    cpu_silu_fwd(ctx, x, &s);
+    cpu_linear_bwd(ctx, dy, &s, w, dx ? &g : NULL, dw, db);
+    if (dx) {
+        cpu_check_same("silu_linear_bwd", "dx", dx, "x", x);
+        memset(dx->data, 0, dx->numel * sizeof(float));
+        cpu_silu_bwd(ctx, &g, x, dx);
+    }
+    free(s.data);
+    free(g.data);
+}
+
 // pre = x w^T + b; y = gelu(pre)   (pre NULL: computed in y, then GELU in place)
 void cpu_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, GeluKind kind,
                          Tensor *pre, Tensor *y) {

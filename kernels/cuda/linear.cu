@@ -40,6 +40,7 @@
 #include "cuda_colsum.cuh"
 #include "cuda_gemm.h"
 #include "gelu.h"
+#include "silu.h"
 #include "gemm_gelu.h"
 #include "../ops.h"
 #include "../linear_shape.h"
@@ -398,7 +399,7 @@ static bool linear_narrow_bwd(Ctx *ctx, const LinearShape *s, DType dy_dt, const
 // at (m 8 + j) K / 8 + c, so the lanes of a group, on consecutive chunks, read consecutive words
 // (w's own layout put them 8 words apart: 8-way bank conflicts, slower than cuBLASLt). The group's
 // M dot products are summed by shuffles; y is rounded once.
-template <typename T, int M>
+template <typename T, int M, bool SILU>
 __global__ void __launch_bounds__(256)
 linear_narrow_out_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__restrict__ b,
                          T *__restrict__ y, size_t N, int K, int Q) {
@@ -422,6 +423,10 @@ linear_narrow_out_kernel(const T *__restrict__ x, const T *__restrict__ w, const
             for (int c = q; c < CH; c += Q) {
                 float xv[8];
                 load_v<8>(x + r * K + c * 8, xv);
+                if (SILU) {   // silu(x) as silu_fwd would store it
+                    #pragma unroll
+                    for (int j = 0; j < 8; j++) xv[j] = cuda_to_f32(cuda_from_f32<T>(silu_value(xv[j])));
+                }
                 #pragma unroll
                 for (int m = 0; m < M; m++)
                     #pragma unroll
@@ -444,7 +449,7 @@ linear_narrow_out_kernel(const T *__restrict__ x, const T *__restrict__ w, const
 // shared memory and the ranges in order (cuda_sum_partials). dy may be fp32 under bf16 x and w, as
 // for linear_narrow_bwd.
 enum { NARROW_OUT_THREADS = 256 };
-template <typename TD, typename T, int M>
+template <typename TD, typename T, int M, bool SILU>
 __global__ void __launch_bounds__(NARROW_OUT_THREADS)
 linear_narrow_out_bwd_kernel(const TD *__restrict__ dy, const T *__restrict__ x, const T *__restrict__ w,
                              size_t N, int K, size_t rows_per_split, T *__restrict__ dx, float dx_beta,
@@ -471,19 +476,32 @@ linear_narrow_out_bwd_kernel(const TD *__restrict__ dy, const T *__restrict__ x,
             g[m] = ROUND ? __bfloat162float(__float2bfloat16_rn(v)) : v;
         }
         load_v<8>(x + r * K + c * 8, xv);
-        if (dx && dx_beta != 0.0f) load_v<8>(dx + r * K + c * 8, d);
-        else {
-            #pragma unroll
-            for (int j = 0; j < 8; j++) d[j] = 0.0f;
+        float a[8];   // the linear's input: x, or silu(x) as silu_fwd would store it
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            a[j] = SILU ? cuda_to_f32(cuda_from_f32<T>(silu_value(xv[j]))) : xv[j];
+            d[j] = 0.0f;
         }
         #pragma unroll
         for (int m = 0; m < M; m++)
             #pragma unroll
             for (int j = 0; j < 8; j++) {
-                sw[m][j] = fmaf(g[m], xv[j], sw[m][j]);
+                sw[m][j] = fmaf(g[m], a[j], sw[m][j]);
                 d[j] = fmaf(g[m], wv[m][j], d[j]);
             }
-        if (dx) store_v<8>(dx + r * K + c * 8, d);
+        if (dx) {
+            if (SILU) {   // (dy w) as linear_bwd would store it, times silu'(x)
+                #pragma unroll
+                for (int j = 0; j < 8; j++) d[j] = cuda_to_f32(cuda_from_f32<T>(d[j])) * silu_slope(xv[j]);
+            }
+            if (dx_beta != 0.0f) {
+                float old[8];
+                load_v<8>(dx + r * K + c * 8, old);
+                #pragma unroll
+                for (int j = 0; j < 8; j++) d[j] += old[j];
+            }
+            store_v<8>(dx + r * K + c * 8, d);
+        }
     }
     if (!part && !dw && !db) return;
     const int width = M * K + M;
@@ -506,7 +524,7 @@ linear_narrow_out_bwd_kernel(const TD *__restrict__ dy, const T *__restrict__ x,
 // The narrow-output forward, when M <= LINEAR_NARROW_K and x takes 16-byte loads; returns whether
 // it ran.
 static bool linear_narrow_out(Ctx *ctx, const LinearShape *s, const void *x, const void *w,
-                              const void *b, void *y) {
+                              const void *b, void *y, bool silu = false) {
     if (s->M > LINEAR_NARROW_K || s->K <= LINEAR_NARROW_K || s->K % 8 != 0 || !aligned16(x) ||
         !aligned16(w) || (size_t)s->M * s->K * sizeof(float) > 48 * 1024)
         return false;
@@ -521,8 +539,10 @@ static bool linear_narrow_out(Ctx *ctx, const LinearShape *s, const void *x, con
     dispatch_dtype(s->act, [&](auto ta) {
         using T = TAG_T(ta);
         auto go = [&](auto mc) {
-            linear_narrow_out_kernel<T, decltype(mc)::value><<<blocks, 256, smem, cuda_stream_of(ctx)>>>(
-                (const T *)x, (const T *)w, (const T *)b, (T *)y, s->N, s->K, Q);
+            constexpr int M = decltype(mc)::value;
+            auto kernel = silu ? linear_narrow_out_kernel<T, M, true> : linear_narrow_out_kernel<T, M, false>;
+            kernel<<<blocks, 256, smem, cuda_stream_of(ctx)>>>((const T *)x, (const T *)w, (const T *)b,
+                                                               (T *)y, s->N, s->K, Q);
         };
         switch (s->M) {
         case 1: go(std::integral_constant<int, 1>{}); break;
@@ -539,7 +559,7 @@ static bool linear_narrow_out(Ctx *ctx, const LinearShape *s, const void *x, con
 // dx take 16-byte accesses; returns whether it ran.
 static bool linear_narrow_out_bwd(Ctx *ctx, const LinearShape *s, DType dy_dt, const void *dy,
                                   const void *x, const void *w, void *dx, float *dw, float *db,
-                                  float dx_beta) {
+                                  float dx_beta, bool silu = false) {
     const int CH = s->K / 8;
     if (s->M > LINEAR_NARROW_K || s->K <= LINEAR_NARROW_K || s->K % 8 != 0 || CH > NARROW_OUT_THREADS ||
         !aligned16(x) || !aligned16(w) || (dx && !aligned16(dx)))
@@ -558,10 +578,12 @@ static bool linear_narrow_out_bwd(Ctx *ctx, const LinearShape *s, DType dy_dt, c
         using TD = TAG_T(td);
         using T = TAG_T(ta);
         auto go = [&](auto mc) {
-            linear_narrow_out_bwd_kernel<TD, T, decltype(mc)::value>
-                <<<(unsigned)splits, CH * R, smem, cuda_stream_of(ctx)>>>(
-                    (const TD *)dy, (const T *)x, (const T *)w, s->N, s->K, rows_per_split, (T *)dx,
-                    dx_beta, part, dw, db);
+            constexpr int M = decltype(mc)::value;
+            auto kernel = silu ? linear_narrow_out_bwd_kernel<TD, T, M, true>
+                               : linear_narrow_out_bwd_kernel<TD, T, M, false>;
+            kernel<<<(unsigned)splits, CH * R, smem, cuda_stream_of(ctx)>>>(
+                (const TD *)dy, (const T *)x, (const T *)w, s->N, s->K, rows_per_split, (T *)dx,
+                dx_beta, part, dw, db);
         };
         switch (s->M) {
         case 1: go(std::integral_constant<int, 1>{}); break;
@@ -782,6 +804,61 @@ static void linear_bwd_op(const char *op, Ctx *ctx, const Tensor *dy, const Tens
     cuda_cast_colsum(ctx, dy, &g, db);
     linear_backward(ctx, &s, g.data, x->data, w->data, pdx, pdw, NULL, dx_beta);
     cuda_temp_free(ctx, g.data);
+}
+
+// y = silu(x) w^T + b: silu on the fly in the narrow-output kernel, else silu_fwd into a
+// temporary and the linear.
+extern "C" void cuda_silu_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
+                                     Tensor *y) {
+    const char *op = "silu_linear_fwd";
+    LinearShape s = linear_shape(op, x, w);
+    cuda_check_matrix(op, "y", y, s.N, s.M);
+    cuda_check_dtype(op, "y", y, s.act);
+    if (b) check_bias(op, &s, b);
+    if (s.N == 0) return;
+    if (linear_narrow_out(ctx, &s, x->data, w->data, b ? b->data : NULL, y->data, true)) {
+        report_flops(ctx, &s, 1);
+        return;
+    }
+    Tensor a = *x;
+    a.data = cuda_temp_alloc(ctx, tensor_bytes(x));
+    cuda_silu_fwd(ctx, x, &a);
+    linear_forward(ctx, &s, a.data, w->data, b ? b->data : NULL, y->data);
+    cuda_temp_free(ctx, a.data);
+}
+
+// dx = (dy w) * silu'(x), dw += dy^T silu(x), db += sum_n dy: one pass in the narrow-output
+// kernel, else silu_fwd into a temporary, linear_bwd's products, and silu_bwd.
+extern "C" void cuda_silu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+                                     Tensor *dx, Tensor *dw, Tensor *db) {
+    const char *op = "silu_linear_bwd";
+    LinearShape s = linear_shape(op, x, w);
+    cuda_check_matrix(op, "dy", dy, s.N, s.M);
+    cuda_check_dtype(op, "dy", dy, s.act);
+    if (dx) {
+        cuda_check_dtype(op, "dx", dx, s.act);
+        CG_CHECK(dx->numel == x->numel, "", "op %s: dx has %zu elements, x %zu", op, dx->numel, x->numel);
+    }
+    if (dw) check_param_grad(op, "dw", dw, (size_t)s.M * s.K);
+    if (db) check_param_grad(op, "db", db, (size_t)s.M);
+    if (s.N == 0 || (!dx && !dw && !db)) return;
+    void *pdx = dx ? dx->data : NULL;
+    float *pdw = dw ? (float *)dw->data : NULL, *pdb = db ? (float *)db->data : NULL;
+    if (linear_narrow_out_bwd(ctx, &s, dy->dtype, dy->data, x->data, w->data, pdx, pdw, pdb, 0.0f, true)) {
+        report_flops(ctx, &s, (dx ? 1 : 0) + (dw ? 1 : 0));
+        return;
+    }
+    Tensor a = *x, g = *x;
+    a.data = cuda_temp_alloc(ctx, tensor_bytes(x));
+    g.data = dx ? cuda_temp_alloc(ctx, tensor_bytes(x)) : NULL;
+    cuda_silu_fwd(ctx, x, &a);
+    linear_backward(ctx, &s, dy->data, a.data, w->data, g.data, pdw, pdb, 0.0f);
+    if (dx) {
+        cuda_zero(ctx, dx);
+        cuda_silu_bwd(ctx, &g, x, dx);
+        cuda_temp_free(ctx, g.data);
+    }
+    cuda_temp_free(ctx, a.data);
 }
 
 extern "C" void cuda_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,

@@ -25,8 +25,7 @@ template <typename T> struct SiluBwdOp {
         load_v<V>(dx + i, d);
         #pragma unroll
         for (int j = 0; j < V; j++) {
-            float s = silu_sigmoid(v[j]);
-            d[j] += g[j] * s * (1.0f + v[j] * (1.0f - s));
+            d[j] += g[j] * silu_slope(v[j]);
         }
         store_v<V>(dx + i, d);
     }

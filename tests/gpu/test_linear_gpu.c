@@ -220,6 +220,58 @@ static void test_linear_backward_takes_fp32_dy_under_bf16(void **state) {
     assert_int_equal(fails, 0);
 }
 
+// silu_linear_fwd / _bwd against the CPU's silu then linear, with the GPU's roundings made on the
+// CPU side too in bf16 (silu(x) rounded before the products, dy w rounded before silu'): y and dx
+// then differ by one final rounding (act tolerance), dw and db by the order of fp32 sums. dx
+// starts NaN: it is written.
+static int check_silu_linear(Ctx *g, const Case *c, DType dt, uint64_t seed) {
+    Ctx cpu = ctx_cpu();
+    int r = dt == DTYPE_BF16;
+    Tensor *x = host_rand(host_x(c, c->K), seed, r);
+    Tensor *w = host_rand(test_tensor(2, c->M, c->K), seed + 1, r);
+    Tensor *b = host_rand(test_tensor(1, c->M), seed + 2, r);
+    Tensor *dy = host_rand(host_x(c, c->M), seed + 3, r);
+    Tensor *sx = host_x(c, c->K), *y = host_x(c, c->M), *gd = host_x(c, c->K), *dx = host_x(c, c->K);
+    Tensor *dw = host_rand(test_tensor(2, c->M, c->K), seed + 4, 0);
+    Tensor *db = host_rand(test_tensor(1, c->M), seed + 5, 0);
+    Tensor *gx = gpu_test_upload(g, x, dt), *gw = gpu_test_upload(g, w, dt), *gb = gpu_test_upload(g, b, dt);
+    Tensor *gdy = gpu_test_upload(g, dy, dt), *gy = gpu_poison(g, y, dt), *gdx = gpu_poison(g, dx, dt);
+    Tensor *gdw = gpu_test_upload(g, dw, DTYPE_F32), *gdb = gpu_test_upload(g, db, DTYPE_F32);
+    cpu_silu_fwd(&cpu, x, sx);
+    if (r) gpu_test_round_to_bf16(sx);
+    cpu_linear_fwd(&cpu, sx, w, b, y);
+    memset(gd->data, 0, gd->numel * sizeof(float));
+    cpu_linear_bwd(&cpu, dy, sx, w, gd, NULL, NULL);
+    if (r) gpu_test_round_to_bf16(gd);
+    memset(dx->data, 0, dx->numel * sizeof(float));
+    cpu_silu_bwd(&cpu, gd, x, dx);
+    for (int rep = 0; rep < 2; rep++) cpu_linear_bwd(&cpu, dy, sx, w, NULL, dw, db);
+    op_silu_linear_fwd(g, gx, gw, gb, gy);
+    op_silu_linear_bwd(g, gdy, gx, gw, gdx, gdw, gdb);
+    op_silu_linear_bwd(g, gdy, gx, gw, gdx, gdw, gdb);   // dx written again, dw and db added twice
+    const Tols *t = tols_for(dt);
+    int fails = check(g, "silu_linear_fwd", "y", c, gy, y, t->act) +
+                check(g, "silu_linear_bwd", "dx", c, gdx, dx, t->act) +
+                check(g, "silu_linear_bwd", "dw", c, gdw, dw, t->param) +
+                check(g, "silu_linear_bwd", "db", c, gdb, db, t->param);
+    Tensor *gpu[] = {gx, gw, gb, gdy, gy, gdx, gdw, gdb}, *host[] = {x, w, b, dy, sx, y, gd, dx, dw, db};
+    for (int i = 0; i < 8; i++) gpu_test_free(gpu[i]);
+    for (int i = 0; i < 10; i++) test_tensor_free(host[i]);
+    return fails;
+}
+
+static void test_silu_linear_matches_cpu(void **state) {
+    GPU_TEST_REQUIRE_DEVICE();
+    int fails = 0;
+    for (int d = 0; d < 2; d++) {
+        DType dt = d ? DTYPE_BF16 : DTYPE_F32;
+        Ctx g = cuda_ctx_create(0, dt);
+        for (int i = 0; i < NCASES; i++) fails += check_silu_linear(&g, &CASES[i], dt, 300 + 17 * i);
+        cuda_ctx_destroy(&g);
+    }
+    assert_int_equal(fails, 0);
+}
+
 // linear_residual_fwd: y (fp32, starts NaN) = res (fp32) + x w^T + b, the GEMM reading res as C.
 // The CPU adds the fp32 product to res; the fused GPU path does the same in the epilogue (only
 // the accumulation order differs), its fallback rounds the product to the activation dtype first.
@@ -630,6 +682,7 @@ int main(void) {
         cmocka_unit_test(test_linear_bf16_backward_accumulates_and_matches_cpu),
         cmocka_unit_test(test_linear_backward_twice_doubles_the_gradients),
         cmocka_unit_test(test_linear_backward_takes_fp32_dy_under_bf16),
+        cmocka_unit_test(test_silu_linear_matches_cpu),
         cmocka_unit_test(test_linear_gelu_fp32_fused_matches_cpu_composition),
         cmocka_unit_test(test_linear_gelu_bf16_fused_matches_cpu_composition),
         cmocka_unit_test(test_fused_epilogues_match_unfused_paths),
