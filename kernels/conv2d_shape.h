@@ -23,15 +23,15 @@ static inline Conv2dShape conv2d_weight_shape(const char *op, const Tensor *w) {
     return g;
 }
 
-// x (B,H,W,C), or (B,C,H,W) with nchw: the input or its gradient.
-static inline Conv2dShape conv2d_shape(const char *op, const Tensor *x, const Tensor *w, int nchw,
-                                       int stride, int pad) {
+// x (B,H,W,C), or (B,C,H,W) with nchw: the input or its gradient, `name` in the messages.
+static inline Conv2dShape conv2d_shape(const char *op, const char *name, const Tensor *x,
+                                       const Tensor *w, int nchw, int stride, int pad) {
     char buf[64];
     Conv2dShape g = conv2d_weight_shape(op, w);
-    CG_CHECK(x->ndim == 4, "", "op %s: x has shape %s, expected (B, H, W, C) or (B, C, H, W)", op,
-             tensor_shape_str(x, buf, sizeof buf));
+    CG_CHECK(x->ndim == 4, "", "op %s: %s has shape %s, expected (B, H, W, C) or (B, C, H, W)", op,
+             name, tensor_shape_str(x, buf, sizeof buf));
     const int C = nchw ? x->shape[1] : x->shape[3];
-    CG_CHECK(C == g.C, "", "op %s: x has %d channels, w takes %d", op, C, g.C);
+    CG_CHECK(C == g.C, "", "op %s: %s has %d channels, w takes %d", op, name, C, g.C);
     g.B = x->shape[0];
     g.H = nchw ? x->shape[2] : x->shape[1];
     g.W = nchw ? x->shape[3] : x->shape[2];

@@ -40,6 +40,7 @@ void params_keep_f32(ParamTable *t, Tensor *value) {
 }
 
 static Tensor buffer_range(void *buf, size_t at, size_t n, Device dev);
+static void zero_buffer(Ctx *ctx, void *buf, size_t n);
 
 static Tensor bind(const Tensor *shape_of, void *base, size_t offset, Device dev, DType dt) {
     Tensor x = *shape_of;
@@ -80,6 +81,8 @@ void params_alloc(ParamTable *t, Ctx *ctx) {
     Tensor values = buffer_range(t->values, 0, n, ctx->device);
     values.dtype = t->dtype;   // kept-fp32 parameters' unused slots read as zeros
     op_zero(ctx, &values);
+    // AdamW runs over the whole buffer: the slots no parameter's master fills are read too
+    if (t->masters) zero_buffer(ctx, t->masters, n);
     params_zero_grads(t, ctx);
     params_zero_moments(t, ctx);
 }

@@ -593,12 +593,20 @@ static void conv_cols_one_row_short(void) {
     cpu_conv2d_bwd(&ctx, dy, cols, w, 0, 2, 1, 0, NULL, dw, NULL);
 }
 
+static void conv_dx_channels_differ(void) {   // the backward names dx, not x
+    Ctx ctx = ctx_cpu();
+    Tensor *dy = test_tensor(4, 1, 3, 3, 8), *w = test_tensor(4, 8, 4, 3, 3), *cols = test_tensor(2, 9, 36),
+           *dx = test_tensor(4, 1, 6, 6, 5);
+    cpu_conv2d_bwd(&ctx, dy, cols, w, 0, 2, 1, 0, dx, NULL, NULL);
+}
+
 static void test_conv2d_rejects_bad_shapes_with_a_message(void **state) {
     expect_stop(conv_channels_differ, (const char *[]){"conv2d_fwd", "x has 4 channels, w takes 3", NULL});
     expect_stop(conv_kernel_not_square, (const char *[]){"conv2d_fwd", "expected (Cout, C, k, k)", NULL});
     expect_stop(conv_output_grid_wrong, (const char *[]){"conv2d_fwd", "y has shape", "(1, 3, 3, 8)", NULL});
     expect_stop(conv_cols_one_row_short, (const char *[]){"conv2d_bwd", "cols has 288 elements", NULL});
     expect_stop(conv_kernel_past_the_padding, (const char *[]){"conv2d_fwd", "kernel 5", NULL});
+    expect_stop(conv_dx_channels_differ, (const char *[]){"conv2d_bwd", "dx has 5 channels, w takes 4", NULL});
 }
 
 // ---- bilinear resize -------------------------------------------------------------------------

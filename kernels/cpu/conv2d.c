@@ -72,7 +72,7 @@ void cpu_conv2d_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
     cpu_check_f32(op, "x", x);
     cpu_check_f32(op, "w", w);
     cpu_check_f32(op, "y", y);
-    Conv2dShape g = conv2d_shape(op, x, w, nchw, stride, pad);
+    Conv2dShape g = conv2d_shape(op, "x", x, w, nchw, stride, pad);
     conv2d_check_out(op, "y", &g, y, true);
     if (b) {
         cpu_check_f32(op, "b", b);
@@ -96,7 +96,7 @@ void cpu_conv2d_bwd(Ctx *ctx, const Tensor *dy, const Tensor *cols, const Tensor
     cpu_check_f32(op, "dy", dy);
     cpu_check_f32(op, "cols", cols);
     cpu_check_f32(op, "w", w);
-    Conv2dShape g = dx ? conv2d_shape(op, dx, w, nchw, stride, pad) : conv2d_weight_shape(op, w);
+    Conv2dShape g = dx ? conv2d_shape(op, "dx", dx, w, nchw, stride, pad) : conv2d_weight_shape(op, w);
     conv2d_check_out(op, "dy", &g, dy, dx != NULL);
     conv2d_check_cols(op, &g, cols);
     if (dx) cpu_check_f32(op, "dx", dx);

@@ -636,6 +636,8 @@ bool cudnn_attention_fwd(Ctx *ctx, const AttnDims &a, const void *qkv, void *out
     const int64_t uids[] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE};
     void *data[] = {(void *)qkv, (void *)(elt + 2 * (size_t)a.C), (void *)(elt + 4 * (size_t)a.C),
                     out, lse, &p->scale};
+    cuda_sanitize_mark_written(ctx, out, (size_t)a.B * a.N * a.C * sizeof(__nv_bfloat16));
+    cuda_sanitize_mark_written(ctx, lse, (size_t)a.B * a.H * a.N * sizeof(float));
     if (!execute(c, p, 6, uids, data, ws)) {
         snprintf(why, why_len, "%s", p->note);
         return false;
@@ -706,6 +708,8 @@ bool cudnn_attention_bwd(Ctx *ctx, const AttnDims &a, const void *dout, const vo
     void *data[] = {(void *)qkv, (void *)(elt + cb), (void *)(elt + 2 * cb), (void *)out,
                     (void *)dout, (void *)lse, scratch, scratch + cb, scratch + 2 * cb,
                     &p->scale, &p->one, dsum, acc};
+    cuda_sanitize_mark_written(ctx, scratch, tokens * 3 * cb);
+    cuda_sanitize_mark_written(ctx, dsum, dsum_bytes);
     if (!execute(c, p, !composite ? 10 : atomic ? 13 : 12, uids, data, cudnn_ws)) {
         snprintf(why, why_len, "%s", p->note);
         return false;

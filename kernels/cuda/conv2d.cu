@@ -300,7 +300,7 @@ extern "C" void cuda_conv2d_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, cons
     const char *op = "conv2d_fwd";
     cuda_check_tensor(op, "x", x);
     cuda_check_tensor(op, "w", w);
-    Conv2dShape g = conv2d_shape(op, x, w, nchw, stride, pad);
+    Conv2dShape g = conv2d_shape(op, "x", x, w, nchw, stride, pad);
     check_dtypes(op, g, w, x, cols, y, "y", b);
     conv2d_check_out(op, "y", &g, y, true);
     if (b) conv2d_check_bias(op, &g, b);
@@ -322,7 +322,7 @@ extern "C" void cuda_conv2d_bwd(Ctx *ctx, const Tensor *dy, const Tensor *cols, 
     const char *op = "conv2d_bwd";
     cuda_check_tensor(op, "w", w);
     if (dx) cuda_check_tensor(op, "dx", dx);
-    Conv2dShape g = dx ? conv2d_shape(op, dx, w, nchw, stride, pad) : conv2d_weight_shape(op, w);
+    Conv2dShape g = dx ? conv2d_shape(op, "dx", dx, w, nchw, stride, pad) : conv2d_weight_shape(op, w);
     cuda_check_tensor(op, "dy", dy);
     conv2d_check_out(op, "dy", &g, dy, dx != NULL);
     check_dtypes(op, g, w, dx, cols, dy, "dy", NULL);

@@ -75,6 +75,12 @@ void *cuda_scratch(Ctx *ctx, size_t bytes);
 // order.
 void *cuda_temp_alloc(Ctx *ctx, size_t bytes);
 void cuda_temp_free(Ctx *ctx, void *p);
+// Under compute-sanitizer (CGSPN_SANITIZE=1, which tools/sanitize_gpu.sh sets): zeroes `bytes` at p
+// on the context's stream before a library (cuBLASLt, CUTLASS, cuDNN) writes them there. initcheck
+// does not see those libraries' stores on Hopper and reports every later read of their outputs
+// (the results match the CPU's, so they are written); the zeroing marks the bytes written. A
+// no-op otherwise.
+void cuda_sanitize_mark_written(Ctx *ctx, void *p, size_t bytes);
 
 // The GPU half of kernels/device.h (kernels/cuda/cuda_ctx.cu, kernels/cuda/cuda_device.cu);
 // kernels/device.c routes to them.

@@ -3,6 +3,7 @@
 #include "../ops.h"
 #include "../alloc_count.h"
 #include <stdlib.h>
+#include <string.h>
 
 extern "C" int cuda_device_count(void) {
     int n = 0;
@@ -64,6 +65,15 @@ extern "C" void *cuda_temp_alloc(Ctx *ctx, size_t bytes) {
 }
 
 extern "C" void cuda_temp_free(Ctx *ctx, void *p) { CUDA_CHECK(cudaFreeAsync(p, cuda_stream_of(ctx))); }
+
+extern "C" void cuda_sanitize_mark_written(Ctx *ctx, void *p, size_t bytes) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("CGSPN_SANITIZE");
+        on = e && e[0] && strcmp(e, "0") != 0;
+    }
+    if (on && p && bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cuda_stream_of(ctx)));
+}
 
 extern "C" Ctx cuda_ctx_create(int device, DType act_dtype) {
     CudaCtx *c = (CudaCtx *)cg_calloc(1, sizeof(CudaCtx));

@@ -237,6 +237,20 @@ static void plan_destroy(GemmPlan *p) {
     CUBLAS_CHECK(cublasLtMatmulDescDestroy(p->desc));
 }
 
+// What g's product writes, marked written for compute-sanitizer (cuda_sanitize_mark_written): D
+// unless it is also read (beta != 0 with C = D), a bias gradient, a GELU aux output. Column-major
+// (m, n) with leading dimension ld spans (n - 1) ld + m elements.
+static void sanitize_mark_outputs(Ctx *ctx, const CudaGemm *g, uint32_t epi) {
+    const size_t es = g->d_type == CUDA_R_16BF ? 2 : 4;
+    if (g->beta == 0.0f || (g->c && g->c != g->d))
+        cuda_sanitize_mark_written(ctx, g->d, ((size_t)(g->n - 1) * g->ldd + g->m) * es);
+    if (epi == CUBLASLT_EPILOGUE_BGRADA || epi == CUBLASLT_EPILOGUE_BGRADB)
+        cuda_sanitize_mark_written(ctx, g->bias, (size_t)(epi == CUBLASLT_EPILOGUE_BGRADA ? g->m : g->n) *
+                                                     (g->bias_type == CUDA_R_16BF ? 2 : 4));
+    if (epi == CUBLASLT_EPILOGUE_GELU_AUX || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+        cuda_sanitize_mark_written(ctx, g->aux, ((size_t)(g->n - 1) * g->ldaux + g->m) * es);
+}
+
 extern "C" int cuda_gemm_try(Ctx *ctx, const CudaGemm *g) {
     CudaCtx *c = cuda_ctx_of(ctx);
     CudaGemmCache *s = gemm_cache(ctx);
@@ -279,6 +293,7 @@ extern "C" int cuda_gemm_try(Ctx *ctx, const CudaGemm *g) {
     if (!p->supported) return 0;
 
     float alpha = 1.0f, beta = g->beta;
+    sanitize_mark_outputs(ctx, g, epi);
     cublasStatus_t st = cublasLtMatmul(c->lt, p->desc, &alpha, g->a, p->la, g->b, p->lb, &beta,
                                        g->c ? g->c : g->d, p->lc, g->d, p->ld, &p->algo, c->workspace,
                                        c->workspace_bytes, c->stream);

@@ -161,6 +161,8 @@ bool cuda_gemm_gelu_erf_fwd(Ctx *ctx, const bf16 *x, const bf16 *w, const bf16 *
     if (!b || n <= 0 || !aligned_rows(x, k) || !aligned_rows(w, k) || !aligned_rows(y, m) ||
         (pre && !aligned_rows(pre, m)) || ((uintptr_t)b & 15u) != 0 || !device_is_sm90(ctx))
         return false;
+    cuda_sanitize_mark_written(ctx, y, (size_t)n * m * sizeof(bf16));
+    cuda_sanitize_mark_written(ctx, pre, pre ? (size_t)n * m * sizeof(bf16) : 0);
     if (!pre) {
         auto args = fwd_args<FwdNoAuxGemm>(ctx, x, w, b, y, n, k, m);
         return run<FwdNoAuxGemm>(ctx, args);
@@ -176,6 +178,7 @@ bool cuda_gemm_dgelu_erf_bwd(Ctx *ctx, const bf16 *dy, const bf16 *w, const bf16
     if (n <= 0 || !aligned_rows(dy, m) || !aligned_rows(w, k) || !aligned_rows(pre, k) ||
         !aligned_rows(dpre, k) || !device_is_sm90(ctx))
         return false;
+    cuda_sanitize_mark_written(ctx, dpre, (size_t)n * k * sizeof(bf16));
     using StrideA = typename BwdGemm::GemmKernel::StrideA;
     using StrideB = typename BwdGemm::GemmKernel::StrideB;
     using StrideD = typename BwdGemm::GemmKernel::StrideD;

@@ -174,6 +174,16 @@ static void report_flops(Ctx *ctx, const LinearShape *s, int products) {
 // stream at 14^2 x 384 (batch 128; about 45% of the copy roofline).
 enum { LINEAR_NARROW_K = 4 };
 
+// f(std::integral_constant<int, n>{}) for n in 1 .. LINEAR_NARROW_K (the narrow kernels' width).
+template <typename F> static void narrow_width(int n, F &&f) {
+    switch (n) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    default: f(std::integral_constant<int, 4>{}); break;
+    }
+}
+
 template <typename T, typename TY, int K>
 __global__ void linear_narrow_kernel(const T *__restrict__ x, const T *__restrict__ w,
                                      const T *__restrict__ b, const TY *__restrict__ res,
@@ -218,12 +228,7 @@ static bool linear_narrow(Ctx *ctx, const LinearShape *s, const void *x, const v
                                                                cuda_stream_of(ctx)>>>(
                 (const T *)x, (const T *)w, (const T *)b, (const TY *)res, (TY *)y, s->N, s->M);
         };
-        switch (s->K) {
-        case 1: go(std::integral_constant<int, 1>{}); break;
-        case 2: go(std::integral_constant<int, 2>{}); break;
-        case 3: go(std::integral_constant<int, 3>{}); break;
-        default: go(std::integral_constant<int, 4>{}); break;
-        }
+        narrow_width(s->K, go);
     });
     CUDA_CHECK_LAUNCH();
     return true;
@@ -243,6 +248,19 @@ static bool linear_narrow(Ctx *ctx, const LinearShape *s, const void *x, const v
 // residual stream's gradient): dx and dw then read it rounded to bf16, as a bf16 copy of it would
 // hold, and db its fp32 values.
 enum { NARROW_PHASES = 8, NARROW_TARGET_BLOCKS = 1024, NARROW_MIN_ROWS = 64 };
+
+// Row ranges for a grid of `tiles` column tiles: about NARROW_TARGET_BLOCKS blocks, at least
+// NARROW_MIN_ROWS rows a range (fewer would make the partials dominate); a function of the shape
+// alone, so the sums' order is too.
+static size_t narrow_row_splits(size_t N, size_t tiles, size_t *rows_per_split) {
+    size_t splits = ceil_div((size_t)NARROW_TARGET_BLOCKS, tiles);
+    const size_t most = ceil_div(N, (size_t)NARROW_MIN_ROWS);
+    if (splits > most) splits = most;
+    if (splits < 1) splits = 1;
+    if (splits > 65535) splits = 65535;
+    *rows_per_split = ceil_div(N, splits);
+    return ceil_div(N, *rows_per_split);
+}
 
 template <typename TD, typename T, int K>
 __global__ void __launch_bounds__(32 * NARROW_PHASES)
@@ -350,13 +368,8 @@ static bool linear_narrow_bwd(Ctx *ctx, const LinearShape *s, DType dy_dt, const
     int Q = 1;
     while (Q < 32 && 4 * Q < s->M) Q *= 2;
     const unsigned tiles = (unsigned)ceil_div((size_t)s->M, (size_t)(4 * Q));
-    size_t splits = ceil_div((size_t)NARROW_TARGET_BLOCKS, (size_t)tiles);
-    const size_t most = ceil_div(s->N, (size_t)NARROW_MIN_ROWS);
-    if (splits > most) splits = most;
-    if (splits < 1) splits = 1;
-    if (splits > 65535) splits = 65535;
-    const size_t rows_per_split = ceil_div(s->N, splits);
-    splits = ceil_div(s->N, rows_per_split);
+    size_t rows_per_split;
+    const size_t splits = narrow_row_splits(s->N, tiles, &rows_per_split);
     const size_t width = (size_t)s->M * (s->K + 1);
     float *part = splits > 1 && (dw || db) ? (float *)cuda_temp_alloc(ctx, splits * width * sizeof(float)) : nullptr;
     float *dx_part = dx && tiles > 1 ? (float *)cuda_temp_alloc(ctx, tiles * s->N * s->K * sizeof(float)) : nullptr;
@@ -370,12 +383,7 @@ static bool linear_narrow_bwd(Ctx *ctx, const LinearShape *s, DType dy_dt, const
                     (const TD *)dy, (const T *)x, (const T *)w, s->N, s->M, Q, rows_per_split,
                     dx_part ? nullptr : (T *)dx, dx_beta, dx_part, part, dw, db);
         };
-        switch (s->K) {
-        case 1: go(std::integral_constant<int, 1>{}); break;
-        case 2: go(std::integral_constant<int, 2>{}); break;
-        case 3: go(std::integral_constant<int, 3>{}); break;
-        default: go(std::integral_constant<int, 4>{}); break;
-        }
+        narrow_width(s->K, go);
         CUDA_CHECK_LAUNCH();
         if (dx_part) {
             const size_t n = s->N * s->K;
@@ -544,12 +552,7 @@ static bool linear_narrow_out(Ctx *ctx, const LinearShape *s, const void *x, con
             kernel<<<blocks, 256, smem, cuda_stream_of(ctx)>>>((const T *)x, (const T *)w, (const T *)b,
                                                                (T *)y, s->N, s->K, Q);
         };
-        switch (s->M) {
-        case 1: go(std::integral_constant<int, 1>{}); break;
-        case 2: go(std::integral_constant<int, 2>{}); break;
-        case 3: go(std::integral_constant<int, 3>{}); break;
-        default: go(std::integral_constant<int, 4>{}); break;
-        }
+        narrow_width(s->M, go);
     });
     CUDA_CHECK_LAUNCH();
     return true;
@@ -567,12 +570,8 @@ static bool linear_narrow_out_bwd(Ctx *ctx, const LinearShape *s, DType dy_dt, c
     const int R = NARROW_OUT_THREADS / CH;
     const size_t width = (size_t)s->M * s->K + s->M, smem = (size_t)R * width * sizeof(float);
     if (smem > 48 * 1024) return false;
-    size_t splits = NARROW_TARGET_BLOCKS;
-    const size_t most = ceil_div(s->N, (size_t)NARROW_MIN_ROWS);
-    if (splits > most) splits = most;
-    if (splits < 1) splits = 1;
-    const size_t rows_per_split = ceil_div(s->N, splits);
-    splits = ceil_div(s->N, rows_per_split);
+    size_t rows_per_split;
+    const size_t splits = narrow_row_splits(s->N, 1, &rows_per_split);
     float *part = splits > 1 && (dw || db) ? (float *)cuda_temp_alloc(ctx, splits * width * sizeof(float)) : nullptr;
     dispatch_dtype2(dy_dt, s->act, [&](auto td, auto ta) {
         using TD = TAG_T(td);
@@ -585,12 +584,7 @@ static bool linear_narrow_out_bwd(Ctx *ctx, const LinearShape *s, DType dy_dt, c
                 (const TD *)dy, (const T *)x, (const T *)w, s->N, s->K, rows_per_split, (T *)dx,
                 dx_beta, part, dw, db);
         };
-        switch (s->M) {
-        case 1: go(std::integral_constant<int, 1>{}); break;
-        case 2: go(std::integral_constant<int, 2>{}); break;
-        case 3: go(std::integral_constant<int, 3>{}); break;
-        default: go(std::integral_constant<int, 4>{}); break;
-        }
+        narrow_width(s->M, go);
     });
     CUDA_CHECK_LAUNCH();
     if (part) {
