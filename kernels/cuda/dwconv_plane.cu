@@ -5,7 +5,8 @@
 // Blocks stay resident and take images in turn, copying the next image into a second buffer
 // (cp.async) while they compute the current one.
 //
-// y / dx: a thread owns one channel and CW neighbouring columns, holds its 49 taps in registers
+// y / dx (7x7 on images of at most 8 columns; wider ones go to dwconv_plane_mma.cu's tensor-core
+// kernel): a thread owns one channel and CW neighbouring columns, holds its 49 taps in registers
 // and sweeps down the image: input row r (CW + 6 pixels from shared memory) feeds output rows
 // r - 3 .. r + 3, whose sums it keeps as a ring of K rows; row r - 3 is complete after row r and
 // is written at once. 98 fused multiply-adds (CW = 2) per 8 shared-memory loads.
@@ -43,22 +44,6 @@ __device__ __forceinline__ float dwp_f(float v) { return v; }
 __device__ __forceinline__ float dwp_f(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float dwp_lo(unsigned w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float dwp_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
-
-// Blocks of `threads` threads and `smem` bytes for a grid of `groups` channel groups: as many per
-// group as fit on the SMs at once (each block then loops over images, staging the next while it
-// computes the current one), at most one per image.
-template <typename Kern>
-static unsigned dwp_image_blocks(Ctx *ctx, Kern kernel, int threads, size_t smem, int groups, int B) {
-    if (smem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-    const long resident = (long)cuda_ctx_of(ctx)->sm_count * (per_sm > 0 ? per_sm : 1);
-    long per_group = resident / groups;   // one wave: a second, partial one would idle most SMs
-    if (per_group > B) per_group = B;
-    if (per_group > 65535) per_group = 65535;
-    return (unsigned)(per_group > 0 ? per_group : 1);
-}
 
 // f(std::integral_constant<int, 0>{}), ..., f(<N - 1>): a loop whose index is a constant in each copy.
 template <typename F, int... I>
@@ -199,6 +184,7 @@ bool cuda_dwconv_plane(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *ou
         return false;
     if constexpr (std::is_same<T, bf16>::value && std::is_same<TW, bf16>::value) {
         if (d.k != 7) return false;
+        if (cuda_dwconv_plane_mma(ctx, in, w, bias, out, d, flags)) return true;   // 9 to 16 columns
         dwp_launch_rows_cg<7>(ctx, in, w, bias, out, d, flags);   // the mixer
         return true;
     } else if constexpr (std::is_same<T, float>::value) {

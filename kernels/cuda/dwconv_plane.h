@@ -8,12 +8,35 @@
 
 enum { DWP_MAX_SIDE = 16 };
 
+// Blocks of `threads` threads and `smem` bytes for a grid of `groups` channel groups: as many per
+// group as fit on the SMs at once (each block then loops over images, staging the next while it
+// computes the current one), at most one per image.
+template <typename Kern>
+static inline unsigned dwp_image_blocks(Ctx *ctx, Kern kernel, int threads, size_t smem, int groups, int B) {
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    const long resident = (long)cuda_ctx_of(ctx)->sm_count * (per_sm > 0 ? per_sm : 1);
+    long per_group = resident / groups;   // one wave: a second, partial one would idle most SMs
+    if (per_group > B) per_group = B;
+    if (per_group > 65535) per_group = 65535;
+    return (unsigned)(per_group > 0 ? per_group : 1);
+}
+
 // out (+)= bias + the k x k taps of in (mirrored with DW_FLIP) (+ in with DW_RESID), the flags as
 // for cuda_dwconv_mma. Returns false, launching nothing, when the shape or dtypes are not covered
 // (7x7: bf16 in and w; 3x3: fp32 in).
 template <typename T, typename TW>
 bool cuda_dwconv_plane(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *out, const DwconvShape &d,
                        int flags);
+
+// The mixer's 7x7 y / dx pass on tensor cores (kernels/cuda/dwconv_plane_mma.cu): bf16 in, w and
+// bias, at most 16 rows and 9 to 16 columns, C a multiple of 8, flags as for cuda_dwconv_mma.
+// Returns false, launching nothing, when the shape is not covered (cuda_dwconv_plane calls it
+// first).
+bool cuda_dwconv_plane_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
+                           const DwconvShape &d, int flags);
 
 // dw (+)= the 7 x 7 taps' gradient, db (+)= dy's sums (either NULL: skipped), bf16 dy and in;
 // deterministic. Returns false, launching nothing, when the shape is not covered.

@@ -98,9 +98,14 @@ static Tensor *run(Side *s, Tensor *img, Tensor *seed, bool taps, bool pool) {
 // take about 3 s.
 #define BF16_DRAWS 32
 // CGSPN_TEST_BF16_DRAWS=N: N draws instead (how the RMS settles as draws are added).
+// CGSPN_GPU_TEST_SMALL (the sanitizer's runs: 32 draws did not finish in 520 s under racecheck):
+// SMALL_DRAWS draws, which reach every kernel; an RMS over so few is too uncertain for the bounds
+// (at 6 draws one read 0.94-1.01 of its bound), so bf16 then asserts finite errors only.
+#define SMALL_DRAWS 2
 static int bf16_draws(void) {
     const char *e = getenv("CGSPN_TEST_BF16_DRAWS");
-    return e && atoi(e) > 0 ? atoi(e) : BF16_DRAWS;
+    if (e && atoi(e) > 0) return atoi(e);
+    return gpu_test_small() ? SMALL_DRAWS : BF16_DRAWS;
 }
 #define BF16_DRAW_SCALE 0x1p-8   // parameters scaled by 1 + u 2^-8, u uniform in [-1, 1]
 // How much a gradient moves under bf16 is measured here too: s, the RMS over the draws of its
@@ -225,7 +230,12 @@ static void compare_with_cpu(EncoderConfig cfg, bool pool, DType dt) {
         }
         printf("    worst error over its bound %.2f (%s; bound %.0e, or %g times the move)\n",
                worst, worst_name, bound, BF16_SENSITIVITY_FACTOR);
-        assert_true(worst <= 1.0);
+        if (dt == DTYPE_BF16 && gpu_test_small() && draws == SMALL_DRAWS) {
+            printf("    (%d draws: bounds not asserted, errors finite)\n", draws);
+            assert_true(isfinite(worst));
+        } else {
+            assert_true(worst <= 1.0);
+        }
     }
     free(sq);
     free(sens);

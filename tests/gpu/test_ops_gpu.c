@@ -671,6 +671,9 @@ static void test_attention_pool_matches_cpu(void **state) {
 // (kernels/cuda/dwconv_plane.cu; dw where C is a multiple of 16): the four shapes from
 // 14 x 14 x 96 give them 32, 16 and 8 channels a block, even and odd widths and each flag set,
 // and 2 x 2 and 1 x 1 images (narrower than the 7 taps: the dw window's columns past the image).
+// Their y / dx pass on 9 to 16 columns is the tensor-core one (dwconv_plane_mma.cu): 14 x 14 x 96,
+// 11 x 16 x 32, 16 x 15 x 56 and 16 x 16 x 40 give it 16 and 8 channels a block, odd rows and
+// columns, one and two pixel pairs a thread (16 x 16), and each flag set.
 // So does 3x3 on fp32 activations (both weight dtypes), forward and the one-pass backward: the
 // 3x3 shapes up to 16 x 16 with C a multiple of 8. Larger bf16 7x7 grids with
 // C a multiple of 8 take the tensor-core kernel (kernels/cuda/dwconv_mma.cu); the three shapes
@@ -689,7 +692,7 @@ static void test_dwconv_matches_cpu(void **state) {
                                     {2, 40, 28, 8, 7},  {3, 14, 14, 96, 7}, {2, 7, 7, 48, 7},
                                     {2, 11, 16, 32, 7}, {1, 16, 15, 56, 7}, {2, 16, 16, 48, 3},
                                     {3, 5, 12, 40, 3},  {2, 14, 14, 32, 3}, {3, 2, 2, 64, 7},
-                                    {2, 1, 1, 32, 7},   {2, 3, 2, 48, 3}};   // B H W C k
+                                    {2, 1, 1, 32, 7},   {2, 3, 2, 48, 3},   {2, 16, 16, 40, 7}};   // B H W C k
     const int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
     for (int mi = 0; mi < 3; mi++)
         for (int si = 0; si < nshapes; si++) {
