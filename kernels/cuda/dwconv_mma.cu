@@ -83,21 +83,8 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const
     __syncthreads();
     const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
     for (int c = threadIdx.x / 32; c < MMA_CG; c += MMA_THREADS / 32) {
-        // B_i's fragment: this lane's (q, n = g) for q = 2 t4, 2 t4 + 1 and those + 8.
         unsigned bfrag[K][2];
-        const bf16 *wc = w + (size_t)(c0 + c) * K * K;
-        #pragma unroll
-        for (int i = 0; i < K; i++) {
-            float v[4];
-            #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int j = 2 * t4 + (e & 1) + (e >> 1) * 8 - g;
-                const int tap = flags & DW_FLIP ? (K - 1 - i) * K + (K - 1 - j) : i * K + j;
-                v[e] = j >= 0 && j < K ? __bfloat162float(wc[tap]) : 0.0f;
-            }
-            bfrag[i][0] = Vec<bf16, 8>::pair(v[0], v[1]);   // the lower k in the low half
-            bfrag[i][1] = Vec<bf16, 8>::pair(v[2], v[3]);
-        }
+        dw_band_fragments<K>(w + (size_t)(c0 + c) * K * K, flags, g, t4, bfrag);
         const unsigned *tw = reinterpret_cast<const unsigned *>(tile + (size_t)c * ROWS * sw);
         const int half = sw / 2;   // 32-bit words per staged row
         // A_i's fragment: rows g and g + 8 (staged rows + i), the words of column pairs 2 t4 and

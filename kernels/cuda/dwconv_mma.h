@@ -18,6 +18,26 @@ template <typename T> __device__ __forceinline__ float dw_silu(float v) {
     return silu_value(v);
 }
 
+// The y / dx pass's B_i fragments (tap rows i = 0 .. K - 1) of one channel: B_i[q][n] = w[i][q - n]
+// where 0 <= q - n < K, else 0 (the taps mirrored with DW_FLIP), this lane's (q, n = g) for
+// q = 2 t4, 2 t4 + 1 and those + 8, the lower q in the low half. wc: the channel's K x K taps.
+template <int K>
+__device__ __forceinline__ void dw_band_fragments(const bf16 *__restrict__ wc, int flags, int g, int t4,
+                                                  unsigned (&bfrag)[K][2]) {
+    #pragma unroll
+    for (int i = 0; i < K; i++) {
+        float v[4];
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int j = 2 * t4 + (e & 1) + (e >> 1) * 8 - g;
+            const int tap = flags & DW_FLIP ? (K - 1 - i) * K + (K - 1 - j) : i * K + j;
+            v[e] = j >= 0 && j < K ? __bfloat162float(wc[tap]) : 0.0f;
+        }
+        bfrag[i][0] = Vec<bf16, 8>::pair(v[0], v[1]);
+        bfrag[i][1] = Vec<bf16, 8>::pair(v[2], v[3]);
+    }
+}
+
 // out (+)= bias + the k x k taps of in (mirrored with DW_FLIP) (+ in with DW_RESID). Returns
 // false, launching nothing, when the shape or dtypes are not covered.
 bool cuda_dwconv_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,

@@ -55,26 +55,11 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
     const size_t img = (size_t)d.H * d.W * d.C;
     for (int e = threadIdx.x; e < CG * PLANE; e += THREADS) tile[e] = 0u;
 
-    // B_i's fragments for the warp's channels: this lane's (q, n = g) for q = 2 t4, 2 t4 + 1 and
-    // those + 8.
+    // The warp's two channels' B fragments, for every image.
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
     unsigned bfrag[2][K][2];
     #pragma unroll
-    for (int cc = 0; cc < 2; cc++) {
-        const bf16 *wc = w + (size_t)(c0 + 2 * warp + cc) * KK;
-        #pragma unroll
-        for (int i = 0; i < K; i++) {
-            float v[4];
-            #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int j = 2 * t4 + (e & 1) + (e >> 1) * 8 - g;
-                const int tap = flags & DW_FLIP ? (K - 1 - i) * K + (K - 1 - j) : i * K + j;
-                v[e] = j >= 0 && j < K ? __bfloat162float(wc[tap]) : 0.0f;
-            }
-            bfrag[cc][i][0] = Vec<bf16, 8>::pair(v[0], v[1]);   // the lower k in the low half
-            bfrag[cc][i][1] = Vec<bf16, 8>::pair(v[2], v[3]);
-        }
-    }
+    for (int cc = 0; cc < 2; cc++) dw_band_fragments<K>(w + (size_t)(c0 + 2 * warp + cc) * KK, flags, g, t4, bfrag[cc]);
     // An image's pixel pairs, VPP vectors each: unit e is vector e % VPP of pair p = e / VPP, which
     // is word 1 + p % nm of image row p / nm.
     const int nm = (d.W + 2) / 2, units = d.H * nm * VPP;
