@@ -6,8 +6,8 @@
 // registers; an output row is written the moment its last input row is in. The next row's loads
 // are issued before the current row's arithmetic. y and dx share one kernel (dx is dy correlated
 // with the mirrored taps), which hands bf16 7x7 on grids of at least 28 x 28 to the tensor-core
-// pass (dwconv_mma.cu). dw and db (bf16 7x7: on tensor cores too, at every grid) come from a
-// second kernel of the same shape whose ring holds dy
+// pass (dwconv_mma.cu). dw and db (bf16 7x7: on tensor cores too, except on images of at most 8
+// columns, dwconv_plane.cu's) come from a second kernel of the same shape whose ring holds dy
 // rows and whose k^2 + 1 sums per channel stay in registers over a run of images, then a
 // fixed-order reduction over strips (shared memory) and runs (kernels/cuda/reduce.cu); at k <= 3
 // one kernel makes dx, dw and db in a single pass over dy and x. Deterministic.
@@ -582,7 +582,8 @@ static DwRuns dw_runs(Ctx *ctx, const DwDims &d, DwGrid &g) {
 template <typename T>
 static void launch_dw(Ctx *ctx, const T *dy, const T *x, DwDims d, float *dw, float *db) {
     if constexpr (std::is_same<T, bf16>::value) {
-        if (cuda_dwconv_plane_dw(ctx, dy, x, d, dw, db)) return;   // 7x7 on small images
+        if (cuda_dwconv_plane_mma_dw(ctx, dy, x, d, dw, db)) return;   // 7x7 on 9 to 16 columns
+        if (cuda_dwconv_plane_dw(ctx, dy, x, d, dw, db)) return;       // 7x7 on small images
         if (cuda_dwconv_mma_dw(ctx, dy, x, d, dw, db)) return;     // 7x7 on tensor cores
     }
     DwGrid g = dw_grid(d, dw_vec(d, sizeof(T), dy, x), dw_strip(d, true));

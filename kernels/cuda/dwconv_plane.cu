@@ -11,7 +11,8 @@
 // r - 3 .. r + 3, whose sums it keeps as a ring of K rows; row r - 3 is complete after row r and
 // is written at once. 98 fused multiply-adds (CW = 2) per 8 shared-memory loads.
 //
-// dw / db: a thread owns a channel pair and one tap row i, and for every dy pixel adds dy times
+// dw / db (7x7 on images of at most 8 columns; wider ones: dwconv_plane_mma.cu): a thread owns a
+// channel pair and one tap row i, and for every dy pixel adds dy times
 // the 7 input pixels of row y + i - 3 that its taps meet, the window sliding along the row (one
 // new word a pixel, both channels in it). Its 14 sums run over the block's images, then a
 // fixed-order reduction over blocks (kernels/cuda/reduce.cu). Deterministic.

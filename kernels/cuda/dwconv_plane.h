@@ -38,6 +38,12 @@ bool cuda_dwconv_plane(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *ou
 bool cuda_dwconv_plane_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
                            const DwconvShape &d, int flags);
 
+// Its dw and db on tensor cores, for the same shapes: dw (+)= the 7 x 7 taps' gradient, db (+)=
+// dy's sums (either NULL: skipped), deterministic. Returns false, launching nothing, when the shape
+// is not covered.
+bool cuda_dwconv_plane_mma_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
+                              float *db);
+
 // dw (+)= the 7 x 7 taps' gradient, db (+)= dy's sums (either NULL: skipped), bf16 dy and in;
 // deterministic. Returns false, launching nothing, when the shape is not covered.
 bool cuda_dwconv_plane_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d,

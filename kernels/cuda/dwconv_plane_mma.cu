@@ -1,5 +1,5 @@
-// CUDA: the mixer's 7x7 depthwise y / dx pass on images of at most 16 rows and 9 to 16 columns
-// (gspn_hier's 14 x 14 stage) on tensor cores (kernels/cuda/dwconv_plane.h). On 8 columns or fewer
+// CUDA: the mixer's 7x7 depthwise y / dx and dw passes on images of at most 16 rows and 9 to 16
+// columns (gspn_hier's 14 x 14 stage) on tensor cores (kernels/cuda/dwconv_plane.h). On 8 columns or fewer
 // one 16 x 8 tile a channel leaves most of each MMA idle, and dwconv_plane.cu's fp32 kernel is
 // faster (H100, 7 x 7 x 1152: 0.048 ms a forward against 0.060). The product is dwconv_mma.cu's:
 // per channel and tap row i, 16 output rows times output columns x0 .. x0 + 7 take
@@ -8,12 +8,13 @@
 // one m16n8k16 bf16 MMA with fp32 sums, here with the whole image as one 16-row tile: a channel's
 // 14 x 14 output is two 16 x 8 tiles, 14 MMAs, where the fp32 kernel issues about 300 warp FMAs.
 //
-// Blocks stay resident on one group of 8 channels and take images in turn. Each warp builds its
+// Blocks stay resident on one group of channels and take images in turn. Each warp builds its
 // two channels' B fragments once; the staged planes' zero border (rows and columns past the image)
 // is written once; the next image's pixels are loaded into registers while the current image is
 // multiplied and written out, then stored channel-major into the staged planes (a fragment's
 // column pairs are 32-bit words). The sums go out through shared memory along channels (16-byte
-// stores), with the bias, the residual, the prior value and SiLU as the DW_* flags ask.
+// stores), with the bias, the residual, the prior value and SiLU as the DW_* flags ask. The dw
+// pass below is dwconv_mma.cu's dw product on the same resident blocks.
 #include "dwconv_plane.h"
 
 enum {
@@ -23,7 +24,7 @@ enum {
     DPM_ROWS = DPM_TH + DPM_K - 1,    // staged rows: input rows -P .. TH + P - 1
     DPM_SW = 24,                      // staged columns: input columns -P .. 20
     DPM_WORDS = DPM_SW / 2,           // 32-bit words a staged row
-    DPM_PAIRS = 2,                    // pixel pairs a thread loads an image (16 x 16: 144 pairs)
+    DPM_PAIRS = 2,                    // y / dx: units a thread stages an image (16 x 16: 144 pairs)
 };
 // A block is CG channels (CG / 8 16-byte vectors a pixel, which a warp's loads and stores take
 // side by side) and CG / 2 warps, 2 channels each: 16 CG threads.
@@ -39,8 +40,49 @@ static_assert((int)DPM_PAIRS * 128 >= (int)DWP_MAX_SIDE * ((DWP_MAX_SIDE + 2) / 
 // store writes spread over the banks; rows stay 16-byte aligned).
 template <int CG> __host__ __device__ constexpr int dpm_sum_stride() { return 16 * CG + 4; }
 
+// A unit of staging: 8 channels of two neighbouring pixels, which become 8 staged words (channel
+// c's word holds both pixels' values). A thread's units are the same for every image, so where
+// they come from and go is worked out once.
+struct DpmUnit {
+    int src;          // the first pixel's element offset in its image, its first channel included
+    int dst;          // the staged word of its first channel; -1: no unit
+    unsigned flags;   // bit 0, 1: the first, second pixel lies in the image; bit 2: a dy unit
+};
+enum { DPM_LO = 1, DPM_HI = 2, DPM_DY = 4 };
+
+template <int U>
+__device__ __forceinline__ void dpm_load(const bf16 *__restrict__ x, const bf16 *__restrict__ dy,
+                                         const DpmUnit (&un)[U], int C, uint4 (&px)[U][2]) {
+    #pragma unroll
+    for (int u = 0; u < U; u++) {
+        px[u][0] = px[u][1] = make_uint4(0, 0, 0, 0);
+        if (un[u].dst < 0) continue;
+        const bf16 *base = un[u].flags & DPM_DY ? dy : x;
+        if (un[u].flags & DPM_LO) px[u][0] = *reinterpret_cast<const uint4 *>(base + un[u].src);
+        if (un[u].flags & DPM_HI) px[u][1] = *reinterpret_cast<const uint4 *>(base + un[u].src + C);
+    }
+}
+
+// Channel c of both pixels into word dst + c plane (plane: words between channels' planes; pdy for
+// dy units).
+template <int U>
+__device__ __forceinline__ void dpm_store(unsigned *__restrict__ stage, const DpmUnit (&un)[U],
+                                          const uint4 (&px)[U][2], int plane, int pdy) {
+    #pragma unroll
+    for (int u = 0; u < U; u++) {
+        if (un[u].dst < 0) continue;
+        const unsigned lo[4] = {px[u][0].x, px[u][0].y, px[u][0].z, px[u][0].w};
+        const unsigned hi[4] = {px[u][1].x, px[u][1].y, px[u][1].z, px[u][1].w};
+        unsigned *dst = stage + un[u].dst;
+        const int stride = un[u].flags & DPM_DY ? pdy : plane;
+        #pragma unroll
+        for (int c = 0; c < 8; c++)
+            dst[c * stride] = __byte_perm(lo[c / 2], hi[c / 2], c % 2 ? 0x7632u : 0x5410u);
+    }
+}
+
 // Block (C / CG, image blocks), 16 CG threads: the block takes images blockIdx.y, + gridDim.y, ...
-// U: units (below) a thread loads an image, at most DPM_PAIRS.
+// U: units a thread stages an image, at most DPM_PAIRS.
 template <int CG, int U>
 __global__ void __launch_bounds__(16 * CG)
 dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const bf16 *__restrict__ bias,
@@ -60,37 +102,23 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
     unsigned bfrag[2][K][2];
     #pragma unroll
     for (int cc = 0; cc < 2; cc++) dw_band_fragments<K>(w + (size_t)(c0 + 2 * warp + cc) * KK, flags, g, t4, bfrag[cc]);
-    // An image's pixel pairs, VPP vectors each: unit e is vector e % VPP of pair p = e / VPP, which
-    // is word 1 + p % nm of image row p / nm.
+    // An image's pixel pairs, VPP units each: unit e is vector e % VPP of pair p = e / VPP, which
+    // is word 1 + p % nm of image row p / nm (input columns 2m - 3, 2m - 2).
     const int nm = (d.W + 2) / 2, units = d.H * nm * VPP;
+    DpmUnit un[U];
+    #pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int e = threadIdx.x + u * THREADS, p = e / VPP, v = e - p * VPP, r = p / nm, m = 1 + p - r * nm;
+        const int x0 = 2 * m - 3;
+        un[u].src = (r * d.W + x0) * d.C + c0 + 8 * v;
+        un[u].dst = e < units ? 8 * v * PLANE + (r + P) * DPM_WORDS + m : -1;
+        un[u].flags = (x0 >= 0 ? DPM_LO : 0) | (x0 + 1 < d.W ? DPM_HI : 0);
+    }
     uint4 px[U][2];
     auto load = [&](unsigned b) {
-        #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int e = threadIdx.x + u * THREADS, p = e / VPP, v = e - p * VPP, r = p / nm;
-            const int x0 = 2 * (p - r * nm) - 1;
-            #pragma unroll
-            for (int q = 0; q < 2; q++) {
-                px[u][q] = make_uint4(0, 0, 0, 0);
-                if (b < (unsigned)d.B && e < units && x0 + q >= 0 && x0 + q < d.W)
-                    px[u][q] = *reinterpret_cast<const uint4 *>(in + b * img + ((size_t)r * d.W + x0 + q) * d.C + c0 + 8 * v);
-            }
-        }
+        if (b < (unsigned)d.B) dpm_load(in + b * img, in, un, d.C, px);
     };
-    auto store = [&]() {   // channel c of both pixels: one word's halves
-        #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int e = threadIdx.x + u * THREADS, p = e / VPP, v = e - p * VPP, r = p / nm;
-            const int m = 1 + p - r * nm;
-            if (e >= units) break;
-            const unsigned lo[4] = {px[u][0].x, px[u][0].y, px[u][0].z, px[u][0].w};
-            const unsigned hi[4] = {px[u][1].x, px[u][1].y, px[u][1].z, px[u][1].w};
-            unsigned *dst = tile + 8 * v * PLANE + (r + P) * DPM_WORDS + m;
-            #pragma unroll
-            for (int c = 0; c < 8; c++)
-                dst[c * PLANE] = __byte_perm(lo[c / 2], hi[c / 2], c % 2 ? 0x7632u : 0x5410u);
-        }
-    };
+    auto store = [&]() { dpm_store(tile, un, px, PLANE, PLANE); };
     load(blockIdx.y);
     __syncthreads();   // the zeros in before any image's words
     for (unsigned b = blockIdx.y; b < (unsigned)d.B; b += gridDim.y) {
@@ -173,5 +201,127 @@ bool cuda_dwconv_plane_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *
     // of scattered 16-byte accesses).
     if (d.C % 16 == 0) dpm_launch<16>(ctx, in, w, bias, out, d, flags);
     else dpm_launch<8>(ctx, in, w, bias, out, d, flags);
+    return true;
+}
+
+// ---- dw and db ----------------------------------------------------------------------------------
+// dwconv_mma.cu's dw product on the same resident blocks: per channel and dy row y,
+//   D (16 x 8) += A (16 x 16) B (16 x 8),  A[j][q] = dy[y][q - j + P],  B[q][i] = in[y + i - P][q],
+// so that D[j][i] = dw[i][j] (j, i < K) summed over the row's 16 columns (every pair with both in
+// the image counted once, the rest meeting zeros); B's spare column i = 7 is ones, and D[P][7]
+// adds the row's dy, the bias gradient. One MMA a dy row and channel: 14 for a 14 x 14 image.
+// Per image the block stages its channels' x rows (input column x at staged column x) and dy rows
+// (dy column c at staged column c + DPD_OFF, so that A's column pairs are words for even j and two
+// words' halves for odd j), the next image's pixels loaded into registers meanwhile. Four MMA
+// chains a warp (2 channels x even and odd rows) sum over the block's images; each block's sums
+// are one row of the partial matrix (image blocks, C k^2 + C), added in a fixed order.
+// A staged dy row is 13 words: A's reach from word (2 t4 - g + 8) / 2 is 5 words on (the last
+// one read but unused at even g). Every lane reads the same dy row, so its width sets no banks.
+enum { DPD_OFF = 5, DPD_DY_ROWS = DWP_MAX_SIDE, DPD_WORDS = 13 };
+static_assert(3 * 128 >= (int)DWP_MAX_SIDE * ((DWP_MAX_SIDE + 1) / 2 + (DWP_MAX_SIDE + 2) / 2),
+              "three units a thread stage a 16 x 16 image's x and dy");
+static_assert((DPM_P + DPD_OFF) % 2 == 0, "A's pairs are words for even j");
+
+// U: units a thread loads an image (x pairs, then dy pairs, CG / 8 vectors each).
+template <int CG, int U>
+__global__ void __launch_bounds__(16 * CG)
+dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, DwconvShape d,
+                           float *__restrict__ partial) {
+    constexpr int K = DPM_K, P = DPM_P, KK = K * K, THREADS = 16 * CG, VPP = CG / 8;
+    constexpr int XPLANE = DPM_ROWS * DPM_WORDS, DPLANE = DPD_DY_ROWS * DPD_WORDS;
+    __shared__ __align__(16) unsigned stage[CG * (XPLANE + DPLANE)];
+    unsigned *xs = stage;                 // (CG, ROWS, SW): input row r - P, column s
+    unsigned *ds = stage + CG * XPLANE;   // (CG, 16, 26): dy row r, column s - DPD_OFF
+    const int c0 = blockIdx.x * CG;
+    const size_t img = (size_t)d.H * d.W * d.C;
+    for (int e = threadIdx.x; e < CG * (XPLANE + DPLANE); e += THREADS) stage[e] = 0u;
+
+    // Units, VPP a pair: x pair p is word p % nx of input row p / nx (columns 2m, 2m + 1); dy
+    // pair p (after the x pairs) word 2 + p % nd of dy row p / nd (columns 2m - 5, 2m - 4).
+    const int nx = (d.W + 1) / 2, nd = (d.W + 2) / 2, xpairs = d.H * nx, units = (xpairs + d.H * nd) * VPP;
+    DpmUnit un[U];
+    #pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int e = threadIdx.x + u * THREADS, p = e / VPP, v = e - p * VPP;
+        const bool is_dy = p >= xpairs;
+        const int q = is_dy ? p - xpairs : p, n = is_dy ? nd : nx, r = q / n;
+        const int m = q - r * n + (is_dy ? 2 : 0), col = is_dy ? 2 * m - DPD_OFF : 2 * m;
+        un[u].src = (r * d.W + col) * d.C + c0 + 8 * v;
+        un[u].dst = e >= units ? -1
+                    : is_dy ? CG * XPLANE + 8 * v * DPLANE + r * DPD_WORDS + m
+                            : 8 * v * XPLANE + (r + P) * DPM_WORDS + m;
+        un[u].flags = (col >= 0 ? DPM_LO : 0) | (col + 1 < d.W ? DPM_HI : 0) | (is_dy ? DPM_DY : 0);
+    }
+    uint4 px[U][2];
+    auto load = [&](unsigned b) {
+        if (b < (unsigned)d.B) dpm_load(in + b * img, dy + b * img, un, d.C, px);
+    };
+    auto store = [&]() { dpm_store(stage, un, px, XPLANE, DPLANE); };
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    const unsigned ones = Vec<bf16, 8>::pair(1.0f, 1.0f);
+    const unsigned sel = g & 1 ? 0x5432u : 0x3210u;      // A's pair: one word, or the halves of two
+    const int w0 = (2 * t4 - g + P + DPD_OFF) >> 1;        // A[g][2 t4]'s word in a staged dy row
+    const int xrow = g < K ? g : K - 1;                    // B's column i = g: staged x row y + g
+    float acc[2][2][4] = {};                               // per channel, per row parity
+    load(blockIdx.y);
+    __syncthreads();   // the zeros in before any image's words
+    for (unsigned b = blockIdx.y; b < (unsigned)d.B; b += gridDim.y) {
+        store();
+        load(b + gridDim.y);   // in flight until the next image's store
+        __syncthreads();
+        for (int y = 0; y < d.H; y += 2)
+            #pragma unroll
+            for (int h = 0; h < 2; h++)
+                #pragma unroll
+                for (int cc = 0; cc < 2; cc++) {
+                    if (y + h >= d.H) break;
+                    const int c = 2 * warp + cc;
+                    const unsigned *drow = ds + c * DPLANE + (y + h) * DPD_WORDS;
+                    const unsigned *xr = xs + c * XPLANE + (y + h + xrow) * DPM_WORDS;
+                    const unsigned a0 = __byte_perm(drow[w0], drow[w0 + 1], sel);
+                    const unsigned a2 = __byte_perm(drow[w0 + 4], drow[w0 + 5], sel);
+                    const unsigned b0 = g < K ? xr[t4] : ones, b1 = g < K ? xr[t4 + 4] : ones;
+                    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                        : "+f"(acc[cc][h][0]), "+f"(acc[cc][h][1]), "+f"(acc[cc][h][2]), "+f"(acc[cc][h][3])
+                        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+                }
+        __syncthreads();   // the planes are free for the next image
+    }
+    // D's fragment: rows j = g (g + 8 unused), columns i = 2 t4 and 2 t4 + 1.
+    float *row = partial + (size_t)blockIdx.y * ((size_t)d.C * KK + d.C);
+    #pragma unroll
+    for (int cc = 0; cc < 2; cc++) {
+        const int c = c0 + 2 * warp + cc, i = 2 * t4;
+        const float s0 = acc[cc][0][0] + acc[cc][1][0], s1 = acc[cc][0][1] + acc[cc][1][1];
+        if (g < K) {
+            row[(size_t)c * KK + i * K + g] = s0;
+            if (i + 1 < K) row[(size_t)c * KK + (i + 1) * K + g] = s1;
+        }
+        if (g == P && i + 1 == K) row[(size_t)d.C * KK + c] = s1;
+    }
+}
+
+template <int CG>
+static void dpm_launch_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
+                          float *db) {
+    const int units = d.H * ((d.W + 1) / 2 + (d.W + 2) / 2) * (CG / 8), threads = 16 * CG;
+    auto kernel = units <= 2 * threads ? dwconv_plane_mma_dw_kernel<CG, 2> : dwconv_plane_mma_dw_kernel<CG, 3>;
+    const int groups = d.C / CG;
+    const unsigned blocks = dwp_image_blocks(ctx, kernel, threads, 0, groups, d.B);
+    const size_t width = (size_t)d.C * DPM_K * DPM_K + d.C;
+    float *partial = (float *)cuda_scratch(ctx, (size_t)blocks * width * sizeof(float));
+    kernel<<<dim3((unsigned)groups, blocks), threads, 0, cuda_stream_of(ctx)>>>(dy, in, d, partial);
+    CUDA_CHECK_LAUNCH();
+    cuda_sum_partials(ctx, partial, blocks, width, (size_t)d.C * DPM_K * DPM_K, dw, db);
+}
+
+bool cuda_dwconv_plane_mma_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
+                              float *db) {
+    if (d.k != DPM_K || d.C % 8 != 0 || d.H > DWP_MAX_SIDE || d.W > DWP_MAX_SIDE || d.W <= 8 ||
+        d.B == 0 || !aligned16(dy) || !aligned16(in))
+        return false;
+    if (d.C % 16 == 0) dpm_launch_dw<16>(ctx, dy, in, d, dw, db);
+    else dpm_launch_dw<8>(ctx, dy, in, d, dw, db);
     return true;
 }

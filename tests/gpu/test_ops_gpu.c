@@ -671,9 +671,9 @@ static void test_attention_pool_matches_cpu(void **state) {
 // (kernels/cuda/dwconv_plane.cu; dw where C is a multiple of 16): the four shapes from
 // 14 x 14 x 96 give them 32, 16 and 8 channels a block, even and odd widths and each flag set,
 // and 2 x 2 and 1 x 1 images (narrower than the 7 taps: the dw window's columns past the image).
-// Their y / dx pass on 9 to 16 columns is the tensor-core one (dwconv_plane_mma.cu): 14 x 14 x 96,
-// 11 x 16 x 32, 16 x 15 x 56 and 16 x 16 x 40 give it 16 and 8 channels a block, odd rows and
-// columns, one and two pixel pairs a thread (16 x 16), and each flag set.
+// On 9 to 16 columns their y / dx and dw passes are the tensor-core ones (dwconv_plane_mma.cu):
+// 14 x 14 x 96, 11 x 16 x 32, 16 x 15 x 56 and 16 x 16 x 40 give them 16 and 8 channels a block,
+// odd rows and columns, the most units a thread stages (16 x 16), and each flag set.
 // So does 3x3 on fp32 activations (both weight dtypes), forward and the one-pass backward: the
 // 3x3 shapes up to 16 x 16 with C a multiple of 8. Larger bf16 7x7 grids with
 // C a multiple of 8 take the tensor-core kernel (kernels/cuda/dwconv_mma.cu); the three shapes
@@ -726,28 +726,32 @@ static void test_dwconv_matches_cpu(void **state) {
         }
 }
 
-// Two backward calls give bitwise the same dx, dw and db: fixed-order sums, no atomics.
+// Two backward calls give bitwise the same dx, dw and db: fixed-order sums, no atomics. 30 x 30:
+// the tensor-core dw pass of row blocks; 14 x 14: the whole-image one of resident blocks.
 static void test_dwconv_bwd_is_deterministic(void **state) {
-    const int B = 5, hgt = 30, wid = 30, C = 48, k = 7;
-    Tensor *x = rnd(HT(B, hgt, wid, C), 1, -1, 1, DTYPE_BF16), *w = rnd(HT(C, 1, k, k), 2, -1, 1, DTYPE_BF16);
-    Tensor *dy = rnd(HT(B, hgt, wid, C), 4, -1, 1, DTYPE_BF16);
-    Tensor *gx = dev(x, DTYPE_BF16), *gw = dev(w, DTYPE_BF16), *gdy = dev(dy, DTYPE_BF16);
-    float *out[2][3];
-    for (int run = 0; run < 2; run++) {
-        Tensor *gdx = dev_zeros(x, DTYPE_BF16), *gdw = dev_zeros(w, DTYPE_F32);
-        Tensor *gdb = dev_zeros(HT(C), DTYPE_F32);
-        cuda_dwconv_bwd(&G, gdy, gx, gw, DWCONV_RESIDUAL, gdx, gdw, gdb);
-        out[run][0] = tensor_to_host_f32(&G, gdx);
-        out[run][1] = tensor_to_host_f32(&G, gdw);
-        out[run][2] = tensor_to_host_f32(&G, gdb);
+    static const int sides[] = {30, 14};
+    for (int si = 0; si < 2; si++) {
+        const int B = 5, hgt = sides[si], wid = sides[si], C = 48, k = 7;
+        Tensor *x = rnd(HT(B, hgt, wid, C), 1, -1, 1, DTYPE_BF16), *w = rnd(HT(C, 1, k, k), 2, -1, 1, DTYPE_BF16);
+        Tensor *dy = rnd(HT(B, hgt, wid, C), 4, -1, 1, DTYPE_BF16);
+        Tensor *gx = dev(x, DTYPE_BF16), *gw = dev(w, DTYPE_BF16), *gdy = dev(dy, DTYPE_BF16);
+        float *out[2][3];
+        for (int run = 0; run < 2; run++) {
+            Tensor *gdx = dev_zeros(x, DTYPE_BF16), *gdw = dev_zeros(w, DTYPE_F32);
+            Tensor *gdb = dev_zeros(HT(C), DTYPE_F32);
+            cuda_dwconv_bwd(&G, gdy, gx, gw, DWCONV_RESIDUAL, gdx, gdw, gdb);
+            out[run][0] = tensor_to_host_f32(&G, gdx);
+            out[run][1] = tensor_to_host_f32(&G, gdw);
+            out[run][2] = tensor_to_host_f32(&G, gdb);
+        }
+        const size_t n[3] = {x->numel, w->numel, (size_t)C};
+        for (int q = 0; q < 3; q++) {
+            assert_memory_equal(out[0][q], out[1][q], n[q] * sizeof(float));
+            free(out[0][q]);
+            free(out[1][q]);
+        }
+        release_all();
     }
-    const size_t n[3] = {x->numel, w->numel, (size_t)C};
-    for (int q = 0; q < 3; q++) {
-        assert_memory_equal(out[0][q], out[1][q], n[q] * sizeof(float));
-        free(out[0][q]);
-        free(out[1][q]);
-    }
-    release_all();
 }
 
 // conv2d for the stem (NCHW image, 3x3 stride 2: RGB and grey with 8k outputs, the direct stem
