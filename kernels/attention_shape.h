@@ -1,5 +1,5 @@
-// The shapes of attention_fwd / attention_bwd (kernels/ops_list.h) and their refusals, for the
-// CPU ops (kernels/cuda/attention.cu checks the same rules itself): qkv (B, N, 3C), its last dim
+// The shapes of attention_fwd / attention_bwd (kernels/ops_list.h) and their refusals, for both
+// backends (kernels/cpu/attention.c, kernels/cuda/attention.cu): qkv (B, N, 3C), its last dim
 // q | k | v, each (heads, D); N = numel / (B 3C), so a (B, H, W, 3C) grid works too. A backend adds
 // its own device and dtype rules, and checks out and lse against the dims.
 #pragma once

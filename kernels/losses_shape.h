@@ -1,5 +1,5 @@
 // The shapes of the losses (kernels/ops_list.h: cross_entropy, mse, token_kl) and their refusals,
-// for the CPU ops (kernels/cuda/losses.cu checks the same rules itself). A loss and its dloss are
+// for both backends (kernels/cpu/losses.c, kernels/cuda/losses.cu). A loss and its dloss are
 // 1-element tensors; the row-wise losses read their inputs as (rows, last dim). A backend adds its
 // own device and dtype rules.
 #pragma once

@@ -11,30 +11,27 @@
 #include "attention.h"
 #include "attention_internal.h"
 #include "../ops.h"
+#include "../attention_shape.h"
 #include <stdint.h>
 #include <stdlib.h>
 
 namespace {
 
+// The shape rules are kernels/attention_shape.h's (both backends); the device and dtype ones here.
 AttnDims attn_dims(const char *op, const Tensor *qkv, int heads) {
     CG_CHECK(qkv != NULL, "", "op %s: qkv is NULL", op);
-    char buf[64];
     CG_CHECK(qkv->device == DEVICE_CUDA && (qkv->dtype == DTYPE_F32 || qkv->dtype == DTYPE_BF16),
              "the CUDA backend takes fp32 or bf16 tensors on the GPU",
              "op %s: qkv is a %s tensor on the %s", op, dtype_name(qkv->dtype),
              qkv->device == DEVICE_CUDA ? "GPU" : "CPU");
-    CG_CHECK(qkv->ndim >= 2 && tensor_last(qkv) % 3 == 0, "",
-             "op %s: qkv has shape %s, expected (B, N, 3C)", op,
-             tensor_shape_str(qkv, buf, sizeof buf));
+    const AttnShape s = attention_shape(op, qkv, heads);
     AttnDims a;
-    a.B = qkv->shape[0];
-    a.C = tensor_last(qkv) / 3;
-    a.N = a.B && a.C ? (int)(qkv->numel / ((size_t)a.B * 3 * a.C)) : 0;
-    a.H = heads;
-    CG_CHECK(heads > 0 && a.C % heads == 0, "num_heads must divide the embedding width",
-             "op %s: %d channels do not split into %d heads", op, a.C, heads);
-    a.D = a.C / heads;
-    a.scale = 1.0f / sqrtf((float)a.D);
+    a.B = s.B;
+    a.N = s.N;
+    a.C = s.C;
+    a.H = s.H;
+    a.D = s.D;
+    a.scale = s.scale;
     a.dtype = qkv->dtype;
     return a;
 }

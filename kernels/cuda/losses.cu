@@ -3,13 +3,16 @@
 // Determinism: a row loss (cross-entropy, KL) is one warp's fixed butterfly sum, an MSE block
 // partial is one block's fixed tree, and kernels/cuda/reduce.cu adds the row or block partials
 // in order, in double. Inputs may be fp32 or bf16 each; the math is fp32.
+// Shapes: kernels/losses_shape.h (both backends); the device and dtype rules here.
 #include "cuda_elem.cuh"
+#include "../losses_shape.h"
 
 enum { LOSS_WARPS = 8, MSE_THREADS = 256, MSE_MAX_BLOCKS = 1024 };
 
+// A loss or its dloss: one fp32 element on the GPU.
 static void check_scalar(const char *op, const char *name, const Tensor *t) {
     cuda_check_f32(op, name, t);
-    CG_CHECK(t->numel == 1, "", "op %s: %s holds 1 element, got %zu", op, name, t->numel);
+    loss_check_scalar(op, name, t);
 }
 
 static unsigned row_blocks(size_t rows) { return (unsigned)ceil_div(rows, LOSS_WARPS); }
@@ -62,12 +65,11 @@ void cuda_cross_entropy_fwd(Ctx *ctx, const Tensor *logits, const Tensor *target
                             Tensor *probs) {
     const char *op = "cross_entropy_fwd";
     cuda_check_tensor(op, "logits", logits);
-    size_t B = tensor_rows(logits);
-    int K = tensor_last(logits);
-    cuda_check_numel(op, "targets", targets, logits->numel);
-    cuda_check_numel(op, "probs", probs, logits->numel);
-    check_scalar(op, "loss", loss);
-    CG_CHECK(B > 0, "", "op %s: empty batch", op);
+    cuda_check_tensor(op, "targets", targets);
+    cuda_check_tensor(op, "probs", probs);
+    cuda_check_f32(op, "loss", loss);
+    size_t Kz, B = cross_entropy_dims(op, logits, targets, probs, loss, &Kz);
+    const int K = (int)Kz;
     float *row_loss = (float *)cuda_scratch(ctx, B * sizeof(float));
     bool vec = K % 8 == 0 && aligned16(logits->data) && aligned16(targets->data) && aligned16(probs->data);
     cudaStream_t s = cuda_stream_of(ctx);
@@ -107,11 +109,12 @@ void cuda_cross_entropy_bwd(Ctx *ctx, const Tensor *dloss, const Tensor *probs,
                             const Tensor *targets, Tensor *dlogits) {
     const char *op = "cross_entropy_bwd";
     if (!dlogits) return;
-    check_scalar(op, "dloss", dloss);
+    cuda_check_f32(op, "dloss", dloss);
     cuda_check_tensor(op, "probs", probs);
-    cuda_check_numel(op, "targets", targets, probs->numel);
-    cuda_check_numel(op, "dlogits", dlogits, probs->numel);
-    float B = (float)tensor_rows(probs);   // dloss / B in fp32, as the CPU reference
+    cuda_check_tensor(op, "targets", targets);
+    cuda_check_tensor(op, "dlogits", dlogits);
+    // dloss / B in fp32, as the CPU reference
+    const float B = (float)cross_entropy_bwd_dims(op, dloss, probs, targets, dlogits);
     bool vec = aligned16(probs->data) && aligned16(targets->data) && aligned16(dlogits->data);
     dispatch_dtype3(probs->dtype, targets->dtype, dlogits->dtype, [&](auto tp, auto tt, auto td) {
         using TP = TAG_T(tp);
@@ -155,10 +158,9 @@ static unsigned reduce_blocks(size_t n) {
 void cuda_mse_fwd(Ctx *ctx, const Tensor *a, const Tensor *b, Tensor *loss) {
     const char *op = "mse_fwd";
     cuda_check_tensor(op, "a", a);
-    cuda_check_numel(op, "b", b, a->numel);
+    cuda_check_tensor(op, "b", b);
     check_scalar(op, "loss", loss);
-    size_t n = a->numel;
-    CG_CHECK(n > 0, "", "op %s: empty tensors", op);
+    const size_t n = mse_dims(op, a, b, NULL, NULL);
     unsigned blocks = reduce_blocks(n);
     float *part = (float *)cuda_scratch(ctx, blocks * sizeof(float));
     bool vec = aligned16(a->data) && aligned16(b->data);
@@ -210,9 +212,10 @@ void cuda_mse_bwd(Ctx *ctx, const Tensor *dloss, const Tensor *a, const Tensor *
     if (!da && !db) return;
     check_scalar(op, "dloss", dloss);
     cuda_check_tensor(op, "a", a);
-    cuda_check_numel(op, "b", b, a->numel);
-    if (da) { cuda_check_numel(op, "da", da, a->numel); cuda_check_same_dtype(op, "da", da, "a", a); }
-    if (db) { cuda_check_numel(op, "db", db, a->numel); cuda_check_same_dtype(op, "db", db, "b", b); }
+    cuda_check_tensor(op, "b", b);
+    if (da) { cuda_check_tensor(op, "da", da); cuda_check_same_dtype(op, "da", da, "a", a); }
+    if (db) { cuda_check_tensor(op, "db", db); cuda_check_same_dtype(op, "db", db, "b", b); }
+    mse_dims(op, a, b, da, db);
     bool vec = aligned16(a->data) && aligned16(b->data) && (!da || aligned16(da->data)) &&
                (!db || aligned16(db->data));
     float n = (float)a->numel;
@@ -268,12 +271,10 @@ token_kl_fwd_kernel(const TS *__restrict__ s, const TT *__restrict__ t, float *_
 void cuda_token_kl_fwd(Ctx *ctx, const Tensor *s, const Tensor *t, Tensor *loss) {
     const char *op = "token_kl_fwd";
     cuda_check_tensor(op, "s", s);
-    cuda_check_numel(op, "t", t, s->numel);
+    cuda_check_tensor(op, "t", t);
     check_scalar(op, "loss", loss);
-    size_t N = tensor_rows(s);
-    int C = tensor_last(s);
-    CG_CHECK(tensor_last(t) == C && N > 0, "", "op %s: s %zu x %d, t has last dim %d", op, N, C,
-             tensor_last(t));
+    size_t Cz, N = token_kl_dims(op, s, t, NULL, NULL, &Cz);
+    const int C = (int)Cz;
     float *row_kl = (float *)cuda_scratch(ctx, N * sizeof(float));
     bool vec = C % 8 == 0 && aligned16(s->data) && aligned16(t->data);
     cudaStream_t st = cuda_stream_of(ctx);
@@ -335,12 +336,11 @@ void cuda_token_kl_bwd(Ctx *ctx, const Tensor *dloss, const Tensor *s, const Ten
     if (!ds && !dt) return;
     check_scalar(op, "dloss", dloss);
     cuda_check_tensor(op, "s", s);
-    cuda_check_numel(op, "t", t, s->numel);
-    if (ds) { cuda_check_numel(op, "ds", ds, s->numel); cuda_check_same_dtype(op, "ds", ds, "s", s); }
-    if (dt) { cuda_check_numel(op, "dt", dt, s->numel); cuda_check_same_dtype(op, "dt", dt, "t", t); }
-    size_t N = tensor_rows(s);
-    int C = tensor_last(s);
-    if (N == 0) return;
+    cuda_check_tensor(op, "t", t);
+    if (ds) { cuda_check_tensor(op, "ds", ds); cuda_check_same_dtype(op, "ds", ds, "s", s); }
+    if (dt) { cuda_check_tensor(op, "dt", dt); cuda_check_same_dtype(op, "dt", dt, "t", t); }
+    size_t Cz, N = token_kl_dims(op, s, t, ds, dt, &Cz);
+    const int C = (int)Cz;
     bool vec = C % 8 == 0 && aligned16(s->data) && aligned16(t->data) &&
                (!ds || aligned16(ds->data)) && (!dt || aligned16(dt->data));
     cudaStream_t st = cuda_stream_of(ctx);
