@@ -10,8 +10,8 @@
 // A block owns CG channels (16 where C allows, else 8; 16 CG threads) of MMA_TH output rows
 // across the whole width. It stages their TH + K - 1 input rows channel-major in shared memory (a
 // fragment's column pairs are then 32-bit words), a warp per channel in turn builds that channel's
-// K B fragments once and runs every column tile, and the fp32 sums go back out through shared
-// memory along channels (16-byte stores).
+// K B fragments once and runs every column tile, and the fp32 sums are staged channel-major in
+// shared memory (dwconv_mma.h) and go out along channels (16-byte stores).
 //
 // The dw pass is the same product with the roles turned (dwconv_mma_dw_kernel below): the taps
 // become the 7 x 8 result of one MMA per dy row and 16 columns, summed in registers over a run
@@ -25,9 +25,8 @@ enum { MMA_TH = 16, MMA_CG = 8, MMA_K = 7 };   // MMA_CG: the smallest channel g
 // bank quads.
 static int mma_row_width(int need) { return need % 16 == 8 ? need : need + 8; }
 
-// Floats per row of the sums' staging: the row's tiles * 8 pixels of CG channels, plus 4 (the
-// 8 rows one fragment writes then spread over the banks; rows stay 16-byte aligned).
-__host__ __device__ static int mma_sum_stride(int tiles_x, int cg) { return tiles_x * 8 * cg + 4; }
+// Elements between two channels' staged planes of `rows` rows `width` (even) wide.
+__host__ __device__ static int mma_plane(int rows, int width) { return 2 * dw_stage_plane(rows * width / 2); }
 
 // Stages rows y_first .. y_first + nrows - 1 of one image's CG channels from img (the image at
 // its first channel) into dst channel-major as bf16 bits, channel c's rows cstride elements apart
@@ -77,44 +76,36 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const
                   bf16 *__restrict__ out, DwconvShape d, int flags, int tiles_x, int sw) {
     constexpr int P = K / 2, ROWS = MMA_TH + K - 1, THREADS = 16 * CG, VPP = CG / 8;
     extern __shared__ __align__(16) unsigned char mma_smem[];
+    const int tplane = mma_plane(ROWS, sw), rs = dw_sum_row(tiles_x * 8), ps = dw_sum_plane(MMA_TH, tiles_x * 8);
     unsigned short *tile = reinterpret_cast<unsigned short *>(mma_smem);   // (CG, ROWS, sw) bf16 bits
-    float *sums = reinterpret_cast<float *>(mma_smem + (size_t)CG * ROWS * sw * 2);   // (TH, stride)
-    const int stride = mma_sum_stride(tiles_x, CG);
+    float *sums = reinterpret_cast<float *>(mma_smem + (size_t)CG * tplane * 2);   // (CG, TH, rs)
     const int c0 = blockIdx.x * CG, y0 = blockIdx.y * MMA_TH;
     const size_t plane = (size_t)d.H * d.W * d.C, b = blockIdx.z;
     // Staged pixel (r, s) is input (y0 - P + r, s - P).
-    mma_stage<CG>(in + b * plane + c0, d, y0 - P, ROWS, sw, P, tile, (size_t)ROWS * sw);
+    mma_stage<CG>(in + b * plane + c0, d, y0 - P, ROWS, sw, P, tile, (size_t)tplane);
     __syncthreads();
     const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
     for (int c = threadIdx.x / 32; c < CG; c += THREADS / 32) {
         unsigned bfrag[K][2];
         dw_band_fragments<K>(w + (size_t)(c0 + c) * K * K, flags, g, t4, bfrag);
-        const unsigned *tw = reinterpret_cast<const unsigned *>(tile + (size_t)c * ROWS * sw);
+        const unsigned *tw = reinterpret_cast<const unsigned *>(tile + (size_t)c * tplane);
         const int half = sw / 2;   // 32-bit words per staged row
         // A_i's fragment: rows g and g + 8 (staged rows + i), the words of column pairs 2 t4 and
         // 2 t4 + 8 of the tile. A tile's second word is the next tile's first: each is read once.
         unsigned a_lo[K][2];
         #pragma unroll
         for (int i = 0; i < K; i++) a_lo[i][0] = tw[(g + i) * half + t4], a_lo[i][1] = tw[(g + 8 + i) * half + t4];
+        #pragma unroll 1   // unrolled, the 16-channel kernel takes 112 registers: 2 blocks an SM at 28 x 28, not 3
         for (int jt = 0; jt < tiles_x; jt++) {
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             const int wcol = jt * 4 + t4;   // the word of columns jt * 8 + 2 t4, + 1
             #pragma unroll
             for (int i = 0; i < K; i++) {
                 const unsigned a2 = tw[(g + i) * half + wcol + 4], a3 = tw[(g + 8 + i) * half + wcol + 4];
-                asm volatile(
-                    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                    "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                    : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-                    : "r"(a_lo[i][0]), "r"(a_lo[i][1]), "r"(a2), "r"(a3), "r"(bfrag[i][0]), "r"(bfrag[i][1]));
+                dw_mma_16816(acc, a_lo[i][0], a_lo[i][1], a2, a3, bfrag[i][0], bfrag[i][1]);
                 a_lo[i][0] = a2, a_lo[i][1] = a3;
             }
-            // D's fragment: rows g and g + 8, columns jt * 8 + 2 t4 and + 1.
-            const int col = jt * 8 + 2 * t4;
-            sums[g * stride + col * CG + c] = acc[0];
-            sums[g * stride + (col + 1) * CG + c] = acc[1];
-            sums[(g + 8) * stride + col * CG + c] = acc[2];
-            sums[(g + 8) * stride + (col + 1) * CG + c] = acc[3];
+            dw_put_sums(sums, c, ps, rs, g, jt * 8 + 2 * t4, acc);   // D: rows g, g + 8; columns 2 t4, + 1
         }
     }
     __syncthreads();
@@ -123,22 +114,10 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const
     for (int e = threadIdx.x; e < MMA_TH * d.W * VPP; e += THREADS) {
         const int pix = e / VPP, v8 = 8 * (e - pix * VPP), r = pix / d.W, xx = pix - r * d.W, yy = y0 + r;
         if (yy >= d.H) break;   // e grows with r
-        const float4 *s4 = reinterpret_cast<const float4 *>(sums + r * stride + xx * CG + v8);
-        const float4 lo = s4[0], hi = s4[1];
-        float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-        bf16 *p = o + ((size_t)yy * d.W + xx) * d.C + v8;
-        float prior[8], bv[8];
-        if (flags & DW_ACCUM) load_v<8>(p, prior);
-        if (bias) load_v<8>(bias + c0 + v8, bv);
-        #pragma unroll
-        for (int c = 0; c < 8; c++) {
-            if (bias) v[c] += bv[c];
-            if (flags & DW_RESID)
-                v[c] += __uint_as_float((unsigned)tile[((v8 + c) * ROWS + r + P) * sw + xx + P] << 16);
-            if (flags & DW_ACCUM) v[c] += prior[c];
-            if (flags & DW_SILU) v[c] = dw_silu<bf16>(v[c]);
-        }
-        store_v<8>(p, v);
+        const unsigned short *resid = tile + (size_t)v8 * tplane + (r + P) * sw + xx + P;   // staged (r + P, xx + P)
+        dw_store_out8(o + ((size_t)yy * d.W + xx) * d.C + v8, sums + v8 * ps + r * rs + xx, ps,
+                      bias ? bias + c0 + v8 : nullptr, flags,
+                      [&](int c) { return __uint_as_float((unsigned)resid[c * tplane] << 16); });
     }
 }
 
@@ -146,8 +125,8 @@ template <int CG>
 static bool mma_launch(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
                        const DwconvShape &d, int flags) {
     const int tiles_x = (d.W + 7) / 8, sw = mma_row_width(tiles_x * 8 + 8);   // the tiles' reach
-    const size_t smem = (size_t)CG * (MMA_TH + MMA_K - 1) * sw * 2 +
-                        (size_t)MMA_TH * mma_sum_stride(tiles_x, CG) * sizeof(float);
+    const size_t smem = (size_t)CG * mma_plane(MMA_TH + MMA_K - 1, sw) * 2 +
+                        (size_t)CG * dw_sum_plane(MMA_TH, tiles_x * 8) * sizeof(float);
     // two blocks an SM at most: 227 KB of shared memory, 1 KB of it the system's
     if (smem > 113 * 1024 || (d.H + MMA_TH - 1) / MMA_TH > 65535 || d.B > 65535) return false;
     auto kernel = dwconv_mma_kernel<MMA_K, CG>;
@@ -197,8 +176,9 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
     constexpr int P = K / 2, ROWS = MMA_TH + K - 1, KK = K * K;
     static_assert((P + DWM_OFF) % 2 == 0, "dy's staging offset must make A's pairs even for j even");
     extern __shared__ __align__(16) unsigned char mma_smem[];
+    const int xplane = mma_plane(ROWS, swx), dplane = mma_plane(MMA_TH, swd);
     unsigned short *xs = reinterpret_cast<unsigned short *>(mma_smem);   // (CG, ROWS, swx) bf16 bits
-    unsigned short *ds = xs + (size_t)CG * ROWS * swx;                   // (CG, TH, swd)
+    unsigned short *ds = xs + (size_t)CG * xplane;                       // (CG, TH, swd)
     const int c0 = blockIdx.x * CG, y0 = blockIdx.y * MMA_TH;
     const int b0 = blockIdx.z * per, b1 = min(d.B, b0 + per);
     const size_t plane = (size_t)d.H * d.W * d.C;
@@ -210,8 +190,8 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
     for (int b = b0; b < b1; b++) {
         // Input rows y0 - P .. y0 + TH + P - 1 (xs), dy rows y0 .. y0 + TH - 1 from column -DWM_OFF (ds).
         // (only the rows the block's dy rows reach: fewer in a short image)
-        mma_stage<CG>(in + b * plane + c0, d, y0 - P, rows + K - 1, swx, 0, xs, (size_t)ROWS * swx);
-        mma_stage<CG>(dy + b * plane + c0, d, y0, rows, swd, DWM_OFF, ds, (size_t)MMA_TH * swd);
+        mma_stage<CG>(in + b * plane + c0, d, y0 - P, rows + K - 1, swx, 0, xs, (size_t)xplane);
+        mma_stage<CG>(dy + b * plane + c0, d, y0, rows, swd, DWM_OFF, ds, (size_t)dplane);
         __syncthreads();
         for (int r = 0; r < rows; r++)
             for (int jt0 = 0; jt0 < tiles_x; jt0 += 2)
@@ -221,19 +201,16 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
                 for (int cc = 0; cc < DWM_CPW; cc++) {   // 2 channels x 2 tile parities: 4 MMA chains
                     const int c = warp * DWM_CPW + cc, jt = jt0 + h;
                     if (jt >= tiles_x) break;
-                    const unsigned *drow = reinterpret_cast<const unsigned *>(ds + ((size_t)c * MMA_TH + r) * swd);
+                    const unsigned *drow = reinterpret_cast<const unsigned *>(ds + (size_t)c * dplane + r * swd);
                     // B's column i = g: input row y + g - P, staged row r + g (g = K: the ones).
                     const unsigned *xrow = reinterpret_cast<const unsigned *>(
-                        xs + ((size_t)c * ROWS + r + min(g, K - 1)) * swx);
+                        xs + (size_t)c * xplane + (r + min(g, K - 1)) * swx);
                     const int w0 = (jt * 16 + 2 * t4 - g + P + DWM_OFF) >> 1;   // A[g][2 t4]'s word
                     const unsigned a0 = __byte_perm(drow[w0], drow[w0 + 1], sel);
                     const unsigned a2 = __byte_perm(drow[w0 + 4], drow[w0 + 5], sel);
                     const unsigned bb0 = g < K ? xrow[jt * 8 + t4] : ones;
                     const unsigned bb1 = g < K ? xrow[jt * 8 + t4 + 4] : ones;
-                    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                        : "+f"(acc[cc][h][0]), "+f"(acc[cc][h][1]), "+f"(acc[cc][h][2]), "+f"(acc[cc][h][3])
-                        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(bb0), "r"(bb1));
+                    dw_mma_16816(acc[cc][h], a0, 0u, a2, 0u, bb0, bb1);
                 }
         __syncthreads();
     }
@@ -259,7 +236,7 @@ bool cuda_dwconv_mma_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvSh
     if (d.k != MMA_K || d.C % CG != 0 || !aligned16(dy) || !aligned16(in)) return false;
     const int tiles_x = (d.W + 15) / 16, swx = mma_row_width(tiles_x * 16),
               swd = mma_dw_dy_width(tiles_x);
-    const size_t smem = (size_t)CG * ((MMA_TH + MMA_K - 1) * swx + MMA_TH * swd) * 2;
+    const size_t smem = (size_t)CG * (mma_plane(MMA_TH + MMA_K - 1, swx) + mma_plane(MMA_TH, swd)) * 2;
     const int hblocks = (d.H + MMA_TH - 1) / MMA_TH, groups = d.C / CG;
     if (smem > 100 * 1024 || hblocks > 65535) return false;
     // Runs of images: two blocks for every one an SM holds at once (shared memory, 2048 threads),

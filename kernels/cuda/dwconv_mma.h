@@ -38,6 +38,59 @@ __device__ __forceinline__ void dw_band_fragments(const bf16 *__restrict__ wc, i
     }
 }
 
+// D (16 x 8, fp32) += A (16 x 16) B (16 x 8), bf16: one m16n8k16 MMA. a: this lane's four A
+// fragment words (rows g, g + 8 at columns 2 t4; the same at 2 t4 + 8), b: its two B words.
+__device__ __forceinline__ void dw_mma_16816(float (&acc)[4], unsigned a0, unsigned a1, unsigned a2,
+                                             unsigned a3, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Words between two channels' staged input planes of `words` words: 2 modulo 4, so that the two
+// 8-channel halves of a pixel, which neighbouring lanes stage, fall on opposite halves of the banks.
+__host__ __device__ constexpr int dw_stage_plane(int words) { return words + (6 - words % 4) % 4; }
+
+// The y / dx passes' sums, staged channel-major between the MMAs and the write-out: channel c's
+// plane of rows RS floats long, planes PS floats apart. A fragment's two columns are one 8-byte
+// store; RS = 8 modulo 16 puts a half-warp's 16 stores (rows g .. g + 3, columns 2 t4) on the 32
+// banks, and PS = 2 modulo 4 puts channels c and c + 8, which neighbouring write-out lanes read,
+// on opposite halves of the banks. (Along channels, (row, pixel, channel), the four lanes t4 of
+// a store met on one bank.)
+__host__ __device__ constexpr int dw_sum_row(int cols) { return (cols + 7) / 16 * 16 + 8; }
+__host__ __device__ constexpr int dw_sum_plane(int rows, int cols) { return rows * dw_sum_row(cols) + 2; }
+
+// Channel c's D fragment (rows g and g + 8, columns col and col + 1) into the staged sums.
+__device__ __forceinline__ void dw_put_sums(float *sums, int c, int ps, int rs, int g, int col,
+                                            const float (&acc)[4]) {
+    // st.shared.v2 written out: from float2 stores nvcc made two 4-byte stores of the first pair
+    const unsigned s = (unsigned)__cvta_generic_to_shared(sums + c * ps + g * rs + col);
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(s), "f"(acc[0]), "f"(acc[1]));
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(s + 32 * rs), "f"(acc[2]), "f"(acc[3]));
+}
+
+// The write-out of 8 channels of one output pixel at p: sums (the first channel's, channels ps
+// apart) + bias (+ resid(c) with DW_RESID) (+ the prior value with DW_ACCUM), SiLU with DW_SILU,
+// rounded once.
+template <typename Resid>
+__device__ __forceinline__ void dw_store_out8(bf16 *p, const float *sums, int ps, const bf16 *bias8,
+                                              int flags, Resid &&resid) {
+    float v[8], prior[8], bv[8];
+    #pragma unroll
+    for (int c = 0; c < 8; c++) v[c] = sums[c * ps];
+    if (flags & DW_ACCUM) load_v<8>(p, prior);
+    if (bias8) load_v<8>(bias8, bv);
+    #pragma unroll
+    for (int c = 0; c < 8; c++) {
+        if (bias8) v[c] += bv[c];
+        if (flags & DW_RESID) v[c] += resid(c);
+        if (flags & DW_ACCUM) v[c] += prior[c];
+        if (flags & DW_SILU) v[c] = dw_silu<bf16>(v[c]);
+    }
+    store_v<8>(p, v);
+}
+
 // out (+)= bias + the k x k taps of in (mirrored with DW_FLIP) (+ in with DW_RESID). Returns
 // false, launching nothing, when the shape or dtypes are not covered.
 bool cuda_dwconv_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,

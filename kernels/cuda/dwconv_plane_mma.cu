@@ -12,8 +12,9 @@
 // two channels' B fragments once; the staged planes' zero border (rows and columns past the image)
 // is written once; the next image's pixels are loaded into registers while the current image is
 // multiplied and written out, then stored channel-major into the staged planes (a fragment's
-// column pairs are 32-bit words). The sums go out through shared memory along channels (16-byte
-// stores), with the bias, the residual, the prior value and SiLU as the DW_* flags ask. The dw
+// column pairs are 32-bit words). The sums are staged channel-major in shared memory
+// (dwconv_mma.h) and go out along channels (16-byte stores), with the bias, the residual, the
+// prior value and SiLU as the DW_* flags ask. The dw
 // pass below is dwconv_mma.cu's dw product on the same resident blocks.
 #include "dwconv_plane.h"
 
@@ -35,10 +36,6 @@ enum {
 static_assert(DPM_SW >= 2 * 8 + 8 && DPM_SW % 16 == 8, "staged row width");
 static_assert((int)DPM_TH >= (int)DWP_MAX_SIDE, "an image's rows in one tile");
 static_assert((int)DPM_PAIRS * 128 >= (int)DWP_MAX_SIDE * ((DWP_MAX_SIDE + 2) / 2), "pairs a thread");
-
-// Floats a row of the sums' staging: 16 pixels of CG channels, plus 4 (the 8 rows one fragment
-// store writes spread over the banks; rows stay 16-byte aligned).
-template <int CG> __host__ __device__ constexpr int dpm_sum_stride() { return 16 * CG + 4; }
 
 // A unit of staging: 8 channels of two neighbouring pixels, which become 8 staged words (channel
 // c's word holds both pixels' values). A thread's units are the same for every image, so where
@@ -87,11 +84,12 @@ template <int CG, int U>
 __global__ void __launch_bounds__(16 * CG)
 dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const bf16 *__restrict__ bias,
                         bf16 *__restrict__ out, DwconvShape d, int flags) {
-    constexpr int K = DPM_K, P = DPM_P, KK = K * K, STRIDE = dpm_sum_stride<CG>(), TX = 2;
+    constexpr int K = DPM_K, P = DPM_P, KK = K * K, TX = 2;
     constexpr int THREADS = 16 * CG, VPP = CG / 8;   // VPP: 16-byte vectors a pixel
-    constexpr int PLANE = DPM_ROWS * DPM_WORDS;      // words a channel's staged plane
-    __shared__ __align__(16) unsigned tile[CG * PLANE];    // (CG, ROWS, SW) bf16 pairs
-    __shared__ __align__(16) float sums[DPM_TH * STRIDE];  // (TH, 16, CG), rows padded
+    constexpr int PLANE = dw_stage_plane(DPM_ROWS * DPM_WORDS);   // words a channel's staged plane
+    constexpr int RS = dw_sum_row(16), PS = dw_sum_plane(DPM_TH, 16);
+    __shared__ __align__(16) unsigned tile[CG * PLANE];   // (CG, ROWS, SW) bf16 pairs
+    __shared__ __align__(16) float sums[CG * PS];         // (CG, TH, RS)
     const unsigned short *tile16 = reinterpret_cast<const unsigned short *>(tile);
     const int c0 = blockIdx.x * CG;
     const size_t img = (size_t)d.H * d.W * d.C;
@@ -138,44 +136,24 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
                     const int wd = jt * 4 + t4;
                     const unsigned a0 = tw[(g + i) * DPM_WORDS + wd], a1 = tw[(g + 8 + i) * DPM_WORDS + wd];
                     const unsigned a2 = tw[(g + i) * DPM_WORDS + wd + 4], a3 = tw[(g + 8 + i) * DPM_WORDS + wd + 4];
-                    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                        : "+f"(acc[cc][jt][0]), "+f"(acc[cc][jt][1]), "+f"(acc[cc][jt][2]), "+f"(acc[cc][jt][3])
-                        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(bfrag[cc][i][0]), "r"(bfrag[cc][i][1]));
+                    dw_mma_16816(acc[cc][jt], a0, a1, a2, a3, bfrag[cc][i][0], bfrag[cc][i][1]);
                 }
             }
-        // D's fragment: rows g and g + 8, columns jt * 8 + 2 t4 and + 1.
         #pragma unroll
         for (int cc = 0; cc < 2; cc++)
             #pragma unroll
-            for (int jt = 0; jt < TX; jt++) {
-                const int c = 2 * warp + cc, col = jt * 8 + 2 * t4;
-                sums[g * STRIDE + col * CG + c] = acc[cc][jt][0];
-                sums[g * STRIDE + (col + 1) * CG + c] = acc[cc][jt][1];
-                sums[(g + 8) * STRIDE + col * CG + c] = acc[cc][jt][2];
-                sums[(g + 8) * STRIDE + (col + 1) * CG + c] = acc[cc][jt][3];
-            }
+            for (int jt = 0; jt < TX; jt++)   // D: rows g, g + 8; columns jt * 8 + 2 t4, + 1
+                dw_put_sums(sums, 2 * warp + cc, PS, RS, g, jt * 8 + 2 * t4, acc[cc][jt]);
         __syncthreads();
         // Out along channels: a thread per 8 channels of an output pixel.
         bf16 *o = out + b * img + c0;
         for (int e = threadIdx.x; e < d.H * d.W * VPP; e += THREADS) {
             const int pix = e / VPP, v8 = 8 * (e - pix * VPP), r = pix / d.W, xx = pix - r * d.W;
-            const float4 *s4 = reinterpret_cast<const float4 *>(sums + r * STRIDE + xx * CG + v8);
-            const float4 lo = s4[0], hi = s4[1];
-            float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-            bf16 *p = o + ((size_t)r * d.W + xx) * d.C + v8;
-            float prior[8], bv[8];
-            if (flags & DW_ACCUM) load_v<8>(p, prior);
-            if (bias) load_v<8>(bias + c0 + v8, bv);
-            #pragma unroll
-            for (int c = 0; c < 8; c++) {
-                if (bias) v[c] += bv[c];
-                if (flags & DW_RESID)   // staged (r + P, xx + P) of channel v8 + c
-                    v[c] += __uint_as_float((unsigned)tile16[2 * ((v8 + c) * PLANE + (r + P) * DPM_WORDS) + xx + P] << 16);
-                if (flags & DW_ACCUM) v[c] += prior[c];
-                if (flags & DW_SILU) v[c] = dw_silu<bf16>(v[c]);
-            }
-            store_v<8>(p, v);
+            // staged (r + P, xx + P) of channel v8
+            const unsigned short *resid = tile16 + 2 * (v8 * PLANE + (r + P) * DPM_WORDS) + xx + P;
+            dw_store_out8(o + ((size_t)r * d.W + xx) * d.C + v8, sums + v8 * PS + r * RS + xx, PS,
+                          bias ? bias + c0 + v8 : nullptr, flags,
+                          [&](int c) { return __uint_as_float((unsigned)resid[2 * c * PLANE] << 16); });
         }
         __syncthreads();   // the planes and the sums are free for the next image
     }
@@ -228,7 +206,7 @@ __global__ void __launch_bounds__(16 * CG)
 dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, DwconvShape d,
                            float *__restrict__ partial) {
     constexpr int K = DPM_K, P = DPM_P, KK = K * K, THREADS = 16 * CG, VPP = CG / 8;
-    constexpr int XPLANE = DPM_ROWS * DPM_WORDS, DPLANE = DPD_DY_ROWS * DPD_WORDS;
+    constexpr int XPLANE = dw_stage_plane(DPM_ROWS * DPM_WORDS), DPLANE = dw_stage_plane(DPD_DY_ROWS * DPD_WORDS);
     __shared__ __align__(16) unsigned stage[CG * (XPLANE + DPLANE)];
     unsigned *xs = stage;                 // (CG, ROWS, SW): input row r - P, column s
     unsigned *ds = stage + CG * XPLANE;   // (CG, 16, 26): dy row r, column s - DPD_OFF
@@ -281,10 +259,7 @@ dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__
                     const unsigned a0 = __byte_perm(drow[w0], drow[w0 + 1], sel);
                     const unsigned a2 = __byte_perm(drow[w0 + 4], drow[w0 + 5], sel);
                     const unsigned b0 = g < K ? xr[t4] : ones, b1 = g < K ? xr[t4 + 4] : ones;
-                    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                        : "+f"(acc[cc][h][0]), "+f"(acc[cc][h][1]), "+f"(acc[cc][h][2]), "+f"(acc[cc][h][3])
-                        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+                    dw_mma_16816(acc[cc][h], a0, 0u, a2, 0u, b0, b1);
                 }
         __syncthreads();   // the planes are free for the next image
     }
