@@ -116,16 +116,23 @@ void device_memory_reset_peak(Ctx *ctx) {
 
 void tensor_upload(Ctx *ctx, Tensor *t, const void *host) {
 #ifdef CGSPN_CUDA
-    if (t->device == DEVICE_CUDA) { cuda_tensor_upload(ctx, t, host); return; }
+    if (t->device == DEVICE_CUDA) { cuda_upload(ctx, t->data, host, tensor_bytes(t)); return; }
 #endif
     memcpy(t->data, host, tensor_bytes(t));
 }
 
 void tensor_download(Ctx *ctx, const Tensor *t, void *host) {
 #ifdef CGSPN_CUDA
-    if (t->device == DEVICE_CUDA) { cuda_tensor_download(ctx, t, host); return; }
+    if (t->device == DEVICE_CUDA) { cuda_download(ctx, host, t->data, tensor_bytes(t)); return; }
 #endif
     memcpy(host, t->data, tensor_bytes(t));
+}
+
+void device_upload(Ctx *ctx, void *dst, const void *host, size_t bytes) {
+#ifdef CGSPN_CUDA
+    if (ctx->device == DEVICE_CUDA) { cuda_upload(ctx, dst, host, bytes); return; }
+#endif
+    memcpy(dst, host, bytes);
 }
 
 void tensor_upload_f32(Ctx *ctx, Tensor *t, const float *host) {
@@ -227,7 +234,8 @@ void device_event_free(DeviceEvent *e) {
 
 struct DeviceGraph {
     Ctx *ctx;
-    void *exec;   // cudaGraphExec_t
+    void *exec;             // cudaGraphExec_t
+    unsigned long moves;    // the context's buffer moves at capture
 };
 
 void device_graph_begin(Ctx *ctx) {
@@ -243,8 +251,18 @@ DeviceGraph *device_graph_end(Ctx *ctx) {
     g->ctx = ctx;
 #ifdef CGSPN_CUDA
     g->exec = cuda_graph_end(ctx);
+    g->moves = cuda_buffer_moves(ctx);
 #endif
     return g;
+}
+
+bool device_graph_current(const DeviceGraph *g) {
+#ifdef CGSPN_CUDA
+    return cuda_buffer_moves(g->ctx) == g->moves;
+#else
+    (void)g;
+    return false;
+#endif
 }
 
 void device_graph_launch(DeviceGraph *g) {

@@ -52,6 +52,8 @@ void tensor_download(Ctx *ctx, const Tensor *t, void *host);
 void tensor_upload_f32(Ctx *ctx, Tensor *t, const float *host);
 // A host fp32 copy of any tensor (converts bf16); caller frees.
 float *tensor_to_host_f32(Ctx *ctx, const Tensor *t);
+// bytes from the host to dst on the context's device (done when it returns).
+void device_upload(Ctx *ctx, void *dst, const void *host, size_t bytes);
 // bytes from src to dst, both on the context's device, queued on its stream.
 void device_copy(Ctx *ctx, void *dst, const void *src, size_t bytes);
 // Waits until the context's queued work is done (returns at once on the CPU).
@@ -78,6 +80,10 @@ typedef struct DeviceGraph DeviceGraph;
 void device_graph_begin(Ctx *ctx);
 DeviceGraph *device_graph_end(Ctx *ctx);
 void device_graph_launch(DeviceGraph *g);   // queued on the capturing context's stream
+// Whether every buffer the capture used is still where it was: false once a growing buffer of
+// the context (an op's scratch, attention's workspace) has moved, after which a replay would
+// touch freed memory; capture again then.
+bool device_graph_current(const DeviceGraph *g);
 void device_graph_free(DeviceGraph *g);
 
 #ifdef __cplusplus

@@ -49,6 +49,9 @@ typedef struct DropPathArgs {
     int64_t step;         // the batch's place in the run (micro-batch index with accumulation)
     int site;             // which residual branch (trainer: 2 * block + 0 attention/mixing, + 1 MLP)
     int first_sample;     // global index of sample 0 of this batch (rank * per-rank batch)
+    const int64_t *step_at;  // NULL, or where on the op's device the step is read instead: a
+                             // replayed CUDA graph repeats its kernels' arguments, so a trainer
+                             // that replays one writes each step there
 } DropPathArgs;
 
 // ---- the ops ----------------------------------------------------------------------------------

@@ -25,6 +25,6 @@ Tensor *encoder_drop_branch(Tape *t, const EncoderDropPath *d, int depth, int i,
                             Tensor *x) {
     if (!encoder_drop_active(t, d, depth)) return x;
     DropPathArgs a = {d->rate * (float)i / (float)(depth - 1), d->seed, d->step, 2 * i + branch,
-                      d->first_sample};
+                      d->first_sample, d->step_at};
     return nn_drop_path(t, x, &a);
 }

@@ -55,6 +55,7 @@ typedef struct EncoderDropPath {
     uint64_t seed;
     int64_t step;
     int first_sample;
+    const int64_t *step_at;   // NULL, or the step's place on the device (DropPathArgs.step_at)
 } EncoderDropPath;
 
 // Width of the tokens encoder_forward returns and of encoder_pool's vector: width, or a

@@ -94,6 +94,15 @@ static void test_drop_path_forward_and_backward_match_the_mask_and_finite_differ
         }
     }
     assert_true(dropped > 0 && dropped < B);   // this (seed, step, site) drops some, keeps some
+    // The step read from step_at (a replayed graph's device word) instead of the argument.
+    const int64_t five = 5;
+    DropCase at = c;
+    at.a.step = 0;
+    at.a.step_at = &five;
+    at.y = test_like(c.x);
+    drop_loss(&at);
+    assert_memory_equal(at.y->data, c.y->data, tensor_bytes(c.y));
+    test_tensor_free(at.y);
     Tensor *dx = test_like(c.x);
     cpu_drop_path_bwd(&ctx, c.r, &c.a, dx);
     assert_true(test_gradcheck("drop_path dx", drop_loss, &c, c.x, dx) < GRAD_TOL);

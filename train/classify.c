@@ -10,6 +10,7 @@
 #include "loop.h"
 #include "optimizer.h"
 #include "runlog.h"
+#include "step_graph.h"
 #include "../kernels/error.h"
 #include <math.h>
 #include <omp.h>
@@ -165,6 +166,8 @@ typedef struct RunState {
     int micro_batch;          // global: all ranks
     int accum;                // micro-batches per step
     DataParallel *dp;
+    StepGraph graph;          // the step replayed as a CUDA graph (train/step_graph.h)
+    Tensor *x, *tgt;          // the micro-batch the step body reads
     EvalResult ev, ev_ema;    // the last evaluation
 } RunState;
 
@@ -204,6 +207,17 @@ static void log_eval(RunLog *log, long step, const EvalResult *ev, const EvalRes
 
 // ---- the loop's hooks ------------------------------------------------------------------------
 
+// A step of one micro-batch on one rank without MESA: forward, cross-entropy, backward, as
+// step_graph_run captures and replays it.
+static Tensor *graph_body(void *self) {
+    RunState *r = self;
+    Tensor *logits = encoder_head(r->tape, r->enc, encoder_forward(r->tape, r->enc, r->x, NULL));
+    Tensor *loss = nn_cross_entropy(r->tape, logits, r->tgt);
+    tape_keep(r->tape, loss);   // read after the backward, whose temporaries would reuse it
+    dp_backward(r->dp, r->tape, loss, true);
+    return loss;
+}
+
 // accum micro-batches: forward, cross-entropy (+ MESA), backward. Several ranks: every rank runs
 // every backward (the gradient collectives must match); a non-finite loss anywhere makes the
 // global loss and norm non-finite on every rank.
@@ -217,6 +231,7 @@ static LoopStepResult train_step(void *self, long step, float *flags) {
     bool finite = true;
     int64_t epoch = 0;
     char err[4096];
+    const bool graph = r->graph.on && A == 1 && r->dp->world == 1 && r->o->nonfinite_at != step + 1;
     for (int a = 0; a < A; a++) {
         const Batch *b = loader_next(r->train, err, sizeof err);
         if (!b) CG_FAIL("run cgspn data verify on the shards", "%s", err);
@@ -228,7 +243,16 @@ static LoopStepResult train_step(void *self, long step, float *flags) {
         tensor_upload(ctx, tgt, b->targets);
         if (r->o->nonfinite_at == step + 1 && a == 0) op_scale_fwd(ctx, x, NAN, x);
         r->enc->drop_path.step = step * A + a;
+        r->enc->drop_path.step_at = step_graph_set_step(&r->graph, step * A + a);
         r->enc->drop_path.first_sample = r->dp->rank * b->count;   // masks by global sample index
+        if (graph && !mesa_active(r->mesa, epoch)) {
+            r->x = x;
+            r->tgt = tgt;
+            float loss_v = step_graph_run(&r->graph, (Tensor *[]){x, tgt}, 2, graph_body, r);
+            step_loss += loss_v;
+            if (!isfinite(loss_v)) finite = false;   // its gradients are discarded with the step
+            continue;
+        }
         Tensor *logits = encoder_head(tape, r->enc, encoder_forward(tape, r->enc, x, NULL));
         Tensor *loss = nn_cross_entropy(tape, logits, tgt);
         if (mesa_active(r->mesa, epoch))
@@ -314,7 +338,7 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
              "mesa_start_epoch %d", mesa.weight, mesa.temperature, mesa.start_epoch);
     CG_CHECK(mesa.weight == 0 || ema.on, "set ema_decay (e.g. 0.9999) with mesa",
              "MESA's target is the EMA model: mesa = %g needs ema_decay > 0", mesa.weight);
-    enc.drop_path = (EncoderDropPath){c->drop_path, (uint64_t)c->seed, 0, 0};
+    enc.drop_path = (EncoderDropPath){.rate = c->drop_path, .seed = (uint64_t)c->seed};
 
     // Resume: weights, moments, EMA, step and the cursor from a checkpoint. Before the run folder
     // is opened, so a refused resume leaves its config.cfg and logs as they were.
@@ -375,6 +399,8 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
     if (ema.on) printf(", ema %g", c->ema_decay);
     if (mesa.weight > 0)
         printf(", MESA %g (T %g) from epoch %d", mesa.weight, mesa.temperature, mesa.start_epoch);
+    if (c->cuda_graph && gpu && A == 1 && dp.world == 1)
+        printf(", steps replayed as a CUDA graph%s", mesa.weight > 0 ? " until MESA starts" : "");
     printf("\n");
 
     Arena arena;
@@ -388,6 +414,7 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
     RunState rs = {.c = c, .o = o, .log = &log, .params = &params, .ema = &ema, .mesa = &mesa,
                    .enc = &enc, .ctx = &ctx, .tape = &tape, .train = train, .val = val,
                    .micro_batch = micro, .accum = A, .dp = &dp};
+    step_graph_init(&rs.graph, &ctx, c->cuda_graph);
     LoopSpec spec = {
         .c = c, .ctx = &ctx, .dp = &dp, .log = &log, .params = &params, .arena = &arena,
         .opt = &opt, .first = first, .total = total, .eval_every = eval_every,
@@ -417,6 +444,8 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
         if (skipped) printf(", %ld steps skipped (non-finite)", skipped);
         printf("\n");
     }
+    res.graph_steps = rs.graph.replayed;
+    step_graph_free(&rs.graph);
     tape_free(&tape);
     arena_free(&arena);
     runlog_close(&log);

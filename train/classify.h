@@ -35,6 +35,7 @@ typedef struct TrainResult {
     long nonfinite_step;  // the 1-based step that stopped the run (TRAIN_NONFINITE)
     EvalResult eval;      // the last evaluation of the trained weights
     EvalResult eval_ema;  // and of their EMA (count 0 when ema_decay = 0)
+    long graph_steps;     // steps run from a captured CUDA graph (cuda_graph; captures included)
     char run_dir[1024];   // out_dir/run_name
 } TrainResult;
 

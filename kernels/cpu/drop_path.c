@@ -18,8 +18,9 @@ void cpu_drop_path_fwd(Ctx *ctx, const Tensor *x, const DropPathArgs *a, Tensor 
     size_t per = drop_path_per_sample("drop_path_fwd", x, y, a);
     const float *px = tensor_f32(x);
     float *py = tensor_f32(y);
+    const int64_t step = drop_path_step(a->step, a->step_at);
     for (int b = 0; b < x->shape[0]; b++) {
-        float s = drop_path_scale(a->prob, a->seed, a->step, a->site, a->first_sample + b);
+        float s = drop_path_scale(a->prob, a->seed, step, a->site, a->first_sample + b);
         const float *xb = px + (size_t)b * per;
         float *yb = py + (size_t)b * per;
         #pragma omp parallel for
@@ -32,8 +33,9 @@ void cpu_drop_path_bwd(Ctx *ctx, const Tensor *dy, const DropPathArgs *a, Tensor
     size_t per = drop_path_per_sample("drop_path_bwd", dy, dx, a);
     const float *pdy = tensor_f32(dy);
     float *pdx = tensor_f32(dx);
+    const int64_t step = drop_path_step(a->step, a->step_at);
     for (int b = 0; b < dy->shape[0]; b++) {
-        float s = drop_path_scale(a->prob, a->seed, a->step, a->site, a->first_sample + b);
+        float s = drop_path_scale(a->prob, a->seed, step, a->site, a->first_sample + b);
         if (s == 0.0f) continue;   // adds exact zeros
         const float *gb = pdy + (size_t)b * per;
         float *db = pdx + (size_t)b * per;

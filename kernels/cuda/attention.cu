@@ -81,6 +81,7 @@ void *attn_workspace(Ctx *ctx, size_t bytes) {
     CudaAttnState *s = attn_state(ctx);
     if (bytes > s->workspace_bytes) {
         cuda_free(s->workspace);   // cudaFree waits for the work that used it
+        cuda_ctx_of(ctx)->moves++;
         size_t grown = bytes + bytes / 4;   // headroom, so alternating shapes settle quickly
         s->workspace = cuda_malloc(grown);
         s->workspace_bytes = grown;

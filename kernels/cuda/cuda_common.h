@@ -49,6 +49,9 @@ typedef struct CudaCtx {
     int n_releases;
     void *scratch;                             // cuda_scratch(): grows, never shrinks
     size_t scratch_bytes;
+    unsigned long moves;                       // times a growing buffer (the scratch, attention's
+                                               // workspace) moved: a graph captured before
+                                               // replays the old address (cuda_graph_current)
 } CudaCtx;
 
 #ifdef __cplusplus
@@ -84,8 +87,8 @@ void cuda_sanitize_mark_written(Ctx *ctx, void *p, size_t bytes);
 
 // The GPU half of kernels/device.h (kernels/cuda/cuda_ctx.cu, kernels/cuda/cuda_device.cu);
 // kernels/device.c routes to them.
-void cuda_tensor_upload(Ctx *ctx, Tensor *t, const void *host);
-void cuda_tensor_download(Ctx *ctx, const Tensor *t, void *host);
+void cuda_upload(Ctx *ctx, void *dst, const void *host, size_t bytes);
+void cuda_download(Ctx *ctx, void *host, const void *src, size_t bytes);
 void cuda_device_props(int device, char *name, size_t name_n, int *sm_count, size_t *total_bytes);
 // What the context's device's stream-ordered pool has reserved: now and its high-water mark
 // since the last cuda_pool_reset_peak.
@@ -100,6 +103,7 @@ double cuda_event_ms(void *from, void *to);
 void cuda_event_destroy(void *event);
 void cuda_graph_begin(Ctx *ctx);
 void *cuda_graph_end(Ctx *ctx);                 // a cudaGraphExec_t behind a pointer
+unsigned long cuda_buffer_moves(const Ctx *ctx); // CudaCtx.moves
 void cuda_graph_launch(void *exec, Ctx *ctx);
 void cuda_graph_destroy(void *exec);
 void *cuda_pinned_alloc(size_t bytes);         // NULL when page-locked memory is not available

@@ -43,6 +43,7 @@ extern "C" void *cuda_scratch(Ctx *ctx, size_t bytes) {
     want = (want + (1u << 20) - 1) / (1u << 20) * (1u << 20);
     if (want == 0) want = 1u << 20;
     if (c->scratch) CUDA_CHECK(cudaFreeAsync(c->scratch, c->stream));
+    c->moves++;
     void *p = NULL;
     cudaError_t err = cudaMallocAsync(&p, want, c->stream);
     if (err != cudaSuccess) {
@@ -131,14 +132,12 @@ extern "C" void cuda_ctx_destroy(Ctx *ctx) {
     ctx->cuda = NULL;
 }
 
-extern "C" void cuda_tensor_upload(Ctx *ctx, Tensor *t, const void *host) {
-    CUDA_CHECK(cudaMemcpyAsync(t->data, host, tensor_bytes(t), cudaMemcpyHostToDevice,
-                               cuda_stream_of(ctx)));
+extern "C" void cuda_upload(Ctx *ctx, void *dst, const void *host, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, cuda_stream_of(ctx)));
     CUDA_CHECK(cudaStreamSynchronize(cuda_stream_of(ctx)));
 }
 
-extern "C" void cuda_tensor_download(Ctx *ctx, const Tensor *t, void *host) {
-    CUDA_CHECK(cudaMemcpyAsync(host, t->data, tensor_bytes(t), cudaMemcpyDeviceToHost,
-                               cuda_stream_of(ctx)));
+extern "C" void cuda_download(Ctx *ctx, void *host, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, cuda_stream_of(ctx)));
     CUDA_CHECK(cudaStreamSynchronize(cuda_stream_of(ctx)));
 }

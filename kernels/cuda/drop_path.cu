@@ -15,7 +15,8 @@ template <typename TX, typename TY, bool ACC> struct DropPathOp {
     DropPathArgs a;
     template <int V> __device__ void apply(size_t i) const {
         int b = (int)per.div(i);
-        float s = drop_path_scale(a.prob, a.seed, a.step, a.site, a.first_sample + b);
+        const int64_t step = drop_path_step(a.step, a.step_at);
+        float s = drop_path_scale(a.prob, a.seed, step, a.site, a.first_sample + b);
         float vx[V], vy[V];
         load_v<V>(x + i, vx);
         if (ACC) load_v<V>(y + i, vy);

@@ -1,0 +1,58 @@
+// Training steps replayed as a CUDA graph (train/step_graph.h).
+#include "step_graph.h"
+#include "../kernels/error.h"
+#include <string.h>
+
+void step_graph_init(StepGraph *sg, Ctx *ctx, bool on) {
+    memset(sg, 0, sizeof *sg);
+    sg->ctx = ctx;
+    sg->on = on && ctx->device == DEVICE_CUDA;
+    if (sg->on) sg->step_at = device_alloc(ctx, sizeof(int64_t));
+}
+
+void step_graph_free(StepGraph *sg) {
+    device_graph_free(sg->g);
+    if (sg->step_at) device_free(sg->ctx, sg->step_at);
+    memset(sg, 0, sizeof *sg);
+}
+
+const int64_t *step_graph_set_step(StepGraph *sg, int64_t step) {
+    if (!sg->on) return NULL;
+    device_upload(sg->ctx, sg->step_at, &step, sizeof step);
+    return sg->step_at;
+}
+
+// Whether the captured graph reads these inputs: the same addresses, dtypes and shapes.
+static bool fits(const StepGraph *sg, Tensor *const *inputs, int n) {
+    if (!sg->g || n != sg->n_inputs || !device_graph_current(sg->g)) return false;
+    for (int i = 0; i < n; i++) {
+        const Tensor *a = &sg->inputs[i], *b = inputs[i];
+        if (a->data != b->data || a->dtype != b->dtype || !tensor_same_shape(a, b)) return false;
+    }
+    return true;
+}
+
+float step_graph_run(StepGraph *sg, Tensor *const *inputs, int n_inputs, StepGraphBody body,
+                     void *self) {
+    CG_CHECK(n_inputs <= STEP_GRAPH_MAX_INPUTS, "", "step_graph_run: %d inputs, at most %d",
+             n_inputs, STEP_GRAPH_MAX_INPUTS);
+    float loss = 0.0f;
+    if (!sg->on || !sg->warm) {   // eager: the first step sizes what a capture needs
+        tensor_download(sg->ctx, body(self), &loss);
+        sg->warm = sg->on;
+        return loss;
+    }
+    if (!fits(sg, inputs, n_inputs)) {
+        device_graph_free(sg->g);
+        device_graph_begin(sg->ctx);
+        Tensor *l = body(self);
+        sg->g = device_graph_end(sg->ctx);
+        sg->loss = *l;
+        sg->n_inputs = n_inputs;
+        for (int i = 0; i < n_inputs; i++) sg->inputs[i] = *inputs[i];
+    }
+    device_graph_launch(sg->g);   // a capture records the step; this runs it
+    tensor_download(sg->ctx, &sg->loss, &loss);
+    sg->replayed++;
+    return loss;
+}
