@@ -27,7 +27,9 @@ DROP_PATH_HD float drop_path_uniform(uint64_t seed, int64_t step, int site, int 
 }
 
 // The step a mask is drawn for: *step_at where the trainer keeps it on the device, else step.
-DROP_PATH_HD int64_t drop_path_step(int64_t step, const int64_t *step_at) { return step_at ? *step_at : step; }
+DROP_PATH_HD int64_t drop_path_step(int64_t step, const int64_t *step_at) {
+    return step_at ? *step_at : step;
+}
 
 // The factor sample `sample` (global index) is multiplied by: 1 / (1 - prob) when kept
 // (probability 1 - prob, as torch's bernoulli_(keep_prob)), else 0.

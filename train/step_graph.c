@@ -22,12 +22,12 @@ const int64_t *step_graph_set_step(StepGraph *sg, int64_t step) {
     return sg->step_at;
 }
 
-// Whether the captured graph reads these inputs: the same addresses, dtypes and shapes.
-static bool fits(const StepGraph *sg, Tensor *const *inputs, int n) {
-    if (!sg->g || n != sg->n_inputs || !device_graph_current(sg->g)) return false;
+// Whether inputs have the dtypes and shapes of have[0..n) (and their addresses, when `at`).
+static bool same(const Tensor *have, Tensor *const *inputs, int n, bool at) {
     for (int i = 0; i < n; i++) {
-        const Tensor *a = &sg->inputs[i], *b = inputs[i];
-        if (a->data != b->data || a->dtype != b->dtype || !tensor_same_shape(a, b)) return false;
+        const Tensor *a = &have[i], *b = inputs[i];
+        if ((at && a->data != b->data) || a->dtype != b->dtype || !tensor_same_shape(a, b))
+            return false;
     }
     return true;
 }
@@ -37,18 +37,20 @@ float step_graph_run(StepGraph *sg, Tensor *const *inputs, int n_inputs, StepGra
     CG_CHECK(n_inputs <= STEP_GRAPH_MAX_INPUTS, "", "step_graph_run: %d inputs, at most %d",
              n_inputs, STEP_GRAPH_MAX_INPUTS);
     float loss = 0.0f;
-    if (!sg->on || !sg->warm) {   // eager: the first step sizes what a capture needs
-        tensor_download(sg->ctx, body(self), &loss);
+    if (!sg->on || !sg->warm || n_inputs != sg->n_inputs ||
+        !same(sg->warm_inputs, inputs, n_inputs, false)) {
+        tensor_download(sg->ctx, body(self), &loss);   // eager: it sizes what a capture needs
         sg->warm = sg->on;
+        sg->n_inputs = n_inputs;
+        for (int i = 0; i < n_inputs; i++) sg->warm_inputs[i] = *inputs[i];
         return loss;
     }
-    if (!fits(sg, inputs, n_inputs)) {
+    if (!sg->g || !device_graph_current(sg->g) || !same(sg->inputs, inputs, n_inputs, true)) {
         device_graph_free(sg->g);
         device_graph_begin(sg->ctx);
         Tensor *l = body(self);
         sg->g = device_graph_end(sg->ctx);
         sg->loss = *l;
-        sg->n_inputs = n_inputs;
         for (int i = 0; i < n_inputs; i++) sg->inputs[i] = *inputs[i];
     }
     device_graph_launch(sg->g);   // a capture records the step; this runs it

@@ -19,7 +19,9 @@ enum { STEP_GRAPH_MAX_INPUTS = 4 };
 typedef struct StepGraph {
     Ctx *ctx;
     bool on;                  // the config asks for it and the context is a GPU's
-    bool warm;                // a step has run eagerly: plans, scratch and workspaces are sized
+    bool warm;                // a step of `warm_inputs`' shapes has run eagerly: plans, scratch and
+                              // workspaces are sized for them
+    Tensor warm_inputs[STEP_GRAPH_MAX_INPUTS];
     DeviceGraph *g;
     int n_inputs;
     Tensor inputs[STEP_GRAPH_MAX_INPUTS];   // the captured step's (addresses and shapes)
@@ -40,6 +42,8 @@ const int64_t *step_graph_set_step(StepGraph *sg, int64_t step);
 typedef Tensor *(*StepGraphBody)(void *self);
 
 // One step: a replay when the graph fits the inputs (uploaded by the caller), else a capture
-// (then a replay of it), else, on the first step, body run eagerly. Returns the loss's value.
+// (then a replay of it), else body run eagerly: on the first step and whenever the inputs' shapes
+// differ from the last eager step's (a capture cannot allocate what new shapes need: cuBLASLt's
+// trial buffers, a larger scratch). Returns the loss's value.
 float step_graph_run(StepGraph *sg, Tensor *const *inputs, int n_inputs, StepGraphBody body,
                      void *self);

@@ -77,7 +77,9 @@ extern "C" void *cuda_graph_end(Ctx *ctx) {
     return (void *)exec;
 }
 
-extern "C" unsigned long cuda_buffer_moves(const Ctx *ctx) { return ((const CudaCtx *)ctx->cuda)->moves; }
+extern "C" unsigned long cuda_buffer_moves(const Ctx *ctx) {
+    return ((const CudaCtx *)ctx->cuda)->moves;
+}
 
 extern "C" void cuda_graph_launch(void *exec, Ctx *ctx) {
     CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)exec, cuda_stream_of(ctx)));

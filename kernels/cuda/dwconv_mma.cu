@@ -95,7 +95,9 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const
         unsigned a_lo[K][2];
         #pragma unroll
         for (int i = 0; i < K; i++) a_lo[i][0] = tw[(g + i) * half + t4], a_lo[i][1] = tw[(g + 8 + i) * half + t4];
-        #pragma unroll 1   // unrolled, the 16-channel kernel takes 112 registers: 2 blocks an SM at 28 x 28, not 3
+        // Not unrolled: unrolled, the 16-channel kernel took 112 registers (2 blocks an SM at 28 x 28,
+        // not 3).
+        #pragma unroll 1
         for (int jt = 0; jt < tiles_x; jt++) {
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             const int wcol = jt * 4 + t4;   // the word of columns jt * 8 + 2 t4, + 1
