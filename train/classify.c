@@ -29,11 +29,22 @@ static void train_usage(FILE *f) {
 
 // ---- evaluation ------------------------------------------------------------------------------
 
-EvalResult classify_evaluate(Ctx *ctx, const Encoder *e, Loader *val) {
-    return classify_evaluate_dp(ctx, e, val, NULL);
+EvalResult classify_evaluate(Ctx *ctx, const Encoder *e, Loader *val, bool graph) {
+    return classify_evaluate_dp(ctx, e, val, NULL, graph);
 }
 
-EvalResult classify_evaluate_dp(Ctx *ctx, const Encoder *e, Loader *val, DataParallel *dp) {
+typedef struct { Tape *tape; const Encoder *e; Tensor *x; } EvalBatch;
+
+// An evaluation batch's forward and head, as step_graph_run captures and replays it.
+static Tensor *eval_body(void *self) {
+    EvalBatch *b = self;
+    Tensor *out = encoder_head(b->tape, b->e, encoder_forward(b->tape, b->e, b->x, NULL));
+    tape_keep(b->tape, out);
+    return out;
+}
+
+EvalResult classify_evaluate_dp(Ctx *ctx, const Encoder *e, Loader *val, DataParallel *dp,
+                                bool graph) {
     char err[2048];
     LoaderCursor at = loader_cursor_get(val);
     if (at.step != 0 && loader_cursor_set(val, (LoaderCursor){at.epoch, 0}, err, sizeof err) != 0)
@@ -43,6 +54,8 @@ EvalResult classify_evaluate_dp(Ctx *ctx, const Encoder *e, Loader *val, DataPar
     Tape tape;
     tape_init(&tape, ctx, &arena);
     tape_set_grad_enabled(&tape, false);
+    StepGraph sg;   // the batches replayed as a CUDA graph (train/step_graph.h)
+    step_graph_init(&sg, ctx, graph);
     int K = e->cfg.num_classes;
     long correct1 = 0, correct5 = 0, n = 0;
     double loss = 0;
@@ -56,8 +69,8 @@ EvalResult classify_evaluate_dp(Ctx *ctx, const Encoder *e, Loader *val, DataPar
         tape_reset(&tape);
         Tensor *x = tape_tensor(&tape, 4, (int[]){b->count, b->channels, b->height, b->width}, true);
         tensor_upload(ctx, x, b->images);
-        Tensor *out = encoder_head(&tape, e, encoder_forward(&tape, e, x, NULL));
-        float *host = tensor_to_host_f32(ctx, out);
+        EvalBatch eb = {&tape, e, x};
+        float *host = tensor_to_host_f32(ctx, step_graph_run(&sg, &x, 1, eval_body, &eb));
         for (int i = 0; i < b->count; i++) {
             const float *l = host + (size_t)i * K;
             int y = b->labels[i], rank = 0;   // classes ranked above the label (ties: lower index first)
@@ -74,6 +87,8 @@ EvalResult classify_evaluate_dp(Ctx *ctx, const Encoder *e, Loader *val, DataPar
         n += b->count;
         free(host);
     }
+    const long graph_batches = sg.replayed;
+    step_graph_free(&sg);
     tape_free(&tape);
     arena_free(&arena);
     if (dp && dp->world > 1) {   // every rank's slice: counts and loss sums added in rank order
@@ -83,7 +98,7 @@ EvalResult classify_evaluate_dp(Ctx *ctx, const Encoder *e, Loader *val, DataPar
         loss = dp_sum(dp, loss, "the evaluation's loss sum");
     }
     return (EvalResult){n ? (double)correct1 / n : 0, n ? (double)correct5 / n : 0,
-                        n ? loss / n : 0, n};
+                        n ? loss / n : 0, n, graph_batches};
 }
 
 // ---- EMA of the weights ----------------------------------------------------------------------
@@ -248,7 +263,9 @@ static LoopStepResult train_step(void *self, long step, float *flags) {
         if (graph && !mesa_active(r->mesa, epoch)) {
             r->x = x;
             r->tgt = tgt;
-            float loss_v = step_graph_run(&r->graph, (Tensor *[]){x, tgt}, 2, graph_body, r);
+            float loss_v;
+            const Tensor *loss = step_graph_run(&r->graph, (Tensor *[]){x, tgt}, 2, graph_body, r);
+            tensor_download(ctx, loss, &loss_v);
             step_loss += loss_v;
             if (!isfinite(loss_v)) finite = false;   // its gradients are discarded with the step
             continue;
@@ -282,8 +299,9 @@ static void train_updated(void *self, long step) {
 static void train_eval(void *self, long step) {
     RunState *r = self;
     double t0 = now_seconds();
-    r->ev = classify_evaluate_dp(r->ctx, r->enc, r->val, r->dp);
-    if (r->ema->on) r->ev_ema = classify_evaluate_dp(r->ctx, &r->ema->enc, r->val, r->dp);
+    const bool graph = r->c->cuda_graph;
+    r->ev = classify_evaluate_dp(r->ctx, r->enc, r->val, r->dp, graph);
+    if (r->ema->on) r->ev_ema = classify_evaluate_dp(r->ctx, &r->ema->enc, r->val, r->dp, graph);
     print_eval(r->log, step, &r->ev, &r->ev_ema, now_seconds() - t0);
     log_eval(r->log, step, &r->ev, &r->ev_ema);
 }
@@ -431,8 +449,8 @@ TrainResult classify_train(const Config *c, const TrainOptions *o) {
     res.nonfinite_step = lr.nonfinite_step;
     EvalResult ev = rs.ev, ev_ema = rs.ev_ema;
     if (res.status == TRAIN_DONE && ev.count == 0) {   // resumed at the end: nothing left to train
-        ev = classify_evaluate_dp(&ctx, &enc, val, &dp);
-        if (ema.on) ev_ema = classify_evaluate_dp(&ctx, &ema.enc, val, &dp);
+        ev = classify_evaluate_dp(&ctx, &enc, val, &dp, c->cuda_graph);
+        if (ema.on) ev_ema = classify_evaluate_dp(&ctx, &ema.enc, val, &dp, c->cuda_graph);
         print_eval(&log, step, &ev, &ev_ema, 0);
     }
     char dur[32];

@@ -14,7 +14,11 @@
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 
-typedef struct EvalResult { double top1, top5, loss; long count; } EvalResult;
+typedef struct EvalResult {
+    double top1, top5, loss;
+    long count;
+    long graph_batches;   // batches replayed as a CUDA graph (this rank's)
+} EvalResult;
 
 typedef struct TrainOptions {
     long stop_after;      // 0 = run to the end; n = stop after step n (of the whole run) with a
@@ -46,9 +50,11 @@ typedef struct TrainResult {
 TrainResult classify_train(const Config *c, const TrainOptions *o);
 
 // Top-1/top-5 accuracy and cross-entropy of the encoder (no gradients) over one pass of an eval
-// loader (loader_open with train = 0), from its first batch.
-EvalResult classify_evaluate(Ctx *ctx, const Encoder *e, Loader *val);
+// loader (loader_open with train = 0), from its first batch. graph (cuda_graph): on a GPU the
+// batches' forward is replayed as a CUDA graph after the first (train/step_graph.h; the same bits).
+EvalResult classify_evaluate(Ctx *ctx, const Encoder *e, Loader *val, bool graph);
 // The same over the ranks of a data-parallel run: each rank evaluates its slice of every batch
 // (val opened with dp_loader_open) and the counts and loss sums are added over ranks.
 struct DataParallel;
-EvalResult classify_evaluate_dp(Ctx *ctx, const Encoder *e, Loader *val, struct DataParallel *dp);
+EvalResult classify_evaluate_dp(Ctx *ctx, const Encoder *e, Loader *val, struct DataParallel *dp,
+                                bool graph);

@@ -253,7 +253,7 @@ static void distill_eval(void *self, long step) {
     DistillRun *r = self;
     double t0 = now_seconds();
     encoder_set_image_size(&r->d->student, r->c->img_size, r->c->img_size);   // val: img_size
-    r->ev = classify_evaluate_dp(r->ctx, &r->d->student, r->val, r->dp);
+    r->ev = classify_evaluate_dp(r->ctx, &r->d->student, r->val, r->dp, r->c->cuda_graph);
     print_eval(r->log, step, &r->ev, now_seconds() - t0);
     const char *k2[] = {"test_top1", "test_top5", "test_loss"};
     double v2[] = {r->ev.top1, r->ev.top5, r->ev.loss};
@@ -379,7 +379,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
     res.skipped = lr.skipped;
     if (has_head && ev.count == 0 && res.status == TRAIN_DONE) {   // resumed at the end
         encoder_set_image_size(&d.student, c->img_size, c->img_size);
-        ev = classify_evaluate_dp(&ctx, &d.student, val, &dp);
+        ev = classify_evaluate_dp(&ctx, &d.student, val, &dp, c->cuda_graph);
         print_eval(&log, step, &ev, -1);
     }
     char dur[32];

@@ -110,7 +110,7 @@ int cmd_eval(int argc, char **argv) {
     encoder_describe(&enc, &params, stdout);
 
     double t0 = now_seconds();
-    EvalResult ev = classify_evaluate(&ctx, &enc, val);
+    EvalResult ev = classify_evaluate(&ctx, &enc, val, c.cuda_graph);
     printf("eval %s | %s top1 %.2f%% | top5 %.2f%% | loss %.4f | %ld images | %.1f s\n",
            c.val_split, use_ema ? "ema" : "weights", 100 * ev.top1, 100 * ev.top5, ev.loss,
            ev.count, now_seconds() - t0);

@@ -144,7 +144,7 @@ int cmd_probe(int argc, char **argv) {
     int eval_batch = c.eval_batch_size > 0 ? c.eval_batch_size : 500;
     Loader *val = open_split(&c, c.val_split, eval_batch), *trn = open_split(&c, c.train_split, eval_batch);
     if (head_loaded) {
-        EvalResult ev = classify_evaluate(&ctx, &enc, val);
+        EvalResult ev = classify_evaluate(&ctx, &enc, val, c.cuda_graph);
         printf("probe: the weights' own head: test top1 %.2f%% | top5 %.2f%% | loss %.4f\n",
                100 * ev.top1, 100 * ev.top5, ev.loss);
     }

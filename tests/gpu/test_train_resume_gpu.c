@@ -33,13 +33,15 @@ static void test_vit_training_with_recomputation_on_the_gpu_resumes_bit_exactly(
 // the resume op by op, then a new capture) the bits of the uninterrupted one: every loss, the
 // final weights and optimizer state. resume_recipe_config's recipe without what keeps a step op
 // by op (accumulation, MESA): drop path (its step read from the device by the replay), mixup,
-// erasing and the EMA stay. The runs cross an epoch, whose evaluation comes between replays.
+// erasing and the EMA stay. The runs cross an epoch, whose evaluation comes between replays; the
+// evaluations replay their batches too (cuda_graph covers them) and give the op-by-op results.
 static void graph_steps_match_eager(const char *model) {
     enum { N = 5, TOTAL = 2 * N };
     fixture_build_shards(g_dir, 48, 16);
     const char *runs[] = {"graph", "eager", "graph_split"};
     float losses[3][TOTAL];
     long graph_steps[3];
+    EvalResult ev[3];
     for (int i = 0; i < 3; i++) {
         Config c = resume_recipe_config(g_dir, model, "cuda", runs[i], TOTAL, 0);
         if (strcmp(model, "gspn_hier") == 0) fixture_gspn_hier(&c, 16);
@@ -50,12 +52,14 @@ static void graph_steps_match_eager(const char *model) {
         TrainOptions o = {.step_losses = losses[i], .stop_after = i == 2 ? N : 0};
         TrainResult r = classify_train(&c, &o);
         graph_steps[i] = r.graph_steps;
+        ev[i] = r.eval;
         if (i == 2) {   // stopped after N: resumed for the rest
             assert_int_equal(r.step, N);
             snprintf(c.resume, sizeof c.resume, "auto");
             TrainOptions o2 = {.step_losses = losses[i]};
             r = classify_train(&c, &o2);
             graph_steps[i] += r.graph_steps;
+            ev[i] = r.eval;
         }
         assert_int_equal(r.step, TOTAL);
     }
@@ -64,6 +68,11 @@ static void graph_steps_match_eager(const char *model) {
     assert_int_equal(graph_steps[1], 0);
     assert_int_equal(graph_steps[2], TOTAL - 2);
     resume_assert_bits_equal(losses[0], losses[1], TOTAL, "replayed against op by op");
+    // The final evaluation (16 images, batches of 8): its second batch replayed, the same result.
+    assert_int_equal(ev[0].graph_batches, 1);
+    assert_int_equal(ev[1].graph_batches, 0);
+    assert_true(ev[0].top1 == ev[1].top1 && ev[0].loss == ev[1].loss && ev[0].count == ev[1].count);
+    assert_true(ev[0].loss == ev[2].loss);
     resume_assert_bits_equal(losses[0], losses[2], TOTAL, "replayed, stopped and resumed");
     const char *files[] = {"model.safetensors", "state.safetensors"};
     for (int f = 0; f < 2; f++)
