@@ -88,7 +88,7 @@ X(float,  ema_decay,        0.0f,      "EMA of the weights, updated every step a
 X(float,  mesa,             0.0f,      "MESA (Du et al. 2022, sharpness-aware training for free) weight lambda: the loss adds lambda T^2 KL(softmax(ema/T) || softmax(student/T)), the EMA model's logits on the same batch as the target; needs ema_decay > 0; 0 = off")
 X(float,  mesa_temperature, 5.0f,      "MESA: the softmax temperature T (the authors' default)")
 X(int,    mesa_start_epoch, 0,         "MESA: the first epoch (0-based) whose steps add the MESA term")
-X(bool,   cuda_graph,       1,         "GPU: after its first step, cgspn train's step (forward, loss, backward) and every evaluation's batches (forward) are captured as one CUDA graph and replayed (the host's launches drop out; the same bits); training steps with several ranks, gradient accumulation or MESA run op by op; 0 = everything op by op")
+X(bool,   cuda_graph,       1,         "GPU: after its first step, a training step (cgspn train, distill, curriculum: forward, loss, backward) and every evaluation's batches (forward) are captured as one CUDA graph and replayed (the host's launches drop out; the same bits); steps with several ranks, gradient accumulation or MESA run op by op; 0 = everything op by op")
 X(string, on_nonfinite,     "stop",    "a NaN/Inf loss or gradient norm: stop (naming the step; the last checkpoint stays the newest) or skip the update and count it")
 X(int,    seed,             1,         "seed for initialization, data order and augmentation")
 

@@ -11,6 +11,7 @@
 #include "optimizer.h"
 #include "resolution.h"
 #include "runlog.h"
+#include "step_graph.h"
 #include "../kernels/error.h"
 #include "../nn/safetensors.h"
 #include <math.h>
@@ -164,6 +165,8 @@ typedef struct DistillRun {
     float parts[DISTILL_MAX_PARTS];          // the step's logged parts
     float part_sums[DISTILL_MAX_PARTS];      // over the log window's updates
     char (*part_keys)[DISTILL_PART_NAME + 8];
+    StepGraph graph;                         // the step replayed as a CUDA graph (one rank)
+    Tensor *x, *xt[DISTILL_MAX_TEACHERS], *tgt;   // the views and targets the step body reads
     EvalResult ev;                           // the last evaluation
 } DistillRun;
 
@@ -192,6 +195,16 @@ static void print_eval(const RunLog *log, long step, const EvalResult *ev, doubl
     printf("\n");
 }
 
+// The loss terms (kept) and the backward of one rank's batch, as step_graph_run captures and
+// replays it.
+static Tensor *graph_body(void *self) {
+    DistillRun *r = self;
+    Tensor *raw_dev;
+    Tensor *loss = distill_loss_views(r->d, r->tape, r->x, r->xt, r->tgt, &raw_dev);
+    dp_backward(r->dp, r->tape, loss, true);
+    return raw_dev;
+}
+
 // One global batch: the student's and teachers' views, the loss, backward. The loss terms' mean
 // over ranks carries the loop's flags in the same collective.
 static LoopStepResult distill_step(void *self, long step, float *flags) {
@@ -214,9 +227,24 @@ static LoopStepResult distill_step(void *self, long step, float *flags) {
         tgt = tape_tensor(tape, 2, (int[]){b->count, c->num_classes}, true);   // the shards' classes
         tensor_upload(r->ctx, tgt, b->targets);
     }
-    Tensor *raw_dev;
     d->student.drop_path.step = step;
+    d->student.drop_path.step_at = step_graph_set_step(&r->graph, step);
     d->student.drop_path.first_sample = r->dp->rank * b->count;   // masks by global sample index
+    // One rank: the loss terms after the backward, which may be replayed (train/step_graph.h).
+    if (r->graph.on && r->dp->world == 1 && r->o->nonfinite_at != step + 1) {
+        Tensor *in[2 + DISTILL_MAX_TEACHERS] = {x};
+        int n = 1;
+        for (int k = 0; k < d->n_teachers; k++)
+            if (xt[k] != x) in[n++] = xt[k];
+        if (tgt) in[n++] = tgt;
+        r->x = x, r->tgt = tgt;
+        memcpy(r->xt, xt, sizeof r->xt);
+        tensor_download(r->ctx, step_graph_run(&r->graph, in, n, graph_body, r), r->raw);
+        memcpy(r->raw + d->n_raw, flags, LOOP_FLAGS * sizeof(float));
+        distill_parts(d, r->raw, r->parts);
+        return (LoopStepResult){r->raw[d->n_raw - 1], (long)b->epoch};
+    }
+    Tensor *raw_dev;
     Tensor *loss = distill_loss_views(d, tape, x, xt, tgt, &raw_dev);
     tensor_download(r->ctx, raw_dev, r->raw);
     memcpy(r->raw + d->n_raw, flags, LOOP_FLAGS * sizeof(float));
@@ -362,6 +390,7 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
                       .raw = cg_malloc((size_t)(d.n_raw + LOOP_FLAGS) * sizeof(float)),
                       .part_keys = cg_malloc((size_t)d.n_parts * sizeof *run.part_keys)};
     memcpy(run.part_sums, part_sums, sizeof part_sums);
+    step_graph_init(&run.graph, &ctx, c->cuda_graph);
     for (int k = 0; k < d.n_parts; k++)
         snprintf(run.part_keys[k], sizeof run.part_keys[k], "loss_%s", d.part_names[k]);
     LoopSpec spec = {
@@ -388,6 +417,8 @@ TrainResult distill_train(const Config *c, const DistillOptions *o) {
         if (has_head) printf(", final student test top1 %.2f%%", 100 * ev.top1);
         printf("\n");
     }
+    res.graph_steps = run.graph.replayed;
+    step_graph_free(&run.graph);
     free(run.raw);
     free(run.part_keys);
     resolution_views_free(&views);

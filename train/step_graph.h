@@ -14,7 +14,7 @@
 #include "../nn/tape.h"
 #include "../kernels/device.h"
 
-enum { STEP_GRAPH_MAX_INPUTS = 4 };
+enum { STEP_GRAPH_MAX_INPUTS = 8 };
 
 typedef struct StepGraph {
     Ctx *ctx;

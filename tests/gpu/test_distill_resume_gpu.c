@@ -4,7 +4,8 @@
 // term. 2N steps against N + resume + N with device = cuda and the GPU's default precision (bf16
 // weights and activations, fp32 masters and moments): every loss, the final weights and the
 // optimizer state the same bits. The PHI-S statistics of the first N steps' run come back from
-// its checkpoint.
+// its checkpoint. The runs replay their steps as a CUDA graph (cuda_graph, the default: each
+// process's first step op by op); a run with cuda_graph = 0 gives the same bits.
 #include "gpulib.h"
 #include "../train_fixture.h"
 #include "../../train/classify.h"
@@ -65,25 +66,38 @@ static void test_two_teacher_stage2_on_the_gpu_resumes_bit_exactly(void **state)
     memset(split, 0xff, sizeof split);
     Config a = student_config("full");
     DistillOptions oa = {.step_losses = full};
-    assert_int_equal(distill_train(&a, &oa).step, TOTAL);
+    TrainResult ra = distill_train(&a, &oa);
+    assert_int_equal(ra.step, TOTAL);
+    assert_int_equal(ra.graph_steps, TOTAL - 1);
     Config b = student_config("split");
     DistillOptions ob = {.stop_after = N, .step_losses = split};
     assert_int_equal(distill_train(&b, &ob).step, N);
     snprintf(b.resume, sizeof b.resume, "auto");
     DistillOptions oc = {.step_losses = split};
     assert_int_equal(distill_train(&b, &oc).step, TOTAL);
+    float eager[TOTAL];
+    Config e = student_config("eager");
+    e.cuda_graph = 0;
+    DistillOptions oe = {.step_losses = eager};
+    TrainResult re = distill_train(&e, &oe);
+    assert_int_equal(re.step, TOTAL);
+    assert_int_equal(re.graph_steps, 0);
     for (int i = 0; i < TOTAL; i++) {
-        printf("  step %d: loss %.9g | %.9g\n", i + 1, full[i], split[i]);
+        printf("  step %d: loss %.9g | %.9g | %.9g\n", i + 1, full[i], split[i], eager[i]);
         if (memcmp(&full[i], &split[i], sizeof(float)) != 0)
             fail_msg("step %d: loss %.9g vs %.9g after the resume", i + 1, full[i], split[i]);
+        if (memcmp(&full[i], &eager[i], sizeof(float)) != 0)
+            fail_msg("step %d: loss %.9g replayed vs %.9g op by op", i + 1, full[i], eager[i]);
     }
     const char *files[] = {"model.safetensors", "state.safetensors"};
-    for (int i = 0; i < 2; i++) {
-        char x[600], y[600];
-        snprintf(x, sizeof x, "%s/full/step_%08d/%s", g_dir, TOTAL, files[i]);
-        snprintf(y, sizeof y, "%s/split/step_%08d/%s", g_dir, TOTAL, files[i]);
-        assert_files_equal(x, y);
-    }
+    const char *runs[] = {"split", "eager"};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) {
+            char x[600], y[600];
+            snprintf(x, sizeof x, "%s/full/step_%08d/%s", g_dir, TOTAL, files[i]);
+            snprintf(y, sizeof y, "%s/%s/step_%08d/%s", g_dir, runs[j], TOTAL, files[i]);
+            assert_files_equal(x, y);
+        }
 }
 
 int main(void) {
