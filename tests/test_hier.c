@@ -19,7 +19,7 @@ static EncoderConfig load(const char *path) {
 }
 
 // Table 2 (fast GSPN-T/S/B): 24 / 50 / 89 M parameters, 4.2 / 9.2 / 14.2 GMACs at 224 px; the
-// issue asks for 3%. The exact counts pin the layout: a changed layer changes them.
+// configs hold both within 3%. The exact counts pin the layout: a changed layer changes them.
 static void test_gspn_configs_match_table_2_within_3_percent(void **state) {
     (void)state;
     static const struct { const char *cfg; double params_m, gmacs; size_t exact; } rows[] = {
@@ -208,7 +208,7 @@ static double compare_all(const StFile *fixture, const char *prefix, const char 
 // PyTorch's float64 reference of a tiny gspn_hier (tests/parity_gspn_hier.py --case tiny
 // --write-fixture, run on the GPU machine where PyTorch is): `cgspn features` on the CPU in fp32
 // reproduces its taps, norm, pooled vector and logits, and every parameter's gradient, to 1e-4 of
-// each tensor's scale (the issue's fp32 bound).
+// each tensor's scale (the fp32 bound of tests/parity_gspn_hier.py).
 static void test_cpu_matches_pytorch_reference_of_a_tiny_model(void **state) {
     (void)state;
     if (access("./cgspn", X_OK) != 0) fail_msg("./cgspn is not built (make test builds it first)");

@@ -8,7 +8,7 @@
 #include "../../kernels/cuda/attention.h"
 
 // fp32 (fallback kernels): the same fp32 arithmetic as the CPU in another order (online softmax
-// rescaling, __expf, FMA contraction): ~1e-6 relative; 1e-4 is the attention bound and far
+// rescaling, __expf, FMA contraction): ~1e-6 relative; 1e-4 is the project's fp32 attention bound and far
 // below what a wrong index, scale or missing term gives (order 1e-1 and up).
 #define FP32_TOL 1e-4
 // bf16 (inputs rounded to bf16 for both sides; the CPU computes in fp32 from them):
@@ -20,7 +20,7 @@
 #define BF16_LSE_TOL 1e-5
 // - dqkv: cuDNN rounds P and dS to bf16 before its matmuls, dq, dk, dv are rounded, and the +=
 //   rounds once more; dq sums dS rows that cancel (they sum to 0), which raises its relative
-//   error: ~1e-2 expected, 3e-3 seen (cuDNN 9.14, H100) -> 2e-2 (the bf16 bound).
+//   error: ~1e-2 expected, 3e-3 seen (cuDNN 9.14, H100) -> 2e-2 (the project's bf16 attention bound).
 #define BF16_GRAD_TOL 2e-2
 // cuDNN against the fallback in bf16: each is within the bounds above of the fp32 truth, so
 // their difference is within the sum.

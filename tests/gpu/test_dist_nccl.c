@@ -2,7 +2,7 @@
 // two GPUs (device kind nvidia-h200-x2); with fewer the tests are skipped with a message. Ranks
 // are forked processes, one GPU each (CUDA is first touched in the children), meeting through a
 // rendezvous folder; the NCCL unique id travels over that TCP group. NCCL_NVLS_ENABLE=0 (NVLink
-// multicast off) is set here, as the issue asks for every test.
+// multicast off) is set here, as for every multi-GPU run.
 //
 // Proves: the bucketed NCCL all-reduce leaves the mean gradient and the fp32 step equals a
 // one-GPU step on that mean bit for bit (zero = 0); zero = 1 (reduce-scatter, local AdamW,
