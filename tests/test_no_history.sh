@@ -11,7 +11,7 @@ w_issue="iss""ue"
 w_period="sess""ion"
 w_above="\.\./sha""red"
 w_fix="before this f""ix"
-pattern="\b${w_issue}s? [0-9]+|\b${w_period}s?\b|${w_fix}|${w_above}"
+pattern="\b${w_issue}s? [0-9]+|\b${w_issue}'s\b|\b${w_issue} asks\b|\b${w_period}s?\b|${w_fix}|${w_above}"
 files() {   # the source, scripts and docs under the current folder (not build outputs or logs)
     find . \( -path ./build -o -path ./.git -o -path ./results -o -path './.*' \) -prune -o -type f \
         \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.py' \
@@ -32,10 +32,11 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/nn" "$tmp/docs"
-printf '// fixed in %s %d\nint x;\n' "$w_issue" 12 > "$tmp/nn/planted.c"
+printf '// fixed in %s %d\n// 1e-4 (the %s'"'"'s bound)\nint x;\n' "$w_issue" 12 "$w_issue" > "$tmp/nn/planted.c"
 printf 'See ../%s/DESIGN.md.\n' "sha""red" > "$tmp/docs/planted.md"
 out=$(scan "$tmp")
-if grep -q 'nn/planted.c:1:' <<<"$out" && grep -q 'docs/planted.md:1:' <<<"$out"; then
+if grep -q 'nn/planted.c:1:' <<<"$out" && grep -q 'nn/planted.c:2:' <<<"$out" &&
+   grep -q 'docs/planted.md:1:' <<<"$out"; then
     echo "[       OK ] planted lines (code and docs) are found and named"
 else
     echo "[  FAILED  ] a planted line was not found: $out"
