@@ -7,13 +7,27 @@
 #include "../ctx.h"
 #include "../error.h"
 
+// The hint a failed CUDA call gives: a call that a CUDA graph's capture refuses (a wait on the
+// host, another stream) names the switch that runs the steps op by op.
+static inline const char *cuda_error_hint(cudaError_t e) {
+    switch (e) {
+    case cudaErrorStreamCaptureUnsupported: case cudaErrorStreamCaptureInvalidated:
+    case cudaErrorStreamCaptureImplicit: case cudaErrorStreamCaptureUnjoined:
+    case cudaErrorStreamCaptureIsolation: case cudaErrorStreamCaptureUnmatched:
+    case cudaErrorStreamCaptureMerge: case cudaErrorStreamCaptureWrongThread:
+        return "an op of the step cannot be captured as a CUDA graph: set cuda_graph = 0 to run "
+               "the steps op by op";
+    default:
+        return "check the GPU is visible (nvidia-smi) and has memory";
+    }
+}
+
 #define CUDA_CHECK(call)                                                                     \
     do {                                                                                     \
         cudaError_t err_ = (call);                                                           \
         if (err_ != cudaSuccess)                                                             \
-            cg_fail(__FILE__, __LINE__, "check the GPU is visible (nvidia-smi) and has memory", \
-                    "CUDA error %s in %s (%s:%d)", cudaGetErrorString(err_), #call, __FILE__, \
-                    __LINE__);                                                               \
+            cg_fail(__FILE__, __LINE__, cuda_error_hint(err_), "CUDA error %s in %s (%s:%d)", \
+                    cudaGetErrorString(err_), #call, __FILE__, __LINE__);                    \
     } while (0)
 
 #define CUBLAS_CHECK(call)                                                                   \

@@ -69,7 +69,8 @@ extern "C" void *cuda_graph_end(Ctx *ctx) {
     cudaGraph_t graph = NULL;
     cudaError_t err = cudaStreamEndCapture(cuda_stream_of(ctx), &graph);
     if (err != cudaSuccess)
-        cg_fail(__FILE__, __LINE__, "an op in the captured pass waited on the host or used another stream",
+        cg_fail(__FILE__, __LINE__, "an op in the captured pass waited on the host or used another "
+                "stream; set cuda_graph = 0 to run the steps op by op",
                 "cudaStreamEndCapture failed (%s)", cudaGetErrorString(err));
     cudaGraphExec_t exec = NULL;
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
