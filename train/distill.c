@@ -240,8 +240,7 @@ static LoopStepResult distill_step(void *self, long step, float *flags) {
         r->x = x, r->tgt = tgt;
         memcpy(r->xt, xt, sizeof r->xt);
         tensor_download(r->ctx, step_graph_run(&r->graph, in, n, graph_body, r), r->raw);
-        memcpy(r->raw + d->n_raw, flags, LOOP_FLAGS * sizeof(float));
-        distill_parts(d, r->raw, r->parts);
+        distill_parts(d, r->raw, r->parts);   // one rank: the terms are the global means, flags as set
         return (LoopStepResult){r->raw[d->n_raw - 1], (long)b->epoch};
     }
     Tensor *raw_dev;

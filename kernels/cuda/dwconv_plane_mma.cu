@@ -78,6 +78,23 @@ __device__ __forceinline__ void dpm_store(unsigned *__restrict__ stage, const Dp
     }
 }
 
+// A resident block's walk over its images blockIdx.y, + gridDim.y, ... (of B): each image's
+// pixels, loaded into registers, are stored into the staged planes and the next image's load is
+// issued (in flight until the next store); then work(b) runs on the planes, which are free again
+// once every thread has returned from it. load(b) does nothing for b >= B.
+template <typename Load, typename Store, typename Work>
+__device__ __forceinline__ void dpm_each_image(int B, Load &&load, Store &&store, Work &&work) {
+    load(blockIdx.y);
+    __syncthreads();   // the zeros in before any image's words
+    for (unsigned b = blockIdx.y; b < (unsigned)B; b += gridDim.y) {
+        store();
+        load(b + gridDim.y);
+        __syncthreads();
+        work(b);
+        __syncthreads();   // the planes (and sums) are free for the next image
+    }
+}
+
 // Block (C / CG, image blocks), 16 CG threads: the block takes images blockIdx.y, + gridDim.y, ...
 // U: units a thread stages an image, at most DPM_PAIRS.
 template <int CG, int U>
@@ -117,12 +134,7 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
         if (b < (unsigned)d.B) dpm_load(in + b * img, in, un, d.C, px);
     };
     auto store = [&]() { dpm_store(tile, un, px, PLANE, PLANE); };
-    load(blockIdx.y);
-    __syncthreads();   // the zeros in before any image's words
-    for (unsigned b = blockIdx.y; b < (unsigned)d.B; b += gridDim.y) {
-        store();
-        load(b + gridDim.y);   // in flight until the next image's store
-        __syncthreads();
+    dpm_each_image(d.B, load, store, [&](unsigned b) {
         // A_i's fragment: rows g and g + 8 (staged rows + i), the words of column pairs 2 t4 and
         // 2 t4 + 8 of the tile. Four independent chains: 2 channels x TX tiles.
         float acc[2][TX][4] = {};
@@ -155,8 +167,7 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
                           bias ? bias + c0 + v8 : nullptr, flags,
                           [&](int c) { return __uint_as_float((unsigned)resid[2 * c * PLANE] << 16); });
         }
-        __syncthreads();   // the planes and the sums are free for the next image
-    }
+    });
 }
 
 template <int CG>
@@ -241,12 +252,7 @@ dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__
     const int w0 = (2 * t4 - g + P + DPD_OFF) >> 1;        // A[g][2 t4]'s word in a staged dy row
     const int xrow = g < K ? g : K - 1;                    // B's column i = g: staged x row y + g
     float acc[2][2][4] = {};                               // per channel, per row parity
-    load(blockIdx.y);
-    __syncthreads();   // the zeros in before any image's words
-    for (unsigned b = blockIdx.y; b < (unsigned)d.B; b += gridDim.y) {
-        store();
-        load(b + gridDim.y);   // in flight until the next image's store
-        __syncthreads();
+    dpm_each_image(d.B, load, store, [&](unsigned) {
         for (int y = 0; y < d.H; y += 2)
             #pragma unroll
             for (int h = 0; h < 2; h++)
@@ -261,8 +267,7 @@ dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__
                     const unsigned b0 = g < K ? xr[t4] : ones, b1 = g < K ? xr[t4 + 4] : ones;
                     dw_mma_16816(acc[cc][h], a0, 0u, a2, 0u, b0, b1);
                 }
-        __syncthreads();   // the planes are free for the next image
-    }
+    });
     // D's fragment: rows j = g (g + 8 unused), columns i = 2 t4 and 2 t4 + 1.
     float *row = partial + (size_t)blockIdx.y * ((size_t)d.C * KK + d.C);
     #pragma unroll
