@@ -83,7 +83,7 @@ int bench_dwconv_run(FILE *out) {
     int n = distinct_shapes(mc, shapes);
     for (int i = 0; i < n; i++)
         cases[i] = (DwconvCase){DW_BATCH, shapes[i].H, shapes[i].W, shapes[i].C, shapes[i].k,
-                                shapes[i].lpu, shapes[i].lpu, 0, 0};
+                                shapes[i].lpu, shapes[i].lpu, 0, 0, 0, 0, 0};
     double copy_gbs = 0;
     char device[128];
     if (cuda_bench_dwconv(cases, n, &copy_gbs, device, sizeof device) != 0) {
@@ -117,6 +117,24 @@ int bench_dwconv_run(FILE *out) {
                 s->lpu ? "lpu" : "mixer", k->fwd_ms,
                 100.0 * dw_bytes(s, false) / (k->fwd_ms * 1e-3) / 1e9 / copy_gbs, k->bwd_ms,
                 100.0 * dw_bytes(s, true) / (k->bwd_ms * 1e-3) / 1e9 / copy_gbs, tf, tfb);
+    }
+    fprintf(out, "\nLPU after the mixer's up projection (2 proxy channels onto the stream): one op "
+                 "(dwconv_fwd's added input; reads x and u, writes y, and mid in training) against "
+                 "linear_residual_fwd then dwconv_fwd\n");
+    fprintf(out, "%-9s %5s %9s %7s %9s %7s %9s %7s\n", "grid", "C", "fused ms", "% copy", "+mid ms",
+            "% copy", "2 ops ms", "% copy");
+    for (int i = 0; i < n; i++) {
+        const HierDwconv *s = &shapes[i];
+        const DwconvCase *k = &cases[i];
+        if (!s->lpu) continue;
+        char grid[16];
+        snprintf(grid, sizeof grid, "%dx%d", s->H, s->W);
+        // fused: x, u read, y written; + mid; two ops: u, x read, mid written, then mid read, y written
+        const double act = dw_bytes(s, false) / 2, u = (double)DW_BATCH * s->H * s->W * 2 * 2;
+        const double gbs = copy_gbs * 1e9 * 1e-3 / 100;   // bytes per ms at 1% of copy
+        fprintf(out, "%-9s %5d %9.3f %6.1f%% %9.3f %6.1f%% %9.3f %6.1f%%\n", grid, s->C, k->added_ms,
+                (2 * act + u) / k->added_ms / gbs, k->added_mid_ms, (3 * act + u) / k->added_mid_ms / gbs,
+                k->two_ops_ms, (4 * act + u) / k->two_ops_ms / gbs);
     }
     fprintf(out, "\n%-8s %6s %8s %8s %10s %9s %10s %8s\n", "model", "convs", "fwd ms", "bwd ms",
             "fwd+bwd ms", "roofline", "torch f+b", "vs torch");

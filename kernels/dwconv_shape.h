@@ -34,3 +34,26 @@ static inline void dwconv_check_flags(const char *op, int flags, bool fwd) {
              "dwconv_fwd takes DWCONV_RESIDUAL or DWCONV_SILU, dwconv_bwd DWCONV_RESIDUAL and "
              "DWCONV_WRITE_DX", "op %s: flags %d", op, flags);
 }
+
+// dwconv_fwd's added input (u set): x' = x + u uw^T + ub, u (B,H,W,Ku) with Ku at most
+// DWCONV_MAX_KU, uw (C, Ku), ub (C) or NULL, all three in w's dtype; mid (if set) x's shape and
+// dtype, neither x nor y. Returns Ku.
+#define DWCONV_MAX_KU 4
+static inline int dwconv_added_input(const char *op, const DwconvShape *s, const Tensor *x,
+                                     const Tensor *u, const Tensor *uw, const Tensor *ub,
+                                     const Tensor *w, const Tensor *mid, const Tensor *y) {
+    char us[64], ws[64];
+    const int ku = tensor_last(u);
+    CG_CHECK(u->ndim == 4 && u->shape[0] == s->B && u->shape[1] == s->H && u->shape[2] == s->W &&
+                 ku >= 1 && ku <= DWCONV_MAX_KU && uw->ndim == 2 && uw->shape[0] == s->C &&
+                 uw->shape[1] == ku && (!ub || ub->numel == (size_t)s->C),
+             "the added input is a product over at most 4 inputs: u (B,H,W,Ku), uw (C,Ku), ub (C)",
+             "op %s: u %s and uw %s for x of %d channels", op, tensor_shape_str(u, us, sizeof us),
+             tensor_shape_str(uw, ws, sizeof ws), s->C);
+    CG_CHECK(u->dtype == w->dtype && uw->dtype == w->dtype && (!ub || ub->dtype == w->dtype), "",
+             "op %s: u, uw and ub must be in w's dtype (%s)", op, dtype_name(w->dtype));
+    CG_CHECK(!mid || (mid->numel == x->numel && mid->dtype == x->dtype && mid->data != x->data &&
+                      mid->data != y->data),
+             "", "op %s: mid must have x's shape and dtype and be neither x nor y", op);
+    return ku;
+}

@@ -189,8 +189,14 @@ OP(conv2d_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *cols, const Tensor *w,
 // DWCONV_SILU (not with DWCONV_RESIDUAL) writes silu(y) instead, y first rounded to x's dtype as
 // silu_fwd would read it (the mixer's convolution and activation in one pass, where no backward
 // needs y itself).
-OP(dwconv_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, int flags, Tensor *y),
-   (ctx, x, w, b, flags, y))
+// u set: the input is not x but x' = x + u uw^T + ub, a residual stream plus a product over at most
+// 4 inputs (the mixer's up projection onto the stream, which the LPU after it reads): u (B,H,W,Ku)
+// with Ku <= 4, uw (C, Ku), ub (C) or NULL, in w's dtype; x' is what linear_residual_fwd(u, uw,
+// ub, x) writes, element for element, and goes to mid when mid is set (the backward's input);
+// with DWCONV_RESIDUAL, y adds x' (the stream after both residuals). u NULL: uw, ub, mid unused.
+OP(dwconv_fwd, (Ctx *ctx, const Tensor *x, const Tensor *u, const Tensor *uw, const Tensor *ub,
+       const Tensor *w, const Tensor *b, int flags, Tensor *mid, Tensor *y),
+   (ctx, x, u, uw, ub, w, b, flags, mid, y))
 // dx (x's dtype) += dL/dx, dw and db (fp32) += theirs; any of them NULL: skipped. flags:
 // DWCONV_RESIDUAL: dL/dx includes dy itself; DWCONV_WRITE_DX: dx = dL/dx (every element
 // written, its prior values never read). dx is not dy (the taps read neighbours of what they

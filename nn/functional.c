@@ -675,7 +675,7 @@ static void dwconv_backward(Tape *t, void *p) {
 }
 static Tensor *dwconv_flags(Tape *t, Tensor *x, Tensor *w, Tensor *b, int flags) {
     Tensor *y = tape_tensor_like(t, x);
-    op_dwconv_fwd(t->ctx, x, w, b, flags, y);
+    op_dwconv_fwd(t->ctx, x, NULL, NULL, NULL, w, b, flags, NULL, y);
     if (tape_track(t, y, x, w, b))
         *(DwconvRec *)tape_record(t, dwconv_backward, sizeof(DwconvRec)) = (DwconvRec){x, w, b, y, flags};
     return y;
@@ -685,7 +685,7 @@ Tensor *nn_dwconv_silu(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
     // silu's backward reads the convolution's output: recorded, the two ops keep it
     if (tape_would_track(t, x, w, b)) return nn_silu(t, nn_dwconv(t, x, w, b));
     Tensor *y = tape_tensor_like(t, x);
-    op_dwconv_fwd(t->ctx, x, w, b, DWCONV_SILU, y);
+    op_dwconv_fwd(t->ctx, x, NULL, NULL, NULL, w, b, DWCONV_SILU, NULL, y);
     return y;
 }
 Tensor *nn_dwconv_silu_linear(Tape *t, Tensor *x, Tensor *cw, Tensor *cb, Tensor *w, Tensor *b) {
@@ -694,6 +694,26 @@ Tensor *nn_dwconv_silu_linear(Tape *t, Tensor *x, Tensor *cw, Tensor *cb, Tensor
 }
 Tensor *nn_dwconv_residual(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
     return dwconv_flags(t, x, w, b, DWCONV_RESIDUAL);
+}
+// One pass makes the stream between the two residuals (mid) and the LPU's output; recorded, mid
+// is kept and the two records are those of nn_linear_residual and nn_dwconv_residual.
+Tensor *nn_linear_residual_dwconv(Tape *t, Tensor *res, Tensor *u, Tensor *uw, Tensor *ub,
+                                  Tensor *w, Tensor *b) {
+    bool track_mid = tape_would_track(t, u, uw, ub) || (t->grad_enabled && res->requires_grad);
+    Tensor *mid = NULL;
+    if (track_mid || tape_would_track(t, w, b, NULL)) mid = tape_tensor_like(t, res);
+    Tensor *y = tape_tensor_like(t, res);
+    op_dwconv_fwd(t->ctx, res, u, uw, ub, w, b, DWCONV_RESIDUAL, mid, y);
+    if (!mid) return y;
+    bool track = tape_track(t, mid, u, uw, ub);
+    if (t->grad_enabled && res->requires_grad) track = mid->requires_grad = true;
+    if (track)
+        *(LinearResidualRec *)tape_record(t, linear_residual_backward, sizeof(LinearResidualRec)) =
+            (LinearResidualRec){u, uw, ub, res, mid};
+    if (tape_track(t, y, mid, w, b))
+        *(DwconvRec *)tape_record(t, dwconv_backward, sizeof(DwconvRec)) =
+            (DwconvRec){mid, w, b, y, DWCONV_RESIDUAL};
+    return y;
 }
 
 // ---- convolution ----

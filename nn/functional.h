@@ -46,6 +46,11 @@ Tensor *nn_dwconv(Tape *t, Tensor *x, Tensor *w, Tensor *b);
 // x + nn_dwconv(x) in one pass each way (the LPU): one record, no add, and the backward writes
 // dy + the taps' sum into x's gradient at once.
 Tensor *nn_dwconv_residual(Tape *t, Tensor *x, Tensor *w, Tensor *b);
+// nn_dwconv_residual(nn_linear_residual(res, u, uw, ub), w, b) (gspn_hier's up projection onto
+// the stream, then the LPU): one pass over the stream (dwconv_fwd's added input), the same
+// values and gradients as the two calls; u has at most 4 channels.
+Tensor *nn_linear_residual_dwconv(Tape *t, Tensor *res, Tensor *u, Tensor *uw, Tensor *ub,
+                                  Tensor *w, Tensor *b);
 // nn_silu(nn_dwconv(x, w, b)) (gspn_hier's mixer): one pass (DWCONV_SILU) when nothing is
 // recorded, as in inference; the two ops otherwise.
 Tensor *nn_dwconv_silu(Tape *t, Tensor *x, Tensor *w, Tensor *b);

@@ -164,14 +164,15 @@ static Tensor *block_forward(Tape *t, const HierEncoder *e, HierDrop d, int i, T
                               as_dtype(t, g->merge, DTYPE_F32), g->shared_w);
     if (g->out_norm) yc = layernorm(t, &g->norm, yc);
     if (!pp && !encoder_drop_active(t, d.dp, d.depth) &&
-        op_dtype(t, e, HIER_OP_UP) == t->ctx->act_dtype) {   // the up projection writes x + mix
-        x = nn_linear_residual(t, x, yc, g->up.w, g->up.b);
+        op_dtype(t, e, HIER_OP_UP) == t->ctx->act_dtype) {   // x + mix and the LPU in one pass
+        x = nn_linear_residual_dwconv(t, x, as_dtype(t, yc, t->ctx->act_dtype), g->up.w, g->up.b,
+                                      b->lpu2.w, b->lpu2.b);
     } else {
         Tensor *mix = linear_as(t, &g->up, yc, op_dtype(t, e, HIER_OP_UP));    // (B,H,W,C_s)
         if (pp) *pp = mix = as_dtype(t, mix, t->ctx->act_dtype);
         x = nn_add(t, x, drop(t, d, i, 0, mix));
+        x = nn_dwconv_residual(t, x, b->lpu2.w, b->lpu2.b);
     }
-    x = nn_dwconv_residual(t, x, b->lpu2.w, b->lpu2.b);
     Tensor *h2 = op_dtype(t, e, HIER_OP_NORM2) == DTYPE_F32
                      ? layernorm_f32(t, &b->norm2, x)
                      : layernorm(t, &b->norm2, x);

@@ -402,7 +402,7 @@ typedef struct DwCase {
 static double dw_loss(void *user) {
     DwCase *c = user;
     Ctx ctx = ctx_cpu();
-    cpu_dwconv_fwd(&ctx, c->x, c->w, c->b, c->flags & DWCONV_RESIDUAL, c->y);
+    cpu_dwconv_fwd(&ctx, c->x, NULL, NULL, NULL, c->w, c->b, c->flags & DWCONV_RESIDUAL, NULL, c->y);
     double s = 0;
     for (size_t i = 0; i < c->y->numel; i++) s += (double)tensor_f32(c->y)[i] * tensor_f32(c->r)[i];
     return s;
@@ -467,8 +467,8 @@ static void test_dwconv_silu_is_silu_of_the_convolution(void **state) {
     test_fill(x, 91, -2, 2);
     test_fill(w, 92, -1, 1);
     test_fill(b, 93, -1, 1);
-    cpu_dwconv_fwd(&ctx, x, w, b, 0, y);
-    cpu_dwconv_fwd(&ctx, x, w, b, DWCONV_SILU, ys);
+    cpu_dwconv_fwd(&ctx, x, NULL, NULL, NULL, w, b, 0, NULL, y);
+    cpu_dwconv_fwd(&ctx, x, NULL, NULL, NULL, w, b, DWCONV_SILU, NULL, ys);
     double worst = 0, scale = 0;
     for (size_t i = 0; i < y->numel; i++) {
         double v = tensor_f32(y)[i], want = v / (1.0 + exp(-v));
@@ -480,10 +480,63 @@ static void test_dwconv_silu_is_silu_of_the_convolution(void **state) {
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) test_tensor_free(t[i]);
 }
 
+// The added input: y = x' + b + taps(x') with x' = x + u uw^T + ub, against the formula in double
+// (mid: x' itself); without mid the same y.
+static void test_dwconv_added_input_convolves_the_stream_plus_the_product(void **state) {
+    Ctx ctx = ctx_cpu();
+    enum { B = 2, H = 5, W = 6, C = 4, KU = 2, K = 3 };
+    Tensor *x = test_tensor(4, B, H, W, C), *u = test_tensor(4, B, H, W, KU), *uw = test_tensor(2, C, KU);
+    Tensor *ub = test_tensor(1, C), *w = test_tensor(4, C, 1, K, K), *b = test_tensor(1, C);
+    Tensor *mid = test_like(x), *y = test_like(x), *y2 = test_like(x);
+    test_fill(x, 101, -1, 1);
+    test_fill(u, 102, -2, 2);
+    test_fill(uw, 103, -1, 1);
+    test_fill(ub, 104, -1, 1);
+    test_fill(w, 105, -1, 1);
+    test_fill(b, 106, -1, 1);
+    cpu_dwconv_fwd(&ctx, x, u, uw, ub, w, b, DWCONV_RESIDUAL, mid, y);
+    cpu_dwconv_fwd(&ctx, x, u, uw, ub, w, b, DWCONV_RESIDUAL, NULL, y2);
+    double *xp = calloc(x->numel, sizeof(double)), *ref = calloc(x->numel, sizeof(double));
+    for (size_t px = 0; px < x->numel / C; px++)
+        for (int c = 0; c < C; c++) {
+            double v = tensor_f32(x)[px * C + c] + tensor_f32(ub)[c];
+            for (int k = 0; k < KU; k++) v += (double)tensor_f32(u)[px * KU + k] * tensor_f32(uw)[c * KU + k];
+            xp[px * C + c] = v;
+        }
+    for (int bi = 0; bi < B; bi++)
+        for (int h = 0; h < H; h++)
+            for (int wx = 0; wx < W; wx++)
+                for (int c = 0; c < C; c++) {
+                    const size_t o = (((size_t)bi * H + h) * W + wx) * C + c;
+                    double v = xp[o] + tensor_f32(b)[c];
+                    for (int i = 0; i < K; i++)
+                        for (int j = 0; j < K; j++) {
+                            int hh = h + i - K / 2, ww = wx + j - K / 2;
+                            if (hh < 0 || hh >= H || ww < 0 || ww >= W) continue;
+                            v += tensor_f32(w)[(c * K + i) * K + j] * xp[(((size_t)bi * H + hh) * W + ww) * C + c];
+                        }
+                    ref[o] = v;
+                }
+    assert_close_ref("dwconv added input: mid", mid, xp);
+    assert_close_ref("dwconv added input: y", y, ref);
+    assert_memory_equal(y->data, y2->data, tensor_bytes(y));
+    free(xp);
+    free(ref);
+    Tensor *t[] = {x, u, uw, ub, w, b, mid, y, y2};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) test_tensor_free(t[i]);
+}
+
+static void dwconv_added_input_of_five_channels(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(4, 1, 3, 3, 2), *w = test_tensor(4, 2, 1, 3, 3), *y = test_like(x);
+    Tensor *u = test_tensor(4, 1, 3, 3, 5), *uw = test_tensor(2, 2, 5);
+    cpu_dwconv_fwd(&ctx, x, u, uw, NULL, w, NULL, DWCONV_RESIDUAL, NULL, y);
+}
+
 static void dwconv_silu_with_residual(void) {
     Ctx ctx = ctx_cpu();
     Tensor *x = test_tensor(4, 1, 3, 3, 2), *w = test_tensor(4, 2, 1, 3, 3), *y = test_like(x);
-    cpu_dwconv_fwd(&ctx, x, w, NULL, DWCONV_SILU | DWCONV_RESIDUAL, y);
+    cpu_dwconv_fwd(&ctx, x, NULL, NULL, NULL, w, NULL, DWCONV_SILU | DWCONV_RESIDUAL, NULL, y);
 }
 
 static void dwconv_backward_of_silu(void) {
@@ -497,6 +550,7 @@ static void dwconv_backward_of_silu(void) {
 static void test_dwconv_rejects_flags_it_does_not_take(void **state) {
     expect_stop(dwconv_silu_with_residual, (const char *[]){"dwconv_fwd", "flags 5", NULL});
     expect_stop(dwconv_backward_of_silu, (const char *[]){"dwconv_bwd", "flags 4", NULL});
+    expect_stop(dwconv_added_input_of_five_channels, (const char *[]){"dwconv_fwd", "u (1, 3, 3, 5)", NULL});
 }
 
 // ---- convolution ------------------------------------------------------------------------------
@@ -997,6 +1051,7 @@ int main(void) {
         cmocka_unit_test(test_attention_pool_equals_attention_with_the_query_in_every_row),
         cmocka_unit_test(test_dwconv_matches_reference_and_finite_differences),
         cmocka_unit_test(test_dwconv_silu_is_silu_of_the_convolution),
+        cmocka_unit_test(test_dwconv_added_input_convolves_the_stream_plus_the_product),
         cmocka_unit_test(test_dwconv_rejects_flags_it_does_not_take),
         cmocka_unit_test(test_conv2d_matches_direct_and_its_adjoint),
         cmocka_unit_test(test_conv2d_rejects_bad_shapes_with_a_message),

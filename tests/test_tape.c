@@ -478,14 +478,15 @@ static void test_backward_from_seeds_match_finite_differences(void **state) {
 // GSPN's stem and Local Perception Unit as the tape composes them: an NCHW image through
 // nn_conv2d (3x3, stride 2), then channels-last nn_conv2d (2x2, stride 2), x + nn_dwconv(x) and
 // nn_dwconv_residual(x), then a linear written onto its own input (nn_linear_residual: y + y w^T
-// + b, the residual's gradient adopted and the branch's added), every parameter and the image
-// against finite differences.
+// + b, the residual's gradient adopted and the branch's added), then a 2-channel projection of
+// the result added back and convolved in one op (nn_linear_residual_dwconv, the LPU's weights
+// again), every parameter and the image against finite differences.
 typedef struct ConvChain {
     Ctx ctx;
     Arena arena;
     Tape tape;
     ParamTable params;
-    Tensor *w1, *b1, *w2, *b2, *dw, *db, *wl, *bl, *img, *target;
+    Tensor *w1, *b1, *w2, *b2, *dw, *db, *wl, *bl, *wp, *wu, *bu, *img, *target;
 } ConvChain;
 
 static Tensor *conv_chain_loss(ConvChain *c) {
@@ -496,6 +497,8 @@ static Tensor *conv_chain_loss(ConvChain *c) {
     y = nn_add(&c->tape, y, nn_dwconv(&c->tape, y, c->dw, c->db));
     y = nn_dwconv_residual(&c->tape, y, c->dw, c->db);   // the same LPU fused, its weights again
     y = nn_linear_residual(&c->tape, y, y, c->wl, c->bl);
+    Tensor *u = nn_linear(&c->tape, y, c->wp, NULL);                    // (2,2,2,2)
+    y = nn_linear_residual_dwconv(&c->tape, y, u, c->wu, c->bu, c->dw, c->db);
     return nn_mse(&c->tape, y, c->target);
 }
 
@@ -523,6 +526,9 @@ static void test_conv2d_and_dwconv_backward_matches_finite_differences(void **st
     c.db = params_add(&c.params, "lpu.bias", 1, (int[]){8}, INIT_ZEROS, 0, false);
     c.wl = params_add(&c.params, "proj.weight", 2, (int[]){8, 8}, INIT_FAN_IN_UNIFORM, 0, true);
     c.bl = params_add(&c.params, "proj.bias", 1, (int[]){8}, INIT_ZEROS, 0, false);
+    c.wp = params_add(&c.params, "proxy.weight", 2, (int[]){2, 8}, INIT_FAN_IN_UNIFORM, 0, true);
+    c.wu = params_add(&c.params, "up.weight", 2, (int[]){8, 2}, INIT_FAN_IN_UNIFORM, 0, true);
+    c.bu = params_add(&c.params, "up.bias", 1, (int[]){8}, INIT_ZEROS, 0, false);
     params_alloc(&c.params, &c.ctx);
     for (int i = 0; i < c.params.n; i++) test_fill(&c.params.params[i]->value, 50 + i, -0.5f, 0.5f);
     c.img = test_tensor(4, 2, 3, 9, 8);

@@ -32,12 +32,31 @@ int cuda_bench_dwconv(DwconvCase *cases, int n, double *copy_gbs, char *device, 
         // As the model runs them: the LPUs with the residual in both passes; dx written.
         const int flags = k->x_f32 ? DWCONV_RESIDUAL : 0;
         k->fwd_ms = bench_ms(&ctx, 20, [&] {
-            cuda_dwconv_fwd(&ctx, &x, &w, k->bias ? &b : NULL, flags, &y);
+            cuda_dwconv_fwd(&ctx, &x, NULL, NULL, NULL, &w, k->bias ? &b : NULL, flags, NULL, &y);
         });
         k->bwd_ms = bench_ms(&ctx, 20, [&] {
             cuda_dwconv_bwd(&ctx, &dy, &x, &w, flags | DWCONV_WRITE_DX, &dx, &dw, k->bias ? &db : NULL);
         });
         Tensor *all[] = {&x, &dy, &y, &dx, &w, &b, &dw, &db};
+        if (k->x_f32) {   // the up projection's u (2 channels), weight and bias; mid in dx
+            Tensor u = bench_tensor(&ctx, rows, 2, DTYPE_BF16, 9, -1.0f, 1.0f);
+            Tensor uw = bench_tensor(&ctx, (size_t)k->C, 2, DTYPE_BF16, 10, -0.2f, 0.2f);
+            Tensor ub = bench_tensor(&ctx, (size_t)k->C, 0, DTYPE_BF16, 11, -0.2f, 0.2f);
+            int ushape[4] = {k->B, k->H, k->W, 2};
+            tensor_set_shape(&u, 4, ushape);
+            k->added_ms = bench_ms(&ctx, 20, [&] {
+                cuda_dwconv_fwd(&ctx, &x, &u, &uw, &ub, &w, &b, flags, NULL, &y);
+            });
+            k->added_mid_ms = bench_ms(&ctx, 20, [&] {
+                cuda_dwconv_fwd(&ctx, &x, &u, &uw, &ub, &w, &b, flags, &dx, &y);
+            });
+            k->two_ops_ms = bench_ms(&ctx, 20, [&] {
+                cuda_linear_residual_fwd(&ctx, &u, &uw, &ub, &x, &dx);
+                cuda_dwconv_fwd(&ctx, &dx, NULL, NULL, NULL, &w, &b, flags, NULL, &y);
+            });
+            Tensor *more[] = {&u, &uw, &ub};
+            for (Tensor *t : more) cuda_free(t->data);
+        }
         for (Tensor *t : all) cuda_free(t->data);
     }
     cuda_ctx_destroy(&ctx);

@@ -37,6 +37,10 @@ int cuda_bench_ops(FILE *out);
 typedef struct DwconvCase {
     int B, H, W, C, k, x_f32, bias;
     double fwd_ms, bwd_ms;
+    // LPUs (x_f32) only: the forward after the mixer's up projection (2 proxy channels), as one op
+    // (dwconv_fwd's added input) without and with mid, and as the two ops (linear_residual_fwd,
+    // then dwconv_fwd)
+    double added_ms, added_mid_ms, two_ops_ms;
 } DwconvCase;
 // GB/s of a 1 GiB device-to-device copy on GPU 0 (bytes read and written), the roofline the
 // per-op profile's column is read against; 0 when no GPU is visible.

@@ -8,6 +8,7 @@
 #include "cpu_check.h"
 #include "../dwconv_shape.h"
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 // The shape and its checks: kernels/dwconv_shape.h (both backends); the CPU also wants fp32.
@@ -40,21 +41,31 @@ static void add_taps(const DwconvShape *s, const float *in, const float *Wt, boo
     }
 }
 
-void cpu_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, int flags,
-                    Tensor *y) {
+void cpu_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *u, const Tensor *uw, const Tensor *ub,
+                    const Tensor *w, const Tensor *b, int flags, Tensor *mid, Tensor *y) {
     DwconvShape s = dw_shape("dwconv_fwd", x, w);
     dwconv_check_flags("dwconv_fwd", flags, true);
     cpu_check_same("dwconv_fwd", "y", y, "x", x);
     CG_CHECK(y->data != x->data, "", "op dwconv_fwd: y is x (the taps read neighbours of what they write)");
     if (b) cpu_check_numel("dwconv_fwd", "b", b, (size_t)s.C);
+    // The added input: x' = x + u uw^T + ub as linear_residual_fwd makes it, into mid or a buffer
+    // of its own; the convolution then reads x'.
+    Tensor added = *x;
+    if (u) {
+        dwconv_added_input("dwconv_fwd", &s, x, u, uw, ub, w, mid, y);
+        added.data = mid ? mid->data : cg_malloc(x->numel * sizeof(float));
+        cpu_linear_residual_fwd(ctx, u, uw, ub, x, &added);
+        x = &added;
+    }
     float *Y = tensor_f32(y);
     const float *X = tensor_f32(x);
     for (size_t px = 0; px < y->numel / (size_t)s.C; px++)
         for (int c = 0; c < s.C; c++)
             Y[px * s.C + c] = (b ? tensor_f32(b)[c] : 0.0f) +
                               (flags & DWCONV_RESIDUAL ? X[px * s.C + c] : 0.0f);
-    add_taps(&s, tensor_f32(x), tensor_f32(w), false, Y);
+    add_taps(&s, X, tensor_f32(w), false, Y);
     if (flags & DWCONV_SILU) cpu_silu_fwd(ctx, y, y);   // the activation's own formula, in place
+    if (u && !mid) free(added.data);
 }
 
 void cpu_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, int flags,

@@ -14,6 +14,7 @@
 #include "cuda_elem.cuh"
 #include "dwconv_mma.h"
 #include "dwconv_plane.h"
+#include "narrow_dot.cuh"
 #include "../dwconv_shape.h"
 
 typedef DwconvShape DwDims;   // kernels/dwconv_shape.h: the geometry and checks both backends share
@@ -160,6 +161,64 @@ template <int K, int CW, int V, typename T> struct DwWindow {
     }
 };
 
+// dwconv_fwd's added input over a thread's window (KU = DW_ADDED_K; KU = 0: nothing): u's CW + K - 1
+// pixels of a row, loaded a row ahead, and the thread's V rows of uw and ub; apply() adds
+// u uw^T + ub to the unpacked window's pixels that lie in the image.
+template <int K, int CW, int V, int KU, typename TW> struct DwAddedWindow {
+    static constexpr int N = CW + K - 1, KV = KU > 0 ? KU : 1;
+    Vec<TW, KV> px[KU > 0 ? N : 1];
+    float aw[V][KV], ab[V];
+    const TW *u;        // image b's u
+    float *mid;         // image b's mid
+    int uoff0, urow;    // window pixel q of row r: u + r urow + uoff0 + q KU
+    __device__ __forceinline__ DwAddedWindow(const DwAdded<TW> &add, const DwDims &d, int b, int x0, int c) {
+        if constexpr (KU > 0) {
+            u = add.u + (size_t)b * d.H * d.W * KU;
+            mid = add.mid ? add.mid + (size_t)b * d.H * d.W * d.C : nullptr;
+            uoff0 = (x0 - K / 2) * KU;
+            urow = d.W * KU;
+            #pragma unroll
+            for (int v = 0; v < V; v++) {
+                #pragma unroll
+                for (int k = 0; k < KU; k++) aw[v][k] = load_or(add.w, (size_t)(c + v) * KU + k, 0.0f);
+                ab[v] = load_or(add.b, (size_t)(c + v), 0.0f);
+            }
+        }
+    }
+    __device__ __forceinline__ void load(const DwCols &k, const DwDims &d, int r) {
+        if constexpr (KU > 0) {
+            const bool row_in = r >= 0 && r < d.H;
+            #pragma unroll
+            for (int q = 0; q < N; q++)
+                px[q] = row_in && (k.mask >> q & 1) ? Vec<TW, KU>::load(u + (r * urow + uoff0 + q * KU))
+                                                    : Vec<TW, KU>::of(kZeros);
+        }
+    }
+    __device__ __forceinline__ void apply(float (*win)[V], const DwCols &k, const DwDims &d, int r) const {
+        if constexpr (KU > 0) {
+            if (r < 0 || r >= d.H) return;
+            #pragma unroll
+            for (int q = 0; q < N; q++) {
+                if (!(k.mask >> q & 1)) continue;   // zero padding stays zero
+                float uv[KU];
+                #pragma unroll
+                for (int j = 0; j < KU; j++) uv[j] = px[q].get(j);
+                #pragma unroll
+                for (int v = 0; v < V; v++) win[q][v] = win[q][v] + narrow_dot<KU>(uv, aw[v], ab[v]);
+            }
+        }
+    }
+    // x' at the window's own CW columns of row r, into mid.
+    __device__ __forceinline__ void store_mid(float (*win)[V], const DwCols &k, const DwDims &d, int r) const {
+        if constexpr (KU > 0) {
+            #pragma unroll
+            for (int q = 0; q < CW; q++)
+                if (k.mask >> (q + K / 2) & 1)
+                    store_v<V>(mid + (r * k.row + k.off0 + (q + K / 2) * d.C), win[q + K / 2]);
+        }
+    }
+};
+
 // ---- y and dx -----------------------------------------------------------------------------------
 // out[b,h,w,c] (+)= bias[c] + sum_{i,j} w'[i][j] in[b, h+i-p, w+j-p, c] (+ in[b,h,w,c]); w' = w,
 // or w mirrored in both axes for dx (dy correlated with the mirrored taps is the adjoint).
@@ -171,10 +230,13 @@ template <int K, int CW, int V, typename T> struct DwWindow {
 // ring slot (t - i) mod K. Output row y0 + t - (K - 1) has all its rows after step t: it is
 // written and its slot cleared for row y0 + t + 1. The step loop unrolls K times, so every slot
 // index is a constant.
-template <int K, int CW, int V, typename T, typename TW>
+// KU = DW_ADDED_K: dwconv_fwd's added input (fp32 in), applied to each window as it is unpacked
+// (u's pixels loaded with the window, a row ahead); the thread's own run of rows also goes to
+// add.mid. KU = 0: none.
+template <int K, int CW, int V, int KU, typename T, typename TW>
 __global__ void __launch_bounds__(DW_THREADS, dw_min_blocks<K, false>())
 dwconv_rows_kernel(const T *__restrict__ in, const TW *__restrict__ w, const TW *__restrict__ bias,
-                   T *__restrict__ out, DwDims d, DwGrid g, int flags) {
+                   T *__restrict__ out, DwDims d, DwGrid g, int flags, DwAdded<TW> add) {
     constexpr int P = K / 2, KK = K * K;
     extern __shared__ float ws[];   // (V, lanes, K^2): the block's taps as read (mirrored for dx)
     const DwPlace pl = dw_place(g);
@@ -202,6 +264,8 @@ dwconv_rows_kernel(const T *__restrict__ in, const TW *__restrict__ w, const TW 
     dw_zero(acc);
     DwWindow<K, CW, V, T> next;
     next.load(img, cols, d, y0 - P);
+    DwAddedWindow<K, CW, V, KU, TW> added(add, d, b, x0, c);
+    added.load(cols, d, y0 - P);
     for (int t0 = 0; t0 < steps; t0 += K) {
         #pragma unroll
         for (int u = 0; u < K; u++) {
@@ -209,7 +273,13 @@ dwconv_rows_kernel(const T *__restrict__ in, const TW *__restrict__ w, const TW 
             if (t >= steps) break;
             float win[DwWindow<K, CW, V, T>::N][V];
             next.unpack(win);
-            if (t + 1 < steps) next.load(img, cols, d, r + 1);
+            added.apply(win, cols, d, r);
+            if (t + 1 < steps) {
+                next.load(img, cols, d, r + 1);
+                added.load(cols, d, r + 1);
+            }
+            if (KU > 0 && add.mid && r >= y0 && r < y0 + rows)   // x' of the thread's own rows
+                added.store_mid(win, cols, d, r);
             if (r >= 0 && r < d.H) {   // rows outside the image add nothing
                 #pragma unroll
                 for (int i = 0; i < K; i++) {
@@ -497,10 +567,11 @@ static void dw_check_grid(const DwGrid &g, const DwDims &d, unsigned z) {
              "dwconv: image %dx%dx%d x %d images exceed the grid", d.H, d.W, d.C, d.B);
 }
 
+// add.u set: fp32 in and out only, k <= 3 (launch_rows_added).
 template <typename T, typename TW>
 static void launch_rows(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *out, DwDims d,
-                        int flags) {
-    if (cuda_dwconv_plane(ctx, in, w, bias, out, d, flags)) return;   // small images
+                        int flags, const DwAdded<TW> &add = DwAdded<TW>{}) {
+    if (cuda_dwconv_plane(ctx, in, w, bias, out, d, flags, add)) return;   // small images
     if constexpr (std::is_same<T, bf16>::value && std::is_same<TW, bf16>::value)
         if (cuda_dwconv_mma(ctx, in, w, bias, out, d, flags)) return;   // 7x7 on tensor cores
     DwGrid g = dw_grid(d, dw_vec(d, sizeof(T), in, out), dw_strip(d, false));
@@ -509,24 +580,60 @@ static void launch_rows(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *o
     dim3 grid((unsigned)(g.groups * g.sgroups), (unsigned)g.chunks, (unsigned)d.B);
     dispatch_k_v(d.k, g.V, [&](auto kc, auto vc) {
         constexpr int K = decltype(kc)::value, V = decltype(vc)::value;
-        auto go = [&](auto cwc) {
-            auto kernel = dwconv_rows_kernel<K, decltype(cwc)::value, V, T, TW>;
+        auto go = [&](auto cwc, auto kuc) {
+            auto kernel = dwconv_rows_kernel<K, decltype(cwc)::value, V, decltype(kuc)::value, T, TW>;
             const size_t smem = (size_t)V * g.lanes * K * K * sizeof(float);
             dw_allow_smem(kernel, smem);
-            kernel<<<grid, g.lanes * g.sblk, smem, cuda_stream_of(ctx)>>>(in, w, bias, out, d, g, flags);
+            kernel<<<grid, g.lanes * g.sblk, smem, cuda_stream_of(ctx)>>>(in, w, bias, out, d, g, flags, add);
         };
+        using None = std::integral_constant<int, 0>;
         if constexpr (K >= 5) {
-            if (g.cw == 7) go(std::integral_constant<int, 7>{});
-            else go(std::integral_constant<int, 4>{});
+            if (g.cw == 7) go(std::integral_constant<int, 7>{}, None{});
+            else go(std::integral_constant<int, 4>{}, None{});
+        } else if constexpr (std::is_same<T, float>::value) {
+            if (add.u) go(std::integral_constant<int, 4>{}, std::integral_constant<int, DW_ADDED_K>{});
+            else go(std::integral_constant<int, 4>{}, None{});
         } else {
-            go(std::integral_constant<int, 4>{});
+            go(std::integral_constant<int, 4>{}, None{});
         }
     });
     CUDA_CHECK_LAUNCH();
 }
 
-void cuda_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, int flags,
-                     Tensor *y) {
+// dwconv_fwd with its added input: one pass where the kernels take it (fp32 x, k <= 3, u of
+// DW_ADDED_K channels aligned to its pixels, and the shapes where linear_residual_fwd runs the
+// narrow kernel whose bits the pass reproduces: C a multiple of 4, x and mid 16-byte aligned),
+// else linear_residual_fwd into mid (or a buffer of its own) and the convolution of that.
+static void launch_rows_added(Ctx *ctx, const Tensor *x, const Tensor *u, const Tensor *uw,
+                              const Tensor *ub, const Tensor *w, const Tensor *b, int flags,
+                              Tensor *mid, Tensor *y, const DwDims &d, int ku) {
+    const size_t ualign = (size_t)ku * dtype_size(u->dtype) - 1;
+    if (x->dtype == DTYPE_F32 && d.k <= 3 && ku == DW_ADDED_K && ((uintptr_t)u->data & ualign) == 0 &&
+        d.C % 4 == 0 && aligned16(x->data) && (!mid || aligned16(mid->data))) {
+        dispatch_dtype(w->dtype, [&](auto tw) {
+            using TW = TAG_T(tw);
+            const DwAdded<TW> add = {(const TW *)u->data, (const TW *)uw->data,
+                                     ub ? (const TW *)ub->data : nullptr, mid ? (float *)mid->data : nullptr};
+            launch_rows(ctx, (const float *)x->data, (const TW *)w->data, b ? (const TW *)b->data : nullptr,
+                        (float *)y->data, d, flags, add);
+        });
+        return;
+    }
+    Tensor added = *x;
+    if (mid) added.data = mid->data;
+    else added.data = cuda_temp_alloc(ctx, tensor_bytes(x));
+    cuda_linear_residual_fwd(ctx, u, uw, ub, x, &added);
+    dispatch_dtype2(x->dtype, w->dtype, [&](auto tx, auto tw) {
+        using T = TAG_T(tx);
+        using TW = TAG_T(tw);
+        launch_rows(ctx, (const T *)added.data, (const TW *)w->data, b ? (const TW *)b->data : nullptr,
+                    (T *)y->data, d, flags);
+    });
+    if (!mid) cuda_temp_free(ctx, added.data);
+}
+
+void cuda_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *u, const Tensor *uw, const Tensor *ub,
+                     const Tensor *w, const Tensor *b, int flags, Tensor *mid, Tensor *y) {
     const char *op = "dwconv_fwd";
     DwDims d = dw_dims(op, x, w);
     dwconv_check_flags(op, flags, true);
@@ -537,13 +644,25 @@ void cuda_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b
         cuda_check_numel(op, "b", b, (size_t)d.C);
         cuda_check_same_dtype(op, "b", b, "w", w);
     }
+    int ku = 0;
+    if (u) {
+        cuda_check_tensor(op, "u", u);
+        cuda_check_tensor(op, "uw", uw);
+        if (ub) cuda_check_tensor(op, "ub", ub);
+        if (mid) cuda_check_tensor(op, "mid", mid);
+        ku = dwconv_added_input(op, &d, x, u, uw, ub, w, mid, y);
+    }
     if (x->numel == 0) return;
+    const int kflags = (flags & DWCONV_RESIDUAL ? DW_RESID : 0) | (flags & DWCONV_SILU ? DW_SILU : 0);
+    if (u) {
+        launch_rows_added(ctx, x, u, uw, ub, w, b, kflags, mid, y, d, ku);
+        return;
+    }
     dispatch_dtype2(x->dtype, w->dtype, [&](auto tx, auto tw) {
         using T = TAG_T(tx);
         using TW = TAG_T(tw);
         launch_rows(ctx, (const T *)x->data, (const TW *)w->data, b ? (const TW *)b->data : nullptr,
-                    (T *)y->data, d,
-                    (flags & DWCONV_RESIDUAL ? DW_RESID : 0) | (flags & DWCONV_SILU ? DW_SILU : 0));
+                    (T *)y->data, d, kflags);
     });
 }
 

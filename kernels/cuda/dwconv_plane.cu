@@ -18,6 +18,7 @@
 // fixed-order reduction over blocks (kernels/cuda/reduce.cu). Deterministic.
 #include "dwconv_plane.h"
 #include "cuda_async.cuh"
+#include "narrow_dot.cuh"
 #include <algorithm>
 #include <type_traits>
 #include <utility>
@@ -41,6 +42,13 @@ __device__ __forceinline__ void dwp_stage(const T *__restrict__ img, const Dwcon
     }
 }
 
+// Starts copying one image's u (n elements, KU a pixel) into us, a pixel a copy (the caller
+// commits and waits).
+template <int KU, typename TW>
+__device__ __forceinline__ void dwp_stage_u(const TW *__restrict__ u, int n, TW *__restrict__ us) {
+    for (int e = threadIdx.x * KU; e < n; e += blockDim.x * KU) cp_async<KU * sizeof(TW)>(us + e, u + e);
+}
+
 __device__ __forceinline__ float dwp_f(float v) { return v; }
 __device__ __forceinline__ float dwp_f(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float dwp_lo(unsigned w) { return __uint_as_float(w << 16); }
@@ -60,19 +68,28 @@ template <int N, typename F> __device__ __forceinline__ void dwp_unroll(F &&f) {
 // (t / CG) CW .. + CW - 1; the block takes images blockIdx.y, + gridDim.y, ... through two staged
 // planes. Output row y takes input rows y - P .. y + P through tap rows 0 .. K - 1; its sums sit
 // in ring slot y mod K. The step loop unrolls K times, so every slot is a constant.
-template <int K, int CG, int CW, typename T, typename TW>
+// KU = DW_ADDED_K: dwconv_fwd's added input (DwAdded, fp32 in). Each image's u is staged beside
+// its plane (KU values a pixel, one copy each); a thread adds u uw^T + ub to the window pixels it
+// reads that lie in the image, keeps its own columns of x' as a ring of K rows for the residual,
+// and writes them to mid. KU = 0: none.
+template <int K, int CG, int CW, int KU, typename T, typename TW>
 __global__ void __launch_bounds__(DWP_THREADS, K >= 5 ? 2 : 3)
 dwconv_plane_kernel(const T *__restrict__ in, const TW *__restrict__ w, const TW *__restrict__ bias,
-                    T *__restrict__ out, DwconvShape d, int flags) {
+                    T *__restrict__ out, DwconvShape d, int flags, DwAdded<TW> add) {
     constexpr int P = K / 2, KK = K * K, NW = CW + K - 1, VPP = CG * (int)sizeof(T) / 16;
     extern __shared__ __align__(16) unsigned char dwp_smem[];
     const int sw = d.W + 2 * P;
     const size_t plane_elems = dwp_align16((size_t)d.H * sw * CG * sizeof(T)) / sizeof(T);
     T *planes = reinterpret_cast<T *>(dwp_smem);                      // 2 x (H, sw, CG)
     float *ws = reinterpret_cast<float *>(planes + 2 * plane_elems);   // (KK, CG)
+    const int uimg = d.H * d.W * KU;                                   // u's elements an image
+    TW *us = reinterpret_cast<TW *>(ws + KK * CG);                     // 2 x (H, W, KU)
     const int c0 = blockIdx.x * CG;
     const size_t img = (size_t)d.H * d.W * d.C;
-    if (blockIdx.y < (unsigned)d.B) dwp_stage<CG>(in + blockIdx.y * img + c0, d, sw, P, planes);
+    if (blockIdx.y < (unsigned)d.B) {
+        dwp_stage<CG>(in + blockIdx.y * img + c0, d, sw, P, planes);
+        if constexpr (KU > 0) dwp_stage_u<KU>(add.u + (size_t)blockIdx.y * uimg, uimg, us);
+    }
     cp_async_commit();
     for (int e = threadIdx.x; e < 2 * d.H * 2 * P * VPP; e += blockDim.x) {   // the zero columns
         const int v = e % VPP, col = e / VPP % (2 * P), r = e / VPP / (2 * P) % d.H, buf = e / VPP / (2 * P) / d.H;
@@ -90,17 +107,28 @@ dwconv_plane_kernel(const T *__restrict__ in, const TW *__restrict__ w, const TW
     #pragma unroll
     for (int t = 0; t < KK; t++) tap[t] = ws[t * CG + c];
     const float bv = load_or(bias, (size_t)(c0 + c), 0.0f);
+    float aw[KU > 0 ? KU : 1], ab = 0.0f;   // the added input's weights for channel c0 + c
+    if constexpr (KU > 0) {
+        #pragma unroll
+        for (int k = 0; k < KU; k++) aw[k] = load_or(add.w, (size_t)(c0 + c) * KU + k, 0.0f);
+        ab = load_or(add.b, (size_t)(c0 + c), 0.0f);
+    }
     int buf = 0;
     for (unsigned b = blockIdx.y; b < (unsigned)d.B; b += gridDim.y, buf ^= 1) {
         const unsigned nb = b + gridDim.y;
-        if (nb < (unsigned)d.B) dwp_stage<CG>(in + nb * img + c0, d, sw, P, planes + (buf ^ 1) * plane_elems);
+        if (nb < (unsigned)d.B) {
+            dwp_stage<CG>(in + nb * img + c0, d, sw, P, planes + (buf ^ 1) * plane_elems);
+            if constexpr (KU > 0) dwp_stage_u<KU>(add.u + (size_t)nb * uimg, uimg, us + (buf ^ 1) * uimg);
+        }
         cp_async_commit();
         cp_async_wait<1>();   // image b's copies are in
         __syncthreads();
         if (live) {
             const T *pc = planes + buf * plane_elems + x0 * CG + c;   // pixel (r, x0 + q): pc[(r sw + q) CG]
+            const TW *uc0 = us + buf * uimg + (x0 - P) * KU;          // u of pixel (r, x0 - P + q)
+            float *mi = KU > 0 && add.mid ? add.mid + b * img + c0 + c : nullptr;
             T *o = out + b * img + c0 + c;
-            float acc[K][CW];
+            float acc[K][CW], ctr[KU > 0 ? K : 1][CW];   // ctr: x' of the thread's columns, slot r mod K
             #pragma unroll
             for (int s = 0; s < K; s++)
                 #pragma unroll
@@ -113,6 +141,23 @@ dwconv_plane_kernel(const T *__restrict__ in, const TW *__restrict__ w, const TW
                     float win[NW];
                     #pragma unroll
                     for (int q = 0; q < NW; q++) win[q] = dwp_f(pc[(r * sw + q) * CG]);
+                    if constexpr (KU > 0) {
+                        #pragma unroll
+                        for (int q = 0; q < NW; q++) {
+                            const int xx = x0 - P + q;
+                            if (xx < 0 || xx >= d.W) continue;   // zero padding stays zero
+                            const Vec<TW, KU> up = Vec<TW, KU>::load(uc0 + (r * d.W + q) * KU);
+                            float uv[KU];
+                            #pragma unroll
+                            for (int k = 0; k < KU; k++) uv[k] = up.get(k);
+                            win[q] = win[q] + narrow_dot<KU>(uv, aw, ab);
+                        }
+                        #pragma unroll
+                        for (int q = 0; q < CW; q++) {
+                            ctr[U][q] = win[q + P];
+                            if (mi && x0 + q < d.W) mi[((size_t)r * d.W + x0 + q) * d.C] = win[q + P];
+                        }
+                    }
                     #pragma unroll
                     for (int j = 0; j < K; j++)   // j outermost: consecutive FMAs feed different sums
                         #pragma unroll
@@ -130,7 +175,10 @@ dwconv_plane_kernel(const T *__restrict__ in, const TW *__restrict__ w, const TW
                         if (xx >= d.W) break;
                         T *p = o + ((size_t)y * d.W + xx) * d.C;
                         float v = acc[s][q] + bv;
-                        if (flags & DW_RESID) v += dwp_f(pc[(y * sw + q + P) * CG]);
+                        if (flags & DW_RESID) {
+                            if constexpr (KU > 0) v += ctr[s][q];
+                            else v += dwp_f(pc[(y * sw + q + P) * CG]);
+                        }
                         if (flags & DW_ACCUM) v += dwp_f(*p);
                         if (flags & DW_SILU) v = dw_silu<T>(v);
                         store_v<1>(p, &v);
@@ -151,26 +199,27 @@ dwconv_plane_kernel(const T *__restrict__ in, const TW *__restrict__ w, const TW
     }
 }
 
-template <int K, int CG, int CW, typename T, typename TW>
+template <int K, int CG, int CW, int KU, typename T, typename TW>
 static void dwp_launch_rows(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *out,
-                            const DwconvShape &d, int flags) {
+                            const DwconvShape &d, int flags, const DwAdded<TW> &add) {
     const int threads = CG * ((d.W + CW - 1) / CW), groups = d.C / CG;
-    const size_t smem = 2 * dwp_align16((size_t)d.H * (d.W + K - 1) * CG * sizeof(T)) + (size_t)K * K * CG * 4;
-    auto kernel = dwconv_plane_kernel<K, CG, CW, T, TW>;
+    const size_t smem = 2 * dwp_align16((size_t)d.H * (d.W + K - 1) * CG * sizeof(T)) + (size_t)K * K * CG * 4 +
+                        2 * (size_t)d.H * d.W * KU * sizeof(TW);
+    auto kernel = dwconv_plane_kernel<K, CG, CW, KU, T, TW>;
     dim3 grid((unsigned)groups, dwp_image_blocks(ctx, kernel, threads, smem, groups, d.B));
-    kernel<<<grid, threads, smem, cuda_stream_of(ctx)>>>(in, w, bias, out, d, flags);
+    kernel<<<grid, threads, smem, cuda_stream_of(ctx)>>>(in, w, bias, out, d, flags, add);
     CUDA_CHECK_LAUNCH();
 }
 
 // Channels a block: the widest group dividing C (a warp's loads span up to 32 consecutive
 // channels); CW = 1 on odd widths up to 8 (no idle column), else 2: at most 8 x 32 threads.
-template <int K, typename T, typename TW>
+template <int K, int KU, typename T, typename TW>
 static void dwp_launch_rows_cg(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *out,
-                               const DwconvShape &d, int flags) {
+                               const DwconvShape &d, int flags, const DwAdded<TW> &add) {
     auto go = [&](auto cgc) {
         constexpr int CG = decltype(cgc)::value;
-        if (d.W % 2 == 1 && d.W <= 8) dwp_launch_rows<K, CG, 1>(ctx, in, w, bias, out, d, flags);
-        else dwp_launch_rows<K, CG, 2>(ctx, in, w, bias, out, d, flags);
+        if (d.W % 2 == 1 && d.W <= 8) dwp_launch_rows<K, CG, 1, KU>(ctx, in, w, bias, out, d, flags, add);
+        else dwp_launch_rows<K, CG, 2, KU>(ctx, in, w, bias, out, d, flags, add);
     };
     if (d.C % 32 == 0) go(std::integral_constant<int, 32>{});
     else if (d.C % 16 == 0) go(std::integral_constant<int, 16>{});
@@ -179,26 +228,31 @@ static void dwp_launch_rows_cg(Ctx *ctx, const T *in, const TW *w, const TW *bia
 
 template <typename T, typename TW>
 bool cuda_dwconv_plane(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *out, const DwconvShape &d,
-                       int flags) {
+                       int flags, const DwAdded<TW> &add) {
     if (d.C % 8 != 0 || d.H > DWP_MAX_SIDE || d.W > DWP_MAX_SIDE || d.B == 0 || !aligned16(in) ||
         !aligned16(out))
         return false;
     if constexpr (std::is_same<T, bf16>::value && std::is_same<TW, bf16>::value) {
-        if (d.k != 7) return false;
+        if (d.k != 7 || add.u) return false;
         if (cuda_dwconv_plane_mma(ctx, in, w, bias, out, d, flags)) return true;   // 9 to 16 columns
-        dwp_launch_rows_cg<7>(ctx, in, w, bias, out, d, flags);   // the mixer
+        dwp_launch_rows_cg<7, 0>(ctx, in, w, bias, out, d, flags, add);   // the mixer
         return true;
     } else if constexpr (std::is_same<T, float>::value) {
         if (d.k != 3) return false;
-        dwp_launch_rows_cg<3>(ctx, in, w, bias, out, d, flags);   // the LPU on the fp32 stream
+        if (add.u) dwp_launch_rows_cg<3, DW_ADDED_K>(ctx, in, w, bias, out, d, flags, add);
+        else dwp_launch_rows_cg<3, 0>(ctx, in, w, bias, out, d, flags, add);   // the LPU on the fp32 stream
         return true;
     }
     return false;
 }
-template bool cuda_dwconv_plane(Ctx *, const bf16 *, const bf16 *, const bf16 *, bf16 *, const DwconvShape &, int);
-template bool cuda_dwconv_plane(Ctx *, const bf16 *, const float *, const float *, bf16 *, const DwconvShape &, int);
-template bool cuda_dwconv_plane(Ctx *, const float *, const bf16 *, const bf16 *, float *, const DwconvShape &, int);
-template bool cuda_dwconv_plane(Ctx *, const float *, const float *, const float *, float *, const DwconvShape &, int);
+template bool cuda_dwconv_plane(Ctx *, const bf16 *, const bf16 *, const bf16 *, bf16 *, const DwconvShape &, int,
+                                const DwAdded<bf16> &);
+template bool cuda_dwconv_plane(Ctx *, const bf16 *, const float *, const float *, bf16 *, const DwconvShape &, int,
+                                const DwAdded<float> &);
+template bool cuda_dwconv_plane(Ctx *, const float *, const bf16 *, const bf16 *, float *, const DwconvShape &, int,
+                                const DwAdded<bf16> &);
+template bool cuda_dwconv_plane(Ctx *, const float *, const float *, const float *, float *, const DwconvShape &, int,
+                                const DwAdded<float> &);
 
 // ---- dx, dw and db in one pass (3x3 on the fp32 stream) -----------------------------------------
 // Block (C / CG, image blocks), CG * W threads: thread t is channel t % CG of column t / CG. The x

@@ -8,6 +8,17 @@
 
 enum { DWP_MAX_SIDE = 16 };
 
+// dwconv_fwd's added input as the fp32 kernels read it (dwconv.cu's rows kernel and the plane
+// kernel below): the input is x' = x + u uw^T + ub (narrow_dot.cuh: linear_residual_fwd's bits),
+// u (B,H,W,DW_ADDED_K), uw (C,DW_ADDED_K), ub (C) or NULL; x' also goes to mid when it is set.
+// The kernels take the proxy width of every gspn_hier model (2); dwconv.cu runs any other width as
+// the two ops.
+enum { DW_ADDED_K = 2 };
+template <typename TW> struct DwAdded {
+    const TW *u, *w, *b;   // u NULL: no added input
+    float *mid;
+};
+
 // Blocks of `threads` threads and `smem` bytes for a grid of `groups` channel groups: as many per
 // group as fit on the SMs at once (each block then loops over images, staging the next while it
 // computes the current one), at most one per image.
@@ -25,11 +36,11 @@ static inline unsigned dwp_image_blocks(Ctx *ctx, Kern kernel, int threads, size
 }
 
 // out (+)= bias + the k x k taps of in (mirrored with DW_FLIP) (+ in with DW_RESID), the flags as
-// for cuda_dwconv_mma. Returns false, launching nothing, when the shape or dtypes are not covered
+// for cuda_dwconv_mma; in is x' when add.u is set (fp32 in only). Returns false, launching nothing, when the shape or dtypes are not covered
 // (7x7: bf16 in and w; 3x3: fp32 in).
 template <typename T, typename TW>
 bool cuda_dwconv_plane(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *out, const DwconvShape &d,
-                       int flags);
+                       int flags, const DwAdded<TW> &add);
 
 // The mixer's 7x7 y / dx pass on tensor cores (kernels/cuda/dwconv_plane_mma.cu): bf16 in, w and
 // bias, at most 16 rows and 9 to 16 columns, C a multiple of 8, flags as for cuda_dwconv_mma.

@@ -41,6 +41,7 @@
 #include "cuda_gemm.h"
 #include "gelu.h"
 #include "silu.h"
+#include "narrow_dot.cuh"
 #include "gemm_gelu.h"
 #include "../ops.h"
 #include "../linear_shape.h"
@@ -198,16 +199,16 @@ __global__ void linear_narrow_kernel(const T *__restrict__ x, const T *__restric
         for (int k = 0; k < K; k++) xv[k] = load_or(x, n * K + k, 0.0f);
         #pragma unroll
         for (int j = 0; j < 4; j++) {
-            float acc = 0.0f;
+            float wv[K];
             #pragma unroll
-            for (int k = 0; k < K; k++) acc += xv[k] * load_or(w, (size_t)(m + j) * K + k, 0.0f);
-            out[j] = acc + load_or(b, m + j, 0.0f);
+            for (int k = 0; k < K; k++) wv[k] = load_or(w, (size_t)(m + j) * K + k, 0.0f);
+            out[j] = narrow_dot<K>(xv, wv, load_or(b, m + j, 0.0f));
         }
         if (res) {
             float r[4];
             load_v<4>(res + n * M + m, r);
             #pragma unroll
-            for (int j = 0; j < 4; j++) out[j] += r[j];
+            for (int j = 0; j < 4; j++) out[j] = r[j] + out[j];
         }
         store_v<4>(y + n * M + m, out);
     }

@@ -707,12 +707,12 @@ static void test_dwconv_matches_cpu(void **state) {
             Tensor *x = rnd(HT(B, hgt, wid, C), 1, -1, 1, xt), *w = rnd(HT(C, 1, k, k), 2, -1, 1, wt);
             Tensor *b = rnd(HT(C), 3, -1, 1, wt), *y = HT(B, hgt, wid, C), *gy = dev_zeros(y, xt);
             const int fwd_flags = flags & DWCONV_RESIDUAL;
-            cpu_dwconv_fwd(&H, x, w, b, fwd_flags, y);
-            cuda_dwconv_fwd(&G, dev(x, xt), dev(w, wt), dev(b, wt), fwd_flags, gy);
+            cpu_dwconv_fwd(&H, x, NULL, NULL, NULL, w, b, fwd_flags, NULL, y);
+            cuda_dwconv_fwd(&G, dev(x, xt), NULL, NULL, NULL, dev(w, wt), dev(b, wt), fwd_flags, NULL, gy);
             check("dwconv_fwd.y", mode, gy, y);
             Tensor *ys = HT(B, hgt, wid, C), *gys = dev_zeros(ys, xt);   // the mixer's conv + SiLU
-            cpu_dwconv_fwd(&H, x, w, b, DWCONV_SILU, ys);
-            cuda_dwconv_fwd(&G, dev(x, xt), dev(w, wt), dev(b, wt), DWCONV_SILU, gys);
+            cpu_dwconv_fwd(&H, x, NULL, NULL, NULL, w, b, DWCONV_SILU, NULL, ys);
+            cuda_dwconv_fwd(&G, dev(x, xt), NULL, NULL, NULL, dev(w, wt), dev(b, wt), DWCONV_SILU, NULL, gys);
             check("dwconv_fwd.y_silu", mode, gys, ys);
             Tensor *dy = rnd(HT(B, hgt, wid, C), 4, -1, 1, xt), *dx = rnd(HT(B, hgt, wid, C), 5, -1, 1, xt);
             Tensor *dw = rnd(HT(C, 1, k, k), 6, -1, 1, DTYPE_F32), *db = rnd(HT(C), 7, -1, 1, DTYPE_F32);
@@ -722,6 +722,50 @@ static void test_dwconv_matches_cpu(void **state) {
             check("dwconv_bwd.dx", mode, gdx, dx);
             check("dwconv_bwd.dw", mode, gdw, dw);
             check("dwconv_bwd.db", mode, gdb, db);
+            release_all();
+        }
+}
+
+// dwconv_fwd's added input (the up projection onto the stream, then the LPU): against the CPU, and
+// bit for bit against linear_residual_fwd then dwconv_fwd on the GPU (mid and y), which the kernels
+// must reproduce (narrow_dot.cuh). gspn_t's four LPU grids at its widths (the row kernel at
+// 56 x 56 and 28 x 28, the whole-image kernel at 14 x 14 and 7 x 7), a partial strip and odd
+// channels (one channel a thread), 108 channels (even, not a multiple of 8: the row kernel on a
+// small image), an odd small image (one column a thread), no ub and no mid; then the shapes the
+// kernels do not take (3 proxy channels; bf16 activations, where the two ops round x' and the
+// CPU does not: the two-op comparison alone), which run as the two ops. fp32 weights, and bf16
+// weights on the fp32 stream (a bf16 run).
+static void test_dwconv_added_input_matches_cpu_and_the_two_ops(void **state) {
+    static const int shapes[][5] = {{2, 56, 56, 96, 2}, {2, 28, 28, 192, 2}, {3, 14, 14, 384, 2},
+                                    {2, 7, 7, 768, 2},  {2, 9, 13, 33, 2},   {2, 12, 10, 108, 2},
+                                    {2, 9, 7, 16, 2},   {2, 9, 13, 24, 3},   {2, 14, 14, 32, 2}};   // B H W C Ku
+    const int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
+    for (int mi = 0; mi < 3; mi++)
+        for (int si = 0; si < nshapes; si++) {
+            // mode 2: bf16 activations and weights (the two ops); else fp32 x, w fp32 or bf16
+            DType xt = mi == 2 ? DTYPE_BF16 : DTYPE_F32, wt = mi == 0 ? DTYPE_F32 : DTYPE_BF16;
+            int B = shapes[si][0], hgt = shapes[si][1], wid = shapes[si][2], C = shapes[si][3], ku = shapes[si][4];
+            const bool with_b = si != 4, with_mid = si != 5;
+            printf("  x %s, w %s (%d,%d,%d,%d) u of %d%s%s\n", dtype_name(xt), dtype_name(wt), B, hgt, wid,
+                   C, ku, with_b ? "" : ", no ub", with_mid ? "" : ", no mid");
+            Tensor *x = rnd(HT(B, hgt, wid, C), 1, -1, 1, xt), *w = rnd(HT(C, 1, 3, 3), 2, -1, 1, wt);
+            Tensor *b = rnd(HT(C), 3, -1, 1, wt), *u = rnd(HT(B, hgt, wid, ku), 4, -2, 2, wt);
+            Tensor *uw = rnd(HT(C, ku), 5, -1, 1, wt), *ub = with_b ? rnd(HT(C), 6, -1, 1, wt) : NULL;
+            Tensor *mid = HT(B, hgt, wid, C), *y = HT(B, hgt, wid, C);
+            Tensor *gx = dev(x, xt), *gw = dev(w, wt), *gb = dev(b, wt), *gu = dev(u, wt), *guw = dev(uw, wt);
+            Tensor *gub = with_b ? dev(ub, wt) : NULL;
+            Tensor *gmid = with_mid ? dev_zeros(mid, xt) : NULL, *gy = dev_zeros(y, xt);
+            cpu_dwconv_fwd(&H, x, u, uw, ub, w, b, DWCONV_RESIDUAL, mid, y);
+            cuda_dwconv_fwd(&G, gx, gu, guw, gub, gw, gb, DWCONV_RESIDUAL, gmid, gy);
+            if (xt == DTYPE_F32) {
+                if (with_mid) check("dwconv_fwd.mid", xt, gmid, mid);
+                check("dwconv_fwd.y_added", xt, gy, y);
+            }
+            Tensor *gmid2 = dev_zeros(mid, xt), *gy2 = dev_zeros(y, xt);
+            cuda_linear_residual_fwd(&G, gu, guw, gub, gx, gmid2);
+            cuda_dwconv_fwd(&G, gmid2, NULL, NULL, NULL, gw, gb, DWCONV_RESIDUAL, NULL, gy2);
+            if (with_mid) assert_same_bits("mid against linear_residual_fwd", gmid2, download_raw(gmid));
+            assert_same_bits("y against the two ops", gy2, download_raw(gy));
             release_all();
         }
 }
@@ -1243,6 +1287,7 @@ int main(void) {
         cmocka_unit_test(test_attention_pool_matches_cpu),
         cmocka_unit_test(test_dwconv_matches_cpu),
         cmocka_unit_test(test_dwconv_bwd_is_deterministic),
+        cmocka_unit_test(test_dwconv_added_input_matches_cpu_and_the_two_ops),
         cmocka_unit_test(test_conv2d_matches_cpu),
         cmocka_unit_test(test_token_ops_match_cpu),
         cmocka_unit_test(test_resize_bilinear_matches_cpu),
