@@ -8,6 +8,9 @@
 // Where the backward wants the columns, the block writes its rows of them as one contiguous run
 // through shared memory (a row is 54 bytes: written straight, a warp's stores scatter).
 #include "conv2d_stem.h"
+#include "mma.cuh"
+#include <algorithm>
+#include <type_traits>
 
 enum { STEM_THREADS = 128, STEM_PIX = 2, STEM_OV = 8 };
 
@@ -102,9 +105,89 @@ conv2d_stem_kernel(const TX *__restrict__ x, const TW *__restrict__ w, const TW 
     }
 }
 
+// ---- on tensor cores, where the columns are not kept (bf16 w and y) -----------------------------
+// A warp takes 16 output pixels at a time: their windows are the A operand of m16n8k16 products
+// (KS steps of 16 window values, zero past C k^2), w^T the B operand, built once per thread for all
+// Cout / 8 column tiles and the whole sweep. A lane gathers its 16 window values per step
+// straight from the image (rows g and g + 8 of the tile, values 2 t4, 2 t4 + 1, + 8, + 9),
+// rounded to bf16 as the columns hold them. Each output: the fp32 products' sum in the tensor
+// cores' order, + bias, rounded once. 27 FMAs an output took the CUDA-core kernel above to its
+// instruction limit (2,700 instructions a pixel); here a 16-pixel tile is 12 MMAs and 16 loads a
+// lane.
+enum { STEM_MMA_THREADS = 128, STEM_MMA_MAX_NT = 8 };
+
+template <int C, typename TX>
+__global__ void __launch_bounds__(STEM_MMA_THREADS)
+conv2d_stem_mma_kernel(const TX *__restrict__ x, const bf16 *__restrict__ w, const bf16 *__restrict__ bias,
+                       bf16 *__restrict__ y, Conv2dShape g) {
+    constexpr int K = 3, KK = C * K * K, KS = (KK + 15) / 16;
+    const int lane = threadIdx.x % 32, g4 = lane / 4, t4 = lane % 4, nts = g.Cout / 8;
+    unsigned bw[STEM_MMA_MAX_NT][KS][2];   // w^T: rows 2 t4 (+ 1), + 8 (+ 9) of step ks, column g4
+    float bv[STEM_MMA_MAX_NT][2];          // bias at columns 2 t4, 2 t4 + 1
+    #pragma unroll
+    for (int nt = 0; nt < STEM_MMA_MAX_NT; nt++) {
+        if (nt >= nts) break;
+        const bf16 *wo = w + (size_t)(nt * 8 + g4) * KK;
+        #pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int j = ks * 16 + 2 * t4 + 8 * h;
+                bw[nt][ks][h] = Vec<bf16, 8>::pair(j < KK ? (float)wo[j] : 0.0f, j + 1 < KK ? (float)wo[j + 1] : 0.0f);
+            }
+        #pragma unroll
+        for (int i = 0; i < 2; i++) bv[nt][i] = bias ? (float)bias[nt * 8 + 2 * t4 + i] : 0.0f;
+    }
+    const size_t tiles = (g.rows + 15) / 16, warps = STEM_MMA_THREADS / 32;
+    for (size_t tile = blockIdx.x * warps + threadIdx.x / 32; tile < tiles; tile += gridDim.x * warps) {
+        const size_t r[2] = {tile * 16 + g4, tile * 16 + g4 + 8};
+        unsigned a[KS][4];   // rows g4, g4 + 8 at values 2 t4 (a[0], a[1]) and 2 t4 + 8 (a[2], a[3])
+        #pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const StemPixel px = stem_pixel(g, r[i] < g.rows ? r[i] : g.rows - 1);
+            #pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+                #pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int j = ks * 16 + 2 * t4 + 8 * h;
+                    a[ks][2 * h + i] = Vec<bf16, 8>::pair(j < KK ? stem_window<K, TX, bf16>(x, g, px, j) : 0.0f,
+                                                          j + 1 < KK ? stem_window<K, TX, bf16>(x, g, px, j + 1) : 0.0f);
+                }
+        }
+        #pragma unroll
+        for (int nt = 0; nt < STEM_MMA_MAX_NT; nt++) {
+            if (nt >= nts) break;
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            #pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+                mma_16816_bf16(acc, a[ks][0], a[ks][1], a[ks][2], a[ks][3], bw[nt][ks][0], bw[nt][ks][1]);
+            #pragma unroll
+            for (int i = 0; i < 2; i++) {
+                if (r[i] >= g.rows) continue;
+                const float v[2] = {acc[2 * i] + bv[nt][0], acc[2 * i + 1] + bv[nt][1]};
+                store_v<2>(y + r[i] * g.Cout + nt * 8 + 2 * t4, v);
+            }
+        }
+    }
+}
+
+template <int C, typename TX>
+static void launch_stem_mma(Ctx *ctx, const Conv2dShape &g, const TX *x, const bf16 *w, const bf16 *b, bf16 *y) {
+    const size_t tiles = ceil_div(g.rows, (size_t)16), per_block = STEM_MMA_THREADS / 32;
+    const unsigned blocks = (unsigned)std::min(ceil_div(tiles, per_block), (size_t)cuda_ctx_of(ctx)->sm_count * 16);
+    conv2d_stem_mma_kernel<C, TX><<<blocks, STEM_MMA_THREADS, 0, cuda_stream_of(ctx)>>>(x, w, b, y, g);
+    CUDA_CHECK_LAUNCH();
+}
+
 template <int C, typename TX, typename TW>
 static void launch_stem(Ctx *ctx, const Conv2dShape &g, const TX *x, const TW *w, const TW *b, TW *y,
                         TW *cols) {
+    if constexpr (std::is_same<TW, bf16>::value) {
+        if (!cols) {
+            launch_stem_mma<C>(ctx, g, x, w, b, y);
+            return;
+        }
+    }
     constexpr int K = 3, KK = C * K * K;
     const size_t smem = (size_t)(KK + 1) * g.Cout * sizeof(float) +
                         (cols ? (size_t)STEM_THREADS * STEM_PIX * KK * sizeof(TW) : 0);

@@ -104,7 +104,7 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const
             #pragma unroll
             for (int i = 0; i < K; i++) {
                 const unsigned a2 = tw[(g + i) * half + wcol + 4], a3 = tw[(g + 8 + i) * half + wcol + 4];
-                dw_mma_16816(acc, a_lo[i][0], a_lo[i][1], a2, a3, bfrag[i][0], bfrag[i][1]);
+                mma_16816_bf16(acc, a_lo[i][0], a_lo[i][1], a2, a3, bfrag[i][0], bfrag[i][1]);
                 a_lo[i][0] = a2, a_lo[i][1] = a3;
             }
             dw_put_sums(sums, c, ps, rs, g, jt * 8 + 2 * t4, acc);   // D: rows g, g + 8; columns 2 t4, + 1
@@ -212,7 +212,7 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
                     const unsigned a2 = __byte_perm(drow[w0 + 4], drow[w0 + 5], sel);
                     const unsigned bb0 = g < K ? xrow[jt * 8 + t4] : ones;
                     const unsigned bb1 = g < K ? xrow[jt * 8 + t4 + 4] : ones;
-                    dw_mma_16816(acc[cc][h], a0, 0u, a2, 0u, bb0, bb1);
+                    mma_16816_bf16(acc[cc][h], a0, 0u, a2, 0u, bb0, bb1);
                 }
         __syncthreads();
     }

@@ -5,6 +5,7 @@
 #pragma once
 #include "cuda_elem.cuh"
 #include "silu.h"
+#include "mma.cuh"
 #include "../dwconv_shape.h"
 #include <type_traits>
 
@@ -36,16 +37,6 @@ __device__ __forceinline__ void dw_band_fragments(const bf16 *__restrict__ wc, i
         bfrag[i][0] = Vec<bf16, 8>::pair(v[0], v[1]);
         bfrag[i][1] = Vec<bf16, 8>::pair(v[2], v[3]);
     }
-}
-
-// D (16 x 8, fp32) += A (16 x 16) B (16 x 8), bf16: one m16n8k16 MMA. a: this lane's four A
-// fragment words (rows g, g + 8 at columns 2 t4; the same at 2 t4 + 8), b: its two B words.
-__device__ __forceinline__ void dw_mma_16816(float (&acc)[4], unsigned a0, unsigned a1, unsigned a2,
-                                             unsigned a3, unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // Words between two channels' staged input planes of `words` words: 2 modulo 4, so that the two

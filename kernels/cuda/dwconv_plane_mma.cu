@@ -148,7 +148,7 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
                     const int wd = jt * 4 + t4;
                     const unsigned a0 = tw[(g + i) * DPM_WORDS + wd], a1 = tw[(g + 8 + i) * DPM_WORDS + wd];
                     const unsigned a2 = tw[(g + i) * DPM_WORDS + wd + 4], a3 = tw[(g + 8 + i) * DPM_WORDS + wd + 4];
-                    dw_mma_16816(acc[cc][jt], a0, a1, a2, a3, bfrag[cc][i][0], bfrag[cc][i][1]);
+                    mma_16816_bf16(acc[cc][jt], a0, a1, a2, a3, bfrag[cc][i][0], bfrag[cc][i][1]);
                 }
             }
         #pragma unroll
@@ -265,7 +265,7 @@ dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__
                     const unsigned a0 = __byte_perm(drow[w0], drow[w0 + 1], sel);
                     const unsigned a2 = __byte_perm(drow[w0 + 4], drow[w0 + 5], sel);
                     const unsigned b0 = g < K ? xr[t4] : ones, b1 = g < K ? xr[t4 + 4] : ones;
-                    dw_mma_16816(acc[cc][h], a0, 0u, a2, 0u, b0, b1);
+                    mma_16816_bf16(acc[cc][h], a0, 0u, a2, 0u, b0, b1);
                 }
     });
     // D's fragment: rows j = g (g + 8 unused), columns i = 2 t4 and 2 t4 + 1.
