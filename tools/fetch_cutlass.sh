@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CUTLASS's headers for the fused erf-GELU GEMMs (kernels/cuda/gemm_gelu.cu): the nvidia-cutlass
+# CUTLASS's headers for the fused-epilogue GEMMs (kernels/cuda/gemm_cutlass.cu): the nvidia-cutlass
 # wheel from PyPI, one pinned version checked by its sha256, unpacked (include/ and
 # tools/util/include/ only) into build/deps/cutlass-VERSION. Prints that root and exits 0; exits 1
 # with the reason on stderr when it cannot (the build then runs those GEMMs unfused).

@@ -66,7 +66,7 @@ enum {
 enum { CUDA_BGRAD_TALL_K = 1 << 18, CUDA_BGRAD_MIN_MN = 64 };
 void cuda_gemm_set_fusion(Ctx *ctx, unsigned mask);
 // Whether every CUDA_FUSE_* bit of `bits` is allowed; fused products outside cuBLASLt
-// (kernels/cuda/gemm_gelu.cu) ask before running and count their launches with
+// (kernels/cuda/gemm_cutlass.cu) ask before running and count their launches with
 // cuda_gemm_count_fused, so the switch and cuda_gemm_cache_stats cover them too.
 int cuda_gemm_fusion_allowed(Ctx *ctx, unsigned bits);
 void cuda_gemm_count_fused(Ctx *ctx);

@@ -27,7 +27,7 @@
 // - DGELU in linear_dgelu_bwd's dx product (aux = pre, K % 8 == 0). Fallback: the product in fp32
 //   into a temporary, then a kernel multiplies by gelu'(pre).
 // The erf GELU (GELU_ERF, timm's default) has no cuBLASLt epilogue. In bf16 on sm_90 both products
-// take CUTLASS kernels with the GELU (and gelu') in their epilogue (kernels/cuda/gemm_gelu.cu, the
+// take CUTLASS kernels with the GELU (and gelu') in their epilogue (kernels/cuda/gemm_cutlass.cu, the
 // same values); elsewhere linear_gelu_fwd runs the GEMM
 // with its bias fused into pre, then one GELU pass (pre -> y); linear_dgelu_bwd writes the dx
 // product into dpre (beta = 0: no zeroing, no read of old values) and scales it in place by
@@ -42,7 +42,7 @@
 #include "gelu.h"
 #include "silu.h"
 #include "narrow_dot.cuh"
-#include "gemm_gelu.h"
+#include "gemm_cutlass.h"
 #include "../ops.h"
 #include "../linear_shape.h"
 #include <limits.h>
@@ -739,6 +739,16 @@ extern "C" void cuda_linear_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor
     if (b) check_bias(op, &s, b);
     if (s.N == 0) return;
     if (linear_narrow(ctx, &s, x->data, w->data, b ? b->data : NULL, res->data, y->data, y->dtype)) {
+        report_flops(ctx, &s, 1);
+        return;
+    }
+    // bf16 onto the fp32 stream: CUTLASS's product with fp32 C and D (the stream read and written
+    // once; cuBLASLt's ran at 62% of the copy roofline on gspn_t's fc2, this at 73%)
+    if (s.act == DTYPE_BF16 && y->dtype == DTYPE_F32 && b && b->dtype == DTYPE_BF16 &&
+        cuda_gemm_fusion_allowed(ctx, CUDA_FUSE_BIAS) &&
+        cuda_gemm_residual_fwd(ctx, (const bf16 *)x->data, (const bf16 *)w->data, (const bf16 *)b->data,
+                               (const float *)res->data, (float *)y->data, (int)s.N, s.K, s.M)) {
+        cuda_gemm_count_fused(ctx);
         report_flops(ctx, &s, 1);
         return;
     }

@@ -585,7 +585,7 @@ static int device_is_sm90(void) {
 }
 #endif
 
-// The erf GELU in the GEMM epilogue (kernels/cuda/gemm_gelu.cu, bf16 on sm_90 with CUTLASS)
+// The erf GELU in the GEMM epilogue (kernels/cuda/gemm_cutlass.cu, bf16 on sm_90 with CUTLASS)
 // against the same ops with fusion off (GEMM, then the GELU pass or the gelu' scaling): y with pre
 // kept and without, pre, and dpre. Both round pre (and dy w) to bf16 before the GELU, so they differ
 // only where the two GEMMs' sums round to neighbouring bf16 values. Shapes: rows not a multiple of

@@ -1,11 +1,14 @@
-// CUDA: the erf GELU in the epilogue of a linear layer's GEMM (kernels/cuda/gemm_gelu.h), through
-// CUTLASS 3's sm_90 kernels (TMA loads, wgmma, a warp-specialized epilogue). cuBLASLt's GELU
-// epilogues are the tanh form only, so without these an erf-GELU MLP runs its GELU as a separate
-// pass over the widest activation of the block: forward once (pre -> y), backward once (dpre).
-//
-// Values are those of the unfused path, element by element: the epilogue rounds the biased sum to
-// the activation dtype before the GELU (pre as written), and the backward rounds the product dy w
-// before scaling it by gelu'(pre). GELU's formulas are kernels/cuda/gelu.h's.
+// CUDA: linear layers' GEMMs with epilogues that cuBLASLt lacks or runs slower
+// (kernels/cuda/gemm_cutlass.h), through CUTLASS 3's sm_90 kernels (TMA loads, wgmma, a
+// warp-specialized epilogue):
+// - the erf GELU. cuBLASLt's GELU epilogues are the tanh form only, so without these an erf-GELU
+//   MLP runs its GELU as a separate pass over the widest activation of the block: forward once
+//   (pre -> y), backward once (dpre). Values are those of the unfused path, element by element:
+//   the epilogue rounds the biased sum to the activation dtype before the GELU (pre as written),
+//   and the backward rounds the product dy w before scaling it by gelu'(pre). GELU's formulas are
+//   kernels/cuda/gelu.h's.
+// - a bf16 product onto the fp32 residual stream (fp32 C and D), where cuBLASLt's kernel with the
+//   same epilogue moved the stream more slowly.
 #ifdef CGSPN_HAVE_CUTLASS
 // CUTLASS first: its code says `Tensor` inside `using namespace cute`, which the project's
 // ::Tensor (kernels/tensor.h) would make ambiguous.
@@ -19,8 +22,9 @@
 #include "cutlass/epilogue/fusion/operations.hpp"
 #include "cutlass/util/packed_stride.hpp"
 #endif
-#include "gemm_gelu.h"
+#include "gemm_cutlass.h"
 #include "gelu.h"
+#include <type_traits>
 
 #ifdef CGSPN_HAVE_CUTLASS
 
@@ -82,13 +86,15 @@ using TileShape = Shape<_128, _128, _64>;
 using ClusterShape = Shape<_1, _1, _1>;
 constexpr int kAlign = 8;   // bf16 elements in 16 bytes: K and N multiples of 8
 
-template <class LayoutB, class FusionOp>
+// C (the source the epilogue adds; void: none) and D in their own types, 16-byte aligned rows.
+template <class LayoutB, class FusionOp, class ElementC = void, class ElementD = Bf16>
 struct GeluGemm {
+    static constexpr int kAlignC = std::is_void<ElementC>::value ? kAlign : 16 / (int)sizeof(ElementC);
     using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-        cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor,
-        kAlign, Bf16, cutlass::layout::RowMajor, kAlign, cutlass::epilogue::TmaWarpSpecializedCooperative,
-        FusionOp>::CollectiveOp;
+        cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, cutlass::layout::RowMajor,
+        kAlignC, ElementD, cutlass::layout::RowMajor, 16 / (int)sizeof(ElementD),
+        cutlass::epilogue::TmaWarpSpecializedCooperative, FusionOp>::CollectiveOp;
     using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, cutlass::layout::RowMajor, kAlign, Bf16,
         LayoutB, kAlign, float, TileShape, ClusterShape,
@@ -107,6 +113,9 @@ using BwdFusion = cutlass::epilogue::fusion::LinCombDeEltAct<cutlass::layout::Ro
                                                              Bf16, float, Bf16>;
 // y = gelu(x w^T + b) alone (pre not kept: inference, or an MLP that recomputes it).
 using FwdNoAuxFusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<GeluErfOfStored, Bf16, float, Bf16>;
+// y = res + (x w^T + b), res and y fp32 (a linear onto the fp32 residual stream).
+using ResidualFusion = cutlass::epilogue::fusion::LinCombPerColBias<float, float, Bf16, float>;
+using ResidualGemm = GeluGemm<cutlass::layout::ColumnMajor, ResidualFusion, float, float>::Gemm;
 using FwdGemm = GeluGemm<cutlass::layout::ColumnMajor, FwdFusion>::Gemm;   // B = w (N, K) row-major
 using FwdNoAuxGemm = GeluGemm<cutlass::layout::ColumnMajor, FwdNoAuxFusion>::Gemm;
 using BwdGemm = GeluGemm<cutlass::layout::RowMajor, BwdFusion>::Gemm;      // B = w (K, N) row-major
@@ -173,6 +182,34 @@ bool cuda_gemm_gelu_erf_fwd(Ctx *ctx, const bf16 *x, const bf16 *w, const bf16 *
     return run<FwdGemm>(ctx, args);
 }
 
+bool cuda_gemm_residual_fwd(Ctx *ctx, const bf16 *x, const bf16 *w, const bf16 *b, const float *res,
+                            float *y, int n, int k, int m) {
+    if (!b || n <= 0 || !aligned_rows(x, k) || !aligned_rows(w, k) || !aligned_rows(y, m) ||
+        !aligned_rows(res, m) || ((uintptr_t)b & 15u) != 0 || !device_is_sm90(ctx))
+        return false;
+    cuda_sanitize_mark_written(ctx, y, (size_t)n * m * sizeof(float));
+    using StrideA = typename ResidualGemm::GemmKernel::StrideA;
+    using StrideB = typename ResidualGemm::GemmKernel::StrideB;
+    using StrideC = typename ResidualGemm::GemmKernel::StrideC;
+    using StrideD = typename ResidualGemm::GemmKernel::StrideD;
+    typename ResidualGemm::Arguments args;
+    args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
+    args.problem_shape = {n, m, k, 1};
+    args.mainloop.ptr_A = reinterpret_cast<const Bf16 *>(x);
+    args.mainloop.dA = cutlass::make_cute_packed_stride(StrideA{}, {n, k, 1});
+    args.mainloop.ptr_B = reinterpret_cast<const Bf16 *>(w);
+    args.mainloop.dB = cutlass::make_cute_packed_stride(StrideB{}, {m, k, 1});
+    args.epilogue.ptr_C = res;
+    args.epilogue.dC = cutlass::make_cute_packed_stride(StrideC{}, {n, m, 1});
+    args.epilogue.ptr_D = y;
+    args.epilogue.dD = cutlass::make_cute_packed_stride(StrideD{}, {n, m, 1});
+    args.epilogue.thread.alpha = 1.0f;
+    args.epilogue.thread.beta = 1.0f;
+    args.epilogue.thread.bias_ptr = reinterpret_cast<const Bf16 *>(b);
+    args.hw_info.sm_count = cuda_ctx_of(ctx)->sm_count;
+    return run<ResidualGemm>(ctx, args);
+}
+
 bool cuda_gemm_dgelu_erf_bwd(Ctx *ctx, const bf16 *dy, const bf16 *w, const bf16 *pre, bf16 *dpre,
                              int n, int m, int k) {
     if (n <= 0 || !aligned_rows(dy, m) || !aligned_rows(w, k) || !aligned_rows(pre, k) ||
@@ -208,6 +245,10 @@ bool cuda_gemm_gelu_erf_fwd(Ctx *, const bf16 *, const bf16 *, const bf16 *, bf1
     return false;
 }
 bool cuda_gemm_dgelu_erf_bwd(Ctx *, const bf16 *, const bf16 *, const bf16 *, bf16 *, int, int, int) {
+    return false;
+}
+bool cuda_gemm_residual_fwd(Ctx *, const bf16 *, const bf16 *, const bf16 *, const float *, float *, int, int,
+                            int) {
     return false;
 }
 
