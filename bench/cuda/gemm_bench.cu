@@ -7,7 +7,7 @@
 // bf16 operands moved once at the copy bandwidth measured in the same run (the narrow stages of
 // gspn_t are memory-bound): "roof" is that time over the measured one. The GELU rows time the tanh
 // form through cuBLASLt's epilogues (fused and unfused) and the erf form through the CUTLASS
-// kernels that gspn_t/s/b run (kernels/cuda/gemm_gelu.cu; the unfused path without them).
+// kernels that gspn_t/s/b run (kernels/cuda/gemm_cutlass.cu; the unfused path without them).
 #include "../../kernels/cuda/cuda_gemm.h"
 #include "kernel_bench.h"
 #include "../../kernels/ops.h"

@@ -86,14 +86,20 @@ using TileShape = Shape<_128, _128, _64>;
 using ClusterShape = Shape<_1, _1, _1>;
 constexpr int kAlign = 8;   // bf16 elements in 16 bytes: K and N multiples of 8
 
+// Elements in 16 bytes (void, no tensor: kAlign).
+template <class E> constexpr int elems16() {
+    if constexpr (std::is_void<E>::value) return kAlign;
+    else return 16 / (int)sizeof(E);
+}
+
 // C (the source the epilogue adds; void: none) and D in their own types, 16-byte aligned rows.
 template <class LayoutB, class FusionOp, class ElementC = void, class ElementD = Bf16>
-struct GeluGemm {
-    static constexpr int kAlignC = std::is_void<ElementC>::value ? kAlign : 16 / (int)sizeof(ElementC);
+struct EpilogueGemm {
+    static constexpr int kAlignC = elems16<ElementC>();
     using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
         cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, cutlass::layout::RowMajor,
-        kAlignC, ElementD, cutlass::layout::RowMajor, 16 / (int)sizeof(ElementD),
+        kAlignC, ElementD, cutlass::layout::RowMajor, elems16<ElementD>(),
         cutlass::epilogue::TmaWarpSpecializedCooperative, FusionOp>::CollectiveOp;
     using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, cutlass::layout::RowMajor, kAlign, Bf16,
@@ -115,10 +121,10 @@ using BwdFusion = cutlass::epilogue::fusion::LinCombDeEltAct<cutlass::layout::Ro
 using FwdNoAuxFusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<GeluErfOfStored, Bf16, float, Bf16>;
 // y = res + (x w^T + b), res and y fp32 (a linear onto the fp32 residual stream).
 using ResidualFusion = cutlass::epilogue::fusion::LinCombPerColBias<float, float, Bf16, float>;
-using ResidualGemm = GeluGemm<cutlass::layout::ColumnMajor, ResidualFusion, float, float>::Gemm;
-using FwdGemm = GeluGemm<cutlass::layout::ColumnMajor, FwdFusion>::Gemm;   // B = w (N, K) row-major
-using FwdNoAuxGemm = GeluGemm<cutlass::layout::ColumnMajor, FwdNoAuxFusion>::Gemm;
-using BwdGemm = GeluGemm<cutlass::layout::RowMajor, BwdFusion>::Gemm;      // B = w (K, N) row-major
+using ResidualGemm = EpilogueGemm<cutlass::layout::ColumnMajor, ResidualFusion, float, float>::Gemm;
+using FwdGemm = EpilogueGemm<cutlass::layout::ColumnMajor, FwdFusion>::Gemm;   // B = w (N, K) row-major
+using FwdNoAuxGemm = EpilogueGemm<cutlass::layout::ColumnMajor, FwdNoAuxFusion>::Gemm;
+using BwdGemm = EpilogueGemm<cutlass::layout::RowMajor, BwdFusion>::Gemm;      // B = w (K, N) row-major
 
 // The kernels are built for sm_90a only (the Makefile): another GPU takes the unfused path.
 bool device_is_sm90(Ctx *ctx) { return cuda_ctx_of(ctx)->cc == 90; }
