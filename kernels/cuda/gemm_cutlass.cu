@@ -78,10 +78,11 @@ template <class T, int N> struct DGeluErfOfStored<cutlass::Array<T, N>> {
 
 // One GEMM type per product: D (M, N) = A (M, K) B + epilogue, row-major A and D; B K-major
 // (w (N, K) row-major: the forward) or N-major (w (K, N) row-major: the backward's dy w).
-// Cooperative 128 x 128 tiles: on gspn_t's MLPs (H100) the ping-pong schedule at 64 x 128 took
-// 2.35 ms a batch-128 inference's fc1 + GELU where these take 1.77 (cuBLASLt and the GELU pass:
-// 1.95), and two load stages (two CTAs an SM) 2.22. The erf in the epilogue, not the loads, bounds
-// these kernels at gspn_t's widths.
+// 128 x 128 tiles, cooperative for the GELU epilogues: on gspn_t's MLPs (H100) the ping-pong
+// schedule at 64 x 128 took 2.35 ms a batch-128 inference's fc1 + GELU where these took 1.77
+// (cuBLASLt and the GELU pass: 1.95), at 128 x 128 1.81 against 1.54 (with the GELU's fit), and two
+// load stages (two CTAs an SM) 2.22. The erf in the epilogue, not the loads, bounds these kernels
+// at gspn_t's widths.
 using TileShape = Shape<_128, _128, _64>;
 using ClusterShape = Shape<_1, _1, _1>;
 constexpr int kAlign = 8;   // bf16 elements in 16 bytes: K and N multiples of 8
@@ -92,21 +93,33 @@ template <class E> constexpr int elems16() {
     else return 16 / (int)sizeof(E);
 }
 
+// The two warp-specialized schedules: both consumer warp groups on one 128 x 128 tile
+// (cooperative), or each on its own, one's epilogue beside the other's products (ping-pong).
+struct Cooperative {
+    using Kernel = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+    using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
+};
+struct PingPong {
+    using Kernel = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+    using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
+};
+
 // C (the source the epilogue adds; void: none) and D in their own types, 16-byte aligned rows.
-template <class LayoutB, class FusionOp, class ElementC = void, class ElementD = Bf16>
+template <class LayoutB, class FusionOp, class ElementC = void, class ElementD = Bf16,
+          class Schedule = Cooperative>
 struct EpilogueGemm {
     static constexpr int kAlignC = elems16<ElementC>();
     using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
         cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, cutlass::layout::RowMajor,
-        kAlignC, ElementD, cutlass::layout::RowMajor, elems16<ElementD>(),
-        cutlass::epilogue::TmaWarpSpecializedCooperative, FusionOp>::CollectiveOp;
+        kAlignC, ElementD, cutlass::layout::RowMajor, elems16<ElementD>(), typename Schedule::Epilogue,
+        FusionOp>::CollectiveOp;
     using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, cutlass::layout::RowMajor, kAlign, Bf16,
         LayoutB, kAlign, float, TileShape, ClusterShape,
         cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
             sizeof(typename Epilogue::SharedStorage))>,
-        cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+        typename Schedule::Kernel>::CollectiveOp;
     using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
     using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
@@ -119,9 +132,10 @@ using BwdFusion = cutlass::epilogue::fusion::LinCombDeEltAct<cutlass::layout::Ro
                                                              Bf16, float, Bf16>;
 // y = gelu(x w^T + b) alone (pre not kept: inference, or an MLP that recomputes it).
 using FwdNoAuxFusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<GeluErfOfStored, Bf16, float, Bf16>;
-// y = res + (x w^T + b), res and y fp32 (a linear onto the fp32 residual stream).
+// y = res + (x w^T + b), res and y fp32 (a linear onto the fp32 residual stream). Ping-pong: gspn_t's
+// 13 in inference 1.24 -> 1.16 ms against cooperative (H100).
 using ResidualFusion = cutlass::epilogue::fusion::LinCombPerColBias<float, float, Bf16, float>;
-using ResidualGemm = EpilogueGemm<cutlass::layout::ColumnMajor, ResidualFusion, float, float>::Gemm;
+using ResidualGemm = EpilogueGemm<cutlass::layout::ColumnMajor, ResidualFusion, float, float, PingPong>::Gemm;
 using FwdGemm = EpilogueGemm<cutlass::layout::ColumnMajor, FwdFusion>::Gemm;   // B = w (N, K) row-major
 using FwdNoAuxGemm = EpilogueGemm<cutlass::layout::ColumnMajor, FwdNoAuxFusion>::Gemm;
 using BwdGemm = EpilogueGemm<cutlass::layout::RowMajor, BwdFusion>::Gemm;      // B = w (K, N) row-major
