@@ -244,14 +244,17 @@ static void test_gspn_gpu_latent_sizes_match_cpu(void **state) {
 }
 
 // Shared weights on images that fit on chip (kernels/cuda/gspn_scan_image.cu: one block per
-// image, lines of at most 32 lanes, up to 4 channels): gspn_hier's 28 x 28, 14 x 14 and 7 x 7
-// latents (Cc = 2; at 28 x 28 fp32 the backward takes the staged kernels), H != W both ways, one
-// row, one column, Cc = 1 and 4, and lines of 32 lanes.
+// image, lines of at most 64 lanes, up to 4 channels): gspn_hier's 28 x 28, 14 x 14 and 7 x 7
+// latents (Cc = 2; at 28 x 28 fp32 the backward takes the staged kernels), 56 x 56 (Cc = 2: the
+// staged kernels; Cc = 1 in bf16 would fit), H != W both ways, one row, one column, Cc = 1 and 4,
+// and lines of 32 and 64 lanes (a bf16 forward on chip whose hidden states the staged backward
+// reads).
 static void test_gspn_gpu_shared_w_images_on_chip_match_cpu(void **state) {
     GPU_TEST_REQUIRE_DEVICE();
     const Shape shapes[] = {{3, 14, 14, 2}, {2, 7, 7, 2},  {2, 28, 28, 2}, {2, 13, 9, 2},
-                            {2, 6, 11, 1},  {1, 32, 17, 4}, {2, 1, 6, 2},  {2, 9, 1, 2}};
-    assert_int_equal(check_shapes_both_dtypes(shapes, 8, 1, 500, 11), 0);
+                            {2, 6, 11, 1},  {1, 32, 17, 4}, {2, 1, 6, 2},  {2, 9, 1, 2},
+                            {2, 56, 56, 2}, {1, 64, 37, 2}, {1, 33, 50, 1}};
+    assert_int_equal(check_shapes_both_dtypes(shapes, 11, 1, 500, 11), 0);
 }
 
 // The other tunings (channels per block, load width) compute the same function.
