@@ -150,21 +150,23 @@ bool run(Ctx *ctx, typename Gemm::Arguments &args) {
     const size_t ws = Gemm::get_workspace_size(args);
     void *workspace = ws ? cuda_scratch(ctx, ws) : nullptr;
     CG_CHECK(gemm.initialize(args, workspace, cuda_stream_of(ctx)) == cutlass::Status::kSuccess,
-             "", "gemm_gelu: CUTLASS could not initialize a GEMM it accepted");
+             "", "gemm_cutlass: CUTLASS could not initialize a GEMM it accepted");
     CG_CHECK(gemm.run(cuda_stream_of(ctx)) == cutlass::Status::kSuccess, "",
-             "gemm_gelu: CUTLASS GEMM launch failed");
+             "gemm_cutlass: CUTLASS GEMM launch failed");
     CUDA_CHECK_LAUNCH();
     return true;
 }
 
 bool aligned_rows(const void *p, int64_t ld) { return ((uintptr_t)p & 15u) == 0 && ld % kAlign == 0; }
 
-// The forward's arguments for either epilogue (with the aux output or without).
+// The forward's arguments: D (n, m) = x w^T + b (+ C), C the epilogue's source (its own dtype; NULL:
+// none), y D in the GEMM's output dtype.
 template <class Gemm>
-typename Gemm::Arguments fwd_args(Ctx *ctx, const bf16 *x, const bf16 *w, const bf16 *b, bf16 *y, int n,
-                                  int k, int m) {
+typename Gemm::Arguments fwd_args(Ctx *ctx, const bf16 *x, const bf16 *w, const bf16 *b, const void *c, void *y,
+                                  int n, int k, int m) {
     using StrideA = typename Gemm::GemmKernel::StrideA;
     using StrideB = typename Gemm::GemmKernel::StrideB;
+    using StrideC = typename Gemm::GemmKernel::StrideC;
     using StrideD = typename Gemm::GemmKernel::StrideD;
     typename Gemm::Arguments args;
     args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
@@ -173,11 +175,12 @@ typename Gemm::Arguments fwd_args(Ctx *ctx, const bf16 *x, const bf16 *w, const 
     args.mainloop.dA = cutlass::make_cute_packed_stride(StrideA{}, {n, k, 1});
     args.mainloop.ptr_B = reinterpret_cast<const Bf16 *>(w);
     args.mainloop.dB = cutlass::make_cute_packed_stride(StrideB{}, {m, k, 1});
-    args.epilogue.ptr_C = nullptr;
-    args.epilogue.ptr_D = reinterpret_cast<Bf16 *>(y);
+    args.epilogue.ptr_C = static_cast<decltype(args.epilogue.ptr_C)>(c);
+    args.epilogue.dC = cutlass::make_cute_packed_stride(StrideC{}, {n, m, 1});
+    args.epilogue.ptr_D = static_cast<decltype(args.epilogue.ptr_D)>(y);
     args.epilogue.dD = cutlass::make_cute_packed_stride(StrideD{}, {n, m, 1});
     args.epilogue.thread.alpha = 1.0f;
-    args.epilogue.thread.beta = 0.0f;
+    args.epilogue.thread.beta = c ? 1.0f : 0.0f;
     args.epilogue.thread.bias_ptr = reinterpret_cast<const Bf16 *>(b);
     args.hw_info.sm_count = cuda_ctx_of(ctx)->sm_count;
     return args;
@@ -193,10 +196,10 @@ bool cuda_gemm_gelu_erf_fwd(Ctx *ctx, const bf16 *x, const bf16 *w, const bf16 *
     cuda_sanitize_mark_written(ctx, y, (size_t)n * m * sizeof(bf16));
     cuda_sanitize_mark_written(ctx, pre, pre ? (size_t)n * m * sizeof(bf16) : 0);
     if (!pre) {
-        auto args = fwd_args<FwdNoAuxGemm>(ctx, x, w, b, y, n, k, m);
+        auto args = fwd_args<FwdNoAuxGemm>(ctx, x, w, b, nullptr, y, n, k, m);
         return run<FwdNoAuxGemm>(ctx, args);
     }
-    auto args = fwd_args<FwdGemm>(ctx, x, w, b, y, n, k, m);
+    auto args = fwd_args<FwdGemm>(ctx, x, w, b, nullptr, y, n, k, m);
     args.epilogue.thread.aux_ptr = reinterpret_cast<Bf16 *>(pre);
     args.epilogue.thread.dAux = cutlass::make_cute_packed_stride(typename FwdGemm::GemmKernel::StrideD{}, {n, m, 1});
     return run<FwdGemm>(ctx, args);
@@ -208,25 +211,7 @@ bool cuda_gemm_residual_fwd(Ctx *ctx, const bf16 *x, const bf16 *w, const bf16 *
         !aligned_rows(res, m) || ((uintptr_t)b & 15u) != 0 || !device_is_sm90(ctx))
         return false;
     cuda_sanitize_mark_written(ctx, y, (size_t)n * m * sizeof(float));
-    using StrideA = typename ResidualGemm::GemmKernel::StrideA;
-    using StrideB = typename ResidualGemm::GemmKernel::StrideB;
-    using StrideC = typename ResidualGemm::GemmKernel::StrideC;
-    using StrideD = typename ResidualGemm::GemmKernel::StrideD;
-    typename ResidualGemm::Arguments args;
-    args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
-    args.problem_shape = {n, m, k, 1};
-    args.mainloop.ptr_A = reinterpret_cast<const Bf16 *>(x);
-    args.mainloop.dA = cutlass::make_cute_packed_stride(StrideA{}, {n, k, 1});
-    args.mainloop.ptr_B = reinterpret_cast<const Bf16 *>(w);
-    args.mainloop.dB = cutlass::make_cute_packed_stride(StrideB{}, {m, k, 1});
-    args.epilogue.ptr_C = res;
-    args.epilogue.dC = cutlass::make_cute_packed_stride(StrideC{}, {n, m, 1});
-    args.epilogue.ptr_D = y;
-    args.epilogue.dD = cutlass::make_cute_packed_stride(StrideD{}, {n, m, 1});
-    args.epilogue.thread.alpha = 1.0f;
-    args.epilogue.thread.beta = 1.0f;
-    args.epilogue.thread.bias_ptr = reinterpret_cast<const Bf16 *>(b);
-    args.hw_info.sm_count = cuda_ctx_of(ctx)->sm_count;
+    auto args = fwd_args<ResidualGemm>(ctx, x, w, b, res, y, n, k, m);
     return run<ResidualGemm>(ctx, args);
 }
 
