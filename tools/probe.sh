@@ -66,13 +66,13 @@ CU
                 echo "CUDNN_LIBS := -L$linkdir -lcudnn -Xlinker -rpath,$CUDNN_ROOT/lib"
             fi
         fi
-        # CUTLASS headers (tools/fetch_cutlass.sh): the fused erf-GELU GEMMs; without them those
-        # GEMMs run unfused.
+        # CUTLASS headers (tools/fetch_cutlass.sh): the fused-epilogue GEMMs; without them the erf
+        # GELU runs unfused and the product onto the fp32 stream on cuBLASLt.
         if cutlass=$(bash tools/fetch_cutlass.sh 2>"$tmp/cutlass.err"); then
             echo "HAVE_CUTLASS := 1"
             echo "CUTLASS_CFLAGS := -I$cutlass/include -I$cutlass/tools/util/include"
         else
-            echo "cgspn: no CUTLASS, the erf-GELU GEMMs will run unfused: $(cat "$tmp/cutlass.err")" >&2
+            echo "cgspn: no CUTLASS, the erf GELU will run unfused beside its GEMM: $(cat "$tmp/cutlass.err")" >&2
         fi
         printf '#include <nccl.h>\nint main(){int v; return ncclGetVersion(&v);}\n' > "$tmp/nccl.c"
         "$cc" -I"$cudahome/include" "$tmp/nccl.c" -o "$tmp/nccl" -L"$cudahome/lib64" -lnccl >/dev/null 2>&1 \
