@@ -105,17 +105,21 @@ static void linear_residual_backward(Tape *t, void *p) {
     }
     pass_grad(t, r->res, dy);
 }
+// Records y = res + x w^T + b where a gradient is wanted (the residual's or the branch's).
+static void linear_residual_record(Tape *t, Tensor *x, Tensor *w, Tensor *b, Tensor *res, Tensor *y) {
+    bool track = tape_track(t, y, x, w, b);
+    if (t->grad_enabled && res->requires_grad) track = y->requires_grad = true;
+    if (track)
+        *(LinearResidualRec *)tape_record(t, linear_residual_backward, sizeof(LinearResidualRec)) =
+            (LinearResidualRec){x, w, b, res, y};
+}
 Tensor *nn_linear_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tensor *b) {
     CG_CHECK(tensor_last(x) == w->shape[1] && res->numel == tensor_rows(x) * (size_t)w->shape[0],
              "", "linear onto a residual: input width %d, weight (%d, %d), residual of %zu "
              "elements", tensor_last(x), w->shape[0], w->shape[1], res->numel);
     Tensor *y = tape_tensor_like(t, res);
     op_linear_residual_fwd(t->ctx, x, w, b, res, y);
-    bool track = tape_track(t, y, x, w, b);
-    if (t->grad_enabled && res->requires_grad) track = y->requires_grad = true;
-    if (track)
-        *(LinearResidualRec *)tape_record(t, linear_residual_backward, sizeof(LinearResidualRec)) =
-            (LinearResidualRec){x, w, b, res, y};
+    linear_residual_record(t, x, w, b, res, y);
     return y;
 }
 
@@ -673,11 +677,14 @@ static void dwconv_backward(Tape *t, void *p) {
     op_dwconv_bwd(t->ctx, dy, r->x, r->w, flags, into, tape_grad(t, r->w), tape_grad(t, r->b));
     if (into != dx) op_accumulate(t->ctx, into, dx);
 }
+static void dwconv_record(Tape *t, Tensor *x, Tensor *w, Tensor *b, Tensor *y, int flags) {
+    if (tape_track(t, y, x, w, b))
+        *(DwconvRec *)tape_record(t, dwconv_backward, sizeof(DwconvRec)) = (DwconvRec){x, w, b, y, flags};
+}
 static Tensor *dwconv_flags(Tape *t, Tensor *x, Tensor *w, Tensor *b, int flags) {
     Tensor *y = tape_tensor_like(t, x);
     op_dwconv_fwd(t->ctx, x, NULL, NULL, NULL, w, b, flags, NULL, y);
-    if (tape_track(t, y, x, w, b))
-        *(DwconvRec *)tape_record(t, dwconv_backward, sizeof(DwconvRec)) = (DwconvRec){x, w, b, y, flags};
+    dwconv_record(t, x, w, b, y, flags);
     return y;
 }
 Tensor *nn_dwconv(Tape *t, Tensor *x, Tensor *w, Tensor *b) { return dwconv_flags(t, x, w, b, 0); }
@@ -705,14 +712,8 @@ Tensor *nn_linear_residual_dwconv(Tape *t, Tensor *res, Tensor *u, Tensor *uw, T
     Tensor *y = tape_tensor_like(t, res);
     op_dwconv_fwd(t->ctx, res, u, uw, ub, w, b, DWCONV_RESIDUAL, mid, y);
     if (!mid) return y;
-    bool track = tape_track(t, mid, u, uw, ub);
-    if (t->grad_enabled && res->requires_grad) track = mid->requires_grad = true;
-    if (track)
-        *(LinearResidualRec *)tape_record(t, linear_residual_backward, sizeof(LinearResidualRec)) =
-            (LinearResidualRec){u, uw, ub, res, mid};
-    if (tape_track(t, y, mid, w, b))
-        *(DwconvRec *)tape_record(t, dwconv_backward, sizeof(DwconvRec)) =
-            (DwconvRec){mid, w, b, y, DWCONV_RESIDUAL};
+    linear_residual_record(t, u, uw, ub, res, mid);
+    dwconv_record(t, mid, w, b, y, DWCONV_RESIDUAL);
     return y;
 }
 

@@ -743,7 +743,7 @@ extern "C" void cuda_linear_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor
         return;
     }
     // bf16 onto the fp32 stream: CUTLASS's product with fp32 C and D (the stream read and written
-    // once; cuBLASLt's ran at 62% of the copy roofline on gspn_t's fc2, this at 73%)
+    // once; cuBLASLt's ran at 62% of the copy roofline on gspn_t's fc2, this at 77%)
     if (s.act == DTYPE_BF16 && y->dtype == DTYPE_F32 && b && b->dtype == DTYPE_BF16 &&
         cuda_gemm_fusion_allowed(ctx, CUDA_FUSE_BIAS) &&
         cuda_gemm_residual_fwd(ctx, (const bf16 *)x->data, (const bf16 *)w->data, (const bf16 *)b->data,
