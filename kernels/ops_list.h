@@ -79,6 +79,14 @@ OP(linear_residual_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tenso
 OP(linear_gelu_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, GeluKind kind,
        Tensor *pre, Tensor *y),
    (ctx, x, w, b, kind, pre, y))
+// An MLP onto a residual where no backward follows (inference): y = res + (gelu(x w1^T + b1)
+// w2^T + b2), the hidden activation rounded to x's dtype as linear_gelu_fwd stores it, the sum as
+// linear_residual_fwd makes it; x (N,C), w1 (Hd,C), b1 (Hd), w2 (C,Hd), b2 (C) (either bias may
+// be NULL), res and y (N,C) in res's dtype (y may not alias res). The values are the two ops', up
+// to the order of the fp32 sums (on the GPU the hidden activation can stay on chip).
+OP(mlp_residual_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w1, const Tensor *b1,
+       const Tensor *w2, const Tensor *b2, GeluKind kind, const Tensor *res, Tensor *y),
+   (ctx, x, w1, b1, w2, b2, kind, res, y))
 // With dpre = dy * gelu'(pre): dx (N,K) += dpre w; dw += dpre^T x; db += sum_n dpre
 OP(linear_gelu_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
        const Tensor *pre, GeluKind kind, Tensor *dx, Tensor *dw, Tensor *db),

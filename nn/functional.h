@@ -32,7 +32,8 @@ Tensor *nn_silu_linear(Tape *t, Tensor *x, Tensor *w, Tensor *b);
 Tensor *nn_mlp(Tape *t, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2, Tensor *b2, GeluKind kind,
                bool keep_hidden);
 // res + nn_mlp(x, ...) with fc2 writing the sum (one pass over the residual stream; y has res's
-// shape and dtype).
+// shape and dtype); where nothing is recorded, one op (mlp_residual_fwd: on the GPU the hidden
+// activation can stay on chip).
 Tensor *nn_mlp_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2,
                         Tensor *b2, GeluKind kind, bool keep_hidden);
 Tensor *nn_softmax(Tape *t, Tensor *x);

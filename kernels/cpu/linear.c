@@ -134,6 +134,19 @@ void cpu_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tenso
     cpu_gelu_fwd(ctx, p, kind, y);
 }
 
+// The two ops, the hidden activation in a buffer of its own.
+void cpu_mlp_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w1, const Tensor *b1, const Tensor *w2,
+                          const Tensor *b2, GeluKind kind, const Tensor *res, Tensor *y) {
+    const LinearDims ld = linear_dims("mlp_residual_fwd", x, w1);
+    Tensor h = *x;   // (N, Hd)
+    tensor_set_shape(&h, 2, (int[]){(int)ld.N, ld.M});
+    h.data = cg_calloc(h.numel ? h.numel : 1, sizeof(float));
+    h.grad = NULL;
+    cpu_linear_gelu_fwd(ctx, x, w1, b1, kind, NULL, &h);
+    cpu_linear_residual_fwd(ctx, &h, w2, b2, res, y);
+    free(h.data);
+}
+
 // dpre = dy * gelu'(pre); then linear's backward from dpre.
 void cpu_linear_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
                          const Tensor *pre, GeluKind kind, Tensor *dx, Tensor *dw, Tensor *db) {

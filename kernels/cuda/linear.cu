@@ -43,6 +43,7 @@
 #include "silu.h"
 #include "narrow_dot.cuh"
 #include "gemm_cutlass.h"
+#include "mlp_fused.h"
 #include "../ops.h"
 #include "../linear_shape.h"
 #include <limits.h>
@@ -930,6 +931,39 @@ extern "C" void cuda_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w,
     else
         gelu_tanh_kernel<<<cuda_grid_for(ctx, n), 256, 0, st>>>((const float *)p, (float *)y->data, n);
     CUDA_CHECK_LAUNCH();
+}
+
+// y = res + MLP(x): one kernel with the hidden activation on chip where it applies
+// (kernels/cuda/mlp_fused.h: the erf GELU, bf16 x and weights with both biases, fp32 res and y,
+// gspn_t/s/b's stage-0 widths), else linear_gelu_fwd into a buffer, then
+// linear_residual_fwd.
+extern "C" void cuda_mlp_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w1, const Tensor *b1,
+                                      const Tensor *w2, const Tensor *b2, GeluKind kind, const Tensor *res,
+                                      Tensor *y) {
+    const char *op = "mlp_residual_fwd";
+    LinearShape s1 = linear_shape(op, x, w1);
+    CG_CHECK(w2->ndim == 2 && w2->shape[0] == s1.K && w2->shape[1] == s1.M, "",
+             "op %s: fc1 is (%d, %d), fc2 must be (%d, %d)", op, s1.M, s1.K, s1.K, s1.M);
+    cuda_check_matrix(op, "res", res, s1.N, s1.K);
+    cuda_check_matrix(op, "y", y, s1.N, s1.K);
+    if (s1.N == 0) return;
+    if (kind == GELU_ERF && s1.act == DTYPE_BF16 && w2->dtype == DTYPE_BF16 && b1 && b2 &&
+        b1->dtype == DTYPE_BF16 && b2->dtype == DTYPE_BF16 && res->dtype == DTYPE_F32 &&
+        y->dtype == DTYPE_F32 && res->data != y->data &&
+        cuda_mlp_fused_fwd(ctx, (const bf16 *)x->data, (const bf16 *)w1->data, (const bf16 *)b1->data,
+                           (const bf16 *)w2->data, (const bf16 *)b2->data, (const float *)res->data,
+                           (float *)y->data, (int)s1.N, s1.K, s1.M)) {
+        report_flops(ctx, &s1, 2);
+        return;
+    }
+    Tensor h = *x;   // (N, Hd) in x's dtype
+    const int hshape[2] = {(int)s1.N, s1.M};
+    tensor_set_shape(&h, 2, hshape);
+    h.data = cuda_temp_alloc(ctx, h.numel * dtype_size(h.dtype));
+    h.grad = NULL;
+    cuda_linear_gelu_fwd(ctx, x, w1, b1, kind, NULL, &h);
+    cuda_linear_residual_fwd(ctx, &h, w2, b2, res, y);
+    cuda_temp_free(ctx, h.data);
 }
 
 extern "C" void cuda_linear_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,

@@ -317,6 +317,54 @@ static void test_linear_residual_matches_cpu(void **state) {
     assert_int_equal(fails, 0);
 }
 
+// mlp_residual_fwd: y = res + MLP(x) in one op (nothing recorded). gspn_t/s/b's stage-0 widths
+// take the fused kernel in bf16 (kernels/cuda/mlp_fused.cu), with rows that leave a partial last
+// block of 128; 64 channels and the wider stages take the two ops. Against the CPU, and against the GPU's two ops:
+// both round pre and h to bf16, so they differ only where fc1's fp32 sums, added in another order,
+// round pre to a neighbouring bf16 (a few elements in 10^5; each moves its row of y by about
+// 2^-9 |h w2|): 1e-3 norm-wise bounds that with room. fp32 runs the two ops: FP32_TOL.
+static int check_mlp_residual_fwd(Ctx *g, int N, int C, int Hd, DType dt, uint64_t seed) {
+    Ctx cpu = ctx_cpu();
+    const Case c = {N, C, Hd, 0};
+    int r = dt == DTYPE_BF16;
+    Tensor *x = host_rand(test_tensor(2, N, C), seed, r);
+    Tensor *w1 = host_rand(test_tensor(2, Hd, C), seed + 1, r), *b1 = host_rand(test_tensor(1, Hd), seed + 2, r);
+    Tensor *w2 = host_rand(test_tensor(2, C, Hd), seed + 3, r), *b2 = host_rand(test_tensor(1, C), seed + 4, r);
+    Tensor *res = host_rand(test_tensor(2, N, C), seed + 5, 0), *y = test_tensor(2, N, C);
+    cpu_mlp_residual_fwd(&cpu, x, w1, b1, w2, b2, GELU_ERF, res, y);
+    Tensor *gx = gpu_test_upload(g, x, dt), *gw1 = gpu_test_upload(g, w1, dt), *gb1 = gpu_test_upload(g, b1, dt);
+    Tensor *gw2 = gpu_test_upload(g, w2, dt), *gb2 = gpu_test_upload(g, b2, dt);
+    Tensor *gres = gpu_test_upload(g, res, DTYPE_F32), *gy = gpu_poison(g, y, DTYPE_F32);
+    op_mlp_residual_fwd(g, gx, gw1, gb1, gw2, gb2, GELU_ERF, gres, gy);
+    int fails = check(g, "mlp_residual_fwd", "y", &c, gy, y, tols_for(dt)->act);
+    Tensor *h = test_tensor(2, N, Hd);
+    Tensor *gh = gpu_poison(g, h, dt), *gy2 = gpu_poison(g, y, DTYPE_F32);
+    op_linear_gelu_fwd(g, gx, gw1, gb1, GELU_ERF, NULL, gh);
+    op_linear_residual_fwd(g, gh, gw2, gb2, gres, gy2);
+    Tensor *y2 = test_like(y);
+    float *two = tensor_to_host_f32(g, gy2);
+    memcpy(y2->data, two, y2->numel * sizeof(float));
+    free(two);
+    fails += check(g, "mlp_residual_fwd against the two ops", "y", &c, gy, y2, r ? 1e-3 : FP32_TOL);
+    Tensor *gpu[] = {gx, gw1, gb1, gw2, gb2, gres, gy, gh, gy2}, *host[] = {x, w1, b1, w2, b2, res, y, h, y2};
+    for (int i = 0; i < 9; i++) { gpu_test_free(gpu[i]); test_tensor_free(host[i]); }
+    return fails;
+}
+
+static void test_mlp_residual_matches_cpu_and_the_two_ops(void **state) {
+    GPU_TEST_REQUIRE_DEVICE();
+    static const int shapes[][3] = {{300, 96, 384}, {150, 112, 448}, {200, 128, 512}, {129, 192, 768}, {77, 64, 256}};   // N C Hd
+    int fails = 0;
+    for (int d = 0; d < 2; d++) {
+        DType dt = d ? DTYPE_BF16 : DTYPE_F32;
+        Ctx g = cuda_ctx_create(0, dt);
+        for (int i = 0; i < 5; i++)
+            fails += check_mlp_residual_fwd(&g, shapes[i][0], shapes[i][1], shapes[i][2], dt, 90 + 7 * i);
+        cuda_ctx_destroy(&g);
+    }
+    assert_int_equal(fails, 0);
+}
+
 static void test_linear_forward_matches_cpu(DType dt) {
     GPU_TEST_REQUIRE_DEVICE();
     Ctx g = cuda_ctx_create(0, dt);
@@ -691,6 +739,7 @@ int main(void) {
         cmocka_unit_test(test_erf_gelu_epilogue_matches_unfused),
         cmocka_unit_test(test_gemm_plans_are_cached_per_shape),
         cmocka_unit_test(test_linear_residual_matches_cpu),
+        cmocka_unit_test(test_mlp_residual_matches_cpu_and_the_two_ops),
     };
     return cmocka_run_group_tests_name("linear_gpu", tests, NULL, NULL);
 }

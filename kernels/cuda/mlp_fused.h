@@ -1,0 +1,10 @@
+// An MLP onto the fp32 residual stream in one kernel (kernels/cuda/mlp_fused.cu), where no backward
+// follows: y (n, c) = res + (gelu_erf(x w1^T + b1) w2^T + b2), x (n, c), w1 (h, c), w2 (c, h), b1, b2
+// bf16, res and y fp32; the pre-activation and GELU's output rounded to bf16 as the unfused ops
+// store them. Returns false, launching nothing, where it does not apply (c not one of gspn_t/s/b's
+// stage-0 widths 96, 112, 128; h not a multiple of 64; an unaligned pointer; a GPU before sm_80): the caller runs the two ops.
+#pragma once
+#include "cuda_elem.cuh"
+
+bool cuda_mlp_fused_fwd(Ctx *ctx, const bf16 *x, const bf16 *w1, const bf16 *b1, const bf16 *w2,
+                        const bf16 *b2, const float *res, float *y, int n, int c, int h);
