@@ -24,15 +24,6 @@ namespace {
 
 enum { MLPF_ROWS = 128, MLPF_THREADS = 256, MLPF_CHUNK = 64, MLPF_PAD = 8 };
 
-__device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-// Four 8 x 8 bf16 matrices from shared memory: lane l gives the address of row l % 8 of matrix l / 8.
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16 *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
 // Starts copying rows [r0, r0 + n) of a (rows, cols) bf16 matrix, columns [c0, c0 + w), into
@@ -75,8 +66,7 @@ mlp_fused_kernel(const bf16 *__restrict__ x, const bf16 *__restrict__ w1, const 
     #pragma unroll
     for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
     const bf16 *xw = xs + warp * 16 * LDX;
-    // ldmatrix rows: A (16 x 16): lane -> row lane % 16, column 8 (lane / 16); B (two n8 x k16
-    // tiles): lane -> n row (lane % 8) + 8 (lane / 16), k column 8 (lane / 8 % 2).
+    // ldmatrix rows (mma.cuh): A (16 x 16) and two B tiles (n8 x k16)
     const int a_row = lane % 16, a_col = 8 * (lane / 16);
     const int b_row = lane % 8 + 8 * (lane / 16), b_col = 8 * (lane / 8 % 2);
 
