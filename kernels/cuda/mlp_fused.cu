@@ -12,8 +12,8 @@
 // shared memory), bias, the pre-activation rounded to bf16, the erf GELU (kernels/cuda/gelu.h),
 // rounded to bf16 as the unfused path stores h; those values are already the A fragments of fc2's
 // chunk (an MMA's accumulator layout is its A layout), so fc2 adds h w2[:, chunk]^T into the
-// warp's 16 x C sums in registers. The chunks of w1 and w2 come in by cp.async, the next while the
-// current one computes. The end: + b2, + res, fp32 out. The values are the unfused path's up to
+// warp's 16 x C sums in registers. The chunks of w1 and w2 come in by cp.async into two buffers,
+// the next while the current one computes, one barrier a chunk. The end: + b2, + res, fp32 out. The values are the unfused path's up to
 // the order of the fp32 sums.
 #include "mlp_fused.h"
 #include "cuda_async.cuh"
@@ -56,11 +56,9 @@ mlp_fused_kernel(const bf16 *__restrict__ x, const bf16 *__restrict__ w1, const 
         if (r < rows) cp_async<16>(xs + r * LDX + p * 8, x + (size_t)(row0 + r) * C + p * 8);
         else *reinterpret_cast<uint4 *>(xs + r * LDX + p * 8) = make_uint4(0, 0, 0, 0);
     }
-    for (int j = 0; j < 2 && j < chunks; j++) {
-        stage_rows(w1s + j * MLPF_CHUNK * LDX, w1 + (size_t)j * MLPF_CHUNK * C, C, MLPF_CHUNK, C);
-        stage_rows(w2s + j * C * LDW2, w2 + (size_t)j * MLPF_CHUNK, H, C, MLPF_CHUNK);
-        cp_async_commit();
-    }
+    stage_rows(w1s, w1, C, MLPF_CHUNK, C);
+    stage_rows(w2s, w2, H, C, MLPF_CHUNK);
+    cp_async_commit();
 
     float acc[NT][4];   // the warp's 16 rows of fc2's sums: rows g4, g4 + 8 at columns 8 nt + 2 t4
     #pragma unroll
@@ -71,9 +69,16 @@ mlp_fused_kernel(const bf16 *__restrict__ x, const bf16 *__restrict__ w1, const 
     const int b_row = lane % 8 + 8 * (lane / 16), b_col = 8 * (lane / 8 % 2);
 
     for (int j = 0; j < chunks; j++) {
-        if (j + 1 < chunks) cp_async_wait<1>();
-        else cp_async_wait<0>();
-        __syncthreads();   // chunk j (and, first, x) in shared memory for every warp
+        cp_async_wait<0>();
+        // chunk j (and, first, x) in shared memory for every warp, and every warp done with chunk
+        // j - 1, whose buffer then takes chunk j + 1 while chunk j computes: one barrier a chunk
+        __syncthreads();
+        if (j + 1 < chunks) {
+            const int nb = (j + 1) % 2;
+            stage_rows(w1s + nb * MLPF_CHUNK * LDX, w1 + (size_t)(j + 1) * MLPF_CHUNK * C, C, MLPF_CHUNK, C);
+            stage_rows(w2s + nb * C * LDW2, w2 + (size_t)(j + 1) * MLPF_CHUNK, H, C, MLPF_CHUNK);
+            cp_async_commit();
+        }
         const bf16 *w1c = w1s + (j % 2) * MLPF_CHUNK * LDX, *w2c = w2s + (j % 2) * C * LDW2;
         // fc1: h (16 x 64) = x (16 x C) w1c^T, 8 n-tiles of 8 hidden units
         float hacc[8][4];
@@ -114,12 +119,6 @@ mlp_fused_kernel(const bf16 *__restrict__ x, const bf16 *__restrict__ w1, const 
                 mma_16816_bf16(acc[2 * tp], ha[kk][0], ha[kk][1], ha[kk][2], ha[kk][3], b[0], b[1]);
                 mma_16816_bf16(acc[2 * tp + 1], ha[kk][0], ha[kk][1], ha[kk][2], ha[kk][3], b[2], b[3]);
             }
-        __syncthreads();   // every warp is done with buffer j % 2
-        if (j + 2 < chunks) {
-            stage_rows(w1s + (j % 2) * MLPF_CHUNK * LDX, w1 + (size_t)(j + 2) * MLPF_CHUNK * C, C, MLPF_CHUNK, C);
-            stage_rows(w2s + (j % 2) * C * LDW2, w2 + (size_t)(j + 2) * MLPF_CHUNK, H, C, MLPF_CHUNK);
-            cp_async_commit();
-        }
     }
     // y = res + (acc + b2), fp32
     #pragma unroll
