@@ -49,6 +49,10 @@ __device__ __forceinline__ float gelu_phi_fit(float x, float *gauss) {
     return x < 0.0f ? tail : 1.0f - tail;
 }
 
+// v rounded to the nearest bf16: what a fused kernel applies where the unfused ops store bf16
+// (the pre-activation, GELU's output), so that the two agree.
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
 // B: the result is stored in bf16. The erf GELU then takes Phi from the fit above (its error is
 // far below a bf16 rounding); in fp32 it is kernels/cpu/gelu.c's erff formula, operation for
 // operation.

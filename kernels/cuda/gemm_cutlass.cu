@@ -33,8 +33,6 @@ namespace {
 using namespace cute;
 using Bf16 = cutlass::bfloat16_t;
 
-__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
-
 // gelu(v) of v rounded to bf16 (the pre-activation as the unfused path stores it).
 template <class T> struct GeluErfOfStored {
     CUTLASS_HOST_DEVICE T operator()(T const &v) const {

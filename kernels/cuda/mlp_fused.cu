@@ -24,7 +24,6 @@ namespace {
 
 enum { MLPF_ROWS = 128, MLPF_THREADS = 256, MLPF_CHUNK = 64, MLPF_PAD = 8 };
 
-__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
 // Starts copying rows [r0, r0 + n) of a (rows, cols) bf16 matrix, columns [c0, c0 + w), into
 // dst (n, w + MLPF_PAD) (16-byte pieces; w a multiple of 8).
@@ -155,14 +154,12 @@ bool launch(Ctx *ctx, const bf16 *x, const bf16 *w1, const bf16 *b1, const bf16 
     return true;
 }
 
-bool aligned16p(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 }  // namespace
 
 bool cuda_mlp_fused_fwd(Ctx *ctx, const bf16 *x, const bf16 *w1, const bf16 *b1, const bf16 *w2,
                         const bf16 *b2, const float *res, float *y, int n, int c, int h) {
-    if (n <= 0 || !b1 || !b2 || h % MLPF_CHUNK != 0 || cuda_ctx_of(ctx)->cc < 80 || !aligned16p(x) ||
-        !aligned16p(w1) || !aligned16p(w2) || !aligned16p(res) || !aligned16p(y))
+    if (n <= 0 || !b1 || !b2 || h % MLPF_CHUNK != 0 || cuda_ctx_of(ctx)->cc < 80 || !aligned16(x) ||
+        !aligned16(w1) || !aligned16(w2) || !aligned16(res) || !aligned16(y))
         return false;
     switch (c) {
     case 96: return launch<96>(ctx, x, w1, b1, w2, b2, res, y, n, h);
