@@ -7,8 +7,8 @@
 // cannot be split across blocks without inter-block exchange. Channels-last makes each token's CG
 // channels one contiguous run (32, 64 or 128 bytes), so loads are whole sectors.
 //
-// Four kernel families:
-// - on-chip image (gspn_scan_image.cu; shared weights, Cc <= 4, lines of at most 32 lanes, the
+// Five kernel families:
+// - on-chip image (gspn_scan_image.cu; shared weights, Cc <= 4, lines of at most 64 lanes, the
 //   image's inputs and the four directions' h planes within shared memory): ONE block per image
 //   runs the four directions from shared memory, merges yc and forms dxc and dgates there; no
 //   per-direction slices in memory. gspn_hier's 28^2, 14^2 and 7^2 stages take it.
@@ -18,9 +18,14 @@
 //   two (lane, 4 or 8 channels) items and copies their inputs for step s+D-1 into a shared-memory
 //   stage with cp.async while it computes step s. The backward also stages h[s-1], which the two
 //   neighbour lanes read after the step's barrier.
-// - staged shared-weight (gspn_shared_w = 1, a token's xc a whole number of 4-byte words): ONE
-//   launch for the four directions, the direction's odd-offset gate chunk of every lane copied as
-//   4-byte words, consecutive words on consecutive threads (see gspn_fwd_sh_kernel).
+// - lane (the shared-weight forward past the chip, Cc of 1, 2, 4 or 8, lines of at most 1024
+//   lanes): ONE launch for the four directions, a thread per lane loading its own gate chunk and
+//   xc into registers a few steps ahead; LR/RL store a lane's runs of neighbouring tokens at once
+//   (see gspn_fwd_lane_kernel and gspn_scan_notes.md).
+// - staged shared-weight (gspn_shared_w = 1, a token's xc a whole number of 4-byte words; the
+//   backward, and the forward the lane kernel does not take): ONE launch for the four directions,
+//   the direction's odd-offset gate chunk of every lane copied as 4-byte words, consecutive words
+//   on consecutive threads (see gspn_fwd_sh_kernel).
 // - simple (odd Cc, longer lines, too little shared memory, or stages = 1): one launch per
 //   direction on the context's side streams (concurrent), loads issued at the top of each step.
 // Forward step: h of the previous step lives in shared memory ((N+2) x CG floats with a zero halo

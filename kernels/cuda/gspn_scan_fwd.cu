@@ -382,6 +382,260 @@ bool fwd_pipe(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid
     }
 }
 
+// ---- shared weights, few channels: a thread per lane, inputs straight into registers ----------
+// The staged kernel above spends most of a step moving words through shared memory (about 1,700
+// instructions a warp and step at 1024^2, Cc = 8, H100, Nsight Compute); with Cc <= 8 a lane's
+// inputs of a step are a few words, so each thread loads its own (its gate chunk and its xc) into
+// a ring of registers P steps ahead of their use, and the only shared memory left is h of the
+// previous step for the two neighbour lanes (one barrier a step). Ring slot j holds step s0 + j of
+// an unrolled group of P steps, so its index is a constant. VEC: the chunk comes in as the 16-byte
+// vectors covering it (a third of the load instructions and of the sectors asked of L1 at Cc = 2);
+// without VEC (1024-thread blocks: 64 registers a thread) as the 4-byte words covering it.
+template <typename T, int CC, bool VEC> struct LaneWords {
+    static constexpr int CB = (2 * CC + 3) * (int)sizeof(T);   // chunk bytes: 2 CC + 3 elements
+    static constexpr int MAXOFF = sizeof(T) == 2 ? 14 : 12;     // its largest offset in a vector
+    static constexpr int NV = (MAXOFF + CB + 15) / 16;          // covering 16-byte vectors
+    static constexpr int NW = sizeof(T) == 2 ? CC + 2 : 2 * CC + 3;   // covering 4-byte words
+    static constexpr int GW = VEC ? 4 * NV : NW;                // words the ring holds a chunk in
+    // xc: whole words, except bf16 tokens of odd CC, which may start 2 bytes into a word
+    static constexpr int XW = sizeof(T) == 4 ? CC : CC % 2 == 0 ? CC / 2 : (2 * CC + 5) / 4;
+    static constexpr int N = GW + XW;
+};
+
+// Element q of a run of T values starting `off` bytes (0 or 2; 0 in fp32) into words w.
+template <typename T, int NW>
+__device__ __forceinline__ float lane_el(const uint32_t (&w)[NW], int off, int q) {
+    if constexpr (sizeof(T) == 4) {
+        return __uint_as_float(w[q]);
+    } else {   // half q or q + 1 of the words: both constant (q is), picked by off
+        const uint32_t a = w[q >> 1], b = w[(q + 1) >> 1];
+        const uint32_t ea = q & 1 ? a >> 16 : a & 0xffffu, eb = (q + 1) & 1 ? b >> 16 : b & 0xffffu;
+        return __uint_as_float((off ? eb : ea) << 16);
+    }
+}
+
+// P: steps ahead; blocks of at most MAXT threads; GROUP: LR / RL store P steps at once (at Cc = 8
+// the run's registers cost more than the sectors save: 56^2 forward 0.189 against 0.176 ms, H100);
+// EARLY: a step's inputs formed during the step before (56^2, Cc = 2: 0.081 -> 0.076 ms), not
+// in 64 registers (1024^2, Cc = 8: spills, 12.6 -> 14.7 ms).
+template <typename T, int CC, int P, int MAXT, bool VEC, bool GROUP = VEC && CC <= 4, bool EARLY = VEC>
+__global__ void __launch_bounds__(MAXT)
+gspn_fwd_lane_kernel(const T *__restrict__ xc, const T *__restrict__ gates, float *__restrict__ hid,
+                     float *__restrict__ ypart, long long plane, ShArgs a, int dir_mask) {
+    using LW = LaneWords<T, CC, VEC>;
+    const int d = blockIdx.x & 3;
+    if (!((dir_mask >> d) & 1)) return;   // the benchmark's diagnostics only
+    const DirGeom g = pick_dir_sh(a, d);
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    float *hbuf = reinterpret_cast<float *>(smem_raw);   // [2][N+2][CC], zero halo lanes
+    const int N = g.N, rowf = (N + 2) * CC, l = threadIdx.x;
+    for (int i = threadIdx.x; i < 2 * rowf; i += blockDim.x) hbuf[i] = 0.0f;
+    const bool live = l < N;
+    const long long t0 = (long long)(blockIdx.x >> 2) * g.img_tokens + g.first + (long long)l * g.lstride;
+    const uint32_t *gw = reinterpret_cast<const uint32_t *>(gates);
+    const uint32_t *xw = reinterpret_cast<const uint32_t *>(xc);
+    const long long tokens = plane / CC;
+    const long long xend = plane * (long long)sizeof(T), gend = tokens * g.G * (long long)sizeof(T);
+    if (hid) hid += d * plane;
+    if (ypart) ypart += d * plane;
+    auto chunk_byte = [&](long long t) { return (t * g.G + g.goff) * (long long)sizeof(T); };
+    auto load = [&](int s, uint32_t (&w)[LW::N]) {
+        if (!live || s >= g.L) return;
+        const long long t = t0 + (long long)s * g.sstride, cb = chunk_byte(t);
+        if constexpr (VEC) {
+            const long long vb = cb & ~15LL;
+#pragma unroll
+            for (int v = 0; v < LW::NV; v++) {
+                uint4 r = make_uint4(0, 0, 0, 0);
+                // the last token's covering vectors may reach past the tensor: those words one by one
+                if (vb + 16 * v + 16 <= gend) r = __ldg(reinterpret_cast<const uint4 *>(gates) + (vb >> 4) + v);
+                else if (vb + 16 * v < gend) {
+                    const uint32_t *q = gw + ((vb >> 2) + 4 * v);
+                    r.x = __ldg(q);
+                    if (vb + 16 * v + 8 <= gend) r.y = __ldg(q + 1);
+                    if (vb + 16 * v + 12 <= gend) r.z = __ldg(q + 2);
+                }
+                w[4 * v] = r.x, w[4 * v + 1] = r.y, w[4 * v + 2] = r.z, w[4 * v + 3] = r.w;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < LW::NW; i++) w[i] = __ldg(gw + (cb >> 2) + i);
+        }
+        const long long xb = (t * CC * (long long)sizeof(T)) & ~3LL;
+#pragma unroll
+        for (int i = 0; i < LW::XW; i++) {
+            const long long b = xb + 4LL * i;
+            // the last word of an odd-length bf16 xc covers 2 bytes past its end
+            w[LW::GW + i] = b + 4 <= xend ? __ldg(xw + (b >> 2))
+                                          : *reinterpret_cast<const unsigned short *>(
+                                                reinterpret_cast<const char *>(xc) + b);
+        }
+    };
+    // A step's inputs as the recurrence takes them: lam x, u and the normalized weights (zero at
+    // step 0). They do not depend on h, so with EARLY step s + 1's are formed during step s, off
+    // the path from one barrier to the next (neighbours' h, three FMAs a channel, h out).
+    struct StepIn {
+        float lx[CC], u[CC], sw[3];
+    };
+    auto prep = [&](int s, const uint32_t (&w)[LW::N], StepIn &in) {
+        if (!live || s >= g.L) return;
+        const long long t = t0 + (long long)s * g.sstride, cb = chunk_byte(t);
+        // the chunk's words from its first covering word on, and its offset in that word
+        uint32_t cw[LW::NW], xwv[LW::XW];
+        const int goff = (int)(cb & 3);
+        if constexpr (VEC) {
+            // word w0 + i of the vectors (NW + 3 <= GW at every width: no guard needed)
+            static_assert(LW::NW + 3 <= LW::GW, "covering vectors");
+            const int w0 = (int)((cb & 15) >> 2);
+#pragma unroll
+            for (int i = 0; i < LW::NW; i++)
+                cw[i] = w0 == 0 ? w[i] : w0 == 1 ? w[i + 1] : w0 == 2 ? w[i + 2] : w[i + 3];
+        } else {
+#pragma unroll
+            for (int i = 0; i < LW::NW; i++) cw[i] = w[i];
+        }
+#pragma unroll
+        for (int i = 0; i < LW::XW; i++) xwv[i] = w[LW::GW + i];
+        const int xoff = (int)((t * CC * (long long)sizeof(T)) & 3);
+        float sa[3];
+        in.sw[0] = in.sw[1] = in.sw[2] = 0.0f;
+        if (s > 0)
+            weights<T>(lane_el<T>(cw, goff, 2 * CC), lane_el<T>(cw, goff, 2 * CC + 1),
+                       lane_el<T>(cw, goff, 2 * CC + 2), l > 0, l < N - 1, sa, in.sw);
+#pragma unroll
+        for (int c = 0; c < CC; c++) {
+            in.lx[c] = lane_el<T>(cw, goff, c) * lane_el<T>(xwv, xoff, c);
+            in.u[c] = lane_el<T>(cw, goff, CC + c);
+        }
+    };
+    uint32_t ring[P][LW::N];
+#pragma unroll
+    for (int j = 0; j < P; j++) load(j, ring[j]);
+    StepIn in;
+    if constexpr (EARLY) {
+        prep(0, ring[0], in);
+        load(P, ring[0]);
+    }
+    // LR / RL: a lane's P steps are P neighbouring tokens of its row, whose h and y go out after
+    // the group as one run (sectors written whole; one token a step is 4 CC bytes of a 32-byte
+    // sector, rows apart across the warp). TB / BT: lanes are neighbouring tokens, one run a step.
+    const bool grouped = GROUP && g.lstride != 1;
+    float hg[GROUP ? P : 1][CC], yg[GROUP ? P : 1][CC];
+    __syncthreads();   // the zero halo
+    for (int s0 = 0; s0 < g.L; s0 += P) {
+        const bool whole = grouped && s0 + P <= g.L;   // a full group: its run is stored at the end
+#pragma unroll
+        for (int j = 0; j < P; j++) {
+            const int s = s0 + j;
+            if (s >= g.L) break;   // the same for every thread of the block
+            const float *prev = hbuf + (s & 1) * rowf;
+            float *cur = hbuf + ((s + 1) & 1) * rowf;
+            float h[CC], y[CC];
+            if constexpr (!EARLY) prep(s, ring[j], in);
+            if (live) {
+                const long long t = t0 + (long long)s * g.sstride;
+#pragma unroll
+                for (int c = 0; c < CC; c++) h[c] = in.lx[c];
+                if (s > 0) {
+                    float hm[CC], h0[CC], hp[CC];
+                    const float *pr = prev + (l + 1) * CC;
+                    ldf<CC>(pr - CC, hm);
+                    ldf<CC>(pr, h0);
+                    ldf<CC>(pr + CC, hp);
+#pragma unroll
+                    for (int c = 0; c < CC; c++) {
+                        h[c] += in.sw[0] * hm[c];
+                        h[c] += in.sw[1] * h0[c];
+                        h[c] += in.sw[2] * hp[c];
+                    }
+                }
+                stf<CC>(cur + (l + 1) * CC, h);
+#pragma unroll
+                for (int c = 0; c < CC; c++) y[c] = in.u[c] * h[c];
+                if (whole) {
+                    if constexpr (GROUP) {
+#pragma unroll
+                        for (int c = 0; c < CC; c++) hg[j][c] = h[c], yg[j][c] = y[c];
+                    }
+                } else {
+                    if (hid) stf_stream<CC>(hid + t * CC, h);
+                    if (ypart) stf<CC>(ypart + t * CC, y);
+                }
+            }
+            if constexpr (EARLY) {   // step s + 1's inputs, then their slot refilled with step s + 1 + P
+                prep(s + 1, ring[(j + 1) % P], in);
+                load(s + 1 + P, ring[(j + 1) % P]);
+            } else {
+                load(s + P, ring[j]);
+            }
+            __syncthreads();   // h of step s in; prev is free to be written at step s + 1
+        }
+        if constexpr (GROUP) {
+            if (whole && live) {   // the run starts at the group's lowest token: j = 0 (LR), P - 1 (RL)
+                const bool up = g.sstride > 0;
+                const long long tr = t0 + (long long)(up ? s0 : s0 + P - 1) * g.sstride;
+                float hr[P * CC], yr[P * CC];
+#pragma unroll
+                for (int r = 0; r < P; r++)
+#pragma unroll
+                    for (int c = 0; c < CC; c++) {
+                        hr[r * CC + c] = up ? hg[r][c] : hg[P - 1 - r][c];
+                        yr[r * CC + c] = up ? yg[r][c] : yg[P - 1 - r][c];
+                    }
+                // in vectors where 16-byte aligned (a direction's slice starts plane floats in)
+                auto aligned = [](const float *q) { return ((uintptr_t)q & 15u) == 0; };
+                if (hid && aligned(hid + tr * CC)) stf_stream<P * CC>(hid + tr * CC, hr);
+                else if (hid)
+#pragma unroll
+                    for (int i = 0; i < P * CC; i++) __stcs(hid + tr * CC + i, hr[i]);
+                if (ypart && aligned(ypart + tr * CC)) stf<P * CC>(ypart + tr * CC, yr);
+                else if (ypart)
+#pragma unroll
+                    for (int i = 0; i < P * CC; i++) ypart[tr * CC + i] = yr[i];
+            }
+        }
+    }
+}
+
+// The lane kernel where it applies: shared weights, Cc of 1, 2, 4 or 8, a line of at most
+// SH_FWD_THREADS lanes, 4-byte aligned tensors. Lines of at most 256 lanes: vectors, P = 4 steps
+// ahead (tuning stages 2 or 3: 2; 8 ran no faster at 56^2); longer lines (1024 threads leave 64
+// registers a thread): words, 2 steps ahead, where a step's words fit (not fp32 Cc >= 4).
+template <typename T, int CC>
+bool fwd_lane_cc(CudaCtx *c, const Plan &p, const ShArgs &a, const T *xc, const T *gates, float *hid,
+                 float *ypart) {
+    const size_t smem = 2 * (size_t)(a.lanes_max + 2) * CC * sizeof(float);
+    if (smem > smem_limit()) return false;
+    auto k = p.stages == 2 || p.stages == 3 ? gspn_fwd_lane_kernel<T, CC, 2, 256, true>
+                                             : gspn_fwd_lane_kernel<T, CC, 4, 256, true>;
+    if (a.lanes_max > 256) {
+        if constexpr (LaneWords<T, CC, false>::N <= 14) k = gspn_fwd_lane_kernel<T, CC, 2, SH_FWD_THREADS, false>;
+        else return false;
+    }
+    set_smem(k, smem);
+    k<<<DIRS * p.B, sh_threads(a, false), smem, c->stream>>>(xc, gates, hid, ypart, p.plane, a, p.dir_mask);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+template <typename T>
+bool fwd_lane(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, float *ypart) {
+    if (!p.shared || p.stages == 1 || !aligned4(xc) || ((uintptr_t)gates & 15u) != 0) return false;
+    ShArgs a{};
+    for (int d = 0; d < DIRS; d++) {
+        a.g[d] = dir_geom(p, d);
+        a.lanes_max = a.g[d].N > a.lanes_max ? a.g[d].N : a.lanes_max;
+    }
+    if (a.lanes_max > SH_FWD_THREADS) return false;
+    switch (p.Cc) {
+    case 1: return fwd_lane_cc<T, 1>(c, p, a, xc, gates, hid, ypart);
+    case 2: return fwd_lane_cc<T, 2>(c, p, a, xc, gates, hid, ypart);
+    case 4: return fwd_lane_cc<T, 4>(c, p, a, xc, gates, hid, ypart);
+    case 8: return fwd_lane_cc<T, 8>(c, p, a, xc, gates, hid, ypart);
+    default: return false;
+    }
+}
+
 // Forward: one block per (image, direction). A split of the channels over two blocks per image
 // (sgroups = 2: 128 blocks at the 1024^2 benchmark instead of 64, each with the whole gate chunk)
 // measured 2.5x slower (H200: 28.8 ms against 11.6 ms), so sgroups stays 1.
@@ -403,7 +657,7 @@ bool fwd_sh(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, 
 // The four forward scans by the fastest path that applies. hid and/or ypart may be NULL.
 template <typename T, int V, bool SH>
 void fwd_scans(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, float *ypart) {
-    const bool done = SH ? fwd_sh<T, V>(c, p, xc, gates, hid, ypart)
+    const bool done = SH ? fwd_lane<T>(c, p, xc, gates, hid, ypart) || fwd_sh<T, V>(c, p, xc, gates, hid, ypart)
                          : fwd_pipe<T, V>(c, p, xc, gates, hid, ypart);
     if (!done) fwd_all<T, V, SH>(c, p, xc, gates, hid, ypart);
 }

@@ -248,13 +248,14 @@ static void test_gspn_gpu_latent_sizes_match_cpu(void **state) {
 // latents (Cc = 2; at 28 x 28 fp32 the backward takes the staged kernels), 56 x 56 (Cc = 2: the
 // staged kernels; Cc = 1 in bf16 would fit), H != W both ways, one row, one column, Cc = 1 and 4,
 // and lines of 32 and 64 lanes (a bf16 forward on chip whose hidden states the staged backward
-// reads).
+// reads); past the chip, Cc = 1 on 67-lane lines with an odd element count (the lane kernel's
+// last bf16 xc word covers 2 bytes past the tensor; LR/RL runs of 4 tokens, the last one short).
 static void test_gspn_gpu_shared_w_images_on_chip_match_cpu(void **state) {
     GPU_TEST_REQUIRE_DEVICE();
     const Shape shapes[] = {{3, 14, 14, 2}, {2, 7, 7, 2},  {2, 28, 28, 2}, {2, 13, 9, 2},
                             {2, 6, 11, 1},  {1, 32, 17, 4}, {2, 1, 6, 2},  {2, 9, 1, 2},
-                            {2, 56, 56, 2}, {1, 64, 37, 2}, {1, 33, 50, 1}};
-    assert_int_equal(check_shapes_both_dtypes(shapes, 11, 1, 500, 11), 0);
+                            {2, 56, 56, 2}, {1, 64, 37, 2}, {1, 33, 50, 1}, {1, 3, 67, 1}};
+    assert_int_equal(check_shapes_both_dtypes(shapes, 12, 1, 500, 11), 0);
 }
 
 // The other tunings (channels per block, load width) compute the same function.
