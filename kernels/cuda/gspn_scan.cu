@@ -18,12 +18,13 @@
 //   two (lane, 4 or 8 channels) items and copies their inputs for step s+D-1 into a shared-memory
 //   stage with cp.async while it computes step s. The backward also stages h[s-1], which the two
 //   neighbour lanes read after the step's barrier.
-// - lane (the shared-weight forward past the chip, Cc of 1, 2, 4 or 8, lines of at most 1024
-//   lanes): ONE launch for the four directions, a thread per lane loading its own gate chunk and
-//   xc into registers a few steps ahead; LR/RL store a lane's runs of neighbouring tokens at once
-//   (see gspn_fwd_lane_kernel and gspn_scan_notes.md).
-// - staged shared-weight (gspn_shared_w = 1, a token's xc a whole number of 4-byte words; the
-//   backward, and the forward the lane kernel does not take): ONE launch for the four directions,
+// - lane (shared weights past the chip: the forward at Cc of 1, 2, 4 or 8 on lines of at most
+//   1024 lanes, the backward at Cc of 1 or 2 on lines of at most 256): ONE launch for the four
+//   directions, a thread per lane loading its own gate chunk and xc (dyc, h) into registers a few
+//   steps ahead; the forward's LR/RL store a lane's runs of neighbouring tokens at once (see
+//   gspn_fwd_lane_kernel, gspn_bwd_lane_kernel and gspn_scan_notes.md).
+// - staged shared-weight (gspn_shared_w = 1, a token's xc a whole number of 4-byte words; what
+//   the lane kernels do not take): ONE launch for the four directions,
 //   the direction's odd-offset gate chunk of every lane copied as 4-byte words, consecutive words
 //   on consecutive threads (see gspn_fwd_sh_kernel).
 // - simple (odd Cc, longer lines, too little shared memory, or stages = 1): one launch per

@@ -573,6 +573,164 @@ gspn_bwd_sh_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
     }
 }
 
+// ---- shared weights, few channels: the backward a thread per lane ---------------------------
+// The forward's lane kernel (gspn_scan_fwd.cu) run in reverse: each thread owns one lane and
+// loads its step's inputs into a ring of registers P steps ahead (the gate chunk, with ACC the old
+// dgates chunk, dyc and xc as covering words, h of the step and of the step before); shared
+// memory holds, per lane and step, what the neighbours read: dL/dh, the three weights and h of
+// the step before the next one. One barrier a step. Without ACC dgates is written (every element
+// of the direction's chunks, so no zeroing first); with ACC added to. A chunk goes out as whole
+// 4-byte words but its first or last element (7 scattered 2-byte stores a step cost a third of
+// the time at 56^2: 0.265 -> 0.202 ms with the words and 3 steps ahead, H100).
+template <typename T, int CC, bool ACC> struct BwdLaneWords {
+    using LW = LaneWords<T, CC, true>;
+    static constexpr int G = 0, DG = LW::GW, DY = DG + (ACC ? LW::GW : 0), X = DY + LW::XW;
+    static constexpr int H = X + LW::XW, HP = H + CC, N = HP + CC;   // h of the step, of the one before
+};
+
+template <typename T, int CC, int P, bool ACC>
+__global__ void __launch_bounds__(256)
+gspn_bwd_lane_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, const T *__restrict__ gates,
+                     const float *__restrict__ hid, const void *merge, int merge_bf16,
+                     float *__restrict__ dxpart, T *__restrict__ dgates, double *__restrict__ dmpart,
+                     long long plane, int nblk, ShArgs a) {
+    using LW = LaneWords<T, CC, true>;
+    using BW = BwdLaneWords<T, CC, ACC>;
+    constexpr int RW = 2 * CC + 4;   // a lane's row: dh (CC), w_{-1}, w_0, w_{+1}, h before (CC), pad
+    constexpr int CH = 2 * CC + 3;
+    const int d = blockIdx.x & 3, b = blockIdx.x >> 2;
+    const DirGeom g = pick_dir_sh(a, d);
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    float *rows = reinterpret_cast<float *>(smem_raw);   // [2][N+2][RW], zero halo lanes
+    const int N = g.N, rowf = (N + 2) * RW, l = threadIdx.x;
+    for (int i = threadIdx.x; i < 2 * rowf; i += blockDim.x) rows[i] = 0.0f;
+    const bool live = l < N;
+    const long long t0 = (long long)b * g.img_tokens + g.first + (long long)l * g.lstride;
+    const long long tokens = plane / CC;
+    const long long xend = plane * (long long)sizeof(T), gend = tokens * g.G * (long long)sizeof(T);
+    hid += d * plane;
+    if (dxpart) dxpart += d * plane;
+    const float m = load_param(merge, merge_bf16, d);
+    auto chunk_byte = [&](long long t) { return (t * g.G + g.goff) * (long long)sizeof(T); };
+    auto load = [&](int s, uint32_t (&w)[BW::N]) {
+        if (!live || s < 0) return;
+        const long long t = t0 + (long long)s * g.sstride, cb = chunk_byte(t);
+        lane_load_chunk<T, CC, true, BW::G>(gates, cb, gend, w);
+        if constexpr (ACC) lane_load_chunk<T, CC, true, BW::DG>(dgates, cb, gend, w);
+        lane_load_x<T, CC, BW::DY>(dyc, t, xend, w);
+        lane_load_x<T, CC, BW::X>(xc, t, xend, w);
+#pragma unroll
+        for (int c = 0; c < CC; c++) {
+            w[BW::H + c] = __float_as_uint(__ldg(hid + t * CC + c));
+            w[BW::HP + c] = s > 0 ? __float_as_uint(__ldg(hid + (t - g.sstride) * CC + c)) : 0u;
+        }
+    };
+    // The ring: slot j of a group of P holds step L - 1 - (k0 + j).
+    uint32_t ring[P][BW::N];
+#pragma unroll
+    for (int j = 0; j < P; j++) load(g.L - 1 - j, ring[j]);
+    __syncthreads();   // the zeros in before the first step's rows are written
+    if (live)   // the first step's neighbours read h of the step before it from here
+#pragma unroll
+        for (int c = 0; c < CC; c++) rows[(l + 1) * RW + CC + 3 + c] = __uint_as_float(ring[0][BW::HP + c]);
+    __syncthreads();
+    double dm_acc = 0.0;
+    for (int k0 = 0; k0 < g.L; k0 += P) {
+#pragma unroll
+        for (int j = 0; j < P; j++) {
+            const int k = k0 + j, s = g.L - 1 - k;
+            if (s < 0) break;   // the same for every thread of the block
+            const float *rk = rows + (k & 1) * rowf;   // written at step s + 1
+            float *wk = rows + ((k + 1) & 1) * rowf;   // read at step s - 1
+            if (live) {
+                const uint32_t(&w)[BW::N] = ring[j];
+                const long long t = t0 + (long long)s * g.sstride, cb = chunk_byte(t);
+                const int goff = (int)(cb & 3), xoff = (int)((t * CC * (long long)sizeof(T)) & 3);
+                uint32_t cw[LW::NW], dgw[LW::NW], dyw[LW::XW], xw[LW::XW];
+                lane_chunk_words<T, CC, true, BW::G>(w, cb, cw);
+                if constexpr (ACC) lane_chunk_words<T, CC, true, BW::DG>(w, cb, dgw);
+#pragma unroll
+                for (int i = 0; i < LW::XW; i++) dyw[i] = w[BW::DY + i], xw[i] = w[BW::X + i];
+                const bool has_m = l > 0, has_p = l < N - 1;
+                float sa[3] = {0.0f, 0.0f, 0.0f}, sw[3] = {0.0f, 0.0f, 0.0f}, sS = 0.0f;
+                if (s > 0)
+                    sS = weights<T>(lane_el<T>(cw, goff, 2 * CC), lane_el<T>(cw, goff, 2 * CC + 1),
+                                    lane_el<T>(cw, goff, 2 * CC + 2), has_m, has_p, sa, sw);
+                // dL/dh of step s + 1 reaching lane l: w_{+1} dh of lane l - 1, w_0 dh of lane l,
+                // w_{-1} dh of lane l + 1 (halo rows are zero)
+                const float *cm = rk + l * RW, *c0 = rk + (l + 1) * RW, *cp = rk + (l + 2) * RW;
+                const float wpm = cm[CC + 2], w00 = c0[CC + 1], wmp = cp[CC];
+                float dh[CC], dx[CC], grad[CH], dws[3] = {0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int c = 0; c < CC; c++) {
+                    const float dy = lane_el<T>(dyw, xoff, c), x = lane_el<T>(xw, xoff, c);
+                    const float hc = __uint_as_float(w[BW::H + c]);
+                    const float lam = lane_el<T>(cw, goff, c), u = lane_el<T>(cw, goff, CC + c);
+                    dm_acc += (double)u * hc * dy;
+                    dh[c] = wpm * cm[c] + w00 * c0[c] + wmp * cp[c] + m * u * dy;
+                    dx[c] = lam * dh[c];
+                    dws[0] += dh[c] * cm[CC + 3 + c];   // h before, of lanes l - 1, l, l + 1
+                    dws[1] += dh[c] * c0[CC + 3 + c];
+                    dws[2] += dh[c] * cp[CC + 3 + c];
+                    grad[c] = x * dh[c];
+                    grad[CC + c] = m * hc * dy;
+                }
+                float gwt[3] = {0.0f, 0.0f, 0.0f};   // at s = 0, h before is 0: no weight gradient
+                if (s > 0) weights_bwd<T>(sa, sw, sS, dws, gwt);
+#pragma unroll
+                for (int q = 0; q < 3; q++) grad[2 * CC + q] = gwt[q];
+                // the neighbours' reads at step s - 1: dh, the weights, h before step s - 1
+                float *wr = wk + (l + 1) * RW;
+#pragma unroll
+                for (int c = 0; c < CC; c++) wr[c] = dh[c];
+                wr[CC] = sw[0], wr[CC + 1] = sw[1], wr[CC + 2] = sw[2];
+                if (s > 0)
+#pragma unroll
+                    for (int c = 0; c < CC; c++) wr[CC + 3 + c] = __uint_as_float(ring[(j + 1) % P][BW::HP + c]);
+                if (dxpart) stf<CC>(dxpart + t * CC, dx);
+                if (dgates) {   // at s = 0 the weights' gradients are 0
+                    T v[CH];
+#pragma unroll
+                    for (int q = 0; q < CH; q++) v[q] = from_f32<T>((ACC ? lane_el<T>(dgw, goff, q) : 0.0f) + grad[q]);
+                    T *dg = dgates + t * g.G + g.goff;
+                    if constexpr (sizeof(T) == 2) {
+                        // whole words where both halves are this chunk's (the first or last element
+                        // shares its word with the next direction's chunk, written by another block)
+                        auto word = [](T lo, T hi) {
+                            return (uint32_t)__bfloat16_as_ushort(lo) | (uint32_t)__bfloat16_as_ushort(hi) << 16;
+                        };
+                        if (goff == 0) {
+#pragma unroll
+                            for (int q = 0; q + 1 < CH; q += 2) *reinterpret_cast<uint32_t *>(dg + q) = word(v[q], v[q + 1]);
+                            dg[CH - 1] = v[CH - 1];
+                        } else {
+                            dg[0] = v[0];
+#pragma unroll
+                            for (int q = 1; q + 1 < CH; q += 2) *reinterpret_cast<uint32_t *>(dg + q) = word(v[q], v[q + 1]);
+                        }
+                    } else {
+#pragma unroll
+                        for (int q = 0; q < CH; q++) dg[q] = v[q];
+                    }
+                }
+            }
+            load(s - P, ring[j]);
+            __syncthreads();   // rows of step s in; rk is free to be written at step s - 1
+        }
+    }
+    if (dmpart) {
+        __shared__ double red[256 / 32];
+        for (int off = 16; off > 0; off >>= 1) dm_acc += __shfl_xor_sync(0xffffffffu, dm_acc, off);
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = dm_acc;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            double sum = 0.0;
+            for (int i = 0; i < (int)(blockDim.x + 31) / 32; i++) sum += red[i];
+            dmpart[d * nblk + b] = sum;
+        }
+    }
+}
+
 // ---- host side -----------------------------------------------------------------------------
 template <typename T, int V, bool SH>
 void launch_bwd_dir(const DirGeom &g, int B, const T *dyc, const T *xc, const T *gates,
@@ -607,6 +765,43 @@ bool bwd_pipe(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gat
         else if (D == 3) launch_pipe(gspn_bwd_pipe_kernel<T, V, 3>, p, a, smem, 1, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
         else launch_pipe(gspn_bwd_pipe_kernel<T, V, 4>, p, a, smem, 1, c->stream, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.plane, nblk);
         return true;
+    }
+}
+
+// The lane kernel where it applies: shared weights, Cc of 1 or 2 (at 4 it ran slower than the
+// staged kernel, 0.484 against 0.402 ms at 56^2 with 2-byte dgates stores; more does not fit the
+// ring), lines of at most 256 lanes, 16-byte aligned gates and dgates.
+template <typename T, int CC>
+bool bwd_lane_cc(CudaCtx *c, const Plan &p, const ShArgs &a, const T *dyc, const T *xc, const T *gates,
+                 const float *hid, const void *merge, int merge_bf16, float *dxpart, T *dgates,
+                 double *dmpart, bool write) {
+    const size_t smem = 2 * (size_t)(a.lanes_max + 2) * (2 * CC + 4) * sizeof(float);
+    if (smem > smem_limit()) return false;
+    auto k = write || !dgates ? gspn_bwd_lane_kernel<T, CC, 3, false> : gspn_bwd_lane_kernel<T, CC, 3, true>;
+    set_smem(k, smem);
+    k<<<DIRS * p.B, sh_threads(a, true), smem, c->stream>>>(dyc, xc, gates, hid, merge, merge_bf16, dxpart,
+                                                           dgates, dmpart, p.plane, p.B, a);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+template <typename T>
+bool bwd_lane(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gates, const float *hid,
+              const void *merge, int merge_bf16, float *dxpart, T *dgates, double *dmpart, bool write) {
+    auto al = [](const void *q, uintptr_t n) { return ((uintptr_t)q & (n - 1)) == 0; };
+    if (!p.shared || p.stages == 1 || !al(gates, 16) || (dgates && !al(dgates, 16)) || !al(dyc, 4) ||
+        !al(xc, 4))
+        return false;
+    ShArgs a{};
+    for (int d = 0; d < DIRS; d++) {
+        a.g[d] = dir_geom(p, d);
+        a.lanes_max = a.g[d].N > a.lanes_max ? a.g[d].N : a.lanes_max;
+    }
+    if (a.lanes_max > 256) return false;
+    switch (p.Cc) {
+    case 1: return bwd_lane_cc<T, 1>(c, p, a, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, write);
+    case 2: return bwd_lane_cc<T, 2>(c, p, a, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, write);
+    default: return false;
     }
 }
 
@@ -662,8 +857,9 @@ void scan_bwd(Ctx *ctx, const Plan &p, const Tensor *dyc, const Tensor *xc, cons
     if (!hidden) fwd_scans<T, V, SH>(c, p, x, g, hid, nullptr);   // recompute h
     const T *dy = static_cast<const T *>(dyc->data);
     T *dg = dgates ? static_cast<T *>(dgates->data) : nullptr;
-    // write: the pipelined kernel writes dgates; the other kernels add, into zeros.
+    // write: the pipelined and lane kernels write dgates; the other kernels add, into zeros.
     bool done = !SH && bwd_pipe<T, V>(c, p, dy, x, g, hid, merge->data, mbf, dxpart, dg, dmpart, write);
+    if (!done && SH) done = bwd_lane<T>(c, p, dy, x, g, hid, merge->data, mbf, dxpart, dg, dmpart, write);
     if (!done && write && dg)
         CUDA_CHECK(cudaMemsetAsync(dg, 0, tensor_bytes(dgates), c->stream));
     if (!done && SH) done = bwd_sh<T, V>(c, p, dy, x, g, hid, merge->data, mbf, dxpart, dg, dmpart);

@@ -390,6 +390,92 @@ __device__ __forceinline__ void sm_st(unsigned char *p, int q, float v) {
     *reinterpret_cast<T *>(p + q * (int)sizeof(T)) = from_f32<T>(v);
 }
 
+// ---- the lane kernels (gspn_fwd_lane_kernel, gspn_bwd_lane_kernel): a thread per lane --------
+// Words a lane's step takes: its gate chunk as the 16-byte vectors covering it (VEC) or as the
+// 4-byte words covering it, and its xc (or dyc) as the words covering it.
+template <typename T, int CC, bool VEC> struct LaneWords {
+    static constexpr int CB = (2 * CC + 3) * (int)sizeof(T);   // chunk bytes: 2 CC + 3 elements
+    static constexpr int MAXOFF = sizeof(T) == 2 ? 14 : 12;     // its largest offset in a vector
+    static constexpr int NV = (MAXOFF + CB + 15) / 16;          // covering 16-byte vectors
+    static constexpr int NW = sizeof(T) == 2 ? CC + 2 : 2 * CC + 3;   // covering 4-byte words
+    static constexpr int GW = VEC ? 4 * NV : NW;                // words the ring holds a chunk in
+    // xc: whole words, except bf16 tokens of odd CC, which may start 2 bytes into a word
+    static constexpr int XW = sizeof(T) == 4 ? CC : CC % 2 == 0 ? CC / 2 : (2 * CC + 5) / 4;
+    static constexpr int N = GW + XW;
+};
+
+// Element q of a run of T values starting `off` bytes (0 or 2; 0 in fp32) into words w.
+template <typename T, int NW>
+__device__ __forceinline__ float lane_el(const uint32_t (&w)[NW], int off, int q) {
+    if constexpr (sizeof(T) == 4) {
+        return __uint_as_float(w[q]);
+    } else {   // half q or q + 1 of the words: both constant (q is), picked by off
+        const uint32_t a = w[q >> 1], b = w[(q + 1) >> 1];
+        const uint32_t ea = q & 1 ? a >> 16 : a & 0xffffu, eb = (q + 1) & 1 ? b >> 16 : b & 0xffffu;
+        return __uint_as_float((off ? eb : ea) << 16);
+    }
+}
+
+// Words AT .. AT + GW - 1 of w: the lane's gate chunk starting at byte cb of the gate tensor
+// (gend bytes long; the last token's covering vectors may reach past it: those words one by one).
+template <typename T, int CC, bool VEC, int AT, int N>
+__device__ __forceinline__ void lane_load_chunk(const T *__restrict__ g, long long cb, long long gend,
+                                                uint32_t (&w)[N]) {
+    using LW = LaneWords<T, CC, VEC>;
+    const uint32_t *gw = reinterpret_cast<const uint32_t *>(g);
+    if constexpr (VEC) {
+        const long long vb = cb & ~15LL;
+#pragma unroll
+        for (int v = 0; v < LW::NV; v++) {
+            uint4 r = make_uint4(0, 0, 0, 0);
+            if (vb + 16 * v + 16 <= gend) r = __ldg(reinterpret_cast<const uint4 *>(g) + (vb >> 4) + v);
+            else if (vb + 16 * v < gend) {
+                const uint32_t *q = gw + ((vb >> 2) + 4 * v);
+                r.x = __ldg(q);
+                if (vb + 16 * v + 8 <= gend) r.y = __ldg(q + 1);
+                if (vb + 16 * v + 12 <= gend) r.z = __ldg(q + 2);
+            }
+            w[AT + 4 * v] = r.x, w[AT + 4 * v + 1] = r.y, w[AT + 4 * v + 2] = r.z, w[AT + 4 * v + 3] = r.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < LW::NW; i++) w[AT + i] = __ldg(gw + (cb >> 2) + i);
+    }
+}
+
+// The chunk's NW words from its first covering word on (cb: its byte in the tensor) out of the
+// GW words at AT of w.
+template <typename T, int CC, bool VEC, int AT, int N>
+__device__ __forceinline__ void lane_chunk_words(const uint32_t (&w)[N], long long cb,
+                                                 uint32_t (&cw)[LaneWords<T, CC, VEC>::NW]) {
+    using LW = LaneWords<T, CC, VEC>;
+    if constexpr (VEC) {
+        static_assert(LW::NW + 3 <= LW::GW, "covering vectors");   // no guard needed below
+        const int w0 = (int)((cb & 15) >> 2);
+#pragma unroll
+        for (int i = 0; i < LW::NW; i++)
+            cw[i] = w0 == 0 ? w[AT + i] : w0 == 1 ? w[AT + i + 1] : w0 == 2 ? w[AT + i + 2] : w[AT + i + 3];
+    } else {
+#pragma unroll
+        for (int i = 0; i < LW::NW; i++) cw[i] = w[AT + i];
+    }
+}
+
+// Words AT .. AT + XW - 1 of w: the words covering token t's CC values of x (xend bytes long; the
+// last word of an odd-length bf16 tensor covers 2 bytes past its end and is read as its element).
+template <typename T, int CC, int AT, int N>
+__device__ __forceinline__ void lane_load_x(const T *__restrict__ x, long long t, long long xend,
+                                            uint32_t (&w)[N]) {
+    const uint32_t *xw = reinterpret_cast<const uint32_t *>(x);
+    const long long xb = (t * CC * (long long)sizeof(T)) & ~3LL;
+#pragma unroll
+    for (int i = 0; i < LaneWords<T, CC, false>::XW; i++) {
+        const long long b = xb + 4LL * i;
+        w[AT + i] = b + 4 <= xend ? __ldg(xw + (b >> 2))
+                                  : *reinterpret_cast<const unsigned short *>(reinterpret_cast<const char *>(x) + b);
+    }
+}
+
 // ---- host side -----------------------------------------------------------------------------
 struct Plan {
     int B, H, W, Cc, G, block;

@@ -391,29 +391,6 @@ bool fwd_pipe(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid
 // an unrolled group of P steps, so its index is a constant. VEC: the chunk comes in as the 16-byte
 // vectors covering it (a third of the load instructions and of the sectors asked of L1 at Cc = 2);
 // without VEC (1024-thread blocks: 64 registers a thread) as the 4-byte words covering it.
-template <typename T, int CC, bool VEC> struct LaneWords {
-    static constexpr int CB = (2 * CC + 3) * (int)sizeof(T);   // chunk bytes: 2 CC + 3 elements
-    static constexpr int MAXOFF = sizeof(T) == 2 ? 14 : 12;     // its largest offset in a vector
-    static constexpr int NV = (MAXOFF + CB + 15) / 16;          // covering 16-byte vectors
-    static constexpr int NW = sizeof(T) == 2 ? CC + 2 : 2 * CC + 3;   // covering 4-byte words
-    static constexpr int GW = VEC ? 4 * NV : NW;                // words the ring holds a chunk in
-    // xc: whole words, except bf16 tokens of odd CC, which may start 2 bytes into a word
-    static constexpr int XW = sizeof(T) == 4 ? CC : CC % 2 == 0 ? CC / 2 : (2 * CC + 5) / 4;
-    static constexpr int N = GW + XW;
-};
-
-// Element q of a run of T values starting `off` bytes (0 or 2; 0 in fp32) into words w.
-template <typename T, int NW>
-__device__ __forceinline__ float lane_el(const uint32_t (&w)[NW], int off, int q) {
-    if constexpr (sizeof(T) == 4) {
-        return __uint_as_float(w[q]);
-    } else {   // half q or q + 1 of the words: both constant (q is), picked by off
-        const uint32_t a = w[q >> 1], b = w[(q + 1) >> 1];
-        const uint32_t ea = q & 1 ? a >> 16 : a & 0xffffu, eb = (q + 1) & 1 ? b >> 16 : b & 0xffffu;
-        return __uint_as_float((off ? eb : ea) << 16);
-    }
-}
-
 // P: steps ahead; blocks of at most MAXT threads; GROUP: LR / RL store P steps at once (at Cc = 8
 // the run's registers cost more than the sectors save: 56^2 forward 0.189 against 0.176 ms, H100);
 // EARLY: a step's inputs formed during the step before (56^2, Cc = 2: 0.081 -> 0.076 ms), not
@@ -432,8 +409,6 @@ gspn_fwd_lane_kernel(const T *__restrict__ xc, const T *__restrict__ gates, floa
     for (int i = threadIdx.x; i < 2 * rowf; i += blockDim.x) hbuf[i] = 0.0f;
     const bool live = l < N;
     const long long t0 = (long long)(blockIdx.x >> 2) * g.img_tokens + g.first + (long long)l * g.lstride;
-    const uint32_t *gw = reinterpret_cast<const uint32_t *>(gates);
-    const uint32_t *xw = reinterpret_cast<const uint32_t *>(xc);
     const long long tokens = plane / CC;
     const long long xend = plane * (long long)sizeof(T), gend = tokens * g.G * (long long)sizeof(T);
     if (hid) hid += d * plane;
@@ -441,35 +416,9 @@ gspn_fwd_lane_kernel(const T *__restrict__ xc, const T *__restrict__ gates, floa
     auto chunk_byte = [&](long long t) { return (t * g.G + g.goff) * (long long)sizeof(T); };
     auto load = [&](int s, uint32_t (&w)[LW::N]) {
         if (!live || s >= g.L) return;
-        const long long t = t0 + (long long)s * g.sstride, cb = chunk_byte(t);
-        if constexpr (VEC) {
-            const long long vb = cb & ~15LL;
-#pragma unroll
-            for (int v = 0; v < LW::NV; v++) {
-                uint4 r = make_uint4(0, 0, 0, 0);
-                // the last token's covering vectors may reach past the tensor: those words one by one
-                if (vb + 16 * v + 16 <= gend) r = __ldg(reinterpret_cast<const uint4 *>(gates) + (vb >> 4) + v);
-                else if (vb + 16 * v < gend) {
-                    const uint32_t *q = gw + ((vb >> 2) + 4 * v);
-                    r.x = __ldg(q);
-                    if (vb + 16 * v + 8 <= gend) r.y = __ldg(q + 1);
-                    if (vb + 16 * v + 12 <= gend) r.z = __ldg(q + 2);
-                }
-                w[4 * v] = r.x, w[4 * v + 1] = r.y, w[4 * v + 2] = r.z, w[4 * v + 3] = r.w;
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < LW::NW; i++) w[i] = __ldg(gw + (cb >> 2) + i);
-        }
-        const long long xb = (t * CC * (long long)sizeof(T)) & ~3LL;
-#pragma unroll
-        for (int i = 0; i < LW::XW; i++) {
-            const long long b = xb + 4LL * i;
-            // the last word of an odd-length bf16 xc covers 2 bytes past its end
-            w[LW::GW + i] = b + 4 <= xend ? __ldg(xw + (b >> 2))
-                                          : *reinterpret_cast<const unsigned short *>(
-                                                reinterpret_cast<const char *>(xc) + b);
-        }
+        const long long t = t0 + (long long)s * g.sstride;
+        lane_load_chunk<T, CC, VEC, 0>(gates, chunk_byte(t), gend, w);
+        lane_load_x<T, CC, LW::GW>(xc, t, xend, w);
     };
     // A step's inputs as the recurrence takes them: lam x, u and the normalized weights (zero at
     // step 0). They do not depend on h, so with EARLY step s + 1's are formed during step s, off
@@ -483,17 +432,7 @@ gspn_fwd_lane_kernel(const T *__restrict__ xc, const T *__restrict__ gates, floa
         // the chunk's words from its first covering word on, and its offset in that word
         uint32_t cw[LW::NW], xwv[LW::XW];
         const int goff = (int)(cb & 3);
-        if constexpr (VEC) {
-            // word w0 + i of the vectors (NW + 3 <= GW at every width: no guard needed)
-            static_assert(LW::NW + 3 <= LW::GW, "covering vectors");
-            const int w0 = (int)((cb & 15) >> 2);
-#pragma unroll
-            for (int i = 0; i < LW::NW; i++)
-                cw[i] = w0 == 0 ? w[i] : w0 == 1 ? w[i + 1] : w0 == 2 ? w[i + 2] : w[i + 3];
-        } else {
-#pragma unroll
-            for (int i = 0; i < LW::NW; i++) cw[i] = w[i];
-        }
+        lane_chunk_words<T, CC, VEC, 0>(w, cb, cw);
 #pragma unroll
         for (int i = 0; i < LW::XW; i++) xwv[i] = w[LW::GW + i];
         const int xoff = (int)((t * CC * (long long)sizeof(T)) & 3);
