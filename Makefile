@@ -164,8 +164,8 @@ $(BUILD)/bench/cpu/gemm_bench: bench/cpu/gemm_bench.c $(LIB)
 # every symbol hidden but the cgspn_* functions; the CUDA context and scan kernel join when CUDA
 # is on. --no-undefined makes a missing object a link error here rather than at load time.
 PIC_DIR    := $(BUILD)/pic
-LIBSO_C    := kernels/cgspn_abi.c kernels/cpu/gspn_scan.c kernels/error.c kernels/tensor.c \
-              kernels/alloc_count.c
+LIBSO_C    := kernels/cgspn_abi.c kernels/cpu/gspn_scan.c kernels/cpu/gate_recurrent.c kernels/error.c \
+              kernels/tensor.c kernels/alloc_count.c
 LIBSO_OBJ  := $(LIBSO_C:%.c=$(PIC_DIR)/%.o)
 LIBSO_LIBS := -lm
 ifeq ($(CUDA_ON),1)

@@ -82,7 +82,7 @@ extern "C" {
 #define CGSPN_API
 #endif
 
-#define CGSPN_ABI_VERSION 1
+#define CGSPN_ABI_VERSION 2
 
 enum cgspn_status {
     CGSPN_OK = 0,
@@ -142,6 +142,33 @@ CGSPN_API int cgspn_gspn_scan_bwd(int device, void *stream, int dtype,
                                   const void *dyc, const void *xc, const void *gates,
                                   const void *merge, const void *hidden, int grad_mode,
                                   void *dxc, void *dgates, void *dmerge);
+
+/* ---- GSPN-1's gate recurrence (ABI version 2) ------------------------------------------------
+ * NVlabs/GSPN's GateRecurrent2dnoind, for GSPN-1 models: one scan, left to right along W, per
+ * channel, in runs of items_each_chunk columns (the state restarts at each run's first column;
+ * the last run may be shorter):
+ *   out[h][w] = b[h][w] x[h][w] + g1[h][w] out[h-1][w-1] + g2[h][w] out[h][w-1] + g3[h][w] out[h+1][w-1]
+ * with out outside the plane or left of the run's first column 0. The gates are used as given
+ * (no sigmoid, no normalization). Every tensor is (N, C, H, W), dense, row-major.
+ * items_each_chunk >= 1 (>= W: one run). dtype, device and stream as for the scan; bf16 is
+ * computed in fp32 (the state is not rounded between columns) and rounded on output.
+ * The backward is the gradient of this forward for every W (runs start at column 0 in both).
+ */
+CGSPN_API int cgspn_gate_recurrent_fwd(int device, void *stream, int dtype,
+                                       int N, int C, int H, int W, int items_each_chunk,
+                                       const void *x, const void *b, const void *g1,
+                                       const void *g2, const void *g3, void *out);
+
+/* Backward of sum(dout * out): reads dout, x, b, g1, g2, g3 and out (the forward's, for the same
+ * inputs) and writes the gradients asked for (dx, db, dg1, dg2, dg3; NULL = not needed; all NULL:
+ * nothing to do), overwritten or accumulated into as grad_mode says.
+ */
+CGSPN_API int cgspn_gate_recurrent_bwd(int device, void *stream, int dtype,
+                                       int N, int C, int H, int W, int items_each_chunk,
+                                       const void *dout, const void *x, const void *b,
+                                       const void *g1, const void *g2, const void *g3,
+                                       const void *out, int grad_mode,
+                                       void *dx, void *db, void *dg1, void *dg2, void *dg3);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,7 @@
 #include "cgspn.h"
 #include "ops.h"
 #include "cpu/gspn_scan.h"
+#include "cpu/gate_recurrent.h"
 #include "error.h"
 #ifdef CGSPN_CUDA
 #include <pthread.h>
@@ -68,20 +69,26 @@ typedef struct Call {
     void *yc, *dxc, *dgates, *dmerge;
 } Call;
 
+// The arguments every function takes: device, dtype and, for a backward, grad_mode.
+static int check_common(const char *fn, int device, int dtype, int backward, int grad_mode) {
+    if (device != CGSPN_DEVICE_CPU && device != CGSPN_DEVICE_CUDA)
+        return fail(CGSPN_ERR_BAD_DEVICE, "%s: device %d is neither CGSPN_DEVICE_CPU (0) nor "
+                    "CGSPN_DEVICE_CUDA (1)", fn, device);
+    if (dtype != CGSPN_DTYPE_F32 && dtype != CGSPN_DTYPE_BF16 && dtype != CGSPN_DTYPE_F64)
+        return fail(CGSPN_ERR_BAD_DTYPE, "%s: dtype %d is not CGSPN_DTYPE_F32 (0), _BF16 (1) or "
+                    "_F64 (2)", fn, dtype);
+    if (backward && grad_mode != CGSPN_GRAD_OVERWRITE && grad_mode != CGSPN_GRAD_ACCUMULATE)
+        return fail(CGSPN_ERR_BAD_ARGUMENT, "%s: grad_mode = %d, expected CGSPN_GRAD_OVERWRITE (0) "
+                    "or CGSPN_GRAD_ACCUMULATE (1)", fn, grad_mode);
+    return CGSPN_OK;
+}
+
 static int call_check(Call *c, int B, int H, int W, int Cc) {
     const char *fn = c->backward ? "cgspn_gspn_scan_bwd" : "cgspn_gspn_scan_fwd";
-    if (c->device != CGSPN_DEVICE_CPU && c->device != CGSPN_DEVICE_CUDA)
-        return fail(CGSPN_ERR_BAD_DEVICE, "%s: device %d is neither CGSPN_DEVICE_CPU (0) nor "
-                    "CGSPN_DEVICE_CUDA (1)", fn, c->device);
-    if (c->dtype != CGSPN_DTYPE_F32 && c->dtype != CGSPN_DTYPE_BF16 && c->dtype != CGSPN_DTYPE_F64)
-        return fail(CGSPN_ERR_BAD_DTYPE, "%s: dtype %d is not CGSPN_DTYPE_F32 (0), _BF16 (1) or "
-                    "_F64 (2)", fn, c->dtype);
+    const int status = check_common(fn, c->device, c->dtype, c->backward, c->grad_mode);
+    if (status != CGSPN_OK) return status;
     if (c->shared_w != 0 && c->shared_w != 1)
         return fail(CGSPN_ERR_BAD_ARGUMENT, "%s: shared_w = %d, expected 0 or 1", fn, c->shared_w);
-    if (c->backward && c->grad_mode != CGSPN_GRAD_OVERWRITE &&
-        c->grad_mode != CGSPN_GRAD_ACCUMULATE)
-        return fail(CGSPN_ERR_BAD_ARGUMENT, "%s: grad_mode = %d, expected CGSPN_GRAD_OVERWRITE (0) "
-                    "or CGSPN_GRAD_ACCUMULATE (1)", fn, c->grad_mode);
     if (B < 1 || H < 1 || W < 1 || Cc < 1)
         return fail(CGSPN_ERR_BAD_SHAPE, "%s: (B, H, W, Cc) = (%d, %d, %d, %d); each must be >= 1",
                     fn, B, H, W, Cc);
@@ -123,7 +130,7 @@ static int call_check(Call *c, int B, int H, int W, int Cc) {
 
 // Host workspace of one call: every block is allocated before any output is written, so running
 // out of memory leaves the outputs as they were.
-#define SCRATCH_MAX 8
+#define SCRATCH_MAX 16   // blocks a call holds at most (the gate recurrence's bf16 backward: 13)
 typedef struct Scratch {
     void *block[SCRATCH_MAX];
     int n, failed;
@@ -468,4 +475,124 @@ CGSPN_API int cgspn_gspn_scan_bwd(int device, void *stream, int dtype,
               .merge = merge, .hidden = (void *)hidden, .dxc = dxc, .dgates = dgates,
               .dmerge = dmerge};
     return run(&c, B, H, W, Cc);
+}
+
+// ---- GSPN-1's gate recurrence ----------------------------------------------------------------
+// Checked as the scan's calls are; the CPU runs kernels/cpu/gate_recurrent.h's cores (bf16
+// through fp32 copies). The CUDA path has no kernel yet: CGSPN_ERR_UNSUPPORTED.
+
+typedef struct GrCall {
+    int device, dtype, grad_mode, backward, chunk;
+    int H, W;
+    size_t planes, n;   // N*C, N*C*H*W
+    const void *dout, *x, *b, *g[3], *out_in;
+    void *out, *dx, *db, *dg[3];
+} GrCall;
+
+static int gr_check(GrCall *c, int N, int C) {
+    const char *fn = c->backward ? "cgspn_gate_recurrent_bwd" : "cgspn_gate_recurrent_fwd";
+    const int status = check_common(fn, c->device, c->dtype, c->backward, c->grad_mode);
+    if (status != CGSPN_OK) return status;
+    if (N < 1 || C < 1 || c->H < 1 || c->W < 1)
+        return fail(CGSPN_ERR_BAD_SHAPE, "%s: (N, C, H, W) = (%d, %d, %d, %d); each must be >= 1",
+                    fn, N, C, c->H, c->W);
+    if (c->chunk < 1)
+        return fail(CGSPN_ERR_BAD_ARGUMENT, "%s: items_each_chunk = %d, expected >= 1", fn, c->chunk);
+    size_t bytes;
+    if (__builtin_mul_overflow((size_t)N, (size_t)C, &c->planes) ||
+        __builtin_mul_overflow(c->planes, (size_t)c->H * (size_t)c->W, &c->n) ||
+        __builtin_mul_overflow(c->n, (size_t)8, &bytes) || bytes > PTRDIFF_MAX)
+        return fail(CGSPN_ERR_BAD_SHAPE, "%s: (N, C, H, W) = (%d, %d, %d, %d) is too large to "
+                    "address", fn, N, C, c->H, c->W);
+    const int any_grad = c->dx || c->db || c->dg[0] || c->dg[1] || c->dg[2];
+    const char *missing = !c->x ? "x" : !c->b ? "b" : !c->g[0] ? "g1" : !c->g[1] ? "g2"
+                        : !c->g[2] ? "g3" : !c->backward && !c->out ? "out"
+                        : c->backward && any_grad && !c->dout ? "dout"
+                        : c->backward && any_grad && !c->out_in ? "out" : NULL;
+    if (missing) return fail(CGSPN_ERR_NULL_POINTER, "%s: %s is NULL", fn, missing);
+    if (c->device == CGSPN_DEVICE_CUDA)
+        return fail(CGSPN_ERR_UNSUPPORTED, "%s: this libcgspn runs the gate recurrence on the CPU "
+                    "only; use CGSPN_DEVICE_CPU", fn);
+    return CGSPN_OK;
+}
+
+static int gr_cpu(const GrCall *c) {
+    const char *fn = c->backward ? "cgspn_gate_recurrent_bwd" : "cgspn_gate_recurrent_fwd";
+    const int bf16 = c->dtype == CGSPN_DTYPE_BF16, f64 = c->dtype == CGSPN_DTYPE_F64;
+    const int overwrite = !c->backward || c->grad_mode == CGSPN_GRAD_OVERWRITE;
+    const size_t n = c->n, esz = f64 ? 8 : bf16 ? 2 : 4;
+    Scratch s = {0};
+    const void *x = c->x, *b = c->b, *g[3] = {c->g[0], c->g[1], c->g[2]};
+    const void *dout = c->dout, *out_in = c->out_in;
+    void *out = c->out, *grad[5] = {c->dx, c->db, c->dg[0], c->dg[1], c->dg[2]};
+    if (bf16) {   // fp32 copies in, fp32 results (the gradients zeroed) narrowed out
+        x = scratch_widen(&s, c->x, n);
+        b = scratch_widen(&s, c->b, n);
+        for (int k = 0; k < 3; k++) g[k] = scratch_widen(&s, c->g[k], n);
+        if (c->backward) {
+            dout = scratch_widen(&s, c->dout, n);
+            out_in = scratch_widen(&s, c->out_in, n);
+            for (int k = 0; k < 5; k++)
+                if (grad[k]) grad[k] = scratch_alloc(&s, n * sizeof(float), 1);
+        } else {
+            out = scratch_alloc(&s, n * sizeof(float), 0);
+        }
+    }
+    void *dh = c->backward ? scratch_alloc(&s, n * (f64 ? 8 : 4), 0) : NULL;
+    if (s.failed) return scratch_oom(&s, fn);
+
+    void *const user_grad[5] = {c->dx, c->db, c->dg[0], c->dg[1], c->dg[2]};
+    if (c->backward && overwrite && !bf16)
+        for (int k = 0; k < 5; k++)
+            if (user_grad[k]) memset(user_grad[k], 0, n * esz);
+    if (f64) {
+        if (!c->backward)
+            gate_recurrent_fwd_f64(c->planes, c->H, c->W, c->chunk, x, b, g[0], g[1], g[2], out);
+        else
+            gate_recurrent_bwd_f64(c->planes, c->H, c->W, c->chunk, x, b, g[0], g[1], g[2], out_in,
+                                   dout, dh, grad[0], grad[1], grad[2], grad[3], grad[4]);
+    } else {
+        if (!c->backward)
+            gate_recurrent_fwd_f32(c->planes, c->H, c->W, c->chunk, x, b, g[0], g[1], g[2], out);
+        else
+            gate_recurrent_bwd_f32(c->planes, c->H, c->W, c->chunk, x, b, g[0], g[1], g[2], out_in,
+                                   dout, dh, grad[0], grad[1], grad[2], grad[3], grad[4]);
+    }
+    if (bf16 && !c->backward) narrow_store(c->out, out, n, 0);
+    if (bf16 && c->backward)
+        for (int k = 0; k < 5; k++)
+            if (user_grad[k]) narrow_store(user_grad[k], grad[k], n, !overwrite);
+    scratch_free(&s);
+    return CGSPN_OK;
+}
+
+static int gr_run(GrCall *c, int N, int C) {
+    last_error[0] = '\0';
+    const int status = gr_check(c, N, C);
+    if (status != CGSPN_OK) return status;
+    if (c->backward && !c->dx && !c->db && !c->dg[0] && !c->dg[1] && !c->dg[2]) return CGSPN_OK;
+    return gr_cpu(c);
+}
+
+CGSPN_API int cgspn_gate_recurrent_fwd(int device, void *stream, int dtype,
+                                       int N, int C, int H, int W, int items_each_chunk,
+                                       const void *x, const void *b, const void *g1,
+                                       const void *g2, const void *g3, void *out) {
+    (void)stream;
+    GrCall c = {.device = device, .dtype = dtype, .chunk = items_each_chunk, .H = H, .W = W,
+                .x = x, .b = b, .g = {g1, g2, g3}, .out = out};
+    return gr_run(&c, N, C);
+}
+
+CGSPN_API int cgspn_gate_recurrent_bwd(int device, void *stream, int dtype,
+                                       int N, int C, int H, int W, int items_each_chunk,
+                                       const void *dout, const void *x, const void *b,
+                                       const void *g1, const void *g2, const void *g3,
+                                       const void *out, int grad_mode,
+                                       void *dx, void *db, void *dg1, void *dg2, void *dg3) {
+    (void)stream;
+    GrCall c = {.device = device, .dtype = dtype, .grad_mode = grad_mode, .backward = 1,
+                .chunk = items_each_chunk, .H = H, .W = W, .dout = dout, .x = x, .b = b,
+                .g = {g1, g2, g3}, .out_in = out, .dx = dx, .db = db, .dg = {dg1, dg2, dg3}};
+    return gr_run(&c, N, C);
 }
