@@ -3,6 +3,7 @@
 #include "bench_model.h"
 #include "bench_dist.h"
 #include "bench_dwconv.h"
+#include "bench_ops.h"
 #include "../kernels/error.h"
 #include <stdbool.h>
 #include <stdio.h>
@@ -15,7 +16,6 @@
 #pragma weak cuda_bench_gspn
 #pragma weak cuda_bench_gemm
 #pragma weak cuda_bench_attention
-#pragma weak cuda_bench_ops
 #pragma weak cuda_bench_gspn_config
 
 typedef struct Bench {
@@ -30,7 +30,7 @@ static const Bench kBenches[] = {
     {"gemm", cuda_bench_gemm, "bf16 linear GEMMs (ViT-B/16, so14 MLP) in TFLOP/s vs the bf16 peak", true},
     {"attention", cuda_bench_attention, "attention fwd/bwd (cuDNN SDPA and fallback), ViT-B/16 and so14", true},
     {"dwconv", bench_dwconv_run, "gspn_t/s/b depthwise convolutions fwd/bwd at batch 128 vs the copy roofline and PyTorch's cuDNN (--list: the shapes)", true},
-    {"ops", cuda_bench_ops, "memory-bound ops (LayerNorm, GELU, AdamW, ...) in GB/s vs a device copy", true},
+    {"ops", bench_ops_run, "memory-bound ops (LayerNorm, GELU, AdamW, ...) at training sizes, the op cases of bench/op_cases.c, in GB/s vs a device copy", true},
     {"vit", bench_vit_run, "ViT-B/16 and so14 ViT training steps, grad_checkpoint 0 and 1: img/s, MFU, GPU memory, vs timm eager/compiled", true},
     {"classify", bench_classify_run, "fast GSPN-T/S/B training step and inference img/s at 224 px vs timm convnext, swin and deit (tiny/small/base), ms per GMAC", true},
     {"block", bench_block_run, "one so14-width block at 1036/2058 px: C-GSPN vs attention vs PyTorch SDPA, time and GPU memory", true},
@@ -64,6 +64,9 @@ static void bench_usage(FILE *f) {
                "       cgspn bench gspn --config=B,H,W,Cc,shared,cg,vec,stages,prefetch,dirs,reps\n"
                "         (one bf16 scan configuration; reps 0: forward and backward once, untimed, for a\n"
                "         profiler; cg vec stages prefetch 0 0 0 0 and dirs 15 are the defaults)\n"
+               "       cgspn bench ops --op=NAME\n"
+               "         (every test case of bench/op_cases.c that runs op NAME of kernels/ops_list.h,\n"
+               "         fp32 and bf16)\n"
                "Runs benchmarks on the GPU and prints their tables (device and date first).\n"
                "`make bench` runs them all and keeps the output in build/bench.txt.\n\nbenchmarks:\n");
     for (const Bench *b = kBenches; b->name; b++) fprintf(f, "  %-10s %s\n", b->name, b->summary);
@@ -90,6 +93,8 @@ int cmd_bench(int argc, char **argv) {
         return bench_dwconv_list(stdout);
     if (strcmp(argv[2], "gspn") == 0 && argc > 3 && strncmp(argv[3], "--config=", 9) == 0)
         return bench_gspn_config(argv[3] + 9);
+    if (strcmp(argv[2], "ops") == 0 && argc > 3 && strncmp(argv[3], "--op=", 5) == 0)
+        return bench_ops_one(stdout, argv[3] + 5);
     int status = 0;
     for (int i = 2; i < argc; i++) {
         bool all = strcmp(argv[i], "all") == 0, found = all;

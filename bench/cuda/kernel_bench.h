@@ -1,4 +1,4 @@
-// The CUDA micro-benchmarks behind `cgspn bench gspn|gemm|attention|ops` (bench/cuda/*.cu),
+// The CUDA micro-benchmarks behind `cgspn bench gspn|gemm|attention` (bench/cuda/*.cu),
 // each timing the backend's kernels directly against the device's copy bandwidth or bf16 peak.
 // Plain C header (no CUDA includes). Each prints one table (device and date first) to out and
 // returns 0, or 1 when no GPU is visible. bench/bench.c reaches them through weak references,
@@ -26,9 +26,6 @@ int cuda_bench_gemm(FILE *out);
 // bf16, for ViT-B/16 at 224 px (B=256, N=197, 12 heads, D=64) and the so14 ViT at 378 px and
 // 1036 px (B=32, N=729 and 5476, 16 heads, D=72).
 int cuda_bench_attention(FILE *out);
-// The memory-bound ops (LayerNorm, AdamW, ...) at training sizes against a device-to-device
-// copy timed in the same run.
-int cuda_bench_ops(FILE *out);
 // One depthwise convolution shape (kernels/cuda/dwconv.cu): B images of H x W x C, k x k;
 // x_f32: the input and output fp32 with a bf16 weight (the LPUs on the residual stream), else
 // all bf16; bias: with a bias. The bench fills fwd_ms (y = conv(x), plus x for the x_f32 case: the
