@@ -30,7 +30,7 @@ static int open_gpu(FILE *out, Ctx *ctx, double *copy_gbs, const char *what) {
     strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
     *copy_gbs = cuda_bench_copy_gbs();
     fprintf(out, "cgspn bench ops%s: %s (%d SMs), %s; GB/s = the bytes of the ops' tensor arguments "
-            "/ time, against a device copy at %.0f GB/s\n", what, d.name, d.sm_count, date,
+            "(twice those added into) / time, against a device copy at %.0f GB/s\n", what, d.name, d.sm_count, date,
             *copy_gbs);
     return 1;
 }

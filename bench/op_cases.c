@@ -746,12 +746,12 @@ static void linear_cases(OpCaseList *l) {
         c->arg[LI_DX].bf16_tol = TOL_TWICE;
         c->arg[LI_DW].bf16_tol = TOL_ROUNDED;
 
-        // onto an fp32 residual: exact products summed in fp32 with res
+        // onto an fp32 residual: the fused GEMM adds its fp32 product to res, its fallback rounds
+        // the product to bf16 first (seen on an H100: 0.9e-3 to 1.7e-3)
         c = linear_case(l, fwd_linear_residual, NULL, "linear_residual", N, K, M);
         case_ops(c, "linear_residual_fwd", NULL);
         in32(c, LI_RES, "res", -1, 1, SHAPE(N, M));
         c->arg[LI_Y].type = TYPE_F32;
-        c->arg[LI_Y].bf16_tol = TOL_GEMM_F32;
 
         for (int k = 0; k < 2; k++) {
             // dpre = dy gelu'(pre) rounded to bf16 before the products (as an unfused GELU

@@ -127,6 +127,15 @@ double case_time_ms(const OpCase *c, CaseTensors *ct, int phase, int reps, doubl
     PhaseCount pc = {0};
     void (*keep_hook)(Ctx *, const char *, int, double) = ctx->profile;
     void *keep_data = ctx->profile_data;
+    // A tensor added into is read and written, but the hook counts each argument once: the
+    // count adds such a tensor again where this phase changed it.
+    void *before[OPC_MAX_ARGS] = {0};
+    for (int i = 0; i < c->nargs; i++)
+        if (ct->t[i] && c->arg[i].role == ARG_ACC) {
+            before[i] = malloc(tensor_bytes(ct->t[i]));
+            CG_CHECK(before[i], "", "out of host memory for %s of case %s", c->arg[i].name, c->title);
+            tensor_download(ctx, ct->t[i], before[i]);
+        }
     ctx->profile = count_hook;
     ctx->profile_data = &pc;
     case_run(c, ct, phase);   // warm-up, and the count
@@ -134,6 +143,16 @@ double case_time_ms(const OpCase *c, CaseTensors *ct, int phase, int reps, doubl
     ctx->profile_data = keep_data;
     *bytes = pc.bytes;
     *flops = pc.flops;
+    for (int i = 0; i < c->nargs; i++) {
+        if (!before[i]) continue;
+        const size_t n = tensor_bytes(ct->t[i]);
+        void *after = malloc(n);
+        CG_CHECK(after, "", "out of host memory for %s of case %s", c->arg[i].name, c->title);
+        tensor_download(ctx, ct->t[i], after);
+        if (memcmp(before[i], after, n) != 0) *bytes += (double)n;
+        free(after);
+        free(before[i]);
+    }
 
     DeviceEvent *start = device_event_create(ctx), *stop = device_event_create(ctx);
     device_event_record(start);

@@ -28,7 +28,8 @@ void case_round_results(const OpCase *c, CaseTensors *ct);
 // Argument i as host fp32 (free it).
 float *case_download(const CaseTensors *ct, int i);
 
-// Mean ms of a phase over reps after a warm-up call, and the bytes of its ops' tensor arguments
-// (each tensor once, kernels/ctx.h) and the FLOPs they report. GPU only.
+// Mean ms of a phase over reps after a warm-up call, and the bytes it must move: its ops' tensor
+// arguments (kernels/ctx.h's count, each once), those it adds into twice (read and written); and
+// the FLOPs its ops report. GPU only.
 double case_time_ms(const OpCase *c, CaseTensors *ct, int phase, int reps, double *bytes,
                     double *flops);
