@@ -159,17 +159,18 @@ $(BUILD)/bench/cpu/gemm_bench: bench/cpu/gemm_bench.c $(LIB)
 	$(CC) $(CFLAGS) -c $< -o $@.o
 	$(LINK) $(LINKFLAGS) -o $@ $@.o $(CUDA_OBJ) $(LIB) $(LDLIBS)
 
-# libcgspn.so: the C-GSPN scan behind the stable C ABI of kernels/cgspn.h (tools/cgspn_torch.py
-# loads it). Only the objects the ABI needs, compiled position-independent into build/pic/ with
-# every symbol hidden but the cgspn_* functions; the CUDA context and scan kernel join when CUDA
-# is on. --no-undefined makes a missing object a link error here rather than at load time.
+# libcgspn.so: the C-GSPN scan and GSPN-1's gate recurrence behind the stable C ABI of
+# kernels/cgspn.h (tools/cgspn_torch.py loads it). Only the objects the ABI needs, compiled
+# position-independent into build/pic/ with every symbol hidden but the cgspn_* functions; the
+# CUDA context, the scan kernel and the gate recurrence kernel join when CUDA is on.
+# --no-undefined makes a missing object a link error here rather than at load time.
 PIC_DIR    := $(BUILD)/pic
 LIBSO_C    := kernels/cgspn_abi.c kernels/cpu/gspn_scan.c kernels/cpu/gate_recurrent.c kernels/error.c \
               kernels/tensor.c kernels/alloc_count.c
 LIBSO_OBJ  := $(LIBSO_C:%.c=$(PIC_DIR)/%.o)
 LIBSO_LIBS := -lm
 ifeq ($(CUDA_ON),1)
-LIBSO_CU   := $(filter kernels/cuda/cuda_ctx.cu kernels/cuda/gspn_scan%.cu,$(SRC_CU))
+LIBSO_CU   := $(filter kernels/cuda/cuda_ctx.cu kernels/cuda/gspn_scan%.cu kernels/cuda/gate_recurrent.cu,$(SRC_CU))
 LIBSO_OBJ  += $(LIBSO_CU:%.cu=$(PIC_DIR)/%.o)
 LIBSO_LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
 endif
@@ -227,6 +228,8 @@ else
 	@fail=0; for t in $(GPU_TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
 	 echo "== tests/gpu/test_torch_wrapper.py (libcgspn.so through PyTorch)"; \
 	 python3 tests/gpu/test_torch_wrapper.py || fail=1; \
+	 echo "== tests/gpu/test_gate_recurrent_torch.py (the gate recurrence through PyTorch)"; \
+	 python3 tests/gpu/test_gate_recurrent_torch.py || fail=1; \
 	 if [ $$fail -ne 0 ]; then echo "make test-gpu: FAILED"; exit 1; fi; echo "make test-gpu: all passed"
 endif
 

@@ -1,8 +1,9 @@
-/* cgspn.h: the C ABI of libcgspn.so, the C-GSPN propagation (scan) forward and backward.
+/* cgspn.h: the C ABI of libcgspn.so, the C-GSPN propagation (scan) forward and backward, and
+ * GSPN-1's gate recurrence (ABI version 2).
  *
  * Build: `make lib` writes ./libcgspn.so (CPU always; CUDA too when nvcc was found).
  * Link:  cc app.c -I kernels -L . -lcgspn -Wl,-rpath,$PWD, or dlopen/ctypes
- *        (tools/cgspn_torch.py wraps it as a torch.autograd.Function).
+ *        (tools/cgspn_torch.py wraps both as torch.autograd.Functions).
  *
  * ---- Stability -------------------------------------------------------------------------------
  * The ABI is plain C: ints, raw pointers, no structs, no callbacks, no global state a caller
@@ -51,13 +52,15 @@
  *                      valid until stream reaches that point, and errors of the kernels' execution
  *                      show up at the caller's next synchronization (the returned status covers
  *                      argument checks and launches). Available when the library was built with
- *                      CUDA and the scan kernel (see cgspn_cuda_available).
+ *                      CUDA and the op's kernel (`make lib` links the scan's and the gate
+ *                      recurrence's; see cgspn_cuda_available).
  *
  * ---- Threads ---------------------------------------------------------------------------------
  * Every function is thread-safe and may be called concurrently from any number of threads on
- * different outputs (inputs may be shared). The CUDA path takes, for the length of a call, a
- * context (side streams, events, a cuBLASLt handle, 32 MiB of workspace) from an internal pool
- * guarded by a mutex: one context per GPU and concurrent caller, kept until the process exits.
+ * different outputs (inputs may be shared). The scan's CUDA path takes, for the length of a call,
+ * a context (side streams, events, a cuBLASLt handle, 32 MiB of workspace) from an internal pool
+ * guarded by a mutex: one context per GPU and concurrent caller, kept until the process exits;
+ * the gate recurrence's needs none.
  * cgspn_last_error() is per thread. Outputs must not alias inputs or each other.
  *
  * ---- Errors ----------------------------------------------------------------------------------
@@ -93,7 +96,8 @@ enum cgspn_status {
                                       that device (checked on CUDA only) */
     CGSPN_ERR_BAD_ARGUMENT = 5,    /* shared_w or grad_mode is not 0 or 1 */
     CGSPN_ERR_UNSUPPORTED = 6,     /* valid, but not available: fp64 on CUDA, CUDA in a build
-                                      without it, or without its scan kernel */
+                                      without it, or without the op's kernel, a gate recurrence
+                                      plane of more than 2048 rows on CUDA */
     CGSPN_ERR_OUT_OF_MEMORY = 7,   /* host workspace could not be allocated */
     CGSPN_ERR_CUDA = 8,            /* a CUDA runtime call failed (no GPU, driver, launch) */
     CGSPN_ERR_BACKEND = 9          /* a backend kernel stopped with an error (see last_error) */
@@ -151,7 +155,8 @@ CGSPN_API int cgspn_gspn_scan_bwd(int device, void *stream, int dtype,
  * with out outside the plane or left of the run's first column 0. The gates are used as given
  * (no sigmoid, no normalization). Every tensor is (N, C, H, W), dense, row-major.
  * items_each_chunk >= 1 (>= W: one run). dtype, device and stream as for the scan; bf16 is
- * computed in fp32 (the state is not rounded between columns) and rounded on output.
+ * computed in fp32 (the state is not rounded between columns) and rounded on output. On CUDA,
+ * H <= 2048 (a block per plane, its threads holding the rows; CGSPN_ERR_UNSUPPORTED past that).
  * The backward is the gradient of this forward for every W (runs start at column 0 in both).
  */
 CGSPN_API int cgspn_gate_recurrent_fwd(int device, void *stream, int dtype,

@@ -1,11 +1,14 @@
-// libcgspn.so: the C ABI of kernels/cgspn.h over the C-GSPN scan.
+// libcgspn.so: the C ABI of kernels/cgspn.h over the C-GSPN scan and GSPN-1's gate recurrence.
 //
 // Every call checks all its arguments first and returns a status without writing anything when
 // one is wrong; the library never exits. The CPU path runs the raw cores of kernels/cpu/
-// gspn_scan.h (fp32, fp64; bf16 through fp32 copies) with workspace it allocates and checks
-// itself. The CUDA path calls the op's CUDA kernels (kernels/ops.h, weak so that a build without
-// them links and reports CGSPN_ERR_UNSUPPORTED) on the caller's stream, with a trap around them
-// (kernels/error.h) that turns the framework's cg_fail into CGSPN_ERR_BACKEND.
+// gspn_scan.h and kernels/cpu/gate_recurrent.h (fp32, fp64; bf16 through fp32 copies) with
+// workspace it allocates and checks itself. The CUDA path calls the op's CUDA kernels
+// (kernels/ops.h) on the caller's stream, with a trap around them (kernels/error.h) that turns
+// the framework's cg_fail into CGSPN_ERR_BACKEND; the gate recurrence's CUDA launchers
+// (kernels/cuda/gate_recurrent.h) need no context and return their launch's error themselves.
+// Both are weak references, so that a build without them links and reports
+// CGSPN_ERR_UNSUPPORTED.
 #include <limits.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -19,6 +22,7 @@
 #ifdef CGSPN_CUDA
 #include <pthread.h>
 #include "cuda/cuda_common.h"
+#include "cuda/gate_recurrent.h"
 #endif
 
 // ---- errors ------------------------------------------------------------------------------------
@@ -241,6 +245,8 @@ static int cpu_backward(const Call *c) {
 #define CGSPN_WEAK __attribute__((weak, visibility("hidden")))
 extern __typeof__(cpu_gspn_scan_fwd) cuda_gspn_scan_fwd CGSPN_WEAK;
 extern __typeof__(cpu_gspn_scan_bwd) cuda_gspn_scan_bwd CGSPN_WEAK;
+extern __typeof__(cuda_gate_recurrent_fwd) cuda_gate_recurrent_fwd CGSPN_WEAK;
+extern __typeof__(cuda_gate_recurrent_bwd) cuda_gate_recurrent_bwd CGSPN_WEAK;
 
 static int cuda_kernels_linked(void) { return cuda_gspn_scan_fwd && cuda_gspn_scan_bwd; }
 
@@ -278,6 +284,35 @@ static int cuda_buffer_device(const char *fn, const char *name, const void *p, i
         return fail(CGSPN_ERR_BAD_DEVICE, "%s: %s (%p) is host memory; device = CGSPN_DEVICE_CUDA "
                     "takes device pointers", fn, name, p);
     *device = attr.device;
+    return CGSPN_OK;
+}
+
+// The GPU that holds every non-NULL buffer of ptrs (n of them, named in names for the messages),
+// made the calling thread's current device; *previous receives the device that was current, which
+// the caller restores (cudaSetDevice(*previous)) when the call is done. The first non-NULL buffer
+// sets the GPU the others must be on.
+static int cuda_enter(const char *fn, int n, const char *const *names, const void *const *ptrs,
+                      int *device, int *previous) {
+    int first = -1;
+    *device = -1;
+    for (int i = 0; i < n; i++) {
+        if (!ptrs[i]) continue;
+        int d = -1;
+        const int status = cuda_buffer_device(fn, names[i], ptrs[i], &d);
+        if (status != CGSPN_OK) return status;
+        if (first >= 0 && d != *device)
+            return fail(CGSPN_ERR_BAD_DEVICE, "%s: %s is on GPU %d, %s on GPU %d", fn, names[i], d,
+                        names[first], *device);
+        if (first < 0) first = i;
+        *device = d;
+    }
+    cudaError_t err = cudaGetDevice(previous);
+    if (err == cudaSuccess) err = cudaSetDevice(*device);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return fail(CGSPN_ERR_CUDA, "%s: selecting GPU %d failed: %s", fn, *device,
+                    cudaGetErrorString(err));
+    }
     return CGSPN_OK;
 }
 
@@ -396,33 +431,15 @@ static int cuda_run(const Call *c) {
         return fail(CGSPN_ERR_UNSUPPORTED, "%s: this libcgspn has no CUDA scan kernel "
                     "(kernels/cuda/gspn_scan*.cu was not built in); use CGSPN_DEVICE_CPU", fn);
 
-    // Every buffer on one GPU, which the call then runs on.
     const char *names[9] = {"xc", "gates", "merge", "hidden", "yc", "dyc", "dxc", "dgates",
                             "dmerge"};
     const void *ptrs[9] = {c->xc, c->gates, c->merge, c->hidden, c->yc, c->dyc, c->dxc,
                            c->dgates, c->dmerge};
-    int device = -1;
-    for (int i = 0; i < 9; i++) {
-        if (!ptrs[i]) continue;
-        int d = -1;
-        int status = cuda_buffer_device(fn, names[i], ptrs[i], &d);
-        if (status != CGSPN_OK) return status;
-        if (device >= 0 && d != device)   // xc, checked first, set device
-            return fail(CGSPN_ERR_BAD_DEVICE, "%s: %s is on GPU %d, xc on GPU %d", fn, names[i], d,
-                        device);
-        device = d;
-    }
-
-    int previous;
-    cudaError_t err = cudaGetDevice(&previous);
-    if (err == cudaSuccess) err = cudaSetDevice(device);
-    if (err != cudaSuccess) {
-        cudaGetLastError();
-        return fail(CGSPN_ERR_CUDA, "%s: selecting GPU %d failed: %s", fn, device,
-                    cudaGetErrorString(err));
-    }
+    int device, previous;
+    int status = cuda_enter(fn, 9, names, ptrs, &device, &previous);
+    if (status != CGSPN_OK) return status;
     PoolCtx *pool = NULL;
-    int status = pool_take(device, &pool);
+    status = pool_take(device, &pool);
     if (status == CGSPN_OK) {
         CudaLaunch launch = {c, pool};
         status = trapped(cuda_launch, &launch);
@@ -479,11 +496,13 @@ CGSPN_API int cgspn_gspn_scan_bwd(int device, void *stream, int dtype,
 
 // ---- GSPN-1's gate recurrence ----------------------------------------------------------------
 // Checked as the scan's calls are; the CPU runs kernels/cpu/gate_recurrent.h's cores (bf16
-// through fp32 copies). The CUDA path has no kernel yet: CGSPN_ERR_UNSUPPORTED.
+// through fp32 copies), CUDA the launchers of kernels/cuda/gate_recurrent.h (fp32 and bf16, planes
+// of at most GR_CUDA_MAX_ROWS rows) on the caller's stream, on the GPU that holds the buffers.
 
 typedef struct GrCall {
     int device, dtype, grad_mode, backward, chunk;
     int H, W;
+    void *stream;
     size_t planes, n;   // N*C, N*C*H*W
     const void *dout, *x, *b, *g[3], *out_in;
     void *out, *dx, *db, *dg[3];
@@ -510,9 +529,9 @@ static int gr_check(GrCall *c, int N, int C) {
                         : c->backward && any_grad && !c->dout ? "dout"
                         : c->backward && any_grad && !c->out_in ? "out" : NULL;
     if (missing) return fail(CGSPN_ERR_NULL_POINTER, "%s: %s is NULL", fn, missing);
-    if (c->device == CGSPN_DEVICE_CUDA)
-        return fail(CGSPN_ERR_UNSUPPORTED, "%s: this libcgspn runs the gate recurrence on the CPU "
-                    "only; use CGSPN_DEVICE_CPU", fn);
+    if (c->device == CGSPN_DEVICE_CUDA && c->dtype == CGSPN_DTYPE_F64)
+        return fail(CGSPN_ERR_UNSUPPORTED, "%s: fp64 runs on the CPU only (use it as a reference); "
+                    "CUDA takes CGSPN_DTYPE_F32 or _BF16", fn);
     return CGSPN_OK;
 }
 
@@ -566,21 +585,63 @@ static int gr_cpu(const GrCall *c) {
     return CGSPN_OK;
 }
 
+#ifdef CGSPN_CUDA
+static int gr_cuda(const GrCall *c) {
+    const char *fn = c->backward ? "cgspn_gate_recurrent_bwd" : "cgspn_gate_recurrent_fwd";
+    if (!cuda_gate_recurrent_fwd || !cuda_gate_recurrent_bwd)
+        return fail(CGSPN_ERR_UNSUPPORTED, "%s: this libcgspn has no CUDA gate recurrence kernel "
+                    "(kernels/cuda/gate_recurrent.cu was not built in); use CGSPN_DEVICE_CPU", fn);
+    if (c->H > GR_CUDA_MAX_ROWS)
+        return fail(CGSPN_ERR_UNSUPPORTED, "%s: H = %d rows; the CUDA kernel takes at most %d (a "
+                    "block per plane, its threads holding the rows); use CGSPN_DEVICE_CPU", fn, c->H,
+                    GR_CUDA_MAX_ROWS);
+    const char *names[12] = {"x", "b", "g1", "g2", "g3", "out", "dout", "dx", "db", "dg1", "dg2",
+                             "dg3"};
+    const void *ptrs[12] = {c->x, c->b, c->g[0], c->g[1], c->g[2],
+                            c->backward ? c->out_in : c->out, c->dout, c->dx, c->db, c->dg[0],
+                            c->dg[1], c->dg[2]};
+    int device, previous;
+    const int status = cuda_enter(fn, 12, names, ptrs, &device, &previous);
+    if (status != CGSPN_OK) return status;
+    const DType io = c->dtype == CGSPN_DTYPE_BF16 ? DTYPE_BF16 : DTYPE_F32;
+    const cudaStream_t stream = (cudaStream_t)c->stream;
+    const cudaError_t err =
+        c->backward
+            ? cuda_gate_recurrent_bwd(io, c->planes, c->H, c->W, c->chunk, c->dout, c->x, c->b,
+                                      c->g[0], c->g[1], c->g[2], c->out_in,
+                                      c->grad_mode == CGSPN_GRAD_ACCUMULATE, c->dx, c->db,
+                                      c->dg[0], c->dg[1], c->dg[2], stream)
+            : cuda_gate_recurrent_fwd(io, c->planes, c->H, c->W, c->chunk, c->x, c->b, c->g[0],
+                                      c->g[1], c->g[2], c->out, stream);
+    cudaSetDevice(previous);
+    if (err != cudaSuccess)
+        return fail(CGSPN_ERR_BACKEND, "%s: the kernel's launch on GPU %d failed: %s", fn, device,
+                    cudaGetErrorString(err));
+    return CGSPN_OK;
+}
+#endif
+
 static int gr_run(GrCall *c, int N, int C) {
     last_error[0] = '\0';
     const int status = gr_check(c, N, C);
     if (status != CGSPN_OK) return status;
     if (c->backward && !c->dx && !c->db && !c->dg[0] && !c->dg[1] && !c->dg[2]) return CGSPN_OK;
-    return gr_cpu(c);
+    if (c->device == CGSPN_DEVICE_CPU) return gr_cpu(c);
+#ifdef CGSPN_CUDA
+    return gr_cuda(c);
+#else
+    return fail(CGSPN_ERR_UNSUPPORTED, "%s: this libcgspn was built without CUDA (no nvcc at "
+                "build time); use CGSPN_DEVICE_CPU",
+                c->backward ? "cgspn_gate_recurrent_bwd" : "cgspn_gate_recurrent_fwd");
+#endif
 }
 
 CGSPN_API int cgspn_gate_recurrent_fwd(int device, void *stream, int dtype,
                                        int N, int C, int H, int W, int items_each_chunk,
                                        const void *x, const void *b, const void *g1,
                                        const void *g2, const void *g3, void *out) {
-    (void)stream;
     GrCall c = {.device = device, .dtype = dtype, .chunk = items_each_chunk, .H = H, .W = W,
-                .x = x, .b = b, .g = {g1, g2, g3}, .out = out};
+                .stream = stream, .x = x, .b = b, .g = {g1, g2, g3}, .out = out};
     return gr_run(&c, N, C);
 }
 
@@ -590,9 +651,9 @@ CGSPN_API int cgspn_gate_recurrent_bwd(int device, void *stream, int dtype,
                                        const void *g1, const void *g2, const void *g3,
                                        const void *out, int grad_mode,
                                        void *dx, void *db, void *dg1, void *dg2, void *dg3) {
-    (void)stream;
     GrCall c = {.device = device, .dtype = dtype, .grad_mode = grad_mode, .backward = 1,
-                .chunk = items_each_chunk, .H = H, .W = W, .dout = dout, .x = x, .b = b,
-                .g = {g1, g2, g3}, .out_in = out, .dx = dx, .db = db, .dg = {dg1, dg2, dg3}};
+                .chunk = items_each_chunk, .H = H, .W = W, .stream = stream, .dout = dout,
+                .x = x, .b = b, .g = {g1, g2, g3}, .out_in = out, .dx = dx, .db = db,
+                .dg = {dg1, dg2, dg3}};
     return gr_run(&c, N, C);
 }

@@ -1,7 +1,8 @@
 // GSPN-1's gate recurrence through the C ABI (kernels/cgspn.h, cgspn_gate_recurrent_fwd/bwd) on
 // the CPU: the forward against a loop written here from the formula, the backward against central
 // differences of sum(dout * out) in fp64, overwrite and accumulate, bf16 against fp32, and bad
-// arguments coming back as status codes with the outputs untouched.
+// arguments (CUDA on host memory among them) coming back as status codes with the outputs
+// untouched. The CUDA kernel is checked through PyTorch (tests/gpu/test_gate_recurrent_torch.py).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -198,8 +199,23 @@ static void test_gate_recurrent_bad_arguments_write_nothing(void **state) {
                      CGSPN_ERR_NULL_POINTER);
     assert_int_equal(cgspn_gate_recurrent_fwd(dev, NULL, 7, N, C, H, W, 1, x, x, x, x, x, out),
                      CGSPN_ERR_BAD_DTYPE);
-    assert_int_equal(cgspn_gate_recurrent_fwd(CGSPN_DEVICE_CUDA, NULL, f32, N, C, H, W, 1, x, x, x, x,
-                                              x, out), CGSPN_ERR_UNSUPPORTED);
+    // CUDA on host memory: refused whatever the build (no CUDA: unsupported; CUDA but no GPU: the
+    // pointer query fails; a GPU: not device memory). fp64, and planes taller than the kernel
+    // takes, are the CPU's alone.
+    const int st = cgspn_gate_recurrent_fwd(CGSPN_DEVICE_CUDA, NULL, f32, N, C, H, W, 1, x, x, x, x,
+                                            x, out);
+    printf("    cuda_available=%d: fwd on host memory -> %d (%s)\n", cgspn_cuda_available(), st,
+           cgspn_last_error());
+    if (cgspn_cuda_available())
+        assert_int_equal(st, CGSPN_ERR_BAD_DEVICE);
+    else
+        assert_true(st == CGSPN_ERR_UNSUPPORTED || st == CGSPN_ERR_CUDA);
+    assert_int_equal(cgspn_gate_recurrent_fwd(CGSPN_DEVICE_CUDA, NULL, CGSPN_DTYPE_F64, N, C, H, W, 1,
+                                              x, x, x, x, x, out), CGSPN_ERR_UNSUPPORTED);
+    float *tall = calloc(2049, sizeof *tall);
+    assert_int_equal(cgspn_gate_recurrent_fwd(CGSPN_DEVICE_CUDA, NULL, f32, 1, 1, 2049, 1, 1, tall,
+                                              tall, tall, tall, tall, tall), CGSPN_ERR_UNSUPPORTED);
+    free(tall);
     assert_int_equal(cgspn_gate_recurrent_bwd(dev, NULL, f32, N, C, H, W, 1, x, x, x, x, x, x, x, 2,
                                               dx, NULL, NULL, NULL, NULL), CGSPN_ERR_BAD_ARGUMENT);
     assert_int_equal(cgspn_gate_recurrent_bwd(dev, NULL, f32, N, C, H, W, 1, NULL, x, x, x, x, x, x,

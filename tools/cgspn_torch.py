@@ -1,4 +1,7 @@
-"""The C-GSPN scan of libcgspn.so (kernels/cgspn.h) as a torch.autograd.Function, via ctypes.
+"""libcgspn.so (kernels/cgspn.h) in PyTorch, via ctypes: the C-GSPN scan and GSPN-1's gate
+recurrence as torch.autograd.Functions.
+
+The C-GSPN scan:
 
     import sys; sys.path.insert(0, "tools")
     from cgspn_torch import GspnScan
@@ -16,15 +19,32 @@ on torch's current stream of the tensors' device. The forward saves the scans' h
 (4*B*H*W*Cc values in fp32, fp64 for fp64) when a gradient is needed, so backward does not
 recompute them.
 
+GSPN-1's gate recurrence (NVlabs/GSPN's GateRecurrent2dnoind, a drop-in for its module):
+
+    from cgspn_torch import GateRecurrent2dnoind      # instead of GSPN's ops.gaterecurrent
+    scan = GateRecurrent2dnoind(items_each_chunk)
+    out = scan(X, B, G1, G2, G3)                      # or GateRecurrent2dnoindFunction.apply(
+                                                      #     X, B, G1, G2, G3, items_each_chunk)
+
+    X, B, G1, G2, G3, out   (N, C, H, W); along W in runs of items_each_chunk columns:
+    out[h][w] = B X + G1 out[h-1][w-1] + G2 out[h][w-1] + G3 out[h+1][w-1]   (see cgspn.h)
+
+dtypes: float64 (CPU only), float32, bfloat16 (computed in fp32, rounded once on output), float16
+(converted to fp32 and back); all five of one dtype, or promoted to a common one. CPU or CUDA
+(planes of at most 2048 rows there); CUDA calls run on torch's current stream of the tensors'
+device. The forward saves out for the backward (no recomputation).
+
 The library is found at $CGSPN_LIB, else at libcgspn.so in the repository root (`make lib`).
 """
 import ctypes
+import functools
 import os
 
 import torch
+import torch.nn as nn
 from torch.autograd.function import once_differentiable
 
-ABI_VERSION = 1  # CGSPN_ABI_VERSION this wrapper was written against
+ABI_VERSION = 2  # CGSPN_ABI_VERSION this wrapper was written against
 
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 GRAD_OVERWRITE, GRAD_ACCUMULATE = 0, 1
@@ -68,6 +88,12 @@ def library():
     if version < ABI_VERSION:
         raise OSError(f"cgspn: {path} implements ABI version {version}; this wrapper needs "
                       f"{ABI_VERSION} or later (rebuild with `make lib`)")
+    # ABI 2: device, stream, dtype, N, C, H, W, items_each_chunk, then the buffers
+    lib.cgspn_gate_recurrent_fwd.argtypes = [c_int, c_ptr, c_int] + [c_int] * 5 + [c_ptr] * 6
+    lib.cgspn_gate_recurrent_fwd.restype = c_int
+    lib.cgspn_gate_recurrent_bwd.argtypes = ([c_int, c_ptr, c_int] + [c_int] * 5 + [c_ptr] * 7 +
+                                             [c_int] + [c_ptr] * 5)
+    lib.cgspn_gate_recurrent_bwd.restype = c_int
     _lib = lib
     return lib
 
@@ -186,3 +212,99 @@ class GspnScan(torch.autograd.Function):
 def gspn_scan(xc, gates, merge, shared_w=False):
     """Functional form of GspnScan.apply."""
     return GspnScan.apply(xc, gates, merge, shared_w)
+
+
+# ---- GSPN-1's gate recurrence ----------------------------------------------------------------
+
+_GR_NAMES = ("X", "B", "G1", "G2", "G3")
+_GR_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+def _gr_inputs(tensors):
+    """The five inputs contiguous, and the dtype they are promoted to (the output's)."""
+    X = tensors[0]
+    if X.dim() != 4:
+        raise ValueError(f"cgspn: X must be (N, C, H, W), got shape {tuple(X.shape)}")
+    for name, t in zip(_GR_NAMES, tensors):
+        if tuple(t.shape) != tuple(X.shape):
+            raise ValueError(f"cgspn: {name} must have X's shape {tuple(X.shape)}, got "
+                             f"{tuple(t.shape)}")
+        if t.device != X.device:
+            raise ValueError(f"cgspn: {name} is on {t.device} but X is on {X.device}")
+        if t.dtype not in _GR_DTYPES:
+            raise TypeError(f"cgspn: {name} is {t.dtype}; the gate recurrence takes float64, "
+                            "float32, bfloat16 or float16")
+    dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+    return [t.contiguous() for t in tensors], dtype
+
+
+def _gr_run_dtype(dtype):
+    """The dtype the library computes a dtype in: float16 goes through float32."""
+    return torch.float32 if dtype == torch.float16 else dtype
+
+
+class GateRecurrent2dnoindFunction(torch.autograd.Function):
+    """out = GateRecurrent2dnoindFunction.apply(X, B, G1, G2, G3, items_each_chunk): NVlabs/GSPN's
+    GateRecurrent2dnoindFunction on libcgspn; differentiable in X, B, G1, G2 and G3."""
+
+    @staticmethod
+    def forward(ctx, X, B, G1, G2, G3, items_each_chunk):
+        chunk = int(items_each_chunk)
+        if chunk < 1:
+            raise ValueError(f"cgspn: items_each_chunk must be >= 1, got {items_each_chunk}")
+        ins, dtype = _gr_inputs((X, B, G1, G2, G3))
+        run = _gr_run_dtype(dtype)
+        xs = [t.to(run) for t in ins]   # no copy where the dtype is already run's
+        N, C, H, W = X.shape
+        out = torch.empty((N, C, H, W), dtype=run, device=X.device)
+        if out.numel() > 0:
+            device, stream = _device_and_stream(out)
+            status = library().cgspn_gate_recurrent_fwd(
+                device, stream, _DTYPES[run], N, C, H, W, chunk, *[_ptr(t) for t in xs], _ptr(out))
+            _check(status, "cgspn_gate_recurrent_fwd")
+        # the inputs as given (converted again by the backward) and out as computed
+        ctx.save_for_backward(*ins, out)
+        ctx.chunk = chunk
+        return out.to(dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        *ins, out = ctx.saved_tensors
+        need = ctx.needs_input_grad[:5]
+        if not any(need):
+            return (None,) * 6
+        run = out.dtype
+        xs = [t.to(run) for t in ins]
+        grads = [torch.empty_like(out) if n else None for n in need]
+        N, C, H, W = out.shape
+        if out.numel() > 0:
+            dout = dout.to(run).contiguous()
+            device, stream = _device_and_stream(out)
+            status = library().cgspn_gate_recurrent_bwd(
+                device, stream, _DTYPES[run], N, C, H, W, ctx.chunk, _ptr(dout),
+                *[_ptr(t) for t in xs], _ptr(out), GRAD_OVERWRITE, *[_ptr(g) for g in grads])
+            _check(status, "cgspn_gate_recurrent_bwd")
+        else:
+            grads = [None if g is None else g.zero_() for g in grads]
+        return tuple(None if g is None else g.to(t.dtype) for g, t in zip(grads, ins)) + (None,)
+
+
+gaterecurrent = GateRecurrent2dnoindFunction.apply   # NVlabs/GSPN's name for it
+
+
+class GateRecurrent2dnoind(nn.Module):
+    """NVlabs/GSPN's GateRecurrent2dnoind module on libcgspn, constructed and called as that one:
+    GateRecurrent2dnoind(items_each_chunk)(X, B, G1, G2, G3). `backend` is accepted for GSPN's
+    callers and has no effect: the library runs on the tensors' device (CPU or CUDA)."""
+
+    def __init__(self, items_each_chunk, backend="cuda"):
+        super().__init__()
+        self.items_each_chunk = items_each_chunk
+        self.backend = backend
+
+    def forward(self, X, B, G1, G2, G3):
+        return GateRecurrent2dnoindFunction.apply(X, B, G1, G2, G3, self.items_each_chunk)
+
+    def extra_repr(self):
+        return f"items_each_chunk={self.items_each_chunk}"
