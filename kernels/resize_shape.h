@@ -1,6 +1,6 @@
-// The shapes of resize_bilinear (kernels/ops_list.h), for the CPU op (kernels/cuda/resize.cu
-// checks the same rules itself): a grid x (B,H,W,C) and its resize y (B,H2,W2,C), every side at
-// least 1. A backend adds its device and dtype rules.
+// The shapes of resize_bilinear (kernels/ops_list.h), shared by the CPU and CUDA ops: a grid
+// x (B,H,W,C) and its resize y (B,H2,W2,C), every side at least 1. A backend adds its device
+// and dtype rules.
 #pragma once
 #include "tensor.h"
 #include "error.h"

@@ -1,7 +1,7 @@
 // The shapes of the token layout ops (kernels/ops_list.h: concat_prefix, slice_tokens,
-// mean_tokens) and their refusals, for the CPU ops (kernels/cuda/tokens.cu checks the same rules
-// itself). A token tensor is (B, N, C): B = shape[0], C = the last dim, N = the rest, so a
-// (B, H, W, C) grid counts as N = H*W tokens. A backend adds its own device and dtype rules.
+// mean_tokens) and their refusals, shared by the CPU and CUDA ops. A token tensor is (B, N, C):
+// B = shape[0], C = the last dim, N = the rest, so a (B, H, W, C) grid counts as N = H*W tokens.
+// A backend adds its own device and dtype rules.
 #pragma once
 #include "tensor.h"
 #include "error.h"

@@ -9,6 +9,7 @@
 // each input row / column is contiguous (the taps move monotonically). A small kernel first
 // writes the taps of every output row and column, and those ranges, to scratch.
 #include "cuda_elem.cuh"
+#include "../resize_shape.h"
 
 struct ResizeTap { int i0, i1; float l0, l1; };
 
@@ -28,18 +29,12 @@ __device__ __forceinline__ float resize_weight(const ResizeTap &t, int i) {
     return (t.i0 == i ? t.l0 : 0.0f) + (t.i1 == i ? t.l1 : 0.0f);
 }
 
-typedef struct { int B, H, W, H2, W2, C; } ResizeDims;
-
-static ResizeDims resize_dims(const char *op, const Tensor *x, const Tensor *y) {
+// The grids' shapes (kernels/resize_shape.h) and this backend's rules: on the GPU, one dtype.
+static ResizeDims resize_checked(const char *op, const Tensor *x, const Tensor *y) {
     cuda_check_tensor(op, "x", x);
     cuda_check_tensor(op, "y", y);
-    CG_CHECK(x->ndim == 4 && y->ndim == 4 && x->shape[0] == y->shape[0] &&
-             x->shape[3] == y->shape[3] && x->shape[1] > 0 && x->shape[2] > 0 &&
-             y->shape[1] > 0 && y->shape[2] > 0, "",
-             "op %s: expected grids (B,H,W,C) -> (B,H2,W2,C), got rank %d -> rank %d", op,
-             x->ndim, y->ndim);
     cuda_check_same_dtype(op, "y", y, "x", x);
-    return ResizeDims{x->shape[0], x->shape[1], x->shape[2], y->shape[1], y->shape[2], x->shape[3]};
+    return resize_dims(op, x, y);
 }
 
 // Per-axis tables in scratch: the taps of every output row (th) and column (tw), and for every
@@ -111,7 +106,7 @@ template <typename T> struct ResizeFwdOp {
 
 // x (B,H,W,C) -> y (B,H2,W2,C)
 void cuda_resize_bilinear_fwd(Ctx *ctx, const Tensor *x, Tensor *y) {
-    ResizeDims d = resize_dims("resize_bilinear_fwd", x, y);
+    ResizeDims d = resize_checked("resize_bilinear_fwd", x, y);
     if (y->numel == 0) return;
     ResizeTables t = resize_tables(ctx, d);
     bool vec = d.C % 8 == 0 && aligned16(x->data) && aligned16(y->data);
@@ -160,7 +155,7 @@ template <typename T> struct ResizeBwdOp {
 // dx (B,H,W,C) += resize^T dy (B,H2,W2,C)
 void cuda_resize_bilinear_bwd(Ctx *ctx, const Tensor *dy, Tensor *dx) {
     if (!dx) return;
-    ResizeDims d = resize_dims("resize_bilinear_bwd", dx, dy);
+    ResizeDims d = resize_checked("resize_bilinear_bwd", dx, dy);
     if (dx->numel == 0) return;
     ResizeTables t = resize_tables(ctx, d);
     bool vec = d.C % 8 == 0 && aligned16(dy->data) && aligned16(dx->data);

@@ -1,18 +1,9 @@
 // CUDA: token layout ops — prefix tokens (class token), token slices, mean over tokens
-// (kernels/ops.h; CPU reference kernels/cpu/tokens.c). A token tensor is (B, N, C): B =
-// shape[0], C = last dim, N = the rest. Token tensors share the activation dtype; the prefix is
-// a parameter (its own dtype) and its gradient is fp32, summed over the batch in a fixed order.
+// (kernels/ops.h; CPU reference kernels/cpu/tokens.c). Shapes and their checks:
+// kernels/tokens_shape.h. Token tensors share the activation dtype; the prefix is a parameter
+// (its own dtype) and its gradient is fp32, summed over the batch in a fixed order.
 #include "cuda_colsum.cuh"
-
-typedef struct { size_t B, N, C; } TokenDims;
-
-static TokenDims token_dims(const char *op, const char *name, const Tensor *t) {
-    cuda_check_tensor(op, name, t);
-    CG_CHECK(t->ndim >= 2, "", "op %s: %s has rank %d, expected (B, N, C)", op, name, t->ndim);
-    TokenDims d = {(size_t)t->shape[0], 0, (size_t)tensor_last(t)};
-    d.N = d.B > 0 && d.C > 0 ? t->numel / (d.B * d.C) : 0;
-    return d;
-}
+#include "../tokens_shape.h"
 
 // Copies (or adds, ACC) rows of C between two token tensors: for r < rows, with b = r / Nr and
 // n = r % Nr, dst row b * dN + dOff + n (+)= src row b * sN + sOff + n. sN = 0 broadcasts a
@@ -56,12 +47,11 @@ static void token_rows(Ctx *ctx, const Tensor *src, Tensor *dst, size_t rows, si
 // prefix (P, C), x (B, N, C) -> y (B, P+N, C)
 void cuda_concat_prefix_fwd(Ctx *ctx, const Tensor *prefix, const Tensor *x, Tensor *y) {
     const char *op = "concat_prefix_fwd";
-    TokenDims dx = token_dims(op, "x", x), dy = token_dims(op, "y", y);
     cuda_check_tensor(op, "prefix", prefix);
-    size_t P = tensor_rows(prefix), C = dx.C;
-    CG_CHECK(dy.B == dx.B && dy.C == C && (size_t)tensor_last(prefix) == C && dy.N == P + dx.N,
-             "", "op %s: prefix %zu x %d, x %zu x %zu x %zu, y %zu x %zu x %zu", op, P,
-             tensor_last(prefix), dx.B, dx.N, dx.C, dy.B, dy.N, dy.C);
+    cuda_check_tensor(op, "x", x);
+    cuda_check_tensor(op, "y", y);
+    TokenDims dx, dy;
+    const size_t P = concat_prefix_dims(op, prefix, x, y, &dx, &dy), C = dx.C;
     cuda_check_same_dtype(op, "y", y, "x", x);
     token_rows<false>(ctx, prefix, y, dy.B * P, P, C, 0, 0, dy.N, 0);
     token_rows<false>(ctx, x, y, dx.B * dx.N, dx.N, C, dx.N, 0, dy.N, P);
@@ -83,14 +73,12 @@ template <typename T> struct PrefixGradRows {
 void cuda_concat_prefix_bwd(Ctx *ctx, const Tensor *dy, Tensor *dprefix, Tensor *dx) {
     const char *op = "concat_prefix_bwd";
     if (!dprefix && !dx) return;
-    TokenDims d = token_dims(op, "dy", dy);
-    size_t C = d.C, P = dprefix ? tensor_rows(dprefix) : d.N - token_dims(op, "dx", dx).N;
-    CG_CHECK(P <= d.N, "", "op %s: %zu prefix tokens of %zu", op, P, d.N);
-    size_t N = d.N - P;
+    cuda_check_tensor(op, "dy", dy);
+    if (dprefix) cuda_check_f32(op, "dprefix", dprefix);
+    if (dx) cuda_check_tensor(op, "dx", dx);
+    TokenDims d;
+    const size_t P = concat_prefix_bwd_dims(op, dy, dprefix, dx, &d), C = d.C, N = d.N - P;
     if (dprefix) {
-        cuda_check_f32(op, "dprefix", dprefix);
-        CG_CHECK((size_t)tensor_last(dprefix) == C, "", "op %s: dprefix has last dim %d, dy %zu",
-                 op, tensor_last(dprefix), C);
         bool vec = (P * C) % 8 == 0 && (d.N * C) % 8 == 0 && aligned16(dy->data) &&
                    aligned16(dprefix->data);
         dispatch_dtype(dy->dtype, [&](auto tag) {
@@ -100,10 +88,6 @@ void cuda_concat_prefix_bwd(Ctx *ctx, const Tensor *dy, Tensor *dprefix, Tensor 
         });
     }
     if (dx) {
-        TokenDims dX = token_dims(op, "dx", dx);
-        CG_CHECK(dX.B == d.B && dX.N == N && dX.C == C, "",
-                 "op %s: dx %zu x %zu x %zu, dy %zu x %zu x %zu with %zu prefix tokens", op, dX.B,
-                 dX.N, dX.C, d.B, d.N, d.C, P);
         cuda_check_same_dtype(op, "dx", dx, "dy", dy);
         token_rows<true>(ctx, dy, dx, d.B * N, N, C, d.N, P, N, 0);
     }
@@ -114,9 +98,10 @@ void cuda_concat_prefix_bwd(Ctx *ctx, const Tensor *dy, Tensor *dprefix, Tensor 
 // x (B, N, C) -> y (B, count, C) = x[:, start:start+count]
 void cuda_slice_tokens_fwd(Ctx *ctx, const Tensor *x, int start, Tensor *y) {
     const char *op = "slice_tokens_fwd";
-    TokenDims dx = token_dims(op, "x", x), dy = token_dims(op, "y", y);
-    CG_CHECK(dx.B == dy.B && dx.C == dy.C && start >= 0 && (size_t)start + dy.N <= dx.N, "",
-             "op %s: tokens %d..%zu of %zu", op, start, (size_t)start + dy.N, dx.N);
+    cuda_check_tensor(op, "x", x);
+    cuda_check_tensor(op, "y", y);
+    TokenDims dx, dy;
+    slice_tokens_dims(op, "x", x, "y", y, start, &dx, &dy);
     cuda_check_same_dtype(op, "y", y, "x", x);
     token_rows<false>(ctx, x, y, dy.B * dy.N, dy.N, dy.C, dx.N, (size_t)start, dy.N, 0);
 }
@@ -125,9 +110,10 @@ void cuda_slice_tokens_fwd(Ctx *ctx, const Tensor *x, int start, Tensor *y) {
 void cuda_slice_tokens_bwd(Ctx *ctx, const Tensor *dy, int start, Tensor *dx) {
     const char *op = "slice_tokens_bwd";
     if (!dx) return;
-    TokenDims dd = token_dims(op, "dy", dy), dX = token_dims(op, "dx", dx);
-    CG_CHECK(dd.B == dX.B && dd.C == dX.C && start >= 0 && (size_t)start + dd.N <= dX.N, "",
-             "op %s: tokens %d..%zu of %zu", op, start, (size_t)start + dd.N, dX.N);
+    cuda_check_tensor(op, "dy", dy);
+    cuda_check_tensor(op, "dx", dx);
+    TokenDims dX, dd;
+    slice_tokens_dims(op, "dx", dx, "dy", dy, start, &dX, &dd);
     cuda_check_same_dtype(op, "dx", dx, "dy", dy);
     token_rows<true>(ctx, dy, dx, dd.B * dd.N, dd.N, dd.C, dd.N, 0, dX.N, (size_t)start);
 }
@@ -159,10 +145,9 @@ __global__ void mean_tokens_fwd_kernel(const T *__restrict__ x, T *__restrict__ 
 // x (B, N, C) -> y (B, C)
 void cuda_mean_tokens_fwd(Ctx *ctx, const Tensor *x, Tensor *y) {
     const char *op = "mean_tokens_fwd";
-    TokenDims d = token_dims(op, "x", x);
+    cuda_check_tensor(op, "x", x);
     cuda_check_tensor(op, "y", y);
-    CG_CHECK(y->numel == d.B * d.C && d.N > 0, "",
-             "op %s: x %zu x %zu x %zu, y has %zu elements", op, d.B, d.N, d.C, y->numel);
+    const TokenDims d = mean_tokens_dims(op, "x", x, "y", y);
     cuda_check_same_dtype(op, "y", y, "x", x);
     if (y->numel == 0) return;
     bool vec = d.C % 8 == 0 && aligned16(x->data) && aligned16(y->data);
@@ -199,10 +184,9 @@ template <typename T> struct MeanTokensBwdOp {
 void cuda_mean_tokens_bwd(Ctx *ctx, const Tensor *dy, Tensor *dx) {
     const char *op = "mean_tokens_bwd";
     if (!dx) return;
-    TokenDims d = token_dims(op, "dx", dx);
+    cuda_check_tensor(op, "dx", dx);
     cuda_check_tensor(op, "dy", dy);
-    CG_CHECK(dy->numel == d.B * d.C && d.N > 0, "",
-             "op %s: dx %zu x %zu x %zu, dy has %zu elements", op, d.B, d.N, d.C, dy->numel);
+    const TokenDims d = mean_tokens_dims(op, "dx", dx, "dy", dy);
     cuda_check_same_dtype(op, "dx", dx, "dy", dy);
     bool vec = d.C % 8 == 0 && aligned16(dy->data) && aligned16(dx->data);
     dispatch_dtype(dx->dtype, [&](auto tag) {
