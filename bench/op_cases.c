@@ -436,11 +436,13 @@ enum { AT_QKV, AT_OUT, AT_LSE, AT_DOUT, AT_DQKV };
 static void fwd_attention(Ctx *ctx, Tensor *const *t, const OpCase *c) {
     op_attention_fwd(ctx, T(AT_QKV), c->i[0], T(AT_OUT), T(AT_LSE));
 }
+// A gradient the case writes (ARG_OUT) rather than adds into: the op's write mode.
+static int write_flag(const OpCase *c, int grad, int flag) {
+    return c->arg[grad].role == ARG_OUT ? flag : 0;
+}
 static void bwd_attention(Ctx *ctx, Tensor *const *t, const OpCase *c) {
-    if (c->arg[AT_DQKV].role == ARG_OUT)
-        op_attention_bwd_write(ctx, T(AT_DOUT), T(AT_QKV), T(AT_OUT), T(AT_LSE), c->i[0], T(AT_DQKV));
-    else
-        op_attention_bwd(ctx, T(AT_DOUT), T(AT_QKV), T(AT_OUT), T(AT_LSE), c->i[0], T(AT_DQKV));
+    op_attention_bwd(ctx, T(AT_DOUT), T(AT_QKV), T(AT_OUT), T(AT_LSE), c->i[0],
+                     write_flag(c, AT_DQKV, ATTENTION_WRITE_DQKV), T(AT_DQKV));
 }
 
 static void attention_cases(OpCaseList *l) {
@@ -461,7 +463,6 @@ static void attention_cases(OpCaseList *l) {
         CaseArg *d = grad(c, AT_DQKV, "dqkv", "qkv", TOL_ATTN_GRAD, SHAPE(B, N, 3 * C));
         d->lo = -0.01f, d->hi = 0.01f;   // small: the comparison is of the gradient
         c = case_copy(l, l->n - 1, ", dqkv written");
-        c->ops[1] = "attention_bwd_write";
         written(c, AT_DQKV);
     }
 }
@@ -658,10 +659,8 @@ static void fwd_linear(Ctx *ctx, Tensor *const *t, const OpCase *c) {
     op_linear_fwd(ctx, T(LI_X), T(LI_W), T(LI_B), T(LI_Y));
 }
 static void bwd_linear(Ctx *ctx, Tensor *const *t, const OpCase *c) {
-    if (c->arg[LI_DX].role == ARG_OUT)
-        op_linear_bwd_write(ctx, T(LI_DY), T(LI_X), T(LI_W), T(LI_DX), T(LI_DW), T(LI_DB));
-    else
-        op_linear_bwd(ctx, T(LI_DY), T(LI_X), T(LI_W), T(LI_DX), T(LI_DW), T(LI_DB));
+    op_linear_bwd(ctx, T(LI_DY), T(LI_X), T(LI_W), write_flag(c, LI_DX, LINEAR_WRITE_DX), T(LI_DX),
+                  T(LI_DW), T(LI_DB));
 }
 static void fwd_silu_linear(Ctx *ctx, Tensor *const *t, const OpCase *c) {
     (void)c;
@@ -723,7 +722,6 @@ static void linear_cases(OpCaseList *l) {
         case_ops(c, "linear_fwd", "linear_bwd");
         const int full = l->n - 1;
         c = case_copy(l, full, ", dx written, no bias");
-        c->ops[1] = "linear_bwd_write";
         written(c, LI_DX);
         drop(c, LI_B), drop(c, LI_DB);
         // an fp32 dy under bf16 x and w (the residual stream's gradient): the GPU rounds dy to
@@ -734,7 +732,6 @@ static void linear_cases(OpCaseList *l) {
         c->arg[LI_DY].type = TYPE_F32;
         c->arg[LI_DW].bf16_tol = TOL_ROUNDED;
         c = case_copy(l, l->n - 1, ", written");
-        c->ops[1] = "linear_bwd_write";
         written(c, LI_DX);
 
         // silu(x) rounded to bf16 before the products on the GPU, exact on the CPU: dw too is a
@@ -1041,12 +1038,9 @@ static void fwd_scan(Ctx *ctx, Tensor *const *t, const OpCase *c) {
     op_gspn_scan_fwd(ctx, T(SC_XC), T(SC_GATES), T(SC_MERGE), c->i[0], T(SC_YC), T(SC_HIDDEN));
 }
 static void bwd_scan(Ctx *ctx, Tensor *const *t, const OpCase *c) {
-    if (c->arg[SC_DXC].role == ARG_OUT)
-        op_gspn_scan_bwd_write(ctx, T(SC_DYC), T(SC_XC), T(SC_GATES), T(SC_MERGE), c->i[0],
-                               T(SC_HIDDEN), T(SC_DXC), T(SC_DGATES), T(SC_DMERGE));
-    else
-        op_gspn_scan_bwd(ctx, T(SC_DYC), T(SC_XC), T(SC_GATES), T(SC_MERGE), c->i[0], T(SC_HIDDEN),
-                         T(SC_DXC), T(SC_DGATES), T(SC_DMERGE));
+    op_gspn_scan_bwd(ctx, T(SC_DYC), T(SC_XC), T(SC_GATES), T(SC_MERGE), c->i[0], T(SC_HIDDEN),
+                     write_flag(c, SC_DXC, GSPN_SCAN_WRITE_GRADS), T(SC_DXC), T(SC_DGATES),
+                     T(SC_DMERGE));
 }
 
 static void scan_cases(OpCaseList *l) {
@@ -1073,7 +1067,6 @@ static void scan_cases(OpCaseList *l) {
             grad32(c, SC_DMERGE, "dmerge", "merge", TOL_SCAN_HIDDEN, SHAPE(4));
             const int full = l->n - 1;
             c = case_copy(l, full, ", written");
-            c->ops[1] = "gspn_scan_bwd_write";
             written(c, SC_DXC), written(c, SC_DGATES);
             c = case_copy(l, full, ", hidden recomputed");
             drop(c, SC_HIDDEN);

@@ -419,7 +419,7 @@ static int cuda_launch(void *arg) {
                             "failed: %s", cudaGetErrorString(err));
         }
     }
-    cuda_gspn_scan_bwd(&ctx, &dyc, &xc, &gates, &merge, c->shared_w, hid,
+    cuda_gspn_scan_bwd(&ctx, &dyc, &xc, &gates, &merge, c->shared_w, hid, 0,
                        c->dxc ? &dxc : NULL, c->dgates ? &dgates : NULL,
                        c->dmerge ? &dmerge : NULL);
     return CGSPN_OK;

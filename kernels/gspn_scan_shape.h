@@ -1,5 +1,5 @@
-// The geometry of the C-GSPN scan (kernels/ops_list.h gspn_scan_fwd, gspn_scan_bwd,
-// gspn_scan_bwd_write) and its checks, shared by the CPU and CUDA ops (the CUDA op's make_plan
+// The geometry of the C-GSPN scan (kernels/ops_list.h gspn_scan_fwd, gspn_scan_bwd, either
+// write mode) and its checks, shared by the CPU and CUDA ops (the CUDA op's make_plan
 // in kernels/cuda/gspn_scan.cu): xc (B,H,W,Cc); gates (B,H,W,G) with G = 4*(2*Cc+3) for shared weights, else
 // 20*Cc; merge and dmerge 4 elements; yc, dyc and dxc xc's element count, dgates gates'; hidden
 // (4,B,H,W,Cc) fp32. The backend adds its dtype and device rules.

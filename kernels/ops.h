@@ -30,6 +30,11 @@ typedef enum { GELU_ERF = 0, GELU_TANH = 1 } GeluKind;
 enum { DWCONV_RESIDUAL = 1, DWCONV_WRITE_DX = 2, DWCONV_SILU = 4 };
 // conv2d_bwd's flags (its entry).
 enum { CONV2D_WRITE_DX = 1 };
+// The write modes of linear_bwd, attention_bwd and gspn_scan_bwd (their entries): the input
+// gradients written rather than added into, where nothing has written them yet.
+enum { LINEAR_WRITE_DX = 1 };
+enum { ATTENTION_WRITE_DQKV = 1 };
+enum { GSPN_SCAN_WRITE_GRADS = 1 };
 // adamw's hyperparameters (the update is written at its entry).
 typedef struct AdamWArgs {
     float lr, beta1, beta2, eps, weight_decay, grad_scale;

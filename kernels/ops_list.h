@@ -45,16 +45,13 @@ OP(linear_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Ten
    (ctx, x, w, b, y))
 // dx (N,K) += dy w; dw (M,K) += dy^T x; db (M) += sum_n dy. dy may be fp32 under bf16 x and w
 // (the gradient of a residual stream): dx and dw then take dy rounded to bf16, as a bf16 copy of
-// it would hold, and db its fp32 values (cast_colsum's).
-OP(linear_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
-       Tensor *dw, Tensor *db),
-   (ctx, dy, x, w, dx, dw, db))
-// As linear_bwd, but dx (N,K) = dy w is WRITTEN (every element), not accumulated; dw and db
-// still accumulate. The tape calls it for a gradient nothing has written yet: on the GPU that
-// saves zeroing dx and reading it back (the dx GEMM runs with beta = 0).
-OP(linear_bwd_write, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
-       Tensor *dw, Tensor *db),
-   (ctx, dy, x, w, dx, dw, db))
+// it would hold, and db its fp32 values (cast_colsum's). flags: LINEAR_WRITE_DX: dx = dy w is
+// WRITTEN (every element), not accumulated; dw and db still accumulate. The tape passes it for a
+// gradient nothing has written yet: on the GPU that saves zeroing dx and reading it back (the dx
+// GEMM runs with beta = 0).
+OP(linear_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, int flags,
+       Tensor *dx, Tensor *dw, Tensor *db),
+   (ctx, dy, x, w, flags, dx, dw, db))
 // y (N,M) = silu(x) w^T + b: linear_fwd of silu_fwd's output (silu(x) rounded to x's dtype, as
 // silu_fwd stores it) without that output in memory (the mixer's SiLU inside its down
 // projection). x (N,K), w (M,K), b (M) or NULL, one dtype.
@@ -154,14 +151,12 @@ OP(softmax_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *y, Tensor *dx),
 // the probabilities from q, k and lse, as flash attention does).
 OP(attention_fwd, (Ctx *ctx, const Tensor *qkv, int heads, Tensor *out, Tensor *lse),
    (ctx, qkv, heads, out, lse))
+// dqkv += the gradient. flags: ATTENTION_WRITE_DQKV: dqkv is WRITTEN, not accumulated (a
+// gradient nothing has written yet): cuDNN then writes dq, dk, dv straight into it (no zeroing,
+// no scratch copy, no add pass).
 OP(attention_bwd, (Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Tensor *out,
-       const Tensor *lse, int heads, Tensor *dqkv),
-   (ctx, dout, qkv, out, lse, heads, dqkv))
-// As attention_bwd, but dqkv is WRITTEN, not accumulated (a gradient nothing has written yet):
-// cuDNN then writes dq, dk, dv straight into it (no zeroing, no scratch copy, no add pass).
-OP(attention_bwd_write, (Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Tensor *out,
-       const Tensor *lse, int heads, Tensor *dqkv),
-   (ctx, dout, qkv, out, lse, heads, dqkv))
+       const Tensor *lse, int heads, int flags, Tensor *dqkv),
+   (ctx, dout, qkv, out, lse, heads, flags, dqkv))
 
 // Attention pooling with one learned query (timm AttentionPoolLatent, SigLIP's MAP head), forward
 // only (it runs in frozen teachers and feature extraction): q (C) the query after its projection,
@@ -313,16 +308,12 @@ OP(ema_update, (Ctx *ctx, Tensor *ema, const Tensor *src, float decay, Tensor *o
 OP(gspn_scan_fwd, (Ctx *ctx, const Tensor *xc, const Tensor *gates, const Tensor *merge,
        int shared_w, Tensor *yc, Tensor *hidden),
    (ctx, xc, gates, merge, shared_w, yc, hidden))
-// Accumulates dxc (B,H,W,Cc), dgates (B,H,W,G), dmerge (4).
+// Accumulates dxc (B,H,W,Cc), dgates (B,H,W,G), dmerge (4). flags: GSPN_SCAN_WRITE_GRADS: dxc
+// and dgates are WRITTEN (every element; their old contents are ignored) and dmerge still
+// accumulates. The tape passes it when nothing has written those gradients yet: on the GPU the
+// scan then neither reads dgates back nor needs it zeroed (40 of the 172 bytes per token-channel
+// the accumulating kernel moves, kernels/cuda/gspn_scan_notes.md).
 OP(gspn_scan_bwd, (Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
-       const Tensor *merge, int shared_w, const Tensor *hidden, Tensor *dxc, Tensor *dgates,
-       Tensor *dmerge),
-   (ctx, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge))
-// As gspn_scan_bwd, but dxc and dgates are WRITTEN (every element; their old contents are
-// ignored) and dmerge still accumulates. The tape calls it when nothing has written those
-// gradients yet: on the GPU the scan then neither reads dgates back nor needs it zeroed (40 of
-// the 172 bytes per token-channel the accumulating kernel moves, kernels/cuda/gspn_scan_notes.md).
-OP(gspn_scan_bwd_write, (Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
-       const Tensor *merge, int shared_w, const Tensor *hidden, Tensor *dxc, Tensor *dgates,
-       Tensor *dmerge),
-   (ctx, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge))
+       const Tensor *merge, int shared_w, const Tensor *hidden, int flags, Tensor *dxc,
+       Tensor *dgates, Tensor *dmerge),
+   (ctx, dyc, xc, gates, merge, shared_w, hidden, flags, dxc, dgates, dmerge))

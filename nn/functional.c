@@ -47,8 +47,8 @@ static void linear_backward(Tape *t, void *p) {
     if (!NEED_GRAD(r)) return;
     bool fresh;   // a dx nothing has written yet is written, not zeroed and added to
     Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
-    (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, r->y->grad, r->x, r->w, dx,
-                                                  tape_grad(t, r->w), tape_grad(t, r->b));
+    op_linear_bwd(t->ctx, r->y->grad, r->x, r->w, fresh ? LINEAR_WRITE_DX : 0, dx,
+                  tape_grad(t, r->w), tape_grad(t, r->b));
 }
 Tensor *nn_linear(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
     CG_CHECK(tensor_last(x) == w->shape[1], "", "linear: input width %d, weight expects %d",
@@ -101,7 +101,7 @@ static void linear_residual_backward(Tape *t, void *p) {
     if (dw || db || r->x->requires_grad) {
         bool fresh;   // dy may be the fp32 stream's gradient under a bf16 x (linear_bwd reads it)
         Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
-        (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, dy, r->x, r->w, dx, dw, db);
+        op_linear_bwd(t->ctx, dy, r->x, r->w, fresh ? LINEAR_WRITE_DX : 0, dx, dw, db);
     }
     pass_grad(t, r->res, dy);
 }
@@ -149,8 +149,8 @@ static void linear_add_layernorm_backward(Tape *t, void *p) {
     if (g) {
         bool fresh;
         Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
-        (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, g, r->x, r->w, dx, dw,
-                                                      db_done ? NULL : db);
+        op_linear_bwd(t->ctx, g, r->x, r->w, fresh ? LINEAR_WRITE_DX : 0, dx, dw,
+                      db_done ? NULL : db);
     }
     pass_grad(t, r->res, dh);
 }
@@ -255,7 +255,7 @@ static void mlp_backward_from(Tape *t, const MlpRec *r, const Tensor *dy, Tensor
                         tape_grad(t, r->w2), db2);
     if (!r->h) tape_release(t, h);
     if (dpre && (dx || dw1))
-        (fresh ? op_linear_bwd_write : op_linear_bwd)(t->ctx, dpre, r->x, r->w1, dx, dw1, NULL);
+        op_linear_bwd(t->ctx, dpre, r->x, r->w1, fresh ? LINEAR_WRITE_DX : 0, dx, dw1, NULL);
 }
 static void mlp_backward(Tape *t, void *p) {
     MlpRec *r = p;
@@ -347,8 +347,9 @@ static void attention_backward(Tape *t, void *p) {
     if (!NEED_GRAD(r)) return;
     bool fresh;
     Tensor *dqkv = tape_grad_fresh(t, r->qkv, &fresh);
-    if (dqkv) (fresh ? op_attention_bwd_write : op_attention_bwd)(t->ctx, r->y->grad, r->qkv, r->y,
-                                                                  r->lse, r->heads, dqkv);
+    if (dqkv)
+        op_attention_bwd(t->ctx, r->y->grad, r->qkv, r->y, r->lse, r->heads,
+                         fresh ? ATTENTION_WRITE_DQKV : 0, dqkv);
 }
 Tensor *nn_attention(Tape *t, Tensor *qkv, int heads) {
     CG_CHECK(qkv->ndim == 3 && qkv->shape[2] % (3 * heads) == 0, "",
@@ -626,11 +627,11 @@ static void gspn_backward(Tape *t, void *p) {
     if (!r->xc->grad && !r->gates->grad) {
         bool fresh;
         Tensor *dxc = tape_grad_fresh(t, r->xc, &fresh), *dg = tape_grad_fresh(t, r->gates, &fresh);
-        op_gspn_scan_bwd_write(t->ctx, r->y->grad, r->xc, r->gates, r->merge, r->shared_w,
-                               r->hidden, dxc, dg, tape_grad(t, r->merge));
+        op_gspn_scan_bwd(t->ctx, r->y->grad, r->xc, r->gates, r->merge, r->shared_w, r->hidden,
+                         GSPN_SCAN_WRITE_GRADS, dxc, dg, tape_grad(t, r->merge));
         return;
     }
-    op_gspn_scan_bwd(t->ctx, r->y->grad, r->xc, r->gates, r->merge, r->shared_w, r->hidden,
+    op_gspn_scan_bwd(t->ctx, r->y->grad, r->xc, r->gates, r->merge, r->shared_w, r->hidden, 0,
                      tape_grad(t, r->xc), tape_grad(t, r->gates), tape_grad(t, r->merge));
 }
 Tensor *nn_gspn_scan(Tape *t, Tensor *xc, Tensor *gates, Tensor *merge, int shared_w) {

@@ -80,7 +80,7 @@ static Outputs op_reference(const Problem *p) {
     Ctx ctx = cpu_ctx();
     Outputs o = outputs_new(p, 0.0f);
     cpu_gspn_scan_fwd(&ctx, p->xc, p->gates, p->merge, p->shared_w, o.yc, o.hidden);
-    cpu_gspn_scan_bwd(&ctx, p->dyc, p->xc, p->gates, p->merge, p->shared_w, o.hidden, o.dxc,
+    cpu_gspn_scan_bwd(&ctx, p->dyc, p->xc, p->gates, p->merge, p->shared_w, o.hidden, 0, o.dxc,
                       o.dgates, o.dmerge);
     return o;
 }

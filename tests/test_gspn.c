@@ -222,7 +222,7 @@ static void test_gspn_tb_tiny_case_matches_hand_computed_values(void **state) {
     Tensor *dyc = test_like(p->yc), *dxc = test_like(p->xc), *dgates = test_like(p->gates);
     Tensor *dmerge = test_like(p->merge);
     for (int n = 0; n < 4; n++) tensor_f32(dyc)[n] = 1.0f;
-    cpu_gspn_scan_bwd(&ctx, dyc, p->xc, p->gates, p->merge, 0, p->hidden, dxc, dgates, dmerge);
+    cpu_gspn_scan_bwd(&ctx, dyc, p->xc, p->gates, p->merge, 0, p->hidden, 0, dxc, dgates, dmerge);
     const float dxc_want[4] = {1.075f, 0.925f, 0.5f, 0.5f}, dlam_want[4] = {1.075f, 1.85f, 1.5f, 2};
     Problem dp = *p;            // gate_at on the gradient
     dp.gates = dgates;
@@ -312,7 +312,7 @@ static void problem_backward(Problem *p, int use_hidden, Grads g) {
     Ctx ctx = ctx_cpu();
     Tensor *hidden = use_hidden ? p->hidden : NULL;
     cpu_gspn_scan_fwd(&ctx, p->xc, p->gates, p->merge, p->shared_w, p->yc, hidden);
-    cpu_gspn_scan_bwd(&ctx, p->r, p->xc, p->gates, p->merge, p->shared_w, hidden,
+    cpu_gspn_scan_bwd(&ctx, p->r, p->xc, p->gates, p->merge, p->shared_w, hidden, 0,
                       g.dxc, g.dgates, g.dmerge);
 }
 
@@ -359,10 +359,10 @@ static void test_gspn_backward_recompute_equals_saved_hidden(void **state) {
         // A NULL gradient is skipped and leaves the others as they are.
         Ctx ctx = ctx_cpu();
         Grads one = grads_new(p);
-        cpu_gspn_scan_bwd(&ctx, p->r, p->xc, p->gates, p->merge, shared, NULL, one.dxc, NULL, NULL);
-        cpu_gspn_scan_bwd(&ctx, p->r, p->xc, p->gates, p->merge, shared, NULL, NULL, one.dgates, NULL);
-        cpu_gspn_scan_bwd(&ctx, p->r, p->xc, p->gates, p->merge, shared, NULL, NULL, NULL, one.dmerge);
-        cpu_gspn_scan_bwd(&ctx, p->r, p->xc, p->gates, p->merge, shared, NULL, NULL, NULL, NULL);
+        cpu_gspn_scan_bwd(&ctx, p->r, p->xc, p->gates, p->merge, shared, NULL, 0, one.dxc, NULL, NULL);
+        cpu_gspn_scan_bwd(&ctx, p->r, p->xc, p->gates, p->merge, shared, NULL, 0, NULL, one.dgates, NULL);
+        cpu_gspn_scan_bwd(&ctx, p->r, p->xc, p->gates, p->merge, shared, NULL, 0, NULL, NULL, one.dmerge);
+        cpu_gspn_scan_bwd(&ctx, p->r, p->xc, p->gates, p->merge, shared, NULL, 0, NULL, NULL, NULL);
         assert_memory_equal(one.dxc->data, saved.dxc->data, tensor_bytes(saved.dxc));
         assert_memory_equal(one.dgates->data, saved.dgates->data, tensor_bytes(saved.dgates));
         assert_memory_equal(one.dmerge->data, saved.dmerge->data, tensor_bytes(saved.dmerge));
@@ -408,7 +408,7 @@ static void scan_backward_with_one_direction_of_hidden(void) {
     Tensor *xc = test_tensor(4, 1, 3, 4, 2), *gates = test_tensor(4, 1, 3, 4, 28);
     Tensor *merge = test_tensor(1, 4), *dyc = test_like(xc), *dxc = test_like(xc);
     Tensor *hidden = test_tensor(4, 1, 3, 4, 2);
-    cpu_gspn_scan_bwd(&ctx, dyc, xc, gates, merge, 1, hidden, dxc, NULL, NULL);
+    cpu_gspn_scan_bwd(&ctx, dyc, xc, gates, merge, 1, hidden, 0, dxc, NULL, NULL);
 }
 
 // A dgates of the wrong width for the write variant.
@@ -416,7 +416,7 @@ static void scan_backward_write_with_short_dgates(void) {
     Ctx ctx = ctx_cpu();
     Tensor *xc = test_tensor(4, 1, 3, 4, 2), *gates = test_tensor(4, 1, 3, 4, 28);
     Tensor *merge = test_tensor(1, 4), *dyc = test_like(xc), *dgates = test_tensor(4, 1, 3, 4, 27);
-    cpu_gspn_scan_bwd_write(&ctx, dyc, xc, gates, merge, 1, NULL, NULL, dgates, NULL);
+    cpu_gspn_scan_bwd(&ctx, dyc, xc, gates, merge, 1, NULL, GSPN_SCAN_WRITE_GRADS, NULL, dgates, NULL);
 }
 
 // Each stops the program with a message naming the op, the argument and the shapes (run in a
@@ -428,7 +428,7 @@ static void test_gspn_rejects_bad_shapes_with_a_message(void **state) {
     expect_stop(scan_backward_with_one_direction_of_hidden,
                 (const char *[]){"gspn_scan_bwd", "hidden", "(4, B, H, W, Cc)", NULL});
     expect_stop(scan_backward_write_with_short_dgates,
-                (const char *[]){"gspn_scan_bwd_write", "dgates has shape (1, 3, 4, 27)", NULL});
+                (const char *[]){"gspn_scan_bwd", "dgates has shape (1, 3, 4, 27)", NULL});
 }
 
 int main(void) {

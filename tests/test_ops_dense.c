@@ -181,7 +181,7 @@ static void test_linear_backward_matches_finite_differences(void **state) {
     LinearCase c = linear_case(5, 7, 3, 1, 110);
     Ctx ctx = ctx_cpu();
     Tensor *dx = test_like(c.x), *dw = test_like(c.w), *db = test_like(c.b);
-    cpu_linear_bwd(&ctx, c.r, c.x, c.w, dx, dw, db);
+    cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, dx, dw, db);
     assert_true(test_gradcheck("linear dx", linear_loss, &c, c.x, dx) < GRAD_TOL);
     assert_true(test_gradcheck("linear dw", linear_loss, &c, c.w, dw) < GRAD_TOL);
     assert_true(test_gradcheck("linear db", linear_loss, &c, c.b, db) < GRAD_TOL);
@@ -196,17 +196,17 @@ static void test_linear_backward_accumulates_and_skips_null_gradients(void **sta
     Ctx ctx = ctx_cpu();
     Tensor *dx1 = test_like(c.x), *dw1 = test_like(c.w), *db1 = test_like(c.b);
     Tensor *dx2 = test_like(c.x), *dw2 = test_like(c.w), *db2 = test_like(c.b);
-    cpu_linear_bwd(&ctx, c.r, c.x, c.w, dx1, dw1, db1);
-    for (int rep = 0; rep < 2; rep++) cpu_linear_bwd(&ctx, c.r, c.x, c.w, dx2, dw2, db2);
+    cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, dx1, dw1, db1);
+    for (int rep = 0; rep < 2; rep++) cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, dx2, dw2, db2);
     assert_doubled("linear dx", dx1, dx2);
     assert_doubled("linear dw", dw1, dw2);
     assert_doubled("linear db", db1, db2);
     // NULL gradients are skipped; the others come out the same.
     Tensor *dw3 = test_like(c.w);
-    cpu_linear_bwd(&ctx, c.r, c.x, c.w, NULL, dw3, NULL);
+    cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, NULL, dw3, NULL);
     assert_memory_equal(dw3->data, dw1->data, sizeof(float) * dw1->numel);
     Tensor *dx3 = test_like(c.x);
-    cpu_linear_bwd(&ctx, c.r, c.x, c.w, dx3, NULL, NULL);
+    cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, dx3, NULL, NULL);
     assert_memory_equal(dx3->data, dx1->data, sizeof(float) * dx1->numel);
     Tensor *t[] = {dx1, dw1, db1, dx2, dw2, db2, dw3, dx3};
     for (size_t i = 0; i < sizeof t / sizeof *t; i++) test_tensor_free(t[i]);
@@ -219,9 +219,9 @@ static void test_linear_backward_is_deterministic_across_thread_counts(void **st
     Tensor *dw1 = test_like(c.w), *db1 = test_like(c.b), *dw3 = test_like(c.w), *db3 = test_like(c.b);
     int saved = omp_get_max_threads();
     omp_set_num_threads(1);
-    cpu_linear_bwd(&ctx, c.r, c.x, c.w, NULL, dw1, db1);
+    cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, NULL, dw1, db1);
     omp_set_num_threads(3);
-    cpu_linear_bwd(&ctx, c.r, c.x, c.w, NULL, dw3, db3);
+    cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, NULL, dw3, db3);
     omp_set_num_threads(saved);
     assert_memory_equal(dw1->data, dw3->data, sizeof(float) * dw1->numel);
     assert_memory_equal(db1->data, db3->data, sizeof(float) * db1->numel);
@@ -590,13 +590,13 @@ static void check_attention_backward(int B, int N, int C, int heads, uint64_t se
     Ctx ctx = ctx_cpu();
     attn_loss(&c);
     Tensor *dqkv = test_like(c.qkv), *dqkv2 = test_like(c.qkv);
-    cpu_attention_bwd(&ctx, c.r, c.qkv, c.out, c.lse, c.heads, dqkv);
+    cpu_attention_bwd(&ctx, c.r, c.qkv, c.out, c.lse, c.heads, 0, dqkv);
     char name[64];
     snprintf(name, sizeof name, "attention dqkv N=%d h=%d", N, heads);
     assert_true(test_gradcheck(name, attn_loss, &c, c.qkv, dqkv) < GRAD_TOL);
     attn_loss(&c);   // gradcheck leaves out/lse from a perturbed input; restore them
     for (int rep = 0; rep < 2; rep++)
-        cpu_attention_bwd(&ctx, c.r, c.qkv, c.out, c.lse, c.heads, dqkv2);
+        cpu_attention_bwd(&ctx, c.r, c.qkv, c.out, c.lse, c.heads, 0, dqkv2);
     assert_doubled(name, dqkv, dqkv2);
     test_tensor_free(dqkv);
     test_tensor_free(dqkv2);

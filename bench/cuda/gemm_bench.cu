@@ -152,7 +152,7 @@ extern "C" int cuda_bench_gemm(FILE *out) {
                       bench_ms(c, [&] { cuda_linear_gelu_fwd(c, &x, &w, &b, GELU_ERF, &pre, &y); }));
             cuda_free(pre.data);
         }
-        bench_row(out, s, "bwd dx += dy w", bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, &dx, NULL, NULL); }));
+        bench_row(out, s, "bwd dx += dy w", bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, 0, &dx, NULL, NULL); }));
         if (s->gelu == 2) {   // x stands in for h = gelu(pre) and for pre; dx receives dpre
             bench_row(out, s, "bwd dpre erf (CUTLASS)",
                       bench_ms(c, [&] { cuda_linear_dgelu_bwd(c, &dy, &x, &w, &x, GELU_ERF, &dx, NULL, NULL, NULL); }));
@@ -163,15 +163,15 @@ extern "C" int cuda_bench_gemm(FILE *out) {
                       bench_ms(c, [&] { cuda_linear_dgelu_bwd(c, &dy, &x, &w, &x, GELU_TANH, &dx, NULL, NULL, NULL); }));
             cuda_gemm_set_fusion(c, CUDA_FUSE_DEFAULT);
         }
-        bench_row(out, s, "bwd dw += dy^T x", bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, NULL, &dw, NULL); }));
+        bench_row(out, s, "bwd dw += dy^T x", bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, 0, NULL, &dw, NULL); }));
         bench_row(out, s, "bwd dw, db (default)",
-                  bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, NULL, &dw, &db); }));
+                  bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, 0, NULL, &dw, &db); }));
         cuda_gemm_set_fusion(c, CUDA_FUSE_DEFAULT & ~CUDA_FUSE_BIAS_GRAD_TALL);
         bench_row(out, s, "bwd dw, db (colsum)",
-                  bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, NULL, &dw, &db); }));
+                  bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, 0, NULL, &dw, &db); }));
         cuda_gemm_set_fusion(c, CUDA_FUSE_ALL);
         bench_row(out, s, "bwd dw, db (BGRAD* + add)",
-                  bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, NULL, &dw, &db); }));
+                  bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, 0, NULL, &dw, &db); }));
         cuda_gemm_set_fusion(c, CUDA_FUSE_DEFAULT);
 
         Tensor *all[] = {&x, &w, &b, &y, &dy, &dx, &dw, &db};

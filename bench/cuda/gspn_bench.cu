@@ -9,9 +9,9 @@
 //                       write dxc (Cc e) + dgates (G e)
 //   backward with +=  : the above + read dxc (Cc e) + dgates (G e): gspn_scan_bwd accumulates,
 //                       so a kernel that honours that contract must read them too
-// "bwd" times gspn_scan_bwd_write (what the tape runs: the gradients are written, kernels/ops.h)
-// against the must-move bytes; "bwd +=" times gspn_scan_bwd (the accumulating op, libcgspn's ABI)
-// against the += bytes.
+// "bwd" times gspn_scan_bwd with GSPN_SCAN_WRITE_GRADS (what the tape runs: the gradients are
+// written, kernels/ops_list.h) against the must-move bytes; "bwd +=" times the accumulating
+// gspn_scan_bwd (libcgspn's ABI) against the += bytes.
 // GB/s = those bytes / median time; "%copy" = that / the copy bandwidth (bytes read + written by
 // cudaMemcpy device-to-device of 1 GiB). "moved" columns use the bytes this implementation
 // really moves (the header of gspn_scan.cu derives them), to show how close the kernels run to

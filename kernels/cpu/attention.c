@@ -115,12 +115,14 @@ static void attn_bwd_head(const AttnShape *s, const float *dout, const float *qk
     }
 }
 
+// ATTENTION_WRITE_DQKV: the reference writes by zeroing dqkv, then adding.
 void cpu_attention_bwd(Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Tensor *out,
-                       const Tensor *lse, int heads, Tensor *dqkv) {
+                       const Tensor *lse, int heads, int flags, Tensor *dqkv) {
     if (!dqkv) return;
     AttnShape s = attn_shape("attention_bwd", qkv, heads, out, lse);
     cpu_check_same("attention_bwd", "dout", dout, "out", out);
     cpu_check_same("attention_bwd", "dqkv", dqkv, "qkv", qkv);
+    if (flags & ATTENTION_WRITE_DQKV) memset(dqkv->data, 0, tensor_bytes(dqkv));
     if (s.B == 0 || s.N == 0) return;
     // One task per (batch, head): dk and dv sum over all query blocks, so a head is never split.
     int tasks = s.B * s.H;
@@ -138,15 +140,6 @@ void cpu_attention_bwd(Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Te
         attn_bwd_head(&s, pdout, pqkv, pout, plse, pdqkv, t / s.H, t % s.H, P, dS, Di);
     }
     free(scratch);
-}
-
-// dqkv written: attention_bwd into a zeroed dqkv.
-void cpu_attention_bwd_write(Ctx *ctx, const Tensor *dout, const Tensor *qkv, const Tensor *out,
-                             const Tensor *lse, int heads, Tensor *dqkv) {
-    if (!dqkv) return;
-    cpu_check_f32("attention_bwd_write", "dqkv", dqkv);
-    memset(dqkv->data, 0, tensor_bytes(dqkv));
-    cpu_attention_bwd(ctx, dout, qkv, out, lse, heads, dqkv);
 }
 
 // Attention pooling with one query per head (kernels/ops.h attention_pool_fwd): per (b, h) the

@@ -113,10 +113,10 @@ void cpu_conv2d_bwd(Ctx *ctx, const Tensor *dy, const Tensor *cols, const Tensor
     if (dx) {   // dcols = dy w, then its adjoint into dx
         float *D = host_alloc(g.rows * g.cols);
         Tensor dc = host_matrix(D, g.rows, g.cols);
-        cpu_linear_bwd(ctx, &dym, &cm, &wm, &dc, dw ? &dwm : NULL, db);
+        cpu_linear_bwd(ctx, &dym, &cm, &wm, 0, &dc, dw ? &dwm : NULL, db);
         col2im(&g, D, tensor_f32(dx), dx->numel, flags & CONV2D_WRITE_DX);
         free(D);
     } else if (dw || db) {
-        cpu_linear_bwd(ctx, &dym, &cm, &wm, NULL, dw ? &dwm : NULL, db);
+        cpu_linear_bwd(ctx, &dym, &cm, &wm, 0, NULL, dw ? &dwm : NULL, db);
     }
 }

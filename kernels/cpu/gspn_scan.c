@@ -143,20 +143,17 @@ static void scan_bwd(const char *op, const Tensor *dyc, const Tensor *xc, const 
     free(h_own);
 }
 
+// GSPN_SCAN_WRITE_GRADS: the reference writes by zeroing, then accumulating: the same values as
+// the GPU's direct writes.
 void cpu_gspn_scan_bwd(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
-                       const Tensor *merge, int shared_w, const Tensor *hidden,
+                       const Tensor *merge, int shared_w, const Tensor *hidden, int flags,
                        Tensor *dxc, Tensor *dgates, Tensor *dmerge) {
-    scan_bwd("gspn_scan_bwd", dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge);
-}
-
-// The reference writes by zeroing, then accumulating: the same values as the GPU's direct writes.
-void cpu_gspn_scan_bwd_write(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
-                             const Tensor *merge, int shared_w, const Tensor *hidden,
-                             Tensor *dxc, Tensor *dgates, Tensor *dmerge) {
-    const char *op = "gspn_scan_bwd_write";
-    check_like(op, "dxc", dxc, "xc", xc);
-    check_like(op, "dgates", dgates, "gates", gates);
-    if (dxc) memset(tensor_f32(dxc), 0, dxc->numel * sizeof(float));
-    if (dgates) memset(tensor_f32(dgates), 0, dgates->numel * sizeof(float));
+    const char *op = "gspn_scan_bwd";
+    if (flags & GSPN_SCAN_WRITE_GRADS) {
+        check_like(op, "dxc", dxc, "xc", xc);
+        check_like(op, "dgates", dgates, "gates", gates);
+        if (dxc) memset(tensor_f32(dxc), 0, dxc->numel * sizeof(float));
+        if (dgates) memset(tensor_f32(dgates), 0, dgates->numel * sizeof(float));
+    }
     scan_bwd(op, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge);
 }

@@ -58,8 +58,9 @@ void cpu_linear_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const T
     for (size_t i = 0; i < y->numel; i++) py[i] = pr[i] + py[i];
 }
 
-// dx (N,K) += dy w; dw (M,K) += dy^T x; db (M) += sum_n dy
-void cpu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+// dx (N,K) += dy w (= with LINEAR_WRITE_DX: the reference writes by zeroing, then adding); dw
+// (M,K) += dy^T x; db (M) += sum_n dy
+void cpu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, int flags,
                     Tensor *dx, Tensor *dw, Tensor *db) {
     cpu_check_f32("linear_bwd", "w", w);
     cpu_check_f32("linear_bwd", "x", x);
@@ -71,7 +72,8 @@ void cpu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w
 
     if (dx) {   // (N,M) . (M,K)
         cpu_check_same("linear_bwd", "dx", dx, "x", x);
-        cpu_sgemm(0, 0, (int)N, K, M, 1.0f, pdy, M, pw, K, 1.0f, tensor_f32(dx), K);
+        const float beta = flags & LINEAR_WRITE_DX ? 0.0f : 1.0f;
+        cpu_sgemm(0, 0, (int)N, K, M, 1.0f, pdy, M, pw, K, beta, tensor_f32(dx), K);
     }
     if (dw) {   // (M,N) . (N,K), dy read transposed
         cpu_check_same("linear_bwd", "dw", dw, "w", w);
@@ -81,16 +83,6 @@ void cpu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w
         cpu_check_numel("linear_bwd", "db", db, (size_t)M);
         colsum_add(pdy, N, M, tensor_f32(db));
     }
-}
-
-// dx = dy w (written); dw, db accumulate: linear_bwd into a zeroed dx.
-void cpu_linear_bwd_write(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
-                          Tensor *dx, Tensor *dw, Tensor *db) {
-    if (dx) {
-        cpu_check_f32("linear_bwd_write", "dx", dx);
-        memset(dx->data, 0, tensor_bytes(dx));
-    }
-    cpu_linear_bwd(ctx, dy, x, w, dx, dw, db);
 }
 
 // A zeroed CPU fp32 scratch tensor of ref's shape; free its data with free().
@@ -115,7 +107,7 @@ void cpu_silu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tens
     if (!dx && !dw && !db) return;
     Tensor s = linear_scratch_like(x), g = linear_scratch_like(x);
     cpu_silu_fwd(ctx, x, &s);
-    cpu_linear_bwd(ctx, dy, &s, w, dx ? &g : NULL, dw, db);
+    cpu_linear_bwd(ctx, dy, &s, w, 0, dx ? &g : NULL, dw, db);
     if (dx) {
         cpu_check_same("silu_linear_bwd", "dx", dx, "x", x);
         memset(dx->data, 0, dx->numel * sizeof(float));
@@ -154,7 +146,7 @@ void cpu_linear_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tens
     cpu_check_same("linear_gelu_bwd", "pre", pre, "dy", dy);
     Tensor dpre = linear_scratch_like(dy);
     cpu_gelu_bwd(ctx, dy, pre, kind, &dpre);
-    cpu_linear_bwd(ctx, &dpre, x, w, dx, dw, db);
+    cpu_linear_bwd(ctx, &dpre, x, w, 0, dx, dw, db);
     free(dpre.data);
 }
 
@@ -167,7 +159,7 @@ void cpu_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *h, const Ten
         cpu_check_same("linear_dgelu_bwd", "pre", pre, "h", h);
         cpu_check_same("linear_dgelu_bwd", "dpre", dpre, "h", h);
         Tensor dh = linear_scratch_like(h);
-        cpu_linear_bwd(ctx, dy, h, w, &dh, NULL, NULL);
+        cpu_linear_bwd(ctx, dy, h, w, 0, &dh, NULL, NULL);
         memset(dpre->data, 0, dpre->numel * sizeof(float));
         cpu_gelu_bwd(ctx, &dh, pre, kind, dpre);
         free(dh.data);
@@ -176,5 +168,5 @@ void cpu_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *h, const Ten
             colsum_add(tensor_f32(dpre), tensor_rows(dpre), tensor_last(dpre), tensor_f32(dpre_db));
         }
     }
-    if (dw || db) cpu_linear_bwd(ctx, dy, h, w, NULL, dw, db);
+    if (dw || db) cpu_linear_bwd(ctx, dy, h, w, 0, NULL, dw, db);
 }

@@ -77,7 +77,7 @@ void cpu_patch_embed_bwd(Ctx *ctx, const Tensor *dy, const Tensor *cols, const T
             cpu_check_numel("patch_embed_bwd", "dw", dw, w->numel);
             dw2 = tensor_view(dw, 2, (int[]){D, K});
         }
-        cpu_linear_bwd(ctx, &dy2, &c2, &w2, NULL, dw ? &dw2 : NULL, db);
+        cpu_linear_bwd(ctx, &dy2, &c2, &w2, 0, NULL, dw ? &dw2 : NULL, db);
     }
     if (dimg) {
         cpu_check_f32("patch_embed_bwd", "dimg", dimg);

@@ -5,7 +5,7 @@
 //
 // Backward accumulates into dqkv on both paths: the fallback adds in its kernels; cuDNN writes
 // dq, dk, dv into scratch laid out like dqkv and one add kernel folds it in (a read of the
-// scratch and a read and write of dqkv, the price of the += contract). attention_bwd_write is
+// scratch and a read and write of dqkv, the price of the += contract). ATTENTION_WRITE_DQKV is
 // for a dqkv nothing has written yet (the tape knows): cuDNN writes into it directly; the
 // fallback zeroes it first.
 #include "attention.h"
@@ -124,7 +124,7 @@ static CudaAttnPath attention_bwd_run(Ctx *ctx, const Tensor *dout, const Tensor
                                       const Tensor *out, const Tensor *lse, int heads,
                                       Tensor *dqkv, CudaAttnPath want,
                                       int *bitwise_deterministic, bool write) {
-    const char *op = write ? "attention_bwd_write" : "attention_bwd";
+    const char *op = "attention_bwd";
     if (bitwise_deterministic) *bitwise_deterministic = 1;
     if (!dqkv) return CUDA_ATTN_FALLBACK;
     AttnDims a = attn_dims(op, qkv, heads);
@@ -176,16 +176,13 @@ extern "C" void cuda_attention_fwd(Ctx *ctx, const Tensor *qkv, int heads, Tenso
     cuda_attention_fwd_path(ctx, qkv, heads, out, lse, CUDA_ATTN_AUTO);
 }
 
+// ATTENTION_WRITE_DQKV: cuDNN writes dq, dk, dv straight into dqkv (no scratch, no add pass).
 extern "C" void cuda_attention_bwd(Ctx *ctx, const Tensor *dout, const Tensor *qkv,
-                                   const Tensor *out, const Tensor *lse, int heads,
+                                   const Tensor *out, const Tensor *lse, int heads, int flags,
                                    Tensor *dqkv) {
     report_attention_flops(ctx, qkv, 5);
-    cuda_attention_bwd_path(ctx, dout, qkv, out, lse, heads, dqkv, CUDA_ATTN_AUTO, NULL);
-}
-
-extern "C" void cuda_attention_bwd_write(Ctx *ctx, const Tensor *dout, const Tensor *qkv,
-                                         const Tensor *out, const Tensor *lse, int heads,
-                                         Tensor *dqkv) {
-    report_attention_flops(ctx, qkv, 5);
-    attention_bwd_run(ctx, dout, qkv, out, lse, heads, dqkv, CUDA_ATTN_AUTO, NULL, true);
+    if (flags & ATTENTION_WRITE_DQKV)
+        attention_bwd_run(ctx, dout, qkv, out, lse, heads, dqkv, CUDA_ATTN_AUTO, NULL, true);
+    else
+        cuda_attention_bwd_path(ctx, dout, qkv, out, lse, heads, dqkv, CUDA_ATTN_AUTO, NULL);
 }

@@ -39,7 +39,7 @@
 // Backward step (reverse scan): dL/dh of step s is m_d u dyc plus the transposed weights of step
 //   s+1, which the block keeps in shared memory (w_{-1} dh and w_{+1} dh of every lane, double
 //   buffered; w_0 dh stays with its owner). Gate gradients are added into dgates in place (each
-//   element has one owner), or written without reading dgates (gspn_scan_bwd_write, the tape's
+//   element has one owner), or written without reading dgates (GSPN_SCAN_WRITE_GRADS, the tape's
 //   case; the pipelined kernel then stages 7 slots per item instead of 12, so deeper pipelines
 //   fit). dxc needs sum_d lam_d dh_d: each direction writes its own slice (fp32) and an
 //   elementwise kernel adds them in the fixed order, rounding once; dmerge is reduced per block in fp64 and the
@@ -58,8 +58,8 @@
 //   what must move, backward: dyc 2 + xc 2 + gates 40 + hidden 16 + dxc 2 + dgates 40   = 102
 //     (+ dxc 2 + dgates 40 read back, since backward accumulates into them               = 144)
 //   what this moves, backward: dyc 4x2 + xc 4x2 + gates 40 + hidden 16 + dgates 40 +
-//     dxc_d 4x4 (write, then read) + dxc 2                    (gspn_scan_bwd_write)      = 146
-//     (gspn_scan_bwd, accumulating: + dgates 40 + dxc 2 read back                        = 188)
+//     dxc_d 4x4 (write, then read) + dxc 2                    (GSPN_SCAN_WRITE_GRADS)    = 146
+//     (gspn_scan_bwd accumulating: + dgates 40 + dxc 2 read back                         = 188)
 // The extra reads of xc / dyc (one per direction) and the y_d / dxc_d round trip are the price of
 // running the directions as separate scans without float atomics; the whole H x W plane of a
 // channel group would have to stay on chip to avoid them, which it does not at 74^2 and up.
@@ -337,20 +337,13 @@ extern "C" void cuda_gspn_scan_fwd(Ctx *ctx, const Tensor *xc, const Tensor *gat
     gspn::gspn_fwd_impl(ctx, xc, gates, merge, shared_w, yc, hidden, GSPN_TUNING_DEFAULT);
 }
 
+// GSPN_SCAN_WRITE_GRADS: dxc and dgates written, dgates never read back or zeroed.
 extern "C" void cuda_gspn_scan_bwd(Ctx *ctx, const Tensor *dyc, const Tensor *xc,
                                    const Tensor *gates, const Tensor *merge, int shared_w,
-                                   const Tensor *hidden, Tensor *dxc, Tensor *dgates,
+                                   const Tensor *hidden, int flags, Tensor *dxc, Tensor *dgates,
                                    Tensor *dmerge) {
     gspn::gspn_bwd_impl(ctx, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge,
-                  GSPN_TUNING_DEFAULT, false);
-}
-
-extern "C" void cuda_gspn_scan_bwd_write(Ctx *ctx, const Tensor *dyc, const Tensor *xc,
-                                         const Tensor *gates, const Tensor *merge, int shared_w,
-                                         const Tensor *hidden, Tensor *dxc, Tensor *dgates,
-                                         Tensor *dmerge) {
-    gspn::gspn_bwd_impl(ctx, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge,
-                  GSPN_TUNING_DEFAULT, true);
+                        GSPN_TUNING_DEFAULT, (flags & GSPN_SCAN_WRITE_GRADS) != 0);
 }
 
 // For the benchmark (bench/cuda/gspn_bench.cu): the same ops with another tuning.

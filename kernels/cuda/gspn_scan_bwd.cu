@@ -893,7 +893,7 @@ void scan_bwd(Ctx *ctx, const Plan &p, const Tensor *dyc, const Tensor *xc, cons
 void gspn_bwd_impl(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
                    const Tensor *merge, int shared_w, const Tensor *hidden, Tensor *dxc,
                    Tensor *dgates, Tensor *dmerge, Tuning tu, bool write) {
-    const char *op = write ? "gspn_scan_bwd_write" : "gspn_scan_bwd";
+    const char *op = "gspn_scan_bwd";
     CG_CHECK(dyc && xc && gates, "", "op %s: dyc, xc, gates and merge are required", op);
     const void *ptrs[] = {dyc->data, xc->data, gates->data, hidden ? hidden->data : nullptr,
                           dxc ? dxc->data : nullptr, dgates ? dgates->data : nullptr};

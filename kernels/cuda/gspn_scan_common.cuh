@@ -295,7 +295,7 @@ struct ScanArgs {
     int lane_bytes;      // bytes of the per-lane state region (h or carries), 16-aligned
     int prefetch;        // L2 prefetch distance in steps (0: none)
     int dir_mask;        // directions to run (bit d); 15 except in the benchmark's diagnostics
-    int dg_write;        // backward: write dgates (gspn_scan_bwd_write) instead of adding into it
+    int dg_write;        // backward: write dgates (GSPN_SCAN_WRITE_GRADS) instead of adding into it
 };
 
 // L2 prefetch of step s's whole token rows (all Cc channels, not just this block's group), so

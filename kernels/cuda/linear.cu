@@ -867,14 +867,10 @@ extern "C" void cuda_silu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x
     cuda_temp_free(ctx, a.data);
 }
 
+// LINEAR_WRITE_DX: the dx GEMM runs with beta = 0 (no zeroing, dx never read).
 extern "C" void cuda_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
-                                Tensor *dx, Tensor *dw, Tensor *db) {
-    linear_bwd_op("linear_bwd", ctx, dy, x, w, dx, dw, db, 1.0f);
-}
-
-extern "C" void cuda_linear_bwd_write(Ctx *ctx, const Tensor *dy, const Tensor *x,
-                                      const Tensor *w, Tensor *dx, Tensor *dw, Tensor *db) {
-    linear_bwd_op("linear_bwd_write", ctx, dy, x, w, dx, dw, db, 0.0f);
+                                int flags, Tensor *dx, Tensor *dw, Tensor *db) {
+    linear_bwd_op("linear_bwd", ctx, dy, x, w, dx, dw, db, flags & LINEAR_WRITE_DX ? 0.0f : 1.0f);
 }
 
 extern "C" void cuda_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,

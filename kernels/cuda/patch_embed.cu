@@ -110,7 +110,7 @@ extern "C" void cuda_patch_embed_bwd(Ctx *ctx, const Tensor *dy, const Tensor *c
                      dw->numel, w->numel);
             dw2 = tensor_view(dw, 2, wshape);
         }
-        cuda_linear_bwd(ctx, &dy2, &c2, &w2, NULL, dw ? &dw2 : NULL, db);
+        cuda_linear_bwd(ctx, &dy2, &c2, &w2, 0, NULL, dw ? &dw2 : NULL, db);
     }
     if (!dimg || R == 0) return;
     cuda_check_tensor("patch_embed_bwd", "dimg", dimg);

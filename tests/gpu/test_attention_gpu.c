@@ -84,7 +84,7 @@ static Case case_make(const Shape *s, DType dt, uint64_t seed) {
     if (dt == DTYPE_BF16) gpu_test_round_to_bf16(c.out);
     c.dqkv = token_tensor(s, 3 * c.C);
     memcpy(c.dqkv->data, c.dqkv0->data, tensor_bytes(c.dqkv));
-    cpu_attention_bwd(&cpu, c.dout, c.qkv, c.out, c.lse, s->H, c.dqkv);
+    cpu_attention_bwd(&cpu, c.dout, c.qkv, c.out, c.lse, s->H, 0, c.dqkv);
     return c;
 }
 
@@ -322,7 +322,7 @@ static void test_attention_gpu_backward_is_bitwise_deterministic(void **state) {
     }
 }
 
-// attention_bwd_write overwrites dqkv (poisoned with NaN first) with the gradient: cuDNN writing
+// attention_bwd with ATTENTION_WRITE_DQKV overwrites dqkv (poisoned with NaN first) with the gradient: cuDNN writing
 // into it directly (bf16, head_dim a multiple of 8), the fallback zeroing it first (fp32, and
 // head_dim 20 in bf16).
 static void test_attention_gpu_backward_write_overwrites_dqkv(void **state) {
@@ -339,7 +339,7 @@ static void test_attention_gpu_backward_write_overwrites_dqkv(void **state) {
             Tensor *dout = gpu_test_upload(&g, c.dout, dts[d]);
             Tensor *dqkv = gpu_test_upload(&g, c.dqkv0, dts[d]);
             gpu_poison(&g, dqkv);
-            op_attention_bwd_write(&g, dout, qkv, out, lse, s->H, dqkv);
+            op_attention_bwd(&g, dout, qkv, out, lse, s->H, ATTENTION_WRITE_DQKV, dqkv);
             float *got = tensor_to_host_f32(&g, dqkv), *want = ref_grad(&c);
             printf("    B=%d N=%d heads=%d head_dim=%d %s:\n", s->B, s->N, s->H, s->D,
                    dtype_name(dts[d]));
@@ -364,7 +364,7 @@ static void test_attention_gpu_backward_without_dqkv_is_a_no_op(void **state) {
     Case c = case_make(&s, DTYPE_BF16, 5000);
     Tensor *qkv = gpu_test_upload(&g, c.qkv, DTYPE_BF16), *out = gpu_test_upload(&g, c.out, DTYPE_BF16);
     Tensor *lse = gpu_test_upload(&g, c.lse, DTYPE_F32), *dout = gpu_test_upload(&g, c.dout, DTYPE_BF16);
-    op_attention_bwd(&g, dout, qkv, out, lse, s.H, NULL);
+    op_attention_bwd(&g, dout, qkv, out, lse, s.H, 0, NULL);
     CUDA_CHECK(cudaDeviceSynchronize());
     Tensor *t[] = {qkv, out, lse, dout};
     for (size_t i = 0; i < sizeof t / sizeof *t; i++) gpu_test_free(t[i]);

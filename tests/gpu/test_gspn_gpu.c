@@ -124,7 +124,7 @@ static int check_case(Ctx *g, const Shape *s, int shared_w, DType dt, const Tols
     Tensor *gdm = gpu_from(g, dmerge, DTYPE_F32);
     Tensor *gdx2 = gpu_from(g, dxc, dt), *gdg2 = gpu_from(g, dgates, dt);
     Tensor *gdm2 = gpu_from(g, dmerge, DTYPE_F32);
-    // gspn_scan_bwd_write: dxc and dgates start as NaN (every element must be written), dmerge
+    // gspn_scan_bwd with GSPN_SCAN_WRITE_GRADS: dxc and dgates start as NaN (every element must be written), dmerge
     // from the same values (it still accumulates).
     Tensor *gdxw = gpu_poisoned(4, xc->shape, dt), *gdgw = gpu_poisoned(4, gates->shape, dt);
     Tensor *gdmw = gpu_from(g, dmerge, DTYPE_F32);
@@ -137,15 +137,15 @@ static int check_case(Ctx *g, const Shape *s, int shared_w, DType dt, const Tols
 
     Ctx c = ctx_cpu();
     cpu_gspn_scan_fwd(&c, xc, gates, merge, shared_w, yc, hidden);
-    cpu_gspn_scan_bwd(&c, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge);
-    cpu_gspn_scan_bwd_write(&c, dyc, xc, gates, merge, shared_w, hidden, dxcw, dgw, dmw);
+    cpu_gspn_scan_bwd(&c, dyc, xc, gates, merge, shared_w, hidden, 0, dxc, dgates, dmerge);
+    cpu_gspn_scan_bwd(&c, dyc, xc, gates, merge, shared_w, hidden, GSPN_SCAN_WRITE_GRADS, dxcw, dgw, dmw);
 
     if (tuning == 0) {   // the entry points of ops.h
         cuda_gspn_scan_fwd(g, gx, gg, gm, shared_w, gy, gh);
         cuda_gspn_scan_fwd(g, gx, gg, gm, shared_w, gy2, NULL);
-        cuda_gspn_scan_bwd(g, gdy, gx, gg, gm, shared_w, gh, gdx, gdg, gdm);
-        cuda_gspn_scan_bwd(g, gdy, gx, gg, gm, shared_w, NULL, gdx2, gdg2, gdm2);
-        cuda_gspn_scan_bwd_write(g, gdy, gx, gg, gm, shared_w, gh, gdxw, gdgw, gdmw);
+        cuda_gspn_scan_bwd(g, gdy, gx, gg, gm, shared_w, gh, 0, gdx, gdg, gdm);
+        cuda_gspn_scan_bwd(g, gdy, gx, gg, gm, shared_w, NULL, 0, gdx2, gdg2, gdm2);
+        cuda_gspn_scan_bwd(g, gdy, gx, gg, gm, shared_w, gh, GSPN_SCAN_WRITE_GRADS, gdxw, gdgw, gdmw);
     } else {
         cuda_gspn_scan_fwd_tuned(g, gx, gg, gm, shared_w, gy, gh, cgb, vb, st, pf, 15);
         cuda_gspn_scan_fwd_tuned(g, gx, gg, gm, shared_w, gy2, NULL, cgb, vb, st, pf, 15);
@@ -304,7 +304,7 @@ static void test_gspn_gpu_backward_is_bitwise_deterministic(void **state) {
         for (int run = 0; run < 2; run++) {
             Tensor *dx = gpu_from(&g, zx, DTYPE_F32), *dg = gpu_from(&g, zg, DTYPE_F32);
             Tensor *dm = gpu_from(&g, zm, DTYPE_F32);
-            cuda_gspn_scan_bwd(&g, gdy, gx, gg, gm, shared_w, gh, dx, dg, dm);
+            cuda_gspn_scan_bwd(&g, gdy, gx, gg, gm, shared_w, gh, 0, dx, dg, dm);
             out[run][0] = tensor_to_host_f32(&g, dx);
             out[run][1] = tensor_to_host_f32(&g, dg);
             out[run][2] = tensor_to_host_f32(&g, dm);

@@ -140,8 +140,8 @@ static int check_linear_bwd(Ctx *g, const Case *c, DType dt, int mask, uint64_t 
     Tensor *gdy = gpu_test_upload(g, dy, dt), *gdx = gpu_test_upload(g, dx, dt);
     Tensor *gdw = gpu_test_upload(g, dw, DTYPE_F32), *gdb = gpu_test_upload(g, db, DTYPE_F32);
     for (int rep = 0; rep < 2; rep++) {
-        cpu_linear_bwd(&cpu, dy, x, w, mask & 1 ? dx : NULL, mask & 2 ? dw : NULL, mask & 4 ? db : NULL);
-        op_linear_bwd(g, gdy, gx, gw, mask & 1 ? gdx : NULL, mask & 2 ? gdw : NULL, mask & 4 ? gdb : NULL);
+        cpu_linear_bwd(&cpu, dy, x, w, 0, mask & 1 ? dx : NULL, mask & 2 ? dw : NULL, mask & 4 ? db : NULL);
+        op_linear_bwd(g, gdy, gx, gw, 0, mask & 1 ? gdx : NULL, mask & 2 ? gdw : NULL, mask & 4 ? gdb : NULL);
     }
     char op[32];
     snprintf(op, sizeof op, "linear_bwd[%s%s%s]", mask & 1 ? "dx" : "", mask & 2 ? "dw" : "",
@@ -156,7 +156,7 @@ static int check_linear_bwd(Ctx *g, const Case *c, DType dt, int mask, uint64_t 
     return fails;
 }
 
-// linear_bwd_write: dx starts as NaN and must be overwritten (beta = 0), dw and db still add.
+// linear_bwd with LINEAR_WRITE_DX: dx starts as NaN and must be overwritten (beta = 0), dw and db still add.
 static int check_linear_bwd_write(Ctx *g, const Case *c, DType dt, uint64_t seed) {
     Ctx cpu = ctx_cpu();
     int r = dt == DTYPE_BF16;
@@ -169,12 +169,12 @@ static int check_linear_bwd_write(Ctx *g, const Case *c, DType dt, uint64_t seed
     Tensor *gx = gpu_test_upload(g, x, dt), *gw = gpu_test_upload(g, w, dt);
     Tensor *gdy = gpu_test_upload(g, dy, dt), *gdx = gpu_poison(g, dx, dt);
     Tensor *gdw = gpu_test_upload(g, dw, DTYPE_F32), *gdb = gpu_test_upload(g, db, DTYPE_F32);
-    cpu_linear_bwd_write(&cpu, dy, x, w, dx, dw, db);
-    op_linear_bwd_write(g, gdy, gx, gw, gdx, gdw, gdb);
+    cpu_linear_bwd(&cpu, dy, x, w, LINEAR_WRITE_DX, dx, dw, db);
+    op_linear_bwd(g, gdy, gx, gw, LINEAR_WRITE_DX, gdx, gdw, gdb);
     const Tols *t = tols_for(dt);
-    int fails = check(g, "linear_bwd_write", "dx", c, gdx, dx, t->act) +
-                check(g, "linear_bwd_write", "dw", c, gdw, dw, t->param) +
-                check(g, "linear_bwd_write", "db", c, gdb, db, t->param);
+    int fails = check(g, "linear_bwd (dx written)", "dx", c, gdx, dx, t->act) +
+                check(g, "linear_bwd (dx written)", "dw", c, gdw, dw, t->param) +
+                check(g, "linear_bwd (dx written)", "db", c, gdb, db, t->param);
     Tensor *gpu[] = {gx, gw, gdy, gdx, gdw, gdb}, *host[] = {x, w, dy, dx, dw, db};
     for (int i = 0; i < 6; i++) { gpu_test_free(gpu[i]); test_tensor_free(host[i]); }
     return fails;
@@ -198,10 +198,10 @@ static int check_linear_bwd_fp32_dy(Ctx *g, const Case *c, int write, uint64_t s
     Tensor *gdy = gpu_test_upload(g, dy, DTYPE_F32);
     Tensor *gdx = write ? gpu_poison(g, dx, DTYPE_BF16) : gpu_test_upload(g, dx, DTYPE_BF16);
     Tensor *gdw = gpu_test_upload(g, dw, DTYPE_F32), *gdb = gpu_test_upload(g, db, DTYPE_F32);
-    (write ? cpu_linear_bwd_write : cpu_linear_bwd)(&cpu, dyr, x, w, dx, dw, NULL);
-    cpu_linear_bwd(&cpu, dy, x, w, NULL, NULL, db);
-    (write ? op_linear_bwd_write : op_linear_bwd)(g, gdy, gx, gw, gdx, gdw, gdb);
-    const char *op = write ? "linear_bwd_write(fp32 dy)" : "linear_bwd(fp32 dy)";
+    cpu_linear_bwd(&cpu, dyr, x, w, write ? LINEAR_WRITE_DX : 0, dx, dw, NULL);
+    cpu_linear_bwd(&cpu, dy, x, w, 0, NULL, NULL, db);
+    op_linear_bwd(g, gdy, gx, gw, write ? LINEAR_WRITE_DX : 0, gdx, gdw, gdb);
+    const char *op = write ? "linear_bwd (dx written, fp32 dy)" : "linear_bwd(fp32 dy)";
     int fails = check(g, op, "dx", c, gdx, dx, BF16_ACT_TOL) +
                 check(g, op, "dw", c, gdw, dw, BF16_PARAM_GRAD_TOL) +
                 check(g, op, "db", c, gdb, db, FP32_TOL);
@@ -243,11 +243,11 @@ static int check_silu_linear(Ctx *g, const Case *c, DType dt, uint64_t seed) {
     if (r) gpu_test_round_to_bf16(sx);
     cpu_linear_fwd(&cpu, sx, w, b, y);
     memset(gd->data, 0, gd->numel * sizeof(float));
-    cpu_linear_bwd(&cpu, dy, sx, w, gd, NULL, NULL);
+    cpu_linear_bwd(&cpu, dy, sx, w, 0, gd, NULL, NULL);
     if (r) gpu_test_round_to_bf16(gd);
     memset(dx->data, 0, dx->numel * sizeof(float));
     cpu_silu_bwd(&cpu, gd, x, dx);
-    for (int rep = 0; rep < 2; rep++) cpu_linear_bwd(&cpu, dy, sx, w, NULL, dw, db);
+    for (int rep = 0; rep < 2; rep++) cpu_linear_bwd(&cpu, dy, sx, w, 0, NULL, dw, db);
     op_silu_linear_fwd(g, gx, gw, gb, gy);
     op_silu_linear_bwd(g, gdy, gx, gw, gdx, gdw, gdb);
     op_silu_linear_bwd(g, gdy, gx, gw, gdx, gdw, gdb);   // dx written again, dw and db added twice
@@ -418,7 +418,7 @@ static void test_linear_backward_twice_doubles_the_gradients(void **state) {
             o[0] = gpu_test_upload(&g, zx, dt);
             o[1] = gpu_test_upload(&g, zw, DTYPE_F32);
             o[2] = gpu_test_upload(&g, zb, DTYPE_F32);
-            for (int rep = 0; rep <= k; rep++) op_linear_bwd(&g, gdy, gx, gw, o[0], o[1], o[2]);
+            for (int rep = 0; rep <= k; rep++) op_linear_bwd(&g, gdy, gx, gw, 0, o[0], o[1], o[2]);
         }
         const char *names[3] = {"dx", "dw", "db"};
         for (int i = 0; i < 3; i++) {
@@ -590,7 +590,7 @@ static void test_fused_epilogues_match_unfused_paths(void **state) {
             op_linear_gelu_fwd(&g, gx, gw, gb, GELU_TANH, o[1], o[2]);
             o[3] = gpu_test_upload(&g, zw, DTYPE_F32);
             o[4] = gpu_test_upload(&g, zb, DTYPE_F32);
-            op_linear_bwd(&g, gdy, gx, gw, NULL, o[3], o[4]);
+            op_linear_bwd(&g, gdy, gx, gw, 0, NULL, o[3], o[4]);
             o[5] = gpu_poison(&g, zx, dt);   // x stands in for h and for pre
             op_linear_dgelu_bwd(&g, gdy, gx, gw, gx, GELU_TANH, o[5], NULL, NULL, NULL);
             cuda_gemm_cache_stats(&g, &plans, &queries, &fused_after);
