@@ -450,6 +450,14 @@ static int cuda_run(const Call *c) {
 }
 #endif
 
+#ifndef CGSPN_CUDA
+// A CUDA call in a build without the CUDA kernels.
+static int no_cuda_build(const char *fn) {
+    return fail(CGSPN_ERR_UNSUPPORTED, "%s: this libcgspn was built without CUDA (no nvcc at "
+                "build time); use CGSPN_DEVICE_CPU", fn);
+}
+#endif
+
 CGSPN_API int cgspn_cuda_available(void) {
 #ifdef CGSPN_CUDA
     return cuda_kernels_linked() && cuda_device_count() > 0;
@@ -467,9 +475,7 @@ static int run(Call *c, int B, int H, int W, int Cc) {
 #ifdef CGSPN_CUDA
     return cuda_run(c);
 #else
-    return fail(CGSPN_ERR_UNSUPPORTED, "%s: this libcgspn was built without CUDA (no nvcc at "
-                "build time); use CGSPN_DEVICE_CPU",
-                c->backward ? "cgspn_gspn_scan_bwd" : "cgspn_gspn_scan_fwd");
+    return no_cuda_build(c->backward ? "cgspn_gspn_scan_bwd" : "cgspn_gspn_scan_fwd");
 #endif
 }
 
@@ -630,9 +636,7 @@ static int gr_run(GrCall *c, int N, int C) {
 #ifdef CGSPN_CUDA
     return gr_cuda(c);
 #else
-    return fail(CGSPN_ERR_UNSUPPORTED, "%s: this libcgspn was built without CUDA (no nvcc at "
-                "build time); use CGSPN_DEVICE_CPU",
-                c->backward ? "cgspn_gate_recurrent_bwd" : "cgspn_gate_recurrent_fwd");
+    return no_cuda_build(c->backward ? "cgspn_gate_recurrent_bwd" : "cgspn_gate_recurrent_fwd");
 #endif
 }
 
