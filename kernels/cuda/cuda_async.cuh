@@ -1,4 +1,5 @@
-// Asynchronous copies into shared memory (cp.async, sm_80+) and the bulk L2 prefetch (sm_90):
+// Asynchronous copies into shared memory (cp.async, sm_80+; bulk copies on transaction barriers,
+// sm_90) and the bulk L2 prefetch (sm_90):
 // the kernels that stage the next piece of work while computing the current one.
 #pragma once
 #include <stdint.h>
@@ -20,6 +21,39 @@ __device__ __forceinline__ void cp_async(void *dst, const void *src) {
 __device__ __forceinline__ void l2_prefetch(const void *src, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+#endif
+}
+// The bulk copy engine and its transaction barriers (sm_90): a single thread starts a copy of
+// `bytes` (a multiple of 16; 16-byte aligned ends) from global into shared memory that completes
+// on an mbarrier, which every thread then waits on by phase parity. An mbarrier is set up once by
+// one thread (mbar_init, its arrivals: 1, the thread that starts the copy), made visible to the
+// copy engine by mbar_init_fence and a block barrier.
+__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)),
+                 "r"(arrivals) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// Arrives on bar expecting `bytes` more, then starts the copy that delivers them.
+__device__ __forceinline__ void bulk_copy_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src), "r"(bytes), "r"(b) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(b), "r"(parity) : "memory");
+    } while (!done);
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

@@ -2,123 +2,198 @@
 // (kernels/cuda/mlp_fused.h): y = res + fc2(gelu_erf(fc1(x))), where no backward follows. Apart,
 // fc1 + GELU writes the hidden activation (4 C bf16 an element of x) and fc2 reads it back: 16
 // bytes an element of C, the largest pass of a gspn_hier block at 56^2. From 28^2 on (C of 192
-// and more) the two ops are faster: the sums no longer fit two blocks an SM, and warps that split
-// a row group's columns read the weights from L2 twice as often (docs/gspn_hier.md).
+// and more) the two ops are faster: fc2's sums no longer fit beside fc1's (docs/gspn_hier.md).
 //
-// A block takes 128 rows (8 warps of 16); two blocks are resident per SM (the warp's sums fit 128
-// registers a thread up to 128 channels), so one block's loads of x and stores of y run under the
-// other's products. It stages its x rows once, then walks the hidden units
-// 64 at a time: fc1's chunk (16 x 64 a warp, m16n8k16 MMAs from x and the chunk of w1, both in
-// shared memory), bias, the pre-activation rounded to bf16, the erf GELU (kernels/cuda/gelu.h),
-// rounded to bf16 as the unfused path stores h; those values are already the A fragments of fc2's
-// chunk (an MMA's accumulator layout is its A layout), so fc2 adds h w2[:, chunk]^T into the
-// warp's 16 x C sums in registers. The chunks of w1 and w2 come in by cp.async into two buffers,
-// the next while the current one computes, one barrier a chunk. The end: + b2, + res, fp32 out. The values are the unfused path's up to
-// the order of the fp32 sums.
+// Hopper's warpgroup MMAs (wgmma, sm_90a; the instruction wrappers are CUTLASS's cute/arch, so
+// the Makefile builds this file for sm_90a with CUTLASS and other builds take the two ops). A
+// block takes 128 rows, a warpgroup of 128 threads 64 of them; two blocks are resident per SM. It
+// stages its x rows once, then walks the hidden units 64 at a time:
+// - fc1's chunk, 64 x 64 a warpgroup: x and the chunk of w1 from shared memory (m64n64k16);
+// - bias, the pre-activation rounded to bf16, the erf GELU (kernels/cuda/gelu.h), rounded to bf16
+//   as the unfused path stores h. A warpgroup MMA's accumulator layout is its register A operand's
+//   layout, so these values are fc2's A as they stand;
+// - fc2 adds h w2[:, chunk]^T into the warpgroup's 64 x C sums (m64nCk16, A from registers, the
+//   chunk of w2 from shared memory), left running while the next chunk's copies land.
+// The weights are first laid out per chunk in shared memory's layout (mlp_weight_chunks_kernel), so
+// that a chunk of w1 and w2 is one bulk copy (the copy engine, on a transaction barrier) into one
+// of two buffers, the next while the current one computes, one block barrier a chunk. Every block
+// reads all the weights; as 16-byte cp.async pieces those reads kept L2 at 71% of its throughput
+// (Nsight Compute, H100) and the kernel slower than its products. The end: + b2, + res, fp32 out.
+// The values are the unfused path's up to the order of the fp32 sums.
+//
+// Shared memory holds each operand in the MMAs' canonical K-major layout without swizzle: 8 x 8
+// core matrices (8 rows of 16 bytes, 128 contiguous bytes), a row group's core matrices along K
+// next to each other: element (r, k) of a (rows, K) operand at ((r / 8) (K / 8) + k / 8) 64 +
+// (r % 8) 8 + k % 8.
+#ifdef CGSPN_HAVE_CUTLASS
+#include "cute/arch/mma_sm90_gmma.hpp"
+#include "cute/arch/mma_sm90_gmma_ext.hpp"
+#endif
 #include "mlp_fused.h"
 #include "cuda_async.cuh"
 #include "gelu.h"
-#include "mma.cuh"
+#include <utility>
+
+#ifdef CGSPN_HAVE_CUTLASS
 
 namespace {
 
-enum { MLPF_ROWS = 128, MLPF_THREADS = 256, MLPF_CHUNK = 64, MLPF_PAD = 8 };
+enum { MLPF_ROWS = 128, MLPF_THREADS = 256, MLPF_CHUNK = 64 };
 
+namespace gmma = cute::SM90::GMMA;
+template <int C> struct Fc2Op;   // fc2's instruction: 64 x C x 16, A from registers
+template <> struct Fc2Op<96> { using T = gmma::MMA_64x96x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>; };
+template <> struct Fc2Op<112> { using T = gmma::MMA_64x112x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>; };
+template <> struct Fc2Op<128> { using T = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>; };
+using Fc1Op = gmma::MMA_64x64x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
 
-// Starts copying rows [r0, r0 + n) of a (rows, cols) bf16 matrix, columns [c0, c0 + w), into
-// dst (n, w + MLPF_PAD) (16-byte pieces; w a multiple of 8).
-__device__ __forceinline__ void stage_rows(bf16 *dst, const bf16 *src, size_t ld, int n, int w) {
-    const int pieces = w / 8, ldd = w + MLPF_PAD;
-    for (int e = threadIdx.x; e < n * pieces; e += blockDim.x) {
-        const int r = e / pieces, p = e - r * pieces;
-        cp_async<16>(dst + r * ldd + p * 8, src + (size_t)r * ld + p * 8);
+// scale: Zero for the first k-step (the sums start from the product; no instruction but a warpgroup
+// MMA may define an accumulator while the MMAs run, or ptxas serializes them), One after.
+template <size_t... I>
+__device__ __forceinline__ void fc1_mma(uint64_t da, uint64_t db, float (&d)[sizeof...(I)],
+                                        gmma::ScaleOut scale, std::index_sequence<I...>) {
+    Fc1Op::fma(da, db, d[I]..., scale);
+}
+template <int C, size_t... I>
+__device__ __forceinline__ void fc2_mma(const unsigned (&a)[4], uint64_t db, float (&d)[sizeof...(I)],
+                                        std::index_sequence<I...>) {
+    Fc2Op<C>::T::fma(a[0], a[1], a[2], a[3], db, d[I]...);
+}
+template <int N> __device__ __forceinline__ void fence_regs(float (&r)[N]) {
+    #pragma unroll
+    for (int i = 0; i < N; i++) cute::warpgroup_fence_operand(r[i]);
+}
+
+// Offset of element (r, k) of a (rows, K) operand in the core-matrix layout above.
+__device__ __forceinline__ int core_at(int r, int k, int K) {
+    return ((r / 8) * (K / 8) + k / 8) * 64 + (r % 8) * 8 + k % 8;
+}
+
+// The descriptor of a K-major operand in that layout, from smem address `s` (its first row group
+// and k): core matrices 128 bytes apart along K (leading offset), row groups K / 8 of them
+// (stride offset), no swizzle. Fields in 16-byte units.
+__device__ __forceinline__ uint64_t core_desc(const bf16 *s, int K) {
+    const uint64_t addr = (uint64_t)(unsigned)__cvta_generic_to_shared(s);
+    return ((addr >> 4) & 0x3fff) | (uint64_t)(128 >> 4) << 16 | (uint64_t)((K / 8) * 128 >> 4) << 32;
+}
+
+// The weights by chunk of 64 hidden units, each as a block of shared memory holds it: chunk j is
+// w1's rows 64 j .. 64 j + 63 (64 x C, K = C), then w2's columns 64 j .. 64 j + 63 (C x 64, K =
+// 64), both in the core-matrix layout: 128 C elements. A thread a 16-byte piece.
+__global__ void mlp_weight_chunks_kernel(const bf16 *__restrict__ w1, const bf16 *__restrict__ w2,
+                                         bf16 *__restrict__ wc, int C, int H) {
+    const int per_chunk = 16 * C, e = blockIdx.x * blockDim.x + threadIdx.x;   // pieces a chunk
+    if (e >= H / MLPF_CHUNK * per_chunk) return;
+    const int j = e / per_chunk, q = e % per_chunk;
+    bf16 *dst = wc + (size_t)j * 128 * C;
+    const bf16 *src;
+    if (q < 8 * C) {   // w1: 64 rows of C / 8 pieces
+        const int r = q / (C / 8), p = q % (C / 8);
+        dst += core_at(r, p * 8, C);
+        src = w1 + (size_t)(MLPF_CHUNK * j + r) * C + p * 8;
+    } else {           // w2: C rows of 8 pieces
+        const int r = (q - 8 * C) / 8, p = (q - 8 * C) % 8;
+        dst += 64 * C + core_at(r, p * 8, MLPF_CHUNK);
+        src = w2 + (size_t)r * H + MLPF_CHUNK * j + p * 8;
     }
+    *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+}
+
+// wgmma reads shared memory through the async proxy: make the cp.async writes visible to it.
+__device__ __forceinline__ void fence_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // C: the model width (x's and y's columns), H: hidden units (a multiple of MLPF_CHUNK).
 template <int C>
 __global__ void __launch_bounds__(MLPF_THREADS, 2)
-mlp_fused_kernel(const bf16 *__restrict__ x, const bf16 *__restrict__ w1, const bf16 *__restrict__ b1,
-                 const bf16 *__restrict__ w2, const bf16 *__restrict__ b2, const float *__restrict__ res,
-                 float *__restrict__ y, int n, int H) {
-    constexpr int NT = C / 8, KS = C / 16, LDX = C + MLPF_PAD, LDW2 = MLPF_CHUNK + MLPF_PAD;
-    extern __shared__ __align__(16) unsigned char mlpf_smem[];
-    bf16 *xs = reinterpret_cast<bf16 *>(mlpf_smem);      // (128, C)
-    bf16 *w1s = xs + MLPF_ROWS * LDX;                      // 2 x (64, C): w1's rows of the chunk
-    bf16 *w2s = w1s + 2 * MLPF_CHUNK * LDX;                // 2 x (C, 64): w2's columns of the chunk
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g4 = lane / 4, t4 = lane % 4;
+mlp_fused_kernel(const bf16 *__restrict__ x, const bf16 *__restrict__ wc, const bf16 *__restrict__ b1,
+                 const bf16 *__restrict__ b2, const float *__restrict__ res, float *__restrict__ y, int n,
+                 int H) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int NT = C / 8, KS = C / 16, CHUNK = 128 * C;   // a chunk's elements (wc)
+    extern __shared__ __align__(128) unsigned char mlpf_smem[];
+    bf16 *xs = reinterpret_cast<bf16 *>(mlpf_smem);   // (128, C)
+    bf16 *ws = xs + MLPF_ROWS * C;                      // 2 chunks: w1's (64, C), then w2's (C, 64)
+    uint64_t *full = reinterpret_cast<uint64_t *>(ws + 2 * CHUNK);   // a transaction barrier a buffer
+    const int wg = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
+    const int g4 = lane / 4, t4 = lane % 4;
     const int row0 = blockIdx.x * MLPF_ROWS, rows = min(MLPF_ROWS, n - row0), chunks = H / MLPF_CHUNK;
 
-    // x's rows (past n: zeros, their sums never written), then the first two chunks.
-    for (int e = threadIdx.x; e < MLPF_ROWS * (C / 8); e += blockDim.x) {
-        const int r = e / (C / 8), p = e - r * (C / 8);
-        if (r < rows) cp_async<16>(xs + r * LDX + p * 8, x + (size_t)(row0 + r) * C + p * 8);
-        else *reinterpret_cast<uint4 *>(xs + r * LDX + p * 8) = make_uint4(0, 0, 0, 0);
+    // the first chunk, then x's rows (past n: zeros, their sums never written)
+    if (threadIdx.x == 0) {
+        mbar_init(&full[0], 1);
+        mbar_init(&full[1], 1);
+        mbar_init_fence();
+        bulk_copy_g2s(ws, wc, CHUNK * sizeof(bf16), &full[0]);
     }
-    stage_rows(w1s, w1, C, MLPF_CHUNK, C);
-    stage_rows(w2s, w2, H, C, MLPF_CHUNK);
+    for (int e = threadIdx.x; e < MLPF_ROWS * (C / 8); e += blockDim.x) {
+        const int r = e / (8 * (C / 8)) * 8 + e % 8, p = e / 8 % (C / 8);
+        bf16 *d = xs + core_at(r, p * 8, C);
+        if (r < rows) cp_async<16>(d, x + (size_t)(row0 + r) * C + p * 8);
+        else *reinterpret_cast<uint4 *>(d) = make_uint4(0, 0, 0, 0);
+    }
     cp_async_commit();
 
-    float acc[NT][4];   // the warp's 16 rows of fc2's sums: rows g4, g4 + 8 at columns 8 nt + 2 t4
+    float acc[NT * 4];   // the warpgroup's 64 x C sums: n-tile t, rows g4 and g4 + 8 of the warp's 16
     #pragma unroll
-    for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-    const bf16 *xw = xs + warp * 16 * LDX;
-    // ldmatrix rows (mma.cuh): A (16 x 16) and two B tiles (n8 x k16)
-    const int a_row = lane % 16, a_col = 8 * (lane / 16);
-    const int b_row = lane % 8 + 8 * (lane / 16), b_col = 8 * (lane / 8 % 2);
+    for (int i = 0; i < NT * 4; i++) acc[i] = 0.0f;
+    fence_regs(acc);   // the zeros set here, before any MMA runs
+    const uint64_t xdesc = core_desc(xs + wg * 64 * C, C);
 
     for (int j = 0; j < chunks; j++) {
-        cp_async_wait<0>();
-        // chunk j (and, first, x) in shared memory for every warp, and every warp done with chunk
-        // j - 1, whose buffer then takes chunk j + 1 while chunk j computes: one barrier a chunk
+        if (j == 0) {   // x (and the barriers' set-up) in shared memory for every warp
+            cp_async_wait<0>();
+            fence_async_shared();
+        }
+        cute::warpgroup_wait<0>();   // chunk j - 1's fc2 is done with its buffer
+        // every warp done with chunk j - 1, whose buffer then takes chunk j + 1 while chunk j
+        // computes: one block barrier a chunk
         __syncthreads();
-        if (j + 1 < chunks) {
-            const int nb = (j + 1) % 2;
-            stage_rows(w1s + nb * MLPF_CHUNK * LDX, w1 + (size_t)(j + 1) * MLPF_CHUNK * C, C, MLPF_CHUNK, C);
-            stage_rows(w2s + nb * C * LDW2, w2 + (size_t)(j + 1) * MLPF_CHUNK, H, C, MLPF_CHUNK);
-            cp_async_commit();
-        }
-        const bf16 *w1c = w1s + (j % 2) * MLPF_CHUNK * LDX, *w2c = w2s + (j % 2) * C * LDW2;
-        // fc1: h (16 x 64) = x (16 x C) w1c^T, 8 n-tiles of 8 hidden units
-        float hacc[8][4];
+        if (j + 1 < chunks && threadIdx.x == 0)
+            bulk_copy_g2s(ws + (j + 1) % 2 * CHUNK, wc + (size_t)(j + 1) * CHUNK, CHUNK * sizeof(bf16),
+                          &full[(j + 1) % 2]);
+        mbar_wait(&full[j % 2], j / 2 % 2);   // chunk j has landed
+        const bf16 *w1c = ws + j % 2 * CHUNK, *w2c = w1c + 64 * C;
+        // fc1: h (64 x 64) = x (64 x C) w1c^T; k-step ks starts two core matrices (256 bytes) on
+        // this chunk's fc1 biases (columns 8 t + 2 t4, + 1), loaded while the products run
+        unsigned bias[8];
         #pragma unroll
-        for (int t = 0; t < 8; t++) hacc[t][0] = hacc[t][1] = hacc[t][2] = hacc[t][3] = 0.0f;
+        for (int t = 0; t < 8; t++)
+            bias[t] = *reinterpret_cast<const unsigned *>(b1 + j * MLPF_CHUNK + t * 8 + 2 * t4);
+        float hacc[32];
+        const uint64_t w1desc = core_desc(w1c, C);
+        cute::warpgroup_arrive();
         #pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            unsigned a[4];
-            ldmatrix_x4(a, xw + a_row * LDX + ks * 16 + a_col);
-            #pragma unroll
-            for (int tp = 0; tp < 4; tp++) {   // two n-tiles a load
-                unsigned b[4];
-                ldmatrix_x4(b, w1c + (tp * 16 + b_row) * LDX + ks * 16 + b_col);
-                mma_16816_bf16(hacc[2 * tp], a[0], a[1], a[2], a[3], b[0], b[1]);
-                mma_16816_bf16(hacc[2 * tp + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
-            }
-        }
+        for (int ks = 0; ks < KS; ks++)
+            fc1_mma(xdesc + 16 * ks, w1desc + 16 * ks, hacc, ks ? gmma::ScaleOut::One : gmma::ScaleOut::Zero,
+                    std::make_index_sequence<32>{});
+        cute::warpgroup_commit_batch();
+        cute::warpgroup_wait<0>();
+        fence_regs(hacc);
         // bias, pre rounded, GELU rounded: the A fragments of fc2's chunk (k-step kk: n-tiles 2kk, 2kk+1)
         unsigned ha[4][4];
         #pragma unroll
         for (int t = 0; t < 8; t++) {
-            const int col = j * MLPF_CHUNK + t * 8 + 2 * t4;
-            const float bb0 = __bfloat162float(b1[col]), bb1 = __bfloat162float(b1[col + 1]);
+            const float bb0 = __uint_as_float(bias[t] << 16), bb1 = __uint_as_float(bias[t] & 0xffff0000u);
             float v[4];
             #pragma unroll
             for (int q = 0; q < 4; q++)
-                v[q] = round_bf16(gelu_value<GELU_ERF, true>(round_bf16(hacc[t][q] + (q % 2 ? bb1 : bb0))));
+                v[q] = round_bf16(gelu_value<GELU_ERF, true>(round_bf16(hacc[4 * t + q] + (q % 2 ? bb1 : bb0))));
             ha[t / 2][2 * (t % 2)] = Vec<bf16, 8>::pair(v[0], v[1]);       // row g4
             ha[t / 2][2 * (t % 2) + 1] = Vec<bf16, 8>::pair(v[2], v[3]);   // row g4 + 8
         }
-        // fc2: acc (16 x C) += h (16 x 64) w2c^T
+        // fc2: acc (64 x C) += h (64 x 64) w2c^T, left running
+        const uint64_t w2desc = core_desc(w2c, MLPF_CHUNK);
+        fence_regs(acc);
+        cute::warpgroup_arrive();
         #pragma unroll
         for (int kk = 0; kk < 4; kk++)
-            #pragma unroll
-            for (int tp = 0; tp < NT / 2; tp++) {
-                unsigned b[4];
-                ldmatrix_x4(b, w2c + (tp * 16 + b_row) * LDW2 + kk * 16 + b_col);
-                mma_16816_bf16(acc[2 * tp], ha[kk][0], ha[kk][1], ha[kk][2], ha[kk][3], b[0], b[1]);
-                mma_16816_bf16(acc[2 * tp + 1], ha[kk][0], ha[kk][1], ha[kk][2], ha[kk][3], b[2], b[3]);
-            }
+            fc2_mma<C>(ha[kk], w2desc + 16 * kk, acc, std::make_index_sequence<NT * 4>{});
+        cute::warpgroup_commit_batch();
     }
+    cute::warpgroup_wait<0>();
+    fence_regs(acc);
     // y = res + (acc + b2), fp32
     #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
@@ -126,31 +201,35 @@ mlp_fused_kernel(const bf16 *__restrict__ x, const bf16 *__restrict__ w1, const 
         const float bb0 = __bfloat162float(b2[col]), bb1 = __bfloat162float(b2[col + 1]);
         #pragma unroll
         for (int i = 0; i < 2; i++) {
-            const int r = warp * 16 + g4 + 8 * i;
+            const int r = wg * 64 + warp * 16 + g4 + 8 * i;
             if (r >= rows) continue;
             const size_t o = (size_t)(row0 + r) * C + col;
             const float2 rv = *reinterpret_cast<const float2 *>(res + o);
             float2 out;
-            out.x = rv.x + (acc[nt][2 * i] + bb0);
-            out.y = rv.y + (acc[nt][2 * i + 1] + bb1);
+            out.x = rv.x + (acc[4 * nt + 2 * i] + bb0);
+            out.y = rv.y + (acc[4 * nt + 2 * i + 1] + bb1);
             *reinterpret_cast<float2 *>(y + o) = out;
         }
     }
+#endif
 }
 
 template <int C>
 bool launch(Ctx *ctx, const bf16 *x, const bf16 *w1, const bf16 *b1, const bf16 *w2, const bf16 *b2,
             const float *res, float *y, int n, int H) {
-    constexpr int LDX = C + MLPF_PAD, LDW2 = MLPF_CHUNK + MLPF_PAD;
-    const size_t smem = ((size_t)MLPF_ROWS * LDX + 2 * (size_t)MLPF_CHUNK * LDX + 2 * (size_t)C * LDW2) * sizeof(bf16);
-    int optin = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cuda_ctx_of(ctx)->device));
-    if (smem > (size_t)optin) return false;
+    const size_t chunk = (size_t)128 * C * sizeof(bf16);
+    const size_t smem = (size_t)MLPF_ROWS * C * sizeof(bf16) + 2 * chunk + 2 * sizeof(uint64_t);
+    bf16 *wc = (bf16 *)cuda_temp_alloc(ctx, (size_t)H / MLPF_CHUNK * chunk);
+    const int pieces = H / MLPF_CHUNK * 16 * C;
+    mlp_weight_chunks_kernel<<<(unsigned)((pieces + 255) / 256), 256, 0, cuda_stream_of(ctx)>>>(
+        w1, w2, wc, C, H);
+    CUDA_CHECK_LAUNCH();
     auto kernel = mlp_fused_kernel<C>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     kernel<<<(unsigned)((n + MLPF_ROWS - 1) / MLPF_ROWS), MLPF_THREADS, smem, cuda_stream_of(ctx)>>>(
-        x, w1, b1, w2, b2, res, y, n, H);
+        x, wc, b1, b2, res, y, n, H);
     CUDA_CHECK_LAUNCH();
+    cuda_temp_free(ctx, wc);
     return true;
 }
 
@@ -158,8 +237,9 @@ bool launch(Ctx *ctx, const bf16 *x, const bf16 *w1, const bf16 *b1, const bf16 
 
 bool cuda_mlp_fused_fwd(Ctx *ctx, const bf16 *x, const bf16 *w1, const bf16 *b1, const bf16 *w2,
                         const bf16 *b2, const float *res, float *y, int n, int c, int h) {
-    if (n <= 0 || !b1 || !b2 || h % MLPF_CHUNK != 0 || cuda_ctx_of(ctx)->cc < 80 || !aligned16(x) ||
-        !aligned16(w1) || !aligned16(w2) || !aligned16(res) || !aligned16(y))
+    if (n <= 0 || !b1 || !b2 || ((uintptr_t)b1 & 3) != 0 || h % MLPF_CHUNK != 0 ||
+        cuda_ctx_of(ctx)->cc != 90 || !aligned16(x) || !aligned16(w1) || !aligned16(w2) ||
+        !aligned16(res) || !aligned16(y))
         return false;
     switch (c) {
     case 96: return launch<96>(ctx, x, w1, b1, w2, b2, res, y, n, h);
@@ -168,3 +248,12 @@ bool cuda_mlp_fused_fwd(Ctx *ctx, const bf16 *x, const bf16 *w1, const bf16 *b1,
     default: return false;
     }
 }
+
+#else   // built without CUTLASS, or not for sm_90a: the caller runs the two ops
+
+bool cuda_mlp_fused_fwd(Ctx *, const bf16 *, const bf16 *, const bf16 *, const bf16 *, const bf16 *,
+                        const float *, float *, int, int, int) {
+    return false;
+}
+
+#endif
