@@ -931,7 +931,7 @@ extern "C" void cuda_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w,
 
 // y = res + MLP(x): one kernel with the hidden activation on chip where it applies
 // (kernels/cuda/mlp_fused.h: the erf GELU, bf16 x and weights with both biases, fp32 res and y,
-// gspn_t/s/b's stage-0 widths), else linear_gelu_fwd into a buffer, then
+// gspn_t/s/b's widths at 56^2 and 28^2), else linear_gelu_fwd into a buffer, then
 // linear_residual_fwd.
 extern "C" void cuda_mlp_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w1, const Tensor *b1,
                                       const Tensor *w2, const Tensor *b2, GeluKind kind, const Tensor *res,

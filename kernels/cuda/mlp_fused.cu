@@ -1,13 +1,15 @@
 // CUDA: an MLP onto the fp32 residual stream in one kernel, its hidden activation kept on chip
 // (kernels/cuda/mlp_fused.h): y = res + fc2(gelu_erf(fc1(x))), where no backward follows. Apart,
 // fc1 + GELU writes the hidden activation (4 C bf16 an element of x) and fc2 reads it back: 16
-// bytes an element of C, the largest pass of a gspn_hier block at 56^2. From 28^2 on (C of 192
-// and more) the two ops are faster: fc2's sums no longer fit beside fc1's (docs/gspn_hier.md).
+// bytes an element of C, the largest pass of a gspn_hier block at 56^2 and 28^2. gspn_t/s/b's
+// widths there (96, 112, 128; 192, 224, 256) run here; from 14^2 on (384 and more) fc2's sums
+// (C / 2 registers a thread) no longer fit beside fc1's, and the two ops run (docs/gspn_hier.md).
 //
 // Hopper's warpgroup MMAs (wgmma, sm_90a; the instruction wrappers are CUTLASS's cute/arch, so
 // the Makefile builds this file for sm_90a with CUTLASS and other builds take the two ops). A
-// block takes 128 rows, a warpgroup of 128 threads 64 of them; two blocks are resident per SM. It
-// stages its x rows once, then walks the hidden units 64 at a time:
+// block takes 128 rows, a warpgroup of 128 threads 64 of them; two blocks are resident per SM up
+// to 128 channels (128 registers a thread), one from 192 (up to 254). It stages its x rows once,
+// then walks the hidden units 64 at a time:
 // - fc1's chunk, 64 x 64 a warpgroup: x and the chunk of w1 from shared memory (m64n64k16);
 // - bias, the pre-activation rounded to bf16, the erf GELU (kernels/cuda/gelu.h), rounded to bf16
 //   as the unfused path stores h. A warpgroup MMA's accumulator layout is its register A operand's
@@ -45,6 +47,9 @@ template <int C> struct Fc2Op;   // fc2's instruction: 64 x C x 16, A from regis
 template <> struct Fc2Op<96> { using T = gmma::MMA_64x96x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>; };
 template <> struct Fc2Op<112> { using T = gmma::MMA_64x112x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>; };
 template <> struct Fc2Op<128> { using T = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>; };
+template <> struct Fc2Op<192> { using T = gmma::MMA_64x192x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>; };
+template <> struct Fc2Op<224> { using T = gmma::MMA_64x224x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>; };
+template <> struct Fc2Op<256> { using T = gmma::MMA_64x256x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>; };
 using Fc1Op = gmma::MMA_64x64x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
 
 // scale: Zero for the first k-step (the sums start from the product; no instruction but a warpgroup
@@ -106,7 +111,7 @@ __device__ __forceinline__ void fence_async_shared() {
 
 // C: the model width (x's and y's columns), H: hidden units (a multiple of MLPF_CHUNK).
 template <int C>
-__global__ void __launch_bounds__(MLPF_THREADS, 2)
+__global__ void __launch_bounds__(MLPF_THREADS, C <= 128 ? 2 : 1)
 mlp_fused_kernel(const bf16 *__restrict__ x, const bf16 *__restrict__ wc, const bf16 *__restrict__ b1,
                  const bf16 *__restrict__ b2, const float *__restrict__ res, float *__restrict__ y, int n,
                  int H) {
@@ -245,6 +250,9 @@ bool cuda_mlp_fused_fwd(Ctx *ctx, const bf16 *x, const bf16 *w1, const bf16 *b1,
     case 96: return launch<96>(ctx, x, w1, b1, w2, b2, res, y, n, h);
     case 112: return launch<112>(ctx, x, w1, b1, w2, b2, res, y, n, h);
     case 128: return launch<128>(ctx, x, w1, b1, w2, b2, res, y, n, h);
+    case 192: return launch<192>(ctx, x, w1, b1, w2, b2, res, y, n, h);
+    case 224: return launch<224>(ctx, x, w1, b1, w2, b2, res, y, n, h);
+    case 256: return launch<256>(ctx, x, w1, b1, w2, b2, res, y, n, h);   // one block an SM
     default: return false;
     }
 }

@@ -2,7 +2,7 @@
 // follows: y (n, c) = res + (gelu_erf(x w1^T + b1) w2^T + b2), x (n, c), w1 (h, c), w2 (c, h), b1, b2
 // bf16, res and y fp32; the pre-activation and GELU's output rounded to bf16 as the unfused ops
 // store them. Returns false, launching nothing, where it does not apply (c not one of gspn_t/s/b's
-// stage-0 widths 96, 112, 128; h not a multiple of 64; an unaligned pointer; a GPU other than
+// widths at 56^2 and 28^2: 96, 112, 128, 192, 224, 256; h not a multiple of 64; an unaligned pointer; a GPU other than
 // sm_90, or a build without CUTLASS): the caller runs the two ops.
 #pragma once
 #include "cuda_elem.cuh"
