@@ -3,18 +3,14 @@
 // in order in double: the result does not depend on the thread count.
 #include "../ops.h"
 #include "../error.h"
-
-static void check_numel(const char *op, const Tensor *a, const Tensor *b) {
-    CG_CHECK(a->numel == b->numel, "", "op %s: tensors of %zu and %zu elements", op, a->numel,
-             b->numel);
-}
+#include "../elementwise_shape.h"
 
 void cpu_zero(Ctx *ctx, Tensor *y) {
     memset(y->data, 0, tensor_bytes(y));
 }
 
 void cpu_accumulate(Ctx *ctx, const Tensor *src, Tensor *dst) {
-    check_numel("accumulate", src, dst);
+    ew_check_numel("accumulate", "dst", dst, "src", src);
     const float *s = tensor_f32(src);
     float *d = tensor_f32(dst);
     #pragma omp parallel for
@@ -22,8 +18,8 @@ void cpu_accumulate(Ctx *ctx, const Tensor *src, Tensor *dst) {
 }
 
 void cpu_add_fwd(Ctx *ctx, const Tensor *a, const Tensor *b, Tensor *y) {
-    check_numel("add_fwd", a, y);
-    check_numel("add_fwd", b, y);
+    ew_check_numel("add_fwd", "a", a, "y", y);
+    ew_check_numel("add_fwd", "b", b, "y", y);
     const float *pa = tensor_f32(a), *pb = tensor_f32(b);
     float *py = tensor_f32(y);
     #pragma omp parallel for
@@ -31,7 +27,7 @@ void cpu_add_fwd(Ctx *ctx, const Tensor *a, const Tensor *b, Tensor *y) {
 }
 
 void cpu_scale_fwd(Ctx *ctx, const Tensor *x, float s, Tensor *y) {
-    check_numel("scale_fwd", x, y);
+    ew_check_numel("scale_fwd", "x", x, "y", y);
     const float *px = tensor_f32(x);
     float *py = tensor_f32(y);
     #pragma omp parallel for
@@ -40,7 +36,7 @@ void cpu_scale_fwd(Ctx *ctx, const Tensor *x, float s, Tensor *y) {
 
 void cpu_scale_bwd(Ctx *ctx, const Tensor *dy, float s, Tensor *dx) {
     if (!dx) return;
-    check_numel("scale_bwd", dy, dx);
+    ew_check_numel("scale_bwd", "dy", dy, "dx", dx);
     const float *pdy = tensor_f32(dy);
     float *pdx = tensor_f32(dx);
     #pragma omp parallel for
@@ -49,10 +45,8 @@ void cpu_scale_bwd(Ctx *ctx, const Tensor *dy, float s, Tensor *dx) {
 
 // x (R, P) + p (P) -> y (R, P); P = p->numel, R = x->numel / P.
 void cpu_add_bcast_fwd(Ctx *ctx, const Tensor *x, const Tensor *p, Tensor *y) {
-    check_numel("add_bcast_fwd", x, y);
-    size_t P = p->numel, R = P ? x->numel / P : 0;
-    CG_CHECK(R * P == x->numel, "", "op add_bcast_fwd: %zu elements do not split into rows of %zu",
-             x->numel, P);
+    ew_check_numel("add_bcast_fwd", "x", x, "y", y);
+    size_t P = p->numel, R = bcast_rows("add_bcast_fwd", x, P);
     const float *px = tensor_f32(x), *pp = tensor_f32(p);
     float *py = tensor_f32(y);
     #pragma omp parallel for collapse(2)
@@ -74,27 +68,22 @@ static void colsum_rows(const float *x, size_t R, size_t P, float *out) {
 void cpu_add_bcast_bwd(Ctx *ctx, const Tensor *dy, Tensor *dx, Tensor *dp) {
     if (dx) cpu_accumulate(ctx, dy, dx);
     if (!dp) return;
-    size_t P = dp->numel, R = P ? dy->numel / P : 0;
-    CG_CHECK(R * P == dy->numel, "", "op add_bcast_bwd: %zu elements do not split into rows of %zu",
-             dy->numel, P);
+    size_t P = dp->numel, R = bcast_rows("add_bcast_bwd", dy, P);
     colsum_rows(tensor_f32(dy), R, P, tensor_f32(dp));
 }
 
 void cpu_cast_colsum(Ctx *ctx, const Tensor *x, Tensor *y, Tensor *colsum) {
+    ew_check_numel("cast_colsum", "y", y, "x", x);
     cpu_scale_fwd(ctx, x, 1.0f, y);
     if (!colsum) return;
-    size_t P = (size_t)tensor_last(x);
-    CG_CHECK(colsum->numel == P, "", "op cast_colsum: colsum has %zu elements, x's last dim is %zu",
-             colsum->numel, P);
+    size_t P = colsum_width("cast_colsum", x, colsum);
     colsum_rows(tensor_f32(x), tensor_rows(x), P, tensor_f32(colsum));
 }
 
 // x (R, C) * g (C) -> y (R, C); C = g->numel.
 void cpu_layer_scale_fwd(Ctx *ctx, const Tensor *x, const Tensor *g, Tensor *y) {
-    check_numel("layer_scale_fwd", x, y);
-    size_t C = g->numel, R = C ? x->numel / C : 0;
-    CG_CHECK(R * C == x->numel && (size_t)tensor_last(x) == C, "",
-             "op layer_scale_fwd: last dim %d, gamma has %zu elements", tensor_last(x), C);
+    ew_check_numel("layer_scale_fwd", "y", y, "x", x);
+    size_t C = g->numel, R = layer_scale_rows("layer_scale_fwd", x, g);
     const float *px = tensor_f32(x), *pg = tensor_f32(g);
     float *py = tensor_f32(y);
     #pragma omp parallel for collapse(2)
@@ -105,9 +94,8 @@ void cpu_layer_scale_fwd(Ctx *ctx, const Tensor *x, const Tensor *g, Tensor *y) 
 // dx (R, C) += dy * g; dg (C) += sum over rows of dy * x.
 void cpu_layer_scale_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *g,
                          Tensor *dx, Tensor *dg) {
-    size_t C = g->numel, R = C ? dy->numel / C : 0;
-    CG_CHECK(R * C == dy->numel && dy->numel == x->numel, "",
-             "op layer_scale_bwd: dy %zu, x %zu elements, gamma %zu", dy->numel, x->numel, C);
+    ew_check_numel("layer_scale_bwd", "dy", dy, "x", x);
+    size_t C = g->numel, R = layer_scale_rows("layer_scale_bwd", x, g);
     const float *pdy = tensor_f32(dy), *px = tensor_f32(x), *pg = tensor_f32(g);
     if (dx) {
         float *pdx = tensor_f32(dx);

@@ -3,6 +3,7 @@
 //   GELU_TANH (PyTorch approximate='tanh'): y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)
 #include "../ops.h"
 #include "cpu_check.h"
+#include "../elementwise_shape.h"
 #include <math.h>
 
 #define GELU_SQRT1_2     0.70710678118654752f   // 1 / sqrt(2)
@@ -25,11 +26,6 @@ static inline float gelu_slope(float x, GeluKind kind) {
     float t = tanhf(u);
     return 0.5f * (1.0f + t) +
            0.5f * x * (1.0f - t * t) * GELU_SQRT2_PI * (1.0f + 3.0f * GELU_TANH_C * x * x);
-}
-
-static void gelu_check_kind(const char *op, GeluKind kind) {
-    CG_CHECK(kind == GELU_ERF || kind == GELU_TANH, "gelu is erf (exact) or tanh",
-             "op %s: unknown GELU kind %d", op, (int)kind);
 }
 
 void cpu_gelu_fwd(Ctx *ctx, const Tensor *x, GeluKind kind, Tensor *y) {

@@ -3,14 +3,14 @@
 #include <math.h>
 #include "../ops.h"
 #include "../error.h"
+#include "../optim_shape.h"
 
 // Elements per partial sum of sumsq; partials are added in index order (thread-count independent).
 #define SUMSQ_BLOCK 4096
 
 // sumsq (1) += sum of x^2. Summed in double, then added to the fp32 scalar.
 void cpu_sumsq(Ctx *ctx, const Tensor *x, Tensor *sumsq) {
-    CG_CHECK(sumsq->numel == 1, "", "op sumsq: the result holds 1 element, got %zu",
-             sumsq->numel);
+    sumsq_check("sumsq", sumsq);
     const float *px = tensor_f32(x);
     size_t n = x->numel, blocks = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
     double *part = cg_malloc((blocks ? blocks : 1) * sizeof(double));
@@ -37,11 +37,7 @@ void cpu_adamw(Ctx *ctx, Tensor *param, Tensor *master, const Tensor *grad, Tens
                Tensor *v, const AdamWArgs *args) {
     CG_CHECK(master == NULL && param->dtype == DTYPE_F32, "", "op adamw: the CPU backend keeps "
              "fp32 parameters and takes no master copy");
-    CG_CHECK(grad->numel == param->numel && m->numel == param->numel &&
-             v->numel == param->numel, "",
-             "op adamw: param %zu, grad %zu, m %zu, v %zu elements", param->numel, grad->numel,
-             m->numel, v->numel);
-    CG_CHECK(args->step >= 1, "", "op adamw: step is 1-based, got %d", args->step);
+    adamw_check("adamw", param, master, grad, m, v, args);
     const float b1 = args->beta1, b2 = args->beta2, eps = args->eps, scale = args->grad_scale;
     const double bc1 = 1.0 - pow((double)b1, args->step);
     const double bc2 = 1.0 - pow((double)b2, args->step);

@@ -4,12 +4,7 @@
 // take activations in one dtype and the parameter in its own. dp and dg are fp32 column sums in
 // a fixed order (kernels/cuda/cuda_colsum.cuh).
 #include "cuda_colsum.cuh"
-
-static void check_numel_eq(const char *op, const char *name, const Tensor *t, const char *ref_name,
-                           const Tensor *ref) {
-    CG_CHECK(t->numel == ref->numel, "", "op %s: %s has %zu elements, %s has %zu", op, name,
-             t->numel, ref_name, ref->numel);
-}
+#include "../elementwise_shape.h"
 
 // ---- zero, accumulate, add, scale ---------------------------------------------------------------
 
@@ -34,7 +29,7 @@ template <typename TS, typename TD> struct AccumulateOp {
 void cuda_accumulate(Ctx *ctx, const Tensor *src, Tensor *dst) {
     cuda_check_tensor("accumulate", "src", src);
     cuda_check_tensor("accumulate", "dst", dst);
-    check_numel_eq("accumulate", "dst", dst, "src", src);
+    ew_check_numel("accumulate", "dst", dst, "src", src);
     bool vec = aligned16(src->data) && aligned16(dst->data);
     dispatch_dtype2(src->dtype, dst->dtype, [&](auto ts, auto td) {
         using TS = TAG_T(ts);
@@ -61,8 +56,8 @@ void cuda_add_fwd(Ctx *ctx, const Tensor *a, const Tensor *b, Tensor *y) {
     cuda_check_tensor("add_fwd", "a", a);
     cuda_check_tensor("add_fwd", "b", b);
     cuda_check_tensor("add_fwd", "y", y);
-    check_numel_eq("add_fwd", "a", a, "y", y);
-    check_numel_eq("add_fwd", "b", b, "y", y);
+    ew_check_numel("add_fwd", "a", a, "y", y);
+    ew_check_numel("add_fwd", "b", b, "y", y);
     bool vec = aligned16(a->data) && aligned16(b->data) && aligned16(y->data);
     dispatch_dtype3(a->dtype, b->dtype, y->dtype, [&](auto ta, auto tb, auto ty) {
         using TA = TAG_T(ta);
@@ -101,7 +96,7 @@ static void scale_launch(Ctx *ctx, const Tensor *x, float s, Tensor *y) {
 void cuda_scale_fwd(Ctx *ctx, const Tensor *x, float s, Tensor *y) {
     cuda_check_tensor("scale_fwd", "x", x);
     cuda_check_tensor("scale_fwd", "y", y);
-    check_numel_eq("scale_fwd", "x", x, "y", y);
+    ew_check_numel("scale_fwd", "x", x, "y", y);
     scale_launch<false>(ctx, x, s, y);
 }
 
@@ -109,7 +104,7 @@ void cuda_scale_bwd(Ctx *ctx, const Tensor *dy, float s, Tensor *dx) {
     if (!dx) return;
     cuda_check_tensor("scale_bwd", "dy", dy);
     cuda_check_tensor("scale_bwd", "dx", dx);
-    check_numel_eq("scale_bwd", "dy", dy, "dx", dx);
+    ew_check_numel("scale_bwd", "dy", dy, "dx", dx);
     scale_launch<true>(ctx, dy, s, dx);
 }
 
@@ -130,19 +125,11 @@ template <typename T, typename TP> struct BcastAddOp {
     }
 };
 
-// R rows of P = p->numel elements; checks the split.
-static size_t bcast_rows(const char *op, const Tensor *x, size_t P) {
-    size_t R = P ? x->numel / P : 0;
-    CG_CHECK(P > 0 && R * P == x->numel, "", "op %s: %zu elements do not split into rows of %zu",
-             op, x->numel, P);
-    return R;
-}
-
 void cuda_add_bcast_fwd(Ctx *ctx, const Tensor *x, const Tensor *p, Tensor *y) {
     cuda_check_tensor("add_bcast_fwd", "x", x);
     cuda_check_tensor("add_bcast_fwd", "p", p);
     cuda_check_tensor("add_bcast_fwd", "y", y);
-    check_numel_eq("add_bcast_fwd", "x", x, "y", y);
+    ew_check_numel("add_bcast_fwd", "x", x, "y", y);
     cuda_check_same_dtype("add_bcast_fwd", "y", y, "x", x);
     size_t P = p->numel;
     bcast_rows("add_bcast_fwd", x, P);
@@ -185,7 +172,7 @@ void cuda_add_bcast_bwd(Ctx *ctx, const Tensor *dy, Tensor *dx, Tensor *dp) {
     size_t P = dp->numel, R = bcast_rows("add_bcast_bwd", dy, P);
     if (dx) {
         cuda_check_tensor("add_bcast_bwd", "dx", dx);
-        check_numel_eq("add_bcast_bwd", "dx", dx, "dy", dy);
+        ew_check_numel("add_bcast_bwd", "dx", dx, "dy", dy);
         cuda_check_same_dtype("add_bcast_bwd", "dx", dx, "dy", dy);
     }
     bool vec = P % 8 == 0 && aligned16(dy->data) && aligned16(dp->data) &&
@@ -217,17 +204,16 @@ template <typename TX, typename TY> struct CastColsumRows {
 };
 
 void cuda_cast_colsum(Ctx *ctx, const Tensor *x, Tensor *y, Tensor *colsum) {
+    const char *op = "cast_colsum";
+    ew_check_numel(op, "y", y, "x", x);
     if (!colsum) {
         cuda_scale_fwd(ctx, x, 1.0f, y);
         return;
     }
-    const char *op = "cast_colsum";
     cuda_check_tensor(op, "x", x);
     cuda_check_tensor(op, "y", y);
-    check_numel_eq(op, "y", y, "x", x);
     cuda_check_f32(op, "colsum", colsum);
-    size_t P = (size_t)tensor_last(x), R = tensor_rows(x);
-    cuda_check_numel(op, "colsum", colsum, P);
+    size_t P = colsum_width(op, x, colsum), R = tensor_rows(x);
     bool vec = P % 8 == 0 && aligned16(x->data) && aligned16(y->data) && aligned16(colsum->data);
     dispatch_dtype2(x->dtype, y->dtype, [&](auto tx, auto ty) {
         using TX = TAG_T(tx);
@@ -256,18 +242,11 @@ template <typename T, typename TG, bool ACC> struct LayerScaleOp {
     }
 };
 
-static size_t layer_scale_rows(const char *op, const Tensor *x, const Tensor *g) {
-    size_t C = g->numel;
-    CG_CHECK(C > 0 && (size_t)tensor_last(x) == C && x->numel % C == 0, "",
-             "op %s: last dim %d, gamma has %zu elements", op, tensor_last(x), C);
-    return x->numel / C;
-}
-
 void cuda_layer_scale_fwd(Ctx *ctx, const Tensor *x, const Tensor *g, Tensor *y) {
     cuda_check_tensor("layer_scale_fwd", "x", x);
     cuda_check_tensor("layer_scale_fwd", "g", g);
     cuda_check_tensor("layer_scale_fwd", "y", y);
-    check_numel_eq("layer_scale_fwd", "y", y, "x", x);
+    ew_check_numel("layer_scale_fwd", "y", y, "x", x);
     cuda_check_same_dtype("layer_scale_fwd", "y", y, "x", x);
     layer_scale_rows("layer_scale_fwd", x, g);
     size_t C = g->numel;
@@ -311,12 +290,12 @@ void cuda_layer_scale_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Ten
     cuda_check_tensor("layer_scale_bwd", "dy", dy);
     cuda_check_tensor("layer_scale_bwd", "x", x);
     cuda_check_tensor("layer_scale_bwd", "g", g);
-    check_numel_eq("layer_scale_bwd", "dy", dy, "x", x);
+    ew_check_numel("layer_scale_bwd", "dy", dy, "x", x);
     cuda_check_same_dtype("layer_scale_bwd", "dy", dy, "x", x);
     size_t C = g->numel, R = layer_scale_rows("layer_scale_bwd", x, g);
     if (dx) {
         cuda_check_tensor("layer_scale_bwd", "dx", dx);
-        check_numel_eq("layer_scale_bwd", "dx", dx, "x", x);
+        ew_check_numel("layer_scale_bwd", "dx", dx, "x", x);
         cuda_check_same_dtype("layer_scale_bwd", "dx", dx, "x", x);
     }
     if (dg) cuda_check_f32("layer_scale_bwd", "dg", dg);

@@ -3,6 +3,7 @@
 // one dtype; elementwise, 16-byte accesses where aligned.
 #include "cuda_elem.cuh"
 #include "gelu.h"
+#include "../elementwise_shape.h"
 #include <type_traits>
 
 template <typename T, GeluKind K> struct GeluFwdOp {
@@ -30,11 +31,6 @@ template <typename T, GeluKind K> struct GeluBwdOp {
         store_v<V>(dx + i, d);
     }
 };
-
-static void gelu_check_kind(const char *op, GeluKind kind) {
-    CG_CHECK(kind == GELU_ERF || kind == GELU_TANH, "gelu is erf (exact) or tanh",
-             "op %s: unknown GELU kind %d", op, (int)kind);
-}
 
 void cuda_gelu_fwd(Ctx *ctx, const Tensor *x, GeluKind kind, Tensor *y) {
     gelu_check_kind("gelu_fwd", kind);

@@ -45,6 +45,7 @@
 #include "gemm_cutlass.h"
 #include "mlp_fused.h"
 #include "../ops.h"
+#include "../elementwise_shape.h"
 #include "../linear_shape.h"
 #include <limits.h>
 
@@ -875,8 +876,7 @@ extern "C" void cuda_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, con
 
 extern "C" void cuda_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
                                      GeluKind kind, Tensor *pre, Tensor *y) {
-    CG_CHECK(kind == GELU_ERF || kind == GELU_TANH, "gelu is erf (exact) or tanh",
-             "op linear_gelu_fwd: unknown GELU kind %d", (int)kind);
+    gelu_check_kind("linear_gelu_fwd", kind);
     LinearShape s = linear_shape("linear_gelu_fwd", x, w);
     cuda_check_matrix("linear_gelu_fwd", "y", y, s.N, s.M);
     cuda_check_dtype("linear_gelu_fwd", "y", y, s.act);
@@ -965,8 +965,7 @@ extern "C" void cuda_mlp_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w
 extern "C" void cuda_linear_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
                                      const Tensor *pre, GeluKind kind, Tensor *dx, Tensor *dw,
                                      Tensor *db) {
-    CG_CHECK(kind == GELU_ERF || kind == GELU_TANH, "gelu is erf (exact) or tanh",
-             "op linear_gelu_bwd: unknown GELU kind %d", (int)kind);
+    gelu_check_kind("linear_gelu_bwd", kind);
     LinearShape s = linear_shape("linear_gelu_bwd", x, w);
     cuda_check_matrix("linear_gelu_bwd", "dy", dy, s.N, s.M);
     cuda_check_dtype("linear_gelu_bwd", "dy", dy, s.act);
@@ -994,8 +993,7 @@ extern "C" void cuda_linear_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x
 extern "C" void cuda_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
                                       const Tensor *pre, GeluKind kind, Tensor *dpre,
                                       Tensor *dpre_db, Tensor *dw, Tensor *db) {
-    CG_CHECK(kind == GELU_ERF || kind == GELU_TANH, "gelu is erf (exact) or tanh",
-             "op linear_dgelu_bwd: unknown GELU kind %d", (int)kind);
+    gelu_check_kind("linear_dgelu_bwd", kind);
     LinearShape s = linear_shape("linear_dgelu_bwd", h, w);
     cuda_check_matrix("linear_dgelu_bwd", "dy", dy, s.N, s.M);
     cuda_check_dtype("linear_dgelu_bwd", "dy", dy, s.act);

@@ -2,6 +2,7 @@
 // behind the global gradient norm, and the AdamW update of one parameter tensor, with an fp32
 // master copy when the parameter is bf16. Both are single passes at memory bandwidth.
 #include "cuda_elem.cuh"
+#include "../optim_shape.h"
 
 enum { SUMSQ_THREADS = 256, SUMSQ_MAX_BLOCKS = 1024 };
 
@@ -31,7 +32,7 @@ sumsq_partial_kernel(const T *__restrict__ x, size_t n, float *part) {
 void cuda_sumsq(Ctx *ctx, const Tensor *x, Tensor *sumsq) {
     cuda_check_tensor("sumsq", "x", x);
     cuda_check_f32("sumsq", "sumsq", sumsq);
-    CG_CHECK(sumsq->numel == 1, "", "op sumsq: the result holds 1 element, got %zu", sumsq->numel);
+    sumsq_check("sumsq", sumsq);
     size_t n = x->numel;
     if (n == 0) return;
     size_t nb = ceil_div(n, (size_t)SUMSQ_THREADS * 8);
@@ -102,18 +103,14 @@ void cuda_adamw(Ctx *ctx, Tensor *param, Tensor *master, const Tensor *grad, Ten
     cuda_check_tensor(op, "grad", grad);
     cuda_check_f32(op, "m", m);
     cuda_check_f32(op, "v", v);
+    adamw_check(op, param, master, grad, m, v, args);
     size_t n = param->numel;
-    cuda_check_numel(op, "grad", grad, n);
-    cuda_check_numel(op, "m", m, n);
-    cuda_check_numel(op, "v", v, n);
     if (master) {
         cuda_check_f32(op, "master", master);
-        cuda_check_numel(op, "master", master, n);
     } else {
         CG_CHECK(param->dtype == DTYPE_F32, "bf16 parameters train through an fp32 master copy",
                  "op adamw: param is %s and no master copy was given", dtype_name(param->dtype));
     }
-    CG_CHECK(args->step >= 1, "", "op adamw: step is 1-based, got %d", args->step);
     const double bc1 = 1.0 - pow((double)args->beta1, args->step);
     const double bc2 = 1.0 - pow((double)args->beta2, args->step);
     float b1 = args->beta1, b2 = args->beta2, eps = args->eps, scale = args->grad_scale;
@@ -122,8 +119,6 @@ void cuda_adamw(Ctx *ctx, Tensor *param, Tensor *master, const Tensor *grad, Ten
     bool vec = aligned16(param->data) && aligned16(grad->data) && aligned16(m->data) &&
                aligned16(v->data) && (!master || aligned16(master->data));
     const int runs = args->n_decay_runs > 0 ? args->n_decay_runs : 0;
-    CG_CHECK(runs == 0 || (args->decay_ends && args->decay_on), "",
-             "op adamw: %d decay runs without their arrays", runs);
     dispatch_dtype2(param->dtype, grad->dtype, [&](auto tp, auto tg) {
         using TP = TAG_T(tp);
         using TG = TAG_T(tg);
