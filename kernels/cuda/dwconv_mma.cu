@@ -9,8 +9,8 @@
 //
 // A block owns CG channels (16 where C allows, else 8; 16 CG threads) of MMA_TH output rows
 // across the whole width. It stages their TH + K - 1 input rows channel-major in shared memory (a
-// fragment's column pairs are then 32-bit words), a warp per channel in turn builds that channel's
-// K B fragments once and runs every column tile, and the fp32 sums are staged channel-major in
+// fragment's column pairs are then 32-bit words), a warp per channel in turn loads that channel's
+// K B fragments (built once a call, dw_band_frag_kernel) and runs every column tile, and the fp32 sums are staged channel-major in
 // shared memory (dwconv_mma.h) and go out along channels (16-byte stores).
 //
 // The dw pass is the same product with the roles turned (dwconv_mma_dw_kernel below): the taps
@@ -19,6 +19,13 @@
 #include "dwconv_mma.h"
 
 enum { MMA_TH = 16, MMA_CG = 8, MMA_K = 7 };   // MMA_CG: the smallest channel group
+
+// a / b for 0 <= a < 2^22 and 0 < b < 2^10, from b's fp32 reciprocal (inv_b = 1 / b): a + 1/2 lies
+// at least 1 / (2 b) from a multiple of b, far beyond the product's rounding (a few 2^-24 of a
+// quotient below 2^12). An integer division by a value known only at run time is about 20
+// instructions, and the staging and write-out loops below take one per element they move. (Their
+// shared-memory caps keep staged rows below 200 columns and blocks below 2^16 elements.)
+__device__ __forceinline__ int mma_div(int a, float inv_b) { return (int)(((float)a + 0.5f) * inv_b); }
 
 // Staged row width (bf16 elements) of at least `need` (a multiple of 8), 8 modulo 16: a row is
 // then 4 modulo 8 words, so the 8 rows of one fragment load (4 words each) fall on 8 different
@@ -42,13 +49,14 @@ __device__ __forceinline__ void mma_stage(const bf16 *__restrict__ img, const Dw
                                           unsigned short *__restrict__ dst, size_t cstride) {
     constexpr int THREADS = 16 * CG, VPP = CG / 8;
     const int units = nrows * sw / 2 * VPP;   // sw even: a pair never straddles two rows
+    const float inv_pairs = 1.0f / (sw / 2);   // staged pairs a row
     unsigned *__restrict__ dst32 = reinterpret_cast<unsigned *>(dst);
     const size_t cstride32 = cstride / 2;
     for (int e0 = threadIdx.x; e0 < units; e0 += MMA_STAGE_U * THREADS) {
         uint4 v[MMA_STAGE_U][2];
         #pragma unroll
         for (int u = 0; u < MMA_STAGE_U; u++) {
-            const int e = e0 + u * THREADS, p = e / VPP, vec = e - p * VPP, r = 2 * p / sw, yy = y_first + r;
+            const int e = e0 + u * THREADS, p = e / VPP, vec = e - p * VPP, r = mma_div(p, inv_pairs), yy = y_first + r;
             const int xx = 2 * p - r * sw - off;
             #pragma unroll
             for (int q = 0; q < 2; q++) {
@@ -70,9 +78,27 @@ __device__ __forceinline__ void mma_stage(const bf16 *__restrict__ img, const Dw
     }
 }
 
+// Every channel's B fragments (dw_band_fragments), built once a call rather than by each of the
+// many blocks that share a channel (28 scattered tap loads and their index arithmetic a lane and
+// channel: a sixth of the y / dx pass's instructions at 56 x 56, H100): word e of tap row i for
+// lane l of channel c at frag[((c K + i) 2 + e) 32 + l], so that a warp takes a channel's 2 K words
+// as 2 K rows of 128 bytes.
+template <int K>
+__global__ void dw_band_frag_kernel(const bf16 *__restrict__ w, int C, int flags, unsigned *__restrict__ frag) {
+    const int e = blockIdx.x * blockDim.x + threadIdx.x;   // (channel, lane)
+    if (e >= C * 32) return;
+    const int c = e / 32, lane = e % 32;
+    unsigned bfrag[K][2];
+    dw_band_fragments<K>(w + (size_t)c * K * K, flags, lane / 4, lane % 4, bfrag);
+    #pragma unroll
+    for (int i = 0; i < K; i++)
+        #pragma unroll
+        for (int h = 0; h < 2; h++) frag[((size_t)c * K * 2 + i * 2 + h) * 32 + lane] = bfrag[i][h];
+}
+
 template <int K, int CG>
 __global__ void __launch_bounds__(16 * CG)
-dwconv_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const bf16 *__restrict__ bias,
+dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag, const bf16 *__restrict__ bias,
                   bf16 *__restrict__ out, DwconvShape d, int flags, int tiles_x, int sw) {
     constexpr int P = K / 2, ROWS = MMA_TH + K - 1, THREADS = 16 * CG, VPP = CG / 8;
     extern __shared__ __align__(16) unsigned char mma_smem[];
@@ -87,7 +113,9 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const
     const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
     for (int c = threadIdx.x / 32; c < CG; c += THREADS / 32) {
         unsigned bfrag[K][2];
-        dw_band_fragments<K>(w + (size_t)(c0 + c) * K * K, flags, g, t4, bfrag);
+        const unsigned *fc = frag + (size_t)(c0 + c) * K * 2 * 32 + lane;
+        #pragma unroll
+        for (int i = 0; i < K; i++) bfrag[i][0] = __ldg(fc + 64 * i), bfrag[i][1] = __ldg(fc + 64 * i + 32);
         const unsigned *tw = reinterpret_cast<const unsigned *>(tile + (size_t)c * tplane);
         const int half = sw / 2;   // 32-bit words per staged row
         // A_i's fragment: rows g and g + 8 (staged rows + i), the words of column pairs 2 t4 and
@@ -113,8 +141,9 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const
     __syncthreads();
     // Out along channels: a thread per 8 channels of an output pixel of the block's rows.
     bf16 *o = out + b * plane + c0;
+    const float inv_w = 1.0f / d.W;
     for (int e = threadIdx.x; e < MMA_TH * d.W * VPP; e += THREADS) {
-        const int pix = e / VPP, v8 = 8 * (e - pix * VPP), r = pix / d.W, xx = pix - r * d.W, yy = y0 + r;
+        const int pix = e / VPP, v8 = 8 * (e - pix * VPP), r = mma_div(pix, inv_w), xx = pix - r * d.W, yy = y0 + r;
         if (yy >= d.H) break;   // e grows with r
         const unsigned short *resid = tile + (size_t)v8 * tplane + (r + P) * sw + xx + P;   // staged (r + P, xx + P)
         dw_store_out8(o + ((size_t)yy * d.W + xx) * d.C + v8, sums + v8 * ps + r * rs + xx, ps,
@@ -134,9 +163,13 @@ static bool mma_launch(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias
     auto kernel = dwconv_mma_kernel<MMA_K, CG>;
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    dim3 grid((unsigned)(d.C / CG), (unsigned)((d.H + MMA_TH - 1) / MMA_TH), (unsigned)d.B);
-    kernel<<<grid, 16 * CG, smem, cuda_stream_of(ctx)>>>(in, w, bias, out, d, flags, tiles_x, sw);
+    unsigned *frag = (unsigned *)cuda_temp_alloc(ctx, (size_t)d.C * MMA_K * 2 * 32 * sizeof(unsigned));
+    dw_band_frag_kernel<MMA_K><<<(unsigned)((d.C * 32 + 255) / 256), 256, 0, cuda_stream_of(ctx)>>>(w, d.C, flags, frag);
     CUDA_CHECK_LAUNCH();
+    dim3 grid((unsigned)(d.C / CG), (unsigned)((d.H + MMA_TH - 1) / MMA_TH), (unsigned)d.B);
+    kernel<<<grid, 16 * CG, smem, cuda_stream_of(ctx)>>>(in, frag, bias, out, d, flags, tiles_x, sw);
+    CUDA_CHECK_LAUNCH();
+    cuda_temp_free(ctx, frag);
     return true;
 }
 
