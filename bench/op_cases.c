@@ -267,17 +267,15 @@ static void bcast_scale_cases(OpCaseList *l) {
 
 enum { LN_X, LN_W, LN_B, LN_Y, LN_MEAN, LN_RSTD, LN_DY, LN_DX, LN_DW, LN_DB, LN_DX_ACT, LN_DX_SUM,
        LN_R, LN_H };
+// r and h present: h = x + r normalized (the add fused into the norm).
 static void fwd_layernorm(Ctx *ctx, Tensor *const *t, const OpCase *c) {
-    op_layernorm_fwd(ctx, T(LN_X), T(LN_W), T(LN_B), c->f[0], T(LN_Y), T(LN_MEAN), T(LN_RSTD));
+    op_layernorm_fwd(ctx, T(LN_X), T(LN_R), T(LN_W), T(LN_B), c->f[0], T(LN_H), T(LN_Y),
+                     T(LN_MEAN), T(LN_RSTD));
 }
 static void bwd_layernorm(Ctx *ctx, Tensor *const *t, const OpCase *c) {
     (void)c;
     op_layernorm_bwd(ctx, T(LN_DY), T(LN_X), T(LN_W), T(LN_MEAN), T(LN_RSTD), T(LN_DX), T(LN_DW),
                      T(LN_DB), T(LN_DX_ACT), T(LN_DX_SUM));
-}
-static void fwd_add_layernorm(Ctx *ctx, Tensor *const *t, const OpCase *c) {
-    op_add_layernorm_fwd(ctx, T(LN_X), T(LN_R), T(LN_W), T(LN_B), c->f[0], T(LN_H), T(LN_Y),
-                         T(LN_MEAN), T(LN_RSTD));
 }
 
 // 6, 33, 1155: scalar; short rows, 4 / 8 / 16 lanes each (32, 64, 96, 128); cached (1152,
@@ -338,9 +336,9 @@ static void layernorm_cases(OpCaseList *l) {
         // dtype (a bf16 h normalized by the GPU, the exact sum by the CPU: y rounded twice).
         for (int xi = 0; xi < 2; xi++) {
             const ArgType xt = xi == 0 ? TYPE_F32 : TYPE_ACT;
-            c = case_new(l, fwd_add_layernorm, NULL, "add_layernorm, x %s (%d, %d)",
+            c = case_new(l, fwd_layernorm, NULL, "layernorm with the add, x %s (%d, %d)",
                          xi == 0 ? "fp32" : "act", N, C);
-            case_ops(c, "add_layernorm_fwd", NULL);
+            case_ops(c, "layernorm_fwd", NULL);
             c->f[0] = 1e-6f;
             put(c, LN_X, "x", ARG_IN, xt, -1, 3, 0, SHAPE(N, C));
             in(c, LN_R, "r", -1, 1, SHAPE(N, C));
@@ -1146,8 +1144,8 @@ static void bench_cases(OpCaseList *l) {
     put(c, LN_DX_SUM, "dx_sum", ARG_ACC, TYPE_F32, -1, 1, 0, SHAPE(C));
     layernorm_case(l, Nc, Cc, TYPE_ACT, TYPE_ACT, 1e-6f, " (short rows)");
 
-    c = case_new(l, fwd_add_layernorm, NULL, "add_layernorm, x fp32 (%d, %d)", N, C);
-    case_ops(c, "add_layernorm_fwd", NULL);
+    c = case_new(l, fwd_layernorm, NULL, "layernorm with the add, x fp32 (%d, %d)", N, C);
+    case_ops(c, "layernorm_fwd", NULL);
     c->f[0] = 1e-6f;
     in32(c, LN_X, "x", -1, 3, SHAPE(N, C));
     in(c, LN_R, "r", -1, 1, SHAPE(N, C));

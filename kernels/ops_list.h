@@ -107,9 +107,13 @@ OP(linear_dgelu_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor 
 // into a bf16 sublayer input (as PyTorch autocast runs LayerNorm in fp32 and the next linear
 // reads it in bf16), and gspn_hier a bf16 convolution's output into its fp32 stream (autocast
 // writes layer_norm's output in fp32). In backward dy has y's dtype and dx has x's.
-OP(layernorm_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
-       Tensor *y, Tensor *mean, Tensor *rstd),
-   (ctx, x, w, b, eps, y, mean, rstd))
+// r and h NULL together: the LayerNorm of x. Else h = x + r is written (x's dtype; r in the
+// activation dtype, h aliasing neither) and normalized, in one pass: the residual add of a
+// block's mixing branch fused into the norm that reads the sum next. The backward is the add's
+// (the gradient of h reaches x and r) after layernorm_bwd's with x = h.
+OP(layernorm_fwd, (Ctx *ctx, const Tensor *x, const Tensor *r, const Tensor *w, const Tensor *b,
+       float eps, Tensor *h, Tensor *y, Tensor *mean, Tensor *rstd),
+   (ctx, x, r, w, b, eps, h, y, mean, rstd))
 // The hand-off (each may be NULL; both need dx): dx_act is written with the final dx (after the
 // add) in dy's dtype, and dx_sum (fp32, C) += its column sums: the gradient of a residual stream
 // that this norm's backward completes, passed on to the branch that wrote the stream with that
@@ -118,12 +122,6 @@ OP(layernorm_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
        const Tensor *mean, const Tensor *rstd, Tensor *dx, Tensor *dw, Tensor *db, Tensor *dx_act,
        Tensor *dx_sum),
    (ctx, dy, x, w, mean, rstd, dx, dw, db, dx_act, dx_sum))
-// h = x + r (written, x's dtype; r in the activation dtype), then layernorm_fwd of h, in one pass:
-// the residual add of a block's mixing branch fused into the norm that reads the sum next. The
-// backward is the add's (the gradient of h reaches x and r) after layernorm_bwd's with x = h.
-OP(add_layernorm_fwd, (Ctx *ctx, const Tensor *x, const Tensor *r, const Tensor *w,
-       const Tensor *b, float eps, Tensor *h, Tensor *y, Tensor *mean, Tensor *rstd),
-   (ctx, x, r, w, b, eps, h, y, mean, rstd))
 // GELU, exact (erf) or tanh approximation, elementwise.
 OP(gelu_fwd, (Ctx *ctx, const Tensor *x, GeluKind kind, Tensor *y),
    (ctx, x, kind, y))

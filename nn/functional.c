@@ -78,7 +78,7 @@ static Tensor *layernorm_outputs(Tape *t, const Tensor *x, bool f32, Tensor **me
 }
 static Tensor *layernorm_into(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps, bool f32) {
     Tensor *mean, *rstd, *y = layernorm_outputs(t, x, f32, &mean, &rstd);
-    op_layernorm_fwd(t->ctx, x, w, b, eps, y, mean, rstd);
+    op_layernorm_fwd(t->ctx, x, NULL, w, b, eps, NULL, y, mean, rstd);
     if (tape_track(t, y, x, w, b))
         *(LayerNormRec *)tape_record(t, layernorm_backward, sizeof(LayerNormRec)) =
             (LayerNormRec){x, w, b, mean, rstd, y};
@@ -165,7 +165,7 @@ Tensor *nn_linear_add_layernorm(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tens
     op_linear_fwd(t->ctx, x, w, b, m);
     Tensor *h = tape_tensor_like(t, res);
     Tensor *mean, *rstd, *y = layernorm_outputs(t, h, false, &mean, &rstd);
-    op_add_layernorm_fwd(t->ctx, res, m, ln_w, ln_b, eps, h, y, mean, rstd);
+    op_layernorm_fwd(t->ctx, res, m, ln_w, ln_b, eps, h, y, mean, rstd);
     tape_release(t, m);
     tape_track(t, h, x, w, b);
     if (t->grad_enabled && res->requires_grad) h->requires_grad = true;

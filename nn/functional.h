@@ -17,7 +17,8 @@ Tensor *nn_layernorm_f32(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps);
 Tensor *nn_linear_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tensor *b);
 // h = res + nn_linear(x, w, b), returned (res's shape and dtype), and *normed = nn_layernorm(h,
 // ln_w, ln_b, eps): the linear writes the branch in the activation dtype and one pass adds it to
-// res and normalizes the sum (add_layernorm_fwd); the tape sees a linear onto res, then the norm.
+// res and normalizes the sum (layernorm_fwd with r); the tape sees a linear onto res, then the
+// norm.
 Tensor *nn_linear_add_layernorm(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tensor *b,
                                 Tensor *ln_w, Tensor *ln_b, float eps, Tensor **normed);
 Tensor *nn_gelu(Tape *t, Tensor *x, GeluKind kind);

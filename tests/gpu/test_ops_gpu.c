@@ -220,8 +220,8 @@ static void test_misaligned_views_take_the_scalar_path_correctly(void **state) {
         Tensor *w = rnd(HT(64), 3, 0.5f, 1.5f, dt), *b = rnd(HT(64), 4, -0.5f, 0.5f, dt);
         Tensor *y = HT(9, 64), *mean = HT(9), *rstd = HT(9);
         Tensor gy = misaligned_view(y, dt);
-        cpu_layernorm_fwd(&H, a, w, b, 1e-5f, y, mean, rstd);
-        cuda_layernorm_fwd(&G, &ga, dev(w, dt), dev(b, dt), 1e-5f, &gy, NULL, NULL);
+        cpu_layernorm_fwd(&H, a, NULL, w, b, 1e-5f, NULL, y, mean, rstd);
+        cuda_layernorm_fwd(&G, &ga, NULL, dev(w, dt), dev(b, dt), 1e-5f, NULL, &gy, NULL, NULL);
         check("misaligned.layernorm_fwd.y", dt, &gy, y);
         release_all();
     }
@@ -374,7 +374,7 @@ static void test_backward_twice_accumulates_twice(void **state) {
         int N = 37, C = 1152;
         Tensor *x = rnd(HT(N, C), 1, -1, 3, dt), *w = rnd(HT(C), 2, 0.5f, 1.5f, dt);
         Tensor *y = HT(N, C), *mean = HT(N), *rstd = HT(N);
-        cpu_layernorm_fwd(&H, x, w, NULL, 1e-5f, y, mean, rstd);
+        cpu_layernorm_fwd(&H, x, NULL, w, NULL, 1e-5f, NULL, y, mean, rstd);
         Tensor *dy = rnd(HT(N, C), 3, -1, 1, dt), *dx = rnd(HT(N, C), 4, -1, 1, dt);
         Tensor *dw = rnd(HT(C), 5, -1, 1, DTYPE_F32);
         Tensor *gdy = dev(dy, dt), *gx = dev(x, dt), *gw = dev(w, dt), *gm = dev(mean, DTYPE_F32);
