@@ -286,7 +286,7 @@ static void test_gelu_bf16_every_input(void **state) {
 }
 
 // dwconv_fwd's added input (the up projection onto the stream, then the LPU) bit for bit against
-// linear_residual_fwd then dwconv_fwd on the GPU (mid and y), which the kernels must reproduce
+// linear_fwd onto res then dwconv_fwd on the GPU (mid and y), which the kernels must reproduce
 // (narrow_dot.cuh); its cases in bench/op_cases.c hold it against the CPU. gspn_t's four LPU grids at its widths (the row kernel at
 // 56 x 56 and 28 x 28, the whole-image kernel at 14 x 14 and 7 x 7), a partial strip and odd
 // channels (one channel a thread), 108 channels (even, not a multiple of 8: the row kernel on a
@@ -316,9 +316,9 @@ static void test_dwconv_added_input_matches_the_two_ops(void **state) {
             Tensor *gmid = with_mid ? dev_zeros(mid, xt) : NULL, *gy = dev_zeros(y, xt);
             cuda_dwconv_fwd(&G, gx, gu, guw, gub, gw, gb, DWCONV_RESIDUAL, gmid, gy);
             Tensor *gmid2 = dev_zeros(mid, xt), *gy2 = dev_zeros(y, xt);
-            cuda_linear_residual_fwd(&G, gu, guw, gub, gx, gmid2);
+            cuda_linear_fwd(&G, gu, guw, gub, &(LinearFwdOpts){.res = gx}, gmid2);
             cuda_dwconv_fwd(&G, gmid2, NULL, NULL, NULL, gw, gb, DWCONV_RESIDUAL, NULL, gy2);
-            if (with_mid) assert_same_bits("mid against linear_residual_fwd", gmid2, download_raw(gmid));
+            if (with_mid) assert_same_bits("mid against linear_fwd onto res", gmid2, download_raw(gmid));
             assert_same_bits("y against the two ops", gy2, download_raw(gy));
             release_all();
         }
