@@ -799,15 +799,23 @@ static void test_profile_hook_gets_each_ops_name_and_tensor_bytes(void **state) 
     op_add_fwd(&ctx, a, b, y);                 // three (3,4) fp32 tensors: 3 x 48 bytes
     op_scale_fwd(&ctx, a, 2.0f, y);            // the float counts nothing: 2 x 48
     op_linear_fwd(&ctx, a, w, NULL, NULL, y5); // a NULL bias counts nothing: 48 + 80 + 60
-    assert_int_equal(g_hook.begins, 3);
-    assert_int_equal(g_hook.ends, 3);
+    // A fused variant is a row of its own, its options' tensors counted (+ res: 248 bytes); and
+    // LayerNorm with the add (h = a + b into y, normalized into n)
+    Tensor *res = test_tensor(2, 3, 5), *r5 = test_tensor(2, 3, 5), *n = test_tensor(2, 3, 4);
+    op_linear_fwd(&ctx, a, w, NULL, &(LinearFwdOpts){.res = res}, r5);
+    op_layernorm_fwd(&ctx, a, b, NULL, NULL, 1e-5f, y, n, NULL, NULL);
+    assert_int_equal(g_hook.begins, 5);
+    assert_int_equal(g_hook.ends, 5);
     assert_string_equal(g_hook.op[0], "add_fwd");
     assert_string_equal(g_hook.op[1], "scale_fwd");
     assert_string_equal(g_hook.op[2], "linear_fwd");
+    assert_string_equal(g_hook.op[3], "linear_fwd+res");
+    assert_string_equal(g_hook.op[4], "layernorm_fwd+add");
     assert_float_equal(g_hook.bytes[0], 144.0, 0.0);
     assert_float_equal(g_hook.bytes[1], 96.0, 0.0);
     assert_float_equal(g_hook.bytes[2], 188.0, 0.0);
-    Tensor *t[] = {a, b, y, w, y5};
+    assert_float_equal(g_hook.bytes[3], 248.0, 0.0);
+    Tensor *t[] = {a, b, y, w, y5, res, r5, n};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) test_tensor_free(t[i]);
 }
 
@@ -821,6 +829,7 @@ int main(void) {
         cmocka_unit_test(test_linear_backward_accumulates_and_skips_null_gradients),
         cmocka_unit_test(test_linear_backward_is_deterministic_across_thread_counts),
         cmocka_unit_test(test_linear_rejects_mismatched_shapes_with_a_message),
+        cmocka_unit_test(test_linear_refuses_unimplemented_fusions_by_name),
         cmocka_unit_test(test_layernorm_forward_matches_naive),
         cmocka_unit_test(test_layernorm_backward_matches_finite_differences),
         cmocka_unit_test(test_layernorm_rejects_bad_shapes_with_a_message),
@@ -829,7 +838,6 @@ int main(void) {
         cmocka_unit_test(test_silu_matches_known_values_and_finite_differences),
         cmocka_unit_test(test_softmax_forward_matches_naive_and_is_stable),
         cmocka_unit_test(test_softmax_backward_matches_finite_differences),
-        cmocka_unit_test(test_linear_refuses_unimplemented_fusions_by_name),
         cmocka_unit_test(test_attention_forward_matches_naive_softmax_attention),
         cmocka_unit_test(test_attention_backward_matches_finite_differences),
         cmocka_unit_test(test_attention_rejects_bad_shapes_with_a_message),
