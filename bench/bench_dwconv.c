@@ -120,7 +120,7 @@ int bench_dwconv_run(FILE *out) {
     }
     fprintf(out, "\nLPU after the mixer's up projection (2 proxy channels onto the stream): one op "
                  "(dwconv_fwd's added input; reads x and u, writes y, and mid in training) against "
-                 "linear_residual_fwd then dwconv_fwd\n");
+                 "linear_fwd+res then dwconv_fwd\n");
     fprintf(out, "%-9s %5s %9s %7s %9s %7s %9s %7s\n", "grid", "C", "fused ms", "% copy", "+mid ms",
             "% copy", "2 ops ms", "% copy");
     for (int i = 0; i < n; i++) {

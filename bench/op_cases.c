@@ -267,17 +267,15 @@ static void bcast_scale_cases(OpCaseList *l) {
 
 enum { LN_X, LN_W, LN_B, LN_Y, LN_MEAN, LN_RSTD, LN_DY, LN_DX, LN_DW, LN_DB, LN_DX_ACT, LN_DX_SUM,
        LN_R, LN_H };
+// r and h present: h = x + r normalized (the add fused into the norm).
 static void fwd_layernorm(Ctx *ctx, Tensor *const *t, const OpCase *c) {
-    op_layernorm_fwd(ctx, T(LN_X), T(LN_W), T(LN_B), c->f[0], T(LN_Y), T(LN_MEAN), T(LN_RSTD));
+    op_layernorm_fwd(ctx, T(LN_X), T(LN_R), T(LN_W), T(LN_B), c->f[0], T(LN_H), T(LN_Y),
+                     T(LN_MEAN), T(LN_RSTD));
 }
 static void bwd_layernorm(Ctx *ctx, Tensor *const *t, const OpCase *c) {
     (void)c;
     op_layernorm_bwd(ctx, T(LN_DY), T(LN_X), T(LN_W), T(LN_MEAN), T(LN_RSTD), T(LN_DX), T(LN_DW),
                      T(LN_DB), T(LN_DX_ACT), T(LN_DX_SUM));
-}
-static void fwd_add_layernorm(Ctx *ctx, Tensor *const *t, const OpCase *c) {
-    op_add_layernorm_fwd(ctx, T(LN_X), T(LN_R), T(LN_W), T(LN_B), c->f[0], T(LN_H), T(LN_Y),
-                         T(LN_MEAN), T(LN_RSTD));
 }
 
 // 6, 33, 1155: scalar; short rows, 4 / 8 / 16 lanes each (32, 64, 96, 128); cached (1152,
@@ -338,9 +336,9 @@ static void layernorm_cases(OpCaseList *l) {
         // dtype (a bf16 h normalized by the GPU, the exact sum by the CPU: y rounded twice).
         for (int xi = 0; xi < 2; xi++) {
             const ArgType xt = xi == 0 ? TYPE_F32 : TYPE_ACT;
-            c = case_new(l, fwd_add_layernorm, NULL, "add_layernorm, x %s (%d, %d)",
+            c = case_new(l, fwd_layernorm, NULL, "layernorm with the add, x %s (%d, %d)",
                          xi == 0 ? "fp32" : "act", N, C);
-            case_ops(c, "add_layernorm_fwd", NULL);
+            case_ops(c, "layernorm_fwd", NULL);
             c->f[0] = 1e-6f;
             put(c, LN_X, "x", ARG_IN, xt, -1, 3, 0, SHAPE(N, C));
             in(c, LN_R, "r", -1, 1, SHAPE(N, C));
@@ -656,43 +654,51 @@ enum { LI_X, LI_W, LI_B, LI_Y, LI_DY, LI_DX, LI_DW, LI_DB, LI_RES, LI_PRE, LI_W2
        LI_DPRE_DB };
 static void fwd_linear(Ctx *ctx, Tensor *const *t, const OpCase *c) {
     (void)c;
-    op_linear_fwd(ctx, T(LI_X), T(LI_W), T(LI_B), T(LI_Y));
+    op_linear_fwd(ctx, T(LI_X), T(LI_W), T(LI_B), NULL, T(LI_Y));
 }
 static void bwd_linear(Ctx *ctx, Tensor *const *t, const OpCase *c) {
-    op_linear_bwd(ctx, T(LI_DY), T(LI_X), T(LI_W), write_flag(c, LI_DX, LINEAR_WRITE_DX), T(LI_DX),
+    op_linear_bwd(ctx, T(LI_DY), T(LI_X), T(LI_W), write_flag(c, LI_DX, LINEAR_WRITE_DX), NULL,
+                  T(LI_DX), T(LI_DW), T(LI_DB));
+}
+// SiLU on the input: y = silu(x) w^T + b.
+static void fwd_linear_silu_in(Ctx *ctx, Tensor *const *t, const OpCase *c) {
+    (void)c;
+    op_linear_fwd(ctx, T(LI_X), T(LI_W), T(LI_B), &(LinearFwdOpts){.silu_in = 1}, T(LI_Y));
+}
+static void bwd_linear_silu_in(Ctx *ctx, Tensor *const *t, const OpCase *c) {
+    (void)c;
+    op_linear_bwd(ctx, T(LI_DY), T(LI_X), T(LI_W), 0, &(LinearBwdOpts){.silu_in = 1}, T(LI_DX),
                   T(LI_DW), T(LI_DB));
 }
-static void fwd_silu_linear(Ctx *ctx, Tensor *const *t, const OpCase *c) {
+// Onto a residual: y = res + x w^T + b.
+static void fwd_linear_res(Ctx *ctx, Tensor *const *t, const OpCase *c) {
     (void)c;
-    op_silu_linear_fwd(ctx, T(LI_X), T(LI_W), T(LI_B), T(LI_Y));
+    op_linear_fwd(ctx, T(LI_X), T(LI_W), T(LI_B), &(LinearFwdOpts){.res = T(LI_RES)}, T(LI_Y));
 }
-static void bwd_silu_linear(Ctx *ctx, Tensor *const *t, const OpCase *c) {
-    (void)c;
-    op_silu_linear_bwd(ctx, T(LI_DY), T(LI_X), T(LI_W), T(LI_DX), T(LI_DW), T(LI_DB));
+// GELU on the output: pre = x w^T + b, y = gelu(pre).
+static void fwd_linear_gelu_out(Ctx *ctx, Tensor *const *t, const OpCase *c) {
+    const LinearFwdOpts o = {.gelu_out = 1, .gelu_kind = (GeluKind)c->i[0], .pre = T(LI_PRE)};
+    op_linear_fwd(ctx, T(LI_X), T(LI_W), T(LI_B), &o, T(LI_Y));
 }
-static void fwd_linear_residual(Ctx *ctx, Tensor *const *t, const OpCase *c) {
-    (void)c;
-    op_linear_residual_fwd(ctx, T(LI_X), T(LI_W), T(LI_B), T(LI_RES), T(LI_Y));
-}
-static void fwd_linear_gelu(Ctx *ctx, Tensor *const *t, const OpCase *c) {
-    op_linear_gelu_fwd(ctx, T(LI_X), T(LI_W), T(LI_B), (GeluKind)c->i[0], T(LI_PRE), T(LI_Y));
-}
-static void bwd_linear_gelu(Ctx *ctx, Tensor *const *t, const OpCase *c) {
-    op_linear_gelu_bwd(ctx, T(LI_DY), T(LI_X), T(LI_W), T(LI_PRE), (GeluKind)c->i[0], T(LI_DX),
-                       T(LI_DW), T(LI_DB));
+static void bwd_linear_gelu_out(Ctx *ctx, Tensor *const *t, const OpCase *c) {
+    const LinearBwdOpts o = {.gelu_out = 1, .gelu_kind = (GeluKind)c->i[0], .pre = T(LI_PRE)};
+    op_linear_bwd(ctx, T(LI_DY), T(LI_X), T(LI_W), write_flag(c, LI_DX, LINEAR_WRITE_DX), &o,
+                  T(LI_DX), T(LI_DW), T(LI_DB));
 }
 static void fwd_mlp_residual(Ctx *ctx, Tensor *const *t, const OpCase *c) {
     op_mlp_residual_fwd(ctx, T(LI_X), T(LI_W), T(LI_B), T(LI_W2), T(LI_B2), (GeluKind)c->i[0],
                         T(LI_RES), T(LI_Y));
 }
-// fc2 after a GELU: h = gelu(pre), y = h w^T + b; its backward with the GELU's fused in.
+// fc2 after a GELU: h = gelu(pre), y = h w^T + b; its backward with the GELU's fused in
+// (gelu_in: dx is pre's gradient).
 static void fwd_gelu_linear(Ctx *ctx, Tensor *const *t, const OpCase *c) {
     op_gelu_fwd(ctx, T(LI_PRE), (GeluKind)c->i[0], T(LI_H));
-    op_linear_fwd(ctx, T(LI_H), T(LI_W), T(LI_B), T(LI_Y));
+    op_linear_fwd(ctx, T(LI_H), T(LI_W), T(LI_B), NULL, T(LI_Y));
 }
-static void bwd_gelu_linear(Ctx *ctx, Tensor *const *t, const OpCase *c) {
-    op_linear_dgelu_bwd(ctx, T(LI_DY), T(LI_H), T(LI_W), T(LI_PRE), (GeluKind)c->i[0], T(LI_DX),
-                        T(LI_DPRE_DB), T(LI_DW), T(LI_DB));
+static void bwd_linear_gelu_in(Ctx *ctx, Tensor *const *t, const OpCase *c) {
+    const LinearBwdOpts o = {.gelu_in = 1, .gelu_kind = (GeluKind)c->i[0], .pre = T(LI_PRE),
+                             .dpre_db = T(LI_DPRE_DB)};
+    op_linear_bwd(ctx, T(LI_DY), T(LI_H), T(LI_W), 0, &o, T(LI_DX), T(LI_DW), T(LI_DB));
 }
 
 static OpCase *linear_case(OpCaseList *l, CasePhase fwd, CasePhase bwd, const char *title, int N,
@@ -736,8 +742,8 @@ static void linear_cases(OpCaseList *l) {
 
         // silu(x) rounded to bf16 before the products on the GPU, exact on the CPU: dw too is a
         // rounding away; dx = (dy w, rounded) * silu'(x), rounded: twice
-        c = linear_case(l, fwd_silu_linear, bwd_silu_linear, "silu_linear", N, K, M);
-        case_ops(c, "silu_linear_fwd", "silu_linear_bwd");
+        c = linear_case(l, fwd_linear_silu_in, bwd_linear_silu_in, "linear, silu_in", N, K, M);
+        case_ops(c, "linear_fwd", "linear_bwd");
         c->arg[LI_X].lo = -4, c->arg[LI_X].hi = 4;
         written(c, LI_DX);
         c->arg[LI_DX].bf16_tol = TOL_TWICE;
@@ -745,28 +751,30 @@ static void linear_cases(OpCaseList *l) {
 
         // onto an fp32 residual: the fused GEMM adds its fp32 product to res, its fallback rounds
         // the product to bf16 first (seen on an H100: 0.9e-3 to 1.7e-3)
-        c = linear_case(l, fwd_linear_residual, NULL, "linear_residual", N, K, M);
-        case_ops(c, "linear_residual_fwd", NULL);
+        c = linear_case(l, fwd_linear_res, NULL, "linear, res", N, K, M);
+        case_ops(c, "linear_fwd", NULL);
         in32(c, LI_RES, "res", -1, 1, SHAPE(N, M));
         c->arg[LI_Y].type = TYPE_F32;
 
         for (int k = 0; k < 2; k++) {
             // dpre = dy gelu'(pre) rounded to bf16 before the products (as an unfused GELU
             // backward hands it on), fp32 on the CPU: every gradient a rounding away
-            c = linear_case(l, fwd_linear_gelu, bwd_linear_gelu, k ? "linear_gelu tanh" : "linear_gelu erf",
-                            N, K, M);
-            case_ops(c, "linear_gelu_fwd", "linear_gelu_bwd");
+            c = linear_case(l, fwd_linear_gelu_out, bwd_linear_gelu_out,
+                            k ? "linear, gelu_out tanh" : "linear, gelu_out erf", N, K, M);
+            case_ops(c, "linear_fwd", "linear_bwd");
             c->i[0] = k ? GELU_TANH : GELU_ERF;
             out(c, LI_PRE, "pre", TOL_GEMM_ACT, SHAPE(N, M));
             c->arg[LI_DW].bf16_tol = TOL_GEMM_ACT;
             c->arg[LI_DB].bf16_tol = TOL_GEMM_ACT;
+            c = case_copy(l, l->n - 1, ", dx written");
+            written(c, LI_DX);
 
             // fc2 after the GELU: h identical on both sides (the CPU's rounded as the GPU stores
             // it), so dw and db are exact products; dpre and its sums a rounding or two away
-            c = case_new(l, fwd_gelu_linear, bwd_gelu_linear, "linear_dgelu %s N=%d K=%d M=%d",
+            c = case_new(l, fwd_gelu_linear, bwd_linear_gelu_in, "linear, gelu_in %s N=%d K=%d M=%d",
                          k ? "tanh" : "erf", N, K, M);
             case_ops(c, "gelu_fwd", "linear_fwd");
-            c->ops[2] = "linear_dgelu_bwd";
+            c->ops[2] = "linear_bwd";
             c->i[0] = k ? GELU_TANH : GELU_ERF;
             in(c, LI_PRE, "pre", -3, 3, SHAPE(N, K));
             out(c, LI_H, "h", TOL_ROUNDED, SHAPE(N, K));
@@ -1146,8 +1154,8 @@ static void bench_cases(OpCaseList *l) {
     put(c, LN_DX_SUM, "dx_sum", ARG_ACC, TYPE_F32, -1, 1, 0, SHAPE(C));
     layernorm_case(l, Nc, Cc, TYPE_ACT, TYPE_ACT, 1e-6f, " (short rows)");
 
-    c = case_new(l, fwd_add_layernorm, NULL, "add_layernorm, x fp32 (%d, %d)", N, C);
-    case_ops(c, "add_layernorm_fwd", NULL);
+    c = case_new(l, fwd_layernorm, NULL, "layernorm with the add, x fp32 (%d, %d)", N, C);
+    case_ops(c, "layernorm_fwd", NULL);
     c->f[0] = 1e-6f;
     in32(c, LN_X, "x", -1, 3, SHAPE(N, C));
     in(c, LN_R, "r", -1, 1, SHAPE(N, C));

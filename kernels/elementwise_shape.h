@@ -7,7 +7,7 @@
 #include "error.h"
 #include "ops.h"
 
-// The GELU forms the ops know (gelu, linear_gelu, mlp_residual).
+// The GELU forms the ops know (gelu, linear's GELU fusions, mlp_residual).
 static inline void gelu_check_kind(const char *op, GeluKind kind) {
     CG_CHECK(kind == GELU_ERF || kind == GELU_TANH, "gelu is erf (exact) or tanh",
              "op %s: unknown GELU kind %d", op, (int)kind);

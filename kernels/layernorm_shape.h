@@ -1,8 +1,8 @@
-// The geometry of LayerNorm (kernels/ops_list.h layernorm_fwd, add_layernorm_fwd, layernorm_bwd)
-// and its checks, shared by the CPU and CUDA ops so both accept and refuse the same shapes: x any
-// tensor whose last dim is C, read as (N, C) with N = its rows; y, r, h, dy, dx and dx_act hold x's
-// element count; w, b, dw, db and dx_sum C; mean and rstd N. Each backend adds its dtype and
-// device rules (the CPU computes in fp32; the CUDA kernels take the mixes kernels/ops.h names).
+// The geometry of LayerNorm (kernels/ops_list.h layernorm_fwd, layernorm_bwd) and its checks,
+// shared by the CPU and CUDA ops so both accept and refuse the same shapes: x any tensor whose
+// last dim is C, read as (N, C) with N = its rows; y, r, h, dy, dx and dx_act hold x's element
+// count; w, b, dw, db and dx_sum C; mean and rstd N. Each backend adds its dtype and device rules
+// (the CPU computes in fp32; the CUDA kernels take the mixes kernels/ops.h names).
 #pragma once
 #include "tensor.h"
 #include "error.h"
@@ -21,7 +21,7 @@ static inline void layernorm_check_numel(const char *op, const char *name, const
              op, name, tensor_shape_str(t, buf, sizeof buf), t->numel, n);
 }
 
-// The forward's arguments; r and h (add_layernorm_fwd's residual and sum) may be NULL together.
+// The forward's arguments; r and h (the residual added to x and the sum) may be NULL together.
 static inline LayerNormDims layernorm_fwd_dims(const char *op, const Tensor *x, const Tensor *r,
                                                const Tensor *w, const Tensor *b, float eps,
                                                const Tensor *h, const Tensor *y,

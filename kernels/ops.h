@@ -16,6 +16,8 @@
 //   convolution reads (LayerNorm's, the scan's merge weights), which stay fp32 (nn/params.h);
 //   parameter gradients, optimizer moments, LayerNorm statistics and losses are fp32.
 //   An op accepts any mix that follows these rules (e.g. linear_bwd: bf16 dy, x, w; fp32 dw).
+// - A fusion of an op with its neighbours is an option of that op (a flag, or an options struct
+//   below), not an op of its own: the backend picks the fused kernel where it has one.
 #pragma once
 #include "ctx.h"
 #include "device.h"   // memory and copies: every op user needs them
@@ -35,6 +37,26 @@ enum { CONV2D_WRITE_DX = 1 };
 enum { LINEAR_WRITE_DX = 1 };
 enum { ATTENTION_WRITE_DQKV = 1 };
 enum { GSPN_SCAN_WRITE_GRADS = 1 };
+// linear_fwd's fusions (its entry has the contract of each): NULL, or all zero, is a plain
+// linear. At most one of silu_in, gelu_out and res: no kernel fuses two (refused by name).
+typedef struct LinearFwdOpts {
+    int silu_in;          // y = silu(x) w^T + b: SiLU on the input, its output never stored
+    int gelu_out;         // y = gelu(x w^T + b): GELU on the output, of kind gelu_kind
+    GeluKind gelu_kind;   // gelu_out's GELU (GELU_ERF or GELU_TANH)
+    Tensor *pre;          // gelu_out: x w^T + b (N,M), y's dtype, written for the backward; or NULL
+    const Tensor *res;    // y = res + x w^T + b: res (N,M) in y's dtype (not y itself); or NULL
+} LinearFwdOpts;
+// linear_bwd's fusions: what sat around the forward's product, whose backward is fused into the
+// linear's (its entry has the contract of each). NULL, or all zero: a plain linear. At most one
+// of silu_in, gelu_out and gelu_in (refused by name).
+typedef struct LinearBwdOpts {
+    int silu_in;          // the forward read silu(x) (linear_fwd's silu_in): x is SiLU's input
+    int gelu_out;         // the forward's output was gelu(pre) (linear_fwd's gelu_out)
+    int gelu_in;          // x is h = gelu(pre): dx receives pre's gradient
+    GeluKind gelu_kind;   // gelu_out's and gelu_in's GELU
+    const Tensor *pre;    // the GELU's input, x's dtype: gelu_out (N,M); gelu_in (N,K)
+    Tensor *dpre_db;      // gelu_in: (K) fp32 += the column sums of pre's gradient; or NULL
+} LinearBwdOpts;
 // adamw's hyperparameters (the update is written at its entry).
 typedef struct AdamWArgs {
     float lr, beta1, beta2, eps, weight_decay, grad_scale;

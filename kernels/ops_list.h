@@ -20,7 +20,8 @@ OP(scale_fwd, (Ctx *ctx, const Tensor *x, float s, Tensor *y),
    (ctx, x, s, y))
 // y = x, converted to y's dtype (written); colsum (the last dim of x, fp32) += the sums of x over
 // its rows, in the same pass (NULL: skipped). The gradient of a residual branch from the fp32
-// stream's gradient, with the branch's last bias gradient on the way.
+// stream's gradient, with the branch's last bias gradient on the way. A primitive, not a fusion
+// of other ops: no op makes a column sum on its own.
 OP(cast_colsum, (Ctx *ctx, const Tensor *x, Tensor *y, Tensor *colsum),
    (ctx, x, y, colsum))
 // dx += s * dy
@@ -40,65 +41,56 @@ OP(layer_scale_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *
    (ctx, dy, x, g, dx, dg))
 
 // ---- linear ------------------------------------------------------------------------------
-// x (N,K), w (M,K) in PyTorch's (out, in) layout, b (M) or NULL -> y (N,M) = x w^T + b
-OP(linear_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y),
-   (ctx, x, w, b, y))
+// x (N,K), w (M,K) in PyTorch's (out, in) layout, b (M) or NULL -> y (N,M) = x w^T + b.
+// opts (kernels/ops.h LinearFwdOpts) NULL: that linear. Else at most one fusion, each the values
+// of the unfused ops:
+// - silu_in: y = silu(x) w^T + b, linear_fwd of silu_fwd's output (silu(x) rounded to x's dtype,
+//   as silu_fwd stores it) without that output in memory (the mixer's SiLU inside its down
+//   projection). x, w, b, y one dtype.
+// - gelu_out: pre = x w^T + b, y = gelu(pre), kind gelu_kind (GELU_TANH or GELU_ERF); opts->pre
+//   (N,M, y's dtype) receives pre, or is NULL when no backward follows. On the GPU the tanh GELU
+//   is fused into the GEMM's epilogue (the GELU cuBLASLt computes); the erf GELU (exact, timm's
+//   default) runs as the GEMM with its bias fused, then one GELU pass over pre.
+// - res: y = res + x w^T + b, a linear added onto a residual stream in one pass (on the GPU the
+//   GEMM reads res as its C operand: no separate add, no activation-dtype copy of x w^T + b).
+//   res (N,M) and y share a dtype (fp32 in the encoders; y may not alias res), x and w the
+//   activation dtype. Its backward is the plain linear_bwd's.
+OP(linear_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
+       const LinearFwdOpts *opts, Tensor *y),
+   (ctx, x, w, b, opts, y))
 // dx (N,K) += dy w; dw (M,K) += dy^T x; db (M) += sum_n dy. dy may be fp32 under bf16 x and w
 // (the gradient of a residual stream): dx and dw then take dy rounded to bf16, as a bf16 copy of
 // it would hold, and db its fp32 values (cast_colsum's). flags: LINEAR_WRITE_DX: dx = dy w is
 // WRITTEN (every element), not accumulated; dw and db still accumulate. The tape passes it for a
 // gradient nothing has written yet: on the GPU that saves zeroing dx and reading it back (the dx
-// GEMM runs with beta = 0).
+// GEMM runs with beta = 0). dx, dw, db may be NULL.
+// opts (kernels/ops.h LinearBwdOpts) NULL: that backward. Else what sat around the forward's
+// product, its backward fused in (at most one; dy, x, w and pre in one dtype):
+// - silu_in (linear_fwd's silu_in; x is SiLU's input): dx (N,K) = (dy w) * silu'(x) WRITTEN
+//   whatever flags say (dy w rounded to x's dtype first, as linear_bwd would store it);
+//   dw (M,K) += dy^T silu(x); db (M) += sum_n dy.
+// - gelu_out (linear_fwd's gelu_out; pre (N,M) its saved pre): with dpre = dy * gelu'(pre) in
+//   dy's dtype (what gelu_bwd would hand the linear), the plain backward from dpre: dx (N,K) +=
+//   dpre w (= with LINEAR_WRITE_DX); dw += dpre^T x; db += sum_n dpre.
+// - gelu_in: x is h = gelu(pre) (an MLP's fc2 after linear_fwd's gelu_out fc1), pre (N,K), the
+//   GELU's backward fused into the dx product: dx receives dpre (N,K) = (dy w) * gelu'(pre),
+//   WRITTEN whatever flags say (pre feeds only the GELU, so nothing else adds to its gradient);
+//   dw (M,K) += dy^T h; db += sum_n dy; dpre_db (K, fp32) += sum_n dpre, the bias gradient of the
+//   linear that produced pre (NULL: not wanted; needs dx). GPU: tanh through cuBLASLt's DGELU
+//   epilogue; erf as the product written into dx (rounded to its dtype, as an unfused linear
+//   backward would hand the GELU) scaled in place by gelu'(pre).
 OP(linear_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, int flags,
-       Tensor *dx, Tensor *dw, Tensor *db),
-   (ctx, dy, x, w, flags, dx, dw, db))
-// y (N,M) = silu(x) w^T + b: linear_fwd of silu_fwd's output (silu(x) rounded to x's dtype, as
-// silu_fwd stores it) without that output in memory (the mixer's SiLU inside its down
-// projection). x (N,K), w (M,K), b (M) or NULL, one dtype.
-OP(silu_linear_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y),
-   (ctx, x, w, b, y))
-// Its backward: dx (N,K) = (dy w) * silu'(x) WRITTEN (dy w rounded to x's dtype first, as
-// linear_bwd would store it); dw (M,K) += dy^T silu(x); db (M) += sum_n dy. dx, dw, db may be NULL.
-OP(silu_linear_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
-       Tensor *dw, Tensor *db),
-   (ctx, dy, x, w, dx, dw, db))
-// y (N,M) = res + x w^T + b: a linear added onto a residual stream in one pass (on the GPU the
-// GEMM reads res as its C operand: no separate add, no activation-dtype copy of x w^T + b).
-// res and y share a dtype (fp32 in the encoders; y may not alias res), x and w the activation
-// dtype; b may be NULL. Forward only: the tape's backward of it is linear_bwd's.
-OP(linear_residual_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
-       const Tensor *res, Tensor *y),
-   (ctx, x, w, b, res, y))
-// Linear then GELU: pre (N,M) = x w^T + b, y = gelu(pre), kind GELU_TANH or GELU_ERF. On the
-// GPU the tanh GELU is fused into the GEMM's epilogue (the GELU cuBLASLt computes); the erf GELU
-// (exact, timm's default) runs as the GEMM with its bias fused, then one GELU pass over pre.
-// pre may be NULL when no backward follows.
-OP(linear_gelu_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, GeluKind kind,
-       Tensor *pre, Tensor *y),
-   (ctx, x, w, b, kind, pre, y))
+       const LinearBwdOpts *opts, Tensor *dx, Tensor *dw, Tensor *db),
+   (ctx, dy, x, w, flags, opts, dx, dw, db))
 // An MLP onto a residual where no backward follows (inference): y = res + (gelu(x w1^T + b1)
-// w2^T + b2), the hidden activation rounded to x's dtype as linear_gelu_fwd stores it, the sum as
-// linear_residual_fwd makes it; x (N,C), w1 (Hd,C), b1 (Hd), w2 (C,Hd), b2 (C) (either bias may
-// be NULL), res and y (N,C) in res's dtype (y may not alias res). The values are the two ops', up
-// to the order of the fp32 sums (on the GPU the hidden activation can stay on chip).
+// w2^T + b2), the hidden activation rounded to x's dtype as linear_fwd's gelu_out stores it, the
+// sum as its res makes it; x (N,C), w1 (Hd,C), b1 (Hd), w2 (C,Hd), b2 (C) (either bias may be
+// NULL), res and y (N,C) in res's dtype (y may not alias res). The values are the two linears',
+// up to the order of the fp32 sums (on the GPU the hidden activation can stay on chip).
+// An op of its own: two weights, which no option of linear_fwd can carry.
 OP(mlp_residual_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w1, const Tensor *b1,
        const Tensor *w2, const Tensor *b2, GeluKind kind, const Tensor *res, Tensor *y),
    (ctx, x, w1, b1, w2, b2, kind, res, y))
-// With dpre = dy * gelu'(pre): dx (N,K) += dpre w; dw += dpre^T x; db += sum_n dpre
-OP(linear_gelu_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
-       const Tensor *pre, GeluKind kind, Tensor *dx, Tensor *dw, Tensor *db),
-   (ctx, dy, x, w, pre, kind, dx, dw, db))
-// Backward of a linear y = h w^T + b whose input is h = gelu(pre) (an MLP's fc2 after
-// linear_gelu_fwd's fc1), with the GELU's backward fused into the dx product:
-//   dpre (N,K) = (dy w) * gelu'(pre), WRITTEN, not accumulated: the one exception to the
-//   rule above, since pre feeds only the GELU and nothing else adds to its gradient;
-//   dw (M,K) += dy^T h; db += sum_n dy; dpre_db (K, fp32) += sum_n dpre, the bias gradient of
-//   the linear that produced pre (NULL: not wanted; needs dpre). h, pre, dpre (N,K), dy (N,M).
-// GPU: tanh through cuBLASLt's DGELU epilogue; erf as the product written into dpre (rounded
-// to its dtype, as an unfused linear backward would hand the GELU) scaled in place by gelu'(pre).
-OP(linear_dgelu_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
-       const Tensor *pre, GeluKind kind, Tensor *dpre, Tensor *dpre_db, Tensor *dw, Tensor *db),
-   (ctx, dy, h, w, pre, kind, dpre, dpre_db, dw, db))
 
 // ---- normalization and activations ------------------------------------------------------------
 // LayerNorm over the last dim. x (N,C), w, b (C) -> y (N,C); saves mean, rstd (N) fp32.
@@ -107,9 +99,13 @@ OP(linear_dgelu_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor 
 // into a bf16 sublayer input (as PyTorch autocast runs LayerNorm in fp32 and the next linear
 // reads it in bf16), and gspn_hier a bf16 convolution's output into its fp32 stream (autocast
 // writes layer_norm's output in fp32). In backward dy has y's dtype and dx has x's.
-OP(layernorm_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
-       Tensor *y, Tensor *mean, Tensor *rstd),
-   (ctx, x, w, b, eps, y, mean, rstd))
+// r and h NULL together: the LayerNorm of x. Else h = x + r is written (x's dtype; r in the
+// activation dtype, h aliasing neither) and normalized, in one pass: the residual add of a
+// block's mixing branch fused into the norm that reads the sum next. The backward is the add's
+// (the gradient of h reaches x and r) after layernorm_bwd's with x = h.
+OP(layernorm_fwd, (Ctx *ctx, const Tensor *x, const Tensor *r, const Tensor *w, const Tensor *b,
+       float eps, Tensor *h, Tensor *y, Tensor *mean, Tensor *rstd),
+   (ctx, x, r, w, b, eps, h, y, mean, rstd))
 // The hand-off (each may be NULL; both need dx): dx_act is written with the final dx (after the
 // add) in dy's dtype, and dx_sum (fp32, C) += its column sums: the gradient of a residual stream
 // that this norm's backward completes, passed on to the branch that wrote the stream with that
@@ -118,12 +114,6 @@ OP(layernorm_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
        const Tensor *mean, const Tensor *rstd, Tensor *dx, Tensor *dw, Tensor *db, Tensor *dx_act,
        Tensor *dx_sum),
    (ctx, dy, x, w, mean, rstd, dx, dw, db, dx_act, dx_sum))
-// h = x + r (written, x's dtype; r in the activation dtype), then layernorm_fwd of h, in one pass:
-// the residual add of a block's mixing branch fused into the norm that reads the sum next. The
-// backward is the add's (the gradient of h reaches x and r) after layernorm_bwd's with x = h.
-OP(add_layernorm_fwd, (Ctx *ctx, const Tensor *x, const Tensor *r, const Tensor *w,
-       const Tensor *b, float eps, Tensor *h, Tensor *y, Tensor *mean, Tensor *rstd),
-   (ctx, x, r, w, b, eps, h, y, mean, rstd))
 // GELU, exact (erf) or tanh approximation, elementwise.
 OP(gelu_fwd, (Ctx *ctx, const Tensor *x, GeluKind kind, Tensor *y),
    (ctx, x, kind, y))
@@ -194,8 +184,8 @@ OP(conv2d_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *cols, const Tensor *w,
 // needs y itself).
 // u set: the input is not x but x' = x + u uw^T + ub, a residual stream plus a product over at most
 // 4 inputs (the mixer's up projection onto the stream, which the LPU after it reads): u (B,H,W,Ku)
-// with Ku <= 4, uw (C, Ku), ub (C) or NULL, in w's dtype; x' is what linear_residual_fwd(u, uw,
-// ub, x) writes, element for element, and goes to mid when mid is set (the backward's input);
+// with Ku <= 4, uw (C, Ku), ub (C) or NULL, in w's dtype; x' is what linear_fwd(u, uw, ub) onto
+// res = x writes, element for element, and goes to mid when mid is set (the backward's input);
 // with DWCONV_RESIDUAL, y adds x' (the stream after both residuals). u NULL: uw, ub, mid unused.
 OP(dwconv_fwd, (Ctx *ctx, const Tensor *x, const Tensor *u, const Tensor *uw, const Tensor *ub,
        const Tensor *w, const Tensor *b, int flags, Tensor *mid, Tensor *y),

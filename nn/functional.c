@@ -47,14 +47,14 @@ static void linear_backward(Tape *t, void *p) {
     if (!NEED_GRAD(r)) return;
     bool fresh;   // a dx nothing has written yet is written, not zeroed and added to
     Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
-    op_linear_bwd(t->ctx, r->y->grad, r->x, r->w, fresh ? LINEAR_WRITE_DX : 0, dx,
+    op_linear_bwd(t->ctx, r->y->grad, r->x, r->w, fresh ? LINEAR_WRITE_DX : 0, NULL, dx,
                   tape_grad(t, r->w), tape_grad(t, r->b));
 }
 Tensor *nn_linear(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
     CG_CHECK(tensor_last(x) == w->shape[1], "", "linear: input width %d, weight expects %d",
              tensor_last(x), w->shape[1]);
     Tensor *y = new_shaped(t, x, w->shape[0]);
-    op_linear_fwd(t->ctx, x, w, b, y);
+    op_linear_fwd(t->ctx, x, w, b, NULL, y);
     if (tape_track(t, y, x, w, b))
         *(LinearRec *)tape_record(t, linear_backward, sizeof(LinearRec)) = (LinearRec){x, w, b, y};
     return y;
@@ -78,7 +78,7 @@ static Tensor *layernorm_outputs(Tape *t, const Tensor *x, bool f32, Tensor **me
 }
 static Tensor *layernorm_into(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps, bool f32) {
     Tensor *mean, *rstd, *y = layernorm_outputs(t, x, f32, &mean, &rstd);
-    op_layernorm_fwd(t->ctx, x, w, b, eps, y, mean, rstd);
+    op_layernorm_fwd(t->ctx, x, NULL, w, b, eps, NULL, y, mean, rstd);
     if (tape_track(t, y, x, w, b))
         *(LayerNormRec *)tape_record(t, layernorm_backward, sizeof(LayerNormRec)) =
             (LayerNormRec){x, w, b, mean, rstd, y};
@@ -91,7 +91,7 @@ Tensor *nn_layernorm_f32(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps) {
     return layernorm_into(t, x, w, b, eps, true);   // a bf16 x is read as it is (layernorm_fwd)
 }
 
-// ---- linear onto a residual: y = res + x w^T + b (linear_residual_fwd) ----
+// ---- linear onto a residual: y = res + x w^T + b (linear_fwd onto res) ----
 typedef struct { Tensor *x, *w, *b, *res, *y; } LinearResidualRec;
 static void linear_residual_backward(Tape *t, void *p) {
     LinearResidualRec *r = p;
@@ -101,7 +101,7 @@ static void linear_residual_backward(Tape *t, void *p) {
     if (dw || db || r->x->requires_grad) {
         bool fresh;   // dy may be the fp32 stream's gradient under a bf16 x (linear_bwd reads it)
         Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
-        op_linear_bwd(t->ctx, dy, r->x, r->w, fresh ? LINEAR_WRITE_DX : 0, dx, dw, db);
+        op_linear_bwd(t->ctx, dy, r->x, r->w, fresh ? LINEAR_WRITE_DX : 0, NULL, dx, dw, db);
     }
     pass_grad(t, r->res, dy);
 }
@@ -118,7 +118,7 @@ Tensor *nn_linear_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tensor *b
              "", "linear onto a residual: input width %d, weight (%d, %d), residual of %zu "
              "elements", tensor_last(x), w->shape[0], w->shape[1], res->numel);
     Tensor *y = tape_tensor_like(t, res);
-    op_linear_residual_fwd(t->ctx, x, w, b, res, y);
+    op_linear_fwd(t->ctx, x, w, b, &(LinearFwdOpts){.res = res}, y);
     linear_residual_record(t, x, w, b, res, y);
     return y;
 }
@@ -149,7 +149,7 @@ static void linear_add_layernorm_backward(Tape *t, void *p) {
     if (g) {
         bool fresh;
         Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
-        op_linear_bwd(t->ctx, g, r->x, r->w, fresh ? LINEAR_WRITE_DX : 0, dx, dw,
+        op_linear_bwd(t->ctx, g, r->x, r->w, fresh ? LINEAR_WRITE_DX : 0, NULL, dx, dw,
                       db_done ? NULL : db);
     }
     pass_grad(t, r->res, dh);
@@ -162,10 +162,10 @@ Tensor *nn_linear_add_layernorm(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tens
     // The branch m (res's shape, the activation dtype) is not on the tape: its gradient is
     // formed by the record's backward.
     Tensor *m = tape_tensor(t, res->ndim, res->shape, false);
-    op_linear_fwd(t->ctx, x, w, b, m);
+    op_linear_fwd(t->ctx, x, w, b, NULL, m);
     Tensor *h = tape_tensor_like(t, res);
     Tensor *mean, *rstd, *y = layernorm_outputs(t, h, false, &mean, &rstd);
-    op_add_layernorm_fwd(t->ctx, res, m, ln_w, ln_b, eps, h, y, mean, rstd);
+    op_layernorm_fwd(t->ctx, res, m, ln_w, ln_b, eps, h, y, mean, rstd);
     tape_release(t, m);
     tape_track(t, h, x, w, b);
     if (t->grad_enabled && res->requires_grad) h->requires_grad = true;
@@ -207,22 +207,23 @@ Tensor *nn_silu(Tape *t, Tensor *x) {
     return y;
 }
 
-// ---- silu, then linear: y = silu(x) w^T + b (silu_linear_fwd), silu's output never stored ----
+// ---- silu, then linear: y = silu(x) w^T + b (linear_fwd's silu_in), silu's output not stored ----
 typedef struct { Tensor *x, *w, *b, *y; } SiluLinearRec;
 static void silu_linear_backward(Tape *t, void *p) {
     SiluLinearRec *r = p;
     if (!NEED_GRAD(r)) return;
-    bool fresh;   // silu_linear_bwd writes dx: into x's gradient when new, else added to it
+    bool fresh;   // silu_in's backward writes dx: into x's gradient when new, else added to it
     Tensor *dx = tape_grad_fresh(t, r->x, &fresh);
     Tensor *into = dx && !fresh ? tape_tensor_like(t, r->x) : dx;
-    op_silu_linear_bwd(t->ctx, r->y->grad, r->x, r->w, into, tape_grad(t, r->w), tape_grad(t, r->b));
+    op_linear_bwd(t->ctx, r->y->grad, r->x, r->w, 0, &(LinearBwdOpts){.silu_in = 1}, into,
+                  tape_grad(t, r->w), tape_grad(t, r->b));
     if (into != dx) op_accumulate(t->ctx, into, dx);
 }
 Tensor *nn_silu_linear(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
     CG_CHECK(tensor_last(x) == w->shape[1], "", "silu + linear: input width %d, weight expects %d",
              tensor_last(x), w->shape[1]);
     Tensor *y = new_shaped(t, x, w->shape[0]);
-    op_silu_linear_fwd(t->ctx, x, w, b, y);
+    op_linear_fwd(t->ctx, x, w, b, &(LinearFwdOpts){.silu_in = 1}, y);
     if (tape_track(t, y, x, w, b))
         *(SiluLinearRec *)tape_record(t, silu_linear_backward, sizeof(SiluLinearRec)) =
             (SiluLinearRec){x, w, b, y};
@@ -248,14 +249,16 @@ static void mlp_backward_from(Tape *t, const MlpRec *r, const Tensor *dy, Tensor
         h = tape_tensor_like(t, r->pre);
         op_gelu_fwd(t->ctx, r->pre, r->kind, h);
     }
-    // dpre is written by linear_dgelu_bwd (never zeroed); not needed when fc1 wants nothing.
+    // dpre is written by fc2's backward with gelu_in (never zeroed); not needed when fc1 wants
+    // nothing. fc1's bias gradient, the column sums of dpre, comes with dpre (one product on the
+    // GPU).
     Tensor *dpre = dx || dw1 || db1 ? tape_tensor_like(t, r->pre) : NULL;
-    // fc1's bias gradient, the column sums of dpre, comes with dpre (one product on the GPU).
-    op_linear_dgelu_bwd(t->ctx, dy, h, r->w2, r->pre, r->kind, dpre, db1,
-                        tape_grad(t, r->w2), db2);
+    const LinearBwdOpts gelu_in = {.gelu_in = 1, .gelu_kind = r->kind, .pre = r->pre,
+                                   .dpre_db = db1};
+    op_linear_bwd(t->ctx, dy, h, r->w2, 0, &gelu_in, dpre, tape_grad(t, r->w2), db2);
     if (!r->h) tape_release(t, h);
     if (dpre && (dx || dw1))
-        op_linear_bwd(t->ctx, dpre, r->x, r->w1, fresh ? LINEAR_WRITE_DX : 0, dx, dw1, NULL);
+        op_linear_bwd(t->ctx, dpre, r->x, r->w1, fresh ? LINEAR_WRITE_DX : 0, NULL, dx, dw1, NULL);
 }
 static void mlp_backward(Tape *t, void *p) {
     MlpRec *r = p;
@@ -271,8 +274,9 @@ Tensor *nn_mlp(Tape *t, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2, Tensor *b
     tape_track(t, h, x, w1, b1);
     bool track = tape_track(t, y, h, w2, b2);
     Tensor *pre = track ? new_shaped(t, x, w1->shape[0]) : NULL;
-    op_linear_gelu_fwd(t->ctx, x, w1, b1, kind, pre, h);
-    op_linear_fwd(t->ctx, h, w2, b2, y);
+    op_linear_fwd(t->ctx, x, w1, b1,
+                  &(LinearFwdOpts){.gelu_out = 1, .gelu_kind = kind, .pre = pre}, h);
+    op_linear_fwd(t->ctx, h, w2, b2, NULL, y);
     const bool keep = track && keep_hidden;
     if (!keep) tape_release(t, h);   // made again from pre in backward
     if (track)
@@ -281,7 +285,7 @@ Tensor *nn_mlp(Tape *t, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2, Tensor *b
     return y;
 }
 
-// ---- MLP onto a residual: y = res + MLP(x), fc2 writing the sum (linear_residual_fwd) ----
+// ---- MLP onto a residual: y = res + MLP(x), fc2 writing the sum (linear_fwd onto res) ----
 typedef struct { MlpRec m; Tensor *res; } MlpResidualRec;   // m.y: the sum
 static void mlp_residual_backward(Tape *t, void *p) {
     MlpResidualRec *r = p;
@@ -315,8 +319,9 @@ Tensor *nn_mlp_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w1, Tensor *b1,
     bool track = tape_track(t, y, h, w2, b2);
     if (t->grad_enabled && res->requires_grad) track = y->requires_grad = true;
     Tensor *pre = track ? new_shaped(t, x, w1->shape[0]) : NULL;
-    op_linear_gelu_fwd(t->ctx, x, w1, b1, kind, pre, h);
-    op_linear_residual_fwd(t->ctx, h, w2, b2, res, y);
+    op_linear_fwd(t->ctx, x, w1, b1,
+                  &(LinearFwdOpts){.gelu_out = 1, .gelu_kind = kind, .pre = pre}, h);
+    op_linear_fwd(t->ctx, h, w2, b2, &(LinearFwdOpts){.res = res}, y);
     const bool keep = track && keep_hidden;
     if (!keep) tape_release(t, h);   // made again from pre in backward
     if (track)

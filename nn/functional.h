@@ -12,21 +12,22 @@ Tensor *nn_layernorm(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps);
 // norm that starts or ends an fp32 residual stream (gspn_hier's stem, downsampling and final
 // norm) keeps its output and the gradient reaching it unrounded; dx has x's dtype.
 Tensor *nn_layernorm_f32(Tape *t, Tensor *x, Tensor *w, Tensor *b, float eps);
-// res + nn_linear(x, w, b) with the GEMM writing the sum (linear_residual_fwd: one pass over the
+// res + nn_linear(x, w, b) with the GEMM writing the sum (linear_fwd onto res: one pass over the
 // residual stream; y has res's shape and dtype).
 Tensor *nn_linear_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tensor *b);
 // h = res + nn_linear(x, w, b), returned (res's shape and dtype), and *normed = nn_layernorm(h,
 // ln_w, ln_b, eps): the linear writes the branch in the activation dtype and one pass adds it to
-// res and normalizes the sum (add_layernorm_fwd); the tape sees a linear onto res, then the norm.
+// res and normalizes the sum (layernorm_fwd with r); the tape sees a linear onto res, then the
+// norm.
 Tensor *nn_linear_add_layernorm(Tape *t, Tensor *res, Tensor *x, Tensor *w, Tensor *b,
                                 Tensor *ln_w, Tensor *ln_b, float eps, Tensor **normed);
 Tensor *nn_gelu(Tape *t, Tensor *x, GeluKind kind);
 Tensor *nn_silu(Tape *t, Tensor *x);                                    // x * sigmoid(x)
-// nn_linear(nn_silu(x), w, b) as one record (silu_linear_fwd / _bwd): SiLU's output is made on
-// the fly from x and never stored; the record keeps x.
+// nn_linear(nn_silu(x), w, b) as one record (linear_fwd / linear_bwd with silu_in): SiLU's output
+// is made on the fly from x and never stored; the record keeps x.
 Tensor *nn_silu_linear(Tape *t, Tensor *x, Tensor *w, Tensor *b);
-// MLP y = gelu(x w1^T + b1) w2^T + b2 as one record: linear_gelu_fwd, and in backward
-// linear_dgelu_bwd (fc2 with the GELU's backward fused, dpre written) then linear_bwd (fc1).
+// MLP y = gelu(x w1^T + b1) w2^T + b2 as one record: fc1 by linear_fwd with gelu_out, and in
+// backward fc2 by linear_bwd with gelu_in (the GELU's backward fused, dpre written), then fc1's.
 // keep_hidden: the record keeps h = gelu(x w1^T + b1) for fc2's weight gradient; else backward
 // makes it again from fc1's output (below).
 Tensor *nn_mlp(Tape *t, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2, Tensor *b2, GeluKind kind,

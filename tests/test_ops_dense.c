@@ -155,7 +155,7 @@ static void linear_case_free(LinearCase *c) {
 static double linear_loss(void *user) {
     LinearCase *c = user;
     Ctx ctx = ctx_cpu();
-    cpu_linear_fwd(&ctx, c->x, c->w, c->b, c->y);
+    cpu_linear_fwd(&ctx, c->x, c->w, c->b, NULL, c->y);
     return test_dot(c->y, c->r);
 }
 
@@ -181,7 +181,7 @@ static void test_linear_backward_matches_finite_differences(void **state) {
     LinearCase c = linear_case(5, 7, 3, 1, 110);
     Ctx ctx = ctx_cpu();
     Tensor *dx = test_like(c.x), *dw = test_like(c.w), *db = test_like(c.b);
-    cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, dx, dw, db);
+    cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, NULL, dx, dw, db);
     assert_true(test_gradcheck("linear dx", linear_loss, &c, c.x, dx) < GRAD_TOL);
     assert_true(test_gradcheck("linear dw", linear_loss, &c, c.w, dw) < GRAD_TOL);
     assert_true(test_gradcheck("linear db", linear_loss, &c, c.b, db) < GRAD_TOL);
@@ -196,17 +196,17 @@ static void test_linear_backward_accumulates_and_skips_null_gradients(void **sta
     Ctx ctx = ctx_cpu();
     Tensor *dx1 = test_like(c.x), *dw1 = test_like(c.w), *db1 = test_like(c.b);
     Tensor *dx2 = test_like(c.x), *dw2 = test_like(c.w), *db2 = test_like(c.b);
-    cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, dx1, dw1, db1);
-    for (int rep = 0; rep < 2; rep++) cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, dx2, dw2, db2);
+    cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, NULL, dx1, dw1, db1);
+    for (int rep = 0; rep < 2; rep++) cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, NULL, dx2, dw2, db2);
     assert_doubled("linear dx", dx1, dx2);
     assert_doubled("linear dw", dw1, dw2);
     assert_doubled("linear db", db1, db2);
     // NULL gradients are skipped; the others come out the same.
     Tensor *dw3 = test_like(c.w);
-    cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, NULL, dw3, NULL);
+    cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, NULL, NULL, dw3, NULL);
     assert_memory_equal(dw3->data, dw1->data, sizeof(float) * dw1->numel);
     Tensor *dx3 = test_like(c.x);
-    cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, dx3, NULL, NULL);
+    cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, NULL, dx3, NULL, NULL);
     assert_memory_equal(dx3->data, dx1->data, sizeof(float) * dx1->numel);
     Tensor *t[] = {dx1, dw1, db1, dx2, dw2, db2, dw3, dx3};
     for (size_t i = 0; i < sizeof t / sizeof *t; i++) test_tensor_free(t[i]);
@@ -219,9 +219,9 @@ static void test_linear_backward_is_deterministic_across_thread_counts(void **st
     Tensor *dw1 = test_like(c.w), *db1 = test_like(c.b), *dw3 = test_like(c.w), *db3 = test_like(c.b);
     int saved = omp_get_max_threads();
     omp_set_num_threads(1);
-    cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, NULL, dw1, db1);
+    cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, NULL, NULL, dw1, db1);
     omp_set_num_threads(3);
-    cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, NULL, dw3, db3);
+    cpu_linear_bwd(&ctx, c.r, c.x, c.w, 0, NULL, NULL, dw3, db3);
     omp_set_num_threads(saved);
     assert_memory_equal(dw1->data, dw3->data, sizeof(float) * dw1->numel);
     assert_memory_equal(db1->data, db3->data, sizeof(float) * db1->numel);
@@ -235,12 +235,50 @@ static void test_linear_backward_is_deterministic_across_thread_counts(void **st
 static void linear_with_7_inputs_against_6(void) {
     Ctx ctx = ctx_cpu();
     Tensor *x = test_tensor(2, 5, 7), *w = test_tensor(2, 3, 6), *y = test_tensor(2, 5, 3);
-    cpu_linear_fwd(&ctx, x, w, NULL, y);
+    cpu_linear_fwd(&ctx, x, w, NULL, NULL, y);
+}
+// Fusions no kernel implements, refused by kernels/linear_shape.h on either backend.
+static void linear_silu_in_onto_res(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(2, 5, 7), *w = test_tensor(2, 3, 7), *y = test_tensor(2, 5, 3),
+           *res = test_tensor(2, 5, 3);
+    cpu_linear_fwd(&ctx, x, w, NULL, &(LinearFwdOpts){.silu_in = 1, .res = res}, y);
+}
+static void linear_pre_without_gelu(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(2, 5, 7), *w = test_tensor(2, 3, 7), *y = test_tensor(2, 5, 3),
+           *pre = test_tensor(2, 5, 3);
+    cpu_linear_fwd(&ctx, x, w, NULL, &(LinearFwdOpts){.pre = pre}, y);
+}
+static void linear_bwd_gelu_out_and_in(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(2, 5, 7), *w = test_tensor(2, 3, 7), *dy = test_tensor(2, 5, 3),
+           *pre = test_tensor(2, 5, 3), *dw = test_tensor(2, 3, 7);
+    const LinearBwdOpts o = {.gelu_out = 1, .gelu_in = 1, .pre = pre};
+    cpu_linear_bwd(&ctx, dy, x, w, 0, &o, NULL, dw, NULL);
+}
+static void linear_bwd_dpre_db_without_gelu_in(void) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(2, 5, 7), *w = test_tensor(2, 3, 7), *dy = test_tensor(2, 5, 3),
+           *dx = test_tensor(2, 5, 7), *dpre_db = test_tensor(1, 7);
+    cpu_linear_bwd(&ctx, dy, x, w, 0, &(LinearBwdOpts){.silu_in = 1, .dpre_db = dpre_db}, dx,
+                   NULL, NULL);
 }
 
 // A shape error stops the program with a message naming the op (run in a child process).
 static void test_linear_rejects_mismatched_shapes_with_a_message(void **state) {
     expect_stop(linear_with_7_inputs_against_6, (const char *[]){"linear_fwd", "(5, 7)", NULL});
+}
+
+// An options combination no kernel implements stops with the op and the combination named.
+static void test_linear_refuses_unimplemented_fusions_by_name(void **state) {
+    expect_stop(linear_silu_in_onto_res,
+                (const char *[]){"linear_fwd", "silu_in + res together", NULL});
+    expect_stop(linear_pre_without_gelu, (const char *[]){"linear_fwd", "gelu_out is not set", NULL});
+    expect_stop(linear_bwd_gelu_out_and_in,
+                (const char *[]){"linear_bwd", "gelu_out + gelu_in together", NULL});
+    expect_stop(linear_bwd_dpre_db_without_gelu_in,
+                (const char *[]){"linear_bwd", "dpre_db", "gelu_in is not set", NULL});
 }
 
 // ---- layernorm --------------------------------------------------------------------------------
@@ -270,7 +308,7 @@ static void ln_case_free(LnCase *c) {
 static double ln_loss(void *user) {
     LnCase *c = user;
     Ctx ctx = ctx_cpu();
-    cpu_layernorm_fwd(&ctx, c->x, c->w, c->b, LN_EPS, c->y, c->mean, c->rstd);
+    cpu_layernorm_fwd(&ctx, c->x, NULL, c->w, c->b, LN_EPS, NULL, c->y, c->mean, c->rstd);
     return test_dot(c->y, c->r);
 }
 
@@ -337,12 +375,12 @@ static void test_layernorm_backward_matches_finite_differences(void **state) {
 static void ln_weight_too_long(void) {
     Ctx ctx = ctx_cpu();
     Tensor *x = test_tensor(2, 3, 8), *w = test_tensor(1, 9), *y = test_tensor(2, 3, 8);
-    cpu_layernorm_fwd(&ctx, x, w, NULL, 1e-5f, y, NULL, NULL);
+    cpu_layernorm_fwd(&ctx, x, NULL, w, NULL, 1e-5f, NULL, y, NULL, NULL);
 }
 static void ln_stats_one_row_long(void) {
     Ctx ctx = ctx_cpu();
     Tensor *x = test_tensor(2, 3, 8), *y = test_tensor(2, 3, 8), *mean = test_tensor(1, 4);
-    cpu_layernorm_fwd(&ctx, x, NULL, NULL, 1e-5f, y, mean, NULL);
+    cpu_layernorm_fwd(&ctx, x, NULL, NULL, NULL, 1e-5f, NULL, y, mean, NULL);
 }
 static void ln_dw_without_weight(void) {
     Ctx ctx = ctx_cpu();
@@ -353,14 +391,14 @@ static void ln_dw_without_weight(void) {
 static void ln_sum_aliases_x(void) {
     Ctx ctx = ctx_cpu();
     Tensor *x = test_tensor(2, 3, 8), *r = test_tensor(2, 3, 8), *y = test_tensor(2, 3, 8);
-    cpu_add_layernorm_fwd(&ctx, x, r, NULL, NULL, 1e-5f, x, y, NULL, NULL);
+    cpu_layernorm_fwd(&ctx, x, r, NULL, NULL, 1e-5f, x, y, NULL, NULL);
 }
 
 static void test_layernorm_rejects_bad_shapes_with_a_message(void **state) {
     expect_stop(ln_weight_too_long, (const char *[]){"layernorm_fwd", "w has shape (9)", NULL});
     expect_stop(ln_stats_one_row_long, (const char *[]){"layernorm_fwd", "mean", "expected 3", NULL});
     expect_stop(ln_dw_without_weight, (const char *[]){"layernorm_bwd", "no weight w", NULL});
-    expect_stop(ln_sum_aliases_x, (const char *[]){"add_layernorm_fwd", "must not alias", NULL});
+    expect_stop(ln_sum_aliases_x, (const char *[]){"layernorm_fwd", "must not alias", NULL});
 }
 
 // ---- gelu -------------------------------------------------------------------------------------
@@ -760,16 +798,24 @@ static void test_profile_hook_gets_each_ops_name_and_tensor_bytes(void **state) 
     test_fill(w, 3, -1, 1);
     op_add_fwd(&ctx, a, b, y);                 // three (3,4) fp32 tensors: 3 x 48 bytes
     op_scale_fwd(&ctx, a, 2.0f, y);            // the float counts nothing: 2 x 48
-    op_linear_fwd(&ctx, a, w, NULL, y5);       // a NULL bias counts nothing: 48 + 80 + 60
-    assert_int_equal(g_hook.begins, 3);
-    assert_int_equal(g_hook.ends, 3);
+    op_linear_fwd(&ctx, a, w, NULL, NULL, y5); // a NULL bias counts nothing: 48 + 80 + 60
+    // A fused variant is a row of its own, its options' tensors counted (+ res: 248 bytes); and
+    // LayerNorm with the add (h = a + b into y, normalized into n)
+    Tensor *res = test_tensor(2, 3, 5), *r5 = test_tensor(2, 3, 5), *n = test_tensor(2, 3, 4);
+    op_linear_fwd(&ctx, a, w, NULL, &(LinearFwdOpts){.res = res}, r5);
+    op_layernorm_fwd(&ctx, a, b, NULL, NULL, 1e-5f, y, n, NULL, NULL);
+    assert_int_equal(g_hook.begins, 5);
+    assert_int_equal(g_hook.ends, 5);
     assert_string_equal(g_hook.op[0], "add_fwd");
     assert_string_equal(g_hook.op[1], "scale_fwd");
     assert_string_equal(g_hook.op[2], "linear_fwd");
+    assert_string_equal(g_hook.op[3], "linear_fwd+res");
+    assert_string_equal(g_hook.op[4], "layernorm_fwd+add");
     assert_float_equal(g_hook.bytes[0], 144.0, 0.0);
     assert_float_equal(g_hook.bytes[1], 96.0, 0.0);
     assert_float_equal(g_hook.bytes[2], 188.0, 0.0);
-    Tensor *t[] = {a, b, y, w, y5};
+    assert_float_equal(g_hook.bytes[3], 248.0, 0.0);
+    Tensor *t[] = {a, b, y, w, y5, res, r5, n};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) test_tensor_free(t[i]);
 }
 
@@ -783,6 +829,7 @@ int main(void) {
         cmocka_unit_test(test_linear_backward_accumulates_and_skips_null_gradients),
         cmocka_unit_test(test_linear_backward_is_deterministic_across_thread_counts),
         cmocka_unit_test(test_linear_rejects_mismatched_shapes_with_a_message),
+        cmocka_unit_test(test_linear_refuses_unimplemented_fusions_by_name),
         cmocka_unit_test(test_layernorm_forward_matches_naive),
         cmocka_unit_test(test_layernorm_backward_matches_finite_differences),
         cmocka_unit_test(test_layernorm_rejects_bad_shapes_with_a_message),

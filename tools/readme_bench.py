@@ -26,8 +26,9 @@ line go into README.md between <!-- bench:classify-headline:begin --> and
 
 Numbers are never typed by hand: this script is the only way they reach the docs. Run it from
 the repository root; running it again on the same FILE changes nothing. Output saved by older
-builds names its targets by the work items they came from; LABELS rewrites those labels to what
-the benches print now (the numbers are untouched)."""
+builds names its targets by the work items they came from, and fused kernels by op names the op
+table no longer has; LABELS and OP_LABELS rewrite those to what the benches print now (the
+numbers are untouched)."""
 import re
 import sys
 
@@ -41,10 +42,30 @@ LABELS = [
     ("iss" "ue 18's peer: the 1036 px", "target, the PyTorch peer: the 1036 px"),
 ]
 
+# Op names older output printed for fused kernels -> the per-op profile's names for them now (an
+# op's fusions are its options, each a row "op+option": kernels/dispatch.c). In a table (two or
+# more spaces after the name) the spaces shrink or grow so the columns after it stay in place.
+OP_LABELS = [
+    ("linear_residual_fwd", "linear_fwd+res"),
+    ("linear_gelu_fwd", "linear_fwd+gelu_out"),
+    ("silu_linear_fwd", "linear_fwd+silu_in"),
+    ("linear_gelu_bwd", "linear_bwd+gelu_out"),
+    ("linear_dgelu_bwd", "linear_bwd+gelu_in"),
+    ("silu_linear_bwd", "linear_bwd+silu_in"),
+    ("add_layernorm_fwd", "layernorm_fwd+add"),
+]
+
 
 def relabel(text):
     for old, new in LABELS:
         text = text.replace(old, new)
+    for old, new in OP_LABELS:
+        def same_width(m, old=old, new=new):
+            spaces = m.group(1)
+            if len(spaces) < 2:
+                return new + spaces
+            return new + " " * max(1, len(old) + len(spaces) - len(new))
+        text = re.sub(r"\b" + re.escape(old) + r"\b( *)", same_width, text)
     return text
 
 

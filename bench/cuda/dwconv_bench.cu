@@ -51,7 +51,9 @@ int cuda_bench_dwconv(DwconvCase *cases, int n, double *copy_gbs, char *device, 
                 cuda_dwconv_fwd(&ctx, &x, &u, &uw, &ub, &w, &b, flags, &dx, &y);
             });
             k->two_ops_ms = bench_ms(&ctx, 20, [&] {
-                cuda_linear_residual_fwd(&ctx, &u, &uw, &ub, &x, &dx);
+                LinearFwdOpts onto_x = {};
+                onto_x.res = &x;
+                cuda_linear_fwd(&ctx, &u, &uw, &ub, &onto_x, &dx);
                 cuda_dwconv_fwd(&ctx, &dx, NULL, NULL, NULL, &w, &b, flags, NULL, &y);
             });
             Tensor *more[] = {&u, &uw, &ub};

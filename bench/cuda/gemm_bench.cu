@@ -139,39 +139,49 @@ extern "C" int cuda_bench_gemm(FILE *out) {
         Tensor db = bench_tensor(&ctx, 0, s->M, DTYPE_F32, 8);
         Ctx *c = &ctx;
 
-        bench_row(out, s, "fwd y = x w^T + b (BIAS)", bench_ms(c, [&] { cuda_linear_fwd(c, &x, &w, &b, &y); }));
+        bench_row(out, s, "fwd y = x w^T + b (BIAS)", bench_ms(c, [&] { cuda_linear_fwd(c, &x, &w, &b, NULL, &y); }));
         if (s->gelu == 1) {
             Tensor pre = bench_tensor(&ctx, s->N, s->M, DTYPE_BF16, 9);
+            LinearFwdOpts tanh_out = {}, erf_out = {};
+            tanh_out.gelu_out = erf_out.gelu_out = 1;
+            tanh_out.gelu_kind = GELU_TANH;
+            erf_out.gelu_kind = GELU_ERF;
+            tanh_out.pre = erf_out.pre = &pre;
             bench_row(out, s, "fwd + gelu (GELU_AUX_BIAS)",
-                      bench_ms(c, [&] { cuda_linear_gelu_fwd(c, &x, &w, &b, GELU_TANH, &pre, &y); }));
+                      bench_ms(c, [&] { cuda_linear_fwd(c, &x, &w, &b, &tanh_out, &y); }));
             cuda_gemm_set_fusion(c, 0);
             bench_row(out, s, "fwd + gelu unfused",
-                      bench_ms(c, [&] { cuda_linear_gelu_fwd(c, &x, &w, &b, GELU_TANH, &pre, &y); }));
+                      bench_ms(c, [&] { cuda_linear_fwd(c, &x, &w, &b, &tanh_out, &y); }));
             cuda_gemm_set_fusion(c, CUDA_FUSE_DEFAULT);
             bench_row(out, s, "fwd + gelu erf (CUTLASS)",
-                      bench_ms(c, [&] { cuda_linear_gelu_fwd(c, &x, &w, &b, GELU_ERF, &pre, &y); }));
+                      bench_ms(c, [&] { cuda_linear_fwd(c, &x, &w, &b, &erf_out, &y); }));
             cuda_free(pre.data);
         }
-        bench_row(out, s, "bwd dx += dy w", bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, 0, &dx, NULL, NULL); }));
+        bench_row(out, s, "bwd dx += dy w", bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, 0, NULL, &dx, NULL, NULL); }));
         if (s->gelu == 2) {   // x stands in for h = gelu(pre) and for pre; dx receives dpre
+            LinearBwdOpts tanh_in = {}, erf_in = {};
+            tanh_in.gelu_in = erf_in.gelu_in = 1;
+            tanh_in.gelu_kind = GELU_TANH;
+            erf_in.gelu_kind = GELU_ERF;
+            tanh_in.pre = erf_in.pre = &x;
             bench_row(out, s, "bwd dpre erf (CUTLASS)",
-                      bench_ms(c, [&] { cuda_linear_dgelu_bwd(c, &dy, &x, &w, &x, GELU_ERF, &dx, NULL, NULL, NULL); }));
+                      bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, 0, &erf_in, &dx, NULL, NULL); }));
             bench_row(out, s, "bwd dpre = dy w * gelu' (DGELU)",
-                      bench_ms(c, [&] { cuda_linear_dgelu_bwd(c, &dy, &x, &w, &x, GELU_TANH, &dx, NULL, NULL, NULL); }));
+                      bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, 0, &tanh_in, &dx, NULL, NULL); }));
             cuda_gemm_set_fusion(c, 0);
             bench_row(out, s, "bwd dpre unfused",
-                      bench_ms(c, [&] { cuda_linear_dgelu_bwd(c, &dy, &x, &w, &x, GELU_TANH, &dx, NULL, NULL, NULL); }));
+                      bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, 0, &tanh_in, &dx, NULL, NULL); }));
             cuda_gemm_set_fusion(c, CUDA_FUSE_DEFAULT);
         }
-        bench_row(out, s, "bwd dw += dy^T x", bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, 0, NULL, &dw, NULL); }));
+        bench_row(out, s, "bwd dw += dy^T x", bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, 0, NULL, NULL, &dw, NULL); }));
         bench_row(out, s, "bwd dw, db (default)",
-                  bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, 0, NULL, &dw, &db); }));
+                  bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, 0, NULL, NULL, &dw, &db); }));
         cuda_gemm_set_fusion(c, CUDA_FUSE_DEFAULT & ~CUDA_FUSE_BIAS_GRAD_TALL);
         bench_row(out, s, "bwd dw, db (colsum)",
-                  bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, 0, NULL, &dw, &db); }));
+                  bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, 0, NULL, NULL, &dw, &db); }));
         cuda_gemm_set_fusion(c, CUDA_FUSE_ALL);
         bench_row(out, s, "bwd dw, db (BGRAD* + add)",
-                  bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, 0, NULL, &dw, &db); }));
+                  bench_ms(c, [&] { cuda_linear_bwd(c, &dy, &x, &w, 0, NULL, NULL, &dw, &db); }));
         cuda_gemm_set_fusion(c, CUDA_FUSE_DEFAULT);
 
         Tensor *all[] = {&x, &w, &b, &y, &dy, &dx, &dw, &db};

@@ -35,7 +35,7 @@ typedef struct DwconvCase {
     int B, H, W, C, k, x_f32, bias;
     double fwd_ms, bwd_ms;
     // LPUs (x_f32) only: the forward after the mixer's up projection (2 proxy channels), as one op
-    // (dwconv_fwd's added input) without and with mid, and as the two ops (linear_residual_fwd,
+    // (dwconv_fwd's added input) without and with mid, and as the two ops (linear_fwd onto res,
     // then dwconv_fwd)
     double added_ms, added_mid_ms, two_ops_ms;
 } DwconvCase;

@@ -86,7 +86,7 @@ void cpu_conv2d_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
     im2col(&g, tensor_f32(x), C);
     Tensor cm = host_matrix(C, g.rows, g.cols), wm = tensor_view(w, 2, (int[]){g.Cout, (int)g.cols});
     Tensor ym = tensor_view(y, 2, (int[]){(int)g.rows, g.Cout});
-    cpu_linear_fwd(ctx, &cm, &wm, b, &ym);
+    cpu_linear_fwd(ctx, &cm, &wm, b, NULL, &ym);
     if (!cols) free(C);
 }
 
@@ -113,10 +113,10 @@ void cpu_conv2d_bwd(Ctx *ctx, const Tensor *dy, const Tensor *cols, const Tensor
     if (dx) {   // dcols = dy w, then its adjoint into dx
         float *D = host_alloc(g.rows * g.cols);
         Tensor dc = host_matrix(D, g.rows, g.cols);
-        cpu_linear_bwd(ctx, &dym, &cm, &wm, 0, &dc, dw ? &dwm : NULL, db);
+        cpu_linear_bwd(ctx, &dym, &cm, &wm, 0, NULL, &dc, dw ? &dwm : NULL, db);
         col2im(&g, D, tensor_f32(dx), dx->numel, flags & CONV2D_WRITE_DX);
         free(D);
     } else if (dw || db) {
-        cpu_linear_bwd(ctx, &dym, &cm, &wm, 0, NULL, dw ? &dwm : NULL, db);
+        cpu_linear_bwd(ctx, &dym, &cm, &wm, 0, NULL, NULL, dw ? &dwm : NULL, db);
     }
 }

@@ -48,13 +48,13 @@ void cpu_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *u, const Tensor *uw
     cpu_check_same("dwconv_fwd", "y", y, "x", x);
     CG_CHECK(y->data != x->data, "", "op dwconv_fwd: y is x (the taps read neighbours of what they write)");
     if (b) cpu_check_numel("dwconv_fwd", "b", b, (size_t)s.C);
-    // The added input: x' = x + u uw^T + ub as linear_residual_fwd makes it, into mid or a buffer
-    // of its own; the convolution then reads x'.
+    // The added input: x' = x + u uw^T + ub as linear_fwd onto res = x makes it, into mid or a
+    // buffer of its own; the convolution then reads x'.
     Tensor added = *x;
     if (u) {
         dwconv_added_input("dwconv_fwd", &s, x, u, uw, ub, w, mid, y);
         added.data = mid ? mid->data : cg_malloc(x->numel * sizeof(float));
-        cpu_linear_residual_fwd(ctx, u, uw, ub, x, &added);
+        cpu_linear_fwd(ctx, u, uw, ub, &(LinearFwdOpts){.res = x}, &added);
         x = &added;
     }
     float *Y = tensor_f32(y);

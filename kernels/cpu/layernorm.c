@@ -11,8 +11,8 @@ enum { LAYERNORM_DW_CHUNK = 16 };
 
 // y = (x - mean) * rstd * w + b, rstd = 1 / sqrt(var + eps). mean, rstd (N) are saved for
 // backward (either may be NULL when no backward follows). w or b NULL means 1 or 0.
-void cpu_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
-                       Tensor *y, Tensor *mean, Tensor *rstd) {
+static void layernorm_rows(const Tensor *x, const Tensor *w, const Tensor *b, float eps, Tensor *y,
+                           Tensor *mean, Tensor *rstd) {
     const char *op = "layernorm_fwd";
     const LayerNormDims d = layernorm_fwd_dims(op, x, NULL, w, b, eps, NULL, y, mean, rstd);
     const int C = d.C;
@@ -45,16 +45,20 @@ void cpu_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor 
     }
 }
 
-void cpu_add_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *r, const Tensor *w,
-                           const Tensor *b, float eps, Tensor *h, Tensor *y, Tensor *mean,
-                           Tensor *rstd) {
-    const char *op = "add_layernorm_fwd";
-    layernorm_fwd_dims(op, x, r, w, b, eps, h, y, mean, rstd);
-    cpu_check_f32(op, "x", x);
-    cpu_check_f32(op, "r", r);
-    cpu_check_f32(op, "h", h);
-    cpu_add_fwd(ctx, x, r, h);
-    cpu_layernorm_fwd(ctx, h, w, b, eps, y, mean, rstd);
+// With r: h = x + r (add_fwd's numbers), then the rows of h.
+void cpu_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *r, const Tensor *w,
+                       const Tensor *b, float eps, Tensor *h, Tensor *y, Tensor *mean,
+                       Tensor *rstd) {
+    if (r || h) {
+        const char *op = "layernorm_fwd";
+        layernorm_fwd_dims(op, x, r, w, b, eps, h, y, mean, rstd);
+        cpu_check_f32(op, "x", x);
+        cpu_check_f32(op, "r", r);
+        cpu_check_f32(op, "h", h);
+        cpu_add_fwd(ctx, x, r, h);
+        x = h;
+    }
+    layernorm_rows(x, w, b, eps, y, mean, rstd);
 }
 
 // With xhat = (x - mean) * rstd and g = dy * w:

@@ -9,7 +9,6 @@
 // sums its rows in order, so db does not depend on the thread count.
 enum { LINEAR_DB_CHUNK = 16 };
 
-// x (N,K), w (M,K), b (M) or NULL -> y (N,M) = x w^T + b
 // db (M) += column sums of dy (N,M), each over rows 0..N-1 in order, in double.
 static void colsum_add(const float *dy, size_t N, int M, float *db) {
     int chunks = (M + LINEAR_DB_CHUNK - 1) / LINEAR_DB_CHUNK;
@@ -24,7 +23,8 @@ static void colsum_add(const float *dy, size_t N, int M, float *db) {
     }
 }
 
-void cpu_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y) {
+// x (N,K), w (M,K), b (M) or NULL -> y (N,M) = x w^T + b
+static void plain_fwd(const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y) {
     cpu_check_f32("linear_fwd", "w", w);
     cpu_check_f32("linear_fwd", "x", x);
     const LinearDims ld = linear_dims("linear_fwd", x, w);
@@ -43,15 +43,15 @@ void cpu_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
     cpu_sgemm(0, 1, (int)N, M, K, 1.0f, px, K, pw, K, b ? 1.0f : 0.0f, py, M);
 }
 
-// y = res + (x w^T + b), in the unfused ops' order (the same numbers as linear_fwd, then add_fwd).
-void cpu_linear_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
-                             const Tensor *res, Tensor *y) {
-    cpu_check_f32("linear_residual_fwd", "res", res);
-    cpu_check_f32("linear_residual_fwd", "y", y);
+// y = res + (x w^T + b), in the unfused ops' order (the same numbers as the linear, then add_fwd).
+static void res_fwd(const Tensor *x, const Tensor *w, const Tensor *b, const Tensor *res,
+                    Tensor *y) {
+    cpu_check_f32("linear_fwd", "res", res);
+    cpu_check_f32("linear_fwd", "y", y);
     CG_CHECK(res->numel == y->numel && res->data != y->data, "",
-             "op linear_residual_fwd: res (%zu elements) must match y (%zu) and not alias it",
+             "op linear_fwd: res (%zu elements) must match y (%zu) and not alias it",
              res->numel, y->numel);
-    cpu_linear_fwd(ctx, x, w, b, y);
+    plain_fwd(x, w, b, y);
     const float *pr = tensor_f32(res);
     float *py = tensor_f32(y);
     #pragma omp parallel for schedule(static)
@@ -60,8 +60,8 @@ void cpu_linear_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const T
 
 // dx (N,K) += dy w (= with LINEAR_WRITE_DX: the reference writes by zeroing, then adding); dw
 // (M,K) += dy^T x; db (M) += sum_n dy
-void cpu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, int flags,
-                    Tensor *dx, Tensor *dw, Tensor *db) {
+static void plain_bwd(const Tensor *dy, const Tensor *x, const Tensor *w, int flags, Tensor *dx,
+                      Tensor *dw, Tensor *db) {
     cpu_check_f32("linear_bwd", "w", w);
     cpu_check_f32("linear_bwd", "x", x);
     const LinearDims ld = linear_dims("linear_bwd", x, w);
@@ -94,22 +94,22 @@ static Tensor linear_scratch_like(const Tensor *ref) {
 }
 
 // y = silu(x) w^T + b
-void cpu_silu_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y) {
+static void silu_in_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y) {
     Tensor s = linear_scratch_like(x);
     cpu_silu_fwd(ctx, x, &s);
-    cpu_linear_fwd(ctx, &s, w, b, y);
+    plain_fwd(&s, w, b, y);
     free(s.data);
 }
 
 // dx = (dy w) * silu'(x) (written); dw += dy^T silu(x); db += sum_n dy.
-void cpu_silu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
-                         Tensor *dw, Tensor *db) {
+static void silu_in_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
+                        Tensor *dw, Tensor *db) {
     if (!dx && !dw && !db) return;
     Tensor s = linear_scratch_like(x), g = linear_scratch_like(x);
     cpu_silu_fwd(ctx, x, &s);
-    cpu_linear_bwd(ctx, dy, &s, w, 0, dx ? &g : NULL, dw, db);
+    plain_bwd(dy, &s, w, 0, dx ? &g : NULL, dw, db);
     if (dx) {
-        cpu_check_same("silu_linear_bwd", "dx", dx, "x", x);
+        cpu_check_same("linear_bwd", "dx", dx, "x", x);
         memset(dx->data, 0, dx->numel * sizeof(float));
         cpu_silu_bwd(ctx, &g, x, dx);
     }
@@ -118,15 +118,74 @@ void cpu_silu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tens
 }
 
 // pre = x w^T + b; y = gelu(pre)   (pre NULL: computed in y, then GELU in place)
-void cpu_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, GeluKind kind,
-                         Tensor *pre, Tensor *y) {
+static void gelu_out_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
+                         GeluKind kind, Tensor *pre, Tensor *y) {
     Tensor *p = pre ? pre : y;
-    if (pre) cpu_check_same("linear_gelu_fwd", "pre", pre, "y", y);
-    cpu_linear_fwd(ctx, x, w, b, p);
+    if (pre) cpu_check_same("linear_fwd", "pre", pre, "y", y);
+    plain_fwd(x, w, b, p);
     cpu_gelu_fwd(ctx, p, kind, y);
 }
 
-// The two ops, the hidden activation in a buffer of its own.
+// dpre = dy * gelu'(pre); then linear's backward from dpre.
+static void gelu_out_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+                         const Tensor *pre, GeluKind kind, int flags, Tensor *dx, Tensor *dw,
+                         Tensor *db) {
+    if (!dx && !dw && !db) return;
+    CG_CHECK(pre != NULL, "", "op linear_bwd: gelu_out needs pre, the GELU's input");
+    cpu_check_same("linear_bwd", "pre", pre, "dy", dy);
+    Tensor dpre = linear_scratch_like(dy);
+    cpu_gelu_bwd(ctx, dy, pre, kind, &dpre);
+    plain_bwd(&dpre, x, w, flags, dx, dw, db);
+    free(dpre.data);
+}
+
+// dpre = (dy w) * gelu'(pre) (written); dpre_db += sum_n dpre; dw += dy^T h; db += sum_n dy.
+static void gelu_in_bwd(Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
+                        const Tensor *pre, GeluKind kind, Tensor *dpre, Tensor *dpre_db,
+                        Tensor *dw, Tensor *db) {
+    CG_CHECK(!dpre_db || dpre, "", "op linear_bwd: gelu_in's dpre_db needs dx");
+    if (dpre) {
+        CG_CHECK(pre != NULL, "", "op linear_bwd: gelu_in needs pre, the GELU's input");
+        cpu_check_same("linear_bwd", "pre", pre, "x", h);
+        cpu_check_same("linear_bwd", "dx", dpre, "x", h);
+        Tensor dh = linear_scratch_like(h);
+        plain_bwd(dy, h, w, 0, &dh, NULL, NULL);
+        memset(dpre->data, 0, dpre->numel * sizeof(float));
+        cpu_gelu_bwd(ctx, &dh, pre, kind, dpre);
+        free(dh.data);
+        if (dpre_db) {
+            cpu_check_numel("linear_bwd", "dpre_db", dpre_db, (size_t)tensor_last(dpre));
+            colsum_add(tensor_f32(dpre), tensor_rows(dpre), tensor_last(dpre), tensor_f32(dpre_db));
+        }
+    }
+    if (dw || db) plain_bwd(dy, h, w, 0, NULL, dw, db);
+}
+
+void cpu_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
+                    const LinearFwdOpts *opts, Tensor *y) {
+    switch (linear_fwd_fusion(opts)) {
+    case LINEAR_SILU_IN: silu_in_fwd(ctx, x, w, b, y); break;
+    case LINEAR_GELU_OUT: gelu_out_fwd(ctx, x, w, b, opts->gelu_kind, opts->pre, y); break;
+    case LINEAR_RES: res_fwd(x, w, b, opts->res, y); break;
+    default: plain_fwd(x, w, b, y); break;
+    }
+}
+
+void cpu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, int flags,
+                    const LinearBwdOpts *opts, Tensor *dx, Tensor *dw, Tensor *db) {
+    switch (linear_bwd_fusion(opts)) {
+    case LINEAR_SILU_IN: silu_in_bwd(ctx, dy, x, w, dx, dw, db); break;
+    case LINEAR_GELU_OUT:
+        gelu_out_bwd(ctx, dy, x, w, opts->pre, opts->gelu_kind, flags, dx, dw, db);
+        break;
+    case LINEAR_GELU_IN:
+        gelu_in_bwd(ctx, dy, x, w, opts->pre, opts->gelu_kind, dx, opts->dpre_db, dw, db);
+        break;
+    default: plain_bwd(dy, x, w, flags, dx, dw, db); break;
+    }
+}
+
+// The two linears, the hidden activation in a buffer of its own.
 void cpu_mlp_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w1, const Tensor *b1, const Tensor *w2,
                           const Tensor *b2, GeluKind kind, const Tensor *res, Tensor *y) {
     const LinearDims ld = linear_dims("mlp_residual_fwd", x, w1);
@@ -134,39 +193,7 @@ void cpu_mlp_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w1, const Ten
     tensor_set_shape(&h, 2, (int[]){(int)ld.N, ld.M});
     h.data = cg_calloc(h.numel ? h.numel : 1, sizeof(float));
     h.grad = NULL;
-    cpu_linear_gelu_fwd(ctx, x, w1, b1, kind, NULL, &h);
-    cpu_linear_residual_fwd(ctx, &h, w2, b2, res, y);
+    gelu_out_fwd(ctx, x, w1, b1, kind, NULL, &h);
+    res_fwd(&h, w2, b2, res, y);
     free(h.data);
-}
-
-// dpre = dy * gelu'(pre); then linear's backward from dpre.
-void cpu_linear_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
-                         const Tensor *pre, GeluKind kind, Tensor *dx, Tensor *dw, Tensor *db) {
-    if (!dx && !dw && !db) return;
-    cpu_check_same("linear_gelu_bwd", "pre", pre, "dy", dy);
-    Tensor dpre = linear_scratch_like(dy);
-    cpu_gelu_bwd(ctx, dy, pre, kind, &dpre);
-    cpu_linear_bwd(ctx, &dpre, x, w, 0, dx, dw, db);
-    free(dpre.data);
-}
-
-// dpre = (dy w) * gelu'(pre) (written); dpre_db += sum_n dpre; dw += dy^T h; db += sum_n dy.
-void cpu_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
-                          const Tensor *pre, GeluKind kind, Tensor *dpre, Tensor *dpre_db,
-                          Tensor *dw, Tensor *db) {
-    CG_CHECK(!dpre_db || dpre, "", "op linear_dgelu_bwd: dpre_db needs dpre");
-    if (dpre) {
-        cpu_check_same("linear_dgelu_bwd", "pre", pre, "h", h);
-        cpu_check_same("linear_dgelu_bwd", "dpre", dpre, "h", h);
-        Tensor dh = linear_scratch_like(h);
-        cpu_linear_bwd(ctx, dy, h, w, 0, &dh, NULL, NULL);
-        memset(dpre->data, 0, dpre->numel * sizeof(float));
-        cpu_gelu_bwd(ctx, &dh, pre, kind, dpre);
-        free(dh.data);
-        if (dpre_db) {
-            cpu_check_numel("linear_dgelu_bwd", "dpre_db", dpre_db, (size_t)tensor_last(dpre));
-            colsum_add(tensor_f32(dpre), tensor_rows(dpre), tensor_last(dpre), tensor_f32(dpre_db));
-        }
-    }
-    if (dw || db) cpu_linear_bwd(ctx, dy, h, w, 0, NULL, dw, db);
 }

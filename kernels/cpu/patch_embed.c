@@ -56,7 +56,7 @@ void cpu_patch_embed_fwd(Ctx *ctx, const Tensor *img, const Tensor *w, const Ten
     Tensor w2 = tensor_view(w, 2, (int[]){s.D, s.K});
     Tensor c2 = tensor_view(cols, 2, (int[]){(int)s.R, s.K});
     Tensor y2 = tensor_view(y, 2, (int[]){(int)s.R, s.D});
-    cpu_linear_fwd(ctx, &c2, &w2, b, &y2);
+    cpu_linear_fwd(ctx, &c2, &w2, b, NULL, &y2);
 }
 
 // dw += dy^T cols; db += sum over tokens of dy; dimg += col2im(dy w).
@@ -77,7 +77,7 @@ void cpu_patch_embed_bwd(Ctx *ctx, const Tensor *dy, const Tensor *cols, const T
             cpu_check_numel("patch_embed_bwd", "dw", dw, w->numel);
             dw2 = tensor_view(dw, 2, (int[]){D, K});
         }
-        cpu_linear_bwd(ctx, &dy2, &c2, &w2, 0, NULL, dw ? &dw2 : NULL, db);
+        cpu_linear_bwd(ctx, &dy2, &c2, &w2, 0, NULL, NULL, dw ? &dw2 : NULL, db);
     }
     if (dimg) {
         cpu_check_f32("patch_embed_bwd", "dimg", dimg);

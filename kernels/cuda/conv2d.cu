@@ -312,7 +312,7 @@ extern "C" void cuda_conv2d_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, cons
     void *wg = gemm_weight(ctx, g, nchw, w);
     Tensor cm = device_matrix(cd, dt, g.rows, g.cols), wm = device_matrix(wg, dt, g.Cout, g.cols);
     Tensor ym = device_matrix(y->data, dt, g.rows, g.Cout);
-    cuda_linear_fwd(ctx, &cm, &wm, b, &ym);
+    cuda_linear_fwd(ctx, &cm, &wm, b, NULL, &ym);
     if (wg != w->data) cuda_temp_free(ctx, wg);
     if (!cols) cuda_temp_free(ctx, cd);
 }
@@ -352,11 +352,11 @@ extern "C" void cuda_conv2d_bwd(Ctx *ctx, const Tensor *dy, const Tensor *cols, 
     if (dx) {
         void *dc = cuda_temp_alloc(ctx, g.rows * g.cols * dtype_size(dt));
         Tensor dcm = device_matrix(dc, dt, g.rows, g.cols);
-        cuda_linear_bwd(ctx, &dym, &cm, &wm, LINEAR_WRITE_DX, &dcm, dw ? &dwm : NULL, db);
+        cuda_linear_bwd(ctx, &dym, &cm, &wm, LINEAR_WRITE_DX, NULL, &dcm, dw ? &dwm : NULL, db);
         launch_col2im(ctx, g, nchw, dc, dt, dx, flags & CONV2D_WRITE_DX);
         cuda_temp_free(ctx, dc);
     } else {
-        cuda_linear_bwd(ctx, &dym, &cm, &wm, 0, NULL, dw ? &dwm : NULL, db);
+        cuda_linear_bwd(ctx, &dym, &cm, &wm, 0, NULL, NULL, dw ? &dwm : NULL, db);
     }
     if (dwt) {
         dw_from_taps_kernel<<<grid_stride_blocks(ctx, dw->numel, CONV_THREADS), CONV_THREADS, 0, st>>>(

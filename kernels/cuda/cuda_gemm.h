@@ -59,7 +59,7 @@ enum {
     // the separate column-sum kernel (ViT-B/16 qkv 0.377 vs 0.359 ms, so14 fc1 3.51 vs 3.20 ms);
     // so did BGRADA in a widening linear's transposed product (so14 fc1 3.66 vs 3.10 ms;
     // results/gemm_tune/bgrada_transposed_h200.txt).
-    // DGELU_BGRAD is off too: in the so14 block at 2058 px (H200) linear_dgelu_bwd took ~3-4 ms
+    // DGELU_BGRAD is off too: in the so14 block at 2058 px (H200) linear_bwd+gelu_in took ~3-4 ms
     // longer with it, about what the column-sum kernel it replaces costs (block time unchanged).
     CUDA_FUSE_DEFAULT = CUDA_FUSE_BIAS | CUDA_FUSE_GELU | CUDA_FUSE_DGELU | CUDA_FUSE_BIAS_GRAD_TALL,
 };

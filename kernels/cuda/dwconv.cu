@@ -601,9 +601,9 @@ static void launch_rows(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *o
 }
 
 // dwconv_fwd with its added input: one pass where the kernels take it (fp32 x, k <= 3, u of
-// DW_ADDED_K channels aligned to its pixels, and the shapes where linear_residual_fwd runs the
+// DW_ADDED_K channels aligned to its pixels, and the shapes where linear_fwd onto res runs the
 // narrow kernel whose bits the pass reproduces: C a multiple of 4, x and mid 16-byte aligned),
-// else linear_residual_fwd into mid (or a buffer of its own) and the convolution of that.
+// else linear_fwd onto res = x into mid (or a buffer of its own) and the convolution of that.
 static void launch_rows_added(Ctx *ctx, const Tensor *x, const Tensor *u, const Tensor *uw,
                               const Tensor *ub, const Tensor *w, const Tensor *b, int flags,
                               Tensor *mid, Tensor *y, const DwDims &d, int ku) {
@@ -622,7 +622,9 @@ static void launch_rows_added(Ctx *ctx, const Tensor *x, const Tensor *u, const 
     Tensor added = *x;
     if (mid) added.data = mid->data;
     else added.data = cuda_temp_alloc(ctx, tensor_bytes(x));
-    cuda_linear_residual_fwd(ctx, u, uw, ub, x, &added);
+    LinearFwdOpts onto_x = {};
+    onto_x.res = x;
+    cuda_linear_fwd(ctx, u, uw, ub, &onto_x, &added);
     dispatch_dtype2(x->dtype, w->dtype, [&](auto tx, auto tw) {
         using T = TAG_T(tx);
         using TW = TAG_T(tw);

@@ -9,7 +9,7 @@
 enum { DWP_MAX_SIDE = 16 };
 
 // dwconv_fwd's added input as the fp32 kernels read it (dwconv.cu's rows kernel and the plane
-// kernel below): the input is x' = x + u uw^T + ub (narrow_dot.cuh: linear_residual_fwd's bits),
+// kernel below): the input is x' = x + u uw^T + ub (narrow_dot.cuh: linear_fwd's bits onto res),
 // u (B,H,W,DW_ADDED_K), uw (C,DW_ADDED_K), ub (C) or NULL; x' also goes to mid when it is set.
 // The kernels take the proxy width of every gspn_hier model (2); dwconv.cu runs any other width as
 // the two ops.

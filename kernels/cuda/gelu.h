@@ -16,11 +16,11 @@
 // degree-5 Chebyshev fit to e^(x^2/2) Phi(-|x|) / u on 0 <= |x| <= 9 (0.3 and the degree chosen
 // for the smallest error; its relative error there is at most 5.4e-6). Two hardware ops (ex2, rcp)
 // and a dozen others, where erff takes about 27: the erf GELU in a GEMM's epilogue is bound by
-// issue on them (H100, gspn_t: linear_gelu_fwd 1.77 -> 1.53 ms in inference, linear_dgelu_bwd
-// 3.60 -> 3.09 ms in a step). It also has no cancellation in the negative tail, where
-// 0.5 (1 + erff(x / sqrt 2)) loses the leading digits: over all 65,280 finite bf16 inputs, two
-// GELU outputs round to a different bf16 than the exact value does, by one ulp (the erff form:
-// 197; tests/gpu/test_ops_gpu.c checks every input). Beyond |x| = 9 the tail is below 1e-19; past
+// issue on them (H100, gspn_t: linear_fwd+gelu_out 1.77 -> 1.53 ms in inference,
+// linear_bwd+gelu_in 3.60 -> 3.09 ms in a step). It also has no cancellation in the negative
+// tail, where 0.5 (1 + erff(x / sqrt 2)) loses the leading digits: over all 65,280 finite bf16
+// inputs, two GELU outputs round to a different bf16 than the exact value does, by one ulp (the
+// erff form: 197; tests/gpu/test_ops_gpu.c checks every input). Beyond |x| = 9 the tail is below 1e-19; past
 // 13.2 the exponential flushes to 0 and the limits (0 and x) are exact.
 #define GELU_TAIL_P     0.3f
 #define GELU_HALF_LOG2E 0.72134752044448170f   // log2(e) / 2

@@ -49,7 +49,7 @@ static int ln_cached_packs(int C) {
 
 // ---- forward -------------------------------------------------------------------------------
 
-// With TR not void (add_layernorm_fwd): the row of x + add is written to h and normalized.
+// With TR not void (layernorm_fwd with r): the row of x + add is written to h and normalized.
 template <typename T, typename TY, typename TP, int V, int NP, typename TR = void>
 __global__ void __launch_bounds__(LN_FWD_WARPS * 32)
 ln_fwd_kernel(const T *__restrict__ x, const TP *__restrict__ w, const TP *__restrict__ b,
@@ -226,7 +226,7 @@ static void ln_fwd_launch(Ctx *ctx, const Tensor *x, const Tensor *w, const Tens
     CUDA_CHECK_LAUNCH();
 }
 
-// layernorm_fwd, and add_layernorm_fwd when r (then h) is given.
+// layernorm_fwd, with the add when r (then h) is given.
 static void ln_fwd(const char *op, Ctx *ctx, const Tensor *x, const Tensor *r, const Tensor *w,
                    const Tensor *b, float eps, Tensor *h, Tensor *y, Tensor *mean, Tensor *rstd) {
     const LayerNormDims d = layernorm_fwd_dims(op, x, r, w, b, eps, h, y, mean, rstd);
@@ -284,16 +284,10 @@ static void ln_fwd(const char *op, Ctx *ctx, const Tensor *x, const Tensor *r, c
     });
 }
 
-void cuda_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, float eps,
-                        Tensor *y, Tensor *mean, Tensor *rstd) {
-    ln_fwd("layernorm_fwd", ctx, x, NULL, w, b, eps, NULL, y, mean, rstd);
-}
-
-void cuda_add_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *r, const Tensor *w,
-                            const Tensor *b, float eps, Tensor *h, Tensor *y, Tensor *mean,
-                            Tensor *rstd) {
-    CG_CHECK(r && h, "", "op add_layernorm_fwd: r and h are required");
-    ln_fwd("add_layernorm_fwd", ctx, x, r, w, b, eps, h, y, mean, rstd);
+void cuda_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *r, const Tensor *w,
+                        const Tensor *b, float eps, Tensor *h, Tensor *y, Tensor *mean,
+                        Tensor *rstd) {
+    ln_fwd("layernorm_fwd", ctx, x, r, w, b, eps, h, y, mean, rstd);
 }
 
 // ---- backward --------------------------------------------------------------------------------

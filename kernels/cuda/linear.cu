@@ -1,7 +1,8 @@
-// CUDA linear layers through cuBLASLt (kernels/ops.h has the contracts; kernels/cpu/linear.c is
-// the reference): linear, linear + GELU (tanh) with the GELU fused into the GEMM's epilogue, and
-// the backward of a linear that reads a GELU output with the GELU's derivative fused into its dx
-// product.
+// CUDA linear layers through cuBLASLt (kernels/ops_list.h has the contracts; kernels/cpu/linear.c
+// is the reference): linear_fwd and its fusions (the GELU on the output fused into the GEMM's
+// epilogue, SiLU on the input, the sum onto a residual), and linear_bwd and its fusions (the
+// backward of a linear that reads a GELU output with the GELU's derivative fused into its dx
+// product: gelu_in).
 //
 // Row-major x (N,K), w (M,K), y (N,M) are, to column-major cuBLASLt, x^T (K,N), w^T (K,M),
 // y^T (M,N), all with the row length as leading dimension. So
@@ -22,17 +23,18 @@
 //   GEMM plus the column sum below except over very many rows, so the default elsewhere is the
 //   column sum: a deterministic two-pass sum of dy (fixed row chunks, then the chunks in order),
 //   which also serves db without dw.
-// - GELU_AUX_BIAS in linear_gelu_fwd (pre written as aux, ld must be a multiple of 8, so M % 8 == 0).
-//   cuBLASLt's GELU is the tanh approximation (GELU_TANH). Fallback: linear, then a GELU kernel.
-// - DGELU in linear_dgelu_bwd's dx product (aux = pre, K % 8 == 0). Fallback: the product in fp32
-//   into a temporary, then a kernel multiplies by gelu'(pre).
+// - GELU_AUX_BIAS in linear_fwd's gelu_out (pre written as aux, ld must be a multiple of 8, so
+//   M % 8 == 0). cuBLASLt's GELU is the tanh approximation (GELU_TANH). Fallback: linear, then a
+//   GELU kernel.
+// - DGELU in linear_bwd's gelu_in dx product (aux = pre, K % 8 == 0). Fallback: the product in
+//   fp32 into a temporary, then a kernel multiplies by gelu'(pre).
 // The erf GELU (GELU_ERF, timm's default) has no cuBLASLt epilogue. In bf16 on sm_90 both products
 // take CUTLASS kernels with the GELU (and gelu') in their epilogue (kernels/cuda/gemm_cutlass.cu, the
-// same values); elsewhere linear_gelu_fwd runs the GEMM
-// with its bias fused into pre, then one GELU pass (pre -> y); linear_dgelu_bwd writes the dx
-// product into dpre (beta = 0: no zeroing, no read of old values) and scales it in place by
-// gelu'(pre) (kernels/cuda/gelu.h). That rounds the product to the activation dtype before the
-// scaling, as an unfused linear + gelu backward (and PyTorch's bf16 autocast) does.
+// same values); elsewhere gelu_out runs the GEMM with its bias fused into pre, then one GELU pass
+// (pre -> y); gelu_in writes the dx product into dpre (beta = 0: no zeroing, no read of old
+// values) and scales it in place by gelu'(pre) (kernels/cuda/gelu.h). That rounds the product to
+// the activation dtype before the scaling, as an unfused linear + gelu backward (and PyTorch's
+// bf16 autocast) does.
 // cuBLASLt's own alignment rules (pointers, leading dimensions not a multiple of 8 elements) are
 // handled by the heuristic: each plan is queried with the actual pointer alignment (see gemm.cu), and
 // cuBLASLt then picks a kernel that supports it (slower, never wrong); a fused epilogue it refuses
@@ -717,8 +719,8 @@ static void linear_backward(Ctx *ctx, const LinearShape *s, const void *dy, cons
 
 // ---- ops -----------------------------------------------------------------------------------------
 
-extern "C" void cuda_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
-                                Tensor *y) {
+// y = x w^T + b
+static void plain_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y) {
     LinearShape s = linear_shape("linear_fwd", x, w);
     cuda_check_matrix("linear_fwd", "y", y, s.N, s.M);
     cuda_check_dtype("linear_fwd", "y", y, s.act);
@@ -730,9 +732,9 @@ extern "C" void cuda_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, cons
 // y = res + x w^T + b: one GEMM with res as C (beta = 1) and the bias in the epilogue, y and res
 // in their own dtype (fp32 in the encoders). Fallback (no such cuBLASLt algorithm): the linear
 // into an activation-dtype temporary, then the add (the unfused ops' numbers exactly).
-extern "C" void cuda_linear_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w,
-                                         const Tensor *b, const Tensor *res, Tensor *y) {
-    const char *op = "linear_residual_fwd";
+static void res_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
+                    const Tensor *res, Tensor *y) {
+    const char *op = "linear_fwd";
     LinearShape s = linear_shape(op, x, w);
     cuda_check_matrix(op, "y", y, s.N, s.M);
     cuda_check_matrix(op, "res", res, s.N, s.M);
@@ -815,9 +817,8 @@ static void linear_bwd_op(const char *op, Ctx *ctx, const Tensor *dy, const Tens
 
 // y = silu(x) w^T + b: silu on the fly in the narrow-output kernel, else silu_fwd into a
 // temporary and the linear.
-extern "C" void cuda_silu_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
-                                     Tensor *y) {
-    const char *op = "silu_linear_fwd";
+static void silu_in_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, Tensor *y) {
+    const char *op = "linear_fwd";
     LinearShape s = linear_shape(op, x, w);
     cuda_check_matrix(op, "y", y, s.N, s.M);
     cuda_check_dtype(op, "y", y, s.act);
@@ -836,9 +837,9 @@ extern "C" void cuda_silu_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w,
 
 // dx = (dy w) * silu'(x), dw += dy^T silu(x), db += sum_n dy: one pass in the narrow-output
 // kernel, else silu_fwd into a temporary, linear_bwd's products, and silu_bwd.
-extern "C" void cuda_silu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
-                                     Tensor *dx, Tensor *dw, Tensor *db) {
-    const char *op = "silu_linear_bwd";
+static void silu_in_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, Tensor *dx,
+                        Tensor *dw, Tensor *db) {
+    const char *op = "linear_bwd";
     LinearShape s = linear_shape(op, x, w);
     cuda_check_matrix(op, "dy", dy, s.N, s.M);
     cuda_check_dtype(op, "dy", dy, s.act);
@@ -868,23 +869,19 @@ extern "C" void cuda_silu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x
     cuda_temp_free(ctx, a.data);
 }
 
-// LINEAR_WRITE_DX: the dx GEMM runs with beta = 0 (no zeroing, dx never read).
-extern "C" void cuda_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
-                                int flags, Tensor *dx, Tensor *dw, Tensor *db) {
-    linear_bwd_op("linear_bwd", ctx, dy, x, w, dx, dw, db, flags & LINEAR_WRITE_DX ? 0.0f : 1.0f);
-}
-
-extern "C" void cuda_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
-                                     GeluKind kind, Tensor *pre, Tensor *y) {
-    gelu_check_kind("linear_gelu_fwd", kind);
-    LinearShape s = linear_shape("linear_gelu_fwd", x, w);
-    cuda_check_matrix("linear_gelu_fwd", "y", y, s.N, s.M);
-    cuda_check_dtype("linear_gelu_fwd", "y", y, s.act);
+// pre = x w^T + b (pre NULL: not kept), y = gelu(pre)
+static void gelu_out_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, GeluKind kind,
+                         Tensor *pre, Tensor *y) {
+    const char *op = "linear_fwd";
+    gelu_check_kind(op, kind);
+    LinearShape s = linear_shape(op, x, w);
+    cuda_check_matrix(op, "y", y, s.N, s.M);
+    cuda_check_dtype(op, "y", y, s.act);
     if (pre) {
-        cuda_check_matrix("linear_gelu_fwd", "pre", pre, s.N, s.M);
-        cuda_check_dtype("linear_gelu_fwd", "pre", pre, s.act);
+        cuda_check_matrix(op, "pre", pre, s.N, s.M);
+        cuda_check_dtype(op, "pre", pre, s.act);
     }
-    if (b) check_bias("linear_gelu_fwd", &s, b);
+    if (b) check_bias(op, &s, b);
     if (s.N == 0) return;
     if (kind == GELU_ERF) {   // GEMM + bias + GELU in one CUTLASS product, else GEMM + bias, GELU pass
         if (s.act == DTYPE_BF16 && w->dtype == DTYPE_BF16 && b && b->dtype == DTYPE_BF16 &&
@@ -931,8 +928,8 @@ extern "C" void cuda_linear_gelu_fwd(Ctx *ctx, const Tensor *x, const Tensor *w,
 
 // y = res + MLP(x): one kernel with the hidden activation on chip where it applies
 // (kernels/cuda/mlp_fused.h: the erf GELU, bf16 x and weights with both biases, fp32 res and y,
-// gspn_t/s/b's widths at 56^2 and 28^2), else linear_gelu_fwd into a buffer, then
-// linear_residual_fwd.
+// gspn_t/s/b's widths at 56^2 and 28^2), else linear_fwd with gelu_out into a buffer, then
+// linear_fwd onto res.
 extern "C" void cuda_mlp_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w1, const Tensor *b1,
                                       const Tensor *w2, const Tensor *b2, GeluKind kind, const Tensor *res,
                                       Tensor *y) {
@@ -957,26 +954,29 @@ extern "C" void cuda_mlp_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w
     tensor_set_shape(&h, 2, hshape);
     h.data = cuda_temp_alloc(ctx, h.numel * dtype_size(h.dtype));
     h.grad = NULL;
-    cuda_linear_gelu_fwd(ctx, x, w1, b1, kind, NULL, &h);
-    cuda_linear_residual_fwd(ctx, &h, w2, b2, res, y);
+    gelu_out_fwd(ctx, x, w1, b1, kind, NULL, &h);
+    res_fwd(ctx, &h, w2, b2, res, y);
     cuda_temp_free(ctx, h.data);
 }
 
-extern "C" void cuda_linear_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
-                                     const Tensor *pre, GeluKind kind, Tensor *dx, Tensor *dw,
-                                     Tensor *db) {
-    gelu_check_kind("linear_gelu_bwd", kind);
-    LinearShape s = linear_shape("linear_gelu_bwd", x, w);
-    cuda_check_matrix("linear_gelu_bwd", "dy", dy, s.N, s.M);
-    cuda_check_dtype("linear_gelu_bwd", "dy", dy, s.act);
-    cuda_check_matrix("linear_gelu_bwd", "pre", pre, s.N, s.M);
-    cuda_check_dtype("linear_gelu_bwd", "pre", pre, s.act);
+// dpre = dy * gelu'(pre), then the linear's backward from dpre (dx_beta 1: dx added, 0: written).
+static void gelu_out_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+                         const Tensor *pre, GeluKind kind, float dx_beta, Tensor *dx, Tensor *dw,
+                         Tensor *db) {
+    const char *op = "linear_bwd";
+    gelu_check_kind(op, kind);
+    LinearShape s = linear_shape(op, x, w);
+    cuda_check_matrix(op, "dy", dy, s.N, s.M);
+    cuda_check_dtype(op, "dy", dy, s.act);
+    CG_CHECK(pre != NULL, "", "op %s: gelu_out needs pre, the GELU's input", op);
+    cuda_check_matrix(op, "pre", pre, s.N, s.M);
+    cuda_check_dtype(op, "pre", pre, s.act);
     if (dx) {
-        cuda_check_dtype("linear_gelu_bwd", "dx", dx, s.act);
-        CG_CHECK(tensor_same_shape(dx, x), "", "op linear_gelu_bwd: dx and x differ in shape");
+        cuda_check_dtype(op, "dx", dx, s.act);
+        CG_CHECK(tensor_same_shape(dx, x), "", "op %s: dx and x differ in shape", op);
     }
-    if (dw) check_param_grad("linear_gelu_bwd", "dw", dw, (size_t)s.M * s.K);
-    if (db) check_param_grad("linear_gelu_bwd", "db", db, (size_t)s.M);
+    if (dw) check_param_grad(op, "dw", dw, (size_t)s.M * s.K);
+    if (db) check_param_grad(op, "db", db, (size_t)s.M);
     if (s.N == 0 || (!dx && !dw && !db)) return;
 
     // dpre = dy * gelu'(pre) in act dtype (what an unfused gelu_bwd would hand the linear).
@@ -986,27 +986,31 @@ extern "C" void cuda_linear_gelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x
                                cuda_stream_of(ctx)));
     cuda_dgelu_scale(ctx, kind, s.act, pre->data, dpre, n);
     linear_backward(ctx, &s, dpre, x->data, w->data, dx ? dx->data : NULL,
-                    dw ? (float *)dw->data : NULL, db ? (float *)db->data : NULL);
+                    dw ? (float *)dw->data : NULL, db ? (float *)db->data : NULL, dx_beta);
     cuda_temp_free(ctx, dpre);
 }
 
-extern "C" void cuda_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
-                                      const Tensor *pre, GeluKind kind, Tensor *dpre,
-                                      Tensor *dpre_db, Tensor *dw, Tensor *db) {
-    gelu_check_kind("linear_dgelu_bwd", kind);
-    LinearShape s = linear_shape("linear_dgelu_bwd", h, w);
-    cuda_check_matrix("linear_dgelu_bwd", "dy", dy, s.N, s.M);
-    cuda_check_dtype("linear_dgelu_bwd", "dy", dy, s.act);
-    if (dw) check_param_grad("linear_dgelu_bwd", "dw", dw, (size_t)s.M * s.K);
-    if (db) check_param_grad("linear_dgelu_bwd", "db", db, (size_t)s.M);
-    CG_CHECK(!dpre_db || dpre, "", "op linear_dgelu_bwd: dpre_db needs dpre");
-    if (dpre_db) check_param_grad("linear_dgelu_bwd", "dpre_db", dpre_db, (size_t)s.K);
+// x is h = gelu(pre): dpre (linear_bwd's dx) = (dy w) * gelu'(pre) written, dpre_db += its
+// column sums; dw += dy^T h; db += sum_n dy.
+static void gelu_in_bwd(Ctx *ctx, const Tensor *dy, const Tensor *h, const Tensor *w,
+                        const Tensor *pre, GeluKind kind, Tensor *dpre, Tensor *dpre_db, Tensor *dw,
+                        Tensor *db) {
+    const char *op = "linear_bwd";
+    gelu_check_kind(op, kind);
+    LinearShape s = linear_shape(op, h, w);
+    cuda_check_matrix(op, "dy", dy, s.N, s.M);
+    cuda_check_dtype(op, "dy", dy, s.act);
+    if (dw) check_param_grad(op, "dw", dw, (size_t)s.M * s.K);
+    if (db) check_param_grad(op, "db", db, (size_t)s.M);
+    CG_CHECK(!dpre_db || dpre, "", "op %s: gelu_in's dpre_db needs dx", op);
+    if (dpre_db) check_param_grad(op, "dpre_db", dpre_db, (size_t)s.K);
     bool dpre_db_done = false;
     if (dpre) {
-        cuda_check_matrix("linear_dgelu_bwd", "pre", pre, s.N, s.K);
-        cuda_check_dtype("linear_dgelu_bwd", "pre", pre, s.act);
-        cuda_check_matrix("linear_dgelu_bwd", "dpre", dpre, s.N, s.K);
-        cuda_check_dtype("linear_dgelu_bwd", "dpre", dpre, s.act);
+        CG_CHECK(pre != NULL, "", "op %s: gelu_in needs pre, the GELU's input", op);
+        cuda_check_matrix(op, "pre", pre, s.N, s.K);
+        cuda_check_dtype(op, "pre", pre, s.act);
+        cuda_check_matrix(op, "dx", dpre, s.N, s.K);
+        cuda_check_dtype(op, "dx", dpre, s.act);
     }
     if (s.N == 0) return;
     if (dpre) report_flops(ctx, &s, 1);   // the dx product (dw's: linear_backward below)
@@ -1017,7 +1021,7 @@ extern "C" void cuda_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *
         cuda_gemm_count_fused(ctx);   // the product and the scaling in one CUTLASS product
     } else if (dpre && kind == GELU_ERF) {   // the product written into dpre, then scaled in place
         CudaGemm g = gemm_dx(&s, dy->data, w->data, dpre->data, cuda_dtype_of(s.act), 0.0f);
-        cuda_gemm(ctx, &g, "linear_dgelu_bwd dx");
+        cuda_gemm(ctx, &g, "linear_bwd dx (gelu_in)");
         cuda_dgelu_scale(ctx, GELU_ERF, s.act, pre->data, dpre->data, s.N * (size_t)s.K);
     } else if (dpre) {   // dpre = (dy w) * gelu_tanh'(pre), written
         CudaGemm g = gemm_dx(&s, dy->data, w->data, dpre->data, cuda_dtype_of(s.act), 0.0f);
@@ -1041,7 +1045,7 @@ extern "C" void cuda_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *
             size_t n = s.N * (size_t)s.K;
             float *tmp = (float *)cuda_temp_alloc(ctx, n * sizeof(float));
             CudaGemm p = gemm_dx(&s, dy->data, w->data, tmp, CUDA_R_32F, 0.0f);
-            cuda_gemm(ctx, &p, "linear_dgelu_bwd dx");
+            cuda_gemm(ctx, &p, "linear_bwd dx (gelu_in)");
             cudaStream_t st = cuda_stream_of(ctx);
             if (s.act == DTYPE_BF16)
                 dgelu_tanh_kernel<<<cuda_grid_for(ctx, n), 256, 0, st>>>(
@@ -1060,4 +1064,32 @@ extern "C" void cuda_linear_dgelu_bwd(Ctx *ctx, const Tensor *dy, const Tensor *
     }
     linear_backward(ctx, &s, dy->data, h->data, w->data, NULL, dw ? (float *)dw->data : NULL,
                     db ? (float *)db->data : NULL);
+}
+
+extern "C" void cuda_linear_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
+                                const LinearFwdOpts *opts, Tensor *y) {
+    switch (linear_fwd_fusion(opts)) {
+    case LINEAR_SILU_IN: silu_in_fwd(ctx, x, w, b, y); break;
+    case LINEAR_GELU_OUT: gelu_out_fwd(ctx, x, w, b, opts->gelu_kind, opts->pre, y); break;
+    case LINEAR_RES: res_fwd(ctx, x, w, b, opts->res, y); break;
+    default: plain_fwd(ctx, x, w, b, y); break;
+    }
+}
+
+// LINEAR_WRITE_DX: the dx GEMM runs with beta = 0 (no zeroing, dx never read); silu_in and
+// gelu_in write dx whatever the flags say.
+extern "C" void cuda_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
+                                int flags, const LinearBwdOpts *opts, Tensor *dx, Tensor *dw,
+                                Tensor *db) {
+    const float dx_beta = flags & LINEAR_WRITE_DX ? 0.0f : 1.0f;
+    switch (linear_bwd_fusion(opts)) {
+    case LINEAR_SILU_IN: silu_in_bwd(ctx, dy, x, w, dx, dw, db); break;
+    case LINEAR_GELU_OUT:
+        gelu_out_bwd(ctx, dy, x, w, opts->pre, opts->gelu_kind, dx_beta, dx, dw, db);
+        break;
+    case LINEAR_GELU_IN:
+        gelu_in_bwd(ctx, dy, x, w, opts->pre, opts->gelu_kind, dx, opts->dpre_db, dw, db);
+        break;
+    default: linear_bwd_op("linear_bwd", ctx, dy, x, w, dx, dw, db, dx_beta); break;
+    }
 }

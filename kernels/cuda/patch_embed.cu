@@ -85,7 +85,7 @@ extern "C" void cuda_patch_embed_fwd(Ctx *ctx, const Tensor *img, const Tensor *
     Tensor w2 = tensor_view(w, 2, wshape);
     Tensor c2 = tensor_view(cols, 2, cshape);
     Tensor y2 = tensor_view(y, 2, yshape);
-    cuda_linear_fwd(ctx, &c2, &w2, b, &y2);
+    cuda_linear_fwd(ctx, &c2, &w2, b, NULL, &y2);
 }
 
 // dw += dy^T cols; db += sum over tokens of dy; dimg += col2im(dy w).
@@ -110,7 +110,7 @@ extern "C" void cuda_patch_embed_bwd(Ctx *ctx, const Tensor *dy, const Tensor *c
                      dw->numel, w->numel);
             dw2 = tensor_view(dw, 2, wshape);
         }
-        cuda_linear_bwd(ctx, &dy2, &c2, &w2, 0, NULL, dw ? &dw2 : NULL, db);
+        cuda_linear_bwd(ctx, &dy2, &c2, &w2, 0, NULL, NULL, dw ? &dw2 : NULL, db);
     }
     if (!dimg || R == 0) return;
     cuda_check_tensor("patch_embed_bwd", "dimg", dimg);

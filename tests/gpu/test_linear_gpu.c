@@ -23,12 +23,12 @@
 // - activations written in bf16 (y, pre, dx, dpre): one rounding to bf16, at most 2^-9 per element,
 //   ~1e-3 norm-wise on large tensors; an unfused fallback rounds twice (pre, then gelu(pre) or
 //   + bias), up to 2 * 2^-9 = 3.9e-3 per element, which a 15-element tensor can nearly reach
-//   norm-wise (3.7e-3 seen on the H200, linear_gelu_fwd y at N=5 K=7 M=3) -> 6e-3.
+//   norm-wise (3.7e-3 seen on the H200, linear_fwd+gelu_out y at N=5 K=7 M=3) -> 6e-3.
 #define BF16_ACT_TOL 6e-3
 // - parameter gradients (dw, db) in fp32 from bf16 products, which are exact in fp32: only the
 //   accumulation order differs (~1e-6); 1e-4 leaves room for tensor-core accumulation.
 #define BF16_PARAM_GRAD_TOL 1e-4
-// - linear_gelu_bwd's dx, dw, db in bf16: dpre = dy * gelu'(pre) is rounded to bf16 before the
+// - linear_bwd+gelu_out's dx, dw, db in bf16: dpre = dy * gelu'(pre) is rounded to bf16 before the
 //   GEMMs (as an unfused gelu_bwd would hand it to the linear); the CPU keeps it fp32 -> act level.
 #define BF16_GELU_GRAD_TOL BF16_ACT_TOL
 
@@ -114,11 +114,11 @@ static int check_linear_fwd(Ctx *g, const Case *c, DType dt, int bias, uint64_t 
     Tensor *w = host_rand(test_tensor(2, c->M, c->K), seed + 1, r);
     Tensor *b = host_rand(test_tensor(1, c->M), seed + 2, r);
     Tensor *y = host_x(c, c->M);
-    cpu_linear_fwd(&cpu, x, w, bias ? b : NULL, y);
+    cpu_linear_fwd(&cpu, x, w, bias ? b : NULL, NULL, y);
 
     Tensor *gx = gpu_test_upload(g, x, dt), *gw = gpu_test_upload(g, w, dt);
     Tensor *gb = gpu_test_upload(g, b, dt), *gy = gpu_poison(g, y, dt);
-    op_linear_fwd(g, gx, gw, bias ? gb : NULL, gy);
+    op_linear_fwd(g, gx, gw, bias ? gb : NULL, NULL, gy);
     int fails = check(g, bias ? "linear_fwd" : "linear_fwd(no b)", "y", c, gy, y, tols_for(dt)->act);
 
     gpu_test_free(gx); gpu_test_free(gw); gpu_test_free(gb); gpu_test_free(gy);
@@ -140,8 +140,10 @@ static int check_linear_bwd(Ctx *g, const Case *c, DType dt, int mask, uint64_t 
     Tensor *gdy = gpu_test_upload(g, dy, dt), *gdx = gpu_test_upload(g, dx, dt);
     Tensor *gdw = gpu_test_upload(g, dw, DTYPE_F32), *gdb = gpu_test_upload(g, db, DTYPE_F32);
     for (int rep = 0; rep < 2; rep++) {
-        cpu_linear_bwd(&cpu, dy, x, w, 0, mask & 1 ? dx : NULL, mask & 2 ? dw : NULL, mask & 4 ? db : NULL);
-        op_linear_bwd(g, gdy, gx, gw, 0, mask & 1 ? gdx : NULL, mask & 2 ? gdw : NULL, mask & 4 ? gdb : NULL);
+        cpu_linear_bwd(&cpu, dy, x, w, 0, NULL, mask & 1 ? dx : NULL, mask & 2 ? dw : NULL,
+                       mask & 4 ? db : NULL);
+        op_linear_bwd(g, gdy, gx, gw, 0, NULL, mask & 1 ? gdx : NULL, mask & 2 ? gdw : NULL,
+                      mask & 4 ? gdb : NULL);
     }
     char op[32];
     snprintf(op, sizeof op, "linear_bwd[%s%s%s]", mask & 1 ? "dx" : "", mask & 2 ? "dw" : "",
@@ -169,8 +171,8 @@ static int check_linear_bwd_write(Ctx *g, const Case *c, DType dt, uint64_t seed
     Tensor *gx = gpu_test_upload(g, x, dt), *gw = gpu_test_upload(g, w, dt);
     Tensor *gdy = gpu_test_upload(g, dy, dt), *gdx = gpu_poison(g, dx, dt);
     Tensor *gdw = gpu_test_upload(g, dw, DTYPE_F32), *gdb = gpu_test_upload(g, db, DTYPE_F32);
-    cpu_linear_bwd(&cpu, dy, x, w, LINEAR_WRITE_DX, dx, dw, db);
-    op_linear_bwd(g, gdy, gx, gw, LINEAR_WRITE_DX, gdx, gdw, gdb);
+    cpu_linear_bwd(&cpu, dy, x, w, LINEAR_WRITE_DX, NULL, dx, dw, db);
+    op_linear_bwd(g, gdy, gx, gw, LINEAR_WRITE_DX, NULL, gdx, gdw, gdb);
     const Tols *t = tols_for(dt);
     int fails = check(g, "linear_bwd (dx written)", "dx", c, gdx, dx, t->act) +
                 check(g, "linear_bwd (dx written)", "dw", c, gdw, dw, t->param) +
@@ -198,9 +200,9 @@ static int check_linear_bwd_fp32_dy(Ctx *g, const Case *c, int write, uint64_t s
     Tensor *gdy = gpu_test_upload(g, dy, DTYPE_F32);
     Tensor *gdx = write ? gpu_poison(g, dx, DTYPE_BF16) : gpu_test_upload(g, dx, DTYPE_BF16);
     Tensor *gdw = gpu_test_upload(g, dw, DTYPE_F32), *gdb = gpu_test_upload(g, db, DTYPE_F32);
-    cpu_linear_bwd(&cpu, dyr, x, w, write ? LINEAR_WRITE_DX : 0, dx, dw, NULL);
-    cpu_linear_bwd(&cpu, dy, x, w, 0, NULL, NULL, db);
-    op_linear_bwd(g, gdy, gx, gw, write ? LINEAR_WRITE_DX : 0, gdx, gdw, gdb);
+    cpu_linear_bwd(&cpu, dyr, x, w, write ? LINEAR_WRITE_DX : 0, NULL, dx, dw, NULL);
+    cpu_linear_bwd(&cpu, dy, x, w, 0, NULL, NULL, NULL, db);
+    op_linear_bwd(g, gdy, gx, gw, write ? LINEAR_WRITE_DX : 0, NULL, gdx, gdw, gdb);
     const char *op = write ? "linear_bwd (dx written, fp32 dy)" : "linear_bwd(fp32 dy)";
     int fails = check(g, op, "dx", c, gdx, dx, BF16_ACT_TOL) +
                 check(g, op, "dw", c, gdw, dw, BF16_PARAM_GRAD_TOL) +
@@ -221,12 +223,12 @@ static void test_linear_backward_takes_fp32_dy_under_bf16(void **state) {
     assert_int_equal(fails, 0);
 }
 
-// silu_linear_fwd / _bwd against the CPU's silu then linear, with the GPU's roundings made on the
-// CPU side too in bf16 (silu(x) rounded before the products, dy w rounded before silu'): y and dx
-// then differ by one final rounding (act tolerance), dw and db by the order of fp32 sums. dx
-// starts NaN: it is written. Measured on an H100 over every case: bf16 y and dx at most 1.7e-3,
+// linear_fwd / linear_bwd with silu_in against the CPU's silu then linear, with the GPU's
+// roundings made on the CPU side too in bf16 (silu(x) rounded before the products, dy w rounded
+// before silu'): y and dx then differ by one final rounding (act tolerance), dw and db by the
+// order of fp32 sums. dx starts NaN: it is written. Measured on an H100 over every case: bf16 y and dx at most 1.7e-3,
 // fp32 y 6.0e-7 and dx 2.9e-7, dw 1.4e-6, db 3.1e-7.
-static int check_silu_linear(Ctx *g, const Case *c, DType dt, uint64_t seed) {
+static int check_linear_silu_in(Ctx *g, const Case *c, DType dt, uint64_t seed) {
     Ctx cpu = ctx_cpu();
     int r = dt == DTYPE_BF16;
     Tensor *x = host_rand(host_x(c, c->K), seed, r);
@@ -241,21 +243,23 @@ static int check_silu_linear(Ctx *g, const Case *c, DType dt, uint64_t seed) {
     Tensor *gdw = gpu_test_upload(g, dw, DTYPE_F32), *gdb = gpu_test_upload(g, db, DTYPE_F32);
     cpu_silu_fwd(&cpu, x, sx);
     if (r) gpu_test_round_to_bf16(sx);
-    cpu_linear_fwd(&cpu, sx, w, b, y);
+    cpu_linear_fwd(&cpu, sx, w, b, NULL, y);
     memset(gd->data, 0, gd->numel * sizeof(float));
-    cpu_linear_bwd(&cpu, dy, sx, w, 0, gd, NULL, NULL);
+    cpu_linear_bwd(&cpu, dy, sx, w, 0, NULL, gd, NULL, NULL);
     if (r) gpu_test_round_to_bf16(gd);
     memset(dx->data, 0, dx->numel * sizeof(float));
     cpu_silu_bwd(&cpu, gd, x, dx);
-    for (int rep = 0; rep < 2; rep++) cpu_linear_bwd(&cpu, dy, sx, w, 0, NULL, dw, db);
-    op_silu_linear_fwd(g, gx, gw, gb, gy);
-    op_silu_linear_bwd(g, gdy, gx, gw, gdx, gdw, gdb);
-    op_silu_linear_bwd(g, gdy, gx, gw, gdx, gdw, gdb);   // dx written again, dw and db added twice
+    for (int rep = 0; rep < 2; rep++) cpu_linear_bwd(&cpu, dy, sx, w, 0, NULL, NULL, dw, db);
+    const LinearFwdOpts silu_fwd = {.silu_in = 1};
+    const LinearBwdOpts silu_bwd = {.silu_in = 1};
+    op_linear_fwd(g, gx, gw, gb, &silu_fwd, gy);
+    op_linear_bwd(g, gdy, gx, gw, 0, &silu_bwd, gdx, gdw, gdb);
+    op_linear_bwd(g, gdy, gx, gw, 0, &silu_bwd, gdx, gdw, gdb);   // dx written again, dw and db added twice
     const Tols *t = tols_for(dt);
-    int fails = check(g, "silu_linear_fwd", "y", c, gy, y, t->act) +
-                check(g, "silu_linear_bwd", "dx", c, gdx, dx, t->act) +
-                check(g, "silu_linear_bwd", "dw", c, gdw, dw, t->param) +
-                check(g, "silu_linear_bwd", "db", c, gdb, db, t->param);
+    int fails = check(g, "linear_fwd+silu_in", "y", c, gy, y, t->act) +
+                check(g, "linear_bwd+silu_in", "dx", c, gdx, dx, t->act) +
+                check(g, "linear_bwd+silu_in", "dw", c, gdw, dw, t->param) +
+                check(g, "linear_bwd+silu_in", "db", c, gdb, db, t->param);
     Tensor *gpu[] = {gx, gw, gb, gdy, gy, gdx, gdw, gdb}, *host[] = {x, w, b, dy, sx, y, gd, dx, dw, db};
     for (int i = 0; i < 8; i++) gpu_test_free(gpu[i]);
     for (int i = 0; i < 10; i++) test_tensor_free(host[i]);
@@ -268,16 +272,16 @@ static void test_silu_linear_matches_cpu(void **state) {
     for (int d = 0; d < 2; d++) {
         DType dt = d ? DTYPE_BF16 : DTYPE_F32;
         Ctx g = cuda_ctx_create(0, dt);
-        for (int i = 0; i < NCASES; i++) fails += check_silu_linear(&g, &CASES[i], dt, 300 + 17 * i);
+        for (int i = 0; i < NCASES; i++) fails += check_linear_silu_in(&g, &CASES[i], dt, 300 + 17 * i);
         cuda_ctx_destroy(&g);
     }
     assert_int_equal(fails, 0);
 }
 
-// linear_residual_fwd: y (fp32, starts NaN) = res (fp32) + x w^T + b, the GEMM reading res as C.
+// linear_fwd onto res: y (fp32, starts NaN) = res (fp32) + x w^T + b, the GEMM reading res as C.
 // The CPU adds the fp32 product to res; the fused GPU path does the same in the epilogue (only
 // the accumulation order differs), its fallback rounds the product to the activation dtype first.
-static int check_linear_residual_fwd(Ctx *g, const Case *c, DType dt, int bias, uint64_t seed) {
+static int check_linear_res_fwd(Ctx *g, const Case *c, DType dt, int bias, uint64_t seed) {
     Ctx cpu = ctx_cpu();
     int r = dt == DTYPE_BF16;
     Tensor *x = host_rand(host_x(c, c->K), seed, r);
@@ -285,18 +289,19 @@ static int check_linear_residual_fwd(Ctx *g, const Case *c, DType dt, int bias, 
     Tensor *b = host_rand(test_tensor(1, c->M), seed + 2, r);
     Tensor *res = host_rand(host_x(c, c->M), seed + 3, 0);
     Tensor *y = host_x(c, c->M);
-    cpu_linear_residual_fwd(&cpu, x, w, bias ? b : NULL, res, y);
+    const LinearFwdOpts onto_res = {.res = res};
+    cpu_linear_fwd(&cpu, x, w, bias ? b : NULL, &onto_res, y);
     Tensor *gx = gpu_test_upload(g, x, dt), *gw = gpu_test_upload(g, w, dt);
     Tensor *gb = gpu_test_upload(g, b, dt), *gres = gpu_test_upload(g, res, DTYPE_F32);
     Tensor *gy = gpu_poison(g, y, DTYPE_F32);
     int plans;
     long queries, fused0, fused1;
     cuda_gemm_cache_stats(g, &plans, &queries, &fused0);
-    op_linear_residual_fwd(g, gx, gw, bias ? gb : NULL, gres, gy);
+    op_linear_fwd(g, gx, gw, bias ? gb : NULL, &(LinearFwdOpts){.res = gres}, gy);
     cuda_gemm_cache_stats(g, &plans, &queries, &fused1);
-    if (bias) printf("    linear_residual_fwd N=%d K=%d M=%d %s: %s\n", c->N, c->K, c->M,
+    if (bias) printf("    linear_fwd+res N=%d K=%d M=%d %s: %s\n", c->N, c->K, c->M,
                      dtype_name(dt), fused1 > fused0 ? "one GEMM (res as C, bias epilogue)" : "fallback");
-    int fails = check(g, bias ? "linear_residual_fwd" : "linear_residual_fwd(no b)", "y", c, gy, y,
+    int fails = check(g, bias ? "linear_fwd+res" : "linear_fwd+res(no b)", "y", c, gy, y,
                       tols_for(dt)->act);
     Tensor *gpu[] = {gx, gw, gb, gres, gy}, *host[] = {x, w, b, res, y};
     for (int i = 0; i < 5; i++) { gpu_test_free(gpu[i]); test_tensor_free(host[i]); }
@@ -311,7 +316,7 @@ static void test_linear_residual_matches_cpu(void **state) {
         Ctx g = cuda_ctx_create(0, dt);
         for (int i = 0; i < NCASES; i++)
             for (int bias = 0; bias < 2; bias++)
-                fails += check_linear_residual_fwd(&g, &CASES[i], dt, bias, 40 + 7 * i);
+                fails += check_linear_res_fwd(&g, &CASES[i], dt, bias, 40 + 7 * i);
         cuda_ctx_destroy(&g);
     }
     assert_int_equal(fails, 0);
@@ -341,8 +346,8 @@ static int check_mlp_residual_fwd(Ctx *g, int N, int C, int Hd, DType dt, uint64
     int fails = check(g, "mlp_residual_fwd", "y", &c, gy, y, tols_for(dt)->act);
     Tensor *h = test_tensor(2, N, Hd);
     Tensor *gh = gpu_poison(g, h, dt), *gy2 = gpu_poison(g, y, DTYPE_F32);
-    op_linear_gelu_fwd(g, gx, gw1, gb1, GELU_ERF, NULL, gh);
-    op_linear_residual_fwd(g, gh, gw2, gb2, gres, gy2);
+    op_linear_fwd(g, gx, gw1, gb1, &(LinearFwdOpts){.gelu_out = 1, .gelu_kind = GELU_ERF}, gh);
+    op_linear_fwd(g, gh, gw2, gb2, &(LinearFwdOpts){.res = gres}, gy2);
     Tensor *y2 = test_like(y);
     float *two = tensor_to_host_f32(g, gy2);
     memcpy(y2->data, two, y2->numel * sizeof(float));
@@ -419,7 +424,7 @@ static void test_linear_backward_twice_doubles_the_gradients(void **state) {
             o[0] = gpu_test_upload(&g, zx, dt);
             o[1] = gpu_test_upload(&g, zw, DTYPE_F32);
             o[2] = gpu_test_upload(&g, zb, DTYPE_F32);
-            for (int rep = 0; rep <= k; rep++) op_linear_bwd(&g, gdy, gx, gw, 0, o[0], o[1], o[2]);
+            for (int rep = 0; rep <= k; rep++) op_linear_bwd(&g, gdy, gx, gw, 0, NULL, o[0], o[1], o[2]);
         }
         const char *names[3] = {"dx", "dw", "db"};
         for (int i = 0; i < 3; i++) {
@@ -443,23 +448,26 @@ static void test_linear_backward_twice_doubles_the_gradients(void **state) {
 
 // ---- linear + GELU -------------------------------------------------------------------------------
 
-static int check_linear_gelu_fwd(Ctx *g, const Case *c, DType dt, GeluKind kind, int keep_pre,
-                                 uint64_t seed) {
+static int check_linear_gelu_out_fwd(Ctx *g, const Case *c, DType dt, GeluKind kind, int keep_pre,
+                                     uint64_t seed) {
     Ctx cpu = ctx_cpu();
     int r = dt == DTYPE_BF16;
     Tensor *x = host_rand(host_x(c, c->K), seed, r);
     Tensor *w = host_rand(test_tensor(2, c->M, c->K), seed + 1, r);
     Tensor *b = host_rand(test_tensor(1, c->M), seed + 2, r);
     Tensor *pre = host_x(c, c->M), *y = host_x(c, c->M);
-    cpu_linear_gelu_fwd(&cpu, x, w, b, kind, pre, y);   // the contract: linear, then gelu
+    const LinearFwdOpts gelu_out = {.gelu_out = 1, .gelu_kind = kind, .pre = pre};
+    cpu_linear_fwd(&cpu, x, w, b, &gelu_out, y);   // the contract: linear, then gelu
 
     Tensor *gx = gpu_test_upload(g, x, dt), *gw = gpu_test_upload(g, w, dt);
     Tensor *gb = gpu_test_upload(g, b, dt);
     Tensor *gpre = keep_pre ? gpu_poison(g, pre, dt) : NULL, *gy = gpu_poison(g, y, dt);
-    op_linear_gelu_fwd(g, gx, gw, gb, kind, gpre, gy);
+    const LinearFwdOpts ggelu_out = {.gelu_out = 1, .gelu_kind = kind, .pre = gpre};
+    op_linear_fwd(g, gx, gw, gb, &ggelu_out, gy);
     const Tols *t = tols_for(dt);
-    int fails = check(g, keep_pre ? "linear_gelu_fwd" : "linear_gelu_fwd(no pre)", "y", c, gy, y, t->act);
-    if (keep_pre) fails += check(g, "linear_gelu_fwd", "pre", c, gpre, pre, t->act);
+    int fails = check(g, keep_pre ? "linear_fwd+gelu_out" : "linear_fwd+gelu_out(no pre)", "y", c,
+                      gy, y, t->act);
+    if (keep_pre) fails += check(g, "linear_fwd+gelu_out", "pre", c, gpre, pre, t->act);
 
     gpu_test_free(gx); gpu_test_free(gw); gpu_test_free(gb); gpu_test_free(gpre); gpu_test_free(gy);
     test_tensor_free(x); test_tensor_free(w); test_tensor_free(b); test_tensor_free(pre);
@@ -467,7 +475,9 @@ static int check_linear_gelu_fwd(Ctx *g, const Case *c, DType dt, GeluKind kind,
     return fails;
 }
 
-static int check_linear_gelu_bwd(Ctx *g, const Case *c, DType dt, GeluKind kind, uint64_t seed) {
+// linear_bwd with gelu_out, twice onto non-zero gradients (write: dx written both times).
+static int check_linear_gelu_out_bwd(Ctx *g, const Case *c, DType dt, GeluKind kind, int write,
+                                     uint64_t seed) {
     Ctx cpu = ctx_cpu();
     int r = dt == DTYPE_BF16;
     Tensor *x = host_rand(host_x(c, c->K), seed, r);
@@ -483,23 +493,27 @@ static int check_linear_gelu_bwd(Ctx *g, const Case *c, DType dt, GeluKind kind,
     Tensor *gpre = gpu_test_upload(g, pre, dt), *gdy = gpu_test_upload(g, dy, dt);
     Tensor *gdx = gpu_test_upload(g, dx, dt), *gdw = gpu_test_upload(g, dw, DTYPE_F32);
     Tensor *gdb = gpu_test_upload(g, db, DTYPE_F32);
+    const LinearBwdOpts gelu_out = {.gelu_out = 1, .gelu_kind = kind, .pre = pre};
+    const LinearBwdOpts ggelu_out = {.gelu_out = 1, .gelu_kind = kind, .pre = gpre};
+    const int flags = write ? LINEAR_WRITE_DX : 0;
     for (int rep = 0; rep < 2; rep++) {
-        cpu_linear_gelu_bwd(&cpu, dy, x, w, pre, kind, dx, dw, db);
-        op_linear_gelu_bwd(g, gdy, gx, gw, gpre, kind, gdx, gdw, gdb);
+        cpu_linear_bwd(&cpu, dy, x, w, flags, &gelu_out, dx, dw, db);
+        op_linear_bwd(g, gdy, gx, gw, flags, &ggelu_out, gdx, gdw, gdb);
     }
     double tol = dt == DTYPE_BF16 ? BF16_GELU_GRAD_TOL : FP32_TOL;
-    int fails = check(g, "linear_gelu_bwd", "dx", c, gdx, dx, tol) +
-                check(g, "linear_gelu_bwd", "dw", c, gdw, dw, tol) +
-                check(g, "linear_gelu_bwd", "db", c, gdb, db, tol);
+    const char *op = write ? "linear_bwd+gelu_out (dx written)" : "linear_bwd+gelu_out";
+    int fails = check(g, op, "dx", c, gdx, dx, tol) + check(g, op, "dw", c, gdw, dw, tol) +
+                check(g, op, "db", c, gdb, db, tol);
     Tensor *gpu[] = {gx, gw, gpre, gdy, gdx, gdw, gdb}, *host[] = {x, w, pre, dy, dx, dw, db};
     for (int i = 0; i < 7; i++) { gpu_test_free(gpu[i]); test_tensor_free(host[i]); }
     return fails;
 }
 
-// The fc2 side: y = h w^T + b with h = gelu(pre); dpre written, dw and db accumulated.
+// The fc2 side, linear_bwd with gelu_in: y = h w^T + b with h = gelu(pre); dpre (dx) written, dw
+// and db accumulated.
 // erf: the GPU rounds the product dy w to the activation dtype before scaling it (as an unfused
 // backward does), the CPU keeps it fp32: two roundings in bf16, inside BF16_ACT_TOL.
-static int check_linear_dgelu_bwd(Ctx *g, const Case *c, DType dt, GeluKind kind, uint64_t seed) {
+static int check_linear_gelu_in_bwd(Ctx *g, const Case *c, DType dt, GeluKind kind, uint64_t seed) {
     Ctx cpu = ctx_cpu();
     int r = dt == DTYPE_BF16;
     Tensor *pre = host_rand(host_x(c, c->K), seed, 0);
@@ -519,15 +533,17 @@ static int check_linear_dgelu_bwd(Ctx *g, const Case *c, DType dt, GeluKind kind
     Tensor *gw = gpu_test_upload(g, w, dt), *gdy = gpu_test_upload(g, dy, dt);
     Tensor *gdpre = gpu_poison(g, dpre, dt), *gdw = gpu_test_upload(g, dw, DTYPE_F32);
     Tensor *gdb = gpu_test_upload(g, db, DTYPE_F32);
+    const LinearBwdOpts gelu_in = {.gelu_in = 1, .gelu_kind = kind, .pre = pre, .dpre_db = dpdb};
+    const LinearBwdOpts ggelu_in = {.gelu_in = 1, .gelu_kind = kind, .pre = gpre, .dpre_db = gdpdb};
     for (int rep = 0; rep < 2; rep++) {   // dpre: written both times; dw, db: accumulated
-        cpu_linear_dgelu_bwd(&cpu, dy, h, w, pre, kind, dpre, dpdb, dw, db);
-        op_linear_dgelu_bwd(g, gdy, gh, gw, gpre, kind, gdpre, gdpdb, gdw, gdb);
+        cpu_linear_bwd(&cpu, dy, h, w, 0, &gelu_in, dpre, dw, db);
+        op_linear_bwd(g, gdy, gh, gw, 0, &ggelu_in, gdpre, gdw, gdb);
     }
     const Tols *t = tols_for(dt);
-    int fails = check(g, "linear_dgelu_bwd", "dpre", c, gdpre, dpre, t->act) +
-                check(g, "linear_dgelu_bwd", "dw", c, gdw, dw, t->param) +
-                check(g, "linear_dgelu_bwd", "db", c, gdb, db, t->param) +
-                check(g, "linear_dgelu_bwd", "dpre_db", c, gdpdb, dpdb, t->act);
+    int fails = check(g, "linear_bwd+gelu_in", "dpre", c, gdpre, dpre, t->act) +
+                check(g, "linear_bwd+gelu_in", "dw", c, gdw, dw, t->param) +
+                check(g, "linear_bwd+gelu_in", "db", c, gdb, db, t->param) +
+                check(g, "linear_bwd+gelu_in", "dpre_db", c, gdpdb, dpdb, t->act);
     Tensor *gpu[] = {gpre, gh, gw, gdy, gdpre, gdw, gdb, gdpdb};
     Tensor *host[] = {pre, h, w, dy, dpre, dw, db, dpdb};
     for (int i = 0; i < 8; i++) { gpu_test_free(gpu[i]); test_tensor_free(host[i]); }
@@ -543,9 +559,10 @@ static void test_linear_gelu_matches_cpu(DType dt) {
         printf("  %s, GELU %s\n", dtype_name(dt), k == 0 ? "tanh" : "erf");
         for (int i = 0; i < NCASES_MLP; i++) {
             for (int keep = 0; keep < 2; keep++)
-                fails += check_linear_gelu_fwd(&g, &CASES[i], dt, kind, keep, 200 + 13 * i);
-            fails += check_linear_gelu_bwd(&g, &CASES[i], dt, kind, 300 + 17 * i);
-            fails += check_linear_dgelu_bwd(&g, &CASES[i], dt, kind, 400 + 19 * i);
+                fails += check_linear_gelu_out_fwd(&g, &CASES[i], dt, kind, keep, 200 + 13 * i);
+            for (int write = 0; write < 2; write++)
+                fails += check_linear_gelu_out_bwd(&g, &CASES[i], dt, kind, write, 300 + 17 * i);
+            fails += check_linear_gelu_in_bwd(&g, &CASES[i], dt, kind, 400 + 19 * i);
         }
     }
     cuda_ctx_destroy(&g);
@@ -585,15 +602,17 @@ static void test_fused_epilogues_match_unfused_paths(void **state) {
             cuda_gemm_set_fusion(&g, fused ? CUDA_FUSE_ALL : 0);
             cuda_gemm_cache_stats(&g, &plans, &queries, &fused_before);
             o[0] = gpu_poison(&g, zy, dt);
-            op_linear_fwd(&g, gx, gw, gb, o[0]);
+            op_linear_fwd(&g, gx, gw, gb, NULL, o[0]);
             o[1] = gpu_poison(&g, zy, dt);
             o[2] = gpu_poison(&g, zy, dt);
-            op_linear_gelu_fwd(&g, gx, gw, gb, GELU_TANH, o[1], o[2]);
+            const LinearFwdOpts tanh_out = {.gelu_out = 1, .gelu_kind = GELU_TANH, .pre = o[1]};
+            op_linear_fwd(&g, gx, gw, gb, &tanh_out, o[2]);
             o[3] = gpu_test_upload(&g, zw, DTYPE_F32);
             o[4] = gpu_test_upload(&g, zb, DTYPE_F32);
-            op_linear_bwd(&g, gdy, gx, gw, 0, NULL, o[3], o[4]);
+            op_linear_bwd(&g, gdy, gx, gw, 0, NULL, NULL, o[3], o[4]);
             o[5] = gpu_poison(&g, zx, dt);   // x stands in for h and for pre
-            op_linear_dgelu_bwd(&g, gdy, gx, gw, gx, GELU_TANH, o[5], NULL, NULL, NULL);
+            const LinearBwdOpts tanh_in = {.gelu_in = 1, .gelu_kind = GELU_TANH, .pre = gx};
+            op_linear_bwd(&g, gdy, gx, gw, 0, &tanh_in, o[5], NULL, NULL);
             cuda_gemm_cache_stats(&g, &plans, &queries, &fused_after);
             printf("    %s fusion %s: %ld fused-epilogue launches (of 4 possible)\n", dtype_name(dt),
                    fused ? "on " : "off", fused_after - fused_before);
@@ -666,11 +685,13 @@ static void test_erf_gelu_epilogue_matches_unfused(void **state) {
             cuda_gemm_cache_stats(&g, &plans, &queries, &before);
             o[0] = gpu_poison(&g, zy, dt);
             o[1] = gpu_poison(&g, zy, dt);
-            op_linear_gelu_fwd(&g, gx, gw, gb, GELU_ERF, o[0], o[1]);
+            const LinearFwdOpts erf_out = {.gelu_out = 1, .gelu_kind = GELU_ERF, .pre = o[0]};
+            op_linear_fwd(&g, gx, gw, gb, &erf_out, o[1]);
             o[2] = gpu_poison(&g, zy, dt);
-            op_linear_gelu_fwd(&g, gx, gw, gb, GELU_ERF, NULL, o[2]);
+            op_linear_fwd(&g, gx, gw, gb, &(LinearFwdOpts){.gelu_out = 1, .gelu_kind = GELU_ERF}, o[2]);
             o[3] = gpu_poison(&g, zy, dt);   // dpre of the unfused pre, the same in both runs
-            op_linear_dgelu_bwd(&g, gdy2, out[1][1], gw2, out[1][0], GELU_ERF, o[3], NULL, NULL, NULL);
+            const LinearBwdOpts erf_in = {.gelu_in = 1, .gelu_kind = GELU_ERF, .pre = out[1][0]};
+            op_linear_bwd(&g, gdy2, out[1][1], gw2, 0, &erf_in, o[3], NULL, NULL);
             cuda_gemm_cache_stats(&g, &plans, &queries, &after);
             printf("    N=%d K=%d M=%d, fusion %s: %ld fused launches\n", c->N, c->K, c->M,
                    fused ? "on " : "off", after - before);
@@ -713,9 +734,9 @@ static void test_gemm_plans_are_cached_per_shape(void **state) {
     Tensor *gy = gpu_test_upload(&g, y, DTYPE_BF16);
     int plans1, plans2;
     long q1, q2, f;
-    op_linear_fwd(&g, gx, gw, NULL, gy);
+    op_linear_fwd(&g, gx, gw, NULL, NULL, gy);
     cuda_gemm_cache_stats(&g, &plans1, &q1, &f);
-    for (int i = 0; i < 10; i++) op_linear_fwd(&g, gx, gw, NULL, gy);
+    for (int i = 0; i < 10; i++) op_linear_fwd(&g, gx, gw, NULL, NULL, gy);
     cuda_gemm_cache_stats(&g, &plans2, &q2, &f);
     printf("    plans %d -> %d, heuristic queries %ld -> %ld\n", plans1, plans2, q1, q2);
     assert_int_equal(plans1, 1);

@@ -220,8 +220,8 @@ static void test_misaligned_views_take_the_scalar_path_correctly(void **state) {
         Tensor *w = rnd(HT(64), 3, 0.5f, 1.5f, dt), *b = rnd(HT(64), 4, -0.5f, 0.5f, dt);
         Tensor *y = HT(9, 64), *mean = HT(9), *rstd = HT(9);
         Tensor gy = misaligned_view(y, dt);
-        cpu_layernorm_fwd(&H, a, w, b, 1e-5f, y, mean, rstd);
-        cuda_layernorm_fwd(&G, &ga, dev(w, dt), dev(b, dt), 1e-5f, &gy, NULL, NULL);
+        cpu_layernorm_fwd(&H, a, NULL, w, b, 1e-5f, NULL, y, mean, rstd);
+        cuda_layernorm_fwd(&G, &ga, NULL, dev(w, dt), dev(b, dt), 1e-5f, NULL, &gy, NULL, NULL);
         check("misaligned.layernorm_fwd.y", dt, &gy, y);
         release_all();
     }
@@ -286,7 +286,7 @@ static void test_gelu_bf16_every_input(void **state) {
 }
 
 // dwconv_fwd's added input (the up projection onto the stream, then the LPU) bit for bit against
-// linear_residual_fwd then dwconv_fwd on the GPU (mid and y), which the kernels must reproduce
+// linear_fwd onto res then dwconv_fwd on the GPU (mid and y), which the kernels must reproduce
 // (narrow_dot.cuh); its cases in bench/op_cases.c hold it against the CPU. gspn_t's four LPU grids at its widths (the row kernel at
 // 56 x 56 and 28 x 28, the whole-image kernel at 14 x 14 and 7 x 7), a partial strip and odd
 // channels (one channel a thread), 108 channels (even, not a multiple of 8: the row kernel on a
@@ -316,9 +316,9 @@ static void test_dwconv_added_input_matches_the_two_ops(void **state) {
             Tensor *gmid = with_mid ? dev_zeros(mid, xt) : NULL, *gy = dev_zeros(y, xt);
             cuda_dwconv_fwd(&G, gx, gu, guw, gub, gw, gb, DWCONV_RESIDUAL, gmid, gy);
             Tensor *gmid2 = dev_zeros(mid, xt), *gy2 = dev_zeros(y, xt);
-            cuda_linear_residual_fwd(&G, gu, guw, gub, gx, gmid2);
+            cuda_linear_fwd(&G, gu, guw, gub, &(LinearFwdOpts){.res = gx}, gmid2);
             cuda_dwconv_fwd(&G, gmid2, NULL, NULL, NULL, gw, gb, DWCONV_RESIDUAL, NULL, gy2);
-            if (with_mid) assert_same_bits("mid against linear_residual_fwd", gmid2, download_raw(gmid));
+            if (with_mid) assert_same_bits("mid against linear_fwd onto res", gmid2, download_raw(gmid));
             assert_same_bits("y against the two ops", gy2, download_raw(gy));
             release_all();
         }
@@ -374,7 +374,7 @@ static void test_backward_twice_accumulates_twice(void **state) {
         int N = 37, C = 1152;
         Tensor *x = rnd(HT(N, C), 1, -1, 3, dt), *w = rnd(HT(C), 2, 0.5f, 1.5f, dt);
         Tensor *y = HT(N, C), *mean = HT(N), *rstd = HT(N);
-        cpu_layernorm_fwd(&H, x, w, NULL, 1e-5f, y, mean, rstd);
+        cpu_layernorm_fwd(&H, x, NULL, w, NULL, 1e-5f, NULL, y, mean, rstd);
         Tensor *dy = rnd(HT(N, C), 3, -1, 1, dt), *dx = rnd(HT(N, C), 4, -1, 1, dt);
         Tensor *dw = rnd(HT(C), 5, -1, 1, DTYPE_F32);
         Tensor *gdy = dev(dy, dt), *gx = dev(x, dt), *gw = dev(w, dt), *gm = dev(mean, DTYPE_F32);
