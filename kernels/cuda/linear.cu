@@ -959,15 +959,22 @@ extern "C" void cuda_mlp_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w
     cuda_temp_free(ctx, h.data);
 }
 
+// The shape of a GELU-fused backward, with its GELU kind and dy (N, M) in the activation dtype checked.
+static LinearShape gelu_bwd_shape(const char *op, GeluKind kind, const Tensor *x, const Tensor *w,
+                                  const Tensor *dy) {
+    gelu_check_kind(op, kind);
+    LinearShape s = linear_shape(op, x, w);
+    cuda_check_matrix(op, "dy", dy, s.N, s.M);
+    cuda_check_dtype(op, "dy", dy, s.act);
+    return s;
+}
+
 // dpre = dy * gelu'(pre), then the linear's backward from dpre (dx_beta 1: dx added, 0: written).
 static void gelu_out_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w,
                          const Tensor *pre, GeluKind kind, float dx_beta, Tensor *dx, Tensor *dw,
                          Tensor *db) {
     const char *op = "linear_bwd";
-    gelu_check_kind(op, kind);
-    LinearShape s = linear_shape(op, x, w);
-    cuda_check_matrix(op, "dy", dy, s.N, s.M);
-    cuda_check_dtype(op, "dy", dy, s.act);
+    LinearShape s = gelu_bwd_shape(op, kind, x, w, dy);
     CG_CHECK(pre != NULL, "", "op %s: gelu_out needs pre, the GELU's input", op);
     cuda_check_matrix(op, "pre", pre, s.N, s.M);
     cuda_check_dtype(op, "pre", pre, s.act);
@@ -996,10 +1003,7 @@ static void gelu_in_bwd(Ctx *ctx, const Tensor *dy, const Tensor *h, const Tenso
                         const Tensor *pre, GeluKind kind, Tensor *dpre, Tensor *dpre_db, Tensor *dw,
                         Tensor *db) {
     const char *op = "linear_bwd";
-    gelu_check_kind(op, kind);
-    LinearShape s = linear_shape(op, h, w);
-    cuda_check_matrix(op, "dy", dy, s.N, s.M);
-    cuda_check_dtype(op, "dy", dy, s.act);
+    LinearShape s = gelu_bwd_shape(op, kind, h, w, dy);
     if (dw) check_param_grad(op, "dw", dw, (size_t)s.M * s.K);
     if (db) check_param_grad(op, "db", db, (size_t)s.M);
     CG_CHECK(!dpre_db || dpre, "", "op %s: gelu_in's dpre_db needs dx", op);
