@@ -8,10 +8,11 @@
 // channels one contiguous run (32, 64 or 128 bytes), so loads are whole sectors.
 //
 // Five kernel families:
-// - on-chip image (gspn_scan_image.cu; shared weights, Cc <= 4, lines of at most 64 lanes, the
-//   image's inputs and the four directions' h planes within shared memory): ONE block per image
-//   runs the four directions from shared memory, merges yc and forms dxc and dgates there; no
-//   per-direction slices in memory. gspn_hier's 28^2, 14^2 and 7^2 stages take it.
+// - on-chip image (gspn_scan_image.cu; sm_90 and up, shared weights, Cc of 1, 2 or 4, lines of at
+//   most 64 lanes, an image's slots within a block's shared memory, gradients written): a
+//   CLUSTER of two blocks per image, a direction pair each, a warp per direction, runs the
+//   scans from shared memory and registers, merges yc and forms dxc and dgates on chip; no
+//   per-direction slices in memory. gspn_hier's 56^2 (bf16), 28^2, 14^2 and 7^2 stages take it.
 // - pipelined (the fast path for per-channel weights: Cc a multiple of 4, 16-byte aligned data, a
 //   line of at most 2048 (fwd, two items a thread) / 608 (bwd) work items): ONE launch for the
 //   four directions, blockIdx.x = (image, channel group) * 4 + direction. Each thread owns one or

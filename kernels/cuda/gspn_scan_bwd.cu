@@ -829,7 +829,7 @@ void scan_bwd(Ctx *ctx, const Plan &p, const Tensor *dyc, const Tensor *xc, cons
     const int mbf = merge->dtype == DTYPE_BF16;
     const void *ptrs[] = {dyc->data, xc->data, gates->data, dxc ? dxc->data : nullptr,
                           dgates ? dgates->data : nullptr};
-    if (SH && img_fits<T>(p, true, dgates != nullptr, ptrs, 5)) {   // the whole image on chip
+    if (SH && img_fits<T>(c, p, true, dgates != nullptr && !write, ptrs, 5)) {   // the whole image on chip
         double *dmpart = dmerge ? static_cast<double *>(scratch_alloc(c, DIRS * (size_t)p.B * sizeof(double)))
                                 : nullptr;
         bwd_img<T>(c, p, static_cast<const T *>(dyc->data), static_cast<const T *>(xc->data),

@@ -178,27 +178,42 @@ __device__ __forceinline__ void stf_stream(float *p, const float (&v)[V]) {
 
 // ---- the weights (docs/design.md#cgspn-layer step 3) --------------------------------------------------------
 // fp32 activations use the accurate expf and IEEE division (the fp32 path is held to 1e-5 against
-// the CPU); bf16 ones the approximate exp2 / reciprocal units (~2 ulp, far below bf16 rounding of
-// the gates). The scans are instruction-bound when every reciprocal is the IEEE sequence (about a
-// dozen instructions; ncu: issue-active ~53%, "wait" stalls on top), so this matters.
+// the CPU); bf16 ones the approximate exp2 / reciprocal units, flushing denormals (~2 ulp, far
+// below bf16 rounding of the gates; an exp2 result under 2^-126 only meets 1 + e, and S is at
+// least S_MIN). The scans are instruction-bound when every reciprocal is the IEEE sequence (about a
+// dozen instructions; ncu: issue-active ~53%, "wait" stalls on top), and the non-flushing
+// approximations add range fix-ups (four more instructions a sigmoid), so this matters.
+__device__ __forceinline__ float rcp_approx(float x) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
 template <typename T>
 __device__ __forceinline__ float recip(float x) {
     if constexpr (sizeof(T) == 4) return 1.0f / x;
-    else return __fdividef(1.0f, x);
+    else return rcp_approx(x);
 }
 template <typename T>
 __device__ __forceinline__ float sigmoid(float x) {
-    if constexpr (sizeof(T) == 4) return 1.0f / (1.0f + expf(-x));
-    else return __fdividef(1.0f, 1.0f + __expf(-x));
+    if constexpr (sizeof(T) == 4) {
+        return 1.0f / (1.0f + expf(-x));
+    } else {
+        float e;
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * -1.4426950408889634f));
+        return rcp_approx(1.0f + e);
+    }
 }
 
 // a_k = sigmoid(wt_k) for neighbours that exist (else 0), S their sum, w_k = a_k / max(S, S_MIN).
+// All three sigmoids are formed and the missing ones dropped by selects: no branches in the
+// scans' steps.
 template <typename T>
 __device__ __forceinline__ float weights(float wm, float w0, float wp, bool has_m, bool has_p,
                                          float (&a)[3], float (&w)[3]) {
-    a[0] = has_m ? sigmoid<T>(wm) : 0.0f;
+    const float sm = sigmoid<T>(wm), sp = sigmoid<T>(wp);
+    a[0] = has_m ? sm : 0.0f;
     a[1] = sigmoid<T>(w0);
-    a[2] = has_p ? sigmoid<T>(wp) : 0.0f;
+    a[2] = has_p ? sp : 0.0f;
     const float S = a[0] + a[1] + a[2];
     const float inv = recip<T>(fmaxf(S, S_MIN));
 #pragma unroll
@@ -570,11 +585,13 @@ template <typename T, int V, bool SH>
 void fwd_scans(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid, float *ypart);
 
 // The shared-weight scans on images that fit on chip (gspn_scan_image.cu): img_fits says whether
-// the path applies to the plan and pointers (NULL ones skipped); fwd_img writes yc and hid (or
-// not, NULL); bwd_img writes (write) or adds dxc and dgates (either NULL: skipped), h from hid or
+// the path applies to the device, the plan and pointers (NULL ones skipped; adds_dgates: a
+// backward that adds into dgates, which it does not take); fwd_img writes yc and hid (or not,
+// NULL); bwd_img writes (write) or adds dxc, writes dgates (either NULL: skipped), h from hid or
 // recomputed when NULL, and dmpart (4, B) fp64 partials of dmerge (NULL: skipped).
 template <typename T>
-bool img_fits(const Plan &p, bool bwd, bool dgates, const void *const *ptrs, int nptrs);
+bool img_fits(const CudaCtx *c, const Plan &p, bool bwd, bool adds_dgates, const void *const *ptrs,
+              int nptrs);
 template <typename T>
 void fwd_img(CudaCtx *c, const Plan &p, const T *xc, const T *gates, const void *merge, int merge_bf16,
              T *yc, float *hid);

@@ -612,7 +612,7 @@ void scan_fwd(Ctx *ctx, const Plan &p, const Tensor *xc, const Tensor *gates, co
     const T *x = static_cast<const T *>(xc->data), *g = static_cast<const T *>(gates->data);
     float *hid = hidden ? tensor_f32(hidden) : nullptr;
     const void *ptrs[] = {x, g, yc->data};
-    if (SH && img_fits<T>(p, false, false, ptrs, 3)) {   // the whole image on chip: merged there
+    if (SH && img_fits<T>(c, p, false, false, ptrs, 3)) {   // the whole image on chip: merged there
         fwd_img<T>(c, p, x, g, merge->data, merge->dtype == DTYPE_BF16, static_cast<T *>(yc->data), hid);
         return;
     }

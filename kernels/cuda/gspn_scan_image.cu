@@ -1,283 +1,769 @@
-// C-GSPN scan with shared weights on images that fit on chip (gspn_hier's 28 x 28, 14 x 14 and
-// 7 x 7 stages; the plan in gspn_scan.cu's header covers the rest). A scan step is short and the
-// steps are serial, so the staged kernels, which copy each step's inputs from global memory and
-// wait for them, spend a memory latency per step. Here one block owns one image and all four
-// directions: it copies the image's xc, gates (and dyc, h) into shared memory once, runs every
-// step from there with one barrier per step, and keeps the four directions' h (and dL/dh) as
-// planes on chip, so the merge (yc = sum_d m_d u_d h_d), dxc = sum_d lam_d dh_d and dgates are
-// formed in the same block and written once, coalesced: no per-direction fp32 slices in memory.
+// C-GSPN scan with shared weights on images that fit on chip (gspn_hier's 56 x 56, 28 x 28,
+// 14 x 14 and 7 x 7 latents at Cc = 2; the plan in gspn_scan.cu's header covers the rest). A scan
+// step is short and the steps are serial, so kernels that fetch each step's inputs from global
+// memory spend a memory latency per step. Here an image goes on chip once and every step runs
+// from shared memory and registers.
 //
-// Thread (d, l) = (tid / L, tid % L), L = max(H, W): lane l of direction d, all Cc channels (the
-// shared weights' gradient sums over channels in one thread). Forward step s of direction d reads
-// h of step s - 1 from its plane; the backward step s gathers dL/dh of step s + 1 through the
-// weights its neighbours computed at that step (kept per lane, double buffered by step parity).
-// Arithmetic per element as the staged kernels (gspn_scan_fwd.cu / gspn_scan_bwd.cu): the same
-// weights, merge and dxc orders, fp64 dmerge partials per block. Deterministic.
+// Work split: a cluster of two blocks per image (sm_90 and up); block r owns the direction pair
+// {2r, 2r+1} (TB+BT, LR+RL), a warp per direction, two lanes a thread (lines of at most 64
+// lanes), the neighbours' h (dL/dh) of the previous step passed by warp shuffles: no barrier
+// inside the scan. Each block keeps, per direction of its pair, a plane of slots (one per
+// token: that direction's lam | u | wt, padded to 16 bytes) in its pair's layout: rows-major
+// for TB/BT and columns-major for LR/RL (column pitch H | 1, odd, so that neither the lanes'
+// reads nor the staging writes conflict in the banks). So a step's lanes read consecutive
+// slots in every direction.
+//
+// Forward: the blocks stage the gates coalesced (each block half of the image's tokens, through
+// a per-warp scratch, writing every direction's slots into its own or its peer's shared memory),
+// then xc in their layout; once a step has read a slot, the slot keeps that token's h (fp32) and
+// u. After a cluster barrier each block merges yc = m0 y0 + m1 y1 + m2 y2 + m3 y3 with y_d = u_d
+// h_d (the staged kernels' order) for its half of the tokens, reading the peer's planes through
+// distributed shared memory, and writes its two directions' h to `hid` as whole rows.
+// Backward: xc, dyc and h (from hid, or recomputed on chip) staged likewise; the reverse scan runs
+// only the chain of dL/dh into a plane; then all eight warps form, token by token, the gate
+// gradients into the slots (rounded once: the writing op only; an accumulating one takes the
+// staged kernels) and lam dh over dh; then dxc = ((p0 + p1) + p2) + p3 for each block's half of
+// the tokens (the peer's planes by distributed shared memory) and dgates as each block's half of
+// every token's row (its pair's gates are 4-byte aligned there) through a per-warp scratch.
+// dmerge in fp64: a thread's tokens, the warp in a fixed tree, the warps in order. Bitwise
+// deterministic.
+//
+// Bytes: the inputs are read once and the outputs written once (the must-move bytes of
+// gspn_scan.cu's model), no per-direction slices. At 56 x 56, Cc = 2, bf16 the forward block
+// takes 112 KiB (two an SM) and the backward's 225 KiB (one an SM).
 #include "gspn_scan_common.cuh"
+#include <cooperative_groups.h>
 
 namespace gspn {
 
-constexpr int IMG_CMAX = 4;            // channels a thread keeps in registers
-// Lanes of the longer line: at most 4 x 64 threads a block. A 56 x 56 image of 1 channel in bf16
-// fits for the forward (181 KiB; B = 128: 0.074 -> 0.035 ms against the staged kernels, H100);
-// gspn_hier's 2 proxy channels there do not (28 gates a token: 288 KiB), nor any backward.
-constexpr int IMG_LMAX = 64;
-constexpr size_t IMG_SMEM_MAX = 220 * 1024;
-
 namespace {
 
-struct ImgGeom {
-    int H, W, Cc, G, L;   // L = max(H, W)
-    int blk;              // gates of one direction: 2 Cc + 3
+namespace cgrp = cooperative_groups;
+
+constexpr int CHIP_LMAX = 64;     // lanes of the longer line: two a thread, one warp a direction
+constexpr int CHIP_THREADS = 256;
+constexpr int CHIP_WARPS = CHIP_THREADS / 32;
+constexpr int CHIP_TG = 16;       // tokens a warp stages or writes out at once through its scratch
+
+// A direction's gates of one token in a slot: lam (CC) | u (CC) | wt (3), as in the gate tensor.
+template <typename T, int CC>
+struct Slot {
+    static constexpr int SE = 2 * CC + 3;
+    static constexpr int BYTES = (SE * (int)sizeof(T) + 15) / 16 * 16;
+    static constexpr int WORDS = BYTES / 4;
+    static constexpr int RW = DIRS * SE * (int)sizeof(T) / 4;   // 4-byte words of a token's gates
 };
 
-// Direction d as (step s, lane l) -> token within the image (kernels/cpu/gspn_scan.c's ScanDir).
-struct ImgDir {
-    int steps, lanes, first, sstride, lstride;
+struct ChipGeom {
+    int H, W, PH, NT;   // PH = H | 1: columns-major planes' pitch; NT = W * PH slots a plane
+    float invW;         // t / W exactly for t < 2^16 (see chip_rc)
+    size_t xs, dys, hid, part, dm, total;   // byte offsets (the slot planes first)
 };
-__device__ __forceinline__ ImgDir img_dir(int d, int H, int W) {
+
+__host__ __device__ constexpr size_t chip_align(size_t b) { return (b + 15) / 16 * 16; }
+
+template <typename T, int CC>
+ChipGeom chip_geom(int H, int W, bool bwd) {
+    ChipGeom g{};
+    g.H = H;
+    g.W = W;
+    g.PH = H | 1;
+    g.NT = W * g.PH;
+    g.invW = 1.0f / (float)W;
+    const size_t nt = (size_t)g.NT, tok = chip_align(nt * CC * sizeof(T));
+    const size_t f32 = chip_align(nt * CC * sizeof(float));
+    const size_t scratch = (size_t)CHIP_WARPS * CHIP_TG * Slot<T, CC>::RW * 4;
+    g.xs = 2 * nt * Slot<T, CC>::BYTES;
+    // the gates' staging scratch: where xc goes next (forward), in the lam dh planes (backward,
+    // whose xc, dyc and h copies start first); the backward's write-out scratch: the h planes
+    g.dys = g.xs + tok;
+    g.hid = g.xs + (bwd ? 2 * tok : (tok > scratch ? tok : scratch));
+    g.part = g.hid + (bwd ? (2 * f32 > scratch ? 2 * f32 : scratch) : 0);
+    g.dm = g.part + (bwd ? (2 * f32 > scratch ? 2 * f32 : scratch) : 0);
+    g.total = g.dm + (bwd ? 2 * CHIP_WARPS * sizeof(double) : 0);
+    return g;
+}
+
+// The cluster's calls (sm_90 and up; host code launches these kernels only there, so an older
+// target compiles a stand-in).
+__device__ __forceinline__ int chip_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    return (int)cgrp::this_cluster().block_rank();
+#else
+    return 0;
+#endif
+}
+__device__ __forceinline__ unsigned char *chip_peer(unsigned char *own, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    return static_cast<unsigned char *>(cgrp::this_cluster().map_shared_rank((void *)own, rank ^ 1));
+#else
+    return own + 0 * rank;
+#endif
+}
+__device__ __forceinline__ void chip_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cgrp::this_cluster().sync();
+#else
+    __trap();
+#endif
+}
+
+// Token t of the image as (row, column): floor((t + 0.5) / W) in fp32 is exact while t < 2^16
+// (the error, below t 2^-23 / W, stays under the 0.5 / W margin).
+__device__ __forceinline__ void chip_rc(const ChipGeom &g, int t, int &i, int &j) {
+    i = __float2int_rz(((float)t + 0.5f) * g.invW);
+    j = t - i * g.W;
+}
+// Slot index of (i, j) in pair r's layout.
+__device__ __forceinline__ int chip_tix(const ChipGeom &g, int r, int i, int j) {
+    return r == 0 ? i * g.W + j : j * g.PH + i;
+}
+// Direction d's walk, linear in the step s and the lane l: slot index s0 + s ss + l (the lanes of
+// a step are consecutive slots in both layouts) and image token t0 + s ts + l tl.
+struct ChipWalk {
+    int steps, lanes, s0, ss, t0, ts, tl;
+};
+__device__ __forceinline__ ChipWalk chip_walk(const ChipGeom &g, int d) {
     switch (d) {
-    case 0: return {H, W, 0, W, 1};                   // TB
-    case 1: return {H, W, (H - 1) * W, -W, 1};        // BT
-    case 2: return {W, H, 0, 1, W};                   // LR
-    default: return {W, H, W - 1, -1, W};             // RL
+    case 0: return {g.H, g.W, 0, g.W, 0, g.W, 1};                                       // TB
+    case 1: return {g.H, g.W, (g.H - 1) * g.W, -g.W, (g.H - 1) * g.W, -g.W, 1};         // BT
+    case 2: return {g.W, g.H, 0, g.PH, 0, 1, g.W};                                      // LR
+    default: return {g.W, g.H, (g.W - 1) * g.PH, -g.PH, g.W - 1, -1, g.W};              // RL
     }
 }
 
-__host__ __device__ constexpr size_t img_align(size_t bytes) { return (bytes + 15) / 16 * 16; }
-
-// Shared-memory layout (byte offsets), the same on host and device.
-struct ImgLayout {
-    size_t x, g, dy, h, dh, dg, w, dm, total;
-};
+// Element e of 4-byte words holding T values (its bits; bf16 in the upper half of a float).
+template <typename T, int N>
+__device__ __forceinline__ uint32_t raw_elem(const uint32_t (&w)[N], int e) {
+    if constexpr (sizeof(T) == 4) return w[e];
+    else return (e & 1) ? (w[e >> 1] >> 16) : (w[e >> 1] & 0xffffu);
+}
+template <typename T, int N>
+__device__ __forceinline__ void put_raw(uint32_t (&w)[N], int e, uint32_t bits) {
+    if constexpr (sizeof(T) == 4) w[e] = bits;
+    else w[e >> 1] |= (e & 1) ? (bits << 16) : bits;
+}
+template <typename T, int N>
+__device__ __forceinline__ float get_f32(const uint32_t (&w)[N], int e) {
+    if constexpr (sizeof(T) == 4) return __uint_as_float(w[e]);
+    else return __uint_as_float(raw_elem<T>(w, e) << 16);
+}
 template <typename T>
-__host__ __device__ ImgLayout img_layout(const ImgGeom &q, bool bwd, bool dgates) {
-    const size_t hw = (size_t)q.H * q.W, esz = sizeof(T);
-    ImgLayout s;
-    s.x = 0;
-    s.g = s.x + img_align(hw * q.Cc * esz);                         // xc (HW, Cc)
-    s.dy = s.g + img_align(hw * q.G * esz);                         // gates (HW, G)
-    s.h = s.dy + (bwd ? img_align(hw * q.Cc * esz) : 0);            // dyc (HW, Cc)
-    s.dh = s.h + img_align(DIRS * hw * q.Cc * sizeof(float));       // h (4, HW, Cc)
-    s.dg = s.dh + (bwd ? img_align(DIRS * hw * q.Cc * sizeof(float)) : 0);   // dL/dh (4, HW, Cc)
-    s.w = s.dg + (bwd && dgates ? img_align(hw * q.G * sizeof(float)) : 0);  // dgates (HW, G)
-    s.dm = s.w + (bwd ? img_align(2 * DIRS * q.L * 3 * sizeof(float)) : 0);  // w of steps, by parity
-    s.total = s.dm + (bwd ? img_align(DIRS * q.L * sizeof(double)) : 0);     // dmerge partials
-    return s;
+__device__ __forceinline__ uint32_t f32_bits(float v) {
+    if constexpr (sizeof(T) == 4) return __float_as_uint(v);
+    else return __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 
-// Starts copying n 4-byte words from src to dst (the caller commits and waits).
-__device__ __forceinline__ void img_copy_words(void *dst, const void *src, size_t n) {
-    uint32_t *d = static_cast<uint32_t *>(dst);
-    const uint32_t *s = static_cast<const uint32_t *>(src);
-    for (size_t i = threadIdx.x; i < n; i += blockDim.x) cp_async<4>(d + i, s + i);
+template <typename T, int CC>
+__device__ __forceinline__ void slot_load(const unsigned char *slot, uint32_t (&w)[Slot<T, CC>::WORDS]) {
+#pragma unroll
+    for (int v = 0; v < Slot<T, CC>::WORDS / 4; v++) {
+        const uint4 q = reinterpret_cast<const uint4 *>(slot)[v];
+        w[4 * v] = q.x, w[4 * v + 1] = q.y, w[4 * v + 2] = q.z, w[4 * v + 3] = q.w;
+    }
+}
+template <typename T, int CC>
+__device__ __forceinline__ void slot_store(unsigned char *slot, const uint32_t (&w)[Slot<T, CC>::WORDS]) {
+#pragma unroll
+    for (int v = 0; v < Slot<T, CC>::WORDS / 4; v++)
+        reinterpret_cast<uint4 *>(slot)[v] = make_uint4(w[4 * v], w[4 * v + 1], w[4 * v + 2], w[4 * v + 3]);
 }
 
-// The four forward scans over one staged image: h planes (4, HW, Cc) in shared memory.
-template <typename T>
-__device__ void img_scan_fwd(const ImgGeom &q, const T *xs, const T *gs, float *hp) {
-    const int d = threadIdx.x / q.L, l = threadIdx.x % q.L, hw = q.H * q.W;
-    const ImgDir r = img_dir(d < DIRS ? d : 0, q.H, q.W);
-    const bool live = d < DIRS && l < r.lanes;
-    float *h = hp + (size_t)(d < DIRS ? d : 0) * hw * q.Cc;
-    for (int s = 0; s < q.L; s++) {
-        if (live && s < r.steps) {
-            const int t = r.first + s * r.sstride + l * r.lstride;
-            const T *gc = gs + (size_t)t * q.G + d * q.blk;   // lam (Cc) | u (Cc) | wt (3)
-            float a[3], w[3] = {0.0f, 0.0f, 0.0f};
-            if (s > 0)
-                weights<T>(to_f32(gc[2 * q.Cc]), to_f32(gc[2 * q.Cc + 1]), to_f32(gc[2 * q.Cc + 2]),
-                           l > 0, l < r.lanes - 1, a, w);
-            const int tp = t - r.sstride;   // the same lane at step s - 1
-            for (int c = 0; c < q.Cc; c++) {
-                float acc = to_f32(gc[c]) * to_f32(xs[(size_t)t * q.Cc + c]);
-                if (s > 0) {
-                    if (l > 0) acc += w[0] * h[(size_t)(tp - r.lstride) * q.Cc + c];
-                    acc += w[1] * h[(size_t)tp * q.Cc + c];
-                    if (l < r.lanes - 1) acc += w[2] * h[(size_t)(tp + r.lstride) * q.Cc + c];
-                }
-                h[(size_t)t * q.Cc + c] = acc;
+// Slot planes of direction d: in block d / 2's shared memory (own or peer), plane d % 2.
+template <typename T, int CC>
+__device__ __forceinline__ unsigned char *slot_plane(const ChipGeom &g, unsigned char *own,
+                                                     unsigned char *peer, int rank, int d) {
+    return ((d >> 1) == rank ? own : peer) + (size_t)(d & 1) * g.NT * Slot<T, CC>::BYTES;
+}
+
+// This block's half of the image's tokens.
+__device__ __forceinline__ void chip_half(const ChipGeom &g, int rank, int &t0, int &t1) {
+    const int hw = g.H * g.W, half = (hw + 1) / 2;
+    t0 = rank * half;
+    t1 = hw < t0 + half ? hw : t0 + half;
+}
+
+// The gates of this block's half of the tokens into the four directions' slots. A warp copies
+// CHIP_TG whole token rows into its scratch (consecutive words on consecutive lanes), then a lane
+// per token splits its row into the four slots; the loads of the warp's next NB groups are in
+// flight meanwhile.
+template <typename T, int CC>
+__device__ void chip_stage_gates(const ChipGeom &g, const T *gimg, int rank, unsigned char *own,
+                                 unsigned char *peer, uint32_t *scratch_all) {
+    using S = Slot<T, CC>;
+    constexpr int PER_LANE = (CHIP_TG * S::RW + 31) / 32;
+    constexpr int NB = 28 / PER_LANE > 1 ? 28 / PER_LANE : 1;   // about 56 registers of loads
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint32_t *scratch = scratch_all + warp * CHIP_TG * S::RW;
+    const uint32_t *src = reinterpret_cast<const uint32_t *>(gimg);
+    int t0, t1;
+    chip_half(g, rank, t0, t1);
+    const int first = t0 + warp * CHIP_TG, stride = CHIP_WARPS * CHIP_TG;
+    const int ngroups = first < t1 ? (t1 - first + stride - 1) / stride : 0;
+    const auto load = [&](int k0, uint32_t (&v)[NB][PER_LANE]) {
+#pragma unroll
+        for (int gi = 0; gi < NB; gi++) {
+            const int tg = first + (k0 + gi) * stride, nw = (t1 - tg < CHIP_TG ? t1 - tg : CHIP_TG) * S::RW;
+#pragma unroll
+            for (int k = 0; k < PER_LANE; k++) {
+                const int w = lane + 32 * k;
+                v[gi][k] = k0 + gi < ngroups && w < nw ? __ldg(src + (size_t)tg * S::RW + w) : 0u;
             }
         }
-        __syncthreads();
+    };
+    uint32_t cur[NB][PER_LANE], nxt[NB][PER_LANE];
+    load(0, cur);
+    for (int k0 = 0; k0 < ngroups; k0 += NB) {
+        if (k0 + NB < ngroups) load(k0 + NB, nxt);
+#pragma unroll
+        for (int gi = 0; gi < NB; gi++) {
+            if (k0 + gi >= ngroups) break;
+            const int tg = first + (k0 + gi) * stride, n = t1 - tg < CHIP_TG ? t1 - tg : CHIP_TG;
+#pragma unroll
+            for (int k = 0; k < PER_LANE; k++)
+                if (lane + 32 * k < n * S::RW) scratch[lane + 32 * k] = cur[gi][k];
+            __syncwarp();
+            if (lane < n) {
+                uint32_t rec[S::RW];
+#pragma unroll
+                for (int w = 0; w < S::RW; w++) rec[w] = scratch[lane * S::RW + w];
+                int i, j;
+                chip_rc(g, tg + lane, i, j);
+#pragma unroll
+                for (int d = 0; d < DIRS; d++) {
+                    uint32_t sw[S::WORDS] = {};
+#pragma unroll
+                    for (int k = 0; k < S::SE; k++) put_raw<T>(sw, k, raw_elem<T>(rec, d * S::SE + k));
+                    slot_store<T, CC>(slot_plane<T, CC>(g, own, peer, rank, d) +
+                                          (size_t)chip_tix(g, d >> 1, i, j) * S::BYTES, sw);
+                }
+            }
+            __syncwarp();
+        }
+#pragma unroll
+        for (int gi = 0; gi < NB; gi++)
+#pragma unroll
+            for (int k = 0; k < PER_LANE; k++) cur[gi][k] = nxt[gi][k];
+    }
+}
+
+// CC values a token of an image-major array (xc, dyc: T; h: fp32) into this pair's layout: 4-byte
+// copies in flight (cp.async; the caller commits and waits) where a token is whole words, else
+// loads and stores.
+template <typename E, int CC>
+__device__ void chip_stage_tokens(const ChipGeom &g, int rank, const E *__restrict__ src, E *dst) {
+    const int hw = g.H * g.W;
+    if constexpr (CC * sizeof(E) % 4 == 0) {
+        constexpr int WPT = CC * (int)sizeof(E) / 4;   // words a token
+        const uint32_t *s = reinterpret_cast<const uint32_t *>(src);
+        uint32_t *d = reinterpret_cast<uint32_t *>(dst);
+        for (int e = threadIdx.x; e < hw * WPT; e += CHIP_THREADS) {
+            const int t = e / WPT, k = e - t * WPT;
+            int i, j;
+            chip_rc(g, t, i, j);
+            cp_async<4>(d + chip_tix(g, rank, i, j) * WPT + k, s + e);
+        }
+    } else {
+        constexpr int U = 8;
+        for (int e0 = threadIdx.x; e0 < hw * CC; e0 += U * CHIP_THREADS) {
+            E v[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int e = e0 + u * CHIP_THREADS;
+                v[u] = e < hw * CC ? src[e] : E{};
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int e = e0 + u * CHIP_THREADS;
+                if (e >= hw * CC) break;
+                const int t = e / CC, c = e - t * CC;
+                int i, j;
+                chip_rc(g, t, i, j);
+                dst[chip_tix(g, rank, i, j) * CC + c] = v[u];
+            }
+        }
+    }
+}
+
+// Forward scan of direction d = 2 rank + q by one warp. HU_SLOT: h (fp32) and u (T) into the slot
+// once read, for the merge and the write-out of h (else the slots keep the gates); HID_S: h into
+// this direction's plane on chip (hid_s). The next step's slots are read and its weights formed
+// while this step's chain (shuffles, then three FMAs a channel) runs. Branch-free: a missing
+// neighbour has weight 0 and h is 0 before the first step, so the sums need no tests (a step is
+// issue-bound: one warp a direction).
+template <typename T, int CC, bool HU_SLOT, bool HID_S>
+__device__ void chip_scan_fwd(const ChipGeom &g, int rank, int q, unsigned char *own, float *hid_s) {
+    using S = Slot<T, CC>;
+    const int d = 2 * rank + q, lane = threadIdx.x & 31;
+    const ChipWalk k = chip_walk(g, d);
+    unsigned char *plane = own + (size_t)q * g.NT * S::BYTES;
+    const T *xs = reinterpret_cast<const T *>(own + g.xs);
+    int lc[2];
+    bool live[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int l = 2 * lane + r;
+        live[r] = l < k.lanes;
+        lc[r] = live[r] ? l : k.lanes - 1;
+    }
+    struct In {
+        float lx[CC], u[CC], w[3];   // lam xc, u, the weights
+    };
+    const auto load = [&](int s, In (&in)[2]) {
+        const int sb = k.s0 + s * k.ss;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int t = sb + lc[r];
+            uint32_t w[S::WORDS];
+            slot_load<T, CC>(plane + (size_t)t * S::BYTES, w);
+#pragma unroll
+            for (int c = 0; c < CC; c++) {
+                in[r].lx[c] = get_f32<T>(w, c) * to_f32(xs[t * CC + c]);
+                in[r].u[c] = get_f32<T>(w, CC + c);
+            }
+            float a[3];
+            weights<T>(get_f32<T>(w, 2 * CC), get_f32<T>(w, 2 * CC + 1), get_f32<T>(w, 2 * CC + 2),
+                       lc[r] > 0, lc[r] < k.lanes - 1, a, in[r].w);
+        }
+    };
+    float h[2][CC] = {};
+    In cur[2];
+    load(0, cur);
+    for (int s = 0; s < k.steps; s++) {
+        In nxt[2];
+        load(s + 1 < k.steps ? s + 1 : s, nxt);   // the last step loads itself again: no branch
+        float left[CC], right[CC];   // h of lanes 2 lane - 1 and 2 lane + 2 at step s - 1
+#pragma unroll
+        for (int c = 0; c < CC; c++) {
+            left[c] = __shfl_up_sync(0xffffffffu, h[1][c], 1);
+            right[c] = __shfl_down_sync(0xffffffffu, h[0][c], 1);
+        }
+        const int sb = k.s0 + s * k.ss;
+        float hn[2][CC];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float *w = cur[r].w;
+#pragma unroll
+            for (int c = 0; c < CC; c++) {
+                const float hm = r == 0 ? left[c] : h[0][c], hp = r == 0 ? h[1][c] : right[c];
+                float acc = cur[r].lx[c];
+                acc += w[0] * hm;
+                acc += w[1] * h[r][c];
+                acc += w[2] * hp;
+                hn[r][c] = live[r] ? acc : 0.0f;
+            }
+            if (live[r]) {
+                const int t = sb + lc[r];
+                if (HU_SLOT) {   // h (CC fp32), then u (CC of T) from byte 4 CC on
+                    constexpr int U0 = CC * 4 / (int)sizeof(T);
+                    uint32_t hu[S::WORDS] = {};
+#pragma unroll
+                    for (int c = 0; c < CC; c++) {
+                        hu[c] = __float_as_uint(hn[r][c]);
+                        put_raw<T>(hu, U0 + c, f32_bits<T>(cur[r].u[c]));
+                    }
+                    slot_store<T, CC>(plane + (size_t)t * S::BYTES, hu);
+                }
+                if (HID_S)
+#pragma unroll
+                    for (int c = 0; c < CC; c++) hid_s[t * CC + c] = hn[r][c];
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+#pragma unroll
+            for (int c = 0; c < CC; c++) h[r][c] = hn[r][c];
+            cur[r] = nxt[r];
+        }
     }
 }
 
 // ---- forward --------------------------------------------------------------------------------
-template <typename T>
-__global__ void __launch_bounds__(DIRS * IMG_LMAX)
-gspn_fwd_img_kernel(const T *__restrict__ xc, const T *__restrict__ gates, const void *merge,
-                    int merge_bf16, T *__restrict__ yc, float *__restrict__ hid, long long plane,
-                    ImgGeom q) {
+template <typename T, int CC>
+__global__ void __launch_bounds__(CHIP_THREADS)
+gspn_fwd_chip_kernel(const T *__restrict__ xc, const T *__restrict__ gates, const void *merge,
+                     int merge_bf16, T *__restrict__ yc, float *__restrict__ hid, long long plane,
+                     ChipGeom g) {
+    using S = Slot<T, CC>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    const ImgLayout s = img_layout<T>(q, false, false);
-    T *xs = reinterpret_cast<T *>(smem_raw + s.x), *gs = reinterpret_cast<T *>(smem_raw + s.g);
-    float *hp = reinterpret_cast<float *>(smem_raw + s.h);
-    const size_t hw = (size_t)q.H * q.W, b = blockIdx.x;
-    img_copy_words(xs, xc + b * hw * q.Cc, hw * q.Cc * sizeof(T) / 4);
-    img_copy_words(gs, gates + b * hw * q.G, hw * q.G * sizeof(T) / 4);
+    const int rank = chip_rank(), b = blockIdx.x / 2, hw = g.H * g.W;
+    unsigned char *peer = chip_peer(smem_raw, rank);
+    chip_stage_gates<T, CC>(g, gates + (size_t)b * hw * DIRS * S::SE, rank, smem_raw, peer,
+                            reinterpret_cast<uint32_t *>(smem_raw + g.xs));
+    __syncthreads();   // the scratch (in the xc region) is free again
+    chip_stage_tokens<T, CC>(g, rank, xc + (size_t)b * hw * CC, reinterpret_cast<T *>(smem_raw + g.xs));
     cp_async_commit();
     cp_async_wait<0>();
-    __syncthreads();
-    img_scan_fwd<T>(q, xs, gs, hp);
-    const size_t n = hw * q.Cc;
-    if (hid)
-        for (int dd = 0; dd < DIRS; dd++)
-            for (size_t i = threadIdx.x; i < n; i += blockDim.x)
-                hid[dd * plane + b * n + i] = hp[dd * n + i];
-    const float m0 = load_param(merge, merge_bf16, 0), m1 = load_param(merge, merge_bf16, 1);
-    const float m2 = load_param(merge, merge_bf16, 2), m3 = load_param(merge, merge_bf16, 3);
-    for (size_t i = threadIdx.x; i < n; i += blockDim.x) {
-        const size_t t = i / q.Cc, c = i - t * q.Cc;
-        const T *u = gs + t * q.G + q.Cc + c;   // u of direction d at u[d * blk]
-        const float y0 = to_f32(u[0]) * hp[i], y1 = to_f32(u[q.blk]) * hp[n + i];
-        const float y2 = to_f32(u[2 * q.blk]) * hp[2 * n + i], y3 = to_f32(u[3 * q.blk]) * hp[3 * n + i];
-        float acc = m0 * y0;
-        acc += m1 * y1;
-        acc += m2 * y2;
-        acc += m3 * y3;
-        yc[b * n + i] = from_f32<T>(acc);
+    chip_sync();
+    const int warp = threadIdx.x >> 5;
+    if (warp < 2) chip_scan_fwd<T, CC, true, false>(g, rank, warp, smem_raw, nullptr);
+    chip_sync();
+    float m[DIRS];
+#pragma unroll
+    for (int d = 0; d < DIRS; d++) m[d] = load_param(merge, merge_bf16, d);
+    int t0, t1;
+    chip_half(g, rank, t0, t1);
+    constexpr int U = 4;   // elements a thread has in flight (the peer's reads take a round trip)
+    for (int e0 = t0 * CC + threadIdx.x; e0 < t1 * CC; e0 += U * CHIP_THREADS) {
+        float y[U][DIRS];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int e = e0 + u * CHIP_THREADS, t = (e < t1 * CC ? e : t0 * CC) / CC, c = e - t * CC;
+            int i, j;
+            chip_rc(g, t, i, j);
+#pragma unroll
+            for (int d = 0; d < DIRS; d++) {   // y_d = u_d h_d
+                const unsigned char *slot = slot_plane<T, CC>(g, smem_raw, peer, rank, d) +
+                                            (size_t)chip_tix(g, d >> 1, i, j) * S::BYTES;
+                y[u][d] = to_f32(reinterpret_cast<const T *>(slot + CC * 4)[c]) *
+                          reinterpret_cast<const float *>(slot)[c];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int e = e0 + u * CHIP_THREADS;
+            if (e >= t1 * CC) break;
+            float acc = m[0] * y[u][0];
+            acc += m[1] * y[u][1];
+            acc += m[2] * y[u][2];
+            acc += m[3] * y[u][3];
+            yc[(size_t)b * hw * CC + e] = from_f32<T>(acc);
+        }
     }
+    if (hid)   // h of this block's two directions, coalesced
+        for (int q = 0; q < 2; q++) {
+            const unsigned char *pl = smem_raw + (size_t)q * g.NT * S::BYTES;
+            float *dst = hid + (2 * rank + q) * plane + (size_t)b * hw * CC;
+            for (int e = threadIdx.x; e < hw * CC; e += CHIP_THREADS) {
+                const int t = e / CC, c = e - t * CC;
+                int i, j;
+                chip_rc(g, t, i, j);
+                dst[e] = reinterpret_cast<const float *>(pl + (size_t)chip_tix(g, rank, i, j) * S::BYTES)[c];
+            }
+        }
+    chip_sync();   // the peer reads this block's planes until here
 }
 
 // ---- backward -------------------------------------------------------------------------------
-// Step s (from the last): dh = m u dyc + w_{+1} dh of lane l-1, w_0 dh of lane l and w_{-1} dh of
-// lane l+1 at step s + 1; then dlam = xc dh, du = m h dyc, dwt from dw_k = sum_c dh h[s-1, l+k].
-template <typename T>
-__global__ void __launch_bounds__(DIRS * IMG_LMAX)
-gspn_bwd_img_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, const T *__restrict__ gates,
-                    const float *__restrict__ hid, const void *merge, int merge_bf16,
-                    T *__restrict__ dxc, T *__restrict__ dgates, double *__restrict__ dmpart,
-                    long long plane, int write, ImgGeom q) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    const ImgLayout s = img_layout<T>(q, true, dgates != nullptr);
-    T *xs = reinterpret_cast<T *>(smem_raw + s.x), *gs = reinterpret_cast<T *>(smem_raw + s.g);
-    T *dys = reinterpret_cast<T *>(smem_raw + s.dy);
-    float *hp = reinterpret_cast<float *>(smem_raw + s.h), *dhp = reinterpret_cast<float *>(smem_raw + s.dh);
-    float *dg = reinterpret_cast<float *>(smem_raw + s.dg), *wb = reinterpret_cast<float *>(smem_raw + s.w);
-    double *dmr = reinterpret_cast<double *>(smem_raw + s.dm);
-    const size_t hw = (size_t)q.H * q.W, b = blockIdx.x, n = hw * q.Cc;
-    img_copy_words(xs, xc + b * n, n * sizeof(T) / 4);
-    img_copy_words(gs, gates + b * hw * q.G, hw * q.G * sizeof(T) / 4);
-    img_copy_words(dys, dyc + b * n, n * sizeof(T) / 4);
-    if (hid)
-        for (int dd = 0; dd < DIRS; dd++) img_copy_words(hp + dd * n, hid + dd * plane + b * n, n);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-    if (!hid) img_scan_fwd<T>(q, xs, gs, hp);   // h again, on chip
-
-    const int d = threadIdx.x / q.L, l = threadIdx.x % q.L;
-    const ImgDir r = img_dir(d < DIRS ? d : 0, q.H, q.W);
-    const bool live = d < DIRS && l < r.lanes;
-    const float m = d < DIRS ? load_param(merge, merge_bf16, d) : 0.0f;
-    float *h = hp + (size_t)(d < DIRS ? d : 0) * n, *dh_pl = dhp + (size_t)(d < DIRS ? d : 0) * n;
-    float *wrow = wb + (size_t)(d < DIRS ? d : 0) * q.L * 3;   // + parity * DIRS * L * 3: lane l's w_k
-    double dm_acc = 0.0;
-    for (int k = 0; k < q.L; k++) {
-        const int st = r.steps - 1 - k;   // this direction's step (none when negative)
-        if (live && st >= 0) {
-            const int t = r.first + st * r.sstride + l * r.lstride;
-            const T *gc = gs + (size_t)t * q.G + d * q.blk;
-            const bool has_m = l > 0, has_p = l < r.lanes - 1;
-            float a[3] = {0.0f, 0.0f, 0.0f}, w[3] = {0.0f, 0.0f, 0.0f}, S = 0.0f;
-            if (st > 0)
-                S = weights<T>(to_f32(gc[2 * q.Cc]), to_f32(gc[2 * q.Cc + 1]), to_f32(gc[2 * q.Cc + 2]),
-                               has_m, has_p, a, w);
-            // w_k of step st + 1 (the previous iteration, parity (k - 1) & 1) of lanes l-1, l, l+1
-            const float *wprev = wrow + (size_t)((k + 1) & 1) * DIRS * q.L * 3;
-            const bool later = st + 1 < r.steps;
-            const int tn = t + r.sstride;   // the same lane at step st + 1
-            const float wpm = later && has_m ? wprev[(l - 1) * 3 + 2] : 0.0f;
-            const float w00 = later ? wprev[l * 3 + 1] : 0.0f;
-            const float wmp = later && has_p ? wprev[(l + 1) * 3 + 0] : 0.0f;
-            float dws[3] = {0.0f, 0.0f, 0.0f};
-            const int tp = t - r.sstride;   // the same lane at step st - 1
-            for (int c = 0; c < q.Cc; c++) {
-                const size_t i = (size_t)t * q.Cc + c;
-                const float dy = to_f32(dys[i]), hc = h[i], u = to_f32(gc[q.Cc + c]);
-                float dn_m = 0.0f, dn_0 = 0.0f, dn_p = 0.0f;
-                if (later) {
-                    if (has_m) dn_m = dh_pl[(size_t)(tn - r.lstride) * q.Cc + c];
-                    dn_0 = dh_pl[(size_t)tn * q.Cc + c];
-                    if (has_p) dn_p = dh_pl[(size_t)(tn + r.lstride) * q.Cc + c];
-                }
-                const float dh = wpm * dn_m + w00 * dn_0 + wmp * dn_p + m * u * dy;
-                dh_pl[i] = dh;
-                dm_acc += (double)u * hc * dy;
-                if (dgates) {
-                    float *dgc = dg + (size_t)t * q.G + d * q.blk;
-                    dgc[c] = to_f32(xs[i]) * dh;
-                    dgc[q.Cc + c] = m * hc * dy;
-                }
-                if (st > 0) {
-                    const float hm = has_m ? h[(size_t)(tp - r.lstride) * q.Cc + c] : 0.0f;
-                    const float hp_ = has_p ? h[(size_t)(tp + r.lstride) * q.Cc + c] : 0.0f;
-                    dws[0] += dh * hm;
-                    dws[1] += dh * h[(size_t)tp * q.Cc + c];
-                    dws[2] += dh * hp_;
-                }
-            }
-            float *wnow = wrow + (size_t)(k & 1) * DIRS * q.L * 3 + l * 3;
-            wnow[0] = w[0], wnow[1] = w[1], wnow[2] = w[2];
-            if (dgates) {   // at st = 0, h[-1] = 0: the weights have no gradient
-                float gwt[3] = {0.0f, 0.0f, 0.0f};
-                if (st > 0) weights_bwd<T>(a, w, S, dws, gwt);
-                float *dgc = dg + (size_t)t * q.G + d * q.blk + 2 * q.Cc;
-                dgc[0] = gwt[0], dgc[1] = gwt[1], dgc[2] = gwt[2];
-            }
-        }
-        __syncthreads();
+// Reverse scan of direction d = 2 rank + q by one warp: only the chain. Step st: dh = m u dyc +
+// w_{+1} dh of lane l-1, w_0 dh of lane l and w_{-1} dh of lane l+1 at step st + 1 (their weights
+// and dh from the previous iteration, by shuffles; zero before the first), into this direction's
+// part plane. The gradients that hang off dh are formed afterwards by every warp (chip_grads).
+template <typename T, int CC>
+__device__ void chip_scan_bwd(const ChipGeom &g, int rank, int q, unsigned char *own, float m) {
+    using S = Slot<T, CC>;
+    const int d = 2 * rank + q, lane = threadIdx.x & 31;
+    const ChipWalk k = chip_walk(g, d);
+    const unsigned char *plane = own + (size_t)q * g.NT * S::BYTES;
+    const T *dys = reinterpret_cast<const T *>(own + g.dys);
+    float *dhp = reinterpret_cast<float *>(own + g.part) + (size_t)q * g.NT * CC;
+    int lc[2];
+    bool live[2], has_m[2], has_p[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int l = 2 * lane + r;
+        live[r] = l < k.lanes;
+        lc[r] = live[r] ? l : k.lanes - 1;
+        has_m[r] = lc[r] > 0;
+        has_p[r] = lc[r] < k.lanes - 1;
     }
-
-    // dxc = sum_d lam_d dh_d (TB, BT, LR, RL in order), dgates, once and coalesced.
-    if (dxc)
-        for (size_t i = threadIdx.x; i < n; i += blockDim.x) {
-            const size_t t = i / q.Cc, c = i - t * q.Cc;
-            const T *lam = gs + t * q.G + c;   // lam of direction d at lam[d * blk]
-            const float p0 = to_f32(lam[0]) * dhp[i], p1 = to_f32(lam[q.blk]) * dhp[n + i];
-            const float p2 = to_f32(lam[2 * q.blk]) * dhp[2 * n + i], p3 = to_f32(lam[3 * q.blk]) * dhp[3 * n + i];
-            float acc = write ? 0.0f : to_f32(dxc[b * n + i]);
-            acc += ((p0 + p1) + p2) + p3;
-            dxc[b * n + i] = from_f32<T>(acc);
+    struct In {
+        float mud[CC], w[3];   // m u dyc, the step's weights
+    };
+    const auto load = [&](int st, In (&in)[2]) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int t = k.s0 + st * k.ss + lc[r];
+            uint32_t sw[S::WORDS];
+            slot_load<T, CC>(plane + (size_t)t * S::BYTES, sw);
+#pragma unroll
+            for (int c = 0; c < CC; c++) in[r].mud[c] = m * get_f32<T>(sw, CC + c) * to_f32(dys[t * CC + c]);
+            float a[3];
+            weights<T>(get_f32<T>(sw, 2 * CC), get_f32<T>(sw, 2 * CC + 1), get_f32<T>(sw, 2 * CC + 2),
+                       has_m[r], has_p[r], a, in[r].w);
         }
-    if (dgates)
-        for (size_t i = threadIdx.x; i < hw * q.G; i += blockDim.x) {
-            T *p = dgates + b * hw * q.G + i;
-            *p = from_f32<T>(write ? dg[i] : to_f32(*p) + dg[i]);
+    };
+    float dhn[2][CC] = {}, wn[2][3] = {};   // dL/dh and w_k of step st + 1, by lane
+    In cur[2];
+    load(k.steps - 1, cur);
+    for (int it = 0; it < k.steps; it++) {
+        const int st = k.steps - 1 - it;
+        In nxt[2];
+        load(st > 0 ? st - 1 : 0, nxt);   // the last step loads itself again: no branch
+        // lane 2 lane - 1 (thread lane - 1's second) and 2 lane + 2 (thread lane + 1's first)
+        const float up_w = __shfl_up_sync(0xffffffffu, wn[1][2], 1);
+        const float down_w = __shfl_down_sync(0xffffffffu, wn[0][0], 1);
+        float up_dh[CC], down_dh[CC];
+#pragma unroll
+        for (int c = 0; c < CC; c++) {
+            up_dh[c] = __shfl_up_sync(0xffffffffu, dhn[1][c], 1);
+            down_dh[c] = __shfl_down_sync(0xffffffffu, dhn[0][c], 1);
         }
-    if (dmpart) {   // per direction, lanes in order
-        if (threadIdx.x < DIRS * q.L) dmr[threadIdx.x] = dm_acc;
-        __syncthreads();
-        if (threadIdx.x < DIRS) {
-            double sum = 0.0;
-            for (int j = 0; j < q.L; j++) sum += dmr[threadIdx.x * q.L + j];
-            dmpart[threadIdx.x * gridDim.x + b] = sum;
+        const int sb = k.s0 + st * k.ss;
+        float dh_new[2][CC];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float wpm = has_m[r] ? (r == 0 ? up_w : wn[0][2]) : 0.0f;
+            const float w00 = wn[r][1];
+            const float wmp = has_p[r] ? (r == 1 ? down_w : wn[1][0]) : 0.0f;
+#pragma unroll
+            for (int c = 0; c < CC; c++) {
+                const float dn_m = has_m[r] ? (r == 0 ? up_dh[c] : dhn[0][c]) : 0.0f;
+                const float dn_p = has_p[r] ? (r == 1 ? down_dh[c] : dhn[1][c]) : 0.0f;
+                const float dh = wpm * dn_m + w00 * dhn[r][c] + wmp * dn_p + cur[r].mud[c];
+                dh_new[r][c] = live[r] ? dh : 0.0f;
+                if (live[r]) dhp[(sb + lc[r]) * CC + c] = dh;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+#pragma unroll
+            for (int c = 0; c < CC; c++) dhn[r][c] = dh_new[r][c];
+#pragma unroll
+            for (int kk = 0; kk < 3; kk++) wn[r][kk] = live[r] ? cur[r].w[kk] : 0.0f;
+            cur[r] = nxt[r];
         }
     }
 }
 
-// The image path applies: shared weights, few channels, lines of at most IMG_LMAX lanes, whole
-// 4-byte words per image slice of xc (the gates' G = 4 (2 Cc + 3) always is), and the block's
-// shared memory within IMG_SMEM_MAX.
+// The gradients off dh, every token of this block's two directions at once: dlam = xc dh, du =
+// m h dyc, dwt from dw_k = sum_c dh h[st-1, l+k] (none at st = 0, where h[-1] = 0) into the slot
+// when DG (dgates, rounded once), lam dh over dh in the part plane (for dxc), and m's gradient
+// sum_t u h dyc per direction into dm (this thread's share, fp64).
+template <typename T, int CC, bool DG>
+__device__ void chip_grads(const ChipGeom &g, int rank, unsigned char *own, const float (&m)[2],
+                           double (&dm)[2]) {
+    using S = Slot<T, CC>;
+    const int hw = g.H * g.W;
+    const T *xs = reinterpret_cast<const T *>(own + g.xs), *dys = reinterpret_cast<const T *>(own + g.dys);
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        const int d = 2 * rank + q;
+        const ChipWalk k = chip_walk(g, d);
+        unsigned char *plane = own + (size_t)q * g.NT * S::BYTES;
+        const float *hs = reinterpret_cast<const float *>(own + g.hid) + (size_t)q * g.NT * CC;
+        float *dhp = reinterpret_cast<float *>(own + g.part) + (size_t)q * g.NT * CC;
+        dm[q] = 0.0;
+        for (int e = threadIdx.x; e < hw; e += CHIP_THREADS) {
+            int i, j;
+            chip_rc(g, e, i, j);
+            const int ts = chip_tix(g, rank, i, j);
+            const int st = d == 0 ? i : d == 1 ? g.H - 1 - i : d == 2 ? j : g.W - 1 - j;
+            const int l = d < 2 ? j : i;
+            const bool has_m = l > 0, has_p = l < k.lanes - 1, first = st == 0;
+            const int tp = first ? ts : ts - k.ss;   // (st - 1, l)
+            const int tpm = has_m ? tp - 1 : tp, tpp = has_p ? tp + 1 : tp;
+            uint32_t sw[S::WORDS];
+            slot_load<T, CC>(plane + (size_t)ts * S::BYTES, sw);
+            float a[3], w[3];
+            const float Ssum = weights<T>(get_f32<T>(sw, 2 * CC), get_f32<T>(sw, 2 * CC + 1),
+                                          get_f32<T>(sw, 2 * CC + 2), has_m, has_p, a, w);
+            float dws[3] = {0.0f, 0.0f, 0.0f}, dlam[CC], du[CC];
+#pragma unroll
+            for (int c = 0; c < CC; c++) {
+                const float dh = dhp[ts * CC + c], hc = hs[ts * CC + c], dy = to_f32(dys[ts * CC + c]);
+                const float u = get_f32<T>(sw, CC + c);
+                dm[q] += (double)u * hc * dy;
+                dlam[c] = to_f32(xs[ts * CC + c]) * dh;
+                du[c] = m[q] * hc * dy;
+                const float hm = has_m && !first ? hs[tpm * CC + c] : 0.0f;
+                const float h0 = first ? 0.0f : hs[tp * CC + c];
+                const float hp = has_p && !first ? hs[tpp * CC + c] : 0.0f;
+                dws[0] += dh * hm;
+                dws[1] += dh * h0;
+                dws[2] += dh * hp;
+                dhp[ts * CC + c] = get_f32<T>(sw, c) * dh;   // lam dh
+            }
+            if (DG) {
+                float gwt[3];
+                weights_bwd<T>(a, w, Ssum, dws, gwt);
+                uint32_t ow[S::WORDS] = {};
+#pragma unroll
+                for (int c = 0; c < CC; c++) {
+                    put_raw<T>(ow, c, f32_bits<T>(dlam[c]));
+                    put_raw<T>(ow, CC + c, f32_bits<T>(du[c]));
+                }
+#pragma unroll
+                for (int kk = 0; kk < 3; kk++) put_raw<T>(ow, 2 * CC + kk, f32_bits<T>(first ? 0.0f : gwt[kk]));
+                slot_store<T, CC>(plane + (size_t)ts * S::BYTES, ow);
+            }
+        }
+    }
+}
+
+template <typename T, int CC>
+__global__ void __launch_bounds__(CHIP_THREADS)
+gspn_bwd_chip_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, const T *__restrict__ gates,
+                     const float *__restrict__ hid, const void *merge, int merge_bf16,
+                     T *__restrict__ dxc, T *__restrict__ dgates, double *__restrict__ dmpart,
+                     long long plane, int write, ChipGeom g) {
+    using S = Slot<T, CC>;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int rank = chip_rank(), b = blockIdx.x / 2, hw = g.H * g.W, B = gridDim.x / 2;
+    unsigned char *peer = chip_peer(smem_raw, rank);
+    const size_t img = (size_t)b * hw * CC;
+    chip_stage_tokens<T, CC>(g, rank, xc + img, reinterpret_cast<T *>(smem_raw + g.xs));
+    chip_stage_tokens<T, CC>(g, rank, dyc + img, reinterpret_cast<T *>(smem_raw + g.dys));
+    float *hs = reinterpret_cast<float *>(smem_raw + g.hid);
+    if (hid)
+        for (int q = 0; q < 2; q++)
+            chip_stage_tokens<float, CC>(g, rank, hid + (2 * rank + q) * plane + img, hs + (size_t)q * g.NT * CC);
+    cp_async_commit();
+    chip_stage_gates<T, CC>(g, gates + (size_t)b * hw * DIRS * S::SE, rank, smem_raw, peer,
+                            reinterpret_cast<uint32_t *>(smem_raw + g.part));
+    cp_async_wait<0>();
+    chip_sync();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float m[2] = {load_param(merge, merge_bf16, 2 * rank), load_param(merge, merge_bf16, 2 * rank + 1)};
+    if (warp < 2) {
+        if (!hid)   // h again, on chip, into the warp's own plane
+            chip_scan_fwd<T, CC, false, true>(g, rank, warp, smem_raw, hs + (size_t)warp * g.NT * CC);
+        __syncwarp();
+        chip_scan_bwd<T, CC>(g, rank, warp, smem_raw, warp == 0 ? m[0] : m[1]);
+    }
+    __syncthreads();
+    double dm[2];
+    if (dgates) chip_grads<T, CC, true>(g, rank, smem_raw, m, dm);
+    else chip_grads<T, CC, false>(g, rank, smem_raw, m, dm);
+    // dmerge: each thread's share, then the warp's (a fixed tree), then the warps in order
+    double *dm_warps = reinterpret_cast<double *>(smem_raw + g.dm);
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        double v = dm[q];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) dm_warps[q * CHIP_WARPS + warp] = v;
+    }
+    __syncthreads();
+    if (dmpart && threadIdx.x < 2) {
+        double sum = 0.0;
+        for (int w = 0; w < CHIP_WARPS; w++) sum += dm_warps[threadIdx.x * CHIP_WARPS + w];
+        dmpart[(2 * rank + threadIdx.x) * B + b] = sum;
+    }
+    chip_sync();
+    int t0, t1;
+    chip_half(g, rank, t0, t1);
+    if (dxc) {   // dxc = sum_d lam_d dh_d, TB, BT, LR, RL in order
+        constexpr int U = 4;   // elements a thread has in flight (the peer's reads take a round trip)
+        for (int e0 = t0 * CC + threadIdx.x; e0 < t1 * CC; e0 += U * CHIP_THREADS) {
+            float p[U][DIRS];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int e = e0 + u * CHIP_THREADS < t1 * CC ? e0 + u * CHIP_THREADS : t0 * CC;
+                const int t = e / CC, c = e - t * CC;
+                int i, j;
+                chip_rc(g, t, i, j);
+#pragma unroll
+                for (int d = 0; d < DIRS; d++) {
+                    const unsigned char *base = (d >> 1) == rank ? smem_raw : peer;
+                    p[u][d] = reinterpret_cast<const float *>(base + g.part)[(size_t)(d & 1) * g.NT * CC +
+                                                                            chip_tix(g, d >> 1, i, j) * CC + c];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int e = e0 + u * CHIP_THREADS;
+                if (e >= t1 * CC) break;
+                float acc = write ? 0.0f : to_f32(dxc[img + e]);
+                acc += ((p[u][0] + p[u][1]) + p[u][2]) + p[u][3];
+                dxc[img + e] = from_f32<T>(acc);
+            }
+        }
+    }
+    if (dgates) {   // this pair's half of every token's row (4-byte aligned), through the warp's scratch
+        constexpr int RH = S::RW / 2;
+        uint32_t *scratch = reinterpret_cast<uint32_t *>(smem_raw + g.hid) + warp * CHIP_TG * RH;
+        uint32_t *dst = reinterpret_cast<uint32_t *>(dgates) + (size_t)b * hw * S::RW + rank * RH;
+        for (int tg = warp * CHIP_TG; tg < hw; tg += CHIP_WARPS * CHIP_TG) {
+            const int n = hw - tg < CHIP_TG ? hw - tg : CHIP_TG;
+            if (lane < n) {
+                int i, j;
+                chip_rc(g, tg + lane, i, j);
+                const size_t ts = (size_t)chip_tix(g, rank, i, j);
+                uint32_t rec[RH] = {};
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    uint32_t sw[S::WORDS];
+                    slot_load<T, CC>(smem_raw + (size_t)q * g.NT * S::BYTES + ts * S::BYTES, sw);
+#pragma unroll
+                    for (int kk = 0; kk < S::SE; kk++) put_raw<T>(rec, q * S::SE + kk, raw_elem<T>(sw, kk));
+                }
+#pragma unroll
+                for (int w = 0; w < RH; w++) scratch[lane * RH + w] = rec[w];
+            }
+            __syncwarp();
+            for (int w = lane; w < n * RH; w += 32) {
+                const int tk = w / RH;
+                dst[(size_t)(tg + tk) * S::RW + (w - tk * RH)] = scratch[w];
+            }
+            __syncwarp();
+        }
+    }
+    chip_sync();   // the peer reads this block's planes until here
+}
+
 template <typename T>
-bool img_geom(const Plan &p, bool bwd, bool dgates, ImgGeom &q, size_t &smem) {
-    q = {p.H, p.W, p.Cc, p.G, p.H > p.W ? p.H : p.W, 2 * p.Cc + 3};
-    smem = 0;
-    if (!p.shared || p.stages == 1 || p.Cc > IMG_CMAX || q.L > IMG_LMAX ||
-        ((size_t)p.H * p.W * p.Cc * sizeof(T)) % 4 != 0)
-        return false;
-    smem = img_layout<T>(q, bwd, dgates).total;
-    return smem <= IMG_SMEM_MAX && smem <= smem_limit();
+size_t chip_smem(const Plan &p, bool bwd) {
+    switch (p.Cc) {
+    case 1: return chip_geom<T, 1>(p.H, p.W, bwd).total;
+    case 2: return chip_geom<T, 2>(p.H, p.W, bwd).total;
+    case 4: return chip_geom<T, 4>(p.H, p.W, bwd).total;
+    default: return 0;
+    }
+}
+
+// Two blocks an image as one cluster (a launch attribute: sm_80 builds the kernels without it).
+struct ChipLaunch {
+    cudaLaunchAttribute attr[1];
+    cudaLaunchConfig_t cfg;
+    ChipLaunch(const CudaCtx *c, const Plan &p, const ChipGeom &g) : attr{}, cfg{} {
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = 2;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3(2 * p.B);
+        cfg.blockDim = dim3(CHIP_THREADS);
+        cfg.dynamicSmemBytes = g.total;
+        cfg.stream = c->stream;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+};
+
+template <typename T, int CC>
+void fwd_chip(CudaCtx *c, const Plan &p, const T *xc, const T *gates, const void *merge, int merge_bf16,
+              T *yc, float *hid) {
+    const ChipGeom g = chip_geom<T, CC>(p.H, p.W, false);
+    auto k = gspn_fwd_chip_kernel<T, CC>;
+    set_smem(k, g.total);
+    ChipLaunch l(c, p, g);
+    CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, k, xc, gates, merge, merge_bf16, yc, hid, (long long)p.plane, g));
+}
+
+template <typename T, int CC>
+void bwd_chip(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gates, const float *hid,
+              const void *merge, int merge_bf16, T *dxc, T *dgates, double *dmpart, bool write) {
+    const ChipGeom g = chip_geom<T, CC>(p.H, p.W, true);
+    auto k = gspn_bwd_chip_kernel<T, CC>;
+    set_smem(k, g.total);
+    ChipLaunch l(c, p, g);
+    CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, k, dyc, xc, gates, hid, merge, merge_bf16, dxc, dgates, dmpart,
+                                  (long long)p.plane, write ? 1 : 0, g));
 }
 
 }  // namespace
 
+// The on-chip path applies on sm_90 and up (thread-block clusters) to shared weights with 1, 2
+// or 4 channels, lines of at most CHIP_LMAX lanes, 4-byte aligned tensors, a block's shared
+// memory within the device's limit, and gradients that are written (dgates added into: the
+// staged kernels).
 template <typename T>
-bool img_fits(const Plan &p, bool bwd, bool dgates, const void *const *ptrs, int nptrs) {
-    ImgGeom q;
-    size_t smem;
-    if (!img_geom<T>(p, bwd, dgates, q, smem)) return false;
+bool img_fits(const CudaCtx *c, const Plan &p, bool bwd, bool adds_dgates, const void *const *ptrs,
+              int nptrs) {
+    if (c->cc < 90 || !p.shared || p.stages == 1 || adds_dgates || p.H > CHIP_LMAX || p.W > CHIP_LMAX)
+        return false;
+    const size_t smem = chip_smem<T>(p, bwd);
+    if (smem == 0 || smem > smem_limit()) return false;
     for (int i = 0; i < nptrs; i++)
         if (ptrs[i] && !aligned4(ptrs[i])) return false;
     return true;
@@ -286,31 +772,25 @@ bool img_fits(const Plan &p, bool bwd, bool dgates, const void *const *ptrs, int
 template <typename T>
 void fwd_img(CudaCtx *c, const Plan &p, const T *xc, const T *gates, const void *merge, int merge_bf16,
              T *yc, float *hid) {
-    ImgGeom q;
-    size_t smem;
-    img_geom<T>(p, false, false, q, smem);
-    auto k = gspn_fwd_img_kernel<T>;
-    set_smem(k, smem);
-    k<<<p.B, (DIRS * q.L + 31) / 32 * 32, smem, c->stream>>>(xc, gates, merge, merge_bf16, yc, hid,
-                                                            p.plane, q);
-    CUDA_CHECK_LAUNCH();
+    switch (p.Cc) {
+    case 1: fwd_chip<T, 1>(c, p, xc, gates, merge, merge_bf16, yc, hid); break;
+    case 2: fwd_chip<T, 2>(c, p, xc, gates, merge, merge_bf16, yc, hid); break;
+    default: fwd_chip<T, 4>(c, p, xc, gates, merge, merge_bf16, yc, hid); break;
+    }
 }
 
 template <typename T>
 void bwd_img(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gates, const float *hid,
              const void *merge, int merge_bf16, T *dxc, T *dgates, double *dmpart, bool write) {
-    ImgGeom q;
-    size_t smem;
-    img_geom<T>(p, true, dgates != nullptr, q, smem);
-    auto k = gspn_bwd_img_kernel<T>;
-    set_smem(k, smem);
-    k<<<p.B, (DIRS * q.L + 31) / 32 * 32, smem, c->stream>>>(dyc, xc, gates, hid, merge, merge_bf16, dxc,
-                                                            dgates, dmpart, p.plane, write ? 1 : 0, q);
-    CUDA_CHECK_LAUNCH();
+    switch (p.Cc) {
+    case 1: bwd_chip<T, 1>(c, p, dyc, xc, gates, hid, merge, merge_bf16, dxc, dgates, dmpart, write); break;
+    case 2: bwd_chip<T, 2>(c, p, dyc, xc, gates, hid, merge, merge_bf16, dxc, dgates, dmpart, write); break;
+    default: bwd_chip<T, 4>(c, p, dyc, xc, gates, hid, merge, merge_bf16, dxc, dgates, dmpart, write); break;
+    }
 }
 
 #define GSPN_IMG_INSTANCES(T)                                                                  \
-    template bool img_fits<T>(const Plan &, bool, bool, const void *const *, int);               \
+    template bool img_fits<T>(const CudaCtx *, const Plan &, bool, bool, const void *const *, int); \
     template void fwd_img<T>(CudaCtx *, const Plan &, const T *, const T *, const void *, int, T *, \
                              float *);                                                           \
     template void bwd_img<T>(CudaCtx *, const Plan &, const T *, const T *, const T *, const float *, \

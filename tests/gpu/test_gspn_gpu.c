@@ -243,13 +243,13 @@ static void test_gspn_gpu_latent_sizes_match_cpu(void **state) {
     assert_int_equal(check_shapes_both_dtypes(gpu_test_small() ? small : full, 3, 2, 77, 5), 0);
 }
 
-// Shared weights on images that fit on chip (kernels/cuda/gspn_scan_image.cu: one block per
-// image, lines of at most 64 lanes, up to 4 channels): gspn_hier's 28 x 28, 14 x 14 and 7 x 7
-// latents (Cc = 2; at 28 x 28 fp32 the backward takes the staged kernels), 56 x 56 (Cc = 2: the
-// staged kernels; Cc = 1 in bf16 would fit), H != W both ways, one row, one column, Cc = 1 and 4,
-// and lines of 32 and 64 lanes (a bf16 forward on chip whose hidden states the staged backward
-// reads); past the chip, Cc = 1 on 67-lane lines with an odd element count (the lane kernel's
-// last bf16 xc word covers 2 bytes past the tensor; LR/RL runs of 4 tokens, the last one short).
+// Shared weights on images that fit on chip (kernels/cuda/gspn_scan_image.cu, sm_90: a cluster of
+// two blocks per image, lines of at most 64 lanes, 1, 2 or 4 channels): gspn_hier's 56 x 56 (bf16;
+// fp32 forward only), 28 x 28, 14 x 14 and 7 x 7 latents (Cc = 2), H != W both ways, one row, one
+// column, Cc = 1 and 4, and lines of 32 and 64 lanes (two lanes a thread; odd lines leave a
+// thread's second lane idle); the accumulating backward (flags 0) takes the staged kernels; past the chip,
+// Cc = 1 on 67-lane lines with an odd element count (the lane kernel's last bf16 xc word covers 2
+// bytes past the tensor; LR/RL runs of 4 tokens, the last one short).
 static void test_gspn_gpu_shared_w_images_on_chip_match_cpu(void **state) {
     GPU_TEST_REQUIRE_DEVICE();
     const Shape shapes[] = {{3, 14, 14, 2}, {2, 7, 7, 2},  {2, 28, 28, 2}, {2, 13, 9, 2},
@@ -279,7 +279,8 @@ static void test_gspn_gpu_tunings_match_cpu(void **state) {
 }
 
 // Two backward calls on the same inputs give bitwise the same gradients: no float atomics, all
-// reductions in a fixed order. The second shape takes the on-chip image path with shared weights.
+// reductions in a fixed order. The second shape with shared weights takes the on-chip image path
+// (the writing op; the accumulating one takes the staged kernels, as per-channel weights do).
 static void test_gspn_gpu_backward_is_bitwise_deterministic(void **state) {
     GPU_TEST_REQUIRE_DEVICE();
     Ctx g = cuda_ctx_create(0, DTYPE_BF16);
@@ -304,7 +305,8 @@ static void test_gspn_gpu_backward_is_bitwise_deterministic(void **state) {
         for (int run = 0; run < 2; run++) {
             Tensor *dx = gpu_from(&g, zx, DTYPE_F32), *dg = gpu_from(&g, zg, DTYPE_F32);
             Tensor *dm = gpu_from(&g, zm, DTYPE_F32);
-            cuda_gspn_scan_bwd(&g, gdy, gx, gg, gm, shared_w, gh, 0, dx, dg, dm);
+            cuda_gspn_scan_bwd(&g, gdy, gx, gg, gm, shared_w, gh, shared_w ? GSPN_SCAN_WRITE_GRADS : 0,
+                               dx, dg, dm);
             out[run][0] = tensor_to_host_f32(&g, dx);
             out[run][1] = tensor_to_host_f32(&g, dg);
             out[run][2] = tensor_to_host_f32(&g, dm);
