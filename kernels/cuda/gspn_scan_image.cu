@@ -388,6 +388,7 @@ gspn_fwd_chip_kernel(const T *__restrict__ xc, const T *__restrict__ gates, cons
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int rank = chip_rank(), b = blockIdx.x / 2, hw = g.H * g.W;
     unsigned char *peer = chip_peer(smem_raw, rank);
+    chip_sync();   // the peer has started: its shared memory may be written
     chip_stage_gates<T, CC>(g, gates + (size_t)b * hw * DIRS * S::SE, rank, smem_raw, peer,
                             reinterpret_cast<uint32_t *>(smem_raw + g.xs));
     __syncthreads();   // the scratch (in the xc region) is free again
@@ -609,6 +610,7 @@ gspn_bwd_chip_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, const 
         for (int q = 0; q < 2; q++)
             chip_stage_tokens<float, CC>(g, rank, hid + (2 * rank + q) * plane + img, hs + (size_t)q * g.NT * CC);
     cp_async_commit();
+    chip_sync();   // the peer has started: its shared memory may be written
     chip_stage_gates<T, CC>(g, gates + (size_t)b * hw * DIRS * S::SE, rank, smem_raw, peer,
                             reinterpret_cast<uint32_t *>(smem_raw + g.part));
     cp_async_wait<0>();
