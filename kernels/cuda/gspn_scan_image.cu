@@ -285,6 +285,17 @@ __device__ void chip_stage_tokens(const ChipGeom &g, int rank, const E *__restri
     }
 }
 
+// A thread's two lanes are 2 lane and 2 lane + 1: the values of lanes 2 lane - 1 (thread lane - 1's
+// second) and 2 lane + 2 (thread lane + 1's first), by shuffles (the warp's edges get their own).
+template <int N>
+__device__ __forceinline__ void beside_lanes(const float (&v)[2][N], float (&left)[N], float (&right)[N]) {
+#pragma unroll
+    for (int c = 0; c < N; c++) {
+        left[c] = __shfl_up_sync(0xffffffffu, v[1][c], 1);
+        right[c] = __shfl_down_sync(0xffffffffu, v[0][c], 1);
+    }
+}
+
 // Forward scan of direction d = 2 rank + q by one warp. HU_SLOT: h (fp32) and u (T) into the slot
 // once read, for the merge and the write-out of h (else the slots keep the gates); HID_S: h into
 // this direction's plane on chip (hid_s). The next step's slots are read and its weights formed
@@ -332,12 +343,8 @@ __device__ void chip_scan_fwd(const ChipGeom &g, int rank, int q, unsigned char 
     for (int s = 0; s < k.steps; s++) {
         In nxt[2];
         load(s + 1 < k.steps ? s + 1 : s, nxt);   // the last step loads itself again: no branch
-        float left[CC], right[CC];   // h of lanes 2 lane - 1 and 2 lane + 2 at step s - 1
-#pragma unroll
-        for (int c = 0; c < CC; c++) {
-            left[c] = __shfl_up_sync(0xffffffffu, h[1][c], 1);
-            right[c] = __shfl_down_sync(0xffffffffu, h[0][c], 1);
-        }
+        float left[CC], right[CC];   // h at step s - 1
+        beside_lanes<CC>(h, left, right);
         const int sb = k.s0 + s * k.ss;
         float hn[2][CC];
 #pragma unroll
@@ -495,11 +502,7 @@ __device__ void chip_scan_bwd(const ChipGeom &g, int rank, int q, unsigned char 
         const float up_w = __shfl_up_sync(0xffffffffu, wn[1][2], 1);
         const float down_w = __shfl_down_sync(0xffffffffu, wn[0][0], 1);
         float up_dh[CC], down_dh[CC];
-#pragma unroll
-        for (int c = 0; c < CC; c++) {
-            up_dh[c] = __shfl_up_sync(0xffffffffu, dhn[1][c], 1);
-            down_dh[c] = __shfl_down_sync(0xffffffffu, dhn[0][c], 1);
-        }
+        beside_lanes<CC>(dhn, up_dh, down_dh);
         const int sb = k.s0 + st * k.ss;
         float dh_new[2][CC];
 #pragma unroll
