@@ -95,8 +95,9 @@ typedef struct Tols {
 static const Tols FP32_TOLS = {FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL, FP32_TOL};
 static const Tols BF16_TOLS = {BF16_YC_TOL, BF16_HIDDEN_TOL, BF16_GRAD_TOL, BF16_GRAD_TOL, BF16_DMERGE_TOL};
 
-// One shape, one dtype, one weight variant: forward and backward against the CPU, with hidden
-// saved and with hidden recomputed (NULL). Returns the number of failed comparisons.
+// One shape, one dtype, one weight variant: forward and backward against the CPU, the backward
+// adding with hidden saved, and writing with hidden saved and recomputed (NULL; the on-chip path
+// takes only the writing op). Returns the number of failed comparisons.
 static int check_case(Ctx *g, const Shape *s, int shared_w, DType dt, const Tols *tol,
                       uint64_t seed, int tuning) {
     const int cgb = TUNINGS[tuning][0], vb = TUNINGS[tuning][1], st = TUNINGS[tuning][2],
@@ -122,12 +123,13 @@ static int check_case(Ctx *g, const Shape *s, int shared_w, DType dt, const Tols
     Tensor *gm = gpu_from(g, merge, DTYPE_F32), *gdy = gpu_from(g, dyc, dt);
     Tensor *gdx = gpu_from(g, dxc, dt), *gdg = gpu_from(g, dgates, dt);
     Tensor *gdm = gpu_from(g, dmerge, DTYPE_F32);
-    Tensor *gdx2 = gpu_from(g, dxc, dt), *gdg2 = gpu_from(g, dgates, dt);
-    Tensor *gdm2 = gpu_from(g, dmerge, DTYPE_F32);
-    // gspn_scan_bwd with GSPN_SCAN_WRITE_GRADS: dxc and dgates start as NaN (every element must be written), dmerge
-    // from the same values (it still accumulates).
+    // gspn_scan_bwd with GSPN_SCAN_WRITE_GRADS, with hidden and without (h recomputed): dxc and
+    // dgates start as NaN (every element must be written), dmerge from the same values (it still
+    // accumulates).
     Tensor *gdxw = gpu_poisoned(4, xc->shape, dt), *gdgw = gpu_poisoned(4, gates->shape, dt);
     Tensor *gdmw = gpu_from(g, dmerge, DTYPE_F32);
+    Tensor *gdx2 = gpu_poisoned(4, xc->shape, dt), *gdg2 = gpu_poisoned(4, gates->shape, dt);
+    Tensor *gdm2 = gpu_from(g, dmerge, DTYPE_F32);
     Tensor *dxcw = test_like(xc), *dgw = test_like(gates), *dmw = test_like(merge);
     memcpy(dmw->data, dmerge->data, tensor_bytes(dmerge));
     test_fill(dxcw, seed + 8, -1.0f, 1.0f);   // the CPU op must ignore these too
@@ -144,7 +146,7 @@ static int check_case(Ctx *g, const Shape *s, int shared_w, DType dt, const Tols
         cuda_gspn_scan_fwd(g, gx, gg, gm, shared_w, gy, gh);
         cuda_gspn_scan_fwd(g, gx, gg, gm, shared_w, gy2, NULL);
         cuda_gspn_scan_bwd(g, gdy, gx, gg, gm, shared_w, gh, 0, gdx, gdg, gdm);
-        cuda_gspn_scan_bwd(g, gdy, gx, gg, gm, shared_w, NULL, 0, gdx2, gdg2, gdm2);
+        cuda_gspn_scan_bwd(g, gdy, gx, gg, gm, shared_w, NULL, GSPN_SCAN_WRITE_GRADS, gdx2, gdg2, gdm2);
         cuda_gspn_scan_bwd(g, gdy, gx, gg, gm, shared_w, gh, GSPN_SCAN_WRITE_GRADS, gdxw, gdgw, gdmw);
     } else {
         cuda_gspn_scan_fwd_tuned(g, gx, gg, gm, shared_w, gy, gh, cgb, vb, st, pf, 15);
@@ -152,7 +154,7 @@ static int check_case(Ctx *g, const Shape *s, int shared_w, DType dt, const Tols
         cuda_gspn_scan_bwd_tuned(g, gdy, gx, gg, gm, shared_w, gh, gdx, gdg, gdm, cgb, vb, st, pf,
                                  15, 0);
         cuda_gspn_scan_bwd_tuned(g, gdy, gx, gg, gm, shared_w, NULL, gdx2, gdg2, gdm2, cgb, vb,
-                                 st, pf, 15, 0);
+                                 st, pf, 15, 1);
         cuda_gspn_scan_bwd_tuned(g, gdy, gx, gg, gm, shared_w, gh, gdxw, gdgw, gdmw, cgb, vb, st,
                                  pf, 15, 1);
     }
@@ -166,8 +168,9 @@ static int check_case(Ctx *g, const Shape *s, int shared_w, DType dt, const Tols
         {"yc", gy, yc, tol->yc},           {"yc (no hidden)", gy2, yc, tol->yc},
         {"hidden", gh, hidden, tol->hidden}, {"dxc", gdx, dxc, tol->dxc},
         {"dgates", gdg, dgates, tol->dgates}, {"dmerge", gdm, dmerge, tol->dmerge},
-        {"dxc (recompute)", gdx2, dxc, tol->dxc}, {"dgates (recompute)", gdg2, dgates, tol->dgates},
-        {"dmerge (recompute)", gdm2, dmerge, tol->dmerge},
+        {"dxc (write, recompute)", gdx2, dxcw, tol->dxc},
+        {"dgates (write, recompute)", gdg2, dgw, tol->dgates},
+        {"dmerge (write, recompute)", gdm2, dmw, tol->dmerge},
         {"dxc (write)", gdxw, dxcw, tol->dxc}, {"dgates (write)", gdgw, dgw, tol->dgates},
         {"dmerge (write)", gdmw, dmw, tol->dmerge},
     };
