@@ -118,21 +118,21 @@ __device__ __forceinline__ void chip_rc(const ChipGeom &g, int t, int &i, int &j
 __device__ __forceinline__ int chip_tix(const ChipGeom &g, int r, int i, int j) {
     return r == 0 ? i * g.W + j : j * g.PH + i;
 }
-// Direction d's walk, linear in the step s and the lane l: slot index s0 + s ss + l (the lanes of
-// a step are consecutive slots in both layouts) and image token t0 + s ts + l tl.
+// Direction d's walk: its steps and lanes, and the slot index s0 + s ss + l of step s and lane l
+// (the lanes of a step are consecutive slots in both layouts).
 struct ChipWalk {
-    int steps, lanes, s0, ss, t0, ts, tl;
+    int steps, lanes, s0, ss;
 };
 __device__ __forceinline__ ChipWalk chip_walk(const ChipGeom &g, int d) {
     switch (d) {
-    case 0: return {g.H, g.W, 0, g.W, 0, g.W, 1};                                       // TB
-    case 1: return {g.H, g.W, (g.H - 1) * g.W, -g.W, (g.H - 1) * g.W, -g.W, 1};         // BT
-    case 2: return {g.W, g.H, 0, g.PH, 0, 1, g.W};                                      // LR
-    default: return {g.W, g.H, (g.W - 1) * g.PH, -g.PH, g.W - 1, -1, g.W};              // RL
+    case 0: return {g.H, g.W, 0, g.W};                       // TB
+    case 1: return {g.H, g.W, (g.H - 1) * g.W, -g.W};        // BT
+    case 2: return {g.W, g.H, 0, g.PH};                      // LR
+    default: return {g.W, g.H, (g.W - 1) * g.PH, -g.PH};     // RL
     }
 }
 
-// Element e of 4-byte words holding T values (its bits; bf16 in the upper half of a float).
+// Element e of 4-byte words holding T values: its bits (a bf16's 16 in the low half).
 template <typename T, int N>
 __device__ __forceinline__ uint32_t raw_elem(const uint32_t (&w)[N], int e) {
     if constexpr (sizeof(T) == 4) return w[e];
