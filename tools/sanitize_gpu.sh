@@ -79,7 +79,7 @@ for f in "$out"/*.result; do
     if [ "$errs" != 0 ] || [ "$rc" != 0 ]; then
         bad=$((bad + 1))
         echo "!! $tool $name: errors $errs, exit $rc (see $out/$tool-$name.log); its first reports:"
-        grep -E '^========= +(Invalid|Uninitialized|Race|Error|Program hit|Leaked|[A-Z][a-z]+ .*(hazard|error))|^========= +at ' \
+        grep -E '^========= +(Invalid|Uninitialized|Race|Error|Warning|Potential|Program hit|Leaked|[A-Z][a-z]+ .*(hazard|error))|^========= +at ' \
             "$out/$tool-$name.log" | head -8 | sed 's/^/     /'
     fi
 done

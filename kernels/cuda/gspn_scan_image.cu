@@ -325,8 +325,10 @@ __device__ void chip_scan_fwd(const ChipGeom &g, int rank, int q, unsigned char 
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int t = sb + lc[r];
-            uint32_t w[S::WORDS];
-            slot_load<T, CC>(plane + (size_t)t * S::BYTES, w);
+            uint32_t w[S::WORDS] = {};
+            // a lane past the line reads nothing under HU_SLOT: its stand-in slot, the last lane's,
+            // is rewritten by that lane with no barrier between
+            if (!HU_SLOT || live[r]) slot_load<T, CC>(plane + (size_t)t * S::BYTES, w);
 #pragma unroll
             for (int c = 0; c < CC; c++) {
                 in[r].lx[c] = get_f32<T>(w, c) * to_f32(xs[t * CC + c]);
