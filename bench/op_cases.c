@@ -686,7 +686,7 @@ static void bwd_linear_gelu_out(Ctx *ctx, Tensor *const *t, const OpCase *c) {
                   T(LI_DX), T(LI_DW), T(LI_DB));
 }
 static void fwd_mlp_residual(Ctx *ctx, Tensor *const *t, const OpCase *c) {
-    op_mlp_residual_fwd(ctx, T(LI_X), T(LI_W), T(LI_B), T(LI_W2), T(LI_B2), (GeluKind)c->i[0],
+    op_mlp_residual_fwd(ctx, T(LI_X), NULL, T(LI_W), T(LI_B), T(LI_W2), T(LI_B2), (GeluKind)c->i[0],
                         T(LI_RES), T(LI_Y));
 }
 // fc2 after a GELU: h = gelu(pre), y = h w^T + b; its backward with the GELU's fused in

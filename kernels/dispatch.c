@@ -18,10 +18,14 @@ static double arg_bytes_linear_fwd(const LinearFwdOpts *const *o) {
 static double arg_bytes_linear_bwd(const LinearBwdOpts *const *o) {
     return *o ? arg_bytes_const(&(*o)->pre) + arg_bytes_tensor(&(*o)->dpre_db) : 0.0;
 }
+static double arg_bytes_mlp_norm(const MlpInputNorm *const *o) {
+    return *o ? arg_bytes_const(&(*o)->w) + arg_bytes_const(&(*o)->b) : 0.0;
+}
 #define ARG_BYTES(a)                                                                      \
     _Generic((a), Tensor *: arg_bytes_tensor, const Tensor *: arg_bytes_const,            \
              const LinearFwdOpts *: arg_bytes_linear_fwd,                                 \
-             const LinearBwdOpts *: arg_bytes_linear_bwd, default: arg_bytes_other)(&(a))
+             const LinearBwdOpts *: arg_bytes_linear_bwd,                                 \
+             const MlpInputNorm *: arg_bytes_mlp_norm, default: arg_bytes_other)(&(a))
 // + ARG_BYTES(a) for every argument (an op has at most 12).
 #define ARGS_N(...) ARGS_N_(__VA_ARGS__, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
 #define ARGS_N_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, n, ...) n

@@ -57,6 +57,11 @@ typedef struct LinearBwdOpts {
     const Tensor *pre;    // the GELU's input, x's dtype: gelu_out (N,M); gelu_in (N,K)
     Tensor *dpre_db;      // gelu_in: (K) fp32 += the column sums of pre's gradient; or NULL
 } LinearBwdOpts;
+// mlp_residual_fwd's LayerNorm in front (its entry): the MLP reads layernorm(res).
+typedef struct MlpInputNorm {
+    const Tensor *w, *b;   // (C) in the parameter dtype, either may be NULL (1 and 0)
+    float eps;
+} MlpInputNorm;
 // adamw's hyperparameters (the update is written at its entry).
 typedef struct AdamWArgs {
     float lr, beta1, beta2, eps, weight_decay, grad_scale;

@@ -87,10 +87,14 @@ OP(linear_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, in
 // sum as its res makes it; x (N,C), w1 (Hd,C), b1 (Hd), w2 (C,Hd), b2 (C) (either bias may be
 // NULL), res and y (N,C) in res's dtype (y may not alias res). The values are the two linears',
 // up to the order of the fp32 sums (on the GPU the hidden activation can stay on chip).
+// norm non-NULL (x then NULL): the MLP reads layernorm(res) with norm's w, b and eps, in w1's
+// dtype, as layernorm_fwd writes it: a block's second norm fused into the MLP that reads it (on
+// the GPU the normalized rows need not leave the chip).
 // An op of its own: two weights, which no option of linear_fwd can carry.
-OP(mlp_residual_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w1, const Tensor *b1,
-       const Tensor *w2, const Tensor *b2, GeluKind kind, const Tensor *res, Tensor *y),
-   (ctx, x, w1, b1, w2, b2, kind, res, y))
+OP(mlp_residual_fwd, (Ctx *ctx, const Tensor *x, const MlpInputNorm *norm, const Tensor *w1,
+       const Tensor *b1, const Tensor *w2, const Tensor *b2, GeluKind kind, const Tensor *res,
+       Tensor *y),
+   (ctx, x, norm, w1, b1, w2, b2, kind, res, y))
 
 // ---- normalization and activations ------------------------------------------------------------
 // LayerNorm over the last dim. x (N,C), w, b (C) -> y (N,C); saves mean, rstd (N) fp32.

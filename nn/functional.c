@@ -310,7 +310,7 @@ Tensor *nn_mlp_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w1, Tensor *b1,
              res->numel);
     if (!tape_would_track(t, x, w1, b1) && !tape_would_track(t, w2, b2, res)) {   // nothing recorded
         Tensor *y = tape_tensor_like(t, res);
-        op_mlp_residual_fwd(t->ctx, x, w1, b1, w2, b2, kind, res, y);
+        op_mlp_residual_fwd(t->ctx, x, NULL, w1, b1, w2, b2, kind, res, y);
         return y;
     }
     Tensor *h = new_shaped(t, x, w1->shape[0]);
@@ -327,6 +327,22 @@ Tensor *nn_mlp_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w1, Tensor *b1,
     if (track)
         *(MlpResidualRec *)tape_record(t, mlp_residual_backward, sizeof(MlpResidualRec)) =
             (MlpResidualRec){{x, w1, b1, w2, b2, pre, keep ? h : NULL, y, kind}, res};
+    return y;
+}
+
+Tensor *nn_layernorm_mlp_residual(Tape *t, Tensor *res, Tensor *ln_w, Tensor *ln_b, float eps,
+                                  Tensor *w1, Tensor *b1, Tensor *w2, Tensor *b2, GeluKind kind,
+                                  bool keep_hidden) {
+    if (tape_would_track(t, res, ln_w, ln_b) || tape_would_track(t, w1, b1, NULL) ||
+        tape_would_track(t, w2, b2, NULL))
+        return nn_mlp_residual(t, res, nn_layernorm(t, res, ln_w, ln_b, eps), w1, b1, w2, b2, kind,
+                               keep_hidden);
+    CG_CHECK(tensor_last(res) == w1->shape[1] && w2->shape[1] == w1->shape[0] &&
+                 w2->shape[0] == w1->shape[1], "",
+             "MLP after a LayerNorm on a residual: width %d, fc1 (%d, %d), fc2 (%d, %d)",
+             tensor_last(res), w1->shape[0], w1->shape[1], w2->shape[0], w2->shape[1]);
+    Tensor *y = tape_tensor_like(t, res);
+    op_mlp_residual_fwd(t->ctx, NULL, &(MlpInputNorm){ln_w, ln_b, eps}, w1, b1, w2, b2, kind, res, y);
     return y;
 }
 

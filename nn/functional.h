@@ -37,6 +37,12 @@ Tensor *nn_mlp(Tape *t, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2, Tensor *b
 // activation can stay on chip).
 Tensor *nn_mlp_residual(Tape *t, Tensor *res, Tensor *x, Tensor *w1, Tensor *b1, Tensor *w2,
                         Tensor *b2, GeluKind kind, bool keep_hidden);
+// nn_mlp_residual(res, nn_layernorm(res, ln_w, ln_b, eps), ...): where nothing is recorded, one op
+// (mlp_residual_fwd with its norm: on the GPU the normalized rows can stay on chip too); else
+// the two records.
+Tensor *nn_layernorm_mlp_residual(Tape *t, Tensor *res, Tensor *ln_w, Tensor *ln_b, float eps,
+                                  Tensor *w1, Tensor *b1, Tensor *w2, Tensor *b2, GeluKind kind,
+                                  bool keep_hidden);
 Tensor *nn_softmax(Tape *t, Tensor *x);
 Tensor *nn_attention(Tape *t, Tensor *qkv, int heads);                   // (B,N,3C) -> (B,N,C)
 // One query per head against every token (kernels/ops.h attention_pool_fwd): q (C), kv (B,N,2C)

@@ -173,10 +173,13 @@ static Tensor *block_forward(Tape *t, const HierEncoder *e, HierDrop d, int i, T
         x = nn_add(t, x, drop(t, d, i, 0, mix));
         x = nn_dwconv_residual(t, x, b->lpu2.w, b->lpu2.b);
     }
+    dt = op_dtype(t, e, HIER_OP_MLP);
+    if (op_dtype(t, e, HIER_OP_NORM2) == t->ctx->act_dtype && dt == t->ctx->act_dtype &&
+        !encoder_drop_active(t, d.dp, d.depth))
+        return layernorm_mlp(t, &b->norm2, &b->mlp, x);
     Tensor *h2 = op_dtype(t, e, HIER_OP_NORM2) == DTYPE_F32
                      ? layernorm_f32(t, &b->norm2, x)
                      : layernorm(t, &b->norm2, x);
-    dt = op_dtype(t, e, HIER_OP_MLP);
     if (dt == DTYPE_F32 && t->ctx->act_dtype != DTYPE_F32) {
         const Mlp *m = &b->mlp;
         Tensor *y = nn_mlp(t, as_dtype(t, h2, dt), as_dtype(t, m->fc1.w, dt),

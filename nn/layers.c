@@ -124,6 +124,11 @@ Tensor *mlp(Tape *t, const Mlp *m, Tensor *x, Tensor *res) {
     return nn_mlp(t, x, m->fc1.w, m->fc1.b, m->fc2.w, m->fc2.b, m->gelu, m->keep_hidden);
 }
 
+Tensor *layernorm_mlp(Tape *t, const LayerNorm *l, const Mlp *m, Tensor *res) {
+    return nn_layernorm_mlp_residual(t, res, l->w, l->b, l->eps, m->fc1.w, m->fc1.b, m->fc2.w,
+                                     m->fc2.b, m->gelu, m->keep_hidden);
+}
+
 Tensor *attention_body(Tape *t, const Attention *a, Tensor *x) {
     Tensor *qkv = linear(t, &a->qkv, x);          // (B,N,3C)
     return nn_attention(t, qkv, a->heads);        // (B,N,C)

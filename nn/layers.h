@@ -55,6 +55,9 @@ Tensor *layernorm_f32(Tape *t, const LayerNorm *l, Tensor *x);
 // res not NULL: res + mlp(x), the sum written by fc2 (one pass over the residual stream; the
 // result has res's shape and dtype).
 Tensor *mlp(Tape *t, const Mlp *m, Tensor *x, Tensor *res);
+// res + mlp(layernorm(res)), the norm's output in the activation dtype (nn_layernorm_mlp_residual:
+// one op where nothing is recorded).
+Tensor *layernorm_mlp(Tape *t, const LayerNorm *l, const Mlp *m, Tensor *res);
 Tensor *attention(Tape *t, const Attention *a, Tensor *x);      // x (B,N,C)
 Tensor *cgspn_layer(Tape *t, const CgspnLayer *l, Tensor *x);   // x (B,H,W,C)
 // x (B,H,W,C), or (B,C,H,W) images with nchw -> (B,Ho,Wo,Cout) in the activation dtype.

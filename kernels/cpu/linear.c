@@ -185,10 +185,21 @@ void cpu_linear_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w
     }
 }
 
-// The two linears, the hidden activation in a buffer of its own.
-void cpu_mlp_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w1, const Tensor *b1, const Tensor *w2,
-                          const Tensor *b2, GeluKind kind, const Tensor *res, Tensor *y) {
-    const LinearDims ld = linear_dims("mlp_residual_fwd", x, w1);
+// The LayerNorm (with norm) and the two linears, each output in a buffer of its own.
+void cpu_mlp_residual_fwd(Ctx *ctx, const Tensor *x, const MlpInputNorm *norm, const Tensor *w1,
+                          const Tensor *b1, const Tensor *w2, const Tensor *b2, GeluKind kind,
+                          const Tensor *res, Tensor *y) {
+    const char *op = "mlp_residual_fwd";
+    CG_CHECK(!norm == !!x, "", "op %s: x and norm go one without the other (norm: x is layernorm(res))", op);
+    Tensor xn;   // layernorm(res) (N, C)
+    if (norm) {
+        xn = *res;
+        xn.data = cg_calloc(xn.numel ? xn.numel : 1, sizeof(float));
+        xn.grad = NULL;
+        cpu_layernorm_fwd(ctx, res, NULL, norm->w, norm->b, norm->eps, NULL, &xn, NULL, NULL);
+        x = &xn;
+    }
+    const LinearDims ld = linear_dims(op, x, w1);
     Tensor h = *x;   // (N, Hd)
     tensor_set_shape(&h, 2, (int[]){(int)ld.N, ld.M});
     h.data = cg_calloc(h.numel ? h.numel : 1, sizeof(float));
@@ -196,4 +207,5 @@ void cpu_mlp_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w1, const Ten
     gelu_out_fwd(ctx, x, w1, b1, kind, NULL, &h);
     res_fwd(&h, w2, b2, res, y);
     free(h.data);
+    if (norm) free(xn.data);
 }

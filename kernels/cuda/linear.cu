@@ -49,6 +49,7 @@
 #include "../ops.h"
 #include "../elementwise_shape.h"
 #include "../linear_shape.h"
+#include "../layernorm_shape.h"
 #include <limits.h>
 
 // ---- small kernels -------------------------------------------------------------------------------
@@ -928,26 +929,48 @@ static void gelu_out_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tenso
 
 // y = res + MLP(x): one kernel with the hidden activation on chip where it applies
 // (kernels/cuda/mlp_fused.h: the erf GELU, bf16 x and weights with both biases, fp32 res and y,
-// gspn_t/s/b's widths at 56^2 and 28^2), else linear_fwd with gelu_out into a buffer, then
-// linear_fwd onto res.
-extern "C" void cuda_mlp_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w1, const Tensor *b1,
-                                      const Tensor *w2, const Tensor *b2, GeluKind kind, const Tensor *res,
-                                      Tensor *y) {
+// gspn_t/s/b's widths at 56^2 and 28^2; with norm, fp32 norm weights), else layernorm_fwd into a
+// buffer (with norm), linear_fwd with gelu_out into a buffer, then linear_fwd onto res.
+extern "C" void cuda_mlp_residual_fwd(Ctx *ctx, const Tensor *x, const MlpInputNorm *norm,
+                                      const Tensor *w1, const Tensor *b1, const Tensor *w2,
+                                      const Tensor *b2, GeluKind kind, const Tensor *res, Tensor *y) {
     const char *op = "mlp_residual_fwd";
+    CG_CHECK(!norm == !!x, "", "op %s: x and norm go one without the other (norm: x is layernorm(res))", op);
+    Tensor xn;   // with norm: layernorm(res) (N, C) in w1's dtype, made only where no kernel fuses it
+    if (norm) {
+        cuda_check_tensor(op, "res", res);
+        xn = *res;
+        xn.dtype = w1->dtype;
+        xn.data = NULL;
+        xn.grad = NULL;
+        x = &xn;
+        layernorm_fwd_dims(op, res, NULL, norm->w, norm->b, norm->eps, NULL, &xn, NULL, NULL);
+        if (norm->w) cuda_check_tensor(op, "norm w", norm->w);
+        if (norm->b) cuda_check_tensor(op, "norm b", norm->b);
+    }
     LinearShape s1 = linear_shape(op, x, w1);
     CG_CHECK(w2->ndim == 2 && w2->shape[0] == s1.K && w2->shape[1] == s1.M, "",
              "op %s: fc1 is (%d, %d), fc2 must be (%d, %d)", op, s1.M, s1.K, s1.K, s1.M);
     cuda_check_matrix(op, "res", res, s1.N, s1.K);
     cuda_check_matrix(op, "y", y, s1.N, s1.K);
     if (s1.N == 0) return;
+    const bool norm_f32 = norm && norm->w && norm->b && norm->w->dtype == DTYPE_F32 &&
+                          norm->b->dtype == DTYPE_F32;
+    const MlpFusedNorm fused_norm = {norm_f32 ? tensor_f32(norm->w) : NULL,
+                                     norm_f32 ? tensor_f32(norm->b) : NULL, norm ? norm->eps : 0.0f};
     if (kind == GELU_ERF && s1.act == DTYPE_BF16 && w2->dtype == DTYPE_BF16 && b1 && b2 &&
         b1->dtype == DTYPE_BF16 && b2->dtype == DTYPE_BF16 && res->dtype == DTYPE_F32 &&
-        y->dtype == DTYPE_F32 && res->data != y->data &&
-        cuda_mlp_fused_fwd(ctx, (const bf16 *)x->data, (const bf16 *)w1->data, (const bf16 *)b1->data,
-                           (const bf16 *)w2->data, (const bf16 *)b2->data, (const float *)res->data,
-                           (float *)y->data, (int)s1.N, s1.K, s1.M)) {
+        y->dtype == DTYPE_F32 && res->data != y->data && (!norm || norm_f32) &&
+        cuda_mlp_fused_fwd(ctx, norm ? NULL : (const bf16 *)x->data, norm ? &fused_norm : NULL,
+                           (const bf16 *)w1->data, (const bf16 *)b1->data, (const bf16 *)w2->data,
+                           (const bf16 *)b2->data, (const float *)res->data, (float *)y->data,
+                           (int)s1.N, s1.K, s1.M)) {
         report_flops(ctx, &s1, 2);
         return;
+    }
+    if (norm) {
+        xn.data = cuda_temp_alloc(ctx, xn.numel * dtype_size(xn.dtype));
+        cuda_layernorm_fwd(ctx, res, NULL, norm->w, norm->b, norm->eps, NULL, &xn, NULL, NULL);
     }
     Tensor h = *x;   // (N, Hd) in x's dtype
     const int hshape[2] = {(int)s1.N, s1.M};
@@ -957,6 +980,7 @@ extern "C" void cuda_mlp_residual_fwd(Ctx *ctx, const Tensor *x, const Tensor *w
     gelu_out_fwd(ctx, x, w1, b1, kind, NULL, &h);
     res_fwd(ctx, &h, w2, b2, res, y);
     cuda_temp_free(ctx, h.data);
+    if (norm) cuda_temp_free(ctx, xn.data);
 }
 
 // The shape of a GELU-fused backward, with its GELU kind and dy (N, M) in the activation dtype checked.

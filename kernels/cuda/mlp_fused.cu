@@ -23,6 +23,11 @@
 // (Nsight Compute, H100) and the kernel slower than its products. The end: + b2, + res, fp32 out.
 // The values are the unfused path's up to the order of the fp32 sums.
 //
+// With the block's second LayerNorm in front (NORM): the block stages x as layernorm(res) itself,
+// summed as layernorm.cu's kernels sum at these widths (mlp_norm_rows), so x is the separate
+// norm's to the bit; res is read here and again at the end (from L2), and the norm's bf16 output
+// never goes to memory.
+//
 // Shared memory holds each operand in the MMAs' canonical K-major layout without swizzle: 8 x 8
 // core matrices (8 rows of 16 bytes, 128 contiguous bytes), a row group's core matrices along K
 // next to each other: element (r, k) of a (rows, K) operand at ((r / 8) (K / 8) + k / 8) 64 +
@@ -104,17 +109,93 @@ __global__ void mlp_weight_chunks_kernel(const bf16 *__restrict__ w1, const bf16
     *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
 }
 
+// x's rows as layernorm(res) into xs, rows past n as zeros, bitwise as layernorm_fwd writes them
+// at these widths: ln_fwd_short_kernel (C <= 128) and ln_fwd_kernel (to 256) give pack p (channels
+// 8p .. 8p + 7) of a row to lane p of L = 16 or 32, sum each pack in order, then the packs by a
+// butterfly over xor L/2, ..., 2, 1. Here a row has 4 lanes, lane q its packs q + 4m (m < L/4): the
+// butterfly's stages over m's bits run in registers and the last two (xor 2, 1) as shuffles, which
+// adds the same pairs in the same order (fp addition commutes), so every sum is the same to the bit.
+// The lanes of a row are lane % 8 apart by 8, so 8 consecutive lanes hold 8 consecutive rows: each
+// 16-byte store of a pack fills one core matrix (no bank conflicts), each 32-byte load is a whole
+// sector. A warp takes two groups of 8 rows, all its loads in flight at once.
+template <int C>
+__device__ __forceinline__ void mlp_norm_rows(const float *__restrict__ res, const float *__restrict__ lnw,
+                                              const float *__restrict__ lnb, float eps, bf16 *xs, int row0,
+                                              int rows) {
+    constexpr int L = C <= 128 ? 16 : 32, NPK = L / 4, GROUPS = MLPF_ROWS / 8 / (MLPF_THREADS / 32);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, q = lane / 8;
+    float v[GROUPS][NPK][8];
+    #pragma unroll
+    for (int u = 0; u < GROUPS; u++) {
+        const int r = (warp + u * (MLPF_THREADS / 32)) * 8 + lane % 8;
+        #pragma unroll
+        for (int k = 0; k < NPK; k++) {
+            const int c = 8 * (q + 4 * k);
+            #pragma unroll
+            for (int j = 0; j < 8; j++) v[u][k][j] = 0.0f;
+            if (c < C && r < rows) load_v<8>(res + (size_t)(row0 + r) * C + c, v[u][k]);
+        }
+    }
+    #pragma unroll
+    for (int u = 0; u < GROUPS; u++) {
+        const int r = (warp + u * (MLPF_THREADS / 32)) * 8 + lane % 8;
+        // the butterfly: packs in registers (stages xor L/2 .. 4), then lanes (xor 2: lane ^ 16,
+        // xor 1: lane ^ 8)
+        const auto row_sum = [&](float (&t)[NPK]) {
+            #pragma unroll
+            for (int h = NPK / 2; h >= 1; h /= 2)
+                #pragma unroll
+                for (int k = 0; k < h; k++) t[k] = t[k] + t[k + h];
+            float a = t[0];
+            a += __shfl_xor_sync(0xffffffffu, a, 16);
+            a += __shfl_xor_sync(0xffffffffu, a, 8);
+            return a;
+        };
+        float t[NPK];
+        #pragma unroll
+        for (int k = 0; k < NPK; k++) {
+            float s = 0.0f;
+            #pragma unroll
+            for (int j = 0; j < 8; j++) s += v[u][k][j];
+            t[k] = s;
+        }
+        const float m = row_sum(t) / (float)C;
+        #pragma unroll
+        for (int k = 0; k < NPK; k++) {
+            float d2 = 0.0f;
+            if (8 * (q + 4 * k) < C) {
+                #pragma unroll
+                for (int j = 0; j < 8; j++) d2 += (v[u][k][j] - m) * (v[u][k][j] - m);
+            }
+            t[k] = d2;
+        }
+        const float rs = 1.0f / sqrtf(row_sum(t) / (float)C + eps);
+        #pragma unroll
+        for (int k = 0; k < NPK; k++) {
+            const int c = 8 * (q + 4 * k);
+            if (c >= C) continue;
+            float vw[8], vb[8], out[8];
+            load_v<8>(lnw + c, vw);
+            load_v<8>(lnb + c, vb);
+            #pragma unroll
+            for (int j = 0; j < 8; j++) out[j] = r < rows ? (v[u][k][j] - m) * rs * vw[j] + vb[j] : 0.0f;
+            Vec<bf16, 8>::of(out).store(xs + core_at(r, c, C));
+        }
+    }
+}
+
 // wgmma reads shared memory through the async proxy: make the cp.async writes visible to it.
 __device__ __forceinline__ void fence_async_shared() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// C: the model width (x's and y's columns), H: hidden units (a multiple of MLPF_CHUNK).
-template <int C>
+// C: the model width (x's and y's columns), H: hidden units (a multiple of MLPF_CHUNK). NORM: x
+// is layernorm(res) with lnw, lnb and eps (x itself unused).
+template <int C, bool NORM>
 __global__ void __launch_bounds__(MLPF_THREADS, C <= 128 ? 2 : 1)
 mlp_fused_kernel(const bf16 *__restrict__ x, const bf16 *__restrict__ wc, const bf16 *__restrict__ b1,
                  const bf16 *__restrict__ b2, const float *__restrict__ res, float *__restrict__ y, int n,
-                 int H) {
+                 int H, const float *__restrict__ lnw, const float *__restrict__ lnb, float eps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int NT = C / 8, KS = C / 16, CHUNK = 128 * C;   // a chunk's elements (wc)
     extern __shared__ __align__(128) unsigned char mlpf_smem[];
@@ -132,13 +213,17 @@ mlp_fused_kernel(const bf16 *__restrict__ x, const bf16 *__restrict__ wc, const 
         mbar_init_fence();
         bulk_copy_g2s(ws, wc, CHUNK * sizeof(bf16), &full[0]);
     }
-    for (int e = threadIdx.x; e < MLPF_ROWS * (C / 8); e += blockDim.x) {
-        const int r = e / (8 * (C / 8)) * 8 + e % 8, p = e / 8 % (C / 8);
-        bf16 *d = xs + core_at(r, p * 8, C);
-        if (r < rows) cp_async<16>(d, x + (size_t)(row0 + r) * C + p * 8);
-        else *reinterpret_cast<uint4 *>(d) = make_uint4(0, 0, 0, 0);
+    if constexpr (NORM) {
+        mlp_norm_rows<C>(res, lnw, lnb, eps, xs, row0, rows);
+    } else {
+        for (int e = threadIdx.x; e < MLPF_ROWS * (C / 8); e += blockDim.x) {
+            const int r = e / (8 * (C / 8)) * 8 + e % 8, p = e / 8 % (C / 8);
+            bf16 *d = xs + core_at(r, p * 8, C);
+            if (r < rows) cp_async<16>(d, x + (size_t)(row0 + r) * C + p * 8);
+            else *reinterpret_cast<uint4 *>(d) = make_uint4(0, 0, 0, 0);
+        }
+        cp_async_commit();
     }
-    cp_async_commit();
 
     float acc[NT * 4];   // the warpgroup's 64 x C sums: n-tile t, rows g4 and g4 + 8 of the warp's 16
     #pragma unroll
@@ -220,8 +305,8 @@ mlp_fused_kernel(const bf16 *__restrict__ x, const bf16 *__restrict__ wc, const 
 }
 
 template <int C>
-bool launch(Ctx *ctx, const bf16 *x, const bf16 *w1, const bf16 *b1, const bf16 *w2, const bf16 *b2,
-            const float *res, float *y, int n, int H) {
+bool launch(Ctx *ctx, const bf16 *x, const MlpFusedNorm *norm, const bf16 *w1, const bf16 *b1,
+            const bf16 *w2, const bf16 *b2, const float *res, float *y, int n, int H) {
     const size_t chunk = (size_t)128 * C * sizeof(bf16);
     const size_t smem = (size_t)MLPF_ROWS * C * sizeof(bf16) + 2 * chunk + 2 * sizeof(uint64_t);
     bf16 *wc = (bf16 *)cuda_temp_alloc(ctx, (size_t)H / MLPF_CHUNK * chunk);
@@ -229,10 +314,11 @@ bool launch(Ctx *ctx, const bf16 *x, const bf16 *w1, const bf16 *b1, const bf16 
     mlp_weight_chunks_kernel<<<(unsigned)((pieces + 255) / 256), 256, 0, cuda_stream_of(ctx)>>>(
         w1, w2, wc, C, H);
     CUDA_CHECK_LAUNCH();
-    auto kernel = mlp_fused_kernel<C>;
+    auto kernel = norm ? mlp_fused_kernel<C, true> : mlp_fused_kernel<C, false>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     kernel<<<(unsigned)((n + MLPF_ROWS - 1) / MLPF_ROWS), MLPF_THREADS, smem, cuda_stream_of(ctx)>>>(
-        x, wc, b1, b2, res, y, n, H);
+        x, wc, b1, b2, res, y, n, H, norm ? norm->w : nullptr, norm ? norm->b : nullptr,
+        norm ? norm->eps : 0.0f);
     CUDA_CHECK_LAUNCH();
     cuda_temp_free(ctx, wc);
     return true;
@@ -240,27 +326,28 @@ bool launch(Ctx *ctx, const bf16 *x, const bf16 *w1, const bf16 *b1, const bf16 
 
 }  // namespace
 
-bool cuda_mlp_fused_fwd(Ctx *ctx, const bf16 *x, const bf16 *w1, const bf16 *b1, const bf16 *w2,
-                        const bf16 *b2, const float *res, float *y, int n, int c, int h) {
+bool cuda_mlp_fused_fwd(Ctx *ctx, const bf16 *x, const MlpFusedNorm *norm, const bf16 *w1,
+                        const bf16 *b1, const bf16 *w2, const bf16 *b2, const float *res, float *y,
+                        int n, int c, int h) {
     if (n <= 0 || !b1 || !b2 || ((uintptr_t)b1 & 3) != 0 || h % MLPF_CHUNK != 0 ||
-        cuda_ctx_of(ctx)->cc != 90 || !aligned16(x) || !aligned16(w1) || !aligned16(w2) ||
-        !aligned16(res) || !aligned16(y))
+        cuda_ctx_of(ctx)->cc != 90 || (norm ? !aligned16(norm->w) || !aligned16(norm->b) : !aligned16(x)) ||
+        !aligned16(w1) || !aligned16(w2) || !aligned16(res) || !aligned16(y))
         return false;
     switch (c) {
-    case 96: return launch<96>(ctx, x, w1, b1, w2, b2, res, y, n, h);
-    case 112: return launch<112>(ctx, x, w1, b1, w2, b2, res, y, n, h);
-    case 128: return launch<128>(ctx, x, w1, b1, w2, b2, res, y, n, h);
-    case 192: return launch<192>(ctx, x, w1, b1, w2, b2, res, y, n, h);
-    case 224: return launch<224>(ctx, x, w1, b1, w2, b2, res, y, n, h);
-    case 256: return launch<256>(ctx, x, w1, b1, w2, b2, res, y, n, h);   // one block an SM
+    case 96: return launch<96>(ctx, x, norm, w1, b1, w2, b2, res, y, n, h);
+    case 112: return launch<112>(ctx, x, norm, w1, b1, w2, b2, res, y, n, h);
+    case 128: return launch<128>(ctx, x, norm, w1, b1, w2, b2, res, y, n, h);
+    case 192: return launch<192>(ctx, x, norm, w1, b1, w2, b2, res, y, n, h);
+    case 224: return launch<224>(ctx, x, norm, w1, b1, w2, b2, res, y, n, h);
+    case 256: return launch<256>(ctx, x, norm, w1, b1, w2, b2, res, y, n, h);   // one block an SM
     default: return false;
     }
 }
 
 #else   // built without CUTLASS, or not for sm_90a: the caller runs the two ops
 
-bool cuda_mlp_fused_fwd(Ctx *, const bf16 *, const bf16 *, const bf16 *, const bf16 *, const bf16 *,
-                        const float *, float *, int, int, int) {
+bool cuda_mlp_fused_fwd(Ctx *, const bf16 *, const MlpFusedNorm *, const bf16 *, const bf16 *,
+                        const bf16 *, const bf16 *, const float *, float *, int, int, int) {
     return false;
 }
 

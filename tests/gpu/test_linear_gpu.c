@@ -338,11 +338,11 @@ static int check_mlp_residual_fwd(Ctx *g, int N, int C, int Hd, DType dt, uint64
     Tensor *w1 = host_rand(test_tensor(2, Hd, C), seed + 1, r), *b1 = host_rand(test_tensor(1, Hd), seed + 2, r);
     Tensor *w2 = host_rand(test_tensor(2, C, Hd), seed + 3, r), *b2 = host_rand(test_tensor(1, C), seed + 4, r);
     Tensor *res = host_rand(test_tensor(2, N, C), seed + 5, 0), *y = test_tensor(2, N, C);
-    cpu_mlp_residual_fwd(&cpu, x, w1, b1, w2, b2, GELU_ERF, res, y);
+    cpu_mlp_residual_fwd(&cpu, x, NULL, w1, b1, w2, b2, GELU_ERF, res, y);
     Tensor *gx = gpu_test_upload(g, x, dt), *gw1 = gpu_test_upload(g, w1, dt), *gb1 = gpu_test_upload(g, b1, dt);
     Tensor *gw2 = gpu_test_upload(g, w2, dt), *gb2 = gpu_test_upload(g, b2, dt);
     Tensor *gres = gpu_test_upload(g, res, DTYPE_F32), *gy = gpu_poison(g, y, DTYPE_F32);
-    op_mlp_residual_fwd(g, gx, gw1, gb1, gw2, gb2, GELU_ERF, gres, gy);
+    op_mlp_residual_fwd(g, gx, NULL, gw1, gb1, gw2, gb2, GELU_ERF, gres, gy);
     int fails = check(g, "mlp_residual_fwd", "y", &c, gy, y, tols_for(dt)->act);
     Tensor *h = test_tensor(2, N, Hd);
     Tensor *gh = gpu_poison(g, h, dt), *gy2 = gpu_poison(g, y, DTYPE_F32);
@@ -353,8 +353,30 @@ static int check_mlp_residual_fwd(Ctx *g, int N, int C, int Hd, DType dt, uint64
     memcpy(y2->data, two, y2->numel * sizeof(float));
     free(two);
     fails += check(g, "mlp_residual_fwd against the two ops", "y", &c, gy, y2, r ? 1e-3 : FP32_TOL);
-    Tensor *gpu[] = {gx, gw1, gb1, gw2, gb2, gres, gy, gh, gy2}, *host[] = {x, w1, b1, w2, b2, res, y, h, y2};
-    for (int i = 0; i < 9; i++) { gpu_test_free(gpu[i]); test_tensor_free(host[i]); }
+
+    // With the LayerNorm in front (norm: x = layernorm(res)). Against the CPU, whose normalized
+    // rows stay fp32 where the GPU's are rounded to bf16 as layernorm_fwd stores them: one more
+    // rounding of 2^-9 at most an element of x beside pre's and h's, within the act bound. Against
+    // layernorm_fwd, then the op on its output: 0, since the fused kernel normalizes each row
+    // with layernorm.cu's sums in layernorm.cu's order, and the fallback is those two ops.
+    const float eps = 1e-5f;
+    Tensor *lnw = host_rand(test_tensor(1, C), seed + 6, 0), *lnb = host_rand(test_tensor(1, C), seed + 7, 0);
+    Tensor *yn = test_tensor(2, N, C);
+    cpu_mlp_residual_fwd(&cpu, NULL, &(MlpInputNorm){lnw, lnb, eps}, w1, b1, w2, b2, GELU_ERF, res, yn);
+    Tensor *glnw = gpu_test_upload(g, lnw, DTYPE_F32), *glnb = gpu_test_upload(g, lnb, DTYPE_F32);
+    Tensor *gyn = gpu_poison(g, yn, DTYPE_F32), *gyn2 = gpu_poison(g, yn, DTYPE_F32), *gxn = gpu_poison(g, x, dt);
+    op_mlp_residual_fwd(g, NULL, &(MlpInputNorm){glnw, glnb, eps}, gw1, gb1, gw2, gb2, GELU_ERF, gres, gyn);
+    fails += check(g, "mlp_residual_fwd with its norm", "y", &c, gyn, yn, tols_for(dt)->act);
+    op_layernorm_fwd(g, gres, NULL, glnw, glnb, eps, NULL, gxn, NULL, NULL);
+    op_mlp_residual_fwd(g, gxn, NULL, gw1, gb1, gw2, gb2, GELU_ERF, gres, gyn2);
+    float *apart = tensor_to_host_f32(g, gyn2);
+    memcpy(yn->data, apart, yn->numel * sizeof(float));
+    free(apart);
+    fails += check(g, "mlp_residual_fwd with its norm against layernorm_fwd, then the op", "y", &c, gyn, yn, 0.0);
+    Tensor *gpu[] = {gx, gw1, gb1, gw2, gb2, gres, gy, gh, gy2, glnw, glnb, gyn, gyn2, gxn};
+    Tensor *host[] = {x, w1, b1, w2, b2, res, y, h, y2, lnw, lnb, yn};
+    for (int i = 0; i < 14; i++) gpu_test_free(gpu[i]);
+    for (int i = 0; i < 12; i++) test_tensor_free(host[i]);
     return fails;
 }
 
