@@ -556,7 +556,7 @@ static void dwconv_cases(OpCaseList *l) {
 
 enum { CV_X, CV_W, CV_B, CV_COLS, CV_Y, CV_DY, CV_DX, CV_DW, CV_DB };
 static void fwd_conv2d(Ctx *ctx, Tensor *const *t, const OpCase *c) {
-    op_conv2d_fwd(ctx, T(CV_X), T(CV_W), T(CV_B), c->i[0], c->i[1], c->i[2], T(CV_COLS), T(CV_Y));
+    op_conv2d_fwd(ctx, T(CV_X), T(CV_W), T(CV_B), c->i[0], c->i[1], c->i[2], NULL, T(CV_COLS), T(CV_Y));
 }
 static void bwd_conv2d(Ctx *ctx, Tensor *const *t, const OpCase *c) {
     op_conv2d_bwd(ctx, T(CV_DY), T(CV_COLS), T(CV_W), c->i[0], c->i[1], c->i[2], c->i[3], T(CV_DX),

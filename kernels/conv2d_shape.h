@@ -3,6 +3,7 @@
 #pragma once
 #include "tensor.h"
 #include "error.h"
+#include "elementwise_shape.h"   // gelu_check_kind (and ops.h: Conv2dFwdOpts)
 
 typedef struct Conv2dShape {
     int B, C, H, W, k, s, p, Ho, Wo, Cout;
@@ -72,4 +73,13 @@ static inline void conv2d_check_cols(const char *op, const Conv2dShape *g, const
 static inline void conv2d_check_bias(const char *op, const Conv2dShape *g, const Tensor *b) {
     CG_CHECK(b->numel == (size_t)g->Cout, "", "op %s: b has %zu elements, w has %d outputs", op,
              b->numel, g->Cout);
+}
+
+// The fusions (the norm's weights checked by the norm, or the kernel that fuses it).
+static inline void conv2d_check_opts(const char *op, const Conv2dFwdOpts *o, const Tensor *cols) {
+    if (!o) return;
+    CG_CHECK(o->ln || !o->gelu_out, "", "op %s: gelu_out comes only after the LayerNorm (ln)", op);
+    CG_CHECK(!o->ln || !cols, "keep cols NULL where the norm is fused: no backward follows",
+             "op %s: ln with cols", op);
+    if (o->gelu_out) gelu_check_kind(op, o->gelu_kind);
 }

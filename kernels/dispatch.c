@@ -18,6 +18,9 @@ static double arg_bytes_linear_fwd(const LinearFwdOpts *const *o) {
 static double arg_bytes_linear_bwd(const LinearBwdOpts *const *o) {
     return *o ? arg_bytes_const(&(*o)->pre) + arg_bytes_tensor(&(*o)->dpre_db) : 0.0;
 }
+static double arg_bytes_conv2d_fwd(const Conv2dFwdOpts *const *o) {
+    return *o ? arg_bytes_const(&(*o)->ln_w) + arg_bytes_const(&(*o)->ln_b) : 0.0;
+}
 static double arg_bytes_mlp_norm(const MlpInputNorm *const *o) {
     return *o ? arg_bytes_const(&(*o)->w) + arg_bytes_const(&(*o)->b) : 0.0;
 }
@@ -25,6 +28,7 @@ static double arg_bytes_mlp_norm(const MlpInputNorm *const *o) {
     _Generic((a), Tensor *: arg_bytes_tensor, const Tensor *: arg_bytes_const,            \
              const LinearFwdOpts *: arg_bytes_linear_fwd,                                 \
              const LinearBwdOpts *: arg_bytes_linear_bwd,                                 \
+             const Conv2dFwdOpts *: arg_bytes_conv2d_fwd,                                 \
              const MlpInputNorm *: arg_bytes_mlp_norm, default: arg_bytes_other)(&(a))
 // + ARG_BYTES(a) for every argument (an op has at most 12).
 #define ARGS_N(...) ARGS_N_(__VA_ARGS__, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)

@@ -57,6 +57,14 @@ typedef struct LinearBwdOpts {
     const Tensor *pre;    // the GELU's input, x's dtype: gelu_out (N,M); gelu_in (N,K)
     Tensor *dpre_db;      // gelu_in: (K) fp32 += the column sums of pre's gradient; or NULL
 } LinearBwdOpts;
+// conv2d_fwd's fusions (its entry): NULL, or ln 0, is a plain convolution.
+typedef struct Conv2dFwdOpts {
+    int ln;                      // y = layernorm(conv) over Cout with ln_w, ln_b (Cout, the
+    const Tensor *ln_w, *ln_b;   // parameter dtype; either may be NULL) and ln_eps
+    float ln_eps;
+    int gelu_out;                // with ln: y = gelu(layernorm(conv)), of kind gelu_kind
+    GeluKind gelu_kind;
+} Conv2dFwdOpts;
 // mlp_residual_fwd's LayerNorm in front (its entry): the MLP reads layernorm(res).
 typedef struct MlpInputNorm {
     const Tensor *w, *b;   // (C) in the parameter dtype, either may be NULL (1 and 0)

@@ -167,9 +167,13 @@ OP(attention_pool_fwd, (Ctx *ctx, const Tensor *q, const Tensor *kv, int heads, 
 // as the GEMM's dtype). cols (B*Ho*Wo, C*k*k), w's dtype: the windows, kept for the backward in
 // an order of the backend's choosing (kernels/cpu/conv2d.c, kernels/cuda/conv2d.cu), or NULL
 // when no backward follows (then the backend uses scratch).
+// opts (NULL: none) with ln: y = layernorm(conv), with gelu_out too y = gelu(layernorm(conv)),
+// each stage rounded to y's dtype as conv2d_fwd, layernorm_fwd and gelu_fwd write them; cols
+// NULL (no backward follows): gspn_hier's stem in inference, whose norm and GELU then need no
+// passes of their own.
 OP(conv2d_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, int nchw, int stride,
-       int pad, Tensor *cols, Tensor *y),
-   (ctx, x, w, b, nchw, stride, pad, cols, y))
+       int pad, const Conv2dFwdOpts *opts, Tensor *cols, Tensor *y),
+   (ctx, x, w, b, nchw, stride, pad, opts, cols, y))
 // From dy (y's dtype) and the forward's cols: dx (x's shape and dtype) += dL/dx, or = with
 // CONV2D_WRITE_DX (every element written, its prior values never read); dw, db (fp32) +=
 // theirs. Any of them NULL: skipped. An input element sums its taps in (ky, kx) order.

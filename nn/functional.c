@@ -756,24 +756,42 @@ static void conv2d_backward(Tape *t, void *p) {
     op_conv2d_bwd(t->ctx, r->y->grad, r->cols, r->w, r->nchw, r->stride, r->pad,
                   fresh ? CONV2D_WRITE_DX : 0, dx, tape_grad(t, r->w), tape_grad(t, r->b));
 }
-Tensor *nn_conv2d(Tape *t, Tensor *x, Tensor *w, Tensor *b, int nchw, int stride, int pad) {
-    CG_CHECK(x->ndim == 4 && w->ndim == 4 && w->shape[2] == w->shape[3], "",
+// y (B,Ho,Wo,Cout) of x under w, in w's dtype; *x as the op reads it: in fp32 (an image, the fp32
+// stream) as it is, anything else cast to w's dtype.
+static Tensor *conv2d_output(Tape *t, Tensor **x, const Tensor *w, int nchw, int stride, int pad) {
+    const Tensor *xi = *x;
+    CG_CHECK(xi->ndim == 4 && w->ndim == 4 && w->shape[2] == w->shape[3], "",
              "conv2d: x (B,H,W,C) or (B,C,H,W) and w (Cout, C, k, k)");
-    int k = w->shape[3], C = w->shape[1], Cout = w->shape[0], B = x->shape[0];
-    int H = nchw ? x->shape[2] : x->shape[1], W = nchw ? x->shape[3] : x->shape[2];
-    CG_CHECK((nchw ? x->shape[1] : x->shape[3]) == C, "", "conv2d: %d input channels, the weight "
-             "takes %d", nchw ? x->shape[1] : x->shape[3], C);
+    int k = w->shape[3], C = w->shape[1], Cout = w->shape[0], B = xi->shape[0];
+    int H = nchw ? xi->shape[2] : xi->shape[1], W = nchw ? xi->shape[3] : xi->shape[2];
+    CG_CHECK((nchw ? xi->shape[1] : xi->shape[3]) == C, "", "conv2d: %d input channels, the weight "
+             "takes %d", nchw ? xi->shape[1] : xi->shape[3], C);
     int Ho = (H + 2 * pad - k) / stride + 1, Wo = (W + 2 * pad - k) / stride + 1;
-    // x in fp32 (an image, the fp32 stream) is read as it is, anything else in w's dtype; y and
-    // the columns are in w's.
-    if (x->dtype != DTYPE_F32) x = nn_cast(t, x, w->dtype);
-    const bool f32 = w->dtype == DTYPE_F32;
-    Tensor *y = tape_tensor(t, 4, (int[]){B, Ho, Wo, Cout}, f32);
+    if (xi->dtype != DTYPE_F32) *x = nn_cast(t, *x, w->dtype);
+    return tape_tensor(t, 4, (int[]){B, Ho, Wo, Cout}, w->dtype == DTYPE_F32);
+}
+Tensor *nn_conv2d(Tape *t, Tensor *x, Tensor *w, Tensor *b, int nchw, int stride, int pad) {
+    Tensor *y = conv2d_output(t, &x, w, nchw, stride, pad);
     const bool track = tape_track(t, y, x, w, b);
-    Tensor *cols = track ? tape_tensor(t, 2, (int[]){B * Ho * Wo, C * k * k}, f32) : NULL;
-    op_conv2d_fwd(t->ctx, x, w, b, nchw, stride, pad, cols, y);
+    const int k = w->shape[3];
+    Tensor *cols = track ? tape_tensor(t, 2, (int[]){(int)tensor_rows(y), w->shape[1] * k * k},
+                                       w->dtype == DTYPE_F32)
+                         : NULL;
+    op_conv2d_fwd(t->ctx, x, w, b, nchw, stride, pad, NULL, cols, y);
     if (track)
         *(Conv2dRec *)tape_record(t, conv2d_backward, sizeof(Conv2dRec)) =
             (Conv2dRec){x, w, b, cols, y, nchw, stride, pad};
+    return y;
+}
+Tensor *nn_conv2d_layernorm_gelu(Tape *t, Tensor *x, Tensor *w, Tensor *b, int nchw, int stride,
+                                 int pad, Tensor *ln_w, Tensor *ln_b, float eps, GeluKind kind) {
+    if (tape_would_track(t, x, w, b) || tape_would_track(t, ln_w, ln_b, NULL) ||
+        w->dtype != t->ctx->act_dtype)   // the norm writes the activation dtype, the conv w's
+        return nn_gelu(t, nn_layernorm(t, nn_conv2d(t, x, w, b, nchw, stride, pad), ln_w, ln_b, eps),
+                       kind);
+    Tensor *y = conv2d_output(t, &x, w, nchw, stride, pad);
+    const Conv2dFwdOpts o = {.ln = 1, .ln_w = ln_w, .ln_b = ln_b, .ln_eps = eps, .gelu_out = 1,
+                             .gelu_kind = kind};
+    op_conv2d_fwd(t->ctx, x, w, b, nchw, stride, pad, &o, NULL, y);
     return y;
 }

@@ -70,6 +70,11 @@ Tensor *nn_dwconv_silu_linear(Tape *t, Tensor *x, Tensor *cw, Tensor *cb, Tensor
 // (B,C,H,W) images with nchw, fp32 or in w's dtype, w (Cout,C,k,k) PyTorch's layout, b (Cout) or
 // NULL -> (B,Ho,Wo,Cout) channels-last in w's dtype. GSPN's stem and downsampling.
 Tensor *nn_conv2d(Tape *t, Tensor *x, Tensor *w, Tensor *b, int nchw, int stride, int pad);
+// nn_gelu(nn_layernorm(nn_conv2d(x, w, b, ...), ln_w, ln_b, eps), kind): where nothing is
+// recorded, one op (conv2d_fwd with its norm and GELU: on the GPU the stem's kernel makes all
+// three); else the three records.
+Tensor *nn_conv2d_layernorm_gelu(Tape *t, Tensor *x, Tensor *w, Tensor *b, int nchw, int stride,
+                                 int pad, Tensor *ln_w, Tensor *ln_b, float eps, GeluKind kind);
 Tensor *nn_patch_embed(Tape *t, Tensor *img, Tensor *w, Tensor *b, int patch); // -> (B,H,W,D)
 Tensor *nn_add(Tape *t, Tensor *a, Tensor *b);
 Tensor *nn_scale(Tape *t, Tensor *x, float s);

@@ -204,11 +204,11 @@ Tensor *hier_forward(Tape *t, const HierEncoder *h, const EncoderConfig *c,
              "check img_size and in_chans", "images of shape (%d,%d,%d,%d), the encoder expects "
              "(B,%d,%d,%d)", img->shape[0], img->shape[1], img->shape[2], img->shape[3],
              c->in_chans, c->img_h, c->img_w);
-    Tensor *x = layernorm(t, &h->stem_norm1, conv2d(t, &h->stem1, img, 1));
+    Tensor *x = conv2d_layernorm_gelu(t, &h->stem1, &h->stem_norm1, img, 1);
     // The residual stream is fp32, as in the isotropic encoders; the norms that start it write
     // fp32 (PyTorch's autocast runs them in fp32): their gradient is not rounded to bf16 before
     // their backward, whose cancellations would magnify it.
-    x = layernorm_f32(t, &h->stem_norm2, conv2d(t, &h->stem2, nn_gelu(t, x, GELU_ERF), 0));
+    x = layernorm_f32(t, &h->stem_norm2, conv2d(t, &h->stem2, x, 0));
     int i = 0;
     for (int s = 0; s < HIER_STAGES; s++) {
         for (int j = 0; j < c->depths[s]; j++, i++) {

@@ -153,4 +153,9 @@ Tensor *conv2d(Tape *t, const Conv2d *c, Tensor *x, int nchw) {
     return nn_conv2d(t, x, c->w, c->b, nchw, c->stride, c->pad);
 }
 
+Tensor *conv2d_layernorm_gelu(Tape *t, const Conv2d *c, const LayerNorm *l, Tensor *x, int nchw) {
+    return nn_conv2d_layernorm_gelu(t, x, c->w, c->b, nchw, c->stride, c->pad, l->w, l->b, l->eps,
+                                    GELU_ERF);
+}
+
 Tensor *dwconv(Tape *t, const Conv2d *c, Tensor *x) { return nn_dwconv(t, x, c->w, c->b); }

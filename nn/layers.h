@@ -62,6 +62,9 @@ Tensor *attention(Tape *t, const Attention *a, Tensor *x);      // x (B,N,C)
 Tensor *cgspn_layer(Tape *t, const CgspnLayer *l, Tensor *x);   // x (B,H,W,C)
 // x (B,H,W,C), or (B,C,H,W) images with nchw -> (B,Ho,Wo,Cout) in the activation dtype.
 Tensor *conv2d(Tape *t, const Conv2d *c, Tensor *x, int nchw);
+// gelu(layernorm(conv2d(x))), the erf GELU (nn_conv2d_layernorm_gelu: one op where nothing is
+// recorded).
+Tensor *conv2d_layernorm_gelu(Tape *t, const Conv2d *c, const LayerNorm *l, Tensor *x, int nchw);
 Tensor *dwconv(Tape *t, const Conv2d *c, Tensor *x);             // (B,H,W,C), x's dtype
 // The mixing layers up to their output projection (the layer is that projection of it), for a
 // block that fuses the projection with its residual add: attention's heads (B,N,C), C-GSPN's

@@ -567,7 +567,7 @@ static void check_conv(int nchw, int B, int C, int H, int W, int Cout, int k, in
     test_fill(x, 91, -1, 1);
     test_fill(w, 92, -1, 1);
     test_fill(bias, 93, -1, 1);
-    cpu_conv2d_fwd(&ctx, x, w, bias, nchw, s, p, cols, y);
+    cpu_conv2d_fwd(&ctx, x, w, bias, nchw, s, p, NULL, cols, y);
     double *ref = calloc(y->numel, sizeof(double));
     for (int b = 0; b < B; b++)
         for (int ho = 0; ho < Ho; ho++)
@@ -626,7 +626,7 @@ static void test_conv2d_matches_direct_and_its_adjoint(void **state) {
 // than the padded image. Each runs in a child process (expect_stop).
 static void conv_fwd_of(Tensor *x, Tensor *w, Tensor *y, int stride, int pad) {
     Ctx ctx = ctx_cpu();
-    cpu_conv2d_fwd(&ctx, x, w, NULL, 0, stride, pad, NULL, y);
+    cpu_conv2d_fwd(&ctx, x, w, NULL, 0, stride, pad, NULL, NULL, y);
 }
 static void conv_channels_differ(void) {
     conv_fwd_of(test_tensor(4, 1, 6, 6, 4), test_tensor(4, 8, 3, 3, 3), test_tensor(4, 1, 3, 3, 8), 2, 1);
@@ -654,6 +654,16 @@ static void conv_dx_channels_differ(void) {   // the backward names dx, not x
     cpu_conv2d_bwd(&ctx, dy, cols, w, 0, 2, 1, 0, dx, NULL, NULL);
 }
 
+static void conv_gelu_without_norm(void) {
+    Ctx ctx = ctx_cpu();
+    cpu_conv2d_fwd(&ctx, test_tensor(4, 1, 6, 6, 4), test_tensor(4, 8, 4, 3, 3), NULL, 0, 2, 1,
+                   &(Conv2dFwdOpts){.gelu_out = 1}, NULL, test_tensor(4, 1, 3, 3, 8));
+}
+static void conv_norm_with_cols(void) {
+    Ctx ctx = ctx_cpu();
+    cpu_conv2d_fwd(&ctx, test_tensor(4, 1, 6, 6, 4), test_tensor(4, 8, 4, 3, 3), NULL, 0, 2, 1,
+                   &(Conv2dFwdOpts){.ln = 1}, test_tensor(2, 9, 36), test_tensor(4, 1, 3, 3, 8));
+}
 static void test_conv2d_rejects_bad_shapes_with_a_message(void **state) {
     expect_stop(conv_channels_differ, (const char *[]){"conv2d_fwd", "x has 4 channels, w takes 3", NULL});
     expect_stop(conv_kernel_not_square, (const char *[]){"conv2d_fwd", "expected (Cout, C, k, k)", NULL});
@@ -661,6 +671,36 @@ static void test_conv2d_rejects_bad_shapes_with_a_message(void **state) {
     expect_stop(conv_cols_one_row_short, (const char *[]){"conv2d_bwd", "cols has 288 elements", NULL});
     expect_stop(conv_kernel_past_the_padding, (const char *[]){"conv2d_fwd", "kernel 5", NULL});
     expect_stop(conv_dx_channels_differ, (const char *[]){"conv2d_bwd", "dx has 5 channels, w takes 4", NULL});
+    expect_stop(conv_gelu_without_norm, (const char *[]){"conv2d_fwd", "gelu_out comes only after", NULL});
+    expect_stop(conv_norm_with_cols, (const char *[]){"conv2d_fwd", "ln with cols", NULL});
+}
+
+// The stem's fusion (opts: ln, then gelu_out): the convolution, layernorm_fwd and gelu_fwd in
+// turn, to the bit (the CPU's op runs those three), with the norm's weights and without.
+static void test_conv2d_norm_gelu_is_the_three_ops(void **state) {
+    Ctx ctx = ctx_cpu();
+    Tensor *x = test_tensor(4, 2, 3, 9, 11), *w = test_tensor(4, 16, 3, 3, 3), *b = test_tensor(1, 16);
+    Tensor *lw = test_tensor(1, 16), *lb = test_tensor(1, 16), *y = test_tensor(4, 2, 5, 6, 16);
+    Tensor *conv = test_like(y), *normed = test_like(y), *want = test_like(y);
+    test_fill(x, 111, -1, 1);
+    test_fill(w, 112, -1, 1);
+    test_fill(b, 113, -1, 1);
+    test_fill(lw, 114, 0.5f, 1.5f);
+    test_fill(lb, 115, -0.5f, 0.5f);
+    cpu_conv2d_fwd(&ctx, x, w, b, 1, 2, 1, NULL, NULL, conv);
+    for (int with_w = 0; with_w < 2; with_w++)
+        for (int gelu = 0; gelu < 2; gelu++) {
+            const Tensor *nw = with_w ? lw : NULL, *nb = with_w ? lb : NULL;
+            cpu_layernorm_fwd(&ctx, conv, NULL, nw, nb, 1e-5f, NULL, normed, NULL, NULL);
+            if (gelu) cpu_gelu_fwd(&ctx, normed, GELU_ERF, want);
+            else memcpy(want->data, normed->data, want->numel * sizeof(float));
+            const Conv2dFwdOpts o = {.ln = 1, .ln_w = nw, .ln_b = nb, .ln_eps = 1e-5f, .gelu_out = gelu,
+                                     .gelu_kind = GELU_ERF};
+            cpu_conv2d_fwd(&ctx, x, w, b, 1, 2, 1, &o, NULL, y);
+            assert_memory_equal(y->data, want->data, y->numel * sizeof(float));
+        }
+    Tensor *t[] = {x, w, b, lw, lb, y, conv, normed, want};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) test_tensor_free(t[i]);
 }
 
 // ---- bilinear resize -------------------------------------------------------------------------
@@ -1055,6 +1095,7 @@ int main(void) {
         cmocka_unit_test(test_dwconv_rejects_flags_it_does_not_take),
         cmocka_unit_test(test_conv2d_matches_direct_and_its_adjoint),
         cmocka_unit_test(test_conv2d_rejects_bad_shapes_with_a_message),
+        cmocka_unit_test(test_conv2d_norm_gelu_is_the_three_ops),
         cmocka_unit_test(test_resize_forward_matches_pytorch_values_by_hand),
         cmocka_unit_test(test_resize_matches_reference_and_finite_differences),
         cmocka_unit_test(test_resize_rejects_bad_shapes_with_a_message),

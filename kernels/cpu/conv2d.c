@@ -7,6 +7,7 @@
 #include "../conv2d_shape.h"
 #include "cpu_check.h"
 #include <stdlib.h>
+#include <string.h>
 
 static void im2col(const Conv2dShape *g, const float *X, float *Y) {
     const int k = g->k;
@@ -67,8 +68,9 @@ static float *host_alloc(size_t n) {
 }
 
 void cpu_conv2d_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, int nchw,
-                    int stride, int pad, Tensor *cols, Tensor *y) {
+                    int stride, int pad, const Conv2dFwdOpts *opts, Tensor *cols, Tensor *y) {
     const char *op = "conv2d_fwd";
+    conv2d_check_opts(op, opts, cols);
     cpu_check_f32(op, "x", x);
     cpu_check_f32(op, "w", w);
     cpu_check_f32(op, "y", y);
@@ -88,6 +90,15 @@ void cpu_conv2d_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
     Tensor ym = tensor_view(y, 2, (int[]){(int)g.rows, g.Cout});
     cpu_linear_fwd(ctx, &cm, &wm, b, NULL, &ym);
     if (!cols) free(C);
+    if (opts && opts->ln) {   // the norm into a buffer, then the GELU (or a copy) back into y
+        Tensor z = *y;
+        z.data = host_alloc(y->numel);
+        z.grad = NULL;
+        cpu_layernorm_fwd(ctx, y, NULL, opts->ln_w, opts->ln_b, opts->ln_eps, NULL, &z, NULL, NULL);
+        if (opts->gelu_out) cpu_gelu_fwd(ctx, &z, opts->gelu_kind, y);
+        else memcpy(y->data, z.data, y->numel * sizeof(float));
+        free(z.data);
+    }
 }
 
 void cpu_conv2d_bwd(Ctx *ctx, const Tensor *dy, const Tensor *cols, const Tensor *w, int nchw,

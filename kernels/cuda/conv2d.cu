@@ -17,6 +17,7 @@
 #include "conv2d_stem.h"
 #include "../ops.h"
 #include "../conv2d_shape.h"
+#include "../layernorm_shape.h"
 #include <limits.h>
 
 enum { CONV_THREADS = 256, CONV_WARPS = CONV_THREADS / 32 };
@@ -295,17 +296,10 @@ static void check_dtypes(const char *op, const Conv2dShape &g, const Tensor *w, 
              "op %s: a %zu x %zu column matrix exceeds the GEMM's int range", op, g.rows, g.cols);
 }
 
-extern "C" void cuda_conv2d_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, int nchw,
-                                int stride, int pad, Tensor *cols, Tensor *y) {
-    const char *op = "conv2d_fwd";
-    cuda_check_tensor(op, "x", x);
-    cuda_check_tensor(op, "w", w);
-    Conv2dShape g = conv2d_shape(op, "x", x, w, nchw, stride, pad);
-    check_dtypes(op, g, w, x, cols, y, "y", b);
-    conv2d_check_out(op, "y", &g, y, true);
-    if (b) conv2d_check_bias(op, &g, b);
-    if (cols) conv2d_check_cols(op, &g, cols);
-    if (g.rows == 0 || cuda_conv2d_stem(ctx, g, nchw, x, w, b, cols, y)) return;
+// The convolution alone: the stem's kernels where they apply, else the columns and the GEMM.
+static void conv2d_plain(Ctx *ctx, const Conv2dShape &g, const Tensor *x, const Tensor *w, const Tensor *b,
+                         int nchw, Tensor *cols, Tensor *y) {
+    if (cuda_conv2d_stem(ctx, g, nchw, x, w, b, NULL, cols, y)) return;
     const DType dt = w->dtype;
     void *cd = cols ? cols->data : cuda_temp_alloc(ctx, g.rows * g.cols * dtype_size(dt));
     launch_im2col(ctx, g, nchw, x, dt, cd);
@@ -315,6 +309,44 @@ extern "C" void cuda_conv2d_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, cons
     cuda_linear_fwd(ctx, &cm, &wm, b, NULL, &ym);
     if (wg != w->data) cuda_temp_free(ctx, wg);
     if (!cols) cuda_temp_free(ctx, cd);
+}
+
+// With opts' norm (and GELU): the stem's tensor-core kernel makes all three where it applies
+// (kernels/cuda/conv2d_stem.h: fp32 norm weights, both given), else the convolution, then
+// layernorm_fwd into a buffer and gelu_fwd (or a copy) back into y.
+extern "C" void cuda_conv2d_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b, int nchw,
+                                int stride, int pad, const Conv2dFwdOpts *opts, Tensor *cols, Tensor *y) {
+    const char *op = "conv2d_fwd";
+    cuda_check_tensor(op, "x", x);
+    cuda_check_tensor(op, "w", w);
+    Conv2dShape g = conv2d_shape(op, "x", x, w, nchw, stride, pad);
+    check_dtypes(op, g, w, x, cols, y, "y", b);
+    conv2d_check_out(op, "y", &g, y, true);
+    if (b) conv2d_check_bias(op, &g, b);
+    if (cols) conv2d_check_cols(op, &g, cols);
+    conv2d_check_opts(op, opts, cols);
+    const bool ln = opts && opts->ln;
+    if (ln) {
+        layernorm_fwd_dims(op, y, NULL, opts->ln_w, opts->ln_b, opts->ln_eps, NULL, y, NULL, NULL);
+        if (opts->ln_w) cuda_check_tensor(op, "ln_w", opts->ln_w);
+        if (opts->ln_b) cuda_check_tensor(op, "ln_b", opts->ln_b);
+    }
+    if (g.rows == 0) return;
+    if (ln && opts->ln_w && opts->ln_b && opts->ln_w->dtype == DTYPE_F32 && opts->ln_b->dtype == DTYPE_F32 &&
+        (!opts->gelu_out || opts->gelu_kind == GELU_ERF)) {
+        const StemNormGelu post = {tensor_f32(opts->ln_w), tensor_f32(opts->ln_b), opts->ln_eps, opts->gelu_out};
+        if (cuda_conv2d_stem(ctx, g, nchw, x, w, b, &post, cols, y)) return;
+    }
+    conv2d_plain(ctx, g, x, w, b, nchw, cols, y);
+    if (!ln) return;
+    Tensor z = *y;   // the norm's output
+    z.data = cuda_temp_alloc(ctx, y->numel * dtype_size(y->dtype));
+    z.grad = NULL;
+    cuda_layernorm_fwd(ctx, y, NULL, opts->ln_w, opts->ln_b, opts->ln_eps, NULL, &z, NULL, NULL);
+    if (opts->gelu_out) cuda_gelu_fwd(ctx, &z, opts->gelu_kind, y);
+    else CUDA_CHECK(cudaMemcpyAsync(y->data, z.data, y->numel * dtype_size(y->dtype), cudaMemcpyDeviceToDevice,
+                                    cuda_stream_of(ctx)));
+    cuda_temp_free(ctx, z.data);
 }
 
 extern "C" void cuda_conv2d_bwd(Ctx *ctx, const Tensor *dy, const Tensor *cols, const Tensor *w, int nchw,

@@ -8,6 +8,7 @@
 // Where the backward wants the columns, the block writes its rows of them as one contiguous run
 // through shared memory (a row is 54 bytes: written straight, a warp's stores scatter).
 #include "conv2d_stem.h"
+#include "gelu.h"
 #include "mma.cuh"
 #include <algorithm>
 #include <type_traits>
@@ -116,11 +117,76 @@ conv2d_stem_kernel(const TX *__restrict__ x, const TW *__restrict__ w, const TW 
 // lane.
 enum { STEM_MMA_THREADS = 128, STEM_MMA_MAX_NT = 8 };
 
-template <int C, typename TX>
+// A warp's 16 rows of y as conv2d_fwd writes them (bf16), staged (row pitch 72 elements: the
+// MMA layout's 4-byte writes fill 32 banks), then gelu(layernorm(row)) as layernorm_fwd and
+// gelu_fwd write them, to the bit: ln_fwd_short_kernel gives pack p (channels 8p .. 8p + 7) to
+// lane p of 8 (Cout <= 64), sums each pack in order, then the packs by a butterfly over xor 4,
+// 2, 1. Here a row has 2 lanes, lane h its packs h + 2k: stages xor 4 and 2 (k's bits) in
+// registers, xor 1 a shuffle, the same pairs in the same order (fp addition commutes). Packs
+// past Cout are zeros, as that kernel's idle lanes.
+enum { STEM_POST_PITCH = 72 };
+template <bool GELU>
+__device__ __forceinline__ void stem_norm_gelu_rows(const bf16 *stage, const StemNormGelu &post, int cout,
+                                                    bf16 *__restrict__ y, size_t row0, size_t rows) {
+    const int lane = threadIdx.x % 32, r = lane / 2, h = lane % 2;
+    float v[4][8];
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int c = 8 * (h + 2 * k);
+        #pragma unroll
+        for (int j = 0; j < 8; j++) v[k][j] = 0.0f;
+        if (c < cout) load_v<8>(stage + r * STEM_POST_PITCH + c, v[k]);
+    }
+    const auto row_sum = [&](float (&t)[4]) {
+        t[0] = t[0] + t[2];
+        t[1] = t[1] + t[3];
+        float a = t[0] + t[1];
+        return a + __shfl_xor_sync(0xffffffffu, a, 1);
+    };
+    float t[4];
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float s = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < 8; j++) s += v[k][j];
+        t[k] = s;
+    }
+    const float m = row_sum(t) / (float)cout;
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float d2 = 0.0f;
+        if (8 * (h + 2 * k) < cout) {
+            #pragma unroll
+            for (int j = 0; j < 8; j++) d2 += (v[k][j] - m) * (v[k][j] - m);
+        }
+        t[k] = d2;
+    }
+    const float rs = 1.0f / sqrtf(row_sum(t) / (float)cout + post.eps);
+    if (row0 + r >= rows) return;
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int c = 8 * (h + 2 * k);
+        if (c >= cout) continue;
+        float vw[8], vb[8], out[8];
+        load_v<8>(post.w + c, vw);
+        load_v<8>(post.b + c, vb);
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            out[j] = (v[k][j] - m) * rs * vw[j] + vb[j];
+            if (GELU) out[j] = gelu_value<GELU_ERF, true>(round_bf16(out[j]));
+        }
+        store_v<8>(y + (row0 + r) * cout + c, out);
+    }
+}
+
+// POST: y = gelu(layernorm(conv)) (stem_norm_gelu_rows; GELU false: the norm alone).
+template <int C, typename TX, bool POST, bool GELU>
 __global__ void __launch_bounds__(STEM_MMA_THREADS)
 conv2d_stem_mma_kernel(const TX *__restrict__ x, const bf16 *__restrict__ w, const bf16 *__restrict__ bias,
-                       bf16 *__restrict__ y, Conv2dShape g) {
+                       bf16 *__restrict__ y, Conv2dShape g, StemNormGelu post) {
     constexpr int K = 3, KK = C * K * K, KS = (KK + 15) / 16;
+    __shared__ __align__(16) bf16 stage_all[POST ? STEM_MMA_THREADS / 32 : 1][16 * STEM_POST_PITCH];
+    bf16 *stage = stage_all[POST ? threadIdx.x / 32 : 0];
     const int lane = threadIdx.x % 32, g4 = lane / 4, t4 = lane % 4, nts = g.Cout / 8;
     unsigned bw[STEM_MMA_MAX_NT][KS][2];   // w^T: rows 2 t4 (+ 1), + 8 (+ 9) of step ks, column g4
     float bv[STEM_MMA_MAX_NT][2];          // bias at columns 2 t4, 2 t4 + 1
@@ -163,28 +229,41 @@ conv2d_stem_mma_kernel(const TX *__restrict__ x, const bf16 *__restrict__ w, con
                 mma_16816_bf16(acc, a[ks][0], a[ks][1], a[ks][2], a[ks][3], bw[nt][ks][0], bw[nt][ks][1]);
             #pragma unroll
             for (int i = 0; i < 2; i++) {
-                if (r[i] >= g.rows) continue;
                 const float v[2] = {acc[2 * i] + bv[nt][0], acc[2 * i + 1] + bv[nt][1]};
-                store_v<2>(y + r[i] * g.Cout + nt * 8 + 2 * t4, v);
+                if (POST) {   // y's values (bf16) into the warp's stage, the norm reads them there
+                    *reinterpret_cast<unsigned *>(stage + (g4 + 8 * i) * STEM_POST_PITCH + nt * 8 + 2 * t4) =
+                        Vec<bf16, 8>::pair(v[0], v[1]);
+                } else if (r[i] < g.rows) {
+                    store_v<2>(y + r[i] * g.Cout + nt * 8 + 2 * t4, v);
+                }
             }
+        }
+        if (POST) {
+            __syncwarp();
+            stem_norm_gelu_rows<GELU>(stage, post, g.Cout, y, tile * 16, g.rows);
+            __syncwarp();   // the stage is read before the next tile writes it
         }
     }
 }
 
 template <int C, typename TX>
-static void launch_stem_mma(Ctx *ctx, const Conv2dShape &g, const TX *x, const bf16 *w, const bf16 *b, bf16 *y) {
+static void launch_stem_mma(Ctx *ctx, const Conv2dShape &g, const TX *x, const bf16 *w, const bf16 *b, bf16 *y,
+                            const StemNormGelu *post) {
     const size_t tiles = ceil_div(g.rows, (size_t)16), per_block = STEM_MMA_THREADS / 32;
     const unsigned blocks = (unsigned)std::min(ceil_div(tiles, per_block), (size_t)cuda_ctx_of(ctx)->sm_count * 16);
-    conv2d_stem_mma_kernel<C, TX><<<blocks, STEM_MMA_THREADS, 0, cuda_stream_of(ctx)>>>(x, w, b, y, g);
+    auto kernel = !post ? conv2d_stem_mma_kernel<C, TX, false, false>
+                  : post->gelu ? conv2d_stem_mma_kernel<C, TX, true, true>
+                               : conv2d_stem_mma_kernel<C, TX, true, false>;
+    kernel<<<blocks, STEM_MMA_THREADS, 0, cuda_stream_of(ctx)>>>(x, w, b, y, g, post ? *post : StemNormGelu{});
     CUDA_CHECK_LAUNCH();
 }
 
 template <int C, typename TX, typename TW>
 static void launch_stem(Ctx *ctx, const Conv2dShape &g, const TX *x, const TW *w, const TW *b, TW *y,
-                        TW *cols) {
+                        TW *cols, const StemNormGelu *post) {
     if constexpr (std::is_same<TW, bf16>::value) {
         if (!cols) {
-            launch_stem_mma<C>(ctx, g, x, w, b, y);
+            launch_stem_mma<C>(ctx, g, x, w, b, y, post);
             return;
         }
     }
@@ -206,17 +285,19 @@ static bool stem_covers(const Conv2dShape &g, int nchw) {
 }
 
 bool cuda_conv2d_stem(Ctx *ctx, const Conv2dShape &g, int nchw, const Tensor *x, const Tensor *w,
-                      const Tensor *b, Tensor *cols, Tensor *y) {
+                      const Tensor *b, const StemNormGelu *post, Tensor *cols, Tensor *y) {
     if (!stem_covers(g, nchw) || !aligned16(y->data)) return false;
+    if (post && (cols || w->dtype != DTYPE_BF16 || !aligned16(post->w) || !aligned16(post->b)))
+        return false;   // the norm and GELU follow the tensor-core kernel alone
     dispatch_dtype2(x->dtype, w->dtype, [&](auto tx, auto tw) {
         using TX = TAG_T(tx);
         using TW = TAG_T(tw);
         const TX *xp = (const TX *)x->data;
         const TW *wp = (const TW *)w->data, *bp = b ? (const TW *)b->data : nullptr;
         TW *yp = (TW *)y->data, *cp = cols ? (TW *)cols->data : nullptr;
-        if (g.C == 1) launch_stem<1>(ctx, g, xp, wp, bp, yp, cp);
-        else if (g.C == 3) launch_stem<3>(ctx, g, xp, wp, bp, yp, cp);
-        else launch_stem<4>(ctx, g, xp, wp, bp, yp, cp);
+        if (g.C == 1) launch_stem<1>(ctx, g, xp, wp, bp, yp, cp, post);
+        else if (g.C == 3) launch_stem<3>(ctx, g, xp, wp, bp, yp, cp, post);
+        else launch_stem<4>(ctx, g, xp, wp, bp, yp, cp, post);
     });
     return true;
 }

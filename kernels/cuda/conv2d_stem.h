@@ -10,8 +10,16 @@
 // (b may be NULL); y, w and b of one dtype, x of that dtype or fp32 (rounded to w's dtype first,
 // as the columns would be); cols (rows, C k k), when not NULL, receives the windows in the NCHW
 // column order (conv2d.cu's). Returns false, launching nothing, when the shape is not covered.
+// post non-NULL: y = gelu(layernorm(conv)) (the norm alone when post->gelu is 0), as
+// conv2d_fwd, layernorm_fwd and gelu_fwd (erf) write them in turn, to the bit: bf16 w, cols NULL,
+// post's fp32 w and b 16-byte aligned; else false, launching nothing.
+typedef struct StemNormGelu {
+    const float *w, *b;
+    float eps;
+    int gelu;
+} StemNormGelu;
 bool cuda_conv2d_stem(Ctx *ctx, const Conv2dShape &g, int nchw, const Tensor *x, const Tensor *w,
-                      const Tensor *b, Tensor *cols, Tensor *y);
+                      const Tensor *b, const StemNormGelu *post, Tensor *cols, Tensor *y);
 
 // dw (+)= dy^T cols and db (+)= dy's column sums (either may be NULL) for the shapes
 // cuda_conv2d_stem takes, from its columns; deterministic. Returns false, launching nothing, when

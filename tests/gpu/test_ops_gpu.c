@@ -3,7 +3,8 @@
 // each kernel path, fp32 and bf16) run on both backends from the same inputs, each result held
 // to its case's tolerance, and run a second time on the GPU for the same bits. Then what a case
 // cannot say: misaligned views, the bf16 GELU on every input, the fused dwconv input against the
-// two ops it replaces, AdamW's decay runs (device arrays), and a backward called twice.
+// two ops it replaces, the stem's fused norm and GELU against the three ops, AdamW's decay runs
+// (device arrays), and a backward called twice.
 #include "gpulib.h"
 #include "../../bench/op_harness.h"
 #include <float.h>
@@ -324,6 +325,39 @@ static void test_dwconv_added_input_matches_the_two_ops(void **state) {
         }
 }
 
+// The stem's convolution with its norm and GELU in one op (conv2d_fwd's opts) against
+// conv2d_fwd, layernorm_fwd and gelu_fwd in turn: the same bits (kernels/cuda/conv2d_stem.cu: the
+// tensor-core kernel sums each row as layernorm.cu does). gspn_t/s/b's stem widths (48, 56, 64)
+// and 16 (the norm's 4 lanes a row), row counts that leave a partial tile, an fp32 image and a
+// bf16 one, the norm alone; fp32 runs the three ops.
+static void test_conv2d_norm_gelu_matches_the_three_ops(void **state) {
+    static const int shapes[][5] = {{2, 3, 30, 34, 48}, {1, 3, 17, 21, 56}, {2, 3, 12, 10, 64},
+                                    {1, 1, 9, 13, 16}};   // B C H W Cout
+    for (int mi = 0; mi < 3; mi++)   // fp32; bf16 on an fp32 image; bf16 on a bf16 image
+        for (int si = 0; si < 4; si++)
+            for (int gelu = 0; gelu < 2; gelu++) {
+                const DType wt = mi ? DTYPE_BF16 : DTYPE_F32, xt = mi == 2 ? DTYPE_BF16 : DTYPE_F32;
+                const int B = shapes[si][0], C = shapes[si][1], hgt = shapes[si][2], wid = shapes[si][3];
+                const int Co = shapes[si][4], Ho = (hgt - 1) / 2 + 1, Wo = (wid - 1) / 2 + 1;
+                printf("  w %s, x %s (%d,%d,%d,%d) -> %d%s\n", dtype_name(wt), dtype_name(xt), B, C, hgt, wid,
+                       Co, gelu ? ", GELU" : ", the norm alone");
+                Tensor *x = rnd(HT(B, C, hgt, wid), 1, -1, 1, xt), *w = rnd(HT(Co, C, 3, 3), 2, -1, 1, wt);
+                Tensor *b = rnd(HT(Co), 3, -1, 1, wt), *lw = rnd(HT(Co), 4, 0.5f, 1.5f, DTYPE_F32);
+                Tensor *lb = rnd(HT(Co), 5, -0.5f, 0.5f, DTYPE_F32), *y = HT(B, Ho, Wo, Co);
+                Tensor *gx = dev(x, xt), *gw = dev(w, wt), *gb = dev(b, wt), *glw = dev(lw, DTYPE_F32);
+                Tensor *glb = dev(lb, DTYPE_F32), *gy = dev_zeros(y, wt), *gconv = dev_zeros(y, wt);
+                Tensor *gn = dev_zeros(y, wt), *gy2 = dev_zeros(y, wt);
+                const Conv2dFwdOpts o = {.ln = 1, .ln_w = glw, .ln_b = glb, .ln_eps = 1e-5f, .gelu_out = gelu,
+                                         .gelu_kind = GELU_ERF};
+                cuda_conv2d_fwd(&G, gx, gw, gb, 1, 2, 1, &o, NULL, gy);
+                cuda_conv2d_fwd(&G, gx, gw, gb, 1, 2, 1, NULL, NULL, gconv);
+                cuda_layernorm_fwd(&G, gconv, NULL, glw, glb, 1e-5f, NULL, gn, NULL, NULL);
+                if (gelu) cuda_gelu_fwd(&G, gn, GELU_ERF, gy2);
+                assert_same_bits("y against the three ops", gelu ? gy2 : gn, download_raw(gy));
+                release_all();
+            }
+}
+
 // A device copy of `bytes` (a multiple of 4) host bytes; free with device_free.
 static void *dev_bytes(const void *host, size_t bytes) {
     Tensor t = {0};
@@ -436,6 +470,7 @@ int main(void) {
         cmocka_unit_test(test_misaligned_views_take_the_scalar_path_correctly),
         cmocka_unit_test(test_gelu_bf16_every_input),
         cmocka_unit_test(test_dwconv_added_input_matches_the_two_ops),
+        cmocka_unit_test(test_conv2d_norm_gelu_matches_the_three_ops),
         cmocka_unit_test(test_adamw_decay_runs_match_cpu),
         cmocka_unit_test(test_backward_twice_accumulates_twice),
     };
