@@ -569,13 +569,9 @@ static void bwd_conv2d(Ctx *ctx, Tensor *const *t, const OpCase *c) {
 // (48) and the widest the stem kernels take (64, from 4 channels); fp32, bf16, and an fp32 x
 // under a bf16 weight (gspn_hier's fp32 stream, its values bf16 ones: the columns are bf16).
 // Then dx written over NaN, dw and db alone, and the forward without kept columns.
-static void conv2d_cases(OpCaseList *l) {
-    static const int cases[][9] = {{1, 2, 3, 16, 12, 8, 3, 2, 1}, {1, 2, 1, 9, 7, 16, 3, 2, 1},
-                                   {1, 3, 3, 50, 66, 24, 3, 2, 1}, {1, 2, 3, 9, 11, 6, 3, 2, 1},
-                                   {0, 2, 16, 14, 14, 24, 3, 2, 1}, {0, 3, 8, 8, 10, 12, 2, 2, 0},
-                                   {0, 1, 5, 7, 7, 6, 3, 1, 1},     {1, 2, 3, 32, 40, 48, 3, 2, 1},
-                                   {1, 1, 4, 20, 18, 64, 3, 2, 1}};   // nchw B C H W Cout k s p
-    for (int ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++)
+typedef int Conv2dCaseShape[9];   // nchw B C H W Cout k s p
+static void conv2d_cases_of(OpCaseList *l, const Conv2dCaseShape *cases, int n) {
+    for (int ci = 0; ci < n; ci++)
         for (int m = 0; m < 2; m++) {
             const int *q = cases[ci];
             const int nchw = q[0], B = q[1], C = q[2], H = q[3], W = q[4], Co = q[5], k = q[6],
@@ -613,6 +609,22 @@ static void conv2d_cases(OpCaseList *l) {
             c->bwd = NULL;
             drop(c, CV_COLS), drop(c, CV_DY), drop(c, CV_DX), drop(c, CV_DW), drop(c, CV_DB);
         }
+}
+static void conv2d_cases(OpCaseList *l) {
+    static const Conv2dCaseShape cases[] = {{1, 2, 3, 16, 12, 8, 3, 2, 1}, {1, 2, 1, 9, 7, 16, 3, 2, 1},
+                                            {1, 3, 3, 50, 66, 24, 3, 2, 1}, {1, 2, 3, 9, 11, 6, 3, 2, 1},
+                                            {0, 2, 16, 14, 14, 24, 3, 2, 1}, {0, 3, 8, 8, 10, 12, 2, 2, 0},
+                                            {0, 1, 5, 7, 7, 6, 3, 1, 1},     {1, 2, 3, 32, 40, 48, 3, 2, 1},
+                                            {1, 1, 4, 20, 18, 64, 3, 2, 1}};
+    conv2d_cases_of(l, cases, (int)(sizeof cases / sizeof cases[0]));
+}
+// gspn_t's second stem convolution (48 -> 96, channels-last: kernels/cuda/conv2d_rows.cu where no
+// columns are kept) on an odd output height, odd sizes, its 112^2 image and more row pairs than
+// an H100 has SMs. Built last, so that the cases before keep their seeds.
+static void conv2d_stem2_cases(OpCaseList *l) {
+    static const Conv2dCaseShape cases[] = {{0, 2, 48, 14, 16, 96, 3, 2, 1}, {0, 1, 48, 9, 13, 96, 3, 2, 1},
+                                            {0, 1, 48, 112, 112, 96, 3, 2, 1}, {0, 12, 48, 48, 20, 96, 3, 2, 1}};
+    conv2d_cases_of(l, cases, (int)(sizeof cases / sizeof cases[0]));
 }
 
 enum { PE_IMG, PE_W, PE_B, PE_COLS, PE_Y, PE_DY, PE_DIMG, PE_DW, PE_DB };
@@ -1232,6 +1244,7 @@ void op_cases_build(OpCaseList *l, CaseSet set) {
     optim_cases(l);
     scan_cases(l);
     reduction_cases(l);
+    conv2d_stem2_cases(l);
 }
 
 void op_cases_free(OpCaseList *l) {

@@ -15,6 +15,7 @@
 // pixel, V channels) gathers its taps in (ky, kx) order: no atomics, the CPU's order.
 #include "cuda_gemm.h"
 #include "conv2d_stem.h"
+#include "conv2d_rows.h"
 #include "../ops.h"
 #include "../conv2d_shape.h"
 #include "../layernorm_shape.h"
@@ -296,19 +297,22 @@ static void check_dtypes(const char *op, const Conv2dShape &g, const Tensor *w, 
              "op %s: a %zu x %zu column matrix exceeds the GEMM's int range", op, g.rows, g.cols);
 }
 
-// The convolution alone: the stem's kernels where they apply, else the columns and the GEMM.
+// The convolution alone: the stem's kernels (the image's, conv2d_stem.cu; the second,
+// conv2d_rows.cu) where they apply, else the columns and the GEMM.
 static void conv2d_plain(Ctx *ctx, const Conv2dShape &g, const Tensor *x, const Tensor *w, const Tensor *b,
                          int nchw, Tensor *cols, Tensor *y) {
     if (cuda_conv2d_stem(ctx, g, nchw, x, w, b, NULL, cols, y)) return;
     const DType dt = w->dtype;
-    void *cd = cols ? cols->data : cuda_temp_alloc(ctx, g.rows * g.cols * dtype_size(dt));
-    launch_im2col(ctx, g, nchw, x, dt, cd);
     void *wg = gemm_weight(ctx, g, nchw, w);
-    Tensor cm = device_matrix(cd, dt, g.rows, g.cols), wm = device_matrix(wg, dt, g.Cout, g.cols);
-    Tensor ym = device_matrix(y->data, dt, g.rows, g.Cout);
-    cuda_linear_fwd(ctx, &cm, &wm, b, NULL, &ym);
+    if (!cuda_conv2d_rows(ctx, g, nchw, x, wg, b, cols, y)) {
+        void *cd = cols ? cols->data : cuda_temp_alloc(ctx, g.rows * g.cols * dtype_size(dt));
+        launch_im2col(ctx, g, nchw, x, dt, cd);
+        Tensor cm = device_matrix(cd, dt, g.rows, g.cols), wm = device_matrix(wg, dt, g.Cout, g.cols);
+        Tensor ym = device_matrix(y->data, dt, g.rows, g.Cout);
+        cuda_linear_fwd(ctx, &cm, &wm, b, NULL, &ym);
+        if (!cols) cuda_temp_free(ctx, cd);
+    }
     if (wg != w->data) cuda_temp_free(ctx, wg);
-    if (!cols) cuda_temp_free(ctx, cd);
 }
 
 // With opts' norm (and GELU): the stem's tensor-core kernel makes all three where it applies

@@ -181,7 +181,7 @@ __device__ __forceinline__ void stem_norm_gelu_rows(const bf16 *stage, const Ste
 
 // POST: y = gelu(layernorm(conv)) (stem_norm_gelu_rows; GELU false: the norm alone).
 template <int C, typename TX, bool POST, bool GELU>
-__global__ void __launch_bounds__(STEM_MMA_THREADS)
+__global__ void __launch_bounds__(STEM_MMA_THREADS, POST ? 4 : 1)
 conv2d_stem_mma_kernel(const TX *__restrict__ x, const bf16 *__restrict__ w, const bf16 *__restrict__ bias,
                        bf16 *__restrict__ y, Conv2dShape g, StemNormGelu post) {
     constexpr int K = 3, KK = C * K * K, KS = (KK + 15) / 16;
