@@ -1,6 +1,7 @@
 // CUDA conv2d (kernels/ops_list.h; geometry kernels/conv2d_shape.h; CPU reference
 // kernels/cpu/conv2d.c) as im2col and the linear op's cuBLASLt GEMMs; the stem on a few-channel
-// image (its forward, and dw and db) runs without the GEMMs (conv2d_stem.cu). The column matrix
+// image (its forward, and dw and db) runs without the GEMMs (conv2d_stem.cu), and so does gspn_t's
+// second stem convolution where no columns are kept (conv2d_rows.cu). The column matrix
 // is this file's alone, so its order is chosen for the copies:
 //   NCHW input (the stem's image): PyTorch's order, column c k^2 + ky k + kx; the GEMM takes the
 //   weight (Cout, C k^2) as stored. A warp per row, lanes along the row.

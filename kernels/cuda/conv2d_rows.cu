@@ -2,7 +2,8 @@
 // Through the columns, a 3x3 stride-2 convolution of 48 channels writes 9 C = 432 bf16 values a
 // output pixel and reads them back (3.4x the input, at 112^2 x 48: 0.39 ms of gspn_t's 7.4 ms
 // inference against a 0.08 ms roofline). Here a block stays resident (one an SM) with the weight
-// in shared memory and walks tiles of two output rows: the tile's five input rows are copied in
+// in shared memory (conv2d.cu's taps-major copy, padded to a pitch of 9 C + 8: ldmatrix without
+// bank conflicts) and walks tiles of two output rows: the tile's five input rows are copied in
 // once (cp.async, the next tile's while the current one computes), split by column parity so that
 // a stride-2 window's pixels are consecutive (pitch C + 8: ldmatrix without bank conflicts), and
 // each warp makes 16 output pixels x Cout by m16n8k16 MMAs whose A fragments ldmatrix gathers
