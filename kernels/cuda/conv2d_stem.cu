@@ -9,6 +9,7 @@
 // through shared memory (a row is 54 bytes: written straight, a warp's stores scatter).
 #include "conv2d_stem.h"
 #include "gelu.h"
+#include "ln_row_stats.cuh"
 #include "mma.cuh"
 #include <algorithm>
 #include <type_traits>
@@ -122,8 +123,8 @@ enum { STEM_MMA_THREADS = 128, STEM_MMA_MAX_NT = 8 };
 // gelu_fwd write them, to the bit: ln_fwd_short_kernel gives pack p (channels 8p .. 8p + 7) to
 // lane p of 8 (Cout <= 64), sums each pack in order, then the packs by a butterfly over xor 4,
 // 2, 1. Here a row has 2 lanes, lane h its packs h + 2k: stages xor 4 and 2 (k's bits) in
-// registers, xor 1 a shuffle, the same pairs in the same order (fp addition commutes). Packs
-// past Cout are zeros, as that kernel's idle lanes.
+// registers, xor 1 a shuffle (ln_row_stats.cuh). Packs past Cout are zeros, as that kernel's idle
+// lanes.
 enum { STEM_POST_PITCH = 72 };
 template <bool GELU>
 __device__ __forceinline__ void stem_norm_gelu_rows(const bf16 *stage, const StemNormGelu &post, int cout,
@@ -137,31 +138,11 @@ __device__ __forceinline__ void stem_norm_gelu_rows(const bf16 *stage, const Ste
         for (int j = 0; j < 8; j++) v[k][j] = 0.0f;
         if (c < cout) load_v<8>(stage + r * STEM_POST_PITCH + c, v[k]);
     }
-    const auto row_sum = [&](float (&t)[4]) {
-        t[0] = t[0] + t[2];
-        t[1] = t[1] + t[3];
-        float a = t[0] + t[1];
-        return a + __shfl_xor_sync(0xffffffffu, a, 1);
-    };
-    float t[4];
+    bool live[4];
     #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float s = 0.0f;
-        #pragma unroll
-        for (int j = 0; j < 8; j++) s += v[k][j];
-        t[k] = s;
-    }
-    const float m = row_sum(t) / (float)cout;
-    #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float d2 = 0.0f;
-        if (8 * (h + 2 * k) < cout) {
-            #pragma unroll
-            for (int j = 0; j < 8; j++) d2 += (v[k][j] - m) * (v[k][j] - m);
-        }
-        t[k] = d2;
-    }
-    const float rs = 1.0f / sqrtf(row_sum(t) / (float)cout + post.eps);
+    for (int k = 0; k < 4; k++) live[k] = 8 * (h + 2 * k) < cout;
+    float m, rs;   // the butterfly's last stage, xor 1, is lane ^ 1
+    ln_row_stats<4, 1>(v, live, cout, post.eps, m, rs);
     if (row0 + r >= rows) return;
     #pragma unroll
     for (int k = 0; k < 4; k++) {

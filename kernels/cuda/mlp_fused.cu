@@ -39,6 +39,7 @@
 #include "mlp_fused.h"
 #include "cuda_async.cuh"
 #include "gelu.h"
+#include "ln_row_stats.cuh"
 #include <utility>
 
 #ifdef CGSPN_HAVE_CUTLASS
@@ -113,8 +114,8 @@ __global__ void mlp_weight_chunks_kernel(const bf16 *__restrict__ w1, const bf16
 // at these widths: ln_fwd_short_kernel (C <= 128) and ln_fwd_kernel (to 256) give pack p (channels
 // 8p .. 8p + 7) of a row to lane p of L = 16 or 32, sum each pack in order, then the packs by a
 // butterfly over xor L/2, ..., 2, 1. Here a row has 4 lanes, lane q its packs q + 4m (m < L/4): the
-// butterfly's stages over m's bits run in registers and the last two (xor 2, 1) as shuffles, which
-// adds the same pairs in the same order (fp addition commutes), so every sum is the same to the bit.
+// butterfly's stages over m's bits run in registers and the last two (xor 2, 1) as shuffles
+// (ln_row_stats.cuh), so every sum is the same to the bit.
 // The lanes of a row are lane % 8 apart by 8, so 8 consecutive lanes hold 8 consecutive rows: each
 // 16-byte store of a pack fills one core matrix (no bank conflicts), each 32-byte load is a whole
 // sector. A warp takes two groups of 8 rows, all its loads in flight at once.
@@ -136,40 +137,14 @@ __device__ __forceinline__ void mlp_norm_rows(const float *__restrict__ res, con
             if (c < C && r < rows) load_v<8>(res + (size_t)(row0 + r) * C + c, v[u][k]);
         }
     }
+    bool live[NPK];
+    #pragma unroll
+    for (int k = 0; k < NPK; k++) live[k] = 8 * (q + 4 * k) < C;
     #pragma unroll
     for (int u = 0; u < GROUPS; u++) {
         const int r = (warp + u * (MLPF_THREADS / 32)) * 8 + lane % 8;
-        // the butterfly: packs in registers (stages xor L/2 .. 4), then lanes (xor 2: lane ^ 16,
-        // xor 1: lane ^ 8)
-        const auto row_sum = [&](float (&t)[NPK]) {
-            #pragma unroll
-            for (int h = NPK / 2; h >= 1; h /= 2)
-                #pragma unroll
-                for (int k = 0; k < h; k++) t[k] = t[k] + t[k + h];
-            float a = t[0];
-            a += __shfl_xor_sync(0xffffffffu, a, 16);
-            a += __shfl_xor_sync(0xffffffffu, a, 8);
-            return a;
-        };
-        float t[NPK];
-        #pragma unroll
-        for (int k = 0; k < NPK; k++) {
-            float s = 0.0f;
-            #pragma unroll
-            for (int j = 0; j < 8; j++) s += v[u][k][j];
-            t[k] = s;
-        }
-        const float m = row_sum(t) / (float)C;
-        #pragma unroll
-        for (int k = 0; k < NPK; k++) {
-            float d2 = 0.0f;
-            if (8 * (q + 4 * k) < C) {
-                #pragma unroll
-                for (int j = 0; j < 8; j++) d2 += (v[u][k][j] - m) * (v[u][k][j] - m);
-            }
-            t[k] = d2;
-        }
-        const float rs = 1.0f / sqrtf(row_sum(t) / (float)C + eps);
+        float m, rs;   // the butterfly's last stages: xor 2 is lane ^ 16, xor 1 lane ^ 8
+        ln_row_stats<NPK, 16, 8>(v[u], live, C, eps, m, rs);
         #pragma unroll
         for (int k = 0; k < NPK; k++) {
             const int c = 8 * (q + 4 * k);
