@@ -7,9 +7,9 @@
 // that is 7 MMAs per 16 x 8 tile, 44% of whose products lie in the band: still several times the
 // rate of fp32 FMAs, which bound the 7x7 kernels of dwconv.cu.
 //
-// A block owns CG channels (16 where C allows, else 8; 16 CG threads) of MMA_TH output rows
+// A block owns CG channels (16 where C allows, else 8; a warp per channel) of MMA_TH output rows
 // across the whole width. It stages their TH + K - 1 input rows channel-major in shared memory (a
-// fragment's column pairs are then 32-bit words), a warp per channel in turn loads that channel's
+// fragment's column pairs are then 32-bit words), each warp loads its channel's
 // K B fragments (built once a call, dw_band_frag_kernel) and runs every column tile, and the fp32 sums are staged channel-major in
 // shared memory (dwconv_mma.h) and go out along channels (16-byte stores).
 //
@@ -19,6 +19,10 @@
 #include "dwconv_mma.h"
 
 enum { MMA_TH = 16, MMA_CG = 8, MMA_K = 7 };   // MMA_CG: the smallest channel group
+// Threads of a block of CG channels, a warp per channel. Every phase of a block (staging, products,
+// write-out) waits on latency; at half a warp per channel, blocks of 8 warps at two an SM left
+// the 56 x 56 pass at 16 warps an SM (H100, 56 x 56 x 144 forward: 0.221 -> 0.206 ms).
+__host__ __device__ constexpr int mma_threads(int cg) { return 32 * cg; }
 
 // a / b for 0 <= a < 2^22 and 0 < b < 2^10, from b's fp32 reciprocal (inv_b = 1 / b): a + 1/2 lies
 // at least 1 / (2 b) from a multiple of b, far beyond the product's rounding (a few 2^-24 of a
@@ -41,13 +45,13 @@ __host__ __device__ static int mma_plane(int rows, int width) { return 2 * dw_st
 // thread moves MMA_STAGE_U pairs of neighbouring staged pixels at a time, all loads (16 bytes, a
 // pixel's channels) before any store: one memory latency per batch, not per pixel; a pair is one
 // 32-bit store per channel (shared-memory stores, not loads, bound the staging).
-// A block of 16 CG threads: CG / 8 16-byte vectors a pixel, which a warp's loads take side by side.
+// A block of THREADS threads: CG / 8 16-byte vectors a pixel, which a warp's loads take side by side.
 enum { MMA_STAGE_U = 4 };
-template <int CG>
+template <int CG, int THREADS>
 __device__ __forceinline__ void mma_stage(const bf16 *__restrict__ img, const DwconvShape &d,
                                           int y_first, int nrows, int sw, int off,
                                           unsigned short *__restrict__ dst, size_t cstride) {
-    constexpr int THREADS = 16 * CG, VPP = CG / 8;
+    constexpr int VPP = CG / 8;
     const int units = nrows * sw / 2 * VPP;   // sw even: a pair never straddles two rows
     const float inv_pairs = 1.0f / (sw / 2);   // staged pairs a row
     unsigned *__restrict__ dst32 = reinterpret_cast<unsigned *>(dst);
@@ -97,10 +101,10 @@ __global__ void dw_band_frag_kernel(const bf16 *__restrict__ w, int C, int flags
 }
 
 template <int K, int CG>
-__global__ void __launch_bounds__(16 * CG)
+__global__ void __launch_bounds__(mma_threads(CG), 2)
 dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag, const bf16 *__restrict__ bias,
                   bf16 *__restrict__ out, DwconvShape d, int flags, int tiles_x, int sw) {
-    constexpr int P = K / 2, ROWS = MMA_TH + K - 1, THREADS = 16 * CG, VPP = CG / 8;
+    constexpr int P = K / 2, ROWS = MMA_TH + K - 1, THREADS = mma_threads(CG), VPP = CG / 8;
     extern __shared__ __align__(16) unsigned char mma_smem[];
     const int tplane = mma_plane(ROWS, sw), rs = dw_sum_row(tiles_x * 8), ps = dw_sum_plane(MMA_TH, tiles_x * 8);
     unsigned short *tile = reinterpret_cast<unsigned short *>(mma_smem);   // (CG, ROWS, sw) bf16 bits
@@ -108,7 +112,7 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
     const int c0 = blockIdx.x * CG, y0 = blockIdx.y * MMA_TH;
     const size_t plane = (size_t)d.H * d.W * d.C, b = blockIdx.z;
     // Staged pixel (r, s) is input (y0 - P + r, s - P).
-    mma_stage<CG>(in + b * plane + c0, d, y0 - P, ROWS, sw, P, tile, (size_t)tplane);
+    mma_stage<CG, THREADS>(in + b * plane + c0, d, y0 - P, ROWS, sw, P, tile, (size_t)tplane);
     __syncthreads();
     const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
     for (int c = threadIdx.x / 32; c < CG; c += THREADS / 32) {
@@ -167,7 +171,7 @@ static bool mma_launch(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias
     dw_band_frag_kernel<MMA_K><<<(unsigned)((d.C * 32 + 255) / 256), 256, 0, cuda_stream_of(ctx)>>>(w, d.C, flags, frag);
     CUDA_CHECK_LAUNCH();
     dim3 grid((unsigned)(d.C / CG), (unsigned)((d.H + MMA_TH - 1) / MMA_TH), (unsigned)d.B);
-    kernel<<<grid, 16 * CG, smem, cuda_stream_of(ctx)>>>(in, frag, bias, out, d, flags, tiles_x, sw);
+    kernel<<<grid, mma_threads(CG), smem, cuda_stream_of(ctx)>>>(in, frag, bias, out, d, flags, tiles_x, sw);
     CUDA_CHECK_LAUNCH();
     cuda_temp_free(ctx, frag);
     return true;
@@ -198,14 +202,17 @@ bool cuda_dwconv_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, 
 // (runs * row blocks, C k^2 + C) that dwconv.cu's dw kernels write, added in a fixed order.
 // dy is staged from column x - DWM_OFF, so that (P + DWM_OFF) is even: A's column pairs are
 // 32-bit words for even j and two words' halves (one byte permute) for odd j.
-enum { DWM_OFF = 5, DWM_CPW = 2 };   // channels a warp: 16 CG threads for CG channels
+// Channels a warp: 16 CG threads for CG channels. (One, 32 CG threads, took longer on an H100:
+// 28 x 28 x 288 backward 0.263 against 0.251 ms.)
+enum { DWM_OFF = 5, DWM_CPW = 2 };
+__host__ __device__ constexpr int mma_dw_threads(int cg) { return 32 * cg / DWM_CPW; }
 
 // Staged dy row width (bf16 elements) of the dw pass for tiles_x tiles of 16 columns: A's reach
 // with the shift (tiles * 16 + 10), even.
 static int mma_dw_dy_width(int tiles_x) { return tiles_x * 16 + 16; }
 
 template <int K, int CG>
-__global__ void __launch_bounds__(16 * CG)
+__global__ void __launch_bounds__(mma_dw_threads(CG))
 dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, DwconvShape d,
                      int tiles_x, int swx, int swd, int per, float *__restrict__ partial) {
     constexpr int P = K / 2, ROWS = MMA_TH + K - 1, KK = K * K;
@@ -225,8 +232,8 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
     for (int b = b0; b < b1; b++) {
         // Input rows y0 - P .. y0 + TH + P - 1 (xs), dy rows y0 .. y0 + TH - 1 from column -DWM_OFF (ds).
         // (only the rows the block's dy rows reach: fewer in a short image)
-        mma_stage<CG>(in + b * plane + c0, d, y0 - P, rows + K - 1, swx, 0, xs, (size_t)xplane);
-        mma_stage<CG>(dy + b * plane + c0, d, y0, rows, swd, DWM_OFF, ds, (size_t)dplane);
+        mma_stage<CG, mma_dw_threads(CG)>(in + b * plane + c0, d, y0 - P, rows + K - 1, swx, 0, xs, (size_t)xplane);
+        mma_stage<CG, mma_dw_threads(CG)>(dy + b * plane + c0, d, y0, rows, swd, DWM_OFF, ds, (size_t)dplane);
         __syncthreads();
         for (int r = 0; r < rows; r++)
             for (int jt0 = 0; jt0 < tiles_x; jt0 += 2)
@@ -276,7 +283,7 @@ bool cuda_dwconv_mma_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvSh
     if (smem > 100 * 1024 || hblocks > 65535) return false;
     // Runs of images: two blocks for every one an SM holds at once (shared memory, 2048 threads),
     // each summing as many images as that leaves.
-    const size_t per_sm = std::min<size_t>(2048 / (16 * CG), (size_t)227 * 1024 / smem);
+    const size_t per_sm = std::min<size_t>(2048 / mma_dw_threads(CG), (size_t)227 * 1024 / smem);
     const size_t want = (size_t)cuda_ctx_of(ctx)->sm_count * per_sm * 2, base = (size_t)groups * hblocks;
     int runs = (int)((want + base - 1) / base);
     if (runs > d.B) runs = d.B;
@@ -289,7 +296,7 @@ bool cuda_dwconv_mma_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvSh
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid((unsigned)groups, (unsigned)hblocks, (unsigned)runs);
-    kernel<<<grid, 16 * CG, smem, cuda_stream_of(ctx)>>>(dy, in, d, tiles_x, swx, swd, per, partial);
+    kernel<<<grid, mma_dw_threads(CG), smem, cuda_stream_of(ctx)>>>(dy, in, d, tiles_x, swx, swd, per, partial);
     CUDA_CHECK_LAUNCH();
     cuda_sum_partials(ctx, partial, (unsigned)parts, width, (size_t)d.C * MMA_K * MMA_K, dw, db);
     return true;
