@@ -487,18 +487,9 @@ static void bwd_dwconv(Ctx *ctx, Tensor *const *t, const OpCase *c) {
 // multiple of 8 take dwconv_mma.cu. Modes: fp32, bf16, and fp32 x with bf16 weights (the LPUs
 // on the residual stream: fp32 arithmetic on the same rounded weights, fp32's bound). The flags
 // take turns: none, DWCONV_RESIDUAL, and that with DWCONV_WRITE_DX (dx written over NaN).
-static void dwconv_cases(OpCaseList *l) {
-    static const int shapes[][5] = {{2, 9, 7, 16, 3},   {1, 6, 11, 5, 5},  {4, 14, 14, 64, 3},
-                                    {2, 5, 37, 40, 7},  {8, 28, 28, 48, 7}, {3, 4, 5, 33, 1},
-                                    {4, 2, 2, 24, 7},   {2, 56, 30, 24, 7}, {3, 7, 7, 72, 3},
-                                    {2, 16, 9, 20, 5},  {1, 15, 29, 144, 7}, {2, 9, 13, 18, 7},
-                                    {1, 30, 28, 108, 3},  {2, 28, 28, 16, 7}, {3, 29, 33, 32, 7},
-                                    {2, 40, 28, 8, 7},  {3, 14, 14, 96, 7}, {2, 7, 7, 48, 7},
-                                    {2, 11, 16, 32, 7}, {1, 16, 15, 56, 7}, {2, 16, 16, 48, 3},
-                                    {3, 5, 12, 40, 3},  {2, 14, 14, 32, 3}, {3, 2, 2, 64, 7},
-                                    {2, 1, 1, 32, 7},   {2, 3, 2, 48, 3},   {2, 16, 16, 40, 7}};   // B H W C k
+static void dwconv_cases_of(OpCaseList *l, const int (*shapes)[5], int n) {
     const int flag_sets[3] = {0, DWCONV_RESIDUAL, DWCONV_RESIDUAL | DWCONV_WRITE_DX};
-    for (int s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++)
+    for (int s = 0; s < n; s++)
         for (int m = 0; m < 2; m++) {
             const int B = shapes[s][0], H = shapes[s][1], W = shapes[s][2], C = shapes[s][3],
                       k = shapes[s][4];
@@ -526,6 +517,19 @@ static void dwconv_cases(OpCaseList *l) {
             c->arg[DW_Y].bf16_tol = m == 0 ? TOL_TWICE : TOL_F32;
             drop(c, DW_DY), drop(c, DW_DX), drop(c, DW_DW), drop(c, DW_DB);
         }
+}
+
+static void dwconv_cases(OpCaseList *l) {
+    static const int shapes[][5] = {{2, 9, 7, 16, 3},   {1, 6, 11, 5, 5},  {4, 14, 14, 64, 3},
+                                    {2, 5, 37, 40, 7},  {8, 28, 28, 48, 7}, {3, 4, 5, 33, 1},
+                                    {4, 2, 2, 24, 7},   {2, 56, 30, 24, 7}, {3, 7, 7, 72, 3},
+                                    {2, 16, 9, 20, 5},  {1, 15, 29, 144, 7}, {2, 9, 13, 18, 7},
+                                    {1, 30, 28, 108, 3},  {2, 28, 28, 16, 7}, {3, 29, 33, 32, 7},
+                                    {2, 40, 28, 8, 7},  {3, 14, 14, 96, 7}, {2, 7, 7, 48, 7},
+                                    {2, 11, 16, 32, 7}, {1, 16, 15, 56, 7}, {2, 16, 16, 48, 3},
+                                    {3, 5, 12, 40, 3},  {2, 14, 14, 32, 3}, {3, 2, 2, 64, 7},
+                                    {2, 1, 1, 32, 7},   {2, 3, 2, 48, 3},   {2, 16, 16, 40, 7}};   // B H W C k
+    dwconv_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]));
 
     // The added input x' = x + u uw^T + ub (the mixer's up projection onto the stream, then the
     // LPU) on the fp32 stream, fp32 or bf16 weights: gspn_t's four LPU grids at its widths, a
@@ -618,6 +622,15 @@ static void conv2d_cases(OpCaseList *l) {
                                             {1, 1, 4, 20, 18, 64, 3, 2, 1}};
     conv2d_cases_of(l, cases, (int)(sizeof cases / sizeof cases[0]));
 }
+
+// The 7x7 on gspn's grids at 224 px (dwconv_mma.cu's kernels with constant offsets: 56 and 28
+// columns, and 53, a partial last tile of the same count), built after the older cases so that
+// theirs keep their seeds.
+static void dwconv_stage_cases(OpCaseList *l) {
+    static const int shapes[][5] = {{1, 56, 56, 144, 7}, {1, 50, 53, 48, 7}, {2, 28, 28, 288, 7}};   // B H W C k
+    dwconv_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]));
+}
+
 // gspn_t's second stem convolution (48 -> 96, channels-last: kernels/cuda/conv2d_rows.cu where no
 // columns are kept) on an odd output height, odd sizes, its 112^2 image and more row pairs than
 // an H100 has SMs. Built last, so that the cases before keep their seeds.
@@ -1245,6 +1258,7 @@ void op_cases_build(OpCaseList *l, CaseSet set) {
     scan_cases(l);
     reduction_cases(l);
     conv2d_stem2_cases(l);
+    dwconv_stage_cases(l);
 }
 
 void op_cases_free(OpCaseList *l) {

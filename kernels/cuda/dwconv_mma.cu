@@ -34,10 +34,10 @@ __device__ __forceinline__ int mma_div(int a, float inv_b) { return (int)(((floa
 // Staged row width (bf16 elements) of at least `need` (a multiple of 8), 8 modulo 16: a row is
 // then 4 modulo 8 words, so the 8 rows of one fragment load (4 words each) fall on 8 different
 // bank quads.
-static int mma_row_width(int need) { return need % 16 == 8 ? need : need + 8; }
+__host__ __device__ constexpr int mma_row_width(int need) { return need % 16 == 8 ? need : need + 8; }
 
 // Elements between two channels' staged planes of `rows` rows `width` (even) wide.
-__host__ __device__ static int mma_plane(int rows, int width) { return 2 * dw_stage_plane(rows * width / 2); }
+__host__ __device__ constexpr int mma_plane(int rows, int width) { return 2 * dw_stage_plane(rows * width / 2); }
 
 // Stages rows y_first .. y_first + nrows - 1 of one image's CG channels from img (the image at
 // its first channel) into dst channel-major as bf16 bits, channel c's rows cstride elements apart
@@ -100,11 +100,18 @@ __global__ void dw_band_frag_kernel(const bf16 *__restrict__ w, int C, int flags
         for (int h = 0; h < 2; h++) frag[((size_t)c * K * 2 + i * 2 + h) * 32 + lane] = bfrag[i][h];
 }
 
-template <int K, int CG>
+// The y / dx pass's staged row width (bf16 elements) for tiles_x column tiles: their reach.
+__host__ __device__ constexpr int mma_tile_width(int tiles_x) { return mma_row_width(tiles_x * 8 + 8); }
+
+// TX > 0: tiles_x is TX, so every shared-memory offset below is a constant and the tile loop
+// unrolls (at 56 x 56, index arithmetic was 40 of the loop's 62 instructions a tile); TX = 0: the
+// arguments' tiles_x and sw.
+template <int K, int CG, int TX>
 __global__ void __launch_bounds__(mma_threads(CG), 2)
 dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag, const bf16 *__restrict__ bias,
-                  bf16 *__restrict__ out, DwconvShape d, int flags, int tiles_x, int sw) {
+                  bf16 *__restrict__ out, DwconvShape d, int flags, int tiles_x_arg, int sw_arg) {
     constexpr int P = K / 2, ROWS = MMA_TH + K - 1, THREADS = mma_threads(CG), VPP = CG / 8;
+    const int tiles_x = TX ? TX : tiles_x_arg, sw = TX ? mma_tile_width(TX) : sw_arg;
     extern __shared__ __align__(16) unsigned char mma_smem[];
     const int tplane = mma_plane(ROWS, sw), rs = dw_sum_row(tiles_x * 8), ps = dw_sum_plane(MMA_TH, tiles_x * 8);
     unsigned short *tile = reinterpret_cast<unsigned short *>(mma_smem);   // (CG, ROWS, sw) bf16 bits
@@ -127,10 +134,7 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
         unsigned a_lo[K][2];
         #pragma unroll
         for (int i = 0; i < K; i++) a_lo[i][0] = tw[(g + i) * half + t4], a_lo[i][1] = tw[(g + 8 + i) * half + t4];
-        // Not unrolled: unrolled, the 16-channel kernel took 112 registers (2 blocks an SM at 28 x 28,
-        // not 3).
-        #pragma unroll 1
-        for (int jt = 0; jt < tiles_x; jt++) {
+        auto column_tile = [&](int jt) {
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             const int wcol = jt * 4 + t4;   // the word of columns jt * 8 + 2 t4, + 1
             #pragma unroll
@@ -140,6 +144,13 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
                 a_lo[i][0] = a2, a_lo[i][1] = a3;
             }
             dw_put_sums(sums, c, ps, rs, g, jt * 8 + 2 * t4, acc);   // D: rows g, g + 8; columns 2 t4, + 1
+        };
+        if constexpr (TX > 0) {
+            #pragma unroll
+            for (int jt = 0; jt < TX; jt++) column_tile(jt);
+        } else {
+            #pragma unroll 1
+            for (int jt = 0; jt < tiles_x; jt++) column_tile(jt);
         }
     }
     __syncthreads();
@@ -159,12 +170,14 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
 template <int CG>
 static bool mma_launch(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
                        const DwconvShape &d, int flags) {
-    const int tiles_x = (d.W + 7) / 8, sw = mma_row_width(tiles_x * 8 + 8);   // the tiles' reach
+    const int tiles_x = (d.W + 7) / 8, sw = mma_tile_width(tiles_x);
     const size_t smem = (size_t)CG * mma_plane(MMA_TH + MMA_K - 1, sw) * 2 +
                         (size_t)CG * dw_sum_plane(MMA_TH, tiles_x * 8) * sizeof(float);
     // two blocks an SM at most: 227 KB of shared memory, 1 KB of it the system's
     if (smem > 113 * 1024 || (d.H + MMA_TH - 1) / MMA_TH > 65535 || d.B > 65535) return false;
-    auto kernel = dwconv_mma_kernel<MMA_K, CG>;
+    // the grids of gspn's stages at 224 px (56 and 28 columns) with constant offsets
+    auto kernel = tiles_x == 7 ? dwconv_mma_kernel<MMA_K, CG, 7>
+                : tiles_x == 4 ? dwconv_mma_kernel<MMA_K, CG, 4> : dwconv_mma_kernel<MMA_K, CG, 0>;
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     unsigned *frag = (unsigned *)cuda_temp_alloc(ctx, (size_t)d.C * MMA_K * 2 * 32 * sizeof(unsigned));
@@ -209,14 +222,17 @@ __host__ __device__ constexpr int mma_dw_threads(int cg) { return 32 * cg / DWM_
 
 // Staged dy row width (bf16 elements) of the dw pass for tiles_x tiles of 16 columns: A's reach
 // with the shift (tiles * 16 + 10), even.
-static int mma_dw_dy_width(int tiles_x) { return tiles_x * 16 + 16; }
+__host__ __device__ constexpr int mma_dw_dy_width(int tiles_x) { return tiles_x * 16 + 16; }
 
-template <int K, int CG>
+// TX > 0: tiles_x is TX (the tile loop unrolls, its offsets constants); TX = 0: the argument.
+template <int K, int CG, int TX>
 __global__ void __launch_bounds__(mma_dw_threads(CG))
 dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, DwconvShape d,
-                     int tiles_x, int swx, int swd, int per, float *__restrict__ partial) {
+                     int tiles_x_arg, int swx_arg, int swd_arg, int per, float *__restrict__ partial) {
     constexpr int P = K / 2, ROWS = MMA_TH + K - 1, KK = K * K;
     static_assert((P + DWM_OFF) % 2 == 0, "dy's staging offset must make A's pairs even for j even");
+    const int tiles_x = TX ? TX : tiles_x_arg, swx = TX ? mma_row_width(TX * 16) : swx_arg,
+              swd = TX ? mma_dw_dy_width(TX) : swd_arg;
     extern __shared__ __align__(16) unsigned char mma_smem[];
     const int xplane = mma_plane(ROWS, swx), dplane = mma_plane(MMA_TH, swd);
     unsigned short *xs = reinterpret_cast<unsigned short *>(mma_smem);   // (CG, ROWS, swx) bf16 bits
@@ -228,6 +244,16 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
     const int rows = min(MMA_TH, d.H - y0);
     const unsigned ones = Vec<bf16, 8>::pair(1.0f, 1.0f);
     const unsigned sel = g & 1 ? 0x5432u : 0x3210u;   // A's pair: one word, or the halves of two
+    // Per channel of the warp, the words of staged row 0 this lane reads for tile 0: dy's A[g][2 t4]
+    // (word (jt 16 + 2 t4 - g + P + DWM_OFF) / 2 of a row, the sum never negative) and B's column
+    // i = g, input row y + g - P, staged row r + g (g = K: the ones, any row's words).
+    const unsigned *drow0[DWM_CPW], *xrow0[DWM_CPW];
+    #pragma unroll
+    for (int cc = 0; cc < DWM_CPW; cc++) {
+        const int c = warp * DWM_CPW + cc;
+        drow0[cc] = reinterpret_cast<const unsigned *>(ds + (size_t)c * dplane) + ((2 * t4 - g + P + DWM_OFF) >> 1);
+        xrow0[cc] = reinterpret_cast<const unsigned *>(xs + (size_t)c * xplane + min(g, K - 1) * swx) + t4;
+    }
     float acc[DWM_CPW][2][4] = {};   // per channel, per tile parity
     for (int b = b0; b < b1; b++) {
         // Input rows y0 - P .. y0 + TH + P - 1 (xs), dy rows y0 .. y0 + TH - 1 from column -DWM_OFF (ds).
@@ -235,25 +261,28 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
         mma_stage<CG, mma_dw_threads(CG)>(in + b * plane + c0, d, y0 - P, rows + K - 1, swx, 0, xs, (size_t)xplane);
         mma_stage<CG, mma_dw_threads(CG)>(dy + b * plane + c0, d, y0, rows, swd, DWM_OFF, ds, (size_t)dplane);
         __syncthreads();
-        for (int r = 0; r < rows; r++)
-            for (int jt0 = 0; jt0 < tiles_x; jt0 += 2)
+        for (int r = 0; r < rows; r++) {
+            // 2 channels x 2 tile parities (h = jt % 2, a constant at each call): 4 MMA chains
+            auto tile = [&](int jt, int h) {
                 #pragma unroll
-                for (int h = 0; h < 2; h++)
-                #pragma unroll
-                for (int cc = 0; cc < DWM_CPW; cc++) {   // 2 channels x 2 tile parities: 4 MMA chains
-                    const int c = warp * DWM_CPW + cc, jt = jt0 + h;
-                    if (jt >= tiles_x) break;
-                    const unsigned *drow = reinterpret_cast<const unsigned *>(ds + (size_t)c * dplane + r * swd);
-                    // B's column i = g: input row y + g - P, staged row r + g (g = K: the ones).
-                    const unsigned *xrow = reinterpret_cast<const unsigned *>(
-                        xs + (size_t)c * xplane + (r + min(g, K - 1)) * swx);
-                    const int w0 = (jt * 16 + 2 * t4 - g + P + DWM_OFF) >> 1;   // A[g][2 t4]'s word
-                    const unsigned a0 = __byte_perm(drow[w0], drow[w0 + 1], sel);
-                    const unsigned a2 = __byte_perm(drow[w0 + 4], drow[w0 + 5], sel);
-                    const unsigned bb0 = g < K ? xrow[jt * 8 + t4] : ones;
-                    const unsigned bb1 = g < K ? xrow[jt * 8 + t4 + 4] : ones;
+                for (int cc = 0; cc < DWM_CPW; cc++) {
+                    const unsigned *drow = drow0[cc] + r * (swd / 2) + jt * 8, *xrow = xrow0[cc] + r * (swx / 2) + jt * 8;
+                    const unsigned a0 = __byte_perm(drow[0], drow[1], sel), a2 = __byte_perm(drow[4], drow[5], sel);
+                    const unsigned bb0 = g < K ? xrow[0] : ones, bb1 = g < K ? xrow[4] : ones;
                     mma_16816_bf16(acc[cc][h], a0, 0u, a2, 0u, bb0, bb1);
                 }
+            };
+            if constexpr (TX > 0) {
+                #pragma unroll
+                for (int jt = 0; jt < TX; jt++) tile(jt, jt % 2);
+            } else {
+                #pragma unroll 1
+                for (int jt = 0; jt < tiles_x; jt += 2) {
+                    tile(jt, 0);
+                    if (jt + 1 < tiles_x) tile(jt + 1, 1);
+                }
+            }
+        }
         __syncthreads();
     }
     // D's fragment: rows j = g (and g + 8, unused), columns i = 2 t4 and 2 t4 + 1.
@@ -292,7 +321,8 @@ bool cuda_dwconv_mma_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvSh
     if (runs > 65535) return false;
     const size_t width = (size_t)d.C * MMA_K * MMA_K + d.C, parts = (size_t)runs * hblocks;
     float *partial = (float *)cuda_scratch(ctx, parts * width * sizeof(float));
-    auto kernel = dwconv_mma_dw_kernel<MMA_K, CG>;
+    auto kernel = tiles_x == 4 ? dwconv_mma_dw_kernel<MMA_K, CG, 4>
+                : tiles_x == 2 ? dwconv_mma_dw_kernel<MMA_K, CG, 2> : dwconv_mma_dw_kernel<MMA_K, CG, 0>;
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid((unsigned)groups, (unsigned)hblocks, (unsigned)runs);
