@@ -95,9 +95,14 @@ __device__ __forceinline__ void dpm_each_image(int B, Load &&load, Store &&store
     }
 }
 
+// The image side both plane kernels take as a constant: gspn's 14 x 14 stage at 224 px (then the
+// write-out's division by the width and the dw pass's row loop are constants; other sides: S = 0).
+enum { DPM_SIDE = 14 };
+template <int S> __device__ __forceinline__ int dpm_side(int runtime) { return S ? S : runtime; }
+
 // Block (C / CG, image blocks), 16 CG threads: the block takes images blockIdx.y, + gridDim.y, ...
-// U: units a thread stages an image, at most DPM_PAIRS.
-template <int CG, int U>
+// U: units a thread stages an image, at most DPM_PAIRS. S > 0: the images are S x S.
+template <int CG, int U, int S>
 __global__ void __launch_bounds__(16 * CG)
 dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const bf16 *__restrict__ bias,
                         bf16 *__restrict__ out, DwconvShape d, int flags) {
@@ -108,8 +113,8 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
     __shared__ __align__(16) unsigned tile[CG * PLANE];   // (CG, ROWS, SW) bf16 pairs
     __shared__ __align__(16) float sums[CG * PS];         // (CG, TH, RS)
     const unsigned short *tile16 = reinterpret_cast<const unsigned short *>(tile);
-    const int c0 = blockIdx.x * CG;
-    const size_t img = (size_t)d.H * d.W * d.C;
+    const int c0 = blockIdx.x * CG, H = dpm_side<S>(d.H), W = dpm_side<S>(d.W);
+    const size_t img = (size_t)H * W * d.C;
     for (int e = threadIdx.x; e < CG * PLANE; e += THREADS) tile[e] = 0u;
 
     // The warp's two channels' B fragments, for every image.
@@ -119,15 +124,15 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
     for (int cc = 0; cc < 2; cc++) dw_band_fragments<K>(w + (size_t)(c0 + 2 * warp + cc) * KK, flags, g, t4, bfrag[cc]);
     // An image's pixel pairs, VPP units each: unit e is vector e % VPP of pair p = e / VPP, which
     // is word 1 + p % nm of image row p / nm (input columns 2m - 3, 2m - 2).
-    const int nm = (d.W + 2) / 2, units = d.H * nm * VPP;
+    const int nm = (W + 2) / 2, units = H * nm * VPP;
     DpmUnit un[U];
     #pragma unroll
     for (int u = 0; u < U; u++) {
         const int e = threadIdx.x + u * THREADS, p = e / VPP, v = e - p * VPP, r = p / nm, m = 1 + p - r * nm;
         const int x0 = 2 * m - 3;
-        un[u].src = (r * d.W + x0) * d.C + c0 + 8 * v;
+        un[u].src = (r * W + x0) * d.C + c0 + 8 * v;
         un[u].dst = e < units ? 8 * v * PLANE + (r + P) * DPM_WORDS + m : -1;
-        un[u].flags = (x0 >= 0 ? DPM_LO : 0) | (x0 + 1 < d.W ? DPM_HI : 0);
+        un[u].flags = (x0 >= 0 ? DPM_LO : 0) | (x0 + 1 < W ? DPM_HI : 0);
     }
     uint4 px[U][2];
     auto load = [&](unsigned b) {
@@ -159,11 +164,11 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
         __syncthreads();
         // Out along channels: a thread per 8 channels of an output pixel.
         bf16 *o = out + b * img + c0;
-        for (int e = threadIdx.x; e < d.H * d.W * VPP; e += THREADS) {
-            const int pix = e / VPP, v8 = 8 * (e - pix * VPP), r = pix / d.W, xx = pix - r * d.W;
+        for (int e = threadIdx.x; e < H * W * VPP; e += THREADS) {
+            const int pix = e / VPP, v8 = 8 * (e - pix * VPP), r = pix / W, xx = pix - r * W;
             // staged (r + P, xx + P) of channel v8
             const unsigned short *resid = tile16 + 2 * (v8 * PLANE + (r + P) * DPM_WORDS) + xx + P;
-            dw_store_out8(o + ((size_t)r * d.W + xx) * d.C + v8, sums + v8 * PS + r * RS + xx, PS,
+            dw_store_out8(o + ((size_t)r * W + xx) * d.C + v8, sums + v8 * PS + r * RS + xx, PS,
                           bias ? bias + c0 + v8 : nullptr, flags,
                           [&](int c) { return __uint_as_float((unsigned)resid[2 * c * PLANE] << 16); });
         }
@@ -173,7 +178,9 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
 template <int CG>
 static void dpm_launch(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
                        const DwconvShape &d, int flags) {
-    auto kernel = d.H * ((d.W + 2) / 2) <= 128 ? dwconv_plane_mma_kernel<CG, 1> : dwconv_plane_mma_kernel<CG, DPM_PAIRS>;
+    const bool side = d.H == DPM_SIDE && d.W == DPM_SIDE;   // 14 x 14: 112 pairs, one unit a thread
+    auto kernel = side ? dwconv_plane_mma_kernel<CG, 1, DPM_SIDE>
+                : d.H * ((d.W + 2) / 2) <= 128 ? dwconv_plane_mma_kernel<CG, 1, 0> : dwconv_plane_mma_kernel<CG, DPM_PAIRS, 0>;
     const int groups = d.C / CG;
     dim3 grid((unsigned)groups, dwp_image_blocks(ctx, kernel, 16 * CG, 0, groups, d.B));
     kernel<<<grid, 16 * CG, 0, cuda_stream_of(ctx)>>>(in, w, bias, out, d, flags);
@@ -211,8 +218,9 @@ static_assert(3 * 128 >= (int)DWP_MAX_SIDE * ((DWP_MAX_SIDE + 1) / 2 + (DWP_MAX_
               "three units a thread stage a 16 x 16 image's x and dy");
 static_assert((DPM_P + DPD_OFF) % 2 == 0, "A's pairs are words for even j");
 
-// U: units a thread loads an image (x pairs, then dy pairs, CG / 8 vectors each).
-template <int CG, int U>
+// U: units a thread loads an image (x pairs, then dy pairs, CG / 8 vectors each). S > 0: the
+// images are S x S.
+template <int CG, int U, int S>
 __global__ void __launch_bounds__(16 * CG)
 dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, DwconvShape d,
                            float *__restrict__ partial) {
@@ -221,13 +229,13 @@ dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__
     __shared__ __align__(16) unsigned stage[CG * (XPLANE + DPLANE)];
     unsigned *xs = stage;                 // (CG, ROWS, SW): input row r - P, column s
     unsigned *ds = stage + CG * XPLANE;   // (CG, 16, 26): dy row r, column s - DPD_OFF
-    const int c0 = blockIdx.x * CG;
-    const size_t img = (size_t)d.H * d.W * d.C;
+    const int c0 = blockIdx.x * CG, H = dpm_side<S>(d.H), W = dpm_side<S>(d.W);
+    const size_t img = (size_t)H * W * d.C;
     for (int e = threadIdx.x; e < CG * (XPLANE + DPLANE); e += THREADS) stage[e] = 0u;
 
     // Units, VPP a pair: x pair p is word p % nx of input row p / nx (columns 2m, 2m + 1); dy
     // pair p (after the x pairs) word 2 + p % nd of dy row p / nd (columns 2m - 5, 2m - 4).
-    const int nx = (d.W + 1) / 2, nd = (d.W + 2) / 2, xpairs = d.H * nx, units = (xpairs + d.H * nd) * VPP;
+    const int nx = (W + 1) / 2, nd = (W + 2) / 2, xpairs = H * nx, units = (xpairs + H * nd) * VPP;
     DpmUnit un[U];
     #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -235,11 +243,11 @@ dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__
         const bool is_dy = p >= xpairs;
         const int q = is_dy ? p - xpairs : p, n = is_dy ? nd : nx, r = q / n;
         const int m = q - r * n + (is_dy ? 2 : 0), col = is_dy ? 2 * m - DPD_OFF : 2 * m;
-        un[u].src = (r * d.W + col) * d.C + c0 + 8 * v;
+        un[u].src = (r * W + col) * d.C + c0 + 8 * v;
         un[u].dst = e >= units ? -1
                     : is_dy ? CG * XPLANE + 8 * v * DPLANE + r * DPD_WORDS + m
                             : 8 * v * XPLANE + (r + P) * DPM_WORDS + m;
-        un[u].flags = (col >= 0 ? DPM_LO : 0) | (col + 1 < d.W ? DPM_HI : 0) | (is_dy ? DPM_DY : 0);
+        un[u].flags = (col >= 0 ? DPM_LO : 0) | (col + 1 < W ? DPM_HI : 0) | (is_dy ? DPM_DY : 0);
     }
     uint4 px[U][2];
     auto load = [&](unsigned b) {
@@ -251,22 +259,33 @@ dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__
     const unsigned sel = g & 1 ? 0x5432u : 0x3210u;      // A's pair: one word, or the halves of two
     const int w0 = (2 * t4 - g + P + DPD_OFF) >> 1;        // A[g][2 t4]'s word in a staged dy row
     const int xrow = g < K ? g : K - 1;                    // B's column i = g: staged x row y + g
+    // Per channel of the warp, this lane's words of dy row 0 and of x row xrow, worked out once.
+    const unsigned *drow0[2], *xrow0[2];
+    #pragma unroll
+    for (int cc = 0; cc < 2; cc++) {
+        drow0[cc] = ds + (2 * warp + cc) * DPLANE + w0;
+        xrow0[cc] = xs + (2 * warp + cc) * XPLANE + xrow * DPM_WORDS + t4;
+    }
     float acc[2][2][4] = {};                               // per channel, per row parity
     dpm_each_image(d.B, load, store, [&](unsigned) {
-        for (int y = 0; y < d.H; y += 2)
+        auto row = [&](int y, int h) {   // h = y % 2, a constant at each call
             #pragma unroll
-            for (int h = 0; h < 2; h++)
-                #pragma unroll
-                for (int cc = 0; cc < 2; cc++) {
-                    if (y + h >= d.H) break;
-                    const int c = 2 * warp + cc;
-                    const unsigned *drow = ds + c * DPLANE + (y + h) * DPD_WORDS;
-                    const unsigned *xr = xs + c * XPLANE + (y + h + xrow) * DPM_WORDS;
-                    const unsigned a0 = __byte_perm(drow[w0], drow[w0 + 1], sel);
-                    const unsigned a2 = __byte_perm(drow[w0 + 4], drow[w0 + 5], sel);
-                    const unsigned b0 = g < K ? xr[t4] : ones, b1 = g < K ? xr[t4 + 4] : ones;
-                    mma_16816_bf16(acc[cc][h], a0, 0u, a2, 0u, b0, b1);
-                }
+            for (int cc = 0; cc < 2; cc++) {
+                const unsigned *drow = drow0[cc] + y * DPD_WORDS, *xr = xrow0[cc] + y * DPM_WORDS;
+                const unsigned a0 = __byte_perm(drow[0], drow[1], sel), a2 = __byte_perm(drow[4], drow[5], sel);
+                const unsigned b0 = g < K ? xr[0] : ones, b1 = g < K ? xr[4] : ones;
+                mma_16816_bf16(acc[cc][h], a0, 0u, a2, 0u, b0, b1);
+            }
+        };
+        if constexpr (S > 0) {
+            #pragma unroll
+            for (int y = 0; y < S; y++) row(y, y % 2);
+        } else {
+            for (int y = 0; y < H; y += 2) {
+                row(y, 0);
+                if (y + 1 < H) row(y + 1, 1);
+            }
+        }
     });
     // D's fragment: rows j = g (g + 8 unused), columns i = 2 t4 and 2 t4 + 1.
     float *row = partial + (size_t)blockIdx.y * ((size_t)d.C * KK + d.C);
@@ -286,7 +305,9 @@ template <int CG>
 static void dpm_launch_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
                           float *db) {
     const int units = d.H * ((d.W + 1) / 2 + (d.W + 2) / 2) * (CG / 8), threads = 16 * CG;
-    auto kernel = units <= 2 * threads ? dwconv_plane_mma_dw_kernel<CG, 2> : dwconv_plane_mma_dw_kernel<CG, 3>;
+    const bool side = d.H == DPM_SIDE && d.W == DPM_SIDE;   // 14 x 14: 210 pairs, two units a thread
+    auto kernel = side && units <= 2 * threads ? dwconv_plane_mma_dw_kernel<CG, 2, DPM_SIDE>
+                : units <= 2 * threads ? dwconv_plane_mma_dw_kernel<CG, 2, 0> : dwconv_plane_mma_dw_kernel<CG, 3, 0>;
     const int groups = d.C / CG;
     const unsigned blocks = dwp_image_blocks(ctx, kernel, threads, 0, groups, d.B);
     const size_t width = (size_t)d.C * DPM_K * DPM_K + d.C;
