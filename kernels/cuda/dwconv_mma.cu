@@ -266,10 +266,8 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
             auto tile = [&](int jt, int h) {
                 #pragma unroll
                 for (int cc = 0; cc < DWM_CPW; cc++) {
-                    const unsigned *drow = drow0[cc] + r * (swd / 2) + jt * 8, *xrow = xrow0[cc] + r * (swx / 2) + jt * 8;
-                    const unsigned a0 = __byte_perm(drow[0], drow[1], sel), a2 = __byte_perm(drow[4], drow[5], sel);
-                    const unsigned bb0 = g < K ? xrow[0] : ones, bb1 = g < K ? xrow[4] : ones;
-                    mma_16816_bf16(acc[cc][h], a0, 0u, a2, 0u, bb0, bb1);
+                    dw_grad_mma<K>(acc[cc][h], drow0[cc] + r * (swd / 2) + jt * 8, xrow0[cc] + r * (swx / 2) + jt * 8,
+                                   sel, g, ones);
                 }
             };
             if constexpr (TX > 0) {
@@ -285,18 +283,9 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
         }
         __syncthreads();
     }
-    // D's fragment: rows j = g (and g + 8, unused), columns i = 2 t4 and 2 t4 + 1.
     float *row = partial + ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * ((size_t)d.C * KK + d.C);
     #pragma unroll
-    for (int cc = 0; cc < DWM_CPW; cc++) {
-        const int c = c0 + warp * DWM_CPW + cc, i = 2 * t4;
-        const float s0 = acc[cc][0][0] + acc[cc][1][0], s1 = acc[cc][0][1] + acc[cc][1][1];
-        if (g < K) {
-            row[(size_t)c * KK + i * K + g] = s0;
-            if (i + 1 < K) row[(size_t)c * KK + (i + 1) * K + g] = s1;
-        }
-        if (g == P && i + 1 == K) row[(size_t)d.C * KK + c] = s1;
-    }
+    for (int cc = 0; cc < DWM_CPW; cc++) dw_put_partial<K>(row, d.C, c0 + warp * DWM_CPW + cc, g, t4, acc[cc]);
 }
 
 bool cuda_dwconv_mma_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,

@@ -82,6 +82,33 @@ __device__ __forceinline__ void dw_store_out8(bf16 *p, const float *sums, int ps
     store_v<8>(p, v);
 }
 
+// The dw product's MMA of one dy row, 16 columns and one channel (kernels/cuda/dwconv_mma.cu): A's
+// rows j = g from the staged dy row's words drow[0], [1] and [4], [5] (one word, or the halves
+// of two: sel), rows g + 8 zero; B's column i = g from the staged input row's words xrow[0] and
+// [4], the ones (the bias gradient's column) where g = K.
+template <int K>
+__device__ __forceinline__ void dw_grad_mma(float (&acc)[4], const unsigned *drow, const unsigned *xrow,
+                                            unsigned sel, int g, unsigned ones) {
+    const unsigned a0 = __byte_perm(drow[0], drow[1], sel), a2 = __byte_perm(drow[4], drow[5], sel);
+    const unsigned b0 = g < K ? xrow[0] : ones, b1 = g < K ? xrow[4] : ones;
+    mma_16816_bf16(acc, a0, 0u, a2, 0u, b0, b1);
+}
+
+// Channel c's dw and db sums, from its two chains' D fragments (rows j = g, columns i = 2 t4 and
+// 2 t4 + 1; D[P][K] the bias gradient), into one row of the partial matrix (C k^2 + C).
+template <int K>
+__device__ __forceinline__ void dw_put_partial(float *row, int C, int c, int g, int t4,
+                                               const float (&acc)[2][4]) {
+    constexpr int P = K / 2, KK = K * K;
+    const int i = 2 * t4;
+    const float s0 = acc[0][0] + acc[1][0], s1 = acc[0][1] + acc[1][1];
+    if (g < K) {
+        row[(size_t)c * KK + i * K + g] = s0;
+        if (i + 1 < K) row[(size_t)c * KK + (i + 1) * K + g] = s1;
+    }
+    if (g == P && i + 1 == K) row[(size_t)C * KK + c] = s1;
+}
+
 // out (+)= bias + the k x k taps of in (mirrored with DW_FLIP) (+ in with DW_RESID). Returns
 // false, launching nothing, when the shape or dtypes are not covered.
 bool cuda_dwconv_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,

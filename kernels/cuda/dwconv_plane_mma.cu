@@ -271,10 +271,7 @@ dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__
         auto row = [&](int y, int h) {   // h = y % 2, a constant at each call
             #pragma unroll
             for (int cc = 0; cc < 2; cc++) {
-                const unsigned *drow = drow0[cc] + y * DPD_WORDS, *xr = xrow0[cc] + y * DPM_WORDS;
-                const unsigned a0 = __byte_perm(drow[0], drow[1], sel), a2 = __byte_perm(drow[4], drow[5], sel);
-                const unsigned b0 = g < K ? xr[0] : ones, b1 = g < K ? xr[4] : ones;
-                mma_16816_bf16(acc[cc][h], a0, 0u, a2, 0u, b0, b1);
+                dw_grad_mma<K>(acc[cc][h], drow0[cc] + y * DPD_WORDS, xrow0[cc] + y * DPM_WORDS, sel, g, ones);
             }
         };
         if constexpr (S > 0) {
@@ -287,18 +284,9 @@ dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__
             }
         }
     });
-    // D's fragment: rows j = g (g + 8 unused), columns i = 2 t4 and 2 t4 + 1.
     float *row = partial + (size_t)blockIdx.y * ((size_t)d.C * KK + d.C);
     #pragma unroll
-    for (int cc = 0; cc < 2; cc++) {
-        const int c = c0 + 2 * warp + cc, i = 2 * t4;
-        const float s0 = acc[cc][0][0] + acc[cc][1][0], s1 = acc[cc][0][1] + acc[cc][1][1];
-        if (g < K) {
-            row[(size_t)c * KK + i * K + g] = s0;
-            if (i + 1 < K) row[(size_t)c * KK + (i + 1) * K + g] = s1;
-        }
-        if (g == P && i + 1 == K) row[(size_t)d.C * KK + c] = s1;
-    }
+    for (int cc = 0; cc < 2; cc++) dw_put_partial<K>(row, d.C, c0 + 2 * warp + cc, g, t4, acc[cc]);
 }
 
 template <int CG>
