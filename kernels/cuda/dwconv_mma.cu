@@ -270,16 +270,7 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
                                    sel, g, ones);
                 }
             };
-            if constexpr (TX > 0) {
-                #pragma unroll
-                for (int jt = 0; jt < TX; jt++) tile(jt, jt % 2);
-            } else {
-                #pragma unroll 1
-                for (int jt = 0; jt < tiles_x; jt += 2) {
-                    tile(jt, 0);
-                    if (jt + 1 < tiles_x) tile(jt + 1, 1);
-                }
-            }
+            dw_each_with_parity<TX>(tiles_x, tile);
         }
         __syncthreads();
     }

@@ -94,6 +94,22 @@ __device__ __forceinline__ void dw_grad_mma(float (&acc)[4], const unsigned *dro
     mma_16816_bf16(acc, a0, 0u, a2, 0u, b0, b1);
 }
 
+// f(i, i % 2) for i = 0 .. n - 1, the parity a constant at each call (it picks one of two MMA
+// chains): fully unrolled when N > 0 (n is then N), else a loop over pairs.
+template <int N, typename F>
+__device__ __forceinline__ void dw_each_with_parity(int n, F &&f) {
+    if constexpr (N > 0) {
+        #pragma unroll
+        for (int i = 0; i < N; i++) f(i, i % 2);
+    } else {
+        #pragma unroll 1
+        for (int i = 0; i < n; i += 2) {
+            f(i, 0);
+            if (i + 1 < n) f(i + 1, 1);
+        }
+    }
+}
+
 // Channel c's dw and db sums, from its two chains' D fragments (rows j = g, columns i = 2 t4 and
 // 2 t4 + 1; D[P][K] the bias gradient), into one row of the partial matrix (C k^2 + C).
 template <int K>

@@ -274,15 +274,7 @@ dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__
                 dw_grad_mma<K>(acc[cc][h], drow0[cc] + y * DPD_WORDS, xrow0[cc] + y * DPM_WORDS, sel, g, ones);
             }
         };
-        if constexpr (S > 0) {
-            #pragma unroll
-            for (int y = 0; y < S; y++) row(y, y % 2);
-        } else {
-            for (int y = 0; y < H; y += 2) {
-                row(y, 0);
-                if (y + 1 < H) row(y + 1, 1);
-            }
-        }
+        dw_each_with_parity<S>(H, row);
     });
     float *row = partial + (size_t)blockIdx.y * ((size_t)d.C * KK + d.C);
     #pragma unroll
