@@ -208,8 +208,9 @@ bool cuda_dwconv_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, 
 //   D (16 x 8) += A (16 x 16) B (16 x 8),  A[j][q] = dy[y][x0 + q - j + P],
 //                                          B[q][i] = in[y + i - P][x0 + q],
 // so that D[j][i] = dw[i][j] (j, i < K); every (dy, input) pair with both in the image is counted
-// once, the others meet zeros. B's spare column i = 7 is ones: D[P][7] adds dy[y][x0 .. x0 + 15],
-// the bias gradient. A block owns MMA_CG channels and MMA_TH dy rows of a run of images; per
+// once, the others meet zeros. A's rows 8 .. 15 take the next dy row, against B's eighth column
+// (dw_grad_mma2, kernels/cuda/dwconv_mma.h: one MMA for two dy rows, and one against ones for the
+// bias gradient). A block owns MMA_CG channels and MMA_TH dy rows of a run of images; per
 // image it stages those dy rows and their TH + K - 1 input rows channel-major, and each warp adds
 // MMA_CG / 4 channels' products into registers. Its sums are then one row of the partial matrix
 // (runs * row blocks, C k^2 + C) that dwconv.cu's dw kernels write, added in a fixed order.
@@ -226,7 +227,7 @@ __host__ __device__ constexpr int mma_dw_dy_width(int tiles_x) { return tiles_x 
 
 // TX > 0: tiles_x is TX (the tile loop unrolls, its offsets constants); TX = 0: the argument.
 template <int K, int CG, int TX>
-__global__ void __launch_bounds__(mma_dw_threads(CG))
+__global__ void __launch_bounds__(mma_dw_threads(CG), 4)
 dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, DwconvShape d,
                      int tiles_x_arg, int swx_arg, int swd_arg, int per, float *__restrict__ partial) {
     constexpr int P = K / 2, ROWS = MMA_TH + K - 1, KK = K * K;
@@ -246,28 +247,32 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
     const unsigned sel = g & 1 ? 0x5432u : 0x3210u;   // A's pair: one word, or the halves of two
     // Per channel of the warp, the words of staged row 0 this lane reads for tile 0: dy's A[g][2 t4]
     // (word (jt 16 + 2 t4 - g + P + DWM_OFF) / 2 of a row, the sum never negative) and B's column
-    // i = g, input row y + g - P, staged row r + g (g = K: the ones, any row's words).
+    // i = g, input row y + g - P, staged row r + g.
     const unsigned *drow0[DWM_CPW], *xrow0[DWM_CPW];
     #pragma unroll
     for (int cc = 0; cc < DWM_CPW; cc++) {
         const int c = warp * DWM_CPW + cc;
         drow0[cc] = reinterpret_cast<const unsigned *>(ds + (size_t)c * dplane) + ((2 * t4 - g + P + DWM_OFF) >> 1);
-        xrow0[cc] = reinterpret_cast<const unsigned *>(xs + (size_t)c * xplane + min(g, K - 1) * swx) + t4;
+        xrow0[cc] = reinterpret_cast<const unsigned *>(xs + (size_t)c * xplane + g * swx) + t4;
     }
-    float acc[DWM_CPW][2][4] = {};   // per channel, per tile parity
+    float acc[DWM_CPW][2][4] = {}, acc_db[DWM_CPW][2][4] = {};   // per channel, per tile parity
+    // Rows in pairs: an odd count stages one more (zero) dy row and the input row it reaches.
+    const int pair_rows = rows + (rows & 1);
     for (int b = b0; b < b1; b++) {
         // Input rows y0 - P .. y0 + TH + P - 1 (xs), dy rows y0 .. y0 + TH - 1 from column -DWM_OFF (ds).
-        // (only the rows the block's dy rows reach: fewer in a short image)
-        mma_stage<CG, mma_dw_threads(CG)>(in + b * plane + c0, d, y0 - P, rows + K - 1, swx, 0, xs, (size_t)xplane);
-        mma_stage<CG, mma_dw_threads(CG)>(dy + b * plane + c0, d, y0, rows, swd, DWM_OFF, ds, (size_t)dplane);
+        // (only the rows the block's dy rows reach: fewer in a short image; rows past the image
+        // are zeros)
+        mma_stage<CG, mma_dw_threads(CG)>(in + b * plane + c0, d, y0 - P, pair_rows + K - 1, swx, 0, xs, (size_t)xplane);
+        mma_stage<CG, mma_dw_threads(CG)>(dy + b * plane + c0, d, y0, pair_rows, swd, DWM_OFF, ds, (size_t)dplane);
         __syncthreads();
-        for (int r = 0; r < rows; r++) {
-            // 2 channels x 2 tile parities (h = jt % 2, a constant at each call): 4 MMA chains
+        for (int r = 0; r < rows; r += 2) {
+            // 2 channels x 2 tile parities (h = jt % 2, a constant at each call): 8 MMA chains
             auto tile = [&](int jt, int h) {
                 #pragma unroll
                 for (int cc = 0; cc < DWM_CPW; cc++) {
-                    dw_grad_mma<K>(acc[cc][h], drow0[cc] + r * (swd / 2) + jt * 8, xrow0[cc] + r * (swx / 2) + jt * 8,
-                                   sel, g, ones);
+                    const unsigned *drow = drow0[cc] + r * (swd / 2) + jt * 8;
+                    dw_grad_mma2(acc[cc][h], acc_db[cc][h], drow, drow + swd / 2,
+                                 xrow0[cc] + r * (swx / 2) + jt * 8, sel, ones);
                 }
             };
             dw_each_with_parity<TX>(tiles_x, tile);
@@ -276,7 +281,8 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
     }
     float *row = partial + ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * ((size_t)d.C * KK + d.C);
     #pragma unroll
-    for (int cc = 0; cc < DWM_CPW; cc++) dw_put_partial<K>(row, d.C, c0 + warp * DWM_CPW + cc, g, t4, acc[cc]);
+    for (int cc = 0; cc < DWM_CPW; cc++)
+        dw_put_partial2<K>(row, d.C, c0 + warp * DWM_CPW + cc, g, t4, acc[cc], acc_db[cc]);
 }
 
 bool cuda_dwconv_mma_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,

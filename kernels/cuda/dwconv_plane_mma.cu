@@ -258,27 +258,30 @@ dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__
     const unsigned ones = Vec<bf16, 8>::pair(1.0f, 1.0f);
     const unsigned sel = g & 1 ? 0x5432u : 0x3210u;      // A's pair: one word, or the halves of two
     const int w0 = (2 * t4 - g + P + DPD_OFF) >> 1;        // A[g][2 t4]'s word in a staged dy row
-    const int xrow = g < K ? g : K - 1;                    // B's column i = g: staged x row y + g
-    // Per channel of the warp, this lane's words of dy row 0 and of x row xrow, worked out once.
+    // Per channel of the warp, this lane's words of dy row 0 and of x row g (B's column i = g:
+    // staged x row y + g), worked out once.
     const unsigned *drow0[2], *xrow0[2];
     #pragma unroll
     for (int cc = 0; cc < 2; cc++) {
         drow0[cc] = ds + (2 * warp + cc) * DPLANE + w0;
-        xrow0[cc] = xs + (2 * warp + cc) * XPLANE + xrow * DPM_WORDS + t4;
+        xrow0[cc] = xs + (2 * warp + cc) * XPLANE + g * DPM_WORDS + t4;
     }
-    float acc[2][2][4] = {};                               // per channel, per row parity
+    float acc[2][2][4] = {}, acc_db[2][2][4] = {};        // per channel, per row pair parity
     dpm_each_image(d.B, load, store, [&](unsigned) {
-        auto row = [&](int y, int h) {   // h = y % 2, a constant at each call
+        // dy rows y and y + 1 (past the image: the staged zeros; their input rows reach staged row
+        // 21, the last, past the image zeros too)
+        auto rows2 = [&](int y, int h) {   // h = y / 2 % 2, a constant at each call
             #pragma unroll
             for (int cc = 0; cc < 2; cc++) {
-                dw_grad_mma<K>(acc[cc][h], drow0[cc] + y * DPD_WORDS, xrow0[cc] + y * DPM_WORDS, sel, g, ones);
+                const unsigned *drow = drow0[cc] + y * DPD_WORDS;
+                dw_grad_mma2(acc[cc][h], acc_db[cc][h], drow, drow + DPD_WORDS, xrow0[cc] + y * DPM_WORDS, sel, ones);
             }
         };
-        dw_each_with_parity<S>(H, row);
+        dw_each_with_parity<(S + 1) / 2>((H + 1) / 2, [&](int p, int h) { rows2(2 * p, h); });
     });
     float *row = partial + (size_t)blockIdx.y * ((size_t)d.C * KK + d.C);
     #pragma unroll
-    for (int cc = 0; cc < 2; cc++) dw_put_partial<K>(row, d.C, c0 + 2 * warp + cc, g, t4, acc[cc]);
+    for (int cc = 0; cc < 2; cc++) dw_put_partial2<K>(row, d.C, c0 + 2 * warp + cc, g, t4, acc[cc], acc_db[cc]);
 }
 
 template <int CG>
