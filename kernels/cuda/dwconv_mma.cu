@@ -7,11 +7,16 @@
 // that is 7 MMAs per 16 x 8 tile, 44% of whose products lie in the band: still several times the
 // rate of fp32 FMAs, which bound the 7x7 kernels of dwconv.cu.
 //
-// A block owns CG channels (16 where C allows, else 8; a warp per channel) of MMA_TH output rows
-// across the whole width. It stages their TH + K - 1 input rows channel-major in shared memory (a
-// fragment's column pairs are then 32-bit words), each warp loads its channel's
-// K B fragments (built once a call, dw_band_frag_kernel) and runs every column tile, and the fp32 sums are staged channel-major in
-// shared memory (dwconv_mma.h) and go out along channels (16-byte stores).
+// A block owns CG channels (16 where C allows, else 8) of MMA_TH output rows across the whole
+// width. It stages their TH + K - 1 input rows channel-major in shared memory (a fragment's column
+// pairs are then 32-bit words), each warp loads its channel's K B fragments (built once a call,
+// dw_band_frag_kernel) and runs every column tile, and the results go out along channels (16-byte
+// stores). Where nothing is added to out's prior value, a warp finishes each tile in registers
+// (bias, residual, SiLU, rounded once) and writes it as bf16 into its channel's staged rows, over
+// columns no later tile reads, so shared memory holds the input rows alone: four blocks an SM,
+// whose staging, products and write-out overlap. With DW_ACCUM (and where it measured faster) the
+// fp32 sums are staged channel-major (dwconv_mma.h) and finished as they go out, a warp per
+// channel, two blocks an SM.
 //
 // The dw pass is the same product with the roles turned (dwconv_mma_dw_kernel below): the taps
 // become the 7 x 8 result of one MMA per dy row and 16 columns, summed in registers over a run
@@ -19,10 +24,14 @@
 #include "dwconv_mma.h"
 
 enum { MMA_TH = 16, MMA_CG = 8, MMA_K = 7 };   // MMA_CG: the smallest channel group
-// Threads of a block of CG channels, a warp per channel. Every phase of a block (staging, products,
-// write-out) waits on latency; at half a warp per channel, blocks of 8 warps at two an SM left
-// the 56 x 56 pass at 16 warps an SM (H100, 56 x 56 x 144 forward: 0.221 -> 0.206 ms).
-__host__ __device__ constexpr int mma_threads(int cg) { return 32 * cg; }
+// Threads of a block of CG channels. Every phase of a block (staging, products, write-out) waits on
+// latency. With the fp32 sums staged (SUMS), two blocks fill the shared memory, and at half a warp
+// per channel they left the 56 x 56 pass at 16 warps an SM (H100, 56 x 56 x 144 forward: 0.221 ->
+// 0.206 ms): a warp per channel. Without them, four blocks of 8 warps fit, 32 warps an SM (the
+// registers' limit at 64 a thread) in four blocks' phases: two channels a warp at 16 channels, one
+// at 8 (mma_launch_flags says where the staged sums stay).
+__host__ __device__ constexpr int mma_threads(int cg, bool sums) { return sums ? 32 * cg : 256; }
+__host__ __device__ constexpr int mma_blocks_per_sm(bool sums) { return sums ? 2 : 4; }
 
 // a / b for 0 <= a < 2^22 and 0 < b < 2^10, from b's fp32 reciprocal (inv_b = 1 / b): a + 1/2 lies
 // at least 1 / (2 b) from a multiple of b, far beyond the product's rounding (a few 2^-24 of a
@@ -105,17 +114,17 @@ __host__ __device__ constexpr int mma_tile_width(int tiles_x) { return mma_row_w
 
 // TX > 0: tiles_x is TX, so every shared-memory offset below is a constant and the tile loop
 // unrolls (at 56 x 56, index arithmetic was 40 of the loop's 62 instructions a tile); TX = 0: the
-// arguments' tiles_x and sw.
-template <int K, int CG, int TX>
-__global__ void __launch_bounds__(mma_threads(CG), 2)
+// arguments' tiles_x and sw. SUMS: the fp32 sums staged (see above).
+template <int K, int CG, int TX, bool SUMS>
+__global__ void __launch_bounds__(mma_threads(CG, SUMS), mma_blocks_per_sm(SUMS))
 dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag, const bf16 *__restrict__ bias,
                   bf16 *__restrict__ out, DwconvShape d, int flags, int tiles_x_arg, int sw_arg) {
-    constexpr int P = K / 2, ROWS = MMA_TH + K - 1, THREADS = mma_threads(CG), VPP = CG / 8;
+    constexpr int P = K / 2, ROWS = MMA_TH + K - 1, THREADS = mma_threads(CG, SUMS), VPP = CG / 8;
     const int tiles_x = TX ? TX : tiles_x_arg, sw = TX ? mma_tile_width(TX) : sw_arg;
     extern __shared__ __align__(16) unsigned char mma_smem[];
     const int tplane = mma_plane(ROWS, sw), rs = dw_sum_row(tiles_x * 8), ps = dw_sum_plane(MMA_TH, tiles_x * 8);
     unsigned short *tile = reinterpret_cast<unsigned short *>(mma_smem);   // (CG, ROWS, sw) bf16 bits
-    float *sums = reinterpret_cast<float *>(mma_smem + (size_t)CG * tplane * 2);   // (CG, TH, rs)
+    float *sums = reinterpret_cast<float *>(mma_smem + (size_t)CG * tplane * 2);   // SUMS: (CG, TH, rs)
     const int c0 = blockIdx.x * CG, y0 = blockIdx.y * MMA_TH;
     const size_t plane = (size_t)d.H * d.W * d.C, b = blockIdx.z;
     // Staged pixel (r, s) is input (y0 - P + r, s - P).
@@ -127,8 +136,10 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
         const unsigned *fc = frag + (size_t)(c0 + c) * K * 2 * 32 + lane;
         #pragma unroll
         for (int i = 0; i < K; i++) bfrag[i][0] = __ldg(fc + 64 * i), bfrag[i][1] = __ldg(fc + 64 * i + 32);
-        const unsigned *tw = reinterpret_cast<const unsigned *>(tile + (size_t)c * tplane);
+        unsigned short *ts = tile + (size_t)c * tplane;
+        unsigned *tw = reinterpret_cast<unsigned *>(ts);
         const int half = sw / 2;   // 32-bit words per staged row
+        const float bv = !SUMS && bias ? __bfloat162float(bias[c0 + c]) : 0.0f;
         // A_i's fragment: rows g and g + 8 (staged rows + i), the words of column pairs 2 t4 and
         // 2 t4 + 8 of the tile. A tile's second word is the next tile's first: each is read once.
         unsigned a_lo[K][2];
@@ -143,7 +154,24 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
                 mma_16816_bf16(acc, a_lo[i][0], a_lo[i][1], a2, a3, bfrag[i][0], bfrag[i][1]);
                 a_lo[i][0] = a2, a_lo[i][1] = a3;
             }
-            dw_put_sums(sums, c, ps, rs, g, jt * 8 + 2 * t4, acc);   // D: rows g, g + 8; columns 2 t4, + 1
+            if constexpr (SUMS) {
+                dw_put_sums(sums, c, ps, rs, g, jt * 8 + 2 * t4, acc);   // D: rows g, g + 8; columns 2 t4, + 1
+            } else {
+                // Output (m, x) for m = g, g + 8 and x = jt * 8 + 2 t4, + 1: its residual is staged
+                // (m + P, x + P), which other lanes' results of this tile overwrite; its result goes
+                // to staged (m, x), a column no later tile reads (their A starts at column jt * 8 + 8).
+                float v[4];
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    v[e] = acc[e] + bv;
+                    if (flags & DW_RESID)
+                        v[e] += __uint_as_float((unsigned)ts[(g + 8 * (e / 2) + P) * sw + jt * 8 + 2 * t4 + e % 2 + P] << 16);
+                    if (flags & DW_SILU) v[e] = dw_silu<bf16>(v[e]);
+                }
+                __syncwarp();
+                tw[g * half + wcol] = Vec<bf16, 8>::pair(v[0], v[1]);
+                tw[(g + 8) * half + wcol] = Vec<bf16, 8>::pair(v[2], v[3]);
+            }
         };
         if constexpr (TX > 0) {
             #pragma unroll
@@ -160,34 +188,53 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
     for (int e = threadIdx.x; e < MMA_TH * d.W * VPP; e += THREADS) {
         const int pix = e / VPP, v8 = 8 * (e - pix * VPP), r = mma_div(pix, inv_w), xx = pix - r * d.W, yy = y0 + r;
         if (yy >= d.H) break;   // e grows with r
-        const unsigned short *resid = tile + (size_t)v8 * tplane + (r + P) * sw + xx + P;   // staged (r + P, xx + P)
-        dw_store_out8(o + ((size_t)yy * d.W + xx) * d.C + v8, sums + v8 * ps + r * rs + xx, ps,
-                      bias ? bias + c0 + v8 : nullptr, flags,
-                      [&](int c) { return __uint_as_float((unsigned)resid[c * tplane] << 16); });
+        bf16 *p = o + ((size_t)yy * d.W + xx) * d.C + v8;
+        if constexpr (SUMS) {
+            const unsigned short *resid = tile + (size_t)v8 * tplane + (r + P) * sw + xx + P;   // staged (r + P, xx + P)
+            dw_store_out8(p, sums + v8 * ps + r * rs + xx, ps, bias ? bias + c0 + v8 : nullptr, flags,
+                          [&](int c) { return __uint_as_float((unsigned)resid[c * tplane] << 16); });
+        } else {
+            const unsigned short *res = tile + (size_t)v8 * tplane + r * sw + xx;   // staged (r, xx): the result
+            unsigned word[4];
+            #pragma unroll
+            for (int h = 0; h < 4; h++) word[h] = res[2 * h * tplane] | (unsigned)res[(2 * h + 1) * tplane] << 16;
+            *reinterpret_cast<uint4 *>(p) = make_uint4(word[0], word[1], word[2], word[3]);
+        }
     }
 }
 
-template <int CG>
+template <int CG, bool SUMS>
 static bool mma_launch(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
                        const DwconvShape &d, int flags) {
     const int tiles_x = (d.W + 7) / 8, sw = mma_tile_width(tiles_x);
     const size_t smem = (size_t)CG * mma_plane(MMA_TH + MMA_K - 1, sw) * 2 +
-                        (size_t)CG * dw_sum_plane(MMA_TH, tiles_x * 8) * sizeof(float);
-    // two blocks an SM at most: 227 KB of shared memory, 1 KB of it the system's
-    if (smem > 113 * 1024 || (d.H + MMA_TH - 1) / MMA_TH > 65535 || d.B > 65535) return false;
+                        (SUMS ? (size_t)CG * dw_sum_plane(MMA_TH, tiles_x * 8) * sizeof(float) : 0);
+    // the blocks an SM the kernel is built for: 228 KB of shared memory an SM, 1 KB of each block the system's
+    if (smem > (size_t)(228 / mma_blocks_per_sm(SUMS) - 1) * 1024 || (d.H + MMA_TH - 1) / MMA_TH > 65535 ||
+        d.B > 65535)
+        return false;
     // the grids of gspn's stages at 224 px (56 and 28 columns) with constant offsets
-    auto kernel = tiles_x == 7 ? dwconv_mma_kernel<MMA_K, CG, 7>
-                : tiles_x == 4 ? dwconv_mma_kernel<MMA_K, CG, 4> : dwconv_mma_kernel<MMA_K, CG, 0>;
+    auto kernel = tiles_x == 7 ? dwconv_mma_kernel<MMA_K, CG, 7, SUMS>
+                : tiles_x == 4 ? dwconv_mma_kernel<MMA_K, CG, 4, SUMS> : dwconv_mma_kernel<MMA_K, CG, 0, SUMS>;
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     unsigned *frag = (unsigned *)cuda_temp_alloc(ctx, (size_t)d.C * MMA_K * 2 * 32 * sizeof(unsigned));
     dw_band_frag_kernel<MMA_K><<<(unsigned)((d.C * 32 + 255) / 256), 256, 0, cuda_stream_of(ctx)>>>(w, d.C, flags, frag);
     CUDA_CHECK_LAUNCH();
     dim3 grid((unsigned)(d.C / CG), (unsigned)((d.H + MMA_TH - 1) / MMA_TH), (unsigned)d.B);
-    kernel<<<grid, mma_threads(CG), smem, cuda_stream_of(ctx)>>>(in, frag, bias, out, d, flags, tiles_x, sw);
+    kernel<<<grid, mma_threads(CG, SUMS), smem, cuda_stream_of(ctx)>>>(in, frag, bias, out, d, flags, tiles_x, sw);
     CUDA_CHECK_LAUNCH();
     cuda_temp_free(ctx, frag);
     return true;
+}
+
+template <int CG>
+static bool mma_launch_flags(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
+                             const DwconvShape &d, int flags) {
+    // Also with the sums staged: 8 channels at 56 columns (H100, 56 x 56 x 168 forward: 0.244 ms
+    // against 0.275 finished in registers, at 4 or 8 warps a block; 28 x 28 x 336: 0.113 against 0.085).
+    return flags & DW_ACCUM || (CG == 8 && d.W > 32) ? mma_launch<CG, true>(ctx, in, w, bias, out, d, flags)
+                                                     : mma_launch<CG, false>(ctx, in, w, bias, out, d, flags);
 }
 
 bool cuda_dwconv_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
@@ -198,8 +245,8 @@ bool cuda_dwconv_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, 
         return false;
     // 16 channels a block where C allows and two blocks fit an SM: a warp's loads and stores then
     // take 32 bytes of a pixel, not 16 (H100, 56 x 56 x 144: 0.284 -> 0.249 ms a forward).
-    if (d.C % 16 == 0 && mma_launch<16>(ctx, in, w, bias, out, d, flags)) return true;
-    return mma_launch<MMA_CG>(ctx, in, w, bias, out, d, flags);
+    if (d.C % 16 == 0 && mma_launch_flags<16>(ctx, in, w, bias, out, d, flags)) return true;
+    return mma_launch_flags<MMA_CG>(ctx, in, w, bias, out, d, flags);
 }
 
 // ---- dw and db ----------------------------------------------------------------------------------

@@ -12,9 +12,11 @@
 // two channels' B fragments once; the staged planes' zero border (rows and columns past the image)
 // is written once; the next image's pixels are loaded into registers while the current image is
 // multiplied and written out, then stored channel-major into the staged planes (a fragment's
-// column pairs are 32-bit words). The sums are staged channel-major in shared memory
-// (dwconv_mma.h) and go out along channels (16-byte stores), with the bias, the residual, the
-// prior value and SiLU as the DW_* flags ask. The dw
+// column pairs are 32-bit words). Where nothing is added to out's prior value, each warp finishes
+// its channels in registers (bias, residual, SiLU, rounded once) and writes the results as bf16
+// over the image's staged pixels, which the next image's replace (the zero border stays); with
+// DW_ACCUM the fp32 sums are staged channel-major (dwconv_mma.h) and finished as they go out with
+// the prior value. Either way the results go out along channels (16-byte stores). The dw
 // pass below is dwconv_mma.cu's dw product on the same resident blocks.
 #include "dwconv_plane.h"
 
@@ -101,8 +103,11 @@ enum { DPM_SIDE = 14 };
 template <int S> __device__ __forceinline__ int dpm_side(int runtime) { return S ? S : runtime; }
 
 // Block (C / CG, image blocks), 16 CG threads: the block takes images blockIdx.y, + gridDim.y, ...
-// U: units a thread stages an image, at most DPM_PAIRS. S > 0: the images are S x S.
-template <int CG, int U, int S>
+// U: units a thread stages an image, at most DPM_PAIRS. S > 0: the images are S x S. SUMS: the
+// fp32 sums staged (flags has DW_ACCUM).
+// Without SUMS the kernel takes 88 registers, two blocks an SM; held to three (80 registers, 28
+// bytes spilled) it measured the same (H100, 14 x 14 x 576 forward 0.042 ms either way).
+template <int CG, int U, int S, bool SUMS>
 __global__ void __launch_bounds__(16 * CG)
 dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const bf16 *__restrict__ bias,
                         bf16 *__restrict__ out, DwconvShape d, int flags) {
@@ -110,9 +115,9 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
     constexpr int THREADS = 16 * CG, VPP = CG / 8;   // VPP: 16-byte vectors a pixel
     constexpr int PLANE = dw_stage_plane(DPM_ROWS * DPM_WORDS);   // words a channel's staged plane
     constexpr int RS = dw_sum_row(16), PS = dw_sum_plane(DPM_TH, 16);
-    __shared__ __align__(16) unsigned tile[CG * PLANE];   // (CG, ROWS, SW) bf16 pairs
-    __shared__ __align__(16) float sums[CG * PS];         // (CG, TH, RS)
-    const unsigned short *tile16 = reinterpret_cast<const unsigned short *>(tile);
+    __shared__ __align__(16) unsigned tile[CG * PLANE];          // (CG, ROWS, SW) bf16 pairs
+    __shared__ __align__(16) float sums[SUMS ? CG * PS : 1];   // SUMS: (CG, TH, RS)
+    unsigned short *tile16 = reinterpret_cast<unsigned short *>(tile);
     const int c0 = blockIdx.x * CG, H = dpm_side<S>(d.H), W = dpm_side<S>(d.W);
     const size_t img = (size_t)H * W * d.C;
     for (int e = threadIdx.x; e < CG * PLANE; e += THREADS) tile[e] = 0u;
@@ -122,6 +127,9 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
     unsigned bfrag[2][K][2];
     #pragma unroll
     for (int cc = 0; cc < 2; cc++) dw_band_fragments<K>(w + (size_t)(c0 + 2 * warp + cc) * KK, flags, g, t4, bfrag[cc]);
+    float bv[2] = {0.0f, 0.0f};
+    if (!SUMS && bias)
+        for (int cc = 0; cc < 2; cc++) bv[cc] = __bfloat162float(bias[c0 + 2 * warp + cc]);
     // An image's pixel pairs, VPP units each: unit e is vector e % VPP of pair p = e / VPP, which
     // is word 1 + p % nm of image row p / nm (input columns 2m - 3, 2m - 2).
     const int nm = (W + 2) / 2, units = H * nm * VPP;
@@ -156,31 +164,66 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
                     mma_16816_bf16(acc[cc][jt], a0, a1, a2, a3, bfrag[cc][i][0], bfrag[cc][i][1]);
                 }
             }
-        #pragma unroll
-        for (int cc = 0; cc < 2; cc++)
+        if constexpr (SUMS) {
             #pragma unroll
-            for (int jt = 0; jt < TX; jt++)   // D: rows g, g + 8; columns jt * 8 + 2 t4, + 1
-                dw_put_sums(sums, 2 * warp + cc, PS, RS, g, jt * 8 + 2 * t4, acc[cc][jt]);
+            for (int cc = 0; cc < 2; cc++)
+                #pragma unroll
+                for (int jt = 0; jt < TX; jt++)   // D: rows g, g + 8; columns jt * 8 + 2 t4, + 1
+                    dw_put_sums(sums, 2 * warp + cc, PS, RS, g, jt * 8 + 2 * t4, acc[cc][jt]);
+        } else {
+            // Output (m, x), m = g + 8 (e / 2), x = jt * 8 + 2 t4 + e % 2, is staged pixel (m + P,
+            // x + P) (element `at` of the planes): its residual is read there, and its result goes
+            // there once the warp's products have read every pixel.
+            auto each_output = [&](auto &&f) {
+                #pragma unroll
+                for (int cc = 0; cc < 2; cc++)
+                    #pragma unroll
+                    for (int jt = 0; jt < TX; jt++)
+                        #pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int m = g + 8 * (e / 2), x = jt * 8 + 2 * t4 + e % 2;
+                            f(cc, jt, e, m < H && x < W, 2 * ((2 * warp + cc) * PLANE + (m + P) * DPM_WORDS) + x + P);
+                        }
+            };
+            float v[2][TX][4];
+            each_output([&](int cc, int jt, int e, bool, int at) {
+                v[cc][jt][e] = acc[cc][jt][e] + bv[cc];
+                if (flags & DW_RESID) v[cc][jt][e] += __uint_as_float((unsigned)tile16[at] << 16);
+                if (flags & DW_SILU) v[cc][jt][e] = dw_silu<bf16>(v[cc][jt][e]);
+            });
+            __syncwarp();
+            each_output([&](int cc, int jt, int e, bool in_image, int at) {   // the zero border stays
+                if (in_image) tile16[at] = __bfloat16_as_ushort(__float2bfloat16_rn(v[cc][jt][e]));
+            });
+        }
         __syncthreads();
-        // Out along channels: a thread per 8 channels of an output pixel.
+        // Out along channels: a thread per 8 channels of an output pixel, from staged (r + P, xx + P).
         bf16 *o = out + b * img + c0;
         for (int e = threadIdx.x; e < H * W * VPP; e += THREADS) {
             const int pix = e / VPP, v8 = 8 * (e - pix * VPP), r = pix / W, xx = pix - r * W;
-            // staged (r + P, xx + P) of channel v8
-            const unsigned short *resid = tile16 + 2 * (v8 * PLANE + (r + P) * DPM_WORDS) + xx + P;
-            dw_store_out8(o + ((size_t)r * W + xx) * d.C + v8, sums + v8 * PS + r * RS + xx, PS,
-                          bias ? bias + c0 + v8 : nullptr, flags,
-                          [&](int c) { return __uint_as_float((unsigned)resid[2 * c * PLANE] << 16); });
+            const unsigned short *staged = tile16 + 2 * (v8 * PLANE + (r + P) * DPM_WORDS) + xx + P;
+            bf16 *p = o + ((size_t)r * W + xx) * d.C + v8;
+            if constexpr (SUMS) {
+                dw_store_out8(p, sums + v8 * PS + r * RS + xx, PS, bias ? bias + c0 + v8 : nullptr, flags,
+                              [&](int c) { return __uint_as_float((unsigned)staged[2 * c * PLANE] << 16); });
+            } else {
+                unsigned word[4];
+                #pragma unroll
+                for (int h = 0; h < 4; h++)
+                    word[h] = staged[4 * h * PLANE] | (unsigned)staged[2 * (2 * h + 1) * PLANE] << 16;
+                *reinterpret_cast<uint4 *>(p) = make_uint4(word[0], word[1], word[2], word[3]);
+            }
         }
     });
 }
 
-template <int CG>
+template <int CG, bool SUMS>
 static void dpm_launch(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
                        const DwconvShape &d, int flags) {
     const bool side = d.H == DPM_SIDE && d.W == DPM_SIDE;   // 14 x 14: 112 pairs, one unit a thread
-    auto kernel = side ? dwconv_plane_mma_kernel<CG, 1, DPM_SIDE>
-                : d.H * ((d.W + 2) / 2) <= 128 ? dwconv_plane_mma_kernel<CG, 1, 0> : dwconv_plane_mma_kernel<CG, DPM_PAIRS, 0>;
+    auto kernel = side ? dwconv_plane_mma_kernel<CG, 1, DPM_SIDE, SUMS>
+                : d.H * ((d.W + 2) / 2) <= 128 ? dwconv_plane_mma_kernel<CG, 1, 0, SUMS>
+                                               : dwconv_plane_mma_kernel<CG, DPM_PAIRS, 0, SUMS>;
     const int groups = d.C / CG;
     dim3 grid((unsigned)groups, dwp_image_blocks(ctx, kernel, 16 * CG, 0, groups, d.B));
     kernel<<<grid, 16 * CG, 0, cuda_stream_of(ctx)>>>(in, w, bias, out, d, flags);
@@ -195,8 +238,9 @@ bool cuda_dwconv_plane_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *
     // 16 channels a block where C allows: a warp's loads and stores then take 32 bytes of a pixel
     // (H100, 14 x 14 x 576: 0.051 ms a forward, 0.058 at 8 channels, with half the L1 wavefronts
     // of scattered 16-byte accesses).
-    if (d.C % 16 == 0) dpm_launch<16>(ctx, in, w, bias, out, d, flags);
-    else dpm_launch<8>(ctx, in, w, bias, out, d, flags);
+    const bool sums = flags & DW_ACCUM;
+    if (d.C % 16 == 0) sums ? dpm_launch<16, true>(ctx, in, w, bias, out, d, flags) : dpm_launch<16, false>(ctx, in, w, bias, out, d, flags);
+    else sums ? dpm_launch<8, true>(ctx, in, w, bias, out, d, flags) : dpm_launch<8, false>(ctx, in, w, bias, out, d, flags);
     return true;
 }
 
