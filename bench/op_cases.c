@@ -625,10 +625,13 @@ static void conv2d_cases(OpCaseList *l) {
 
 // The 7x7 on gspn's grids at 224 px (dwconv_mma.cu's kernels with constant offsets: 56 and 28
 // columns, and 53, a partial last tile of the same count; dwconv_plane_mma.cu's at 14 x 14 with 8
-// channels a block), built after the older cases so that theirs keep their seeds.
+// channels a block; dwconv_image7.cu's at 7 x 7: a part of a warp's 32 channels, an image count
+// not a multiple of a block's slots, each of the three flag sets), built after the older cases so
+// that theirs keep their seeds.
 static void dwconv_stage_cases(OpCaseList *l) {
     static const int shapes[][5] = {{1, 56, 56, 144, 7}, {1, 50, 53, 48, 7}, {2, 28, 28, 288, 7},
-                                    {3, 14, 14, 40, 7}};   // B H W C k
+                                    {3, 14, 14, 40, 7},  {5, 7, 7, 40, 7},   {2, 7, 7, 96, 7},
+                                    {3, 7, 7, 64, 7}};   // B H W C k
     dwconv_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]));
 }
 

@@ -6,16 +6,17 @@
 // (cp.async) while they compute the current one.
 //
 // y / dx (7x7 on images of at most 8 columns; wider ones go to dwconv_plane_mma.cu's tensor-core
-// kernel): a thread owns one channel and CW neighbouring columns, holds its 49 taps in registers
-// and sweeps down the image: input row r (CW + 6 pixels from shared memory) feeds output rows
-// r - 3 .. r + 3, whose sums it keeps as a ring of K rows; row r - 3 is complete after row r and
-// is written at once. 98 fused multiply-adds (CW = 2) per 8 shared-memory loads.
+// kernel, 7 x 7 ones to dwconv_image7.cu's): a thread owns one channel and CW neighbouring
+// columns, holds its 49 taps in registers and sweeps down the image: input row r (CW + 6 pixels
+// from shared memory) feeds output rows r - 3 .. r + 3, whose sums it keeps as a ring of K rows;
+// row r - 3 is complete after row r and is written at once. 98 fused multiply-adds (CW = 2) per
+// 8 shared-memory loads.
 //
-// dw / db (7x7 on images of at most 8 columns; wider ones: dwconv_plane_mma.cu): a thread owns a
-// channel pair and one tap row i, and for every dy pixel adds dy times
-// the 7 input pixels of row y + i - 3 that its taps meet, the window sliding along the row (one
-// new word a pixel, both channels in it). Its 14 sums run over the block's images, then a
-// fixed-order reduction over blocks (kernels/cuda/reduce.cu). Deterministic.
+// dw / db (7x7 on images of at most 8 columns; wider ones: dwconv_plane_mma.cu; 7 x 7:
+// dwconv_image7.cu): a thread owns a channel pair and one tap row i, and for every dy pixel adds
+// dy times the 7 input pixels of row y + i - 3 that its taps meet, the window sliding along the
+// row (one new word a pixel, both channels in it). Its 14 sums run over the block's images, then
+// a fixed-order reduction over blocks (kernels/cuda/reduce.cu). Deterministic.
 #include "dwconv_plane.h"
 #include "cuda_async.cuh"
 #include "narrow_dot.cuh"
@@ -234,6 +235,7 @@ bool cuda_dwconv_plane(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *ou
         return false;
     if constexpr (std::is_same<T, bf16>::value && std::is_same<TW, bf16>::value) {
         if (d.k != 7 || add.u) return false;
+        if (cuda_dwconv_image7(ctx, in, w, bias, out, d, flags)) return true;      // 7 x 7
         if (cuda_dwconv_plane_mma(ctx, in, w, bias, out, d, flags)) return true;   // 9 to 16 columns
         dwp_launch_rows_cg<7, 0>(ctx, in, w, bias, out, d, flags, add);   // the mixer
         return true;
@@ -468,6 +470,7 @@ static void dwp_launch_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const Dwconv
 
 bool cuda_dwconv_plane_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
                           float *db) {
+    if (cuda_dwconv_image7_dw(ctx, dy, in, d, dw, db)) return true;
     if (d.k != DWP_K || d.C % 16 != 0 || d.H > DWP_MAX_SIDE || d.W > DWP_MAX_SIDE || d.B == 0 ||
         !aligned16(dy) || !aligned16(in))
         return false;

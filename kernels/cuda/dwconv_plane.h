@@ -55,6 +55,15 @@ bool cuda_dwconv_plane_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *
 bool cuda_dwconv_plane_mma_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
                               float *db);
 
+// The mixer's 7x7 on 7 x 7 images, a thread per channel and image (kernels/cuda/dwconv_image7.cu):
+// bf16 in, w and bias, any C, flags as for cuda_dwconv_mma; and its dw and db, as
+// cuda_dwconv_plane_dw. They return false, launching nothing, on other shapes (cuda_dwconv_plane
+// and cuda_dwconv_plane_dw call them first).
+bool cuda_dwconv_image7(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
+                        const DwconvShape &d, int flags);
+bool cuda_dwconv_image7_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
+                           float *db);
+
 // dw (+)= the 7 x 7 taps' gradient, db (+)= dy's sums (either NULL: skipped), bf16 dy and in;
 // deterministic. Returns false, launching nothing, when the shape is not covered.
 bool cuda_dwconv_plane_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d,

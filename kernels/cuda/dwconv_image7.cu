@@ -1,0 +1,176 @@
+// CUDA: the mixer's 7x7 on 7 x 7 images (gspn_hier's last stage at 224 px), bf16 (kernels/cuda/
+// dwconv_plane.h). An image of one channel is 49 values and its taps 49: a thread holds both in
+// registers and makes every output from them, with the taps that meet the zero padding left out at
+// compile time (1369 products an image and channel where all 49 taps would take 2401). Staged
+// planes, tiles and matrix products (dwconv_plane.cu, dwconv_plane_mma.cu) spend most of their
+// time at this size on staging and on columns past the image.
+//
+// A block is 32 channels (a warp's loads take 64 contiguous bytes of a pixel) times DWI_SLOTS
+// image slots; each thread walks images slot, slot + slots, ... of its block's run.
+// - y / dx: the block's taps (32 x 49, contiguous) come through shared memory once; the thread's
+//   image in, then its 49 outputs (bias, residual, prior value, SiLU as the DW_* flags ask,
+//   rounded once).
+// - dw / db: the thread adds dy[y][x] in[y + i - P][x + j - P] into its 49 sums (and dy into
+//   db) over its images; the block's slots are added in slot order in shared memory into one row
+//   of the partial matrix (runs, C k^2 + C), which cuda_sum_partials adds in run order.
+// Deterministic.
+#include "dwconv_plane.h"
+
+enum { DWI_S = 7, DWI_K = 7, DWI_P = DWI_K / 2, DWI_N = DWI_S * DWI_S, DWI_KK = DWI_K * DWI_K,
+       DWI_LANES = 32, DWI_SLOTS = 4, DWI_THREADS = DWI_LANES * DWI_SLOTS };
+
+// The images a thread of run `run` walks: b0, b0 + step, ... < b1.
+struct DwiImages {
+    int b0, b1, step;
+};
+__device__ __forceinline__ DwiImages dwi_images(int B, int per_run) {
+    const int first = blockIdx.y * per_run;
+    return {first + (int)threadIdx.y, min(first + per_run, B), DWI_SLOTS};
+}
+
+// One image of one channel (element c of pixel 0 at p, pixels C apart) into registers.
+__device__ __forceinline__ void dwi_load(const bf16 *__restrict__ p, int C, float (&v)[DWI_S][DWI_S]) {
+    #pragma unroll
+    for (int r = 0; r < DWI_S; r++)
+        #pragma unroll
+        for (int q = 0; q < DWI_S; q++) v[r][q] = __bfloat162float(p[(size_t)(r * DWI_S + q) * C]);
+}
+
+// f(i, j, r, q) for every tap (i, j) of output (y, xo) that meets input pixel (r, q) of the image
+// (y and xo constants after unrolling: the padding's taps are not made).
+template <typename F> __device__ __forceinline__ void dwi_each_tap(int y, int xo, F &&f) {
+    #pragma unroll
+    for (int i = 0; i < DWI_K; i++) {
+        const int r = y + i - DWI_P;
+        if (r < 0 || r >= DWI_S) continue;
+        #pragma unroll
+        for (int j = 0; j < DWI_K; j++) {
+            const int q = xo + j - DWI_P;
+            if (q >= 0 && q < DWI_S) f(i, j, r, q);
+        }
+    }
+}
+
+// Block (ceil(C / 32), runs), (32, DWI_SLOTS): out (+)= bias + the taps of in (mirrored with
+// DW_FLIP) (+ in with DW_RESID), SiLU with DW_SILU (dwconv_mma.h's flags).
+__global__ void __launch_bounds__(DWI_THREADS)
+dwconv_image7_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const bf16 *__restrict__ bias,
+                     bf16 *__restrict__ out, int B, int C, int per_run, int flags) {
+    constexpr int K = DWI_K;
+    __shared__ float ws[DWI_KK][DWI_LANES];   // tap t of the block's channel c at ws[t][c]
+    const int c0 = blockIdx.x * DWI_LANES, c = c0 + threadIdx.x;
+    for (int e = threadIdx.y * DWI_LANES + threadIdx.x; e < DWI_LANES * DWI_KK; e += DWI_THREADS) {
+        const int cc = e / DWI_KK, t = e - cc * DWI_KK;   // w's rows are contiguous: coalesced
+        ws[flags & DW_FLIP ? DWI_KK - 1 - t : t][cc] = c0 + cc < C ? __bfloat162float(w[(size_t)c0 * DWI_KK + e]) : 0.0f;
+    }
+    __syncthreads();
+    if (c >= C) return;
+    float tap[K][K];
+    #pragma unroll
+    for (int i = 0; i < K; i++)
+        #pragma unroll
+        for (int j = 0; j < K; j++) tap[i][j] = ws[i * K + j][threadIdx.x];
+    const float bv = bias ? __bfloat162float(bias[c]) : 0.0f;
+    const DwiImages im = dwi_images(B, per_run);
+    for (int b = im.b0; b < im.b1; b += im.step) {
+        const size_t at = (size_t)b * DWI_N * C + c;
+        float x[DWI_S][DWI_S];
+        dwi_load(in + at, C, x);
+        #pragma unroll
+        for (int y = 0; y < DWI_S; y++)
+            #pragma unroll
+            for (int xo = 0; xo < DWI_S; xo++) {
+                float sum = 0.0f;
+                dwi_each_tap(y, xo, [&](int i, int j, int r, int q) { sum = fmaf(tap[i][j], x[r][q], sum); });
+                bf16 *p = out + at + (size_t)(y * DWI_S + xo) * C;
+                float v = sum + bv;
+                if (flags & DW_RESID) v += x[y][xo];
+                if (flags & DW_ACCUM) v += __bfloat162float(*p);
+                if (flags & DW_SILU) v = dw_silu<bf16>(v);
+                *p = __float2bfloat16_rn(v);
+            }
+    }
+}
+
+// Block (ceil(C / 32), runs), (32, DWI_SLOTS): the run's dw and db sums into row blockIdx.y of
+// partial (runs, C k^2 + C).
+__global__ void __launch_bounds__(DWI_THREADS)
+dwconv_image7_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, int B, int C, int per_run,
+                        float *__restrict__ partial) {
+    constexpr int K = DWI_K;
+    __shared__ float red[DWI_SLOTS][DWI_KK + 1][DWI_LANES];   // a slot's sums, db last
+    const int c0 = blockIdx.x * DWI_LANES, c = c0 + threadIdx.x;
+    float acc[K][K] = {}, accb = 0.0f;
+    const DwiImages im = dwi_images(B, per_run);
+    for (int b = c < C ? im.b0 : im.b1; b < im.b1; b += im.step) {
+        const size_t at = (size_t)b * DWI_N * C + c;
+        float x[DWI_S][DWI_S];
+        dwi_load(in + at, C, x);
+        #pragma unroll
+        for (int y = 0; y < DWI_S; y++) {
+            float g[DWI_S];
+            #pragma unroll
+            for (int xo = 0; xo < DWI_S; xo++) g[xo] = __bfloat162float(dy[at + (size_t)(y * DWI_S + xo) * C]);
+            #pragma unroll
+            for (int xo = 0; xo < DWI_S; xo++) {
+                accb += g[xo];
+                dwi_each_tap(y, xo, [&](int i, int j, int r, int q) { acc[i][j] = fmaf(g[xo], x[r][q], acc[i][j]); });
+            }
+        }
+    }
+    #pragma unroll
+    for (int t = 0; t < DWI_KK; t++) red[threadIdx.y][t][threadIdx.x] = acc[t / K][t % K];
+    red[threadIdx.y][DWI_KK][threadIdx.x] = accb;
+    __syncthreads();
+    // The block's row: dw of its channels (contiguous, c k^2 + t), then their db.
+    float *row = partial + (size_t)blockIdx.y * ((size_t)C * DWI_KK + C);
+    const int chans = min(DWI_LANES, C - c0);
+    for (int e = threadIdx.y * DWI_LANES + threadIdx.x; e < chans * (DWI_KK + 1); e += DWI_THREADS) {
+        const bool is_db = e >= chans * DWI_KK;
+        const int cc = is_db ? e - chans * DWI_KK : e / DWI_KK, t = is_db ? DWI_KK : e - cc * DWI_KK;
+        float sum = 0.0f;
+        #pragma unroll
+        for (int s = 0; s < DWI_SLOTS; s++) sum += red[s][t][cc];
+        row[is_db ? (size_t)C * DWI_KK + c0 + cc : (size_t)c0 * DWI_KK + e] = sum;
+    }
+}
+
+// Images a run: enough runs to fill the SMs at the blocks that fit, at least one image a slot.
+static int dwi_per_run(Ctx *ctx, const void *kernel, const DwconvShape &d) {
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, DWI_THREADS, 0));
+    const long groups = (d.C + DWI_LANES - 1) / DWI_LANES, slots = (long)cuda_ctx_of(ctx)->sm_count * (per_sm > 0 ? per_sm : 1);
+    long runs = slots / groups;
+    if (runs < 1) runs = 1;
+    long per_run = (d.B + runs - 1) / runs;
+    if (per_run < DWI_SLOTS) per_run = DWI_SLOTS;
+    return (int)per_run;
+}
+
+static bool dwi_covers(const DwconvShape &d) { return d.k == DWI_K && d.H == DWI_S && d.W == DWI_S && d.B > 0 && d.C > 0; }
+
+bool cuda_dwconv_image7(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
+                        const DwconvShape &d, int flags) {
+    if (!dwi_covers(d)) return false;
+    const int per_run = dwi_per_run(ctx, (const void *)dwconv_image7_kernel, d);
+    dim3 grid((unsigned)((d.C + DWI_LANES - 1) / DWI_LANES), (unsigned)((d.B + per_run - 1) / per_run));
+    dwconv_image7_kernel<<<grid, dim3(DWI_LANES, DWI_SLOTS), 0, cuda_stream_of(ctx)>>>(in, w, bias, out, d.B, d.C,
+                                                                                       per_run, flags);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+bool cuda_dwconv_image7_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
+                           float *db) {
+    if (!dwi_covers(d)) return false;
+    const int per_run = dwi_per_run(ctx, (const void *)dwconv_image7_dw_kernel, d);
+    const unsigned runs = (unsigned)((d.B + per_run - 1) / per_run);
+    const size_t width = (size_t)d.C * DWI_KK + d.C;
+    float *partial = (float *)cuda_scratch(ctx, (size_t)runs * width * sizeof(float));
+    dim3 grid((unsigned)((d.C + DWI_LANES - 1) / DWI_LANES), runs);
+    dwconv_image7_dw_kernel<<<grid, dim3(DWI_LANES, DWI_SLOTS), 0, cuda_stream_of(ctx)>>>(dy, in, d.B, d.C, per_run,
+                                                                                          partial);
+    CUDA_CHECK_LAUNCH();
+    cuda_sum_partials(ctx, partial, runs, width, (size_t)d.C * DWI_KK, dw, db);
+    return true;
+}
