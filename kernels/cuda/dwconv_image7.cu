@@ -1,9 +1,9 @@
 // CUDA: the mixer's 7x7 on 7 x 7 images (gspn_hier's last stage at 224 px), bf16 (kernels/cuda/
 // dwconv_plane.h). An image of one channel is 49 values and its taps 49: a thread holds both in
 // registers and makes every output from them, with the taps that meet the zero padding left out at
-// compile time (1369 products an image and channel where all 49 taps would take 2401). Staged
-// planes, tiles and matrix products (dwconv_plane.cu, dwconv_plane_mma.cu) spend most of their
-// time at this size on staging and on columns past the image.
+// compile time (1369 products an image and channel where all 49 taps would take 2401).
+// dwconv_plane.cu's kernels, which took these images before, staged them and made every tap of
+// the padding: 0.048 ms forward and 0.123 backward at 7 x 7 x 1152 against 0.022 and 0.060 (H100).
 //
 // A block is 32 channels (a warp's loads take 64 contiguous bytes of a pixel) times DWI_SLOTS
 // image slots; each thread walks images slot, slot + slots, ... of its block's run.
