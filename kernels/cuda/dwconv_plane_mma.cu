@@ -248,8 +248,9 @@ bool cuda_dwconv_plane_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *
 // dwconv_mma.cu's dw product on the same resident blocks: per channel and dy row y,
 //   D (16 x 8) += A (16 x 16) B (16 x 8),  A[j][q] = dy[y][q - j + P],  B[q][i] = in[y + i - P][q],
 // so that D[j][i] = dw[i][j] (j, i < K) summed over the row's 16 columns (every pair with both in
-// the image counted once, the rest meeting zeros); B's spare column i = 7 is ones, and D[P][7]
-// adds the row's dy, the bias gradient. One MMA a dy row and channel: 14 for a 14 x 14 image.
+// the image counted once, the rest meeting zeros). Two dy rows an MMA, the second in A's rows
+// 8 - 15 against B's eighth column (dw_grad_mma2, dwconv_mma.h), and a second MMA of the same A
+// against ones for the bias gradient: 7 pairs for a 14 x 14 image.
 // Per image the block stages its channels' x rows (input column x at staged column x) and dy rows
 // (dy column c at staged column c + DPD_OFF, so that A's column pairs are words for even j and two
 // words' halves for odd j), the next image's pixels loaded into registers meanwhile. Four MMA
