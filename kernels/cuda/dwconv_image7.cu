@@ -135,16 +135,12 @@ dwconv_image7_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in
     }
 }
 
-// Images a run: enough runs to fill the SMs at the blocks that fit, at least one image a slot.
-static int dwi_per_run(Ctx *ctx, const void *kernel, const DwconvShape &d) {
-    int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, DWI_THREADS, 0));
-    const long groups = (d.C + DWI_LANES - 1) / DWI_LANES, slots = (long)cuda_ctx_of(ctx)->sm_count * (per_sm > 0 ? per_sm : 1);
-    long runs = slots / groups;
-    if (runs < 1) runs = 1;
-    long per_run = (d.B + runs - 1) / runs;
-    if (per_run < DWI_SLOTS) per_run = DWI_SLOTS;
-    return (int)per_run;
+// Images a run: as many runs as fit on the SMs at once (dwp_image_blocks), at least one image a slot.
+template <typename Kern> static int dwi_per_run(Ctx *ctx, Kern kernel, const DwconvShape &d) {
+    const int groups = (d.C + DWI_LANES - 1) / DWI_LANES;
+    const int runs = (int)dwp_image_blocks(ctx, kernel, DWI_THREADS, 0, groups, d.B);
+    const int per_run = (d.B + runs - 1) / runs;
+    return per_run < DWI_SLOTS ? DWI_SLOTS : per_run;
 }
 
 static bool dwi_covers(const DwconvShape &d) { return d.k == DWI_K && d.H == DWI_S && d.W == DWI_S && d.B > 0 && d.C > 0; }
@@ -152,7 +148,7 @@ static bool dwi_covers(const DwconvShape &d) { return d.k == DWI_K && d.H == DWI
 bool cuda_dwconv_image7(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
                         const DwconvShape &d, int flags) {
     if (!dwi_covers(d)) return false;
-    const int per_run = dwi_per_run(ctx, (const void *)dwconv_image7_kernel, d);
+    const int per_run = dwi_per_run(ctx, dwconv_image7_kernel, d);
     dim3 grid((unsigned)((d.C + DWI_LANES - 1) / DWI_LANES), (unsigned)((d.B + per_run - 1) / per_run));
     dwconv_image7_kernel<<<grid, dim3(DWI_LANES, DWI_SLOTS), 0, cuda_stream_of(ctx)>>>(in, w, bias, out, d.B, d.C,
                                                                                        per_run, flags);
@@ -163,7 +159,7 @@ bool cuda_dwconv_image7(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bia
 bool cuda_dwconv_image7_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
                            float *db) {
     if (!dwi_covers(d)) return false;
-    const int per_run = dwi_per_run(ctx, (const void *)dwconv_image7_dw_kernel, d);
+    const int per_run = dwi_per_run(ctx, dwconv_image7_dw_kernel, d);
     const unsigned runs = (unsigned)((d.B + per_run - 1) / per_run);
     const size_t width = (size_t)d.C * DWI_KK + d.C;
     float *partial = (float *)cuda_scratch(ctx, (size_t)runs * width * sizeof(float));
