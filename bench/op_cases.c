@@ -635,6 +635,39 @@ static void dwconv_stage_cases(OpCaseList *l) {
     dwconv_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]));
 }
 
+// The mixer's convolution, SiLU and down projection as one op (dwconv_silu_proj_fwd): the fused
+// path of dwconv_mma.cu at 16 channels a block (28 x 28; 17 x 33, a partial row tile, with 4
+// outputs and no convolution bias) and at 8 (20 x 30, a partial column tile, one output, no
+// projection bias), and of dwconv_plane_mma.cu (14 x 14 at 16 channels a block; 11 x 16 at 8,
+// 3 outputs; 9 x 13); the two ops where the pass keeps its staged sums (8 channels at 40
+// columns) and on 7 x 7 images. bf16: the convolution's output and SiLU's each rounded as
+// the two ops store them, then the projection's sum once more; its terms add their rounding
+// errors in quadrature, so norm-wise the result stays within the twice-rounded bound.
+enum { DP_X, DP_W, DP_B, DP_PW, DP_PB, DP_Y };
+static void fwd_dwconv_silu_proj(Ctx *ctx, Tensor *const *t, const OpCase *c) {
+    (void)c;
+    op_dwconv_silu_proj_fwd(ctx, T(DP_X), T(DP_W), T(DP_B), T(DP_PW), T(DP_PB), T(DP_Y));
+}
+static void dwconv_silu_proj_cases(OpCaseList *l) {
+    static const int shapes[][5] = {{1, 28, 28, 48, 2}, {1, 17, 33, 32, 4}, {2, 20, 30, 24, 1},
+                                    {1, 56, 40, 40, 2}, {2, 9, 13, 16, 2},  {3, 14, 14, 48, 2},
+                                    {2, 11, 16, 40, 3}, {2, 7, 7, 32, 2}};   // B H W C M
+    for (int s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++) {
+        const int B = shapes[s][0], H = shapes[s][1], W = shapes[s][2], C = shapes[s][3], M = shapes[s][4];
+        OpCase *c = case_new(l, fwd_dwconv_silu_proj, NULL, "dwconv, silu, projection (%d,%d,%d,%d) to %d",
+                             B, H, W, C, M);
+        case_ops(c, "dwconv_silu_proj_fwd", NULL);
+        in(c, DP_X, "x", -1, 1, SHAPE(B, H, W, C));
+        in(c, DP_W, "w", -1, 1, SHAPE(C, 1, 7, 7));
+        in(c, DP_B, "b", -1, 1, SHAPE(C));
+        in(c, DP_PW, "pw", -1, 1, SHAPE(M, C));
+        in(c, DP_PB, "pb", -1, 1, SHAPE(M));
+        out(c, DP_Y, "y", TOL_TWICE, SHAPE(B, H, W, M));
+        if (s == 1) drop(c, DP_B);
+        if (s == 2) drop(c, DP_PB);
+    }
+}
+
 // gspn_t's second stem convolution (48 -> 96, channels-last: kernels/cuda/conv2d_rows.cu where no
 // columns are kept) on an odd output height, odd sizes, its 112^2 image and more row pairs than
 // an H100 has SMs. Built last, so that the cases before keep their seeds.
@@ -1263,6 +1296,7 @@ void op_cases_build(OpCaseList *l, CaseSet set) {
     reduction_cases(l);
     conv2d_stem2_cases(l);
     dwconv_stage_cases(l);
+    dwconv_silu_proj_cases(l);
 }
 
 void op_cases_free(OpCaseList *l) {

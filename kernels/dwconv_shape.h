@@ -57,3 +57,22 @@ static inline int dwconv_added_input(const char *op, const DwconvShape *s, const
              "", "op %s: mid must have x's shape and dtype and be neither x nor y", op);
     return ku;
 }
+
+// dwconv_silu_proj_fwd's projection: pw (M, C) with 1 <= M <= DWCONV_PROJ_MAX and pb (M) or NULL,
+// both in w's dtype; y (B,H,W,M) in x's dtype. Returns M.
+static inline int dwconv_proj_check(const char *op, const DwconvShape *s, const Tensor *x,
+                                    const Tensor *w, const Tensor *pw, const Tensor *pb,
+                                    const Tensor *y) {
+    char ps[64], ys[64];
+    const int m = pw->ndim == 2 ? pw->shape[0] : 0;
+    CG_CHECK(m >= 1 && m <= DWCONV_PROJ_MAX && pw->shape[1] == s->C && (!pb || pb->numel == (size_t)m),
+             "the projection is pw (M, C) with M at most 4, pb (M)",
+             "op %s: pw %s for x of %d channels", op, tensor_shape_str(pw, ps, sizeof ps), s->C);
+    CG_CHECK(pw->dtype == w->dtype && (!pb || pb->dtype == w->dtype), "",
+             "op %s: pw and pb must be in w's dtype (%s)", op, dtype_name(w->dtype));
+    CG_CHECK(y->ndim == 4 && y->shape[0] == s->B && y->shape[1] == s->H && y->shape[2] == s->W &&
+                 y->shape[3] == m && y->dtype == x->dtype,
+             "", "op %s: y has shape %s, expected (%d, %d, %d, %d) in x's dtype", op,
+             tensor_shape_str(y, ys, sizeof ys), s->B, s->H, s->W, m);
+    return m;
+}

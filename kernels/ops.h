@@ -30,6 +30,8 @@ extern "C" {
 typedef enum { GELU_ERF = 0, GELU_TANH = 1 } GeluKind;
 // dwconv_fwd and dwconv_bwd flags (their entries say what each does).
 enum { DWCONV_RESIDUAL = 1, DWCONV_WRITE_DX = 2, DWCONV_SILU = 4 };
+// dwconv_silu_proj_fwd's widest projection (its entry).
+enum { DWCONV_PROJ_MAX = 4 };
 // conv2d_bwd's flags (its entry).
 enum { CONV2D_WRITE_DX = 1 };
 // The write modes of linear_bwd, attention_bwd and gspn_scan_bwd (their entries): the input

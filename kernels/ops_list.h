@@ -198,6 +198,13 @@ OP(conv2d_bwd, (Ctx *ctx, const Tensor *dy, const Tensor *cols, const Tensor *w,
 OP(dwconv_fwd, (Ctx *ctx, const Tensor *x, const Tensor *u, const Tensor *uw, const Tensor *ub,
        const Tensor *w, const Tensor *b, int flags, Tensor *mid, Tensor *y),
    (ctx, x, u, uw, ub, w, b, flags, mid, y))
+// The mixer's convolution, SiLU and down projection where nothing is recorded: y (B,H,W,M) =
+// linear_fwd(dwconv_fwd(x, w, b, DWCONV_SILU), pw, pb), pw (M, C) with M <= DWCONV_PROJ_MAX and
+// pb (M) or NULL in w's dtype, y in x's dtype; equal to the two ops up to the order of the
+// projection's sums (the convolution's output, rounded as dwconv_fwd stores it, is not written).
+OP(dwconv_silu_proj_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
+       const Tensor *pw, const Tensor *pb, Tensor *y),
+   (ctx, x, w, b, pw, pb, y))
 // dx (x's dtype) += dL/dx, dw and db (fp32) += theirs; any of them NULL: skipped. flags:
 // DWCONV_RESIDUAL: dL/dx includes dy itself; DWCONV_WRITE_DX: dx = dL/dx (every element
 // written, its prior values never read). dx is not dy (the taps read neighbours of what they

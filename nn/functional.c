@@ -724,7 +724,12 @@ Tensor *nn_dwconv_silu(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
 }
 Tensor *nn_dwconv_silu_linear(Tape *t, Tensor *x, Tensor *cw, Tensor *cb, Tensor *w, Tensor *b) {
     if (tape_would_track(t, x, cw, cb)) return nn_silu_linear(t, nn_dwconv(t, x, cw, cb), w, b);
-    return nn_linear(t, nn_dwconv_silu(t, x, cw, cb), w, b);
+    if (tape_would_track(t, w, b, NULL) || w->shape[0] > DWCONV_PROJ_MAX)
+        return nn_linear(t, nn_dwconv_silu(t, x, cw, cb), w, b);
+    // nothing recorded and a narrow projection: one op, the convolution's output never stored
+    Tensor *y = new_shaped(t, x, w->shape[0]);
+    op_dwconv_silu_proj_fwd(t->ctx, x, cw, cb, w, b, y);
+    return y;
 }
 Tensor *nn_dwconv_residual(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
     return dwconv_flags(t, x, w, b, DWCONV_RESIDUAL);

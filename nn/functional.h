@@ -64,7 +64,9 @@ Tensor *nn_linear_residual_dwconv(Tape *t, Tensor *res, Tensor *u, Tensor *uw, T
 Tensor *nn_dwconv_silu(Tape *t, Tensor *x, Tensor *w, Tensor *b);
 // nn_linear(nn_silu(nn_dwconv(x, cw, cb)), w, b) (the mixer's convolution, SiLU and down
 // projection): recorded, the convolution's output is kept and the linear applies SiLU on the fly
-// (nn_silu_linear); else the convolution writes silu (nn_dwconv_silu) and a plain linear follows.
+// (nn_silu_linear); with nothing recorded and at most DWCONV_PROJ_MAX outputs, one op
+// (dwconv_silu_proj_fwd: silu(conv) is not stored); else the convolution writes silu
+// (nn_dwconv_silu) and a plain linear follows.
 Tensor *nn_dwconv_silu_linear(Tape *t, Tensor *x, Tensor *cw, Tensor *cb, Tensor *w, Tensor *b);
 // k x k convolution, stride, zero padding (conv2d, kernels/ops_list.h): x (B,H,W,C), or
 // (B,C,H,W) images with nchw, fp32 or in w's dtype, w (Cout,C,k,k) PyTorch's layout, b (Cout) or

@@ -68,6 +68,20 @@ void cpu_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *u, const Tensor *uw
     if (u && !mid) free(added.data);
 }
 
+// The two ops through a buffer of x's shape: the reference the fused backends are held to.
+void cpu_dwconv_silu_proj_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
+                              const Tensor *pw, const Tensor *pb, Tensor *y) {
+    const char *op = "dwconv_silu_proj_fwd";
+    DwconvShape s = dw_shape(op, x, w);
+    dwconv_proj_check(op, &s, x, w, pw, pb, y);
+    Tensor v = *x;   // silu(dwconv(x)) (B,H,W,C)
+    v.data = cg_malloc(x->numel * sizeof(float));
+    v.grad = NULL;
+    cpu_dwconv_fwd(ctx, x, NULL, NULL, NULL, w, b, DWCONV_SILU, NULL, &v);
+    cpu_linear_fwd(ctx, &v, pw, pb, NULL, y);
+    free(v.data);
+}
+
 void cpu_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, int flags,
                     Tensor *dx, Tensor *dw, Tensor *db) {
     (void)ctx;

@@ -668,6 +668,57 @@ void cuda_dwconv_fwd(Ctx *ctx, const Tensor *x, const Tensor *u, const Tensor *u
     });
 }
 
+// y (pixels, m) = the sums over channel groups of part (groups, pixels, m), in group order, + pb,
+// rounded once to bf16.
+__global__ void dw_proj_sum_kernel(const float *__restrict__ part, int groups, size_t n, int m,
+                                   const bf16 *__restrict__ pb, bf16 *__restrict__ y) {
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (int g = 0; g < groups; g++) s += part[(size_t)g * n + e];
+        if (pb) s += __bfloat162float(pb[e % m]);
+        y[e] = __float2bfloat16_rn(s);
+    }
+}
+
+// Inference's mixer: the projection from the 7x7 pass's staged results (bf16: dwconv_mma.cu's
+// tiled pass, or dwconv_plane_mma.cu's on images of 9 to 16 columns), so silu(conv(x)), 1.5 C_s
+// channels a pixel, is never written and read back; elsewhere the two ops.
+void cuda_dwconv_silu_proj_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
+                               const Tensor *pw, const Tensor *pb, Tensor *y) {
+    const char *op = "dwconv_silu_proj_fwd";
+    DwDims d = dw_dims(op, x, w);
+    cuda_check_tensor(op, "pw", pw);
+    if (pb) cuda_check_tensor(op, "pb", pb);
+    cuda_check_tensor(op, "y", y);
+    if (b) {
+        cuda_check_numel(op, "b", b, (size_t)d.C);
+        cuda_check_same_dtype(op, "b", b, "w", w);
+    }
+    const int m = dwconv_proj_check(op, &d, x, w, pw, pb, y);
+    if (x->numel == 0) return;
+    const size_t n = (size_t)d.B * d.H * d.W * m;
+    if (x->dtype == DTYPE_BF16 && w->dtype == DTYPE_BF16) {
+        DwProj proj{(const bf16 *)pw->data, m, (float *)cuda_temp_alloc(ctx, (size_t)(d.C / 8) * n * sizeof(float)), 0};
+        const bf16 *xb = (const bf16 *)x->data, *wb = (const bf16 *)w->data, *bb = b ? (const bf16 *)b->data : nullptr;
+        const bool whole = d.H <= DWP_MAX_SIDE && d.W <= DWP_MAX_SIDE;   // the whole-image kernels' grids
+        const bool fused = whole ? cuda_dwconv_plane_mma(ctx, xb, wb, bb, nullptr, d, DW_SILU, &proj)
+                                 : cuda_dwconv_mma(ctx, xb, wb, bb, nullptr, d, DW_SILU, &proj);
+        if (fused) {
+            dw_proj_sum_kernel<<<grid_stride_blocks(ctx, n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream_of(ctx)>>>(
+                proj.part, proj.groups, n, m, pb ? (const bf16 *)pb->data : nullptr, (bf16 *)y->data);
+            CUDA_CHECK_LAUNCH();
+        }
+        cuda_temp_free(ctx, proj.part);
+        if (fused) return;
+    }
+    Tensor v = *x;   // silu(dwconv(x)) (B,H,W,C)
+    v.data = cuda_temp_alloc(ctx, x->numel * dtype_size(x->dtype));
+    v.grad = NULL;
+    cuda_dwconv_fwd(ctx, x, NULL, NULL, NULL, w, b, DWCONV_SILU, NULL, &v);
+    cuda_linear_fwd(ctx, &v, pw, pb, NULL, y);
+    cuda_temp_free(ctx, v.data);
+}
+
 // Runs of images for the dw sweeps: enough threads to fill the GPU, each thread summing as many
 // images as that allows (fewer partial rows to add); rows cut into chunks only when the images
 // alone are too few. The partial matrix (runs * chunks * strip groups, C k^2 + C) in scratch.

@@ -114,11 +114,13 @@ __host__ __device__ constexpr int mma_tile_width(int tiles_x) { return mma_row_w
 
 // TX > 0: tiles_x is TX, so every shared-memory offset below is a constant and the tile loop
 // unrolls (at 56 x 56, index arithmetic was 40 of the loop's 62 instructions a tile); TX = 0: the
-// arguments' tiles_x and sw. SUMS: the fp32 sums staged (see above).
-template <int K, int CG, int TX, bool SUMS>
+// arguments' tiles_x and sw. SUMS: the fp32 sums staged (see above). PROJ (not with SUMS): the
+// down projection's partial sums (DwProj) go out instead of the output.
+template <int K, int CG, int TX, bool SUMS, bool PROJ = false>
 __global__ void __launch_bounds__(mma_threads(CG, SUMS), mma_blocks_per_sm(SUMS))
 dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag, const bf16 *__restrict__ bias,
-                  bf16 *__restrict__ out, DwconvShape d, int flags, int tiles_x_arg, int sw_arg) {
+                  bf16 *__restrict__ out, DwconvShape d, int flags, int tiles_x_arg, int sw_arg, DwProj proj) {
+    static_assert(!(SUMS && PROJ), "the projection reads the results from the staged planes");
     constexpr int P = K / 2, ROWS = MMA_TH + K - 1, THREADS = mma_threads(CG, SUMS), VPP = CG / 8;
     const int tiles_x = TX ? TX : tiles_x_arg, sw = TX ? mma_tile_width(TX) : sw_arg;
     extern __shared__ __align__(16) unsigned char mma_smem[];
@@ -127,6 +129,10 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
     float *sums = reinterpret_cast<float *>(mma_smem + (size_t)CG * tplane * 2);   // SUMS: (CG, TH, rs)
     const int c0 = blockIdx.x * CG, y0 = blockIdx.y * MMA_TH;
     const size_t plane = (size_t)d.H * d.W * d.C, b = blockIdx.z;
+    float *pws = sums;   // PROJ: the block's columns of proj.w (m, CG), where SUMS has its sums
+    if constexpr (PROJ)
+        for (int e = threadIdx.x; e < proj.m * CG; e += THREADS)
+            pws[e] = __bfloat162float(proj.w[(size_t)(e / CG) * d.C + c0 + e % CG]);
     // Staged pixel (r, s) is input (y0 - P + r, s - P).
     mma_stage<CG, THREADS>(in + b * plane + c0, d, y0 - P, ROWS, sw, P, tile, (size_t)tplane);
     __syncthreads();
@@ -182,9 +188,32 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
         }
     }
     __syncthreads();
+    const float inv_w = 1.0f / d.W;
+    if constexpr (PROJ) {
+        // A thread per output pixel of the block's rows: its CG results (staged (r, xx), channels
+        // tplane apart) against the projection's rows, in channel order.
+        float *part = proj.part + ((size_t)blockIdx.x * d.B + b) * d.H * d.W * proj.m;
+        for (int e = threadIdx.x; e < MMA_TH * d.W; e += THREADS) {
+            const int r = mma_div(e, inv_w), xx = e - r * d.W, yy = y0 + r;
+            if (yy >= d.H) break;   // e grows with r
+            const unsigned short *res = tile + (size_t)r * sw + xx;
+            float s[DWCONV_PROJ_MAX] = {};
+            #pragma unroll
+            for (int c = 0; c < CG; c++) {
+                const float v = __uint_as_float((unsigned)res[(size_t)c * tplane] << 16);
+                #pragma unroll
+                for (int o = 0; o < DWCONV_PROJ_MAX; o++)
+                    if (o < proj.m) s[o] = fmaf(v, pws[o * CG + c], s[o]);
+            }
+            float *pp = part + ((size_t)yy * d.W + xx) * proj.m;
+            #pragma unroll
+            for (int o = 0; o < DWCONV_PROJ_MAX; o++)
+                if (o < proj.m) pp[o] = s[o];
+        }
+        return;
+    }
     // Out along channels: a thread per 8 channels of an output pixel of the block's rows.
     bf16 *o = out + b * plane + c0;
-    const float inv_w = 1.0f / d.W;
     for (int e = threadIdx.x; e < MMA_TH * d.W * VPP; e += THREADS) {
         const int pix = e / VPP, v8 = 8 * (e - pix * VPP), r = mma_div(pix, inv_w), xx = pix - r * d.W, yy = y0 + r;
         if (yy >= d.H) break;   // e grows with r
@@ -203,26 +232,27 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
     }
 }
 
-template <int CG, bool SUMS>
+template <int CG, bool SUMS, bool PROJ = false>
 static bool mma_launch(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
-                       const DwconvShape &d, int flags) {
+                       const DwconvShape &d, int flags, DwProj proj = DwProj{}) {
     const int tiles_x = (d.W + 7) / 8, sw = mma_tile_width(tiles_x);
     const size_t smem = (size_t)CG * mma_plane(MMA_TH + MMA_K - 1, sw) * 2 +
-                        (SUMS ? (size_t)CG * dw_sum_plane(MMA_TH, tiles_x * 8) * sizeof(float) : 0);
+                        (SUMS ? (size_t)CG * dw_sum_plane(MMA_TH, tiles_x * 8) * sizeof(float) : 0) +
+                        (PROJ ? (size_t)proj.m * CG * sizeof(float) : 0);
     // the blocks an SM the kernel is built for: 228 KB of shared memory an SM, 1 KB of each block the system's
     if (smem > (size_t)(228 / mma_blocks_per_sm(SUMS) - 1) * 1024 || (d.H + MMA_TH - 1) / MMA_TH > 65535 ||
         d.B > 65535)
         return false;
     // the grids of gspn's stages at 224 px (56 and 28 columns) with constant offsets
-    auto kernel = tiles_x == 7 ? dwconv_mma_kernel<MMA_K, CG, 7, SUMS>
-                : tiles_x == 4 ? dwconv_mma_kernel<MMA_K, CG, 4, SUMS> : dwconv_mma_kernel<MMA_K, CG, 0, SUMS>;
+    auto kernel = tiles_x == 7 ? dwconv_mma_kernel<MMA_K, CG, 7, SUMS, PROJ>
+                : tiles_x == 4 ? dwconv_mma_kernel<MMA_K, CG, 4, SUMS, PROJ> : dwconv_mma_kernel<MMA_K, CG, 0, SUMS, PROJ>;
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     unsigned *frag = (unsigned *)cuda_temp_alloc(ctx, (size_t)d.C * MMA_K * 2 * 32 * sizeof(unsigned));
     dw_band_frag_kernel<MMA_K><<<(unsigned)((d.C * 32 + 255) / 256), 256, 0, cuda_stream_of(ctx)>>>(w, d.C, flags, frag);
     CUDA_CHECK_LAUNCH();
     dim3 grid((unsigned)(d.C / CG), (unsigned)((d.H + MMA_TH - 1) / MMA_TH), (unsigned)d.B);
-    kernel<<<grid, mma_threads(CG, SUMS), smem, cuda_stream_of(ctx)>>>(in, frag, bias, out, d, flags, tiles_x, sw);
+    kernel<<<grid, mma_threads(CG, SUMS), smem, cuda_stream_of(ctx)>>>(in, frag, bias, out, d, flags, tiles_x, sw, proj);
     CUDA_CHECK_LAUNCH();
     cuda_temp_free(ctx, frag);
     return true;
@@ -230,23 +260,29 @@ static bool mma_launch(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias
 
 template <int CG>
 static bool mma_launch_flags(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
-                             const DwconvShape &d, int flags) {
+                             const DwconvShape &d, int flags, DwProj *proj) {
     // Also with the sums staged: 8 channels at 56 columns (H100, 56 x 56 x 168 forward: 0.244 ms
     // against 0.275 finished in registers, at 4 or 8 warps a block; 28 x 28 x 336: 0.113 against 0.085).
-    return flags & DW_ACCUM || (CG == 8 && d.W > 32) ? mma_launch<CG, true>(ctx, in, w, bias, out, d, flags)
-                                                     : mma_launch<CG, false>(ctx, in, w, bias, out, d, flags);
+    const bool sums = flags & DW_ACCUM || (CG == 8 && d.W > 32);
+    if (proj) {   // the projection reads the results from the staged planes
+        if (sums || !mma_launch<CG, false, true>(ctx, in, w, bias, out, d, flags, *proj)) return false;
+        proj->groups = d.C / CG;
+        return true;
+    }
+    return sums ? mma_launch<CG, true>(ctx, in, w, bias, out, d, flags)
+                : mma_launch<CG, false>(ctx, in, w, bias, out, d, flags);
 }
 
 bool cuda_dwconv_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
-                     const DwconvShape &d, int flags) {
+                     const DwconvShape &d, int flags, DwProj *proj) {
     // Below 14 x 14 the fp32 kernel of dwconv.cu is as fast: a block's staging, sums and write-out
     // run one after another, and small grids give too few blocks to overlap them.
     if (d.k != MMA_K || d.C % MMA_CG != 0 || d.H < 14 || d.W < 14 || !aligned16(in) || !aligned16(out))
         return false;
     // 16 channels a block where C allows and two blocks fit an SM: a warp's loads and stores then
     // take 32 bytes of a pixel, not 16 (H100, 56 x 56 x 144: 0.284 -> 0.249 ms a forward).
-    if (d.C % 16 == 0 && mma_launch_flags<16>(ctx, in, w, bias, out, d, flags)) return true;
-    return mma_launch_flags<MMA_CG>(ctx, in, w, bias, out, d, flags);
+    if (d.C % 16 == 0 && mma_launch_flags<16>(ctx, in, w, bias, out, d, flags, proj)) return true;
+    return mma_launch_flags<MMA_CG>(ctx, in, w, bias, out, d, flags, proj);
 }
 
 // ---- dw and db ----------------------------------------------------------------------------------

@@ -135,10 +135,22 @@ __device__ __forceinline__ void dw_put_partial2(float *row, int C, int c, int g,
     if (g == P && t4 == 0) row[(size_t)C * KK + c] = db;
 }
 
-// out (+)= bias + the k x k taps of in (mirrored with DW_FLIP) (+ in with DW_RESID). Returns
-// false, launching nothing, when the shape or dtypes are not covered.
+// A y / dx pass's down projection in place of its output (dwconv_silu_proj_fwd): w (m, C) bf16,
+// m <= DWCONV_PROJ_MAX. Each block adds its CG channels of every output pixel, as the pass would
+// have stored them, against w's rows, into part (C / CG, B H W, m) fp32 by channel group; the pass
+// sets groups (C / CG) for the sum that follows (dw_proj_sum).
+struct DwProj {
+    const bf16 *w;
+    int m;
+    float *part;   // at least C / 8 * B H W * m floats
+    int groups;    // set by the pass
+};
+
+// out (+)= bias + the k x k taps of in (mirrored with DW_FLIP) (+ in with DW_RESID); with proj,
+// its partial sums instead of out (no DW_ACCUM). Returns false, launching nothing, when the shape
+// or dtypes are not covered.
 bool cuda_dwconv_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
-                     const DwconvShape &d, int flags);
+                     const DwconvShape &d, int flags, DwProj *proj = nullptr);
 
 // dw (+)= the k x k taps' gradient, db (+)= dy's sums (either NULL: skipped), from dy and in (B, H,
 // W, C) bf16; deterministic. Returns false, launching nothing, when the shape is not covered.

@@ -43,11 +43,11 @@ bool cuda_dwconv_plane(Ctx *ctx, const T *in, const TW *w, const TW *bias, T *ou
                        int flags, const DwAdded<TW> &add);
 
 // The mixer's 7x7 y / dx pass on tensor cores (kernels/cuda/dwconv_plane_mma.cu): bf16 in, w and
-// bias, at most 16 rows and 9 to 16 columns, C a multiple of 8, flags as for cuda_dwconv_mma.
-// Returns false, launching nothing, when the shape is not covered (cuda_dwconv_plane calls it
-// first).
+// bias, at most 16 rows and 9 to 16 columns, C a multiple of 8, flags as for cuda_dwconv_mma;
+// with proj, the down projection's partial sums instead of out (as cuda_dwconv_mma's). Returns
+// false, launching nothing, when the shape is not covered (cuda_dwconv_plane calls it first).
 bool cuda_dwconv_plane_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
-                           const DwconvShape &d, int flags);
+                           const DwconvShape &d, int flags, DwProj *proj = nullptr);
 
 // Its dw and db on tensor cores, for the same shapes: dw (+)= the 7 x 7 taps' gradient, db (+)=
 // dy's sums (either NULL: skipped), deterministic. Returns false, launching nothing, when the shape

@@ -104,23 +104,29 @@ template <int S> __device__ __forceinline__ int dpm_side(int runtime) { return S
 
 // Block (C / CG, image blocks), 16 CG threads: the block takes images blockIdx.y, + gridDim.y, ...
 // U: units a thread stages an image, at most DPM_PAIRS. S > 0: the images are S x S. SUMS: the
-// fp32 sums staged (flags has DW_ACCUM).
+// fp32 sums staged (flags has DW_ACCUM). PROJ (not with SUMS): the down projection's partial sums
+// (DwProj, dwconv_mma.h) go out instead of the output.
 // Without SUMS the kernel takes 88 registers, two blocks an SM; held to three (80 registers, 28
 // bytes spilled) it measured the same (H100, 14 x 14 x 576 forward 0.042 ms either way).
-template <int CG, int U, int S, bool SUMS>
-__global__ void __launch_bounds__(16 * CG)
+template <int CG, int U, int S, bool SUMS, bool PROJ = false>
+__global__ void __launch_bounds__(16 * CG, PROJ ? 2 : 0)
 dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const bf16 *__restrict__ bias,
-                        bf16 *__restrict__ out, DwconvShape d, int flags) {
+                        bf16 *__restrict__ out, DwconvShape d, int flags, DwProj proj) {
+    static_assert(!(SUMS && PROJ), "the projection reads the results from the staged planes");
     constexpr int K = DPM_K, P = DPM_P, KK = K * K, TX = 2;
     constexpr int THREADS = 16 * CG, VPP = CG / 8;   // VPP: 16-byte vectors a pixel
     constexpr int PLANE = dw_stage_plane(DPM_ROWS * DPM_WORDS);   // words a channel's staged plane
     constexpr int RS = dw_sum_row(16), PS = dw_sum_plane(DPM_TH, 16);
     __shared__ __align__(16) unsigned tile[CG * PLANE];          // (CG, ROWS, SW) bf16 pairs
-    __shared__ __align__(16) float sums[SUMS ? CG * PS : 1];   // SUMS: (CG, TH, RS)
+    // SUMS: the sums (CG, TH, RS); PROJ: the block's columns of proj.w (m, CG)
+    __shared__ __align__(16) float sums[SUMS ? CG * PS : PROJ ? DWCONV_PROJ_MAX * CG : 1];
     unsigned short *tile16 = reinterpret_cast<unsigned short *>(tile);
     const int c0 = blockIdx.x * CG, H = dpm_side<S>(d.H), W = dpm_side<S>(d.W);
     const size_t img = (size_t)H * W * d.C;
     for (int e = threadIdx.x; e < CG * PLANE; e += THREADS) tile[e] = 0u;
+    if constexpr (PROJ)
+        for (int e = threadIdx.x; e < proj.m * CG; e += THREADS)
+            sums[e] = __bfloat162float(proj.w[(size_t)(e / CG) * d.C + c0 + e % CG]);
 
     // The warp's two channels' B fragments, for every image.
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
@@ -197,6 +203,27 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
             });
         }
         __syncthreads();
+        if constexpr (PROJ) {
+            // A thread per output pixel: its CG results (staged (r + P, xx + P), channels PLANE
+            // words apart) against the projection's rows, in channel order.
+            float *part = proj.part + ((size_t)blockIdx.x * d.B + b) * H * W * proj.m;
+            for (int e = threadIdx.x; e < H * W; e += THREADS) {
+                const int r = e / W, xx = e - r * W;
+                const unsigned short *staged = tile16 + 2 * (r + P) * DPM_WORDS + xx + P;
+                float s[DWCONV_PROJ_MAX] = {};
+                #pragma unroll
+                for (int c = 0; c < CG; c++) {
+                    const float v = __uint_as_float((unsigned)staged[2 * c * PLANE] << 16);
+                    #pragma unroll
+                    for (int o = 0; o < DWCONV_PROJ_MAX; o++)
+                        if (o < proj.m) s[o] = fmaf(v, sums[o * CG + c], s[o]);
+                }
+                #pragma unroll
+                for (int o = 0; o < DWCONV_PROJ_MAX; o++)
+                    if (o < proj.m) part[(size_t)e * proj.m + o] = s[o];
+            }
+            return;
+        }
         // Out along channels: a thread per 8 channels of an output pixel, from staged (r + P, xx + P).
         bf16 *o = out + b * img + c0;
         for (int e = threadIdx.x; e < H * W * VPP; e += THREADS) {
@@ -217,21 +244,21 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
     });
 }
 
-template <int CG, bool SUMS>
+template <int CG, bool SUMS, bool PROJ = false>
 static void dpm_launch(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
-                       const DwconvShape &d, int flags) {
+                       const DwconvShape &d, int flags, DwProj proj = DwProj{}) {
     const bool side = d.H == DPM_SIDE && d.W == DPM_SIDE;   // 14 x 14: 112 pairs, one unit a thread
-    auto kernel = side ? dwconv_plane_mma_kernel<CG, 1, DPM_SIDE, SUMS>
-                : d.H * ((d.W + 2) / 2) <= 128 ? dwconv_plane_mma_kernel<CG, 1, 0, SUMS>
-                                               : dwconv_plane_mma_kernel<CG, DPM_PAIRS, 0, SUMS>;
+    auto kernel = side ? dwconv_plane_mma_kernel<CG, 1, DPM_SIDE, SUMS, PROJ>
+                : d.H * ((d.W + 2) / 2) <= 128 ? dwconv_plane_mma_kernel<CG, 1, 0, SUMS, PROJ>
+                                               : dwconv_plane_mma_kernel<CG, DPM_PAIRS, 0, SUMS, PROJ>;
     const int groups = d.C / CG;
     dim3 grid((unsigned)groups, dwp_image_blocks(ctx, kernel, 16 * CG, 0, groups, d.B));
-    kernel<<<grid, 16 * CG, 0, cuda_stream_of(ctx)>>>(in, w, bias, out, d, flags);
+    kernel<<<grid, 16 * CG, 0, cuda_stream_of(ctx)>>>(in, w, bias, out, d, flags, proj);
     CUDA_CHECK_LAUNCH();
 }
 
 bool cuda_dwconv_plane_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
-                           const DwconvShape &d, int flags) {
+                           const DwconvShape &d, int flags, DwProj *proj) {
     if (d.k != DPM_K || d.C % 8 != 0 || d.H > DWP_MAX_SIDE || d.W > DWP_MAX_SIDE || d.W <= 8 ||
         d.B == 0 || !aligned16(in) || !aligned16(out))
         return false;
@@ -239,6 +266,13 @@ bool cuda_dwconv_plane_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *
     // (H100, 14 x 14 x 576: 0.051 ms a forward, 0.058 at 8 channels, with half the L1 wavefronts
     // of scattered 16-byte accesses).
     const bool sums = flags & DW_ACCUM;
+    if (proj) {   // the projection reads the results from the staged planes
+        if (sums) return false;
+        proj->groups = d.C % 16 == 0 ? d.C / 16 : d.C / 8;
+        if (d.C % 16 == 0) dpm_launch<16, false, true>(ctx, in, w, bias, out, d, flags, *proj);
+        else dpm_launch<8, false, true>(ctx, in, w, bias, out, d, flags, *proj);
+        return true;
+    }
     if (d.C % 16 == 0) sums ? dpm_launch<16, true>(ctx, in, w, bias, out, d, flags) : dpm_launch<16, false>(ctx, in, w, bias, out, d, flags);
     else sums ? dpm_launch<8, true>(ctx, in, w, bias, out, d, flags) : dpm_launch<8, false>(ctx, in, w, bias, out, d, flags);
     return true;
