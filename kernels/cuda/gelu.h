@@ -52,6 +52,16 @@ __device__ __forceinline__ float gelu_phi_fit(float x, float *gauss) {
 // v rounded to the nearest bf16: what a fused kernel applies where the unfused ops store bf16
 // (the pre-activation, GELU's output), so that the two agree.
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+// lo and hi each rounded as round_bf16 rounds them, through one paired conversion (F2FP, on
+// the ALU pipe) where two round_bf16 take two F2F on the pipe the MUFU ops of GELU's fit share;
+// returns the pair as bf16x2 (lo in the low half).
+__device__ __forceinline__ unsigned round_bf16_pair(float &lo, float &hi) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+    const unsigned u = *reinterpret_cast<const unsigned *>(&p);
+    lo = __uint_as_float(u << 16);
+    hi = __uint_as_float(u & 0xffff0000u);
+    return u;
+}
 
 // B: the result is stored in bf16. The erf GELU then takes Phi from the fit above (its error is
 // far below a bf16 rounding); in fp32 it is kernels/cpu/gelu.c's erff formula, operation for

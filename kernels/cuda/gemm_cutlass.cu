@@ -43,12 +43,22 @@ template <class T> struct GeluErfOfStored {
 #endif
     }
 };
+// A fragment's values rounded in pairs (round_bf16_pair: one conversion on the ALU pipe for two).
 template <class T, int N> struct GeluErfOfStored<cutlass::Array<T, N>> {
     CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const &v) const {
         cutlass::Array<T, N> y;
-        GeluErfOfStored<T> f;
+#ifdef __CUDA_ARCH__
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < N; i++) y[i] = f(v[i]);
+        for (int i = 0; i + 1 < N; i += 2) {
+            float a = float(v[i]), b = float(v[i + 1]);
+            round_bf16_pair(a, b);
+            y[i] = T(gelu_value<GELU_ERF, true>(a));
+            y[i + 1] = T(gelu_value<GELU_ERF, true>(b));
+        }
+        if (N % 2) y[N - 1] = GeluErfOfStored<T>{}(v[N - 1]);
+#else
+        y = v;
+#endif
         return y;
     }
 };
@@ -67,9 +77,18 @@ template <class T, int N> struct DGeluErfOfStored<cutlass::Array<T, N>> {
     CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const &d,
                                                        cutlass::Array<T, N> const &z) const {
         cutlass::Array<T, N> y;
-        DGeluErfOfStored<T> f;
+#ifdef __CUDA_ARCH__
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < N; i++) y[i] = f(d[i], z[i]);
+        for (int i = 0; i + 1 < N; i += 2) {   // d rounded in pairs, as GeluErfOfStored's v
+            float a = float(d[i]), b = float(d[i + 1]);
+            round_bf16_pair(a, b);
+            y[i] = T(a * gelu_slope<GELU_ERF, true>(float(z[i])));
+            y[i + 1] = T(b * gelu_slope<GELU_ERF, true>(float(z[i + 1])));
+        }
+        if (N % 2) y[N - 1] = DGeluErfOfStored<T>{}(d[N - 1], z[N - 1]);
+#else
+        y = d;
+#endif
         return y;
     }
 };

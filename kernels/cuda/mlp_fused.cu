@@ -82,10 +82,14 @@ __device__ __forceinline__ int core_at(int r, int k, int K) {
 
 // The descriptor of a K-major operand in that layout, from smem address `s` (its first row group
 // and k): core matrices 128 bytes apart along K (leading offset), row groups K / 8 of them
-// (stride offset), no swizzle. Fields in 16-byte units.
-__device__ __forceinline__ uint64_t core_desc(const bf16 *s, int K) {
-    const uint64_t addr = (uint64_t)(unsigned)__cvta_generic_to_shared(s);
-    return ((addr >> 4) & 0x3fff) | (uint64_t)(128 >> 4) << 16 | (uint64_t)((K / 8) * 128 >> 4) << 32;
+// (stride offset), no swizzle. Fields in 16-byte units. Kept as its low word (address and leading
+// offset; a k-step adds 16 to it) and built at each MMA with the high word, a constant of K: the
+// 64-bit descriptors of every k-step, hoisted out of the chunk loop, spilled at 128 channels.
+__device__ __forceinline__ unsigned core_desc_lo(const bf16 *s) {
+    return ((unsigned)__cvta_generic_to_shared(s) >> 4 & 0x3fff) | (128 >> 4) << 16;
+}
+template <int K> __device__ __forceinline__ uint64_t core_desc(unsigned lo) {
+    return (uint64_t)((K / 8) * 128 >> 4) << 32 | lo;
 }
 
 // The weights by chunk of 64 hidden units, each as a block of shared memory holds it: chunk j is
@@ -204,7 +208,7 @@ mlp_fused_kernel(const bf16 *__restrict__ x, const bf16 *__restrict__ wc, const 
     #pragma unroll
     for (int i = 0; i < NT * 4; i++) acc[i] = 0.0f;
     fence_regs(acc);   // the zeros set here, before any MMA runs
-    const uint64_t xdesc = core_desc(xs + wg * 64 * C, C);
+    const unsigned xdesc = core_desc_lo(xs + wg * 64 * C);
 
     for (int j = 0; j < chunks; j++) {
         if (j == 0) {   // x (and the barriers' set-up) in shared memory for every warp
@@ -221,17 +225,12 @@ mlp_fused_kernel(const bf16 *__restrict__ x, const bf16 *__restrict__ wc, const 
         mbar_wait(&full[j % 2], j / 2 % 2);   // chunk j has landed
         const bf16 *w1c = ws + j % 2 * CHUNK, *w2c = w1c + 64 * C;
         // fc1: h (64 x 64) = x (64 x C) w1c^T; k-step ks starts two core matrices (256 bytes) on
-        // this chunk's fc1 biases (columns 8 t + 2 t4, + 1), loaded while the products run
-        unsigned bias[8];
-        #pragma unroll
-        for (int t = 0; t < 8; t++)
-            bias[t] = *reinterpret_cast<const unsigned *>(b1 + j * MLPF_CHUNK + t * 8 + 2 * t4);
         float hacc[32];
-        const uint64_t w1desc = core_desc(w1c, C);
+        const unsigned w1desc = core_desc_lo(w1c);
         cute::warpgroup_arrive();
         #pragma unroll
         for (int ks = 0; ks < KS; ks++)
-            fc1_mma(xdesc + 16 * ks, w1desc + 16 * ks, hacc, ks ? gmma::ScaleOut::One : gmma::ScaleOut::Zero,
+            fc1_mma(core_desc<C>(xdesc + 16 * ks), core_desc<C>(w1desc + 16 * ks), hacc, ks ? gmma::ScaleOut::One : gmma::ScaleOut::Zero,
                     std::make_index_sequence<32>{});
         cute::warpgroup_commit_batch();
         cute::warpgroup_wait<0>();
@@ -239,22 +238,26 @@ mlp_fused_kernel(const bf16 *__restrict__ x, const bf16 *__restrict__ wc, const 
         // bias, pre rounded, GELU rounded: the A fragments of fc2's chunk (k-step kk: n-tiles 2kk, 2kk+1)
         unsigned ha[4][4];
         #pragma unroll
-        for (int t = 0; t < 8; t++) {
-            const float bb0 = __uint_as_float(bias[t] << 16), bb1 = __uint_as_float(bias[t] & 0xffff0000u);
+        for (int t = 0; t < 8; t++) {   // this chunk's fc1 biases: columns 8 t + 2 t4, + 1
+            const unsigned bias = *reinterpret_cast<const unsigned *>(b1 + j * MLPF_CHUNK + t * 8 + 2 * t4);
+            const float bb0 = __uint_as_float(bias << 16), bb1 = __uint_as_float(bias & 0xffff0000u);
             float v[4];
             #pragma unroll
-            for (int q = 0; q < 4; q++)
-                v[q] = round_bf16(gelu_value<GELU_ERF, true>(round_bf16(hacc[4 * t + q] + (q % 2 ? bb1 : bb0))));
-            ha[t / 2][2 * (t % 2)] = Vec<bf16, 8>::pair(v[0], v[1]);       // row g4
-            ha[t / 2][2 * (t % 2) + 1] = Vec<bf16, 8>::pair(v[2], v[3]);   // row g4 + 8
+            for (int q = 0; q < 4; q++) v[q] = hacc[4 * t + q] + (q % 2 ? bb1 : bb0);
+            round_bf16_pair(v[0], v[1]);
+            round_bf16_pair(v[2], v[3]);
+            #pragma unroll
+            for (int q = 0; q < 4; q++) v[q] = gelu_value<GELU_ERF, true>(v[q]);
+            ha[t / 2][2 * (t % 2)] = round_bf16_pair(v[0], v[1]);       // row g4
+            ha[t / 2][2 * (t % 2) + 1] = round_bf16_pair(v[2], v[3]);   // row g4 + 8
         }
         // fc2: acc (64 x C) += h (64 x 64) w2c^T, left running
-        const uint64_t w2desc = core_desc(w2c, MLPF_CHUNK);
+        const unsigned w2desc = core_desc_lo(w2c);
         fence_regs(acc);
         cute::warpgroup_arrive();
         #pragma unroll
         for (int kk = 0; kk < 4; kk++)
-            fc2_mma<C>(ha[kk], w2desc + 16 * kk, acc, std::make_index_sequence<NT * 4>{});
+            fc2_mma<C>(ha[kk], core_desc<MLPF_CHUNK>(w2desc + 16 * kk), acc, std::make_index_sequence<NT * 4>{});
         cute::warpgroup_commit_batch();
     }
     cute::warpgroup_wait<0>();
