@@ -224,14 +224,14 @@ mlp_fused_kernel(const bf16 *__restrict__ x, const bf16 *__restrict__ wc, const 
                           &full[(j + 1) % 2]);
         mbar_wait(&full[j % 2], j / 2 % 2);   // chunk j has landed
         const bf16 *w1c = ws + j % 2 * CHUNK, *w2c = w1c + 64 * C;
-        // fc1: h (64 x 64) = x (64 x C) w1c^T; k-step ks starts two core matrices (256 bytes) on
+        // fc1: h (64 x 64) = x (64 x C) w1c^T; k-step ks starts two core matrices (256 bytes) on.
         float hacc[32];
         const unsigned w1desc = core_desc_lo(w1c);
         cute::warpgroup_arrive();
         #pragma unroll
         for (int ks = 0; ks < KS; ks++)
-            fc1_mma(core_desc<C>(xdesc + 16 * ks), core_desc<C>(w1desc + 16 * ks), hacc, ks ? gmma::ScaleOut::One : gmma::ScaleOut::Zero,
-                    std::make_index_sequence<32>{});
+            fc1_mma(core_desc<C>(xdesc + 16 * ks), core_desc<C>(w1desc + 16 * ks), hacc,
+                    ks ? gmma::ScaleOut::One : gmma::ScaleOut::Zero, std::make_index_sequence<32>{});
         cute::warpgroup_commit_batch();
         cute::warpgroup_wait<0>();
         fence_regs(hacc);
