@@ -638,9 +638,9 @@ static void dwconv_stage_cases(OpCaseList *l) {
 // The mixer's convolution, SiLU and down projection as one op (dwconv_silu_proj_fwd): the fused
 // path of dwconv_mma.cu at 16 channels a block (28 x 28; 17 x 33, a partial row tile, with 4
 // outputs and no convolution bias) and at 8 (20 x 30, a partial column tile, one output, no
-// projection bias), and of dwconv_plane_mma.cu (14 x 14 at 16 channels a block; 11 x 16 at 8,
-// 3 outputs; 9 x 13); the two ops where the pass keeps its staged sums (8 channels at 40
-// columns) and on 7 x 7 images. bf16: the convolution's output and SiLU's each rounded as
+// projection bias; 56 x 40, where the pass keeps its staged fp32 sums), and of
+// dwconv_plane_mma.cu (14 x 14 at 16 channels a block; 11 x 16 at 8, 3 outputs; 9 x 13); the two
+// ops on 7 x 7 images. bf16: the convolution's output and SiLU's each rounded as
 // the two ops store them, then the projection's sum once more; its terms add their rounding
 // errors in quadrature, so norm-wise the result stays within the twice-rounded bound.
 enum { DP_X, DP_W, DP_B, DP_PW, DP_PB, DP_Y };

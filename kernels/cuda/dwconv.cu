@@ -680,8 +680,9 @@ __global__ void dw_proj_sum_kernel(const float *__restrict__ part, int groups, s
     }
 }
 
-// Inference's mixer: the projection from the 7x7 pass's staged results (bf16: dwconv_mma.cu's
-// tiled pass, or dwconv_plane_mma.cu's on images of 9 to 16 columns), so silu(conv(x)), 1.5 C_s
+// Inference's mixer: the projection from the 7x7 pass's staged results (dwconv_mma.cu's tiled
+// pass: bf16, or its fp32 sums at 8 channels and more than 32 columns; dwconv_plane_mma.cu's on
+// images of 9 to 16 columns), so silu(conv(x)), 1.5 C_s
 // channels a pixel, is never written and read back; elsewhere the two ops.
 void cuda_dwconv_silu_proj_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
                                const Tensor *pw, const Tensor *pb, Tensor *y) {

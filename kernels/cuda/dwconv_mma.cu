@@ -114,13 +114,13 @@ __host__ __device__ constexpr int mma_tile_width(int tiles_x) { return mma_row_w
 
 // TX > 0: tiles_x is TX, so every shared-memory offset below is a constant and the tile loop
 // unrolls (at 56 x 56, index arithmetic was 40 of the loop's 62 instructions a tile); TX = 0: the
-// arguments' tiles_x and sw. SUMS: the fp32 sums staged (see above). PROJ (not with SUMS): the
-// down projection's partial sums (DwProj) go out instead of the output.
+// arguments' tiles_x and sw. SUMS: the fp32 sums staged (see above). PROJ: the down projection's
+// partial sums (DwProj) go out instead of the output, from the bf16 results in the staged planes
+// or, with SUMS, from the staged sums finished as the output would be (bias, SiLU, bf16).
 template <int K, int CG, int TX, bool SUMS, bool PROJ = false>
 __global__ void __launch_bounds__(mma_threads(CG, SUMS), mma_blocks_per_sm(SUMS))
 dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag, const bf16 *__restrict__ bias,
                   bf16 *__restrict__ out, DwconvShape d, int flags, int tiles_x_arg, int sw_arg, DwProj proj) {
-    static_assert(!(SUMS && PROJ), "the projection reads the results from the staged planes");
     constexpr int P = K / 2, ROWS = MMA_TH + K - 1, THREADS = mma_threads(CG, SUMS), VPP = CG / 8;
     const int tiles_x = TX ? TX : tiles_x_arg, sw = TX ? mma_tile_width(TX) : sw_arg;
     extern __shared__ __align__(16) unsigned char mma_smem[];
@@ -129,7 +129,7 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
     float *sums = reinterpret_cast<float *>(mma_smem + (size_t)CG * tplane * 2);   // SUMS: (CG, TH, rs)
     const int c0 = blockIdx.x * CG, y0 = blockIdx.y * MMA_TH;
     const size_t plane = (size_t)d.H * d.W * d.C, b = blockIdx.z;
-    float *pws = sums;   // PROJ: the block's columns of proj.w (m, CG), where SUMS has its sums
+    float *pws = SUMS ? sums + (size_t)CG * ps : sums;   // PROJ: the block's columns of proj.w (m, CG)
     if constexpr (PROJ)
         for (int e = threadIdx.x; e < proj.m * CG; e += THREADS)
             pws[e] = __bfloat162float(proj.w[(size_t)(e / CG) * d.C + c0 + e % CG]);
@@ -191,8 +191,12 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
     const float inv_w = 1.0f / d.W;
     if constexpr (PROJ) {
         // A thread per output pixel of the block's rows: its CG results (staged (r, xx), channels
-        // tplane apart) against the projection's rows, in channel order.
+        // tplane apart; with SUMS, the sums finished as dw_store_out8 finishes them under DW_SILU,
+        // then rounded as it stores them) against the projection's rows, in channel order.
         float *part = proj.part + ((size_t)blockIdx.x * d.B + b) * d.H * d.W * proj.m;
+        float bvs[SUMS ? CG : 1];
+        if constexpr (SUMS)
+            for (int c = 0; c < CG; c++) bvs[c] = bias ? __bfloat162float(bias[c0 + c]) : 0.0f;
         for (int e = threadIdx.x; e < MMA_TH * d.W; e += THREADS) {
             const int r = mma_div(e, inv_w), xx = e - r * d.W, yy = y0 + r;
             if (yy >= d.H) break;   // e grows with r
@@ -200,7 +204,11 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
             float s[DWCONV_PROJ_MAX] = {};
             #pragma unroll
             for (int c = 0; c < CG; c++) {
-                const float v = __uint_as_float((unsigned)res[(size_t)c * tplane] << 16);
+                float v;
+                if constexpr (SUMS)
+                    v = __bfloat162float(__float2bfloat16_rn(dw_silu<bf16>(sums[c * ps + r * rs + xx] + bvs[c])));
+                else
+                    v = __uint_as_float((unsigned)res[(size_t)c * tplane] << 16);
                 #pragma unroll
                 for (int o = 0; o < DWCONV_PROJ_MAX; o++)
                     if (o < proj.m) s[o] = fmaf(v, pws[o * CG + c], s[o]);
@@ -264,8 +272,10 @@ static bool mma_launch_flags(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16
     // Also with the sums staged: 8 channels at 56 columns (H100, 56 x 56 x 168 forward: 0.244 ms
     // against 0.275 finished in registers, at 4 or 8 warps a block; 28 x 28 x 336: 0.113 against 0.085).
     const bool sums = flags & DW_ACCUM || (CG == 8 && d.W > 32);
-    if (proj) {   // the projection reads the results from the staged planes
-        if (sums || !mma_launch<CG, false, true>(ctx, in, w, bias, out, d, flags, *proj)) return false;
+    if (proj) {
+        if (!(sums ? mma_launch<CG, true, true>(ctx, in, w, bias, out, d, flags, *proj)
+                   : mma_launch<CG, false, true>(ctx, in, w, bias, out, d, flags, *proj)))
+            return false;
         proj->groups = d.C / CG;
         return true;
     }

@@ -680,15 +680,16 @@ static int device_is_sm90(void) {
 // against the same ops with fusion off (GEMM, then the GELU pass or the gelu' scaling): y with pre
 // kept and without, pre, and dpre. Both round pre (and dy w) to bf16 before the GELU, so they differ
 // only where the two GEMMs' sums round to neighbouring bf16 values. Shapes: rows not a multiple of
-// the 128-row tile (257), gspn_t's stage-1 fc1 widths (96 -> 384) and its 14^2 ones (384 -> 1536).
+// the 128-row tile (257), gspn_t's stage-1 fc1 widths (96 -> 384), its 14^2 ones (384 -> 1536)
+// and K = 776, where y without pre runs on the ping-pong schedule (gemm_cutlass.cu kPingPongMinK).
 // Where the fused kernels are built they must run: 3 fused launches a shape.
 static void test_erf_gelu_epilogue_matches_unfused(void **state) {
     GPU_TEST_REQUIRE_DEVICE();
-    static const Case cases[] = {{257, 64, 136, 0}, {1000, 96, 384, 0}, {300, 384, 1536, 1}};
+    static const Case cases[] = {{257, 64, 136, 0}, {1000, 96, 384, 0}, {300, 384, 1536, 1}, {333, 776, 264, 0}};
     const DType dt = DTYPE_BF16;
     Ctx g = cuda_ctx_create(0, dt);
     int fails = 0;
-    for (int ci = 0; ci < 3; ci++) {
+    for (int ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
         const Case *c = &cases[ci];
         Tensor *x = host_rand(host_x(c, c->K), 41, 1), *w = host_rand(test_tensor(2, c->M, c->K), 42, 1);
         Tensor *b = host_rand(test_tensor(1, c->M), 43, 1), *dy = host_rand(host_x(c, c->M), 44, 1);
