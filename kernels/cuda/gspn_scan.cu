@@ -22,8 +22,9 @@
 // - lane (shared weights past the chip: the forward at Cc of 1, 2, 4 or 8 on lines of at most
 //   1024 lanes, the backward at Cc of 1 or 2 on lines of at most 256): ONE launch for the four
 //   directions, a thread per lane loading its own gate chunk and xc (dyc, h) into registers a few
-//   steps ahead; the forward's LR/RL store a lane's runs of neighbouring tokens at once (see
-//   gspn_fwd_lane_kernel, gspn_bwd_lane_kernel and gspn_scan_notes.md).
+//   steps ahead; the forward's LR/RL store a lane's runs of neighbouring tokens at once, and past
+//   256 lanes at Cc of 1 or 2 load them at once too (see gspn_fwd_lane_kernel,
+//   gspn_fwd_lane_rows_kernel, gspn_bwd_lane_kernel and gspn_scan_notes.md).
 // - staged shared-weight (gspn_shared_w = 1, a token's xc a whole number of 4-byte words; what
 //   the lane kernels do not take): ONE launch for the four directions,
 //   the direction's odd-offset gate chunk of every lane copied as 4-byte words, consecutive words

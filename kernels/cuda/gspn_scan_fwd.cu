@@ -383,6 +383,115 @@ bool fwd_pipe(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid
 }
 
 // ---- shared weights, few channels: a thread per lane, inputs straight into registers ----------
+// A lane kernel's thread's line: direction d's geometry for image img, its lane l (live if l < N),
+// the lane's first token, the tensors' ends in bytes (xc, gates), and h of the step before the
+// first zeroed in hbuf ([2][N+2][CC], the halo lanes staying zero; a barrier must follow).
+template <typename T, int CC> struct LaneLine {
+    DirGeom g;
+    int N, rowf, l;
+    bool live;
+    long long t0, xend, gend;
+    __device__ __forceinline__ long long chunk_byte(long long t) const {
+        return (t * g.G + g.goff) * (long long)sizeof(T);
+    }
+};
+template <typename T, int CC>
+__device__ __forceinline__ LaneLine<T, CC> lane_line(const ShArgs &a, int d, long long img, long long plane,
+                                                     float *hbuf) {
+    LaneLine<T, CC> q;
+    q.g = pick_dir_sh(a, d);
+    q.N = q.g.N;
+    q.rowf = (q.N + 2) * CC;
+    q.l = threadIdx.x;
+    for (int i = threadIdx.x; i < 2 * q.rowf; i += blockDim.x) hbuf[i] = 0.0f;
+    q.live = q.l < q.N;
+    q.t0 = img * q.g.img_tokens + q.g.first + (long long)q.l * q.g.lstride;
+    q.xend = plane * (long long)sizeof(T);
+    q.gend = plane / CC * q.g.G * (long long)sizeof(T);
+    return q;
+}
+
+// A lane's step inputs as the recurrence takes them: lam x, u and the normalized weights (zero at
+// the first step), from the words it loaded for token t (lane_load_chunk, lane_load_x; cb: the
+// token's chunk byte). They do not depend on h.
+template <int CC> struct LaneStepIn {
+    float lx[CC], u[CC], sw[3];
+};
+template <typename T, int CC, bool VEC>
+__device__ __forceinline__ void lane_step_in(const uint32_t (&w)[LaneWords<T, CC, VEC>::N], long long t,
+                                             long long cb, bool first, bool has_m, bool has_p,
+                                             LaneStepIn<CC> &in) {
+    using LW = LaneWords<T, CC, VEC>;
+    // the chunk's words from its first covering word on, and its offset in that word
+    uint32_t cw[LW::NW], xwv[LW::XW];
+    const int goff = (int)(cb & 3);
+    lane_chunk_words<T, CC, VEC, 0>(w, cb, cw);
+#pragma unroll
+    for (int i = 0; i < LW::XW; i++) xwv[i] = w[LW::GW + i];
+    const int xoff = (int)((t * CC * (long long)sizeof(T)) & 3);
+    float sa[3];
+    in.sw[0] = in.sw[1] = in.sw[2] = 0.0f;
+    if (!first)
+        weights<T>(lane_el<T>(cw, goff, 2 * CC), lane_el<T>(cw, goff, 2 * CC + 1), lane_el<T>(cw, goff, 2 * CC + 2),
+                   has_m, has_p, sa, in.sw);
+#pragma unroll
+    for (int c = 0; c < CC; c++) {
+        in.lx[c] = lane_el<T>(cw, goff, c) * lane_el<T>(xwv, xoff, c);
+        in.u[c] = lane_el<T>(cw, goff, CC + c);
+    }
+}
+
+// Lane l's step: h = lam x plus the weighted h of its three neighbours at the step before (prev, a
+// row of N + 2 lanes of CC with zero halo lanes; none at the first step), written to cur for the
+// neighbours' next step; y = u h.
+template <int CC>
+__device__ __forceinline__ void lane_step(const float *prev, float *cur, int l, bool first,
+                                          const LaneStepIn<CC> &in, float (&h)[CC], float (&y)[CC]) {
+#pragma unroll
+    for (int c = 0; c < CC; c++) h[c] = in.lx[c];
+    if (!first) {
+        float hm[CC], h0[CC], hp[CC];
+        const float *pr = prev + (l + 1) * CC;
+        ldf<CC>(pr - CC, hm);
+        ldf<CC>(pr, h0);
+        ldf<CC>(pr + CC, hp);
+#pragma unroll
+        for (int c = 0; c < CC; c++) {
+            h[c] += in.sw[0] * hm[c];
+            h[c] += in.sw[1] * h0[c];
+            h[c] += in.sw[2] * hp[c];
+        }
+    }
+    stf<CC>(cur + (l + 1) * CC, h);
+#pragma unroll
+    for (int c = 0; c < CC; c++) y[c] = in.u[c] * h[c];
+}
+
+// h and y of a lane's P steps (hg[j], yg[j]: step j), whose tokens are neighbours in memory from
+// t_lo up (up: step j is token t_lo + j; else t_lo + P - 1 - j), each stored as one run, in 16-byte
+// vectors where aligned (a direction's slice starts plane floats in).
+template <int P, int CC>
+__device__ __forceinline__ void lane_store_run(float *hid, float *ypart, long long t_lo, bool up,
+                                               const float (&hg)[P][CC], const float (&yg)[P][CC]) {
+    float hr[P * CC], yr[P * CC];
+#pragma unroll
+    for (int r = 0; r < P; r++)
+#pragma unroll
+        for (int c = 0; c < CC; c++) {
+            hr[r * CC + c] = up ? hg[r][c] : hg[P - 1 - r][c];
+            yr[r * CC + c] = up ? yg[r][c] : yg[P - 1 - r][c];
+        }
+    auto aligned = [](const float *q) { return ((uintptr_t)q & 15u) == 0; };
+    if (hid && aligned(hid + t_lo * CC)) stf_stream<P * CC>(hid + t_lo * CC, hr);
+    else if (hid)
+#pragma unroll
+        for (int i = 0; i < P * CC; i++) __stcs(hid + t_lo * CC + i, hr[i]);
+    if (ypart && aligned(ypart + t_lo * CC)) stf<P * CC>(ypart + t_lo * CC, yr);
+    else if (ypart)
+#pragma unroll
+        for (int i = 0; i < P * CC; i++) ypart[t_lo * CC + i] = yr[i];
+}
+
 // The staged kernel above spends most of a step moving words through shared memory (about 1,700
 // instructions a warp and step at 1024^2, Cc = 8, H100, Nsight Compute); with Cc <= 8 a lane's
 // inputs of a step are a few words, so each thread loads its own (its gate chunk and its xc) into
@@ -402,50 +511,29 @@ gspn_fwd_lane_kernel(const T *__restrict__ xc, const T *__restrict__ gates, floa
     using LW = LaneWords<T, CC, VEC>;
     const int d = blockIdx.x & 3;
     if (!((dir_mask >> d) & 1)) return;   // the benchmark's diagnostics only
-    const DirGeom g = pick_dir_sh(a, d);
     extern __shared__ __align__(16) unsigned char smem_raw[];
     float *hbuf = reinterpret_cast<float *>(smem_raw);   // [2][N+2][CC], zero halo lanes
-    const int N = g.N, rowf = (N + 2) * CC, l = threadIdx.x;
-    for (int i = threadIdx.x; i < 2 * rowf; i += blockDim.x) hbuf[i] = 0.0f;
-    const bool live = l < N;
-    const long long t0 = (long long)(blockIdx.x >> 2) * g.img_tokens + g.first + (long long)l * g.lstride;
-    const long long tokens = plane / CC;
-    const long long xend = plane * (long long)sizeof(T), gend = tokens * g.G * (long long)sizeof(T);
+    const LaneLine<T, CC> q = lane_line<T, CC>(a, d, blockIdx.x >> 2, plane, hbuf);
+    const DirGeom &g = q.g;
+    const int N = q.N, rowf = q.rowf, l = q.l;
+    const bool live = q.live;
+    const long long t0 = q.t0, xend = q.xend, gend = q.gend;
     if (hid) hid += d * plane;
     if (ypart) ypart += d * plane;
-    auto chunk_byte = [&](long long t) { return (t * g.G + g.goff) * (long long)sizeof(T); };
+    auto chunk_byte = [&](long long t) { return q.chunk_byte(t); };
     auto load = [&](int s, uint32_t (&w)[LW::N]) {
         if (!live || s >= g.L) return;
         const long long t = t0 + (long long)s * g.sstride;
         lane_load_chunk<T, CC, VEC, 0>(gates, chunk_byte(t), gend, w);
         lane_load_x<T, CC, LW::GW>(xc, t, xend, w);
     };
-    // A step's inputs as the recurrence takes them: lam x, u and the normalized weights (zero at
-    // step 0). They do not depend on h, so with EARLY step s + 1's are formed during step s, off
-    // the path from one barrier to the next (neighbours' h, three FMAs a channel, h out).
-    struct StepIn {
-        float lx[CC], u[CC], sw[3];
-    };
+    // With EARLY step s + 1's inputs are formed during step s, off the path from one barrier to the
+    // next (neighbours' h, three FMAs a channel, h out).
+    using StepIn = LaneStepIn<CC>;
     auto prep = [&](int s, const uint32_t (&w)[LW::N], StepIn &in) {
         if (!live || s >= g.L) return;
-        const long long t = t0 + (long long)s * g.sstride, cb = chunk_byte(t);
-        // the chunk's words from its first covering word on, and its offset in that word
-        uint32_t cw[LW::NW], xwv[LW::XW];
-        const int goff = (int)(cb & 3);
-        lane_chunk_words<T, CC, VEC, 0>(w, cb, cw);
-#pragma unroll
-        for (int i = 0; i < LW::XW; i++) xwv[i] = w[LW::GW + i];
-        const int xoff = (int)((t * CC * (long long)sizeof(T)) & 3);
-        float sa[3];
-        in.sw[0] = in.sw[1] = in.sw[2] = 0.0f;
-        if (s > 0)
-            weights<T>(lane_el<T>(cw, goff, 2 * CC), lane_el<T>(cw, goff, 2 * CC + 1),
-                       lane_el<T>(cw, goff, 2 * CC + 2), l > 0, l < N - 1, sa, in.sw);
-#pragma unroll
-        for (int c = 0; c < CC; c++) {
-            in.lx[c] = lane_el<T>(cw, goff, c) * lane_el<T>(xwv, xoff, c);
-            in.u[c] = lane_el<T>(cw, goff, CC + c);
-        }
+        const long long t = t0 + (long long)s * g.sstride;
+        lane_step_in<T, CC, VEC>(w, t, chunk_byte(t), s == 0, l > 0, l < N - 1, in);
     };
     uint32_t ring[P][LW::N];
 #pragma unroll
@@ -473,24 +561,7 @@ gspn_fwd_lane_kernel(const T *__restrict__ xc, const T *__restrict__ gates, floa
             if constexpr (!EARLY) prep(s, ring[j], in);
             if (live) {
                 const long long t = t0 + (long long)s * g.sstride;
-#pragma unroll
-                for (int c = 0; c < CC; c++) h[c] = in.lx[c];
-                if (s > 0) {
-                    float hm[CC], h0[CC], hp[CC];
-                    const float *pr = prev + (l + 1) * CC;
-                    ldf<CC>(pr - CC, hm);
-                    ldf<CC>(pr, h0);
-                    ldf<CC>(pr + CC, hp);
-#pragma unroll
-                    for (int c = 0; c < CC; c++) {
-                        h[c] += in.sw[0] * hm[c];
-                        h[c] += in.sw[1] * h0[c];
-                        h[c] += in.sw[2] * hp[c];
-                    }
-                }
-                stf<CC>(cur + (l + 1) * CC, h);
-#pragma unroll
-                for (int c = 0; c < CC; c++) y[c] = in.u[c] * h[c];
+                lane_step<CC>(prev, cur, l, s == 0, in, h, y);
                 if (whole) {
                     if constexpr (GROUP) {
 #pragma unroll
@@ -509,37 +580,111 @@ gspn_fwd_lane_kernel(const T *__restrict__ xc, const T *__restrict__ gates, floa
             }
             __syncthreads();   // h of step s in; prev is free to be written at step s + 1
         }
-        if constexpr (GROUP) {
-            if (whole && live) {   // the run starts at the group's lowest token: j = 0 (LR), P - 1 (RL)
+        if constexpr (GROUP) {   // the run starts at the group's lowest token: j = 0 (LR), P - 1 (RL)
+            if (whole && live) {
                 const bool up = g.sstride > 0;
-                const long long tr = t0 + (long long)(up ? s0 : s0 + P - 1) * g.sstride;
-                float hr[P * CC], yr[P * CC];
-#pragma unroll
-                for (int r = 0; r < P; r++)
-#pragma unroll
-                    for (int c = 0; c < CC; c++) {
-                        hr[r * CC + c] = up ? hg[r][c] : hg[P - 1 - r][c];
-                        yr[r * CC + c] = up ? yg[r][c] : yg[P - 1 - r][c];
-                    }
-                // in vectors where 16-byte aligned (a direction's slice starts plane floats in)
-                auto aligned = [](const float *q) { return ((uintptr_t)q & 15u) == 0; };
-                if (hid && aligned(hid + tr * CC)) stf_stream<P * CC>(hid + tr * CC, hr);
-                else if (hid)
-#pragma unroll
-                    for (int i = 0; i < P * CC; i++) __stcs(hid + tr * CC + i, hr[i]);
-                if (ypart && aligned(ypart + tr * CC)) stf<P * CC>(ypart + tr * CC, yr);
-                else if (ypart)
-#pragma unroll
-                    for (int i = 0; i < P * CC; i++) ypart[tr * CC + i] = yr[i];
+                lane_store_run<P, CC>(hid, ypart, t0 + (long long)(up ? s0 : s0 + P - 1) * g.sstride, up, hg, yg);
             }
         }
     }
 }
 
+// ---- shared weights, LR and RL on long lines: a lane's run of tokens at once ------------------
+// In LR and RL a lane is a row, so one token a step is a sector a lane for a few of its bytes. On
+// 1024-lane lines the lane kernel above then moved about 8 times the bytes the op must move
+// (Nsight Compute, Fig. S3: 130 GB at 36% of DRAM for 16; gspn_scan_notes.md): by the step after, the
+// 64-byte piece a lane's token came in with has left L2. Here a lane takes K = 8 / CC steps at a
+// time: it loads the words of its K tokens, neighbours in its row, all at once (so each piece
+// arriving serves the tokens in it) into its own column of shared memory, scans the K steps from
+// there (one barrier a step, as the lane kernel), and stores h and y of the K steps as one 32-byte
+// run each. A line's last, shorter run goes out token by token.
+template <typename T, int CC>
+__global__ void __launch_bounds__(SH_FWD_THREADS)
+gspn_fwd_lane_rows_kernel(const T *__restrict__ xc, const T *__restrict__ gates, float *__restrict__ hid,
+                          float *__restrict__ ypart, long long plane, ShArgs a, int dir_mask) {
+    using LW = LaneWords<T, CC, false>;
+    constexpr int K = 8 / CC;
+    const int d = 2 + (blockIdx.x & 1);   // LR, RL
+    if (!((dir_mask >> d) & 1)) return;   // the benchmark's diagnostics only
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    float *hbuf = reinterpret_cast<float *>(smem_raw);   // [2][N+2][CC], zero halo lanes
+    const LaneLine<T, CC> q = lane_line<T, CC>(a, d, blockIdx.x >> 1, plane, hbuf);
+    const DirGeom &g = q.g;
+    const int N = q.N, rowf = q.rowf, l = q.l;
+    uint32_t *words = reinterpret_cast<uint32_t *>(hbuf + 2 * rowf);   // [K][LW::N][N]: lane l's words
+    if (hid) hid += d * plane;
+    if (ypart) ypart += d * plane;
+    const bool up = g.sstride > 0;
+    __syncthreads();   // the zero halo
+    for (int s0 = 0; s0 < g.L; s0 += K) {
+        const int run = g.L - s0 < K ? g.L - s0 : K;
+        // the run's loads KH tokens at a time, all issued before the first store (KH: about 24 words
+        // in registers, within the 64 a thread has); a lane reads back only its own words
+        constexpr int KH = K * LW::N <= 24 ? K : K / 2 * LW::N <= 24 ? K / 2 : K / 4;
+#pragma unroll
+        for (int k0 = 0; k0 < K; k0 += KH) {
+            if (!q.live || k0 >= run) break;
+            uint32_t w[KH][LW::N];
+#pragma unroll
+            for (int k = 0; k < KH; k++)
+                if (k0 + k < run) {
+                    const long long t = q.t0 + (long long)(s0 + k0 + k) * g.sstride;
+                    lane_load_chunk<T, CC, false, 0>(gates, q.chunk_byte(t), q.gend, w[k]);
+                    lane_load_x<T, CC, LW::GW>(xc, t, q.xend, w[k]);
+                }
+#pragma unroll
+            for (int k = 0; k < KH; k++)
+                if (k0 + k < run)
+#pragma unroll
+                    for (int i = 0; i < LW::N; i++) words[((k0 + k) * LW::N + i) * N + l] = w[k][i];
+        }
+        float hg[K][CC], yg[K][CC];
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            if (k >= run) break;   // the same for every thread of the block
+            const int s = s0 + k;
+            const float *prev = hbuf + (s & 1) * rowf;
+            float *cur = hbuf + ((s + 1) & 1) * rowf;
+            if (q.live) {
+                const long long t = q.t0 + (long long)s * g.sstride;
+                uint32_t w[LW::N];
+#pragma unroll
+                for (int i = 0; i < LW::N; i++) w[i] = words[(k * LW::N + i) * N + l];
+                LaneStepIn<CC> in;
+                lane_step_in<T, CC, false>(w, t, q.chunk_byte(t), s == 0, l > 0, l < N - 1, in);
+                lane_step<CC>(prev, cur, l, s == 0, in, hg[k], yg[k]);
+                if (run < K) {
+                    if (hid) stf_stream<CC>(hid + t * CC, hg[k]);
+                    if (ypart) stf<CC>(ypart + t * CC, yg[k]);
+                }
+            }
+            __syncthreads();   // h of step s in; prev is free to be written at step s + 1
+        }
+        if (q.live && run == K)
+            lane_store_run<K, CC>(hid, ypart, q.t0 + (long long)(up ? s0 : s0 + K - 1) * g.sstride, up, hg, yg);
+    }
+}
+
+// LR and RL by gspn_fwd_lane_rows_kernel (Cc of 1 or 2; lines of at most SH_FWD_THREADS lanes).
+template <typename T, int CC>
+bool fwd_lane_rows(CudaCtx *c, const Plan &p, const ShArgs &a, const T *xc, const T *gates, float *hid,
+                   float *ypart) {
+    const int N = a.g[2].N;   // H
+    const size_t smem = 2 * (size_t)(N + 2) * CC * sizeof(float) +
+                        (size_t)(8 / CC) * LaneWords<T, CC, false>::N * N * sizeof(uint32_t);
+    if (N > SH_FWD_THREADS || smem > smem_limit()) return false;
+    auto k = gspn_fwd_lane_rows_kernel<T, CC>;
+    set_smem(k, smem);
+    k<<<2 * p.B, (N + 31) / 32 * 32, smem, c->stream>>>(xc, gates, hid, ypart, p.plane, a, p.dir_mask);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
+
 // The lane kernel where it applies: shared weights, Cc of 1, 2, 4 or 8, a line of at most
 // SH_FWD_THREADS lanes, 4-byte aligned tensors. Lines of at most 256 lanes: vectors, P = 4 steps
 // ahead (tuning stages 2 or 3: 2; 8 ran no faster at 56^2); longer lines (1024 threads leave 64
-// registers a thread): words, 2 steps ahead, where a step's words fit (not fp32 Cc >= 4).
+// registers a thread): words, 2 steps ahead, where a step's words fit (not fp32 Cc >= 4); there, at
+// Cc of 1 or 2, LR and RL go to gspn_fwd_lane_rows_kernel first.
 template <typename T, int CC>
 bool fwd_lane_cc(CudaCtx *c, const Plan &p, const ShArgs &a, const T *xc, const T *gates, float *hid,
                  float *ypart) {
@@ -551,8 +696,11 @@ bool fwd_lane_cc(CudaCtx *c, const Plan &p, const ShArgs &a, const T *xc, const 
         if constexpr (LaneWords<T, CC, false>::N <= 14) k = gspn_fwd_lane_kernel<T, CC, 2, SH_FWD_THREADS, false>;
         else return false;
     }
+    int dir_mask = p.dir_mask;   // LR and RL by runs where they apply
+    if constexpr (CC <= 2)
+        if (a.lanes_max > 256 && fwd_lane_rows<T, CC>(c, p, a, xc, gates, hid, ypart)) dir_mask &= 3;
     set_smem(k, smem);
-    k<<<DIRS * p.B, sh_threads(a, false), smem, c->stream>>>(xc, gates, hid, ypart, p.plane, a, p.dir_mask);
+    k<<<DIRS * p.B, sh_threads(a, false), smem, c->stream>>>(xc, gates, hid, ypart, p.plane, a, dir_mask);
     CUDA_CHECK_LAUNCH();
     return true;
 }
