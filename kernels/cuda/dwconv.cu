@@ -90,7 +90,7 @@ static int dw_vec(const DwDims &d, size_t elem, const void *a, const void *b) {
 
 // Blocks per SM the registers are kept to: a 7x7 thread holds 49 weights (or sums), 7 rows of
 // strip sums (or dy) and two input windows (ptxas: no spills at these counts but a few bytes at 7x7).
-template <int K, bool DW> constexpr int dw_min_blocks() { return K <= 1 ? 8 : K <= 3 && !DW ? 5 : 4; }
+template <int K, bool DW> constexpr int dw_min_blocks() { return K <= 1 ? 8 : K <= 3 && !DW ? 6 : 4; }
 
 // A register array (sums, a ring of rows) set to zero; unrolled, so it stays in registers.
 template <int A, int B, int V> __device__ __forceinline__ void dw_zero(float (&a)[A][B][V]) {

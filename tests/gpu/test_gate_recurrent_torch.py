@@ -238,6 +238,21 @@ class Cuda(unittest.TestCase):
                 got = run([t.float().cuda() for t in x64], shape[4])
                 assert_close(self, got, run(x64, shape[4]), CUDA_F32_TOL, str(shape))
 
+    def test_rows_of_32_byte_pieces(self):
+        # W a multiple of 32 bytes from 256 columns on: each row's next 32 bytes of every input at
+        # once (gr_fwd_runs_kernel); runs of 100 and 7 columns across its pieces, H past a warp and
+        # at the 1024 rows of a block; bf16 (16 columns a piece) and fp32 (8)
+        for i, shape in enumerate([(1, 2, 300, 256, 100), (2, 1, 33, 512, 512), (1, 1, 1024, 256, 7)]):
+            with self.subTest(shape=shape):
+                x64 = make_inputs(shape, seed=85 + i)
+                got = run([t.float().cuda() for t in x64], shape[4])
+                assert_close(self, got, run(x64, shape[4]), CUDA_F32_TOL, str(shape))
+                got16 = run([t.bfloat16().cuda() for t in x64], shape[4])
+                want16 = run([t.bfloat16().float().cpu().double() for t in x64], shape[4])
+                self.assertLess(rel_err(got16[0], want16[0]), BF16_TOL)
+                for g, w in zip(got16[1], want16[1]):
+                    self.assertLess(rel_err(g, w), BF16_GRAD_TOL)
+
     def test_unaligned_views(self):
         # contiguous, but 4 bytes past a 16-byte boundary: the kernels take one column a load
         shape = (2, 3, 9, 16, 5)
