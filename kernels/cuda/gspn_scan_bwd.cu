@@ -574,6 +574,85 @@ gspn_bwd_sh_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
 }
 
 // ---- shared weights, few channels: the backward a thread per lane ---------------------------
+// Lane l's step s of the reverse scan, from its gate chunk's words cw (the chunk's first element
+// goff bytes into cw[0]), the words covering its dyc and xc (xoff), h of the step, h before it of
+// lanes l - 1, l, l + 1 (hb(q, c): lane l - 1 + q, channel c; zero at s = 0 and for lanes past the
+// line; read where used, which keeps the lane kernel's registers), and the rows the lanes
+// l - 1, l, l + 1 wrote at step s + 1 (cm, c0, cp: dh at 0 .. CC - 1, then the normalized weights
+// w_{-1}, w_0, w_{+1}; zero before the first step and for the halo lanes). Out: dh, dx = lam dh,
+// the chunk's gradient (lam, u, then the three raw weights: zero at s = 0) and the step's
+// normalized weights for the neighbours' step s - 1; dm_acc gains u h dyc.
+template <typename T, int CC, int NW, int XW, typename HB>
+__device__ __forceinline__ void lane_bwd_step(const uint32_t (&cw)[NW], int goff, const uint32_t (&dyw)[XW],
+                                              const uint32_t (&xw)[XW], int xoff, const float (&h)[CC],
+                                              HB hb, const float *cm, const float *c0,
+                                              const float *cp, float m, bool first, bool has_m, bool has_p,
+                                              double &dm_acc, float (&dh)[CC], float (&dx)[CC],
+                                              float (&grad)[2 * CC + 3], float (&sw)[3]) {
+    float sa[3] = {0.0f, 0.0f, 0.0f}, sS = 0.0f, dws[3] = {0.0f, 0.0f, 0.0f};
+    sw[0] = sw[1] = sw[2] = 0.0f;
+    if (!first)
+        sS = weights<T>(lane_el<T>(cw, goff, 2 * CC), lane_el<T>(cw, goff, 2 * CC + 1),
+                        lane_el<T>(cw, goff, 2 * CC + 2), has_m, has_p, sa, sw);
+    // dL/dh of step s + 1 reaching lane l: w_{+1} dh of lane l - 1, w_0 dh of lane l, w_{-1} dh of
+    // lane l + 1
+    const float wpm = cm[CC + 2], w00 = c0[CC + 1], wmp = cp[CC];
+#pragma unroll
+    for (int c = 0; c < CC; c++) {
+        const float dy = lane_el<T>(dyw, xoff, c), x = lane_el<T>(xw, xoff, c);
+        const float lam = lane_el<T>(cw, goff, c), u = lane_el<T>(cw, goff, CC + c);
+        dm_acc += (double)u * h[c] * dy;
+        dh[c] = wpm * cm[c] + w00 * c0[c] + wmp * cp[c] + m * u * dy;
+        dx[c] = lam * dh[c];
+#pragma unroll
+        for (int q = 0; q < 3; q++) dws[q] += dh[c] * hb(q, c);
+        grad[c] = x * dh[c];
+        grad[CC + c] = m * h[c] * dy;
+    }
+    float gwt[3] = {0.0f, 0.0f, 0.0f};   // at s = 0, h before is 0: no weight gradient
+    if (!first) weights_bwd<T>(sa, sw, sS, dws, gwt);
+#pragma unroll
+    for (int q = 0; q < 3; q++) grad[2 * CC + q] = gwt[q];
+}
+
+// A token's CH gate gradients of one direction to dg (its first element goff bytes into a word).
+// bf16: whole 4-byte words where both halves are this chunk's; the first or last element shares
+// its word with the next direction's chunk, written by another block.
+template <typename T, int CH>
+__device__ __forceinline__ void lane_store_chunk(T *dg, int goff, const T (&v)[CH]) {
+    if constexpr (sizeof(T) == 2) {
+        auto word = [](T lo, T hi) {
+            return (uint32_t)__bfloat16_as_ushort(lo) | (uint32_t)__bfloat16_as_ushort(hi) << 16;
+        };
+        if (goff == 0) {
+#pragma unroll
+            for (int q = 0; q + 1 < CH; q += 2) *reinterpret_cast<uint32_t *>(dg + q) = word(v[q], v[q + 1]);
+            dg[CH - 1] = v[CH - 1];
+        } else {
+            dg[0] = v[0];
+#pragma unroll
+            for (int q = 1; q + 1 < CH; q += 2) *reinterpret_cast<uint32_t *>(dg + q) = word(v[q], v[q + 1]);
+        }
+    } else {
+#pragma unroll
+        for (int q = 0; q < CH; q++) dg[q] = v[q];
+    }
+}
+
+// The block's sum of its threads' dm_acc to *out, in a fixed order (ends with a barrier's worth of
+// ordering: every thread of the block must call it).
+__device__ __forceinline__ void block_dm_sum(double dm_acc, double *out) {
+    __shared__ double red[BWD_RED_WARPS];
+    for (int off = 16; off > 0; off >>= 1) dm_acc += __shfl_xor_sync(0xffffffffu, dm_acc, off);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = dm_acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double sum = 0.0;
+        for (int i = 0; i < (int)(blockDim.x + 31) / 32; i++) sum += red[i];
+        *out = sum;
+    }
+}
+
 // The forward's lane kernel (gspn_scan_fwd.cu) run in reverse: each thread owns one lane and
 // loads its step's inputs into a ring of registers P steps ahead (the gate chunk, with ACC the old
 // dgates chunk, dyc and xc as covering words, h of the step and of the step before); shared
@@ -581,24 +660,26 @@ gspn_bwd_sh_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
 // the step before the next one. One barrier a step. Without ACC dgates is written (every element
 // of the direction's chunks, so no zeroing first); with ACC added to. A chunk goes out as whole
 // 4-byte words but its first or last element (7 scattered 2-byte stores a step cost a third of
-// the time at 56^2: 0.265 -> 0.202 ms with the words and 3 steps ahead, H100).
+// the time at 56^2: 0.265 -> 0.202 ms with the words and 3 steps ahead, H100). Blocks of at most
+// MAXT threads; dir_mask: the directions this launch runs.
 template <typename T, int CC, bool ACC> struct BwdLaneWords {
     using LW = LaneWords<T, CC, true>;
     static constexpr int G = 0, DG = LW::GW, DY = DG + (ACC ? LW::GW : 0), X = DY + LW::XW;
     static constexpr int H = X + LW::XW, HP = H + CC, N = HP + CC;   // h of the step, of the one before
 };
 
-template <typename T, int CC, int P, bool ACC>
-__global__ void __launch_bounds__(256)
+template <typename T, int CC, int P, bool ACC, int MAXT>
+__global__ void __launch_bounds__(MAXT)
 gspn_bwd_lane_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, const T *__restrict__ gates,
                      const float *__restrict__ hid, const void *merge, int merge_bf16,
                      float *__restrict__ dxpart, T *__restrict__ dgates, double *__restrict__ dmpart,
-                     long long plane, int nblk, ShArgs a) {
+                     long long plane, int nblk, ShArgs a, int dir_mask) {
     using LW = LaneWords<T, CC, true>;
     using BW = BwdLaneWords<T, CC, ACC>;
     constexpr int RW = 2 * CC + 4;   // a lane's row: dh (CC), w_{-1}, w_0, w_{+1}, h before (CC), pad
     constexpr int CH = 2 * CC + 3;
     const int d = blockIdx.x & 3, b = blockIdx.x >> 2;
+    if (!((dir_mask >> d) & 1)) return;
     const DirGeom g = pick_dir_sh(a, d);
     extern __shared__ __align__(16) unsigned char smem_raw[];
     float *rows = reinterpret_cast<float *>(smem_raw);   // [2][N+2][RW], zero halo lanes
@@ -651,34 +732,14 @@ gspn_bwd_lane_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, const 
                 if constexpr (ACC) lane_chunk_words<T, CC, true, BW::DG>(w, cb, dgw);
 #pragma unroll
                 for (int i = 0; i < LW::XW; i++) dyw[i] = w[BW::DY + i], xw[i] = w[BW::X + i];
-                const bool has_m = l > 0, has_p = l < N - 1;
-                float sa[3] = {0.0f, 0.0f, 0.0f}, sw[3] = {0.0f, 0.0f, 0.0f}, sS = 0.0f;
-                if (s > 0)
-                    sS = weights<T>(lane_el<T>(cw, goff, 2 * CC), lane_el<T>(cw, goff, 2 * CC + 1),
-                                    lane_el<T>(cw, goff, 2 * CC + 2), has_m, has_p, sa, sw);
-                // dL/dh of step s + 1 reaching lane l: w_{+1} dh of lane l - 1, w_0 dh of lane l,
-                // w_{-1} dh of lane l + 1 (halo rows are zero)
+                // the lanes l - 1, l, l + 1 (halo rows are zero)
                 const float *cm = rk + l * RW, *c0 = rk + (l + 1) * RW, *cp = rk + (l + 2) * RW;
-                const float wpm = cm[CC + 2], w00 = c0[CC + 1], wmp = cp[CC];
-                float dh[CC], dx[CC], grad[CH], dws[3] = {0.0f, 0.0f, 0.0f};
+                float h[CC], dh[CC], dx[CC], grad[CH], sw[3];
 #pragma unroll
-                for (int c = 0; c < CC; c++) {
-                    const float dy = lane_el<T>(dyw, xoff, c), x = lane_el<T>(xw, xoff, c);
-                    const float hc = __uint_as_float(w[BW::H + c]);
-                    const float lam = lane_el<T>(cw, goff, c), u = lane_el<T>(cw, goff, CC + c);
-                    dm_acc += (double)u * hc * dy;
-                    dh[c] = wpm * cm[c] + w00 * c0[c] + wmp * cp[c] + m * u * dy;
-                    dx[c] = lam * dh[c];
-                    dws[0] += dh[c] * cm[CC + 3 + c];   // h before, of lanes l - 1, l, l + 1
-                    dws[1] += dh[c] * c0[CC + 3 + c];
-                    dws[2] += dh[c] * cp[CC + 3 + c];
-                    grad[c] = x * dh[c];
-                    grad[CC + c] = m * hc * dy;
-                }
-                float gwt[3] = {0.0f, 0.0f, 0.0f};   // at s = 0, h before is 0: no weight gradient
-                if (s > 0) weights_bwd<T>(sa, sw, sS, dws, gwt);
-#pragma unroll
-                for (int q = 0; q < 3; q++) grad[2 * CC + q] = gwt[q];
+                for (int c = 0; c < CC; c++) h[c] = __uint_as_float(w[BW::H + c]);
+                auto hb = [&](int q, int c) { return (q == 0 ? cm : q == 1 ? c0 : cp)[CC + 3 + c]; };
+                lane_bwd_step<T, CC>(cw, goff, dyw, xw, xoff, h, hb, cm, c0, cp, m, s == 0, l > 0,
+                                     l < N - 1, dm_acc, dh, dx, grad, sw);
                 // the neighbours' reads at step s - 1: dh, the weights, h before step s - 1
                 float *wr = wk + (l + 1) * RW;
 #pragma unroll
@@ -692,43 +753,146 @@ gspn_bwd_lane_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, const 
                     T v[CH];
 #pragma unroll
                     for (int q = 0; q < CH; q++) v[q] = from_f32<T>((ACC ? lane_el<T>(dgw, goff, q) : 0.0f) + grad[q]);
-                    T *dg = dgates + t * g.G + g.goff;
-                    if constexpr (sizeof(T) == 2) {
-                        // whole words where both halves are this chunk's (the first or last element
-                        // shares its word with the next direction's chunk, written by another block)
-                        auto word = [](T lo, T hi) {
-                            return (uint32_t)__bfloat16_as_ushort(lo) | (uint32_t)__bfloat16_as_ushort(hi) << 16;
-                        };
-                        if (goff == 0) {
-#pragma unroll
-                            for (int q = 0; q + 1 < CH; q += 2) *reinterpret_cast<uint32_t *>(dg + q) = word(v[q], v[q + 1]);
-                            dg[CH - 1] = v[CH - 1];
-                        } else {
-                            dg[0] = v[0];
-#pragma unroll
-                            for (int q = 1; q + 1 < CH; q += 2) *reinterpret_cast<uint32_t *>(dg + q) = word(v[q], v[q + 1]);
-                        }
-                    } else {
-#pragma unroll
-                        for (int q = 0; q < CH; q++) dg[q] = v[q];
-                    }
+                    lane_store_chunk<T, CH>(dgates + t * g.G + g.goff, goff, v);
                 }
             }
             load(s - P, ring[j]);
             __syncthreads();   // rows of step s in; rk is free to be written at step s - 1
         }
     }
-    if (dmpart) {
-        __shared__ double red[256 / 32];
-        for (int off = 16; off > 0; off >>= 1) dm_acc += __shfl_xor_sync(0xffffffffu, dm_acc, off);
-        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = dm_acc;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            double sum = 0.0;
-            for (int i = 0; i < (int)(blockDim.x + 31) / 32; i++) sum += red[i];
-            dmpart[d * nblk + b] = sum;
+    if (dmpart) block_dm_sum(dm_acc, dmpart + d * nblk + b);
+}
+
+// ---- shared weights, LR and RL on long lines: the backward by runs of a lane's tokens ----------
+// The forward's gspn_fwd_lane_rows_kernel in reverse, where dgates is written (or not taken): one
+// token a step in LR and RL is a few bytes of a sector a lane, rows apart across the warp, so a
+// lane loads the words of K steps at once (each token's gate chunk and the words covering its dyc
+// and xc; h of the K steps and of the step before them, which are neighbours in its row) into its
+// own column of shared memory, then runs the K steps from there: one barrier after the loads (a
+// step reads its neighbour lanes' h before it from their columns) and one a step. dx of the K
+// steps goes out as one run, each token's gate gradients as the lane kernel writes them.
+template <typename T, int CC, int K> struct BwdRowsWords {
+    using LW = LaneWords<T, CC, false>;
+    static constexpr int GW = LW::NW, XW = LW::XW, TW = GW + 2 * XW + CC;   // a token's words
+    static constexpr int G = 0, DY = K * GW, X = DY + K * XW, H = X + K * XW;   // H: K + 1 steps of h
+    static constexpr int N = H + (K + 1) * CC;   // words a lane
+    static constexpr int RW = (CC + 3) | 1;      // a lane's row: dh, w_{-1}, w_0, w_{+1} (odd: no bank conflicts)
+};
+
+template <typename T, int CC, int K>
+__global__ void __launch_bounds__(SH_FWD_THREADS)
+gspn_bwd_lane_rows_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, const T *__restrict__ gates,
+                          const float *__restrict__ hid, const void *merge, int merge_bf16,
+                          float *__restrict__ dxpart, T *__restrict__ dgates, double *__restrict__ dmpart,
+                          long long plane, int nblk, ShArgs a, int dir_mask) {
+    using RWD = BwdRowsWords<T, CC, K>;
+    constexpr int GW = RWD::GW, XW = RWD::XW, TW = RWD::TW, RW = RWD::RW, CH = 2 * CC + 3;
+    const int d = 2 + (blockIdx.x & 1), b = blockIdx.x >> 1;   // LR, RL
+    if (!((dir_mask >> d) & 1)) return;   // the benchmark's diagnostics only
+    const DirGeom g = pick_dir_sh(a, d);
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    float *rows = reinterpret_cast<float *>(smem_raw);   // [2][N+2][RW], zero halo lanes
+    const int N = g.N, rowf = (N + 2) * RW, l = threadIdx.x;
+    uint32_t *words = reinterpret_cast<uint32_t *>(rows + 2 * rowf);   // [RWD::N][N]: lane l's column
+    for (int i = threadIdx.x; i < 2 * rowf; i += blockDim.x) rows[i] = 0.0f;
+    const bool live = l < N, has_m = l > 0, has_p = l < N - 1;
+    const long long t0 = (long long)b * g.img_tokens + g.first + (long long)l * g.lstride;
+    const long long xend = plane * (long long)sizeof(T), gend = plane / CC * g.G * (long long)sizeof(T);
+    hid += d * plane;
+    if (dxpart) dxpart += d * plane;
+    const float m = load_param(merge, merge_bf16, d);
+    auto chunk_byte = [&](long long t) { return (t * g.G + g.goff) * (long long)sizeof(T); };
+    auto word = [&](int i, int lane) { return words[(size_t)i * N + lane]; };
+    const bool up = g.sstride > 0;
+    double dm_acc = 0.0;
+    int n = 0;   // steps done: the rows' buffer
+    __syncthreads();   // the zero rows
+    // runs as the forward's: steps s0 .. s0 + K - 1 from s0 = 0 on, the line's last one shorter
+    for (int s0 = (g.L - 1) / K * K; s0 >= 0; s0 -= K) {
+        const int run = g.L - s0 < K ? g.L - s0 : K;
+        if (live) {
+            // the run's loads KH tokens at a time, all issued before the first store (about 24
+            // words in registers, within the 64 a thread has)
+            constexpr int KH = K * TW <= 24 ? K : K / 2 * TW <= 24 ? K / 2 : 1;
+#pragma unroll
+            for (int k0 = 0; k0 < K; k0 += KH) {
+                if (k0 >= run) break;
+                uint32_t w[KH][TW];
+#pragma unroll
+                for (int k = 0; k < KH; k++)
+                    if (k0 + k < run) {
+                        const long long t = t0 + (long long)(s0 + k0 + k) * g.sstride;
+                        lane_load_chunk<T, CC, false, 0>(gates, chunk_byte(t), gend, w[k]);
+                        lane_load_x<T, CC, GW>(dyc, t, xend, w[k]);
+                        lane_load_x<T, CC, GW + XW>(xc, t, xend, w[k]);
+#pragma unroll
+                        for (int c = 0; c < CC; c++) w[k][GW + 2 * XW + c] = __float_as_uint(__ldg(hid + t * CC + c));
+                    }
+#pragma unroll
+                for (int k = 0; k < KH; k++)
+                    if (k0 + k < run) {
+                        const int s = k0 + k;   // the step within the run
+#pragma unroll
+                        for (int i = 0; i < GW; i++) words[(size_t)(RWD::G + s * GW + i) * N + l] = w[k][i];
+#pragma unroll
+                        for (int i = 0; i < XW; i++) {
+                            words[(size_t)(RWD::DY + s * XW + i) * N + l] = w[k][GW + i];
+                            words[(size_t)(RWD::X + s * XW + i) * N + l] = w[k][GW + XW + i];
+                        }
+#pragma unroll
+                        for (int c = 0; c < CC; c++) words[(size_t)(RWD::H + (s + 1) * CC + c) * N + l] = w[k][GW + 2 * XW + c];
+                    }
+            }
+            const long long tb = t0 + (long long)(s0 - 1) * g.sstride;   // h before the run (0 at s0 = 0)
+#pragma unroll
+            for (int c = 0; c < CC; c++)
+                words[(size_t)(RWD::H + c) * N + l] = s0 > 0 ? __float_as_uint(__ldg(hid + tb * CC + c)) : 0u;
         }
+        __syncthreads();   // the run's words in: the steps read the neighbour lanes' h
+        float dxg[K][CC];
+#pragma unroll
+        for (int k = K - 1; k >= 0; k--) {
+            if (k >= run) continue;   // the same for every thread of the block
+            const int s = s0 + k;
+            const float *rk = rows + (n & 1) * rowf;   // written at step s + 1
+            float *wk = rows + ((n + 1) & 1) * rowf;   // read at step s - 1
+            n++;
+            if (live) {
+                const long long t = t0 + (long long)s * g.sstride, cb = chunk_byte(t);
+                const int goff = (int)(cb & 3), xoff = (int)((t * CC * (long long)sizeof(T)) & 3);
+                uint32_t cw[GW], dyw[XW], xw[XW];
+#pragma unroll
+                for (int i = 0; i < GW; i++) cw[i] = word(RWD::G + k * GW + i, l);
+#pragma unroll
+                for (int i = 0; i < XW; i++) dyw[i] = word(RWD::DY + k * XW + i, l), xw[i] = word(RWD::X + k * XW + i, l);
+                float h[CC], dh[CC], grad[CH], sw[3];
+#pragma unroll
+                for (int c = 0; c < CC; c++) h[c] = __uint_as_float(word(RWD::H + (k + 1) * CC + c, l));
+                auto hb = [&](int q, int c) {   // h before step s of lane l - 1 + q, from its column
+                    return (q == 0 && !has_m) || (q == 2 && !has_p) ? 0.0f
+                                                                    : __uint_as_float(word(RWD::H + k * CC + c, l - 1 + q));
+                };
+                lane_bwd_step<T, CC>(cw, goff, dyw, xw, xoff, h, hb, rk + l * RW, rk + (l + 1) * RW,
+                                     rk + (l + 2) * RW, m, s == 0, has_m, has_p, dm_acc, dh, dxg[k], grad, sw);
+                float *wr = wk + (l + 1) * RW;   // the neighbours' reads at step s - 1
+#pragma unroll
+                for (int c = 0; c < CC; c++) wr[c] = dh[c];
+                wr[CC] = sw[0], wr[CC + 1] = sw[1], wr[CC + 2] = sw[2];
+                if (dxpart && run < K) stf<CC>(dxpart + t * CC, dxg[k]);
+                if (dgates) {
+                    T v[CH];
+#pragma unroll
+                    for (int q = 0; q < CH; q++) v[q] = from_f32<T>(grad[q]);
+                    lane_store_chunk<T, CH>(dgates + t * g.G + g.goff, goff, v);
+                }
+            }
+            __syncthreads();   // rows of step s in; rk is free to be written at step s - 1
+        }
+        // step k of the run is token t0 + (s0 + k) sstride: from the run's lowest token up (LR) or down
+        if (live && dxpart && run == K)
+            lane_store_run<K, CC>(nullptr, dxpart, t0 + (long long)(up ? s0 : s0 + K - 1) * g.sstride, up, dxg, dxg);
     }
+    if (dmpart) block_dm_sum(dm_acc, dmpart + d * nblk + b);
 }
 
 // ---- host side -----------------------------------------------------------------------------
@@ -768,41 +932,75 @@ bool bwd_pipe(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gat
     }
 }
 
-// The lane kernel where it applies: shared weights, Cc of 1 or 2 (at 4 it ran slower than the
-// staged kernel, 0.484 against 0.402 ms at 56^2 with 2-byte dgates stores; more does not fit the
-// ring), lines of at most 256 lanes, 16-byte aligned gates and dgates.
+// The lane kernel for the directions of dir_mask, one thread a lane: blocks of 256 threads and 3
+// steps ahead on lines of at most 256 lanes, of 1024 threads (64 registers a thread) and 2 steps
+// ahead on longer ones, where dgates is written or not taken.
 template <typename T, int CC>
-bool bwd_lane_cc(CudaCtx *c, const Plan &p, const ShArgs &a, const T *dyc, const T *xc, const T *gates,
-                 const float *hid, const void *merge, int merge_bf16, float *dxpart, T *dgates,
-                 double *dmpart, bool write) {
-    const size_t smem = 2 * (size_t)(a.lanes_max + 2) * (2 * CC + 4) * sizeof(float);
+bool bwd_lane_cc(CudaCtx *c, const Plan &p, const ShArgs &a, int lanes, int dir_mask, const T *dyc,
+                 const T *xc, const T *gates, const float *hid, const void *merge, int merge_bf16,
+                 float *dxpart, T *dgates, double *dmpart, bool write) {
+    const size_t smem = 2 * (size_t)(lanes + 2) * (2 * CC + 4) * sizeof(float);
     if (smem > smem_limit()) return false;
-    auto k = write || !dgates ? gspn_bwd_lane_kernel<T, CC, 3, false> : gspn_bwd_lane_kernel<T, CC, 3, true>;
+    const bool acc = !write && dgates;
+    auto k = acc ? gspn_bwd_lane_kernel<T, CC, 3, true, 256> : gspn_bwd_lane_kernel<T, CC, 3, false, 256>;
+    if (lanes > 256) {
+        if (acc || lanes > SH_FWD_THREADS) return false;
+        k = gspn_bwd_lane_kernel<T, CC, 2, false, SH_FWD_THREADS>;
+    }
     set_smem(k, smem);
-    k<<<DIRS * p.B, sh_threads(a, true), smem, c->stream>>>(dyc, xc, gates, hid, merge, merge_bf16, dxpart,
-                                                           dgates, dmpart, p.plane, p.B, a);
+    k<<<DIRS * p.B, (lanes + 31) / 32 * 32, smem, c->stream>>>(dyc, xc, gates, hid, merge, merge_bf16, dxpart,
+                                                             dgates, dmpart, p.plane, p.B, a, dir_mask);
     CUDA_CHECK_LAUNCH();
     return true;
 }
 
+// LR and RL by gspn_bwd_lane_rows_kernel: lines of at most SH_FWD_THREADS lanes, dgates written or
+// not taken; runs of 4 tokens (2 in fp32 at Cc = 2), so that a lane's words fit shared memory at
+// 1024 lanes.
+template <typename T, int CC>
+bool bwd_lane_rows(CudaCtx *c, const Plan &p, const ShArgs &a, const T *dyc, const T *xc, const T *gates,
+                   const float *hid, const void *merge, int merge_bf16, float *dxpart, T *dgates,
+                   double *dmpart, int dir_mask) {
+    constexpr int K = sizeof(T) == 4 && CC == 2 ? 2 : 4;
+    using RWD = BwdRowsWords<T, CC, K>;
+    const int N = a.g[2].N;   // H
+    const size_t smem = (2 * (size_t)(N + 2) * RWD::RW + (size_t)RWD::N * N) * sizeof(float);
+    if (N > SH_FWD_THREADS || smem > smem_limit()) return false;
+    auto k = gspn_bwd_lane_rows_kernel<T, CC, K>;
+    set_smem(k, smem);
+    k<<<2 * p.B, (N + 31) / 32 * 32, smem, c->stream>>>(dyc, xc, gates, hid, merge, merge_bf16, dxpart,
+                                                      dgates, dmpart, p.plane, p.B, a, dir_mask);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+// The lane kernels where they apply: shared weights, Cc of 1 or 2 (at 4 the lane kernel ran slower
+// than the staged kernel, 0.484 against 0.402 ms at 56^2 with 2-byte dgates stores; more does not
+// fit its ring), 16-byte aligned gates and dgates. Lines of at most 256 lanes: the lane kernel for
+// all four directions. Longer lines, where dgates is written: LR and RL by runs
+// (gspn_bwd_lane_rows_kernel), TB and BT by the lane kernel.
 template <typename T>
 bool bwd_lane(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gates, const float *hid,
               const void *merge, int merge_bf16, float *dxpart, T *dgates, double *dmpart, bool write) {
     auto al = [](const void *q, uintptr_t n) { return ((uintptr_t)q & (n - 1)) == 0; };
     if (!p.shared || p.stages == 1 || !al(gates, 16) || (dgates && !al(dgates, 16)) || !al(dyc, 4) ||
-        !al(xc, 4))
+        !al(xc, 4) || (p.Cc != 1 && p.Cc != 2))
         return false;
     ShArgs a{};
     for (int d = 0; d < DIRS; d++) {
         a.g[d] = dir_geom(p, d);
         a.lanes_max = a.g[d].N > a.lanes_max ? a.g[d].N : a.lanes_max;
     }
-    if (a.lanes_max > 256) return false;
-    switch (p.Cc) {
-    case 1: return bwd_lane_cc<T, 1>(c, p, a, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, write);
-    case 2: return bwd_lane_cc<T, 2>(c, p, a, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, write);
-    default: return false;
-    }
+    auto lane = [&](int lanes, int mask) {
+        return p.Cc == 1 ? bwd_lane_cc<T, 1>(c, p, a, lanes, mask, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, write)
+                         : bwd_lane_cc<T, 2>(c, p, a, lanes, mask, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, write);
+    };
+    if (a.lanes_max <= 256) return lane(a.lanes_max, p.dir_mask);
+    if ((!write && dgates) || a.g[0].N > SH_FWD_THREADS) return false;
+    const bool rows = p.Cc == 1 ? bwd_lane_rows<T, 1>(c, p, a, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.dir_mask)
+                                : bwd_lane_rows<T, 2>(c, p, a, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.dir_mask);
+    if (!rows) return false;
+    return lane(a.g[0].N, p.dir_mask & 3);
 }
 
 template <typename T, int V>

@@ -467,31 +467,6 @@ __device__ __forceinline__ void lane_step(const float *prev, float *cur, int l, 
     for (int c = 0; c < CC; c++) y[c] = in.u[c] * h[c];
 }
 
-// h and y of a lane's P steps (hg[j], yg[j]: step j), whose tokens are neighbours in memory from
-// t_lo up (up: step j is token t_lo + j; else t_lo + P - 1 - j), each stored as one run, in 16-byte
-// vectors where aligned (a direction's slice starts plane floats in).
-template <int P, int CC>
-__device__ __forceinline__ void lane_store_run(float *hid, float *ypart, long long t_lo, bool up,
-                                               const float (&hg)[P][CC], const float (&yg)[P][CC]) {
-    float hr[P * CC], yr[P * CC];
-#pragma unroll
-    for (int r = 0; r < P; r++)
-#pragma unroll
-        for (int c = 0; c < CC; c++) {
-            hr[r * CC + c] = up ? hg[r][c] : hg[P - 1 - r][c];
-            yr[r * CC + c] = up ? yg[r][c] : yg[P - 1 - r][c];
-        }
-    auto aligned = [](const float *q) { return ((uintptr_t)q & 15u) == 0; };
-    if (hid && aligned(hid + t_lo * CC)) stf_stream<P * CC>(hid + t_lo * CC, hr);
-    else if (hid)
-#pragma unroll
-        for (int i = 0; i < P * CC; i++) __stcs(hid + t_lo * CC + i, hr[i]);
-    if (ypart && aligned(ypart + t_lo * CC)) stf<P * CC>(ypart + t_lo * CC, yr);
-    else if (ypart)
-#pragma unroll
-        for (int i = 0; i < P * CC; i++) ypart[t_lo * CC + i] = yr[i];
-}
-
 // The staged kernel above spends most of a step moving words through shared memory (about 1,700
 // instructions a warp and step at 1024^2, Cc = 8, H100, Nsight Compute); with Cc <= 8 a lane's
 // inputs of a step are a few words, so each thread loads its own (its gate chunk and its xc) into
