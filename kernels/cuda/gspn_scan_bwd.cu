@@ -653,6 +653,25 @@ __device__ __forceinline__ void block_dm_sum(double dm_acc, double *out) {
     }
 }
 
+// Where the lane kernels write direction d's gate gradients of token t: element d dir + t token of
+// dgates. The op's layout (B, H, W, G): token = G, dir = 2 Cc + 3 (a token's four chunks share
+// its sectors, so each store leaves a sector partly written); direction-major scratch
+// (4, tokens, 2 Cc + 3): token = 2 Cc + 3, dir = tokens x (2 Cc + 3), interleaved afterwards.
+struct DgLayout {
+    long long token, dir;
+};
+
+// dgates (tokens, 4, CH) from the direction-major scratch (4, tokens, CH).
+template <typename T, int CH>
+__global__ void gspn_dgates_interleave_kernel(const T *__restrict__ src, T *__restrict__ dst, long long tokens) {
+    const long long n = tokens * 4 * CH, stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += stride) {
+        const long long t = i / (4 * CH);
+        const int r = (int)(i - t * 4 * CH), d = r / CH;
+        dst[i] = src[(d * tokens + t) * CH + (r - d * CH)];
+    }
+}
+
 // The forward's lane kernel (gspn_scan_fwd.cu) run in reverse: each thread owns one lane and
 // loads its step's inputs into a ring of registers P steps ahead (the gate chunk, with ACC the old
 // dgates chunk, dyc and xc as covering words, h of the step and of the step before); shared
@@ -673,7 +692,7 @@ __global__ void __launch_bounds__(MAXT)
 gspn_bwd_lane_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, const T *__restrict__ gates,
                      const float *__restrict__ hid, const void *merge, int merge_bf16,
                      float *__restrict__ dxpart, T *__restrict__ dgates, double *__restrict__ dmpart,
-                     long long plane, int nblk, ShArgs a, int dir_mask) {
+                     long long plane, int nblk, ShArgs a, int dir_mask, DgLayout dgl) {
     using LW = LaneWords<T, CC, true>;
     using BW = BwdLaneWords<T, CC, ACC>;
     constexpr int RW = 2 * CC + 4;   // a lane's row: dh (CC), w_{-1}, w_0, w_{+1}, h before (CC), pad
@@ -753,7 +772,8 @@ gspn_bwd_lane_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, const 
                     T v[CH];
 #pragma unroll
                     for (int q = 0; q < CH; q++) v[q] = from_f32<T>((ACC ? lane_el<T>(dgw, goff, q) : 0.0f) + grad[q]);
-                    lane_store_chunk<T, CH>(dgates + t * g.G + g.goff, goff, v);
+                    const long long o = d * dgl.dir + t * dgl.token;   // = cb / sizeof(T) in the gates' layout
+                    lane_store_chunk<T, CH>(dgates + o, (int)((o * (long long)sizeof(T)) & 3), v);
                 }
             }
             load(s - P, ring[j]);
@@ -784,7 +804,7 @@ __global__ void __launch_bounds__(SH_FWD_THREADS)
 gspn_bwd_lane_rows_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, const T *__restrict__ gates,
                           const float *__restrict__ hid, const void *merge, int merge_bf16,
                           float *__restrict__ dxpart, T *__restrict__ dgates, double *__restrict__ dmpart,
-                          long long plane, int nblk, ShArgs a, int dir_mask) {
+                          long long plane, int nblk, ShArgs a, int dir_mask, DgLayout dgl) {
     using RWD = BwdRowsWords<T, CC, K>;
     constexpr int GW = RWD::GW, XW = RWD::XW, TW = RWD::TW, RW = RWD::RW, CH = 2 * CC + 3;
     const int d = 2 + (blockIdx.x & 1), b = blockIdx.x >> 1;   // LR, RL
@@ -883,7 +903,8 @@ gspn_bwd_lane_rows_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, c
                     T v[CH];
 #pragma unroll
                     for (int q = 0; q < CH; q++) v[q] = from_f32<T>(grad[q]);
-                    lane_store_chunk<T, CH>(dgates + t * g.G + g.goff, goff, v);
+                    const long long o = d * dgl.dir + t * dgl.token;
+                    lane_store_chunk<T, CH>(dgates + o, (int)((o * (long long)sizeof(T)) & 3), v);
                 }
             }
             __syncthreads();   // rows of step s in; rk is free to be written at step s - 1
@@ -938,7 +959,7 @@ bool bwd_pipe(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gat
 template <typename T, int CC>
 bool bwd_lane_cc(CudaCtx *c, const Plan &p, const ShArgs &a, int lanes, int dir_mask, const T *dyc,
                  const T *xc, const T *gates, const float *hid, const void *merge, int merge_bf16,
-                 float *dxpart, T *dgates, double *dmpart, bool write) {
+                 float *dxpart, T *dgates, double *dmpart, bool write, DgLayout dgl) {
     const size_t smem = 2 * (size_t)(lanes + 2) * (2 * CC + 4) * sizeof(float);
     if (smem > smem_limit()) return false;
     const bool acc = !write && dgates;
@@ -949,7 +970,7 @@ bool bwd_lane_cc(CudaCtx *c, const Plan &p, const ShArgs &a, int lanes, int dir_
     }
     set_smem(k, smem);
     k<<<DIRS * p.B, (lanes + 31) / 32 * 32, smem, c->stream>>>(dyc, xc, gates, hid, merge, merge_bf16, dxpart,
-                                                             dgates, dmpart, p.plane, p.B, a, dir_mask);
+                                                             dgates, dmpart, p.plane, p.B, a, dir_mask, dgl);
     CUDA_CHECK_LAUNCH();
     return true;
 }
@@ -960,7 +981,7 @@ bool bwd_lane_cc(CudaCtx *c, const Plan &p, const ShArgs &a, int lanes, int dir_
 template <typename T, int CC>
 bool bwd_lane_rows(CudaCtx *c, const Plan &p, const ShArgs &a, const T *dyc, const T *xc, const T *gates,
                    const float *hid, const void *merge, int merge_bf16, float *dxpart, T *dgates,
-                   double *dmpart, int dir_mask) {
+                   double *dmpart, int dir_mask, DgLayout dgl) {
     constexpr int K = sizeof(T) == 4 && CC == 2 ? 2 : 4;
     using RWD = BwdRowsWords<T, CC, K>;
     const int N = a.g[2].N;   // H
@@ -969,7 +990,7 @@ bool bwd_lane_rows(CudaCtx *c, const Plan &p, const ShArgs &a, const T *dyc, con
     auto k = gspn_bwd_lane_rows_kernel<T, CC, K>;
     set_smem(k, smem);
     k<<<2 * p.B, (N + 31) / 32 * 32, smem, c->stream>>>(dyc, xc, gates, hid, merge, merge_bf16, dxpart,
-                                                      dgates, dmpart, p.plane, p.B, a, dir_mask);
+                                                      dgates, dmpart, p.plane, p.B, a, dir_mask, dgl);
     CUDA_CHECK_LAUNCH();
     return true;
 }
@@ -991,16 +1012,28 @@ bool bwd_lane(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gat
         a.g[d] = dir_geom(p, d);
         a.lanes_max = a.g[d].N > a.lanes_max ? a.g[d].N : a.lanes_max;
     }
-    auto lane = [&](int lanes, int mask) {
-        return p.Cc == 1 ? bwd_lane_cc<T, 1>(c, p, a, lanes, mask, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, write)
-                         : bwd_lane_cc<T, 2>(c, p, a, lanes, mask, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, write);
+    auto lane = [&](int lanes, int mask, T *dg, DgLayout dgl) {
+        return p.Cc == 1 ? bwd_lane_cc<T, 1>(c, p, a, lanes, mask, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dg, dmpart, write, dgl)
+                         : bwd_lane_cc<T, 2>(c, p, a, lanes, mask, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dg, dmpart, write, dgl);
     };
-    if (a.lanes_max <= 256) return lane(a.lanes_max, p.dir_mask);
+    const long long CH = 2 * p.Cc + 3, tokens = p.plane / p.Cc;
+    if (a.lanes_max <= 256) return lane(a.lanes_max, p.dir_mask, dgates, DgLayout{p.G, CH});
     if ((!write && dgates) || a.g[0].N > SH_FWD_THREADS) return false;
-    const bool rows = p.Cc == 1 ? bwd_lane_rows<T, 1>(c, p, a, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.dir_mask)
-                                : bwd_lane_rows<T, 2>(c, p, a, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates, dmpart, p.dir_mask);
-    if (!rows) return false;
-    return lane(a.g[0].N, p.dir_mask & 3);
+    // dgates direction-major into scratch, interleaved into the op's layout after both kernels
+    T *dgs = dgates ? static_cast<T *>(scratch_alloc(c, (size_t)tokens * p.G * sizeof(T))) : nullptr;
+    const DgLayout dgl{CH, tokens * CH};
+    const bool rows = p.Cc == 1 ? bwd_lane_rows<T, 1>(c, p, a, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgs, dmpart, p.dir_mask, dgl)
+                                : bwd_lane_rows<T, 2>(c, p, a, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgs, dmpart, p.dir_mask, dgl);
+    const bool done = rows && lane(a.g[0].N, p.dir_mask & 3, dgs, dgl);
+    if (done && dgs) {
+        if (p.Cc == 1)
+            gspn_dgates_interleave_kernel<T, 5><<<ew_blocks(tokens * p.G, c), EW_THREADS, 0, c->stream>>>(dgs, dgates, tokens);
+        else
+            gspn_dgates_interleave_kernel<T, 7><<<ew_blocks(tokens * p.G, c), EW_THREADS, 0, c->stream>>>(dgs, dgates, tokens);
+        CUDA_CHECK_LAUNCH();
+    }
+    if (dgs) CUDA_CHECK(cudaFreeAsync(dgs, c->stream));
+    return done;
 }
 
 template <typename T, int V>
