@@ -786,15 +786,25 @@ gspn_bwd_lane_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, const 
 // ---- shared weights, LR and RL on long lines: the backward by runs of a lane's tokens ----------
 // The forward's gspn_fwd_lane_rows_kernel in reverse, where dgates is written (or not taken): one
 // token a step in LR and RL is a few bytes of a sector a lane, rows apart across the warp, so a
-// lane loads the words of K steps at once (each token's gate chunk and the words covering its dyc
-// and xc; h of the K steps and of the step before them, which are neighbours in its row) into its
-// own column of shared memory, then runs the K steps from there: one barrier after the loads (a
-// step reads its neighbour lanes' h before it from their columns) and one a step. dx of the K
-// steps goes out as one run, each token's gate gradients as the lane kernel writes them.
+// lane loads the words of K steps at once (each token's gate chunk; the words covering the run's
+// dyc and xc; h of the K steps and of the step before them: neighbours in its row) into its own
+// column of shared memory, then runs the K steps from there: one barrier after the loads (a step
+// reads its neighbour lanes' h before it from their columns) and one a step. dx of the K steps
+// goes out as one run, each token's gate gradients as the lane kernel writes them (or to the
+// direction-major scratch, DgLayout).
+//
+// A lane's column: the K gate chunks (GW words each), the words covering the run's dyc and xc (XR
+// each: K CC values, which in bf16 at odd CC may start 2 bytes into a word), h of the K steps and the one
+// before. K: 8 tokens in bf16 at Cc = 1 (43 words a lane: 217 KB with the rows at 1024 lanes), 4
+// elsewhere, 2 in fp32 at Cc = 2.
+template <typename T, int CC> __host__ __device__ constexpr int bwd_rows_run() {
+    return sizeof(T) == 2 && CC == 1 ? 8 : sizeof(T) == 4 && CC == 2 ? 2 : 4;
+}
 template <typename T, int CC, int K> struct BwdRowsWords {
     using LW = LaneWords<T, CC, false>;
-    static constexpr int GW = LW::NW, XW = LW::XW, TW = GW + 2 * XW + CC;   // a token's words
-    static constexpr int G = 0, DY = K * GW, X = DY + K * XW, H = X + K * XW;   // H: K + 1 steps of h
+    static constexpr int GW = LW::NW, XW = LW::XW, TW = GW + CC;   // a token's gate and h words
+    static constexpr int XR = (K * CC * (int)sizeof(T) + 3) / 4 + (sizeof(T) == 2 && CC % 2 ? 1 : 0);
+    static constexpr int G = 0, DY = K * GW, X = DY + XR, H = X + XR;   // H: K + 1 steps of h
     static constexpr int N = H + (K + 1) * CC;   // words a lane
     static constexpr int RW = (CC + 3) | 1;      // a lane's row: dh, w_{-1}, w_0, w_{+1} (odd: no bank conflicts)
 };
@@ -806,7 +816,7 @@ gspn_bwd_lane_rows_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, c
                           float *__restrict__ dxpart, T *__restrict__ dgates, double *__restrict__ dmpart,
                           long long plane, int nblk, ShArgs a, int dir_mask, DgLayout dgl) {
     using RWD = BwdRowsWords<T, CC, K>;
-    constexpr int GW = RWD::GW, XW = RWD::XW, TW = RWD::TW, RW = RWD::RW, CH = 2 * CC + 3;
+    constexpr int GW = RWD::GW, XW = RWD::XW, XR = RWD::XR, TW = RWD::TW, RW = RWD::RW, CH = 2 * CC + 3;
     const int d = 2 + (blockIdx.x & 1), b = blockIdx.x >> 1;   // LR, RL
     if (!((dir_mask >> d) & 1)) return;   // the benchmark's diagnostics only
     const DirGeom g = pick_dir_sh(a, d);
@@ -830,9 +840,30 @@ gspn_bwd_lane_rows_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, c
     // runs as the forward's: steps s0 .. s0 + K - 1 from s0 = 0 on, the line's last one shorter
     for (int s0 = (g.L - 1) / K * K; s0 >= 0; s0 -= K) {
         const int run = g.L - s0 < K ? g.L - s0 : K;
+        // the run's lowest token, and the byte its xc and dyc start at in their first covering word
+        const long long t_lo = t0 + (long long)(up ? s0 : s0 + run - 1) * g.sstride;
+        const int xoff0 = (int)((t_lo * CC * (long long)sizeof(T)) & 3);
         if (live) {
-            // the run's loads KH tokens at a time, all issued before the first store (about 24
-            // words in registers, within the 64 a thread has)
+            {   // the words covering the run's dyc and xc (none past the tensor's end)
+                const uint32_t *dw = reinterpret_cast<const uint32_t *>(dyc), *xw = reinterpret_cast<const uint32_t *>(xc);
+                const long long xb = (t_lo * CC * (long long)sizeof(T)) & ~3LL;
+                uint32_t wd[XR], wx[XR];
+#pragma unroll
+                for (int i = 0; i < XR; i++) {
+                    const long long bi = xb + 4LL * i;
+                    wd[i] = wx[i] = 0u;
+                    if (bi + 4 <= xend) wd[i] = __ldg(dw + (bi >> 2)), wx[i] = __ldg(xw + (bi >> 2));
+                    else if (bi < xend) {   // an odd-length bf16 tensor's last element
+                        wd[i] = *reinterpret_cast<const unsigned short *>(reinterpret_cast<const char *>(dyc) + bi);
+                        wx[i] = *reinterpret_cast<const unsigned short *>(reinterpret_cast<const char *>(xc) + bi);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < XR; i++)
+                    words[(size_t)(RWD::DY + i) * N + l] = wd[i], words[(size_t)(RWD::X + i) * N + l] = wx[i];
+            }
+            // the gate chunks and h KH tokens at a time, all issued before the first store (about
+            // 24 words in registers, within the 64 a thread has)
             constexpr int KH = K * TW <= 24 ? K : K / 2 * TW <= 24 ? K / 2 : 1;
 #pragma unroll
             for (int k0 = 0; k0 < K; k0 += KH) {
@@ -843,10 +874,8 @@ gspn_bwd_lane_rows_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, c
                     if (k0 + k < run) {
                         const long long t = t0 + (long long)(s0 + k0 + k) * g.sstride;
                         lane_load_chunk<T, CC, false, 0>(gates, chunk_byte(t), gend, w[k]);
-                        lane_load_x<T, CC, GW>(dyc, t, xend, w[k]);
-                        lane_load_x<T, CC, GW + XW>(xc, t, xend, w[k]);
 #pragma unroll
-                        for (int c = 0; c < CC; c++) w[k][GW + 2 * XW + c] = __float_as_uint(__ldg(hid + t * CC + c));
+                        for (int c = 0; c < CC; c++) w[k][GW + c] = __float_as_uint(__ldg(hid + t * CC + c));
                     }
 #pragma unroll
                 for (int k = 0; k < KH; k++)
@@ -855,12 +884,7 @@ gspn_bwd_lane_rows_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, c
 #pragma unroll
                         for (int i = 0; i < GW; i++) words[(size_t)(RWD::G + s * GW + i) * N + l] = w[k][i];
 #pragma unroll
-                        for (int i = 0; i < XW; i++) {
-                            words[(size_t)(RWD::DY + s * XW + i) * N + l] = w[k][GW + i];
-                            words[(size_t)(RWD::X + s * XW + i) * N + l] = w[k][GW + XW + i];
-                        }
-#pragma unroll
-                        for (int c = 0; c < CC; c++) words[(size_t)(RWD::H + (s + 1) * CC + c) * N + l] = w[k][GW + 2 * XW + c];
+                        for (int c = 0; c < CC; c++) words[(size_t)(RWD::H + (s + 1) * CC + c) * N + l] = w[k][GW + c];
                     }
             }
             const long long tb = t0 + (long long)(s0 - 1) * g.sstride;   // h before the run (0 at s0 = 0)
@@ -879,12 +903,14 @@ gspn_bwd_lane_rows_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, c
             n++;
             if (live) {
                 const long long t = t0 + (long long)s * g.sstride, cb = chunk_byte(t);
-                const int goff = (int)(cb & 3), xoff = (int)((t * CC * (long long)sizeof(T)) & 3);
+                // the token's xc and dyc: byte xb of the run's covering words (token t_lo + j)
+                const int j = up ? k : run - 1 - k, xb = xoff0 + j * CC * (int)sizeof(T);
+                const int goff = (int)(cb & 3), xoff = xb & 3;
                 uint32_t cw[GW], dyw[XW], xw[XW];
 #pragma unroll
                 for (int i = 0; i < GW; i++) cw[i] = word(RWD::G + k * GW + i, l);
 #pragma unroll
-                for (int i = 0; i < XW; i++) dyw[i] = word(RWD::DY + k * XW + i, l), xw[i] = word(RWD::X + k * XW + i, l);
+                for (int i = 0; i < XW; i++) dyw[i] = word(RWD::DY + (xb >> 2) + i, l), xw[i] = word(RWD::X + (xb >> 2) + i, l);
                 float h[CC], dh[CC], grad[CH], sw[3];
 #pragma unroll
                 for (int c = 0; c < CC; c++) h[c] = __uint_as_float(word(RWD::H + (k + 1) * CC + c, l));
@@ -976,13 +1002,12 @@ bool bwd_lane_cc(CudaCtx *c, const Plan &p, const ShArgs &a, int lanes, int dir_
 }
 
 // LR and RL by gspn_bwd_lane_rows_kernel: lines of at most SH_FWD_THREADS lanes, dgates written or
-// not taken; runs of 4 tokens (2 in fp32 at Cc = 2), so that a lane's words fit shared memory at
-// 1024 lanes.
+// not taken; runs of bwd_rows_run tokens, so that a lane's words fit shared memory at 1024 lanes.
 template <typename T, int CC>
 bool bwd_lane_rows(CudaCtx *c, const Plan &p, const ShArgs &a, const T *dyc, const T *xc, const T *gates,
                    const float *hid, const void *merge, int merge_bf16, float *dxpart, T *dgates,
                    double *dmpart, int dir_mask, DgLayout dgl) {
-    constexpr int K = sizeof(T) == 4 && CC == 2 ? 2 : 4;
+    constexpr int K = bwd_rows_run<T, CC>();
     using RWD = BwdRowsWords<T, CC, K>;
     const int N = a.g[2].N;   // H
     const size_t smem = (2 * (size_t)(N + 2) * RWD::RW + (size_t)RWD::N * N) * sizeof(float);
