@@ -20,11 +20,14 @@
 //   stage with cp.async while it computes step s. The backward also stages h[s-1], which the two
 //   neighbour lanes read after the step's barrier.
 // - lane (shared weights past the chip: the forward at Cc of 1, 2, 4 or 8 on lines of at most
-//   1024 lanes, the backward at Cc of 1 or 2 on lines of at most 256): ONE launch for the four
-//   directions, a thread per lane loading its own gate chunk and xc (dyc, h) into registers a few
-//   steps ahead; the forward's LR/RL store a lane's runs of neighbouring tokens at once, and past
-//   256 lanes at Cc of 1 or 2 load them at once too (see gspn_fwd_lane_kernel,
-//   gspn_fwd_lane_rows_kernel, gspn_bwd_lane_kernel and gspn_scan_notes.md).
+//   1024 lanes, the backward at Cc of 1 or 2 on lines of at most 256, and of at most 1024 where
+//   dgates is written): ONE launch for the four directions, a thread per lane loading its own gate
+//   chunk and xc (dyc, h) into registers a few steps ahead; the forward's LR/RL store a lane's
+//   runs of neighbouring tokens at once. Past 256 lanes at Cc of 1 or 2, LR/RL load a lane's run
+//   at once into shared memory (forward and backward: a launch of their own), and the backward
+//   writes dgates direction-major to scratch, interleaved into (B, H, W, G) by one more pass (see
+//   gspn_fwd_lane_kernel, gspn_fwd_lane_rows_kernel, gspn_bwd_lane_kernel,
+//   gspn_bwd_lane_rows_kernel and gspn_scan_notes.md).
 // - staged shared-weight (gspn_shared_w = 1, a token's xc a whole number of 4-byte words; what
 //   the lane kernels do not take): ONE launch for the four directions,
 //   the direction's odd-offset gate chunk of every lane copied as 4-byte words, consecutive words
