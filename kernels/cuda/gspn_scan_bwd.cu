@@ -5,6 +5,20 @@
 namespace gspn {
 namespace {
 
+// The block's sum of its threads' dm_acc (a term of dmerge) to *out: warps, then the warps in
+// order, so the same in every run. Every thread of the block calls it (a barrier inside).
+__device__ __forceinline__ void block_dm_sum(double dm_acc, double *out) {
+    __shared__ double red[BWD_RED_WARPS];
+    for (int off = 16; off > 0; off >>= 1) dm_acc += __shfl_xor_sync(0xffffffffu, dm_acc, off);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = dm_acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double sum = 0.0;
+        for (int i = 0; i < (int)(blockDim.x + 31) / 32; i++) sum += red[i];
+        *out = sum;
+    }
+}
+
 // ---- backward: one direction -------------------------------------------------------------------
 // Reverse scan. dxpart (B,H,W,Cc) = lam_d dh_d or NULL; dgates += the gate gradients of direction
 // d or NULL; dmpart[blockIdx.x] = this block's sum of u h dyc, or NULL.
@@ -157,17 +171,7 @@ gspn_bwd_dir_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
         __syncthreads();
     }
 
-    if (dmpart) {   // block sum of dm_acc: warps, then the warps in order
-        __shared__ double red[SCAN_THREADS_MAX / 32];
-        for (int off = 16; off > 0; off >>= 1) dm_acc += __shfl_xor_sync(0xffffffffu, dm_acc, off);
-        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = dm_acc;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            double sum = 0.0;
-            for (int w = 0; w < (int)(blockDim.x + 31) / 32; w++) sum += red[w];
-            dmpart[blockIdx.x] = sum;
-        }
-    }
+    if (dmpart) block_dm_sum(dm_acc, dmpart + blockIdx.x);
 }
 
 // dxc (+)= ((dxpart_TB + dxpart_BT) + dxpart_LR) + dxpart_RL; write: dxc's old values unread
@@ -397,17 +401,7 @@ gspn_bwd_pipe_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
         __syncthreads();          // ... and everyone's: the neighbours' h[s-2] are visible
     }
 
-    if (dmpart) {
-        __shared__ double red[BWD_RED_WARPS];
-        for (int off = 16; off > 0; off >>= 1) dm_acc += __shfl_xor_sync(0xffffffffu, dm_acc, off);
-        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = dm_acc;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            double sum = 0.0;
-            for (int w = 0; w < (int)(blockDim.x + 31) / 32; w++) sum += red[w];
-            dmpart[d * nblk + bg] = sum;
-        }
-    }
+    if (dmpart) block_dm_sum(dm_acc, dmpart + d * nblk + bg);
 }
 
 // Backward. Stage per lane: nw gate chunk words, nw old dgates chunk words, (padding to 16
@@ -559,18 +553,7 @@ gspn_bwd_sh_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
         }
     }
 
-    if (dmpart) {
-        __shared__ double red[SH_BWD_THREADS / 32];
-        for (int off = 16; off > 0; off >>= 1) dm_acc += __shfl_xor_sync(0xffffffffu, dm_acc, off);
-        __syncthreads();
-        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = dm_acc;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            double sum = 0.0;
-            for (int w = 0; w < (int)(blockDim.x + 31) / 32; w++) sum += red[w];
-            dmpart[d * nblk + b] = sum;
-        }
-    }
+    if (dmpart) block_dm_sum(dm_acc, dmpart + d * nblk + b);
 }
 
 // ---- shared weights, few channels: the backward a thread per lane ---------------------------
@@ -636,20 +619,6 @@ __device__ __forceinline__ void lane_store_chunk(T *dg, int goff, const T (&v)[C
     } else {
 #pragma unroll
         for (int q = 0; q < CH; q++) dg[q] = v[q];
-    }
-}
-
-// The block's sum of its threads' dm_acc to *out, in a fixed order (ends with a barrier's worth of
-// ordering: every thread of the block must call it).
-__device__ __forceinline__ void block_dm_sum(double dm_acc, double *out) {
-    __shared__ double red[BWD_RED_WARPS];
-    for (int off = 16; off > 0; off >>= 1) dm_acc += __shfl_xor_sync(0xffffffffu, dm_acc, off);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = dm_acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double sum = 0.0;
-        for (int i = 0; i < (int)(blockDim.x + 31) / 32; i++) sum += red[i];
-        *out = sum;
     }
 }
 
