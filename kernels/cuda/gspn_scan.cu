@@ -25,8 +25,11 @@
 //   chunk and xc (dyc, h) into registers a few steps ahead; the forward's LR/RL store a lane's
 //   runs of neighbouring tokens at once. Past 256 lanes at Cc of 1 or 2, LR/RL load a lane's run
 //   at once into shared memory (forward and backward: a launch of their own), and the backward
-//   writes dgates direction-major to scratch, interleaved into (B, H, W, G) by one more pass (see
-//   gspn_fwd_lane_kernel, gspn_fwd_lane_rows_kernel, gspn_bwd_lane_kernel,
+//   writes dgates direction-major to scratch, interleaved into (B, H, W, G) by one more pass. On
+//   sm_90 lines go over a cluster of two blocks, the edge lanes' values passed through distributed
+//   shared memory every step: LR/RL's runs in bf16, forward and backward (two blocks an SM), and
+//   at Cc of 4 and 8 the forward lane kernel where a launch has fewer lines than SMs (Fig. 3:
+//   16 x 4) (see gspn_fwd_lane_kernel, gspn_fwd_lane_rows_kernel, gspn_bwd_lane_kernel,
 //   gspn_bwd_lane_rows_kernel and gspn_scan_notes.md).
 // - staged shared-weight (gspn_shared_w = 1, a token's xc a whole number of 4-byte words; what
 //   the lane kernels do not take): ONE launch for the four directions,

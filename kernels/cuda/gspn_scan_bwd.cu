@@ -778,34 +778,49 @@ template <typename T, int CC, int K> struct BwdRowsWords {
     static constexpr int RW = (CC + 3) | 1;      // a lane's row: dh, w_{-1}, w_0, w_{+1} (odd: no bank conflicts)
 };
 
-template <typename T, int CC, int K>
-__global__ void __launch_bounds__(SH_FWD_THREADS)
+// SPLIT (sm_90 and up): each line over a cluster of two blocks of half its lanes, two blocks an SM
+// (about 109 KB each at 1024 lanes), so that one block's loads and barriers overlap the other's
+// steps. The edge lanes' rows go into the other block's halo row each step, their h before the
+// step is read from the other block's columns, and the two blocks' dmerge sums are added in
+// part order.
+template <typename T, int CC, int K, bool SPLIT = false>
+__global__ void __launch_bounds__(SPLIT ? SH_FWD_THREADS / 2 : SH_FWD_THREADS, SPLIT ? 2 : 1)
 gspn_bwd_lane_rows_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, const T *__restrict__ gates,
                           const float *__restrict__ hid, const void *merge, int merge_bf16,
                           float *__restrict__ dxpart, T *__restrict__ dgates, double *__restrict__ dmpart,
                           long long plane, int nblk, ShArgs a, int dir_mask, DgLayout dgl) {
     using RWD = BwdRowsWords<T, CC, K>;
     constexpr int GW = RWD::GW, XW = RWD::XW, XR = RWD::XR, TW = RWD::TW, RW = RWD::RW, CH = 2 * CC + 3;
-    const int d = 2 + (blockIdx.x & 1), b = blockIdx.x >> 1;   // LR, RL
+    const int part = SPLIT ? chip_rank() : 0, blk = SPLIT ? (int)(blockIdx.x >> 1) : (int)blockIdx.x;
+    const int d = 2 + (blk & 1), b = blk >> 1;   // LR, RL; the same for both blocks of a cluster
     if (!((dir_mask >> d) & 1)) return;   // the benchmark's diagnostics only
     const DirGeom g = pick_dir_sh(a, d);
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    float *rows = reinterpret_cast<float *>(smem_raw);   // [2][N+2][RW], zero halo lanes
-    const int N = g.N, rowf = (N + 2) * RW, l = threadIdx.x;
-    uint32_t *words = reinterpret_cast<uint32_t *>(rows + 2 * rowf);   // [RWD::N][N]: lane l's column
+    float *rows = reinterpret_cast<float *>(smem_raw);   // [2][NP+2][RW], zero halo lanes
+    // lane l of the line is slot li = l - part NP of this block's NP
+    const int N = g.N, NP = SPLIT ? (N + 1) / 2 : N, rowf = (NP + 2) * RW, li = threadIdx.x, l = part * NP + li;
+    uint32_t *words = reinterpret_cast<uint32_t *>(rows + 2 * rowf);   // [RWD::N][NP]: lane li's column
+    unsigned char *peer = SPLIT ? chip_peer(smem_raw, part) : nullptr;   // the other block's
     for (int i = threadIdx.x; i < 2 * rowf; i += blockDim.x) rows[i] = 0.0f;
-    const bool live = l < N, has_m = l > 0, has_p = l < N - 1;
+    const bool live = li < NP && l < N, has_m = l > 0, has_p = l < N - 1;
     const long long t0 = (long long)b * g.img_tokens + g.first + (long long)l * g.lstride;
     const long long xend = plane * (long long)sizeof(T), gend = plane / CC * g.G * (long long)sizeof(T);
     hid += d * plane;
     if (dxpart) dxpart += d * plane;
     const float m = load_param(merge, merge_bf16, d);
     auto chunk_byte = [&](long long t) { return (t * g.G + g.goff) * (long long)sizeof(T); };
-    auto word = [&](int i, int lane) { return words[(size_t)i * N + lane]; };
+    auto word = [&](int i, int slot) { return words[(size_t)i * NP + slot]; };
+    auto peer_word = [&](int i, int slot) {   // the other block's column `slot`
+        return reinterpret_cast<const uint32_t *>(peer + (reinterpret_cast<unsigned char *>(words) - smem_raw))[(size_t)i * NP + slot];
+    };
+    auto barrier = [] {
+        if constexpr (SPLIT) chip_sync();
+        else __syncthreads();
+    };
     const bool up = g.sstride > 0;
     double dm_acc = 0.0;
     int n = 0;   // steps done: the rows' buffer
-    __syncthreads();   // the zero rows
+    barrier();   // the zero rows (in both blocks, before the other one's first write into them)
     // runs as the forward's: steps s0 .. s0 + K - 1 from s0 = 0 on, the line's last one shorter
     for (int s0 = (g.L - 1) / K * K; s0 >= 0; s0 -= K) {
         const int run = g.L - s0 < K ? g.L - s0 : K;
@@ -829,7 +844,7 @@ gspn_bwd_lane_rows_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, c
                 }
 #pragma unroll
                 for (int i = 0; i < XR; i++)
-                    words[(size_t)(RWD::DY + i) * N + l] = wd[i], words[(size_t)(RWD::X + i) * N + l] = wx[i];
+                    words[(size_t)(RWD::DY + i) * NP + li] = wd[i], words[(size_t)(RWD::X + i) * NP + li] = wx[i];
             }
             // the gate chunks and h KH tokens at a time, all issued before the first store (about
             // 24 words in registers, within the 64 a thread has)
@@ -851,17 +866,17 @@ gspn_bwd_lane_rows_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, c
                     if (k0 + k < run) {
                         const int s = k0 + k;   // the step within the run
 #pragma unroll
-                        for (int i = 0; i < GW; i++) words[(size_t)(RWD::G + s * GW + i) * N + l] = w[k][i];
+                        for (int i = 0; i < GW; i++) words[(size_t)(RWD::G + s * GW + i) * NP + li] = w[k][i];
 #pragma unroll
-                        for (int c = 0; c < CC; c++) words[(size_t)(RWD::H + (s + 1) * CC + c) * N + l] = w[k][GW + c];
+                        for (int c = 0; c < CC; c++) words[(size_t)(RWD::H + (s + 1) * CC + c) * NP + li] = w[k][GW + c];
                     }
             }
             const long long tb = t0 + (long long)(s0 - 1) * g.sstride;   // h before the run (0 at s0 = 0)
 #pragma unroll
             for (int c = 0; c < CC; c++)
-                words[(size_t)(RWD::H + c) * N + l] = s0 > 0 ? __float_as_uint(__ldg(hid + tb * CC + c)) : 0u;
+                words[(size_t)(RWD::H + c) * NP + li] = s0 > 0 ? __float_as_uint(__ldg(hid + tb * CC + c)) : 0u;
         }
-        __syncthreads();   // the run's words in: the steps read the neighbour lanes' h
+        barrier();   // the run's words in: the steps read the neighbour lanes' h
         float dxg[K][CC];
 #pragma unroll
         for (int k = K - 1; k >= 0; k--) {
@@ -877,22 +892,37 @@ gspn_bwd_lane_rows_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, c
                 const int goff = (int)(cb & 3), xoff = xb & 3;
                 uint32_t cw[GW], dyw[XW], xw[XW];
 #pragma unroll
-                for (int i = 0; i < GW; i++) cw[i] = word(RWD::G + k * GW + i, l);
+                for (int i = 0; i < GW; i++) cw[i] = word(RWD::G + k * GW + i, li);
 #pragma unroll
-                for (int i = 0; i < XW; i++) dyw[i] = word(RWD::DY + (xb >> 2) + i, l), xw[i] = word(RWD::X + (xb >> 2) + i, l);
+                for (int i = 0; i < XW; i++) dyw[i] = word(RWD::DY + (xb >> 2) + i, li), xw[i] = word(RWD::X + (xb >> 2) + i, li);
                 float h[CC], dh[CC], grad[CH], sw[3];
 #pragma unroll
-                for (int c = 0; c < CC; c++) h[c] = __uint_as_float(word(RWD::H + (k + 1) * CC + c, l));
+                for (int c = 0; c < CC; c++) h[c] = __uint_as_float(word(RWD::H + (k + 1) * CC + c, li));
                 auto hb = [&](int q, int c) {   // h before step s of lane l - 1 + q, from its column
-                    return (q == 0 && !has_m) || (q == 2 && !has_p) ? 0.0f
-                                                                    : __uint_as_float(word(RWD::H + k * CC + c, l - 1 + q));
+                    const int i = RWD::H + k * CC + c, sl = li - 1 + q;
+                    if ((q == 0 && !has_m) || (q == 2 && !has_p)) return 0.0f;
+                    if constexpr (SPLIT)   // the other block's edge column
+                        if (sl < 0 || sl >= NP) return __uint_as_float(peer_word(i, sl < 0 ? NP - 1 : 0));
+                    return __uint_as_float(word(i, sl));
                 };
-                lane_bwd_step<T, CC>(cw, goff, dyw, xw, xoff, h, hb, rk + l * RW, rk + (l + 1) * RW,
-                                     rk + (l + 2) * RW, m, s == 0, has_m, has_p, dm_acc, dh, dxg[k], grad, sw);
-                float *wr = wk + (l + 1) * RW;   // the neighbours' reads at step s - 1
+                lane_bwd_step<T, CC>(cw, goff, dyw, xw, xoff, h, hb, rk + li * RW, rk + (li + 1) * RW,
+                                     rk + (li + 2) * RW, m, s == 0, has_m, has_p, dm_acc, dh, dxg[k], grad, sw);
+                float r[RW];   // the neighbours' reads at step s - 1
 #pragma unroll
-                for (int c = 0; c < CC; c++) wr[c] = dh[c];
-                wr[CC] = sw[0], wr[CC + 1] = sw[1], wr[CC + 2] = sw[2];
+                for (int c = 0; c < CC; c++) r[c] = dh[c];
+                r[CC] = sw[0], r[CC + 1] = sw[1], r[CC + 2] = sw[2];
+#pragma unroll
+                for (int i = CC + 3; i < RW; i++) r[i] = 0.0f;
+                float *wr = wk + (li + 1) * RW;
+#pragma unroll
+                for (int i = 0; i < CC + 3; i++) wr[i] = r[i];
+                if constexpr (SPLIT)   // an edge lane's row into the other block's halo row
+                    if (part == 0 ? li == NP - 1 : li == 0) {
+                        float *pr = reinterpret_cast<float *>(peer + (reinterpret_cast<unsigned char *>(wk) - smem_raw)) +
+                                    (part == 0 ? 0 : NP + 1) * RW;
+#pragma unroll
+                        for (int i = 0; i < CC + 3; i++) pr[i] = r[i];
+                    }
                 if (dxpart && run < K) stf<CC>(dxpart + t * CC, dxg[k]);
                 if (dgates) {
                     T v[CH];
@@ -902,13 +932,24 @@ gspn_bwd_lane_rows_kernel(const T *__restrict__ dyc, const T *__restrict__ xc, c
                     lane_store_chunk<T, CH>(dgates + o, (int)((o * (long long)sizeof(T)) & 3), v);
                 }
             }
-            __syncthreads();   // rows of step s in; rk is free to be written at step s - 1
+            barrier();   // rows of step s in; rk is free to be written at step s - 1
         }
         // step k of the run is token t0 + (s0 + k) sstride: from the run's lowest token up (LR) or down
         if (live && dxpart && run == K)
             lane_store_run<K, CC>(nullptr, dxpart, t0 + (long long)(up ? s0 : s0 + K - 1) * g.sstride, up, dxg, dxg);
     }
-    if (dmpart) block_dm_sum(dm_acc, dmpart + d * nblk + b);
+    if constexpr (SPLIT) {   // each part's sum into part 0's halves[part], then added in part order
+        __shared__ double own_sum, halves[2];
+        if (dmpart) block_dm_sum(dm_acc, &own_sum);
+        if (dmpart && threadIdx.x == 0) {   // the thread that wrote own_sum
+            double *dst = part == 0 ? halves : reinterpret_cast<double *>(chip_peer(reinterpret_cast<unsigned char *>(halves), part));
+            dst[part] = own_sum;
+        }
+        chip_sync();
+        if (dmpart && part == 0 && threadIdx.x == 0) dmpart[d * nblk + b] = halves[0] + halves[1];
+    } else if (dmpart) {
+        block_dm_sum(dm_acc, dmpart + d * nblk + b);
+    }
 }
 
 // ---- host side -----------------------------------------------------------------------------
@@ -971,7 +1012,8 @@ bool bwd_lane_cc(CudaCtx *c, const Plan &p, const ShArgs &a, int lanes, int dir_
 }
 
 // LR and RL by gspn_bwd_lane_rows_kernel: lines of at most SH_FWD_THREADS lanes, dgates written or
-// not taken; runs of bwd_rows_run tokens, so that a lane's words fit shared memory at 1024 lanes.
+// not taken; runs of bwd_rows_run tokens, so that a lane's words fit shared memory at 1024 lanes;
+// in bf16 on sm_90 each line over a cluster of two blocks.
 template <typename T, int CC>
 bool bwd_lane_rows(CudaCtx *c, const Plan &p, const ShArgs &a, const T *dyc, const T *xc, const T *gates,
                    const float *hid, const void *merge, int merge_bf16, float *dxpart, T *dgates,
@@ -979,8 +1021,19 @@ bool bwd_lane_rows(CudaCtx *c, const Plan &p, const ShArgs &a, const T *dyc, con
     constexpr int K = bwd_rows_run<T, CC>();
     using RWD = BwdRowsWords<T, CC, K>;
     const int N = a.g[2].N;   // H
-    const size_t smem = (2 * (size_t)(N + 2) * RWD::RW + (size_t)RWD::N * N) * sizeof(float);
+    const bool split = c->cc >= 90 && sizeof(T) == 2;
+    const int NP = split ? (N + 1) / 2 : N;   // lanes a block
+    const size_t smem = (2 * (size_t)(NP + 2) * RWD::RW + (size_t)RWD::N * NP) * sizeof(float);
     if (N > SH_FWD_THREADS || smem > smem_limit()) return false;
+    if constexpr (sizeof(T) == 2)
+        if (split) {
+            auto k = gspn_bwd_lane_rows_kernel<T, CC, K, true>;
+            set_smem(k, smem);
+            PairLaunch l(c->stream, 2 * 2 * p.B, (NP + 31) / 32 * 32, smem);   // two blocks a line
+            CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, k, dyc, xc, gates, hid, merge, merge_bf16, dxpart, dgates,
+                                          dmpart, p.plane, p.B, a, dir_mask, dgl));
+            return true;
+        }
     auto k = gspn_bwd_lane_rows_kernel<T, CC, K>;
     set_smem(k, smem);
     k<<<2 * p.B, (N + 31) / 32 * 32, smem, c->stream>>>(dyc, xc, gates, hid, merge, merge_bf16, dxpart,

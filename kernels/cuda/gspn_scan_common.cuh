@@ -5,11 +5,40 @@
 #include "cuda_common.h"
 #include "cuda_async.cuh"
 #include "../ops.h"
+#include <cooperative_groups.h>
 #include <stdint.h>
 
 namespace gspn {
 
 constexpr int DIRS = 4;
+
+namespace cgrp = cooperative_groups;
+
+// The cluster's calls (sm_90 and up; host code launches the kernels that make them only there,
+// so an older target compiles a stand-in): the block's rank in its cluster of two, the address in
+// the other block's shared memory of an address in this one's, and the cluster's barrier.
+__device__ __forceinline__ int chip_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    return (int)cgrp::this_cluster().block_rank();
+#else
+    return 0;
+#endif
+}
+__device__ __forceinline__ unsigned char *chip_peer(unsigned char *own, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    return static_cast<unsigned char *>(cgrp::this_cluster().map_shared_rank((void *)own, rank ^ 1));
+#else
+    return own + 0 * rank;
+#endif
+}
+__device__ __forceinline__ void chip_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cgrp::this_cluster().sync();
+#else
+    __trap();
+#endif
+}
+
 constexpr float S_MIN = 1e-7f;            // w_k = a_k / max(S, S_MIN), as the CPU reference
 constexpr int SCAN_THREADS_MAX = 512;     // threads per scan block (lanes beyond loop)
 constexpr int EW_THREADS = 256;           // elementwise kernels
@@ -555,6 +584,25 @@ bool aligned4(const void *p);
 size_t sh_plan(const Plan &p, bool bwd, int sgroups, ShArgs &a);
 int sh_threads(const ShArgs &a, bool bwd);
 void *scratch_alloc(CudaCtx *c, size_t bytes);
+
+// A launch in clusters of two blocks (sm_90 and up: a launch attribute, so sm_80 builds the
+// kernels without it); cudaLaunchKernelEx(&l.cfg, kernel, args...).
+struct PairLaunch {
+    cudaLaunchAttribute attr[1];
+    cudaLaunchConfig_t cfg;
+    PairLaunch(cudaStream_t stream, int blocks, int threads, size_t smem) : attr{}, cfg{} {
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = 2;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3(blocks);
+        cfg.blockDim = dim3(threads);
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = stream;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+};
 
 template <typename K>
 void set_smem(K kernel, size_t bytes) {

@@ -383,12 +383,14 @@ bool fwd_pipe(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hid
 }
 
 // ---- shared weights, few channels: a thread per lane, inputs straight into registers ----------
-// A lane kernel's thread's line: direction d's geometry for image img, its lane l (live if l < N),
-// the lane's first token, the tensors' ends in bytes (xc, gates), and h of the step before the
-// first zeroed in hbuf ([2][N+2][CC], the halo lanes staying zero; a barrier must follow).
+// A lane kernel's thread's line: direction d's geometry for image img, its lane l of the line's N
+// (the block's part `part` of `parts` equal parts of the line: lanes from base on, li = l - base
+// its slot in hbuf; live if a lane of the part), the lane's first token, the tensors' ends in
+// bytes (xc, gates), and h of the step before the first zeroed in hbuf ([2][NP+2][CC] for the
+// part's NP lanes, the halo lanes staying zero; a barrier must follow).
 template <typename T, int CC> struct LaneLine {
     DirGeom g;
-    int N, rowf, l;
+    int N, NP, base, rowf, l, li;
     bool live;
     long long t0, xend, gend;
     __device__ __forceinline__ long long chunk_byte(long long t) const {
@@ -397,18 +399,36 @@ template <typename T, int CC> struct LaneLine {
 };
 template <typename T, int CC>
 __device__ __forceinline__ LaneLine<T, CC> lane_line(const ShArgs &a, int d, long long img, long long plane,
-                                                     float *hbuf) {
+                                                     float *hbuf, int part = 0, int parts = 1) {
     LaneLine<T, CC> q;
     q.g = pick_dir_sh(a, d);
     q.N = q.g.N;
-    q.rowf = (q.N + 2) * CC;
-    q.l = threadIdx.x;
+    q.NP = (q.N + parts - 1) / parts;
+    q.base = part * q.NP;
+    q.rowf = (q.NP + 2) * CC;
+    q.li = threadIdx.x;
+    q.l = q.base + q.li;
     for (int i = threadIdx.x; i < 2 * q.rowf; i += blockDim.x) hbuf[i] = 0.0f;
-    q.live = q.l < q.N;
+    q.live = q.li < q.NP && q.l < q.N;
     q.t0 = img * q.g.img_tokens + q.g.first + (long long)q.l * q.g.lstride;
     q.xend = plane * (long long)sizeof(T);
     q.gend = plane / CC * q.g.G * (long long)sizeof(T);
     return q;
+}
+
+// Lines over a cluster of two blocks (SPLIT): the edge lane of each half (the last of part 0, the
+// first of part 1) passes its h of the step into the other block's halo slot of `cur` (slot 0 in
+// part 1, NP + 1 in part 0; peer: the other block's hbuf), and the cluster's barrier stands for
+// the block's.
+template <typename T, int CC>
+__device__ __forceinline__ void lane_pass_edge(const LaneLine<T, CC> &q, int part, float *peer, const float *hbuf,
+                                               const float *cur, const float (&h)[CC]) {
+    if (q.live && (part == 0 ? q.li == q.NP - 1 : q.li == 0))
+        stf<CC>(peer + (cur - hbuf) + (part == 0 ? 0 : q.NP + 1) * CC, h);
+}
+template <bool SPLIT> __device__ __forceinline__ void lane_barrier() {
+    if constexpr (SPLIT) chip_sync();
+    else __syncthreads();
 }
 
 // A lane's step inputs as the recurrence takes them: lam x, u and the normalized weights (zero at
@@ -479,18 +499,25 @@ __device__ __forceinline__ void lane_step(const float *prev, float *cur, int l, 
 // the run's registers cost more than the sectors save: 56^2 forward 0.189 against 0.176 ms, H100);
 // EARLY: a step's inputs formed during the step before (56^2, Cc = 2: 0.081 -> 0.076 ms), not
 // in 64 registers (1024^2, Cc = 8: spills, 12.6 -> 14.7 ms).
-template <typename T, int CC, int P, int MAXT, bool VEC, bool GROUP = VEC && CC <= 4, bool EARLY = VEC>
+// SPLIT (sm_90 and up): a line over a cluster of two blocks, each half its lanes, for launches of
+// fewer blocks than SMs (Fig. 3: 16 images x 4 directions, one 1024-thread block an SM, left half
+// the SMs idle). Each step the half's edge lane also writes its h into the other block's halo
+// slot (distributed shared memory), and the cluster's barrier stands for the block's.
+template <typename T, int CC, int P, int MAXT, bool VEC, bool SPLIT = false, bool GROUP = VEC && CC <= 4,
+          bool EARLY = VEC>
 __global__ void __launch_bounds__(MAXT)
 gspn_fwd_lane_kernel(const T *__restrict__ xc, const T *__restrict__ gates, float *__restrict__ hid,
                      float *__restrict__ ypart, long long plane, ShArgs a, int dir_mask) {
     using LW = LaneWords<T, CC, VEC>;
-    const int d = blockIdx.x & 3;
+    const int part = SPLIT ? chip_rank() : 0, blk = SPLIT ? (int)(blockIdx.x >> 1) : (int)blockIdx.x;
+    const int d = blk & 3;   // the same for both blocks of a cluster: both return, or neither
     if (!((dir_mask >> d) & 1)) return;   // the benchmark's diagnostics only
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    float *hbuf = reinterpret_cast<float *>(smem_raw);   // [2][N+2][CC], zero halo lanes
-    const LaneLine<T, CC> q = lane_line<T, CC>(a, d, blockIdx.x >> 2, plane, hbuf);
+    float *hbuf = reinterpret_cast<float *>(smem_raw);   // [2][NP+2][CC], zero halo lanes
+    const LaneLine<T, CC> q = lane_line<T, CC>(a, d, blk >> 2, plane, hbuf, part, SPLIT ? 2 : 1);
     const DirGeom &g = q.g;
-    const int N = q.N, rowf = q.rowf, l = q.l;
+    const int N = q.N, rowf = q.rowf, l = q.l, li = q.li;
+    float *const peer = SPLIT ? reinterpret_cast<float *>(chip_peer(smem_raw, part)) : nullptr;
     const bool live = q.live;
     const long long t0 = q.t0, xend = q.xend, gend = q.gend;
     if (hid) hid += d * plane;
@@ -523,7 +550,7 @@ gspn_fwd_lane_kernel(const T *__restrict__ xc, const T *__restrict__ gates, floa
     // sector, rows apart across the warp). TB / BT: lanes are neighbouring tokens, one run a step.
     const bool grouped = GROUP && g.lstride != 1;
     float hg[GROUP ? P : 1][CC], yg[GROUP ? P : 1][CC];
-    __syncthreads();   // the zero halo
+    lane_barrier<SPLIT>();   // the zero halo (in both blocks, before the other one's first write into it)
     for (int s0 = 0; s0 < g.L; s0 += P) {
         const bool whole = grouped && s0 + P <= g.L;   // a full group: its run is stored at the end
 #pragma unroll
@@ -536,7 +563,8 @@ gspn_fwd_lane_kernel(const T *__restrict__ xc, const T *__restrict__ gates, floa
             if constexpr (!EARLY) prep(s, ring[j], in);
             if (live) {
                 const long long t = t0 + (long long)s * g.sstride;
-                lane_step<CC>(prev, cur, l, s == 0, in, h, y);
+                lane_step<CC>(prev, cur, li, s == 0, in, h, y);
+                if constexpr (SPLIT) lane_pass_edge<T, CC>(q, part, peer, hbuf, cur, h);
                 if (whole) {
                     if constexpr (GROUP) {
 #pragma unroll
@@ -553,7 +581,7 @@ gspn_fwd_lane_kernel(const T *__restrict__ xc, const T *__restrict__ gates, floa
             } else {
                 load(s + P, ring[j]);
             }
-            __syncthreads();   // h of step s in; prev is free to be written at step s + 1
+            lane_barrier<SPLIT>();   // h of step s in; prev is free to be written at step s + 1
         }
         if constexpr (GROUP) {   // the run starts at the group's lowest token: j = 0 (LR), P - 1 (RL)
             if (whole && live) {
@@ -572,25 +600,29 @@ gspn_fwd_lane_kernel(const T *__restrict__ xc, const T *__restrict__ gates, floa
 // time: it loads the words of its K tokens, neighbours in its row, all at once (so each piece
 // arriving serves the tokens in it) into its own column of shared memory, scans the K steps from
 // there (one barrier a step, as the lane kernel), and stores h and y of the K steps as one 32-byte
-// run each. A line's last, shorter run goes out token by token.
-template <typename T, int CC>
-__global__ void __launch_bounds__(SH_FWD_THREADS)
+// run each. A line's last, shorter run goes out token by token. SPLIT: each line over a cluster of
+// two blocks of at most 512 threads, two blocks an SM, so that one block's loads overlap the
+// other's chain (lane_pass_edge).
+template <typename T, int CC, bool SPLIT = false>
+__global__ void __launch_bounds__(SPLIT ? SH_FWD_THREADS / 2 : SH_FWD_THREADS, SPLIT ? 2 : 1)
 gspn_fwd_lane_rows_kernel(const T *__restrict__ xc, const T *__restrict__ gates, float *__restrict__ hid,
                           float *__restrict__ ypart, long long plane, ShArgs a, int dir_mask) {
     using LW = LaneWords<T, CC, false>;
     constexpr int K = 8 / CC;
-    const int d = 2 + (blockIdx.x & 1);   // LR, RL
+    const int part = SPLIT ? chip_rank() : 0, blk = SPLIT ? (int)(blockIdx.x >> 1) : (int)blockIdx.x;
+    const int d = 2 + (blk & 1);   // LR, RL; the same for both blocks of a cluster
     if (!((dir_mask >> d) & 1)) return;   // the benchmark's diagnostics only
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    float *hbuf = reinterpret_cast<float *>(smem_raw);   // [2][N+2][CC], zero halo lanes
-    const LaneLine<T, CC> q = lane_line<T, CC>(a, d, blockIdx.x >> 1, plane, hbuf);
+    float *hbuf = reinterpret_cast<float *>(smem_raw);   // [2][NP+2][CC], zero halo lanes
+    const LaneLine<T, CC> q = lane_line<T, CC>(a, d, blk >> 1, plane, hbuf, part, SPLIT ? 2 : 1);
     const DirGeom &g = q.g;
-    const int N = q.N, rowf = q.rowf, l = q.l;
-    uint32_t *words = reinterpret_cast<uint32_t *>(hbuf + 2 * rowf);   // [K][LW::N][N]: lane l's words
+    const int N = q.N, NP = q.NP, rowf = q.rowf, l = q.l, li = q.li;
+    uint32_t *words = reinterpret_cast<uint32_t *>(hbuf + 2 * rowf);   // [K][LW::N][NP]: lane li's words
+    float *const peer = SPLIT ? reinterpret_cast<float *>(chip_peer(smem_raw, part)) : nullptr;
     if (hid) hid += d * plane;
     if (ypart) ypart += d * plane;
     const bool up = g.sstride > 0;
-    __syncthreads();   // the zero halo
+    lane_barrier<SPLIT>();   // the zero halo (in both blocks, before the other one's first write into it)
     for (int s0 = 0; s0 < g.L; s0 += K) {
         const int run = g.L - s0 < K ? g.L - s0 : K;
         // the run's loads KH tokens at a time, all issued before the first store (KH: about 24 words
@@ -611,7 +643,7 @@ gspn_fwd_lane_rows_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
             for (int k = 0; k < KH; k++)
                 if (k0 + k < run)
 #pragma unroll
-                    for (int i = 0; i < LW::N; i++) words[((k0 + k) * LW::N + i) * N + l] = w[k][i];
+                    for (int i = 0; i < LW::N; i++) words[((k0 + k) * LW::N + i) * NP + li] = w[k][i];
         }
         float hg[K][CC], yg[K][CC];
 #pragma unroll
@@ -624,34 +656,62 @@ gspn_fwd_lane_rows_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
                 const long long t = q.t0 + (long long)s * g.sstride;
                 uint32_t w[LW::N];
 #pragma unroll
-                for (int i = 0; i < LW::N; i++) w[i] = words[(k * LW::N + i) * N + l];
+                for (int i = 0; i < LW::N; i++) w[i] = words[(k * LW::N + i) * NP + li];
                 LaneStepIn<CC> in;
                 lane_step_in<T, CC, false>(w, t, q.chunk_byte(t), s == 0, l > 0, l < N - 1, in);
-                lane_step<CC>(prev, cur, l, s == 0, in, hg[k], yg[k]);
+                lane_step<CC>(prev, cur, li, s == 0, in, hg[k], yg[k]);
+                if constexpr (SPLIT) lane_pass_edge<T, CC>(q, part, peer, hbuf, cur, hg[k]);
                 if (run < K) {
                     if (hid) stf_stream<CC>(hid + t * CC, hg[k]);
                     if (ypart) stf<CC>(ypart + t * CC, yg[k]);
                 }
             }
-            __syncthreads();   // h of step s in; prev is free to be written at step s + 1
+            lane_barrier<SPLIT>();   // h of step s in; prev is free to be written at step s + 1
         }
         if (q.live && run == K)
             lane_store_run<K, CC>(hid, ypart, q.t0 + (long long)(up ? s0 : s0 + K - 1) * g.sstride, up, hg, yg);
     }
 }
 
-// LR and RL by gspn_fwd_lane_rows_kernel (Cc of 1 or 2; lines of at most SH_FWD_THREADS lanes).
+// LR and RL by gspn_fwd_lane_rows_kernel (Cc of 1 or 2; lines of at most SH_FWD_THREADS lanes),
+// in bf16 on sm_90 each line over a cluster of two blocks.
 template <typename T, int CC>
 bool fwd_lane_rows(CudaCtx *c, const Plan &p, const ShArgs &a, const T *xc, const T *gates, float *hid,
                    float *ypart) {
     const int N = a.g[2].N;   // H
-    const size_t smem = 2 * (size_t)(N + 2) * CC * sizeof(float) +
-                        (size_t)(8 / CC) * LaneWords<T, CC, false>::N * N * sizeof(uint32_t);
+    const bool split = c->cc >= 90 && sizeof(T) == 2;   // fp32 at 64 registers spilled 212 bytes
+    const int NP = split ? (N + 1) / 2 : N;   // lanes a block
+    const size_t smem = 2 * (size_t)(NP + 2) * CC * sizeof(float) +
+                        (size_t)(8 / CC) * LaneWords<T, CC, false>::N * NP * sizeof(uint32_t);
     if (N > SH_FWD_THREADS || smem > smem_limit()) return false;
+    if constexpr (sizeof(T) == 2)
+        if (split) {
+            auto k = gspn_fwd_lane_rows_kernel<T, CC, true>;
+            set_smem(k, smem);
+            PairLaunch l(c->stream, 2 * 2 * p.B, (NP + 31) / 32 * 32, smem);   // two blocks a line
+            CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, k, xc, gates, hid, ypart, p.plane, a, p.dir_mask));
+            return true;
+        }
     auto k = gspn_fwd_lane_rows_kernel<T, CC>;
     set_smem(k, smem);
     k<<<2 * p.B, (N + 31) / 32 * 32, smem, c->stream>>>(xc, gates, hid, ypart, p.plane, a, p.dir_mask);
     CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+// The lane kernel with each line over a cluster of two blocks (SPLIT): 512 threads a block, so 16-byte
+// vectors and the registers of the 256-lane kernel's steps.
+constexpr int SPLIT_THREADS = 512;
+template <typename T, int CC>
+bool fwd_lane_split(CudaCtx *c, const Plan &p, const ShArgs &a, const T *xc, const T *gates, float *hid,
+                    float *ypart) {
+    const int NP = (a.lanes_max + 1) / 2;
+    const size_t smem = 2 * (size_t)(NP + 2) * CC * sizeof(float);
+    if (NP > SPLIT_THREADS || smem > smem_limit()) return false;
+    auto k = gspn_fwd_lane_kernel<T, CC, 2, SPLIT_THREADS, true, true>;
+    set_smem(k, smem);
+    PairLaunch l(c->stream, 2 * DIRS * p.B, (NP + 31) / 32 * 32, smem);   // two blocks a line
+    CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, k, xc, gates, hid, ypart, p.plane, a, p.dir_mask));
     return true;
 }
 
@@ -667,6 +727,11 @@ bool fwd_lane_cc(CudaCtx *c, const Plan &p, const ShArgs &a, const T *xc, const 
     if (smem > smem_limit()) return false;
     auto k = p.stages == 2 || p.stages == 3 ? gspn_fwd_lane_kernel<T, CC, 2, 256, true>
                                              : gspn_fwd_lane_kernel<T, CC, 4, 256, true>;
+    // fewer lines than SMs, and no runs for LR and RL (Cc of 4 or 8): each line over two blocks
+    if constexpr (CC >= 4)
+        if (a.lanes_max > 256 && c->cc >= 90 && DIRS * p.B < c->sm_count &&
+            fwd_lane_split<T, CC>(c, p, a, xc, gates, hid, ypart))
+            return true;
     if (a.lanes_max > 256) {
         if constexpr (LaneWords<T, CC, false>::N <= 14) k = gspn_fwd_lane_kernel<T, CC, 2, SH_FWD_THREADS, false>;
         else return false;

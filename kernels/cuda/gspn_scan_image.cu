@@ -32,13 +32,10 @@
 // gspn_scan.cu's model), no per-direction slices. At 56 x 56, Cc = 2, bf16 the forward block
 // takes 112 KiB (two an SM) and the backward's 225 KiB (one an SM).
 #include "gspn_scan_common.cuh"
-#include <cooperative_groups.h>
 
 namespace gspn {
 
 namespace {
-
-namespace cgrp = cooperative_groups;
 
 constexpr int CHIP_LMAX = 64;     // lanes of the longer line: two a thread, one warp a direction
 constexpr int CHIP_THREADS = 256;
@@ -82,30 +79,6 @@ ChipGeom chip_geom(int H, int W, bool bwd) {
     g.dm = g.part + (bwd ? (2 * f32 > scratch ? 2 * f32 : scratch) : 0);
     g.total = g.dm + (bwd ? 2 * CHIP_WARPS * sizeof(double) : 0);
     return g;
-}
-
-// The cluster's calls (sm_90 and up; host code launches these kernels only there, so an older
-// target compiles a stand-in).
-__device__ __forceinline__ int chip_rank() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    return (int)cgrp::this_cluster().block_rank();
-#else
-    return 0;
-#endif
-}
-__device__ __forceinline__ unsigned char *chip_peer(unsigned char *own, int rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    return static_cast<unsigned char *>(cgrp::this_cluster().map_shared_rank((void *)own, rank ^ 1));
-#else
-    return own + 0 * rank;
-#endif
-}
-__device__ __forceinline__ void chip_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    cgrp::this_cluster().sync();
-#else
-    __trap();
-#endif
 }
 
 // Token t of the image as (row, column): floor((t + 0.5) / W) in fp32 is exact while t < 2^16
@@ -719,31 +692,13 @@ size_t chip_smem(const Plan &p, bool bwd) {
     }
 }
 
-// Two blocks an image as one cluster (a launch attribute: sm_80 builds the kernels without it).
-struct ChipLaunch {
-    cudaLaunchAttribute attr[1];
-    cudaLaunchConfig_t cfg;
-    ChipLaunch(const CudaCtx *c, const Plan &p, const ChipGeom &g) : attr{}, cfg{} {
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = 2;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.gridDim = dim3(2 * p.B);
-        cfg.blockDim = dim3(CHIP_THREADS);
-        cfg.dynamicSmemBytes = g.total;
-        cfg.stream = c->stream;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-    }
-};
-
 template <typename T, int CC>
 void fwd_chip(CudaCtx *c, const Plan &p, const T *xc, const T *gates, const void *merge, int merge_bf16,
               T *yc, float *hid) {
     const ChipGeom g = chip_geom<T, CC>(p.H, p.W, false);
     auto k = gspn_fwd_chip_kernel<T, CC>;
     set_smem(k, g.total);
-    ChipLaunch l(c, p, g);
+    PairLaunch l(c->stream, 2 * p.B, CHIP_THREADS, g.total);   // two blocks an image
     CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, k, xc, gates, merge, merge_bf16, yc, hid, (long long)p.plane, g));
 }
 
@@ -753,7 +708,7 @@ void bwd_chip(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gat
     const ChipGeom g = chip_geom<T, CC>(p.H, p.W, true);
     auto k = gspn_bwd_chip_kernel<T, CC>;
     set_smem(k, g.total);
-    ChipLaunch l(c, p, g);
+    PairLaunch l(c->stream, 2 * p.B, CHIP_THREADS, g.total);   // two blocks an image
     CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, k, dyc, xc, gates, hid, merge, merge_bf16, dxc, dgates, dmpart,
                                   (long long)p.plane, write ? 1 : 0, g));
 }

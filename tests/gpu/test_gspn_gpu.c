@@ -263,15 +263,18 @@ static void test_gspn_gpu_shared_w_images_on_chip_match_cpu(void **state) {
 
 // Shared weights past 256 lanes. At Cc of 1 and 2 LR and RL take runs of a lane's tokens, forward
 // (gspn_fwd_lane_rows_kernel: 8 / Cc) and, where dgates is written, backward
-// (gspn_bwd_lane_rows_kernel: 8 at Cc = 1 in bf16, 4 or 2 otherwise), TB and BT the lane kernels;
-// Cc of 4 and 8 take the lane kernel (forward, bf16) and the staged kernels. Runs whole and a
-// line's last short one (19 steps = 8 + 8 + 3, 10 = 4 + 4 + 2, 290 = 36 x 8 + 2), lines of 300,
-// 260 and 513 lanes, an odd element count (the last bf16 xc word reaches past the tensor), and
-// long TB / BT lines beside short LR / RL ones.
+// (gspn_bwd_lane_rows_kernel: 8 at Cc = 1 in bf16, 4 or 2 otherwise), both in bf16 on sm_90 each
+// line over a cluster of two blocks (513 lanes as 257 and 256), TB and BT the lane kernels;
+// at Cc of 4 and 8 the forward takes the lane kernel, each line over a cluster of two blocks on
+// sm_90 where there are fewer lines than SMs (301 lanes: 151 and 150), and the backward the staged
+// kernels. Runs whole and a line's last short one (19 steps
+// = 8 + 8 + 3, 10 = 4 + 4 + 2, 290 = 36 x 8 + 2), lines of 300, 260 and 513 lanes, an odd element
+// count (the last bf16 xc word reaches past the tensor), and long TB / BT lines beside short LR /
+// RL ones.
 static void test_gspn_gpu_shared_w_long_rows_match_cpu(void **state) {
     GPU_TEST_REQUIRE_DEVICE();
     const Shape shapes[] = {{1, 300, 19, 1}, {2, 260, 10, 2}, {1, 513, 9, 1}, {1, 270, 301, 2},
-                            {2, 20, 290, 1}, {1, 300, 19, 8}, {2, 260, 7, 4}};
+                            {2, 20, 290, 1}, {1, 301, 19, 8}, {2, 260, 7, 4}};
     assert_int_equal(check_shapes_both_dtypes(shapes, 7, 1, 900, 13), 0);
 }
 
