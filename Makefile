@@ -61,14 +61,16 @@ CUDNN_LIBS ?= -lcudnn
 NVCCFLAGS += -DCGSPN_HAVE_CUDNN $(CUDNN_CFLAGS)
 LDLIBS    += $(CUDNN_LIBS)
 endif
-# The fused-epilogue GEMMs (kernels/cuda/gemm_cutlass.cu: CUTLASS's sm_90 kernels) and the fused
-# MLP (kernels/cuda/mlp_fused.cu: warpgroup MMAs through CUTLASS's cute/arch), built for sm_90a
-# alone (a fat binary's other targets would compile them again for nothing); on another GPU, or
-# without CUTLASS (tools/fetch_cutlass.sh), the erf GELU runs unfused, the MLP as two ops and the
+# The fused-epilogue GEMMs (kernels/cuda/gemm_cutlass.cu: CUTLASS's sm_90 kernels), the fused
+# MLP and the stem's tap-product convolution (kernels/cuda/mlp_fused.cu, conv2d_taps.cu: warpgroup
+# MMAs through CUTLASS's cute/arch), built for sm_90a alone (a fat binary's other targets would
+# compile them again for nothing); on another GPU, or without CUTLASS (tools/fetch_cutlass.sh),
+# the erf GELU runs unfused, the MLP as two ops, the convolution through its columns and the
 # rest on cuBLASLt.
 ifeq ($(HAVE_CUTLASS),1)
 ifeq ($(filter-out 90,$(GPU_SM)),)
-SM90A_OBJS := $(BUILD)/kernels/cuda/gemm_cutlass.o $(BUILD)/kernels/cuda/mlp_fused.o
+SM90A_OBJS := $(BUILD)/kernels/cuda/gemm_cutlass.o $(BUILD)/kernels/cuda/mlp_fused.o \
+              $(BUILD)/kernels/cuda/conv2d_taps.o
 $(SM90A_OBJS): NVCCFLAGS += -DCGSPN_HAVE_CUTLASS -DNDEBUG $(CUTLASS_CFLAGS) --expt-relaxed-constexpr
 $(SM90A_OBJS): CUDA_ARCH := -gencode arch=compute_90a,code=sm_90a
 CFLAGS    += -DCGSPN_HAVE_CUTLASS

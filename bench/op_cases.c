@@ -677,6 +677,27 @@ static void conv2d_stem2_cases(OpCaseList *l) {
     conv2d_cases_of(l, cases, (int)(sizeof cases / sizeof cases[0]));
 }
 
+// gspn_s's and gspn_b's second stem convolution (56 -> 112 and 64 -> 128, channels-last, bf16,
+// no kept columns: kernels/cuda/conv2d_taps.cu), forward only: tiles of 128 output pixels with a
+// partial last one, and (4 x 130 x 134) more tiles than an H100 has SMs, so that blocks take a
+// second tile. Built after the cases before, so that theirs keep their seeds.
+static void conv2d_stem2_wide_cases(OpCaseList *l) {
+    static const int cases[][5] = {{1, 64, 30, 26, 128}, {2, 56, 23, 40, 112}, {4, 64, 130, 134, 128}};   // B C H W Cout
+    for (int ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {
+        const int B = cases[ci][0], C = cases[ci][1], H = cases[ci][2], W = cases[ci][3], Co = cases[ci][4];
+        const int Ho = (H - 1) / 2 + 1, Wo = (W - 1) / 2 + 1;
+        OpCase *c = case_new(l, fwd_conv2d, NULL, "conv2d NHWC (%d,%d,%d,%d) -> %d k3 s2 p1, no kept columns",
+                             B, C, H, W, Co);
+        case_ops(c, "conv2d_fwd", NULL);
+        c->i[0] = 0, c->i[1] = 2, c->i[2] = 1;
+        CaseArg *x = put(c, CV_X, "x", ARG_IN, TYPE_ACT, -1, 1, 0, SHAPE(B, H, W, C));
+        x->act_values = 1;
+        in(c, CV_W, "w", -1, 1, SHAPE(Co, C, 3, 3));
+        in(c, CV_B, "b", -1, 1, SHAPE(Co));
+        out(c, CV_Y, "y", TOL_ROUNDED, SHAPE(B, Ho, Wo, Co));   // fp32 sums of exact products
+    }
+}
+
 enum { PE_IMG, PE_W, PE_B, PE_COLS, PE_Y, PE_DY, PE_DIMG, PE_DW, PE_DB };
 static void fwd_patch_embed(Ctx *ctx, Tensor *const *t, const OpCase *c) {
     op_patch_embed_fwd(ctx, T(PE_IMG), T(PE_W), T(PE_B), c->i[0], T(PE_COLS), T(PE_Y));
@@ -1297,6 +1318,7 @@ void op_cases_build(OpCaseList *l, CaseSet set) {
     conv2d_stem2_cases(l);
     dwconv_stage_cases(l);
     dwconv_silu_proj_cases(l);
+    conv2d_stem2_wide_cases(l);
 }
 
 void op_cases_free(OpCaseList *l) {

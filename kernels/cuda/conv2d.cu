@@ -17,6 +17,7 @@
 #include "cuda_gemm.h"
 #include "conv2d_stem.h"
 #include "conv2d_rows.h"
+#include "conv2d_taps.h"
 #include "../ops.h"
 #include "../conv2d_shape.h"
 #include "../layernorm_shape.h"
@@ -299,13 +300,14 @@ static void check_dtypes(const char *op, const Conv2dShape &g, const Tensor *w, 
 }
 
 // The convolution alone: the stem's kernels (the image's, conv2d_stem.cu; the second,
-// conv2d_rows.cu) where they apply, else the columns and the GEMM.
+// conv2d_rows.cu at gspn_t's widths, conv2d_taps.cu at gspn_s's and gspn_b's) where they apply,
+// else the columns and the GEMM.
 static void conv2d_plain(Ctx *ctx, const Conv2dShape &g, const Tensor *x, const Tensor *w, const Tensor *b,
                          int nchw, Tensor *cols, Tensor *y) {
     if (cuda_conv2d_stem(ctx, g, nchw, x, w, b, NULL, cols, y)) return;
     const DType dt = w->dtype;
     void *wg = gemm_weight(ctx, g, nchw, w);
-    if (!cuda_conv2d_rows(ctx, g, nchw, x, wg, b, cols, y)) {
+    if (!cuda_conv2d_rows(ctx, g, nchw, x, wg, b, cols, y) && !cuda_conv2d_taps(ctx, g, nchw, x, wg, b, cols, y)) {
         void *cd = cols ? cols->data : cuda_temp_alloc(ctx, g.rows * g.cols * dtype_size(dt));
         launch_im2col(ctx, g, nchw, x, dt, cd);
         Tensor cm = device_matrix(cd, dt, g.rows, g.cols), wm = device_matrix(wg, dt, g.Cout, g.cols);

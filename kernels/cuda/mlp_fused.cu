@@ -28,15 +28,10 @@
 // norm's to the bit; res is read here and again at the end (from L2), and the norm's bf16 output
 // never goes to memory.
 //
-// Shared memory holds each operand in the MMAs' canonical K-major layout without swizzle: 8 x 8
-// core matrices (8 rows of 16 bytes, 128 contiguous bytes), a row group's core matrices along K
-// next to each other: element (r, k) of a (rows, K) operand at ((r / 8) (K / 8) + k / 8) 64 +
-// (r % 8) 8 + k % 8.
-#ifdef CGSPN_HAVE_CUTLASS
-#include "cute/arch/mma_sm90_gmma.hpp"
-#include "cute/arch/mma_sm90_gmma_ext.hpp"
-#endif
+// Shared memory holds each operand in the MMAs' canonical K-major layout without swizzle
+// (kernels/cuda/wgmma_core.cuh).
 #include "mlp_fused.h"
+#include "wgmma_core.cuh"
 #include "cuda_async.cuh"
 #include "gelu.h"
 #include "ln_row_stats.cuh"
@@ -70,28 +65,6 @@ __device__ __forceinline__ void fc2_mma(const unsigned (&a)[4], uint64_t db, flo
                                         std::index_sequence<I...>) {
     Fc2Op<C>::T::fma(a[0], a[1], a[2], a[3], db, d[I]...);
 }
-template <int N> __device__ __forceinline__ void fence_regs(float (&r)[N]) {
-    #pragma unroll
-    for (int i = 0; i < N; i++) cute::warpgroup_fence_operand(r[i]);
-}
-
-// Offset of element (r, k) of a (rows, K) operand in the core-matrix layout above.
-__device__ __forceinline__ int core_at(int r, int k, int K) {
-    return ((r / 8) * (K / 8) + k / 8) * 64 + (r % 8) * 8 + k % 8;
-}
-
-// The descriptor of a K-major operand in that layout, from smem address `s` (its first row group
-// and k): core matrices 128 bytes apart along K (leading offset), row groups K / 8 of them
-// (stride offset), no swizzle. Fields in 16-byte units. Kept as its low word (address and leading
-// offset; a k-step adds 16 to it) and built at each MMA with the high word, a constant of K: the
-// 64-bit descriptors of every k-step, hoisted out of the chunk loop, spilled at 128 channels.
-__device__ __forceinline__ unsigned core_desc_lo(const bf16 *s) {
-    return ((unsigned)__cvta_generic_to_shared(s) >> 4 & 0x3fff) | (128 >> 4) << 16;
-}
-template <int K> __device__ __forceinline__ uint64_t core_desc(unsigned lo) {
-    return (uint64_t)((K / 8) * 128 >> 4) << 32 | lo;
-}
-
 // The weights by chunk of 64 hidden units, each as a block of shared memory holds it: chunk j is
 // w1's rows 64 j .. 64 j + 63 (64 x C, K = C), then w2's columns 64 j .. 64 j + 63 (C x 64, K =
 // 64), both in the core-matrix layout: 128 C elements. A thread a 16-byte piece.
@@ -161,11 +134,6 @@ __device__ __forceinline__ void mlp_norm_rows(const float *__restrict__ res, con
             Vec<bf16, 8>::of(out).store(xs + core_at(r, c, C));
         }
     }
-}
-
-// wgmma reads shared memory through the async proxy: make the cp.async writes visible to it.
-__device__ __forceinline__ void fence_async_shared() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // C: the model width (x's and y's columns), H: hidden units (a multiple of MLPF_CHUNK). NORM: x
