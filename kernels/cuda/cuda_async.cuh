@@ -17,11 +17,17 @@ __device__ __forceinline__ void cp_async(void *dst, const void *src) {
                      : "memory");
 }
 // 16 bytes from src into dst, or 16 zero bytes where !valid (src is then not read, but must be
-// an address in the tensor).
+// an address in the tensor). L1: keep the line in L1 (.ca), where neighbouring copies read it again
+// soon (a convolution's taps), else L2 only (.cg).
+template <bool L1 = false>
 __device__ __forceinline__ void cp_async_or_zero(void *dst, const void *src, bool valid) {
     const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
+    if constexpr (L1)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0)
+                     : "memory");
+    else
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0)
+                     : "memory");
 }
 // L2 prefetch of `bytes` (a multiple of 16) at a 16-byte aligned address (sm_90 bulk copy engine;
 // nothing on older GPUs).
