@@ -64,9 +64,9 @@ static void bench_usage(FILE *f) {
                "       cgspn bench gspn --config=B,H,W,Cc,shared,cg,vec,stages,prefetch,dirs,reps\n"
                "         (one bf16 scan configuration; reps 0: forward and backward once, untimed, for a\n"
                "         profiler; cg vec stages prefetch 0 0 0 0 and dirs 15 are the defaults)\n"
-               "       cgspn bench ops --op=NAME\n"
+               "       cgspn bench ops --op=NAME [--case=TEXT]\n"
                "         (every test case of bench/op_cases.c that runs op NAME of kernels/ops_list.h,\n"
-               "         fp32 and bf16)\n"
+               "         with TEXT in its title if given, fp32 and bf16)\n"
                "Runs benchmarks on the GPU and prints their tables (device and date first).\n"
                "`make bench` runs them all and keeps the output in build/bench.txt.\n\nbenchmarks:\n");
     for (const Bench *b = kBenches; b->name; b++) fprintf(f, "  %-10s %s\n", b->name, b->summary);
@@ -93,8 +93,12 @@ int cmd_bench(int argc, char **argv) {
         return bench_dwconv_list(stdout);
     if (strcmp(argv[2], "gspn") == 0 && argc > 3 && strncmp(argv[3], "--config=", 9) == 0)
         return bench_gspn_config(argv[3] + 9);
-    if (strcmp(argv[2], "ops") == 0 && argc > 3 && strncmp(argv[3], "--op=", 5) == 0)
-        return bench_ops_one(stdout, argv[3] + 5);
+    if (strcmp(argv[2], "ops") == 0 && argc > 3 && strncmp(argv[3], "--op=", 5) == 0) {
+        CG_CHECK(argc == 4 || (argc == 5 && strncmp(argv[4], "--case=", 7) == 0 && argv[4][7]),
+                 "cgspn bench ops --op=NAME [--case=TEXT]", "bench ops: unexpected argument '%s'",
+                 argv[argc > 5 ? 5 : 4]);
+        return bench_ops_one(stdout, argv[3] + 5, argc == 5 ? argv[4] + 7 : NULL);
+    }
     int status = 0;
     for (int i = 2; i < argc; i++) {
         bool all = strcmp(argv[i], "all") == 0, found = all;

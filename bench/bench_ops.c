@@ -64,18 +64,28 @@ int bench_ops_run(FILE *out) {
     return 0;
 }
 
-int bench_ops_one(FILE *out, const char *op) {
+// Whether case c runs op (and its title holds title, when set).
+static int case_selected(const OpCase *c, const char *op, const char *title) {
+    int runs = 0;
+    for (int j = 0; j < OPC_MAX_OPS; j++) runs |= c->ops[j] && strcmp(c->ops[j], op) == 0;
+    return runs && (!title || strstr(c->title, title));
+}
+
+int bench_ops_one(FILE *out, const char *op, const char *title) {
     OpCaseList l = {0};
     op_cases_build(&l, CASES_TEST);
-    if (!op_cases_cover(&l, op)) {
-        fprintf(out, "bench ops: no case runs op '%s' (the names of kernels/ops_list.h)\n", op);
+    int any = 0;
+    for (int k = 0; k < l.n; k++) any |= case_selected(&l.cases[k], op, title);
+    if (!any) {
+        fprintf(out, "bench ops: no case runs op '%s'%s%s%s (the names of kernels/ops_list.h)\n", op,
+                title ? " with '" : "", title ? title : "", title ? "' in its title" : "");
         op_cases_free(&l);
         return 2;
     }
     Ctx ctx;
     double copy_gbs;
-    char what[96];
-    snprintf(what, sizeof what, " --op=%s", op);
+    char what[160];
+    snprintf(what, sizeof what, " --op=%s%s%s", op, title ? " --case=" : "", title ? title : "");
     if (!open_gpu(out, &ctx, &copy_gbs, what)) {
         op_cases_free(&l);
         return 1;
@@ -83,9 +93,7 @@ int bench_ops_one(FILE *out, const char *op) {
     static const DType modes[2] = {DTYPE_F32, DTYPE_BF16};
     for (int k = 0; k < l.n; k++) {
         const OpCase *c = &l.cases[k];
-        int runs = 0;
-        for (int j = 0; j < OPC_MAX_OPS; j++) runs |= c->ops[j] && strcmp(c->ops[j], op) == 0;
-        if (!runs) continue;
+        if (!case_selected(c, op, title)) continue;
         for (int m = 0; m < 2; m++) {
             if ((m == 0 && (c->flags & CASE_NO_F32)) || (m == 1 && (c->flags & CASE_NO_BF16))) continue;
             time_case(out, c, &ctx, modes[m], (uint64_t)k + 1, copy_gbs);

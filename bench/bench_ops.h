@@ -6,6 +6,8 @@
 // Per case its forward and (where it has one) backward: ms, GB/s of the bytes its ops' tensor
 // arguments hold, percent of the copy bandwidth. 1 when no GPU is visible.
 int bench_ops_run(FILE *out);
-// The test cases (CASES_TEST) that run op `op`, timed the same way in fp32 and bf16: the timing
-// column of the op harness. 1 when no GPU is visible, 2 when no case runs op.
-int bench_ops_one(FILE *out, const char *op);
+// The test cases (CASES_TEST) that run op `op` (and whose titles hold `title`, when not NULL),
+// timed the same way in fp32 and bf16: the timing column of the op harness, and a way to run a
+// few cases under a profiler or compute-sanitizer. 1 when no GPU is visible, 2 when no case runs
+// op.
+int bench_ops_one(FILE *out, const char *op, const char *title);
