@@ -683,7 +683,8 @@ __global__ void dw_proj_sum_kernel(const float *__restrict__ part, int groups, s
 // Inference's mixer: the projection from the 7x7 pass's staged results (dwconv_mma.cu's tiled
 // pass: bf16, or its fp32 sums at 8 channels and more than 32 columns; dwconv_plane_mma.cu's on
 // images of 9 to 16 columns), so silu(conv(x)), 1.5 C_s
-// channels a pixel, is never written and read back; elsewhere the two ops.
+// channels a pixel, is never written and read back; elsewhere (and for more than DW_PROJ_M
+// outputs) the two ops.
 void cuda_dwconv_silu_proj_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
                                const Tensor *pw, const Tensor *pb, Tensor *y) {
     const char *op = "dwconv_silu_proj_fwd";
@@ -698,7 +699,7 @@ void cuda_dwconv_silu_proj_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const
     const int m = dwconv_proj_check(op, &d, x, w, pw, pb, y);
     if (x->numel == 0) return;
     const size_t n = (size_t)d.B * d.H * d.W * m;
-    if (x->dtype == DTYPE_BF16 && w->dtype == DTYPE_BF16) {
+    if (x->dtype == DTYPE_BF16 && w->dtype == DTYPE_BF16 && m <= DW_PROJ_M) {
         DwProj proj{(const bf16 *)pw->data, m, (float *)cuda_temp_alloc(ctx, (size_t)(d.C / 8) * n * sizeof(float)), 0};
         const bf16 *xb = (const bf16 *)x->data, *wb = (const bf16 *)w->data, *bb = b ? (const bf16 *)b->data : nullptr;
         const bool whole = d.H <= DWP_MAX_SIDE && d.W <= DWP_MAX_SIDE;   // the whole-image kernels' grids

@@ -129,10 +129,10 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
     float *sums = reinterpret_cast<float *>(mma_smem + (size_t)CG * tplane * 2);   // SUMS: (CG, TH, rs)
     const int c0 = blockIdx.x * CG, y0 = blockIdx.y * MMA_TH;
     const size_t plane = (size_t)d.H * d.W * d.C, b = blockIdx.z;
-    float *pws = SUMS ? sums + (size_t)CG * ps : sums;   // PROJ: the block's columns of proj.w (m, CG)
+    float *pws = SUMS ? sums + (size_t)CG * ps : sums;   // PROJ: the block's columns of proj.w (DW_PROJ_M, CG)
     if constexpr (PROJ)
-        for (int e = threadIdx.x; e < proj.m * CG; e += THREADS)
-            pws[e] = __bfloat162float(proj.w[(size_t)(e / CG) * d.C + c0 + e % CG]);
+        for (int e = threadIdx.x; e < DW_PROJ_M * CG; e += THREADS)
+            pws[e] = e / CG < proj.m ? __bfloat162float(proj.w[(size_t)(e / CG) * d.C + c0 + e % CG]) : 0.0f;
     // Staged pixel (r, s) is input (y0 - P + r, s - P).
     mma_stage<CG, THREADS>(in + b * plane + c0, d, y0 - P, ROWS, sw, P, tile, (size_t)tplane);
     __syncthreads();
@@ -194,14 +194,18 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
         // tplane apart; with SUMS, the sums finished as dw_store_out8 finishes them under DW_SILU,
         // then rounded as it stores them) against the projection's rows, in channel order.
         float *part = proj.part + ((size_t)blockIdx.x * d.B + b) * d.H * d.W * proj.m;
-        float bvs[SUMS ? CG : 1];
+        float bvs[SUMS ? CG : 1], pwr[DW_PROJ_M][CG];
         if constexpr (SUMS)
             for (int c = 0; c < CG; c++) bvs[c] = bias ? __bfloat162float(bias[c0 + c]) : 0.0f;
+        #pragma unroll
+        for (int o = 0; o < DW_PROJ_M; o++)
+            #pragma unroll
+            for (int c = 0; c < CG; c++) pwr[o][c] = pws[o * CG + c];
         for (int e = threadIdx.x; e < MMA_TH * d.W; e += THREADS) {
             const int r = mma_div(e, inv_w), xx = e - r * d.W, yy = y0 + r;
             if (yy >= d.H) break;   // e grows with r
             const unsigned short *res = tile + (size_t)r * sw + xx;
-            float s[DWCONV_PROJ_MAX] = {};
+            float s[DW_PROJ_M] = {};
             #pragma unroll
             for (int c = 0; c < CG; c++) {
                 float v;
@@ -210,12 +214,11 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
                 else
                     v = __uint_as_float((unsigned)res[(size_t)c * tplane] << 16);
                 #pragma unroll
-                for (int o = 0; o < DWCONV_PROJ_MAX; o++)
-                    if (o < proj.m) s[o] = fmaf(v, pws[o * CG + c], s[o]);
+                for (int o = 0; o < DW_PROJ_M; o++) s[o] = fmaf(v, pwr[o][c], s[o]);
             }
             float *pp = part + ((size_t)yy * d.W + xx) * proj.m;
             #pragma unroll
-            for (int o = 0; o < DWCONV_PROJ_MAX; o++)
+            for (int o = 0; o < DW_PROJ_M; o++)
                 if (o < proj.m) pp[o] = s[o];
         }
         return;
@@ -246,7 +249,7 @@ static bool mma_launch(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias
     const int tiles_x = (d.W + 7) / 8, sw = mma_tile_width(tiles_x);
     const size_t smem = (size_t)CG * mma_plane(MMA_TH + MMA_K - 1, sw) * 2 +
                         (SUMS ? (size_t)CG * dw_sum_plane(MMA_TH, tiles_x * 8) * sizeof(float) : 0) +
-                        (PROJ ? (size_t)proj.m * CG * sizeof(float) : 0);
+                        (PROJ ? (size_t)DW_PROJ_M * CG * sizeof(float) : 0);
     // the blocks an SM the kernel is built for: 228 KB of shared memory an SM, 1 KB of each block the system's
     if (smem > (size_t)(228 / mma_blocks_per_sm(SUMS) - 1) * 1024 || (d.H + MMA_TH - 1) / MMA_TH > 65535 ||
         d.B > 65535)
@@ -287,7 +290,8 @@ bool cuda_dwconv_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, 
                      const DwconvShape &d, int flags, DwProj *proj) {
     // Below 14 x 14 the fp32 kernel of dwconv.cu is as fast: a block's staging, sums and write-out
     // run one after another, and small grids give too few blocks to overlap them.
-    if (d.k != MMA_K || d.C % MMA_CG != 0 || d.H < 14 || d.W < 14 || !aligned16(in) || !aligned16(out))
+    if (d.k != MMA_K || d.C % MMA_CG != 0 || d.H < 14 || d.W < 14 || !aligned16(in) || !aligned16(out) ||
+        (proj && proj->m > DW_PROJ_M))
         return false;
     // 16 channels a block where C allows and two blocks fit an SM: a warp's loads and stores then
     // take 32 bytes of a pixel, not 16 (H100, 56 x 56 x 144: 0.284 -> 0.249 ms a forward).

@@ -136,9 +136,13 @@ __device__ __forceinline__ void dw_put_partial2(float *row, int C, int c, int g,
 }
 
 // A y / dx pass's down projection in place of its output (dwconv_silu_proj_fwd): w (m, C) bf16,
-// m <= DWCONV_PROJ_MAX. Each block adds its CG channels of every output pixel, as the pass would
-// have stored them, against w's rows, into part (C / CG, B H W, m) fp32 by channel group; the pass
-// sets groups (C / CG) for the sum that follows (dw_proj_sum).
+// m <= DW_PROJ_M. Each block adds its CG channels of every output pixel, as the pass would have
+// stored them, against w's rows, into part (C / CG, B H W, m) fp32 by channel group; the pass
+// sets groups (C / CG) for the sum that follows (dw_proj_sum). The write-out always forms
+// DW_PROJ_M sums (rows past m are zeros) from the weights held in registers: with m a run-time
+// bound, each pixel reloaded them from shared memory behind a branch per channel and output.
+// DW_PROJ_M is the proxy width of every gspn_hier model; wider projections run as the two ops.
+enum { DW_PROJ_M = 2 };
 struct DwProj {
     const bf16 *w;
     int m;

@@ -118,15 +118,15 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
     constexpr int PLANE = dw_stage_plane(DPM_ROWS * DPM_WORDS);   // words a channel's staged plane
     constexpr int RS = dw_sum_row(16), PS = dw_sum_plane(DPM_TH, 16);
     __shared__ __align__(16) unsigned tile[CG * PLANE];          // (CG, ROWS, SW) bf16 pairs
-    // SUMS: the sums (CG, TH, RS); PROJ: the block's columns of proj.w (m, CG)
-    __shared__ __align__(16) float sums[SUMS ? CG * PS : PROJ ? DWCONV_PROJ_MAX * CG : 1];
+    // SUMS: the sums (CG, TH, RS); PROJ: the block's columns of proj.w (DW_PROJ_M, CG)
+    __shared__ __align__(16) float sums[SUMS ? CG * PS : PROJ ? DW_PROJ_M * CG : 1];
     unsigned short *tile16 = reinterpret_cast<unsigned short *>(tile);
     const int c0 = blockIdx.x * CG, H = dpm_side<S>(d.H), W = dpm_side<S>(d.W);
     const size_t img = (size_t)H * W * d.C;
     for (int e = threadIdx.x; e < CG * PLANE; e += THREADS) tile[e] = 0u;
     if constexpr (PROJ)
-        for (int e = threadIdx.x; e < proj.m * CG; e += THREADS)
-            sums[e] = __bfloat162float(proj.w[(size_t)(e / CG) * d.C + c0 + e % CG]);
+        for (int e = threadIdx.x; e < DW_PROJ_M * CG; e += THREADS)
+            sums[e] = e / CG < proj.m ? __bfloat162float(proj.w[(size_t)(e / CG) * d.C + c0 + e % CG]) : 0.0f;
 
     // The warp's two channels' B fragments, for every image.
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
@@ -207,19 +207,23 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
             // A thread per output pixel: its CG results (staged (r + P, xx + P), channels PLANE
             // words apart) against the projection's rows, in channel order.
             float *part = proj.part + ((size_t)blockIdx.x * d.B + b) * H * W * proj.m;
+            float pwr[DW_PROJ_M][CG];
+            #pragma unroll
+            for (int o = 0; o < DW_PROJ_M; o++)
+                #pragma unroll
+                for (int c = 0; c < CG; c++) pwr[o][c] = sums[o * CG + c];
             for (int e = threadIdx.x; e < H * W; e += THREADS) {
                 const int r = e / W, xx = e - r * W;
                 const unsigned short *staged = tile16 + 2 * (r + P) * DPM_WORDS + xx + P;
-                float s[DWCONV_PROJ_MAX] = {};
+                float s[DW_PROJ_M] = {};
                 #pragma unroll
                 for (int c = 0; c < CG; c++) {
                     const float v = __uint_as_float((unsigned)staged[2 * c * PLANE] << 16);
                     #pragma unroll
-                    for (int o = 0; o < DWCONV_PROJ_MAX; o++)
-                        if (o < proj.m) s[o] = fmaf(v, sums[o * CG + c], s[o]);
+                    for (int o = 0; o < DW_PROJ_M; o++) s[o] = fmaf(v, pwr[o][c], s[o]);
                 }
                 #pragma unroll
-                for (int o = 0; o < DWCONV_PROJ_MAX; o++)
+                for (int o = 0; o < DW_PROJ_M; o++)
                     if (o < proj.m) part[(size_t)e * proj.m + o] = s[o];
             }
             return;
@@ -267,7 +271,7 @@ bool cuda_dwconv_plane_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *
     // of scattered 16-byte accesses).
     const bool sums = flags & DW_ACCUM;
     if (proj) {   // the projection reads the results from the staged planes
-        if (sums) return false;
+        if (sums || proj->m > DW_PROJ_M) return false;
         proj->groups = d.C % 16 == 0 ? d.C / 16 : d.C / 8;
         if (d.C % 16 == 0) dpm_launch<16, false, true>(ctx, in, w, bias, out, d, flags, *proj);
         else dpm_launch<8, false, true>(ctx, in, w, bias, out, d, flags, *proj);
