@@ -636,11 +636,11 @@ static void dwconv_stage_cases(OpCaseList *l) {
 }
 
 // The mixer's convolution, SiLU and down projection as one op (dwconv_silu_proj_fwd): the fused
-// path of dwconv_mma.cu at 16 channels a block (28 x 28; 17 x 33, a partial row tile, with 4
-// outputs and no convolution bias) and at 8 (20 x 30, a partial column tile, one output, no
-// projection bias; 56 x 40, where the pass keeps its staged fp32 sums), and of
-// dwconv_plane_mma.cu (14 x 14 at 16 channels a block; 11 x 16 at 8, 3 outputs; 9 x 13); the two
-// ops on 7 x 7 images. bf16: the convolution's output and SiLU's each rounded as
+// path of dwconv_mma.cu at 16 channels a block (28 x 28) and at 8 (20 x 30, a partial column
+// tile, one output, no projection bias; 56 x 40, where the pass keeps its staged fp32 sums), and
+// of dwconv_plane_mma.cu (14 x 14 at 16 channels a block; 9 x 13); the two ops on 7 x 7 images
+// and past the fused passes' two outputs (17 x 33 with 4 and no convolution bias; 11 x 16 with
+// 3). bf16: the convolution's output and SiLU's each rounded as
 // the two ops store them, then the projection's sum once more; its terms add their rounding
 // errors in quadrature, so norm-wise the result stays within the twice-rounded bound.
 enum { DP_X, DP_W, DP_B, DP_PW, DP_PB, DP_Y };
@@ -648,11 +648,8 @@ static void fwd_dwconv_silu_proj(Ctx *ctx, Tensor *const *t, const OpCase *c) {
     (void)c;
     op_dwconv_silu_proj_fwd(ctx, T(DP_X), T(DP_W), T(DP_B), T(DP_PW), T(DP_PB), T(DP_Y));
 }
-static void dwconv_silu_proj_cases(OpCaseList *l) {
-    static const int shapes[][5] = {{1, 28, 28, 48, 2}, {1, 17, 33, 32, 4}, {2, 20, 30, 24, 1},
-                                    {1, 56, 40, 40, 2}, {2, 9, 13, 16, 2},  {3, 14, 14, 48, 2},
-                                    {2, 11, 16, 40, 3}, {2, 7, 7, 32, 2}};   // B H W C M
-    for (int s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++) {
+static void dwconv_silu_proj_cases_of(OpCaseList *l, const int (*shapes)[5], int n) {
+    for (int s = 0; s < n; s++) {
         const int B = shapes[s][0], H = shapes[s][1], W = shapes[s][2], C = shapes[s][3], M = shapes[s][4];
         OpCase *c = case_new(l, fwd_dwconv_silu_proj, NULL, "dwconv, silu, projection (%d,%d,%d,%d) to %d",
                              B, H, W, C, M);
@@ -666,6 +663,23 @@ static void dwconv_silu_proj_cases(OpCaseList *l) {
         if (s == 1) drop(c, DP_B);
         if (s == 2) drop(c, DP_PB);
     }
+}
+static void dwconv_silu_proj_cases(OpCaseList *l) {
+    static const int shapes[][5] = {{1, 28, 28, 48, 2}, {1, 17, 33, 32, 4}, {2, 20, 30, 24, 1},
+                                    {1, 56, 40, 40, 2}, {2, 9, 13, 16, 2},  {3, 14, 14, 48, 2},
+                                    {2, 11, 16, 40, 3}, {2, 7, 7, 32, 2}};   // B H W C M
+    dwconv_silu_proj_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]));
+}
+
+// The fused passes' write-out by pairs of pixels on odd widths, where the last pair has one
+// pixel: dwconv_mma.cu's at 16 channels a block with a partial row tile, at 8 with its staged
+// sums (more than 32 columns, no convolution bias) and one output (no projection bias), and
+// dwconv_plane_mma.cu's (pairs from column -1). Built last, so that the cases before keep their
+// seeds.
+static void dwconv_silu_proj_odd_cases(OpCaseList *l) {
+    static const int shapes[][5] = {{1, 17, 33, 32, 2}, {1, 15, 37, 40, 2}, {2, 20, 31, 24, 1},
+                                    {2, 9, 15, 16, 2}};   // B H W C M
+    dwconv_silu_proj_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]));
 }
 
 // gspn_t's second stem convolution (48 -> 96, channels-last: kernels/cuda/conv2d_rows.cu where no
@@ -1319,6 +1333,7 @@ void op_cases_build(OpCaseList *l, CaseSet set) {
     dwconv_stage_cases(l);
     dwconv_silu_proj_cases(l);
     conv2d_stem2_wide_cases(l);
+    dwconv_silu_proj_odd_cases(l);
 }
 
 void op_cases_free(OpCaseList *l) {

@@ -190,9 +190,10 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
     __syncthreads();
     const float inv_w = 1.0f / d.W;
     if constexpr (PROJ) {
-        // A thread per output pixel of the block's rows: its CG results (staged (r, xx), channels
-        // tplane apart; with SUMS, the sums finished as dw_store_out8 finishes them under DW_SILU,
-        // then rounded as it stores them) against the projection's rows, in channel order.
+        // A thread per pair of output pixels (xx, xx + 1) of the block's rows: their CG results
+        // (staged (r, xx) and (r, xx + 1), one 32-bit word a channel, channels tplane apart; with
+        // SUMS, the sums finished as dw_store_out8 finishes them under DW_SILU, then rounded as it
+        // stores them) against the projection's rows, in channel order.
         float *part = proj.part + ((size_t)blockIdx.x * d.B + b) * d.H * d.W * proj.m;
         float bvs[SUMS ? CG : 1], pwr[DW_PROJ_M][CG];
         if constexpr (SUMS)
@@ -201,25 +202,39 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
         for (int o = 0; o < DW_PROJ_M; o++)
             #pragma unroll
             for (int c = 0; c < CG; c++) pwr[o][c] = pws[o * CG + c];
-        for (int e = threadIdx.x; e < MMA_TH * d.W; e += THREADS) {
-            const int r = mma_div(e, inv_w), xx = e - r * d.W, yy = y0 + r;
+        const int pairs = (d.W + 1) / 2;   // a row's; an odd width's last pair has one pixel
+        const float inv_pairs = 1.0f / pairs;
+        for (int e = threadIdx.x; e < MMA_TH * pairs; e += THREADS) {
+            const int r = mma_div(e, inv_pairs), xx = 2 * (e - r * pairs), yy = y0 + r;
             if (yy >= d.H) break;   // e grows with r
-            const unsigned short *res = tile + (size_t)r * sw + xx;
-            float s[DW_PROJ_M] = {};
+            float s[2][DW_PROJ_M] = {};
             #pragma unroll
             for (int c = 0; c < CG; c++) {
-                float v;
-                if constexpr (SUMS)
-                    v = __bfloat162float(__float2bfloat16_rn(dw_silu<bf16>(sums[c * ps + r * rs + xx] + bvs[c])));
-                else
-                    v = __uint_as_float((unsigned)res[(size_t)c * tplane] << 16);
+                float v[2];
+                if constexpr (SUMS) {
+                    const float2 sv = *reinterpret_cast<const float2 *>(sums + c * ps + r * rs + xx);
+                    v[0] = __bfloat162float(__float2bfloat16_rn(dw_silu<bf16>(sv.x + bvs[c])));
+                    v[1] = __bfloat162float(__float2bfloat16_rn(dw_silu<bf16>(sv.y + bvs[c])));
+                } else {
+                    const unsigned word = *reinterpret_cast<const unsigned *>(tile + (size_t)c * tplane + r * sw + xx);
+                    v[0] = __uint_as_float(word << 16), v[1] = __uint_as_float(word & 0xffff0000u);
+                }
                 #pragma unroll
-                for (int o = 0; o < DW_PROJ_M; o++) s[o] = fmaf(v, pwr[o][c], s[o]);
+                for (int h = 0; h < 2; h++)
+                    #pragma unroll
+                    for (int o = 0; o < DW_PROJ_M; o++) s[h][o] = fmaf(v[h], pwr[o][c], s[h][o]);
             }
             float *pp = part + ((size_t)yy * d.W + xx) * proj.m;
+            if (proj.m == DW_PROJ_M && xx + 1 < d.W && ((uintptr_t)pp & 15) == 0) {
+                static_assert(DW_PROJ_M == 2, "a pair's sums are one 16-byte store");
+                *reinterpret_cast<float4 *>(pp) = make_float4(s[0][0], s[0][1], s[1][0], s[1][1]);
+                continue;
+            }
             #pragma unroll
-            for (int o = 0; o < DW_PROJ_M; o++)
-                if (o < proj.m) pp[o] = s[o];
+            for (int h = 0; h < 2; h++)
+                #pragma unroll
+                for (int o = 0; o < DW_PROJ_M; o++)
+                    if (o < proj.m && xx + h < d.W) pp[h * proj.m + o] = s[h][o];
         }
         return;
     }

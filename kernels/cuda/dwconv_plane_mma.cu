@@ -204,27 +204,35 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
         }
         __syncthreads();
         if constexpr (PROJ) {
-            // A thread per output pixel: its CG results (staged (r + P, xx + P), channels PLANE
-            // words apart) against the projection's rows, in channel order.
+            // A thread per pair of output pixels (xx, xx + 1), xx odd from -1: their CG results,
+            // staged (r + P, xx + P) and (r + P, xx + 1 + P), are one 32-bit word a channel
+            // (channels PLANE words apart), against the projection's rows, in channel order.
             float *part = proj.part + ((size_t)blockIdx.x * d.B + b) * H * W * proj.m;
             float pwr[DW_PROJ_M][CG];
             #pragma unroll
             for (int o = 0; o < DW_PROJ_M; o++)
                 #pragma unroll
                 for (int c = 0; c < CG; c++) pwr[o][c] = sums[o * CG + c];
-            for (int e = threadIdx.x; e < H * W; e += THREADS) {
-                const int r = e / W, xx = e - r * W;
-                const unsigned short *staged = tile16 + 2 * (r + P) * DPM_WORDS + xx + P;
-                float s[DW_PROJ_M] = {};
+            const int pairs = W / 2 + 1;   // a row's: (-1, 0) .. , past the image where W is even
+            for (int e = threadIdx.x; e < H * pairs; e += THREADS) {
+                const int r = e / pairs, xx = 2 * (e - r * pairs) - 1;
+                const unsigned *staged = tile + (r + P) * DPM_WORDS + (xx + P) / 2;
+                float s[2][DW_PROJ_M] = {};
                 #pragma unroll
                 for (int c = 0; c < CG; c++) {
-                    const float v = __uint_as_float((unsigned)staged[2 * c * PLANE] << 16);
+                    const unsigned word = staged[c * PLANE];
+                    const float v[2] = {__uint_as_float(word << 16), __uint_as_float(word & 0xffff0000u)};
                     #pragma unroll
-                    for (int o = 0; o < DW_PROJ_M; o++) s[o] = fmaf(v, pwr[o][c], s[o]);
+                    for (int h = 0; h < 2; h++)
+                        #pragma unroll
+                        for (int o = 0; o < DW_PROJ_M; o++) s[h][o] = fmaf(v[h], pwr[o][c], s[h][o]);
                 }
+                const long long px = (long long)r * W + xx;   // -1 for the first pair's first pixel
                 #pragma unroll
-                for (int o = 0; o < DW_PROJ_M; o++)
-                    if (o < proj.m) part[(size_t)e * proj.m + o] = s[o];
+                for (int h = 0; h < 2; h++)
+                    #pragma unroll
+                    for (int o = 0; o < DW_PROJ_M; o++)
+                        if (o < proj.m && xx + h >= 0 && xx + h < W) part[(px + h) * proj.m + o] = s[h][o];
             }
             return;
         }
