@@ -13,7 +13,7 @@
 // dw_band_frag_kernel) and runs every column tile, and the results go out along channels (16-byte
 // stores). Where nothing is added to out's prior value, a warp finishes each tile in registers
 // (bias, residual, SiLU, rounded once) and writes it as bf16 into its channel's staged rows, over
-// columns no later tile reads, so shared memory holds the input rows alone: four blocks an SM,
+// columns no later tile reads, so shared memory holds the input rows alone: three blocks an SM,
 // whose staging, products and write-out overlap. With DW_ACCUM (and where it measured faster) the
 // fp32 sums are staged channel-major (dwconv_mma.h) and finished as they go out, a warp per
 // channel, two blocks an SM.
@@ -27,11 +27,14 @@ enum { MMA_TH = 16, MMA_CG = 8, MMA_K = 7 };   // MMA_CG: the smallest channel g
 // Threads of a block of CG channels. Every phase of a block (staging, products, write-out) waits on
 // latency. With the fp32 sums staged (SUMS), two blocks fill the shared memory, and at half a warp
 // per channel they left the 56 x 56 pass at 16 warps an SM (H100, 56 x 56 x 144 forward: 0.221 ->
-// 0.206 ms): a warp per channel. Without them, four blocks of 8 warps fit, 32 warps an SM (the
-// registers' limit at 64 a thread) in four blocks' phases: two channels a warp at 16 channels, one
-// at 8 (mma_launch_flags says where the staged sums stay).
+// 0.206 ms): a warp per channel. Without them, blocks of 8 warps: two channels a warp at 16
+// channels, one at 8 (mma_launch_flags says where the staged sums stay), three blocks an SM. Four
+// (32 warps) held a thread to 64 registers, where the tile loop spilled or ran one chain of
+// dependent MMAs; three leave 85 and take two chains (H100, forward, against four blocks, one
+// chain and mma_stage's earlier flat index: 56 x 56 x 144 0.171 -> 0.129 ms, 56 x 56 x 192 0.235
+// -> 0.178, 28 x 28 x 288 0.077 -> 0.080; three blocks alone: 0.134, 0.185, 0.083).
 __host__ __device__ constexpr int mma_threads(int cg, bool sums) { return sums ? 32 * cg : 256; }
-__host__ __device__ constexpr int mma_blocks_per_sm(bool sums) { return sums ? 2 : 4; }
+__host__ __device__ constexpr int mma_blocks_per_sm(bool sums) { return sums ? 2 : 3; }
 
 // a / b for 0 <= a < 2^22 and 0 < b < 2^10, from b's fp32 reciprocal (inv_b = 1 / b): a + 1/2 lies
 // at least 1 / (2 b) from a multiple of b, far beyond the product's rounding (a few 2^-24 of a
@@ -51,42 +54,52 @@ __host__ __device__ constexpr int mma_plane(int rows, int width) { return 2 * dw
 // Stages rows y_first .. y_first + nrows - 1 of one image's CG channels from img (the image at
 // its first channel) into dst channel-major as bf16 bits, channel c's rows cstride elements apart
 // (cstride and sw even): staged pixel (r, s) is (y_first + r, s - off), zero outside the image. A
-// thread moves MMA_STAGE_U pairs of neighbouring staged pixels at a time, all loads (16 bytes, a
-// pixel's channels) before any store: one memory latency per batch, not per pixel; a pair is one
-// 32-bit store per channel (shared-memory stores, not loads, bound the staging).
-// A block of THREADS threads: CG / 8 16-byte vectors a pixel, which a warp's loads take side by side.
+// unit is a pair of neighbouring staged pixels and 8 channels: two 16-byte loads, one 32-bit store
+// per channel (shared-memory stores, not loads, bound the staging). A thread keeps one unit of a
+// row and walks rows rpp apart (rpp: the rows a block's threads cover at once), so its column
+// bounds, source and destination are set up once and a row costs a pointer step; it issues the
+// loads of MMA_STAGE_U rows before any store: one memory latency per batch, not per row. (A flat
+// index over (row, unit) took about 100 instructions a unit, 18 of them its loads, permutes and
+// stores: H100, Nsight Compute, 56 x 56 x 144, where the y / dx pass went from 65.6 M to 50.7 M
+// instructions.)
+// A block of THREADS threads: CG / 8 units a pixel pair, which a warp's loads take side by side.
 enum { MMA_STAGE_U = 4 };
 template <int CG, int THREADS>
 __device__ __forceinline__ void mma_stage(const bf16 *__restrict__ img, const DwconvShape &d,
                                           int y_first, int nrows, int sw, int off,
                                           unsigned short *__restrict__ dst, size_t cstride) {
     constexpr int VPP = CG / 8;
-    const int units = nrows * sw / 2 * VPP;   // sw even: a pair never straddles two rows
-    const float inv_pairs = 1.0f / (sw / 2);   // staged pairs a row
+    const int pairs = sw / 2, upr = pairs * VPP;          // sw even: a pair never straddles two rows
+    const int rpp = THREADS >= upr ? THREADS / upr : 1;   // rows a pass of the block
     unsigned *__restrict__ dst32 = reinterpret_cast<unsigned *>(dst);
-    const size_t cstride32 = cstride / 2;
-    for (int e0 = threadIdx.x; e0 < units; e0 += MMA_STAGE_U * THREADS) {
-        uint4 v[MMA_STAGE_U][2];
-        #pragma unroll
-        for (int u = 0; u < MMA_STAGE_U; u++) {
-            const int e = e0 + u * THREADS, p = e / VPP, vec = e - p * VPP, r = mma_div(p, inv_pairs), yy = y_first + r;
-            const int xx = 2 * p - r * sw - off;
+    const size_t cstride32 = cstride / 2, row_step = (size_t)rpp * d.W * d.C;
+    for (int e = threadIdx.x; e < rpp * upr; e += THREADS) {
+        const int r0 = e / upr, u = e - r0 * upr, j = u / VPP, vec = u - j * VPP, xx = 2 * j - off;
+        const bool in0 = xx >= 0 && xx < d.W, in1 = xx + 1 >= 0 && xx + 1 < d.W;
+        const bf16 *src = img + ((ptrdiff_t)(y_first + r0) * d.W + xx) * d.C + 8 * vec;
+        unsigned *dp = dst32 + 8 * vec * cstride32 + (size_t)r0 * pairs + j;
+        for (int r = r0; r < nrows; r += MMA_STAGE_U * rpp) {
+            uint4 v[MMA_STAGE_U][2];
             #pragma unroll
-            for (int q = 0; q < 2; q++) {
-                v[u][q] = make_uint4(0, 0, 0, 0);
-                if (e < units && yy >= 0 && yy < d.H && xx + q >= 0 && xx + q < d.W)
-                    v[u][q] = *reinterpret_cast<const uint4 *>(img + ((size_t)yy * d.W + xx + q) * d.C + 8 * vec);
+            for (int k = 0; k < MMA_STAGE_U; k++) {
+                const int rr = r + k * rpp, yy = y_first + rr;
+                const bool row_in = rr < nrows && yy >= 0 && yy < d.H;
+                const bf16 *p = src + k * row_step;
+                v[k][0] = row_in && in0 ? *reinterpret_cast<const uint4 *>(p) : make_uint4(0, 0, 0, 0);
+                v[k][1] = row_in && in1 ? *reinterpret_cast<const uint4 *>(p + d.C) : make_uint4(0, 0, 0, 0);
             }
-        }
-        #pragma unroll
-        for (int u = 0; u < MMA_STAGE_U; u++) {
-            const int e = e0 + u * THREADS, p = e / VPP, vec = e - p * VPP;
-            if (e >= units) break;
-            const unsigned lo[4] = {v[u][0].x, v[u][0].y, v[u][0].z, v[u][0].w};
-            const unsigned hi[4] = {v[u][1].x, v[u][1].y, v[u][1].z, v[u][1].w};
             #pragma unroll
-            for (int c = 0; c < 8; c++)   // channel c of both pixels: the word's halves
-                dst32[(8 * vec + c) * cstride32 + p] = __byte_perm(lo[c / 2], hi[c / 2], c % 2 ? 0x7632u : 0x5410u);
+            for (int k = 0; k < MMA_STAGE_U; k++) {
+                if (r + k * rpp >= nrows) break;
+                unsigned *q = dp + (size_t)k * rpp * pairs;
+                const unsigned lo[4] = {v[k][0].x, v[k][0].y, v[k][0].z, v[k][0].w};
+                const unsigned hi[4] = {v[k][1].x, v[k][1].y, v[k][1].z, v[k][1].w};
+                #pragma unroll
+                for (int c = 0; c < 8; c++)   // channel c of both pixels: the word's halves
+                    q[c * cstride32] = __byte_perm(lo[c / 2], hi[c / 2], c % 2 ? 0x7632u : 0x5410u);
+            }
+            src += MMA_STAGE_U * row_step;
+            dp += (size_t)MMA_STAGE_U * rpp * pairs;
         }
     }
 }
@@ -152,14 +165,22 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
         #pragma unroll
         for (int i = 0; i < K; i++) a_lo[i][0] = tw[(g + i) * half + t4], a_lo[i][1] = tw[(g + 8 + i) * half + t4];
         auto column_tile = [&](int jt) {
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            // Two chains of MMAs, tap rows 0 .. K / 2 and the rest, issued in turn, where the
+            // registers allow (more than 64 a thread): one chain of K dependent MMAs left each warp
+            // waiting on the previous MMA's sums between MMAs.
+            constexpr bool TWO = 65536 / (THREADS * mma_blocks_per_sm(SUMS)) > 64;
+            constexpr int KH = TWO ? (K + 1) / 2 : K;
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             const int wcol = jt * 4 + t4;   // the word of columns jt * 8 + 2 t4, + 1
             #pragma unroll
-            for (int i = 0; i < K; i++) {
+            for (int n = 0; n < K; n++) {
+                const int i = !TWO ? n : n % 2 ? KH + n / 2 : n / 2;
                 const unsigned a2 = tw[(g + i) * half + wcol + 4], a3 = tw[(g + 8 + i) * half + wcol + 4];
-                mma_16816_bf16(acc, a_lo[i][0], a_lo[i][1], a2, a3, bfrag[i][0], bfrag[i][1]);
+                mma_16816_bf16(TWO && n % 2 ? acc2 : acc, a_lo[i][0], a_lo[i][1], a2, a3, bfrag[i][0], bfrag[i][1]);
                 a_lo[i][0] = a2, a_lo[i][1] = a3;
             }
+            #pragma unroll
+            for (int e = 0; e < 4; e++) acc[e] += acc2[e];
             if constexpr (SUMS) {
                 dw_put_sums(sums, c, ps, rs, g, jt * 8 + 2 * t4, acc);   // D: rows g, g + 8; columns 2 t4, + 1
             } else {
@@ -188,7 +209,6 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
         }
     }
     __syncthreads();
-    const float inv_w = 1.0f / d.W;
     if constexpr (PROJ) {
         // A thread per pair of output pixels (xx, xx + 1) of the block's rows: their CG results
         // (staged (r, xx) and (r, xx + 1), one 32-bit word a channel, channels tplane apart; with
@@ -202,42 +222,46 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
         for (int o = 0; o < DW_PROJ_M; o++)
             #pragma unroll
             for (int c = 0; c < CG; c++) pwr[o][c] = pws[o * CG + c];
-        const int pairs = (d.W + 1) / 2;   // a row's; an odd width's last pair has one pixel
-        const float inv_pairs = 1.0f / pairs;
-        for (int e = threadIdx.x; e < MMA_TH * pairs; e += THREADS) {
-            const int r = mma_div(e, inv_pairs), xx = 2 * (e - r * pairs), yy = y0 + r;
-            if (yy >= d.H) break;   // e grows with r
-            float s[2][DW_PROJ_M] = {};
-            #pragma unroll
-            for (int c = 0; c < CG; c++) {
-                float v[2];
-                if constexpr (SUMS) {
-                    const float2 sv = *reinterpret_cast<const float2 *>(sums + c * ps + r * rs + xx);
-                    v[0] = __bfloat162float(__float2bfloat16_rn(dw_silu<bf16>(sv.x + bvs[c])));
-                    v[1] = __bfloat162float(__float2bfloat16_rn(dw_silu<bf16>(sv.y + bvs[c])));
-                } else {
-                    const unsigned word = *reinterpret_cast<const unsigned *>(tile + (size_t)c * tplane + r * sw + xx);
-                    v[0] = __uint_as_float(word << 16), v[1] = __uint_as_float(word & 0xffff0000u);
+        // Rows rpp apart a thread (as mma_stage walks them).
+        const int rows = min(MMA_TH, d.H - y0), pairs = (d.W + 1) / 2;   // an odd width's last pair has one pixel
+        const int rpp = THREADS >= pairs ? THREADS / pairs : 1;
+        for (int e = threadIdx.x; e < rpp * pairs; e += THREADS) {
+            const int r0 = e / pairs, xx = 2 * (e - r0 * pairs);
+            for (int r = r0; r < rows; r += rpp) {
+                const int yy = y0 + r;
+                float s[2][DW_PROJ_M] = {};
+                #pragma unroll
+                for (int c = 0; c < CG; c++) {
+                    float v[2];
+                    if constexpr (SUMS) {
+                        const float2 sv = *reinterpret_cast<const float2 *>(sums + c * ps + r * rs + xx);
+                        v[0] = __bfloat162float(__float2bfloat16_rn(dw_silu<bf16>(sv.x + bvs[c])));
+                        v[1] = __bfloat162float(__float2bfloat16_rn(dw_silu<bf16>(sv.y + bvs[c])));
+                    } else {
+                        const unsigned word = *reinterpret_cast<const unsigned *>(tile + (size_t)c * tplane + r * sw + xx);
+                        v[0] = __uint_as_float(word << 16), v[1] = __uint_as_float(word & 0xffff0000u);
+                    }
+                    #pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        #pragma unroll
+                        for (int o = 0; o < DW_PROJ_M; o++) s[h][o] = fmaf(v[h], pwr[o][c], s[h][o]);
+                }
+                float *pp = part + ((size_t)yy * d.W + xx) * proj.m;
+                if (proj.m == DW_PROJ_M && xx + 1 < d.W && ((uintptr_t)pp & 15) == 0) {
+                    static_assert(DW_PROJ_M == 2, "a pair's sums are one 16-byte store");
+                    *reinterpret_cast<float4 *>(pp) = make_float4(s[0][0], s[0][1], s[1][0], s[1][1]);
+                    continue;
                 }
                 #pragma unroll
                 for (int h = 0; h < 2; h++)
                     #pragma unroll
-                    for (int o = 0; o < DW_PROJ_M; o++) s[h][o] = fmaf(v[h], pwr[o][c], s[h][o]);
+                    for (int o = 0; o < DW_PROJ_M; o++)
+                        if (o < proj.m && xx + h < d.W) pp[h * proj.m + o] = s[h][o];
             }
-            float *pp = part + ((size_t)yy * d.W + xx) * proj.m;
-            if (proj.m == DW_PROJ_M && xx + 1 < d.W && ((uintptr_t)pp & 15) == 0) {
-                static_assert(DW_PROJ_M == 2, "a pair's sums are one 16-byte store");
-                *reinterpret_cast<float4 *>(pp) = make_float4(s[0][0], s[0][1], s[1][0], s[1][1]);
-                continue;
-            }
-            #pragma unroll
-            for (int h = 0; h < 2; h++)
-                #pragma unroll
-                for (int o = 0; o < DW_PROJ_M; o++)
-                    if (o < proj.m && xx + h < d.W) pp[h * proj.m + o] = s[h][o];
         }
         return;
     }
+    const float inv_w = 1.0f / d.W;
     // Out along channels: a thread per 8 channels of an output pixel of the block's rows.
     bf16 *o = out + b * plane + c0;
     for (int e = threadIdx.x; e < MMA_TH * d.W * VPP; e += THREADS) {
