@@ -311,9 +311,11 @@ static bool mma_launch(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias
 template <int CG>
 static bool mma_launch_flags(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
                              const DwconvShape &d, int flags, DwProj *proj) {
-    // Also with the sums staged: 8 channels at 56 columns (H100, 56 x 56 x 168 forward: 0.244 ms
-    // against 0.275 finished in registers, at 4 or 8 warps a block; 28 x 28 x 336: 0.113 against 0.085).
-    const bool sums = flags & DW_ACCUM || (CG == 8 && d.W > 32);
+    // The sums staged with DW_ACCUM alone. 8 channels at 56 columns took them too while the pass
+    // ran four blocks an SM (H100, 56 x 56 x 168 forward: 0.244 ms against 0.275 finished in
+    // registers); at three, finished in registers is the faster (0.246 -> 0.241 ms; gspn_s's fused
+    // 7x7 and projection 1.92 -> 1.89 ms over 22 calls).
+    const bool sums = flags & DW_ACCUM;
     if (proj) {
         if (!(sums ? mma_launch<CG, true, true>(ctx, in, w, bias, out, d, flags, *proj)
                    : mma_launch<CG, false, true>(ctx, in, w, bias, out, d, flags, *proj)))
