@@ -129,7 +129,7 @@ __host__ __device__ constexpr int mma_tile_width(int tiles_x) { return mma_row_w
 // unrolls (at 56 x 56, index arithmetic was 40 of the loop's 62 instructions a tile); TX = 0: the
 // arguments' tiles_x and sw. SUMS: the fp32 sums staged (see above). PROJ: the down projection's
 // partial sums (DwProj) go out instead of the output, from the bf16 results in the staged planes
-// or, with SUMS, from the staged sums finished as the output would be (bias, SiLU, bf16).
+// (no SUMS: the projection adds nothing to a prior value).
 template <int K, int CG, int TX, bool SUMS, bool PROJ = false>
 __global__ void __launch_bounds__(mma_threads(CG, SUMS), mma_blocks_per_sm(SUMS))
 dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag, const bf16 *__restrict__ bias,
@@ -142,7 +142,8 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
     float *sums = reinterpret_cast<float *>(mma_smem + (size_t)CG * tplane * 2);   // SUMS: (CG, TH, rs)
     const int c0 = blockIdx.x * CG, y0 = blockIdx.y * MMA_TH;
     const size_t plane = (size_t)d.H * d.W * d.C, b = blockIdx.z;
-    float *pws = SUMS ? sums + (size_t)CG * ps : sums;   // PROJ: the block's columns of proj.w (DW_PROJ_M, CG)
+    static_assert(!(PROJ && SUMS), "the projection reads the results finished in the staged planes");
+    float *pws = sums;   // PROJ: the block's columns of proj.w (DW_PROJ_M, CG), after the planes
     if constexpr (PROJ)
         for (int e = threadIdx.x; e < DW_PROJ_M * CG; e += THREADS)
             pws[e] = e / CG < proj.m ? __bfloat162float(proj.w[(size_t)(e / CG) * d.C + c0 + e % CG]) : 0.0f;
@@ -211,13 +212,10 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
     __syncthreads();
     if constexpr (PROJ) {
         // A thread per pair of output pixels (xx, xx + 1) of the block's rows: their CG results
-        // (staged (r, xx) and (r, xx + 1), one 32-bit word a channel, channels tplane apart; with
-        // SUMS, the sums finished as dw_store_out8 finishes them under DW_SILU, then rounded as it
-        // stores them) against the projection's rows, in channel order.
+        // (staged (r, xx) and (r, xx + 1), one 32-bit word a channel, channels tplane apart)
+        // against the projection's rows, in channel order.
         float *part = proj.part + ((size_t)blockIdx.x * d.B + b) * d.H * d.W * proj.m;
-        float bvs[SUMS ? CG : 1], pwr[DW_PROJ_M][CG];
-        if constexpr (SUMS)
-            for (int c = 0; c < CG; c++) bvs[c] = bias ? __bfloat162float(bias[c0 + c]) : 0.0f;
+        float pwr[DW_PROJ_M][CG];
         #pragma unroll
         for (int o = 0; o < DW_PROJ_M; o++)
             #pragma unroll
@@ -232,15 +230,8 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
                 float s[2][DW_PROJ_M] = {};
                 #pragma unroll
                 for (int c = 0; c < CG; c++) {
-                    float v[2];
-                    if constexpr (SUMS) {
-                        const float2 sv = *reinterpret_cast<const float2 *>(sums + c * ps + r * rs + xx);
-                        v[0] = __bfloat162float(__float2bfloat16_rn(dw_silu<bf16>(sv.x + bvs[c])));
-                        v[1] = __bfloat162float(__float2bfloat16_rn(dw_silu<bf16>(sv.y + bvs[c])));
-                    } else {
-                        const unsigned word = *reinterpret_cast<const unsigned *>(tile + (size_t)c * tplane + r * sw + xx);
-                        v[0] = __uint_as_float(word << 16), v[1] = __uint_as_float(word & 0xffff0000u);
-                    }
+                    const unsigned word = *reinterpret_cast<const unsigned *>(tile + (size_t)c * tplane + r * sw + xx);
+                    const float v[2] = {__uint_as_float(word << 16), __uint_as_float(word & 0xffff0000u)};
                     #pragma unroll
                     for (int h = 0; h < 2; h++)
                         #pragma unroll
@@ -316,10 +307,8 @@ static bool mma_launch_flags(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16
     // registers); at three, finished in registers is the faster (0.246 -> 0.241 ms; gspn_s's fused
     // 7x7 and projection 1.92 -> 1.89 ms over 22 calls).
     const bool sums = flags & DW_ACCUM;
-    if (proj) {
-        if (!(sums ? mma_launch<CG, true, true>(ctx, in, w, bias, out, d, flags, *proj)
-                   : mma_launch<CG, false, true>(ctx, in, w, bias, out, d, flags, *proj)))
-            return false;
+    if (proj) {   // no DW_ACCUM (cuda_dwconv_mma)
+        if (sums || !mma_launch<CG, false, true>(ctx, in, w, bias, out, d, flags, *proj)) return false;
         proj->groups = d.C / CG;
         return true;
     }
