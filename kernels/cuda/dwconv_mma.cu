@@ -180,8 +180,9 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
                 mma_16816_bf16(TWO && n % 2 ? acc2 : acc, a_lo[i][0], a_lo[i][1], a2, a3, bfrag[i][0], bfrag[i][1]);
                 a_lo[i][0] = a2, a_lo[i][1] = a3;
             }
-            #pragma unroll
-            for (int e = 0; e < 4; e++) acc[e] += acc2[e];
+            if constexpr (TWO)
+                #pragma unroll
+                for (int e = 0; e < 4; e++) acc[e] += acc2[e];
             if constexpr (SUMS) {
                 dw_put_sums(sums, c, ps, rs, g, jt * 8 + 2 * t4, acc);   // D: rows g, g + 8; columns 2 t4, + 1
             } else {
