@@ -214,6 +214,7 @@ test-run:
 	 echo "== tests/test_build_probe.sh (the probe follows what is installed)"; bash tests/test_build_probe.sh || fail=1; \
 	 echo "== tests/test_no_history.sh (the code speaks of the project)"; bash tests/test_no_history.sh || fail=1; \
 	 echo "== tests/test_doc_refs.sh (every docs reference points somewhere)"; bash tests/test_doc_refs.sh || fail=1; \
+	 echo "== tests/test_ncu_stalls.sh (tools/ncu_stalls.py on a planted profile)"; bash tests/test_ncu_stalls.sh || fail=1; \
 	 for t in $(TEST_BINS); do echo "== $$t"; $$t || fail=1; done; \
 	 if [ "$(HAVE_MPI)" = 1 ]; then \
 	   echo "== $(MPIRUN) -np 2 $(MPI_TEST)"; $(MPIRUN) -np 2 $(MPI_TEST) || fail=1; \
