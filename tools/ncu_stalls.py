@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where a kernel's warps wait: the warp-stall samples of one Nsight Compute report, per SASS
-instruction, summed three ways.
+instruction, summed by reason, by opcode and by how many times an instruction ran.
 
     ncu --set full --import-source yes --section SourceCounters -k regex:NAME --launch-count 1 -o rep ./cgspn ...
     ncu -i rep.ncu-rep --page source --csv --print-source sass > src.csv

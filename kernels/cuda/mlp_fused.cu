@@ -12,9 +12,9 @@
 // then walks the hidden units 64 at a time:
 // - fc1's chunk, 64 x 64 a warpgroup: x and the chunk of w1 from shared memory (m64n64k16);
 // - bias (fc1's biases staged in shared memory once a block), the pre-activation rounded to bf16,
-//   the erf GELU (kernels/cuda/gelu.h), rounded to bf16
-//   as the unfused path stores h. A warpgroup MMA's accumulator layout is its register A operand's
-//   layout, so these values are fc2's A as they stand;
+//   the erf GELU (kernels/cuda/gelu.h), rounded to bf16 as the unfused path stores h. A warpgroup
+//   MMA's accumulator layout is its register A operand's layout, so these values are fc2's A as
+//   they stand;
 // - fc2 adds h w2[:, chunk]^T into the warpgroup's 64 x C sums (m64nCk16, A from registers, the
 //   chunk of w2 from shared memory), left running while the next chunk's copies land.
 // The weights are first laid out per chunk in shared memory's layout (mlp_weight_chunks_kernel), so
