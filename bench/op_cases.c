@@ -1178,6 +1178,35 @@ static void scan_cases(OpCaseList *l) {
         }
 }
 
+// The scan with its gates made inside it (gspn_scan_proj_fwd): the on-chip kernels at gspn_hier's
+// 2 proxy channels (14 x 14; 7 x 9 without a gate bias), 1 and 4 channels, and the two ops past
+// them (a 70-lane line; per-channel weights). bf16: the gates are rounded as linear_fwd stores
+// them where the CPU keeps them in fp32, one more half ulp (2^-9) of each gate on top of what
+// TOL_SCAN_ACT allows for the scan alone (~3e-3 norm-wise of its 1e-2), about 2e-3 more.
+// Built last, so that the cases before keep their seeds.
+enum { SP_XC, SP_GW, SP_GB, SP_MERGE, SP_YC };
+static void fwd_scan_proj(Ctx *ctx, Tensor *const *t, const OpCase *c) {
+    op_gspn_scan_proj_fwd(ctx, T(SP_XC), T(SP_GW), T(SP_GB), T(SP_MERGE), c->i[0], T(SP_YC));
+}
+static void scan_proj_cases(OpCaseList *l) {
+    static const int shapes[][5] = {{2, 14, 14, 2, 1}, {3, 7, 9, 2, 1}, {2, 11, 6, 1, 1}, {1, 13, 10, 4, 1},
+                                    {2, 9, 70, 2, 1},  {2, 6, 5, 3, 0}};   // B H W Cc shared
+    for (int s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++) {
+        const int B = shapes[s][0], H = shapes[s][1], W = shapes[s][2], Cc = shapes[s][3], shared = shapes[s][4];
+        const int G = shared ? 4 * (2 * Cc + 3) : 20 * Cc;
+        OpCase *c = case_new(l, fwd_scan_proj, NULL, "gspn_scan_proj%s (%d,%d,%d,%d)", shared ? " shared" : "",
+                             B, H, W, Cc);
+        case_ops(c, "gspn_scan_proj_fwd", NULL);
+        c->i[0] = shared;
+        in(c, SP_XC, "xc", -1, 1, SHAPE(B, H, W, Cc));
+        in(c, SP_GW, "gw", -1, 1, SHAPE(G, Cc));
+        in(c, SP_GB, "gb", -1, 1, SHAPE(G));
+        in32(c, SP_MERGE, "merge", -1, 1, SHAPE(4));
+        out(c, SP_YC, "yc", TOL_SCAN_ACT, SHAPE(B, H, W, Cc));
+        if (s == 1) drop(c, SP_GB);
+    }
+}
+
 // ---- sizes with many blocks of partial sums ---------------------------------------------------------
 
 // The reductions at sizes where they split into many blocks (4099 rows of 1152: 4.7M elements),
@@ -1334,6 +1363,7 @@ void op_cases_build(OpCaseList *l, CaseSet set) {
     dwconv_silu_proj_cases(l);
     conv2d_stem2_wide_cases(l);
     dwconv_silu_proj_odd_cases(l);
+    scan_proj_cases(l);
 }
 
 void op_cases_free(OpCaseList *l) {

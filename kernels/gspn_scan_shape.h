@@ -35,6 +35,35 @@ static inline GspnScanDims gspn_scan_dims(const char *op, const Tensor *xc, cons
     return d;
 }
 
+// gspn_scan_proj_fwd's gates: the (B,H,W,G) tensor gspn_scan_fwd would read, in xc's dtype and
+// on its device, without data; gw (G, Cc) and gb (G, or NULL) in xc's dtype and on its device.
+static inline Tensor gspn_scan_proj_gates(const char *op, const Tensor *xc, const Tensor *gw,
+                                          const Tensor *gb, int shared_w) {
+    char a[64];
+    CG_CHECK(xc && gw, "", "op %s: xc and gw are required", op);
+    CG_CHECK(xc->ndim == 4, "", "op %s: xc has shape %s, expected (B, H, W, Cc)", op,
+             tensor_shape_str(xc, a, sizeof a));
+    const int Cc = xc->shape[3], G = GSPN_SCAN_DIRS * (shared_w ? 2 * Cc + 3 : 5 * Cc);
+    CG_CHECK(gw->ndim == 2 && gw->shape[0] == G && gw->shape[1] == Cc,
+             shared_w ? "gspn_shared_w = 1 expects G = 4*(2*Cc+3)" : "gspn_shared_w = 0 expects G = 20*Cc",
+             "op %s: gw has shape %s, expected (%d, %d)", op, tensor_shape_str(gw, a, sizeof a), G, Cc);
+    CG_CHECK(!gb || gb->numel == (size_t)G, "", "op %s: gb has %zu elements, expected %d", op,
+             gb ? gb->numel : 0, G);
+    CG_CHECK(gw->dtype == xc->dtype && (!gb || gb->dtype == xc->dtype) && gw->device == xc->device &&
+                 (!gb || gb->device == xc->device),
+             "", "op %s: gw and gb must be in xc's dtype (%s) and on its device", op, dtype_name(xc->dtype));
+    Tensor g = {0};
+    g.ndim = 4;
+    g.shape[0] = xc->shape[0];
+    g.shape[1] = xc->shape[1];
+    g.shape[2] = xc->shape[2];
+    g.shape[3] = G;
+    g.numel = (size_t)xc->shape[0] * xc->shape[1] * xc->shape[2] * G;
+    g.dtype = xc->dtype;
+    g.device = xc->device;
+    return g;
+}
+
 // t (NULL: not given) holds as many elements as ref.
 static inline void gspn_scan_check_like(const char *op, const char *name, const Tensor *t,
                                         const char *ref_name, const Tensor *ref) {

@@ -313,6 +313,12 @@ OP(ema_update, (Ctx *ctx, Tensor *ema, const Tensor *src, float decay, Tensor *o
 OP(gspn_scan_fwd, (Ctx *ctx, const Tensor *xc, const Tensor *gates, const Tensor *merge,
        int shared_w, Tensor *yc, Tensor *hidden),
    (ctx, xc, gates, merge, shared_w, yc, hidden))
+// The propagation where nothing is recorded, its gates made inside it: yc as gspn_scan_fwd
+// makes it (hidden NULL) from gates = linear_fwd(xc, gw, gb), gw (G, Cc) and gb (G) or NULL in
+// xc's dtype; the gates are never written (the C-GSPN layer's gate projection in inference).
+OP(gspn_scan_proj_fwd, (Ctx *ctx, const Tensor *xc, const Tensor *gw, const Tensor *gb,
+       const Tensor *merge, int shared_w, Tensor *yc),
+   (ctx, xc, gw, gb, merge, shared_w, yc))
 // Accumulates dxc (B,H,W,Cc), dgates (B,H,W,G), dmerge (4). flags: GSPN_SCAN_WRITE_GRADS: dxc
 // and dgates are WRITTEN (every element; their old contents are ignored) and dmerge still
 // accumulates. The tape passes it when nothing has written those gradients yet: on the GPU the

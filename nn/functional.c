@@ -672,6 +672,14 @@ Tensor *nn_gspn_scan(Tape *t, Tensor *xc, Tensor *gates, Tensor *merge, int shar
     return y;
 }
 
+Tensor *nn_gspn_scan_proj(Tape *t, Tensor *xc, Tensor *gw, Tensor *gb, Tensor *merge, int shared_w) {
+    if (tape_would_track(t, xc, gw, gb) || tape_would_track(t, merge, NULL, NULL))
+        return nn_gspn_scan(t, xc, nn_linear(t, xc, gw, gb), merge, shared_w);
+    Tensor *y = tape_tensor_like(t, xc);
+    op_gspn_scan_proj_fwd(t->ctx, xc, gw, gb, merge, shared_w, y);
+    return y;
+}
+
 // Forward only: a MAP head runs in frozen teachers and feature extraction, never under training.
 Tensor *nn_attention_pool(Tape *t, Tensor *q, Tensor *kv, int heads) {
     CG_CHECK(kv->ndim == 3 && tensor_last(kv) % 2 == 0, "", "attention pooling: kv (B, N, 2C)");

@@ -97,3 +97,6 @@ Tensor *nn_mse(Tape *t, Tensor *a, Tensor *b);                         // -> (1)
 Tensor *nn_token_kl(Tape *t, Tensor *s, Tensor *target);               // -> (1)
 // C-GSPN propagation (docs/design.md#cgspn-layer steps 3-5): xc (B,H,W,Cc), gates (B,H,W,G), merge (4)
 Tensor *nn_gspn_scan(Tape *t, Tensor *xc, Tensor *gates, Tensor *merge, int shared_w);
+// nn_gspn_scan(xc, nn_linear(xc, gw, gb), ...) in one op where nothing is recorded (the gates
+// never in memory).
+Tensor *nn_gspn_scan_proj(Tape *t, Tensor *xc, Tensor *gw, Tensor *gb, Tensor *merge, int shared_w);

@@ -157,11 +157,17 @@ static Tensor *block_forward(Tape *t, const HierEncoder *e, HierDrop d, int i, T
         v = nn_silu(t, as_dtype(t, v, op_dtype(t, e, HIER_OP_SILU)));
         xc = linear_as(t, &g->down, v, op_dtype(t, e, HIER_OP_DOWN));
     }
-    Tensor *gates = linear_as(t, &g->gate, xc, op_dtype(t, e, HIER_OP_GATE));  // (B,H,W,G)
+    const DType gdt = op_dtype(t, e, HIER_OP_GATE);
     dt = op_dtype(t, e, HIER_OP_SCAN);
     // merge: four fp32 scalars whatever dt is (kept fp32 in a bf16 table, nn/params.h)
-    Tensor *yc = nn_gspn_scan(t, as_dtype(t, xc, dt), as_dtype(t, gates, dt),
-                              as_dtype(t, g->merge, DTYPE_F32), g->shared_w);
+    Tensor *merge = as_dtype(t, g->merge, DTYPE_F32), *yc;
+    if (gdt == dt) {   // the gates (B,H,W,G) made inside the scan where nothing is recorded
+        yc = nn_gspn_scan_proj(t, as_dtype(t, xc, dt), as_dtype(t, g->gate.w, dt), as_dtype(t, g->gate.b, dt),
+                               merge, g->shared_w);
+    } else {
+        Tensor *gates = linear_as(t, &g->gate, xc, gdt);   // (B,H,W,G)
+        yc = nn_gspn_scan(t, as_dtype(t, xc, dt), as_dtype(t, gates, dt), merge, g->shared_w);
+    }
     if (g->out_norm) yc = layernorm(t, &g->norm, yc);
     if (!pp && !encoder_drop_active(t, d.dp, d.depth) &&
         op_dtype(t, e, HIER_OP_UP) == t->ctx->act_dtype) {   // x + mix and the LPU in one pass

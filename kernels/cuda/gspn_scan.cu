@@ -345,6 +345,11 @@ extern "C" void cuda_gspn_scan_fwd(Ctx *ctx, const Tensor *xc, const Tensor *gat
     gspn::gspn_fwd_impl(ctx, xc, gates, merge, shared_w, yc, hidden, GSPN_TUNING_DEFAULT);
 }
 
+extern "C" void cuda_gspn_scan_proj_fwd(Ctx *ctx, const Tensor *xc, const Tensor *gw, const Tensor *gb,
+                                        const Tensor *merge, int shared_w, Tensor *yc) {
+    gspn::gspn_fwd_proj_impl(ctx, xc, gw, gb, merge, shared_w, yc, GSPN_TUNING_DEFAULT);
+}
+
 // GSPN_SCAN_WRITE_GRADS: dxc and dgates written, dgates never read back or zeroed.
 extern "C" void cuda_gspn_scan_bwd(Ctx *ctx, const Tensor *dyc, const Tensor *xc,
                                    const Tensor *gates, const Tensor *merge, int shared_w,

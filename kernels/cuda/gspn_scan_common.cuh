@@ -660,14 +660,14 @@ void fwd_scans(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hi
 // The shared-weight scans on images that fit on chip (gspn_scan_image.cu): img_fits says whether
 // the path applies to the device, the plan and pointers (NULL ones skipped; adds_dgates: a
 // backward that adds into dgates, which it does not take); fwd_img writes yc and hid (or not,
-// NULL); bwd_img writes (write) or adds dxc, writes dgates (either NULL: skipped), h from hid or
+// NULL), its gates made from xc by gw and gb where gw is set (gates unused then); bwd_img writes (write) or adds dxc, writes dgates (either NULL: skipped), h from hid or
 // recomputed when NULL, and dmpart (4, B) fp64 partials of dmerge (NULL: skipped).
 template <typename T>
 bool img_fits(const CudaCtx *c, const Plan &p, bool bwd, bool adds_dgates, const void *const *ptrs,
               int nptrs);
 template <typename T>
-void fwd_img(CudaCtx *c, const Plan &p, const T *xc, const T *gates, const void *merge, int merge_bf16,
-             T *yc, float *hid);
+void fwd_img(CudaCtx *c, const Plan &p, const T *xc, const T *gates, const T *gw, const T *gb, const void *merge,
+             int merge_bf16, T *yc, float *hid);
 template <typename T>
 void bwd_img(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gates, const float *hid,
              const void *merge, int merge_bf16, T *dxc, T *dgates, double *dmpart, bool write);
@@ -675,6 +675,8 @@ void bwd_img(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gate
 // The two passes with a tuning (gspn_scan_fwd.cu, gspn_scan_bwd.cu); gspn_scan.cu's C entries.
 void gspn_fwd_impl(Ctx *ctx, const Tensor *xc, const Tensor *gates, const Tensor *merge,
                    int shared_w, Tensor *yc, Tensor *hidden, Tuning tu);
+void gspn_fwd_proj_impl(Ctx *ctx, const Tensor *xc, const Tensor *gw, const Tensor *gb, const Tensor *merge,
+                        int shared_w, Tensor *yc, Tuning tu);
 void gspn_bwd_impl(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
                    const Tensor *merge, int shared_w, const Tensor *hidden, Tensor *dxc,
                    Tensor *dgates, Tensor *dmerge, Tuning tu, bool write);

@@ -15,8 +15,9 @@
 //
 // Forward: the blocks stage the gates coalesced (each block half of the image's tokens, through
 // a per-warp scratch, writing every direction's slots into its own or its peer's shared memory),
-// then xc in their layout; once a step has read a slot, the slot keeps that token's h (fp32) and
-// u. After a cluster barrier each block merges yc = m0 y0 + m1 y1 + m2 y2 + m3 y3 with y_d = u_d
+// then xc in their layout; or, given the gate projection (gspn_scan_proj_fwd), xc first and each
+// token's gates made from it into the slots, as linear_fwd's narrow kernel makes them (the gates
+// never in memory). Once a step has read a slot, the slot keeps that token's h (fp32) and u. After a cluster barrier each block merges yc = m0 y0 + m1 y1 + m2 y2 + m3 y3 with y_d = u_d
 // h_d (the staged kernels' order) for its half of the tokens, reading the peer's planes through
 // distributed shared memory, and writes its two directions' h to `hid` as whole rows.
 // Backward: xc, dyc and h (from hid, or recomputed on chip) staged likewise; the reverse scan runs
@@ -32,6 +33,7 @@
 // gspn_scan.cu's model), no per-direction slices. At 56 x 56, Cc = 2, bf16 the forward block
 // takes 112 KiB (two an SM) and the backward's 225 KiB (one an SM).
 #include "gspn_scan_common.cuh"
+#include "narrow_dot.cuh"
 
 namespace gspn {
 
@@ -220,6 +222,39 @@ __device__ void chip_stage_gates(const ChipGeom &g, const T *gimg, int rank, uns
     }
 }
 
+// The gates of this block's half of the tokens made from xc (staged in this pair's layout) into
+// the four directions' slots: gate o = narrow_dot(xc, gw[o], gb[o]) rounded to T, linear_fwd's
+// narrow kernel's formula (narrow_dot.cuh), so the slots hold the bits the gate projection writes.
+template <typename T, int CC>
+__device__ void chip_make_gates(const ChipGeom &g, const T *__restrict__ gw, const T *__restrict__ gb, int rank,
+                                unsigned char *own, unsigned char *peer) {
+    using S = Slot<T, CC>;
+    const T *xs = reinterpret_cast<const T *>(own + g.xs);
+    int t0, t1;
+    chip_half(g, rank, t0, t1);
+    for (int t = t0 + (int)threadIdx.x; t < t1; t += CHIP_THREADS) {
+        int i, j;
+        chip_rc(g, t, i, j);
+        float xv[CC];
+#pragma unroll
+        for (int c = 0; c < CC; c++) xv[c] = to_f32(xs[chip_tix(g, rank, i, j) * CC + c]);
+#pragma unroll
+        for (int d = 0; d < DIRS; d++) {
+            uint32_t sw[S::WORDS] = {};
+#pragma unroll
+            for (int k = 0; k < S::SE; k++) {
+                const int o = d * S::SE + k;   // uniform across the block: cached loads
+                float wv[CC];
+#pragma unroll
+                for (int c = 0; c < CC; c++) wv[c] = to_f32(gw[o * CC + c]);
+                put_raw<T>(sw, k, f32_bits<T>(narrow_dot<CC>(xv, wv, gb ? to_f32(gb[o]) : 0.0f)));
+            }
+            slot_store<T, CC>(slot_plane<T, CC>(g, own, peer, rank, d) + (size_t)chip_tix(g, d >> 1, i, j) * S::BYTES,
+                              sw);
+        }
+    }
+}
+
 // CC values a token of an image-major array (xc, dyc: T; h: fp32) into this pair's layout: 4-byte
 // copies in flight (cp.async; the caller commits and waits) where a token is whole words, else
 // loads and stores.
@@ -361,22 +396,29 @@ __device__ void chip_scan_fwd(const ChipGeom &g, int rank, int q, unsigned char 
 }
 
 // ---- forward --------------------------------------------------------------------------------
+// gw NULL: the gates are read from gates; else made from xc with gw and gb (gates unused).
 template <typename T, int CC>
 __global__ void __launch_bounds__(CHIP_THREADS)
-gspn_fwd_chip_kernel(const T *__restrict__ xc, const T *__restrict__ gates, const void *merge,
-                     int merge_bf16, T *__restrict__ yc, float *__restrict__ hid, long long plane,
-                     ChipGeom g) {
+gspn_fwd_chip_kernel(const T *__restrict__ xc, const T *__restrict__ gates, const T *__restrict__ gw,
+                     const T *__restrict__ gb, const void *merge, int merge_bf16, T *__restrict__ yc,
+                     float *__restrict__ hid, long long plane, ChipGeom g) {
     using S = Slot<T, CC>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int rank = chip_rank(), b = blockIdx.x / 2, hw = g.H * g.W;
     unsigned char *peer = chip_peer(smem_raw, rank);
     chip_sync();   // the peer has started: its shared memory may be written
-    chip_stage_gates<T, CC>(g, gates + (size_t)b * hw * DIRS * S::SE, rank, smem_raw, peer,
-                            reinterpret_cast<uint32_t *>(smem_raw + g.xs));
-    __syncthreads();   // the scratch (in the xc region) is free again
+    if (!gw) {
+        chip_stage_gates<T, CC>(g, gates + (size_t)b * hw * DIRS * S::SE, rank, smem_raw, peer,
+                                reinterpret_cast<uint32_t *>(smem_raw + g.xs));
+        __syncthreads();   // the scratch (in the xc region) is free again
+    }
     chip_stage_tokens<T, CC>(g, rank, xc + (size_t)b * hw * CC, reinterpret_cast<T *>(smem_raw + g.xs));
     cp_async_commit();
     cp_async_wait<0>();
+    if (gw) {
+        __syncthreads();   // every thread's xc copies have landed
+        chip_make_gates<T, CC>(g, gw, gb, rank, smem_raw, peer);
+    }
     chip_sync();
     const int warp = threadIdx.x >> 5;
     if (warp < 2) chip_scan_fwd<T, CC, true, false>(g, rank, warp, smem_raw, nullptr);
@@ -693,13 +735,14 @@ size_t chip_smem(const Plan &p, bool bwd) {
 }
 
 template <typename T, int CC>
-void fwd_chip(CudaCtx *c, const Plan &p, const T *xc, const T *gates, const void *merge, int merge_bf16,
-              T *yc, float *hid) {
+void fwd_chip(CudaCtx *c, const Plan &p, const T *xc, const T *gates, const T *gw, const T *gb,
+              const void *merge, int merge_bf16, T *yc, float *hid) {
     const ChipGeom g = chip_geom<T, CC>(p.H, p.W, false);
     auto k = gspn_fwd_chip_kernel<T, CC>;
     set_smem(k, g.total);
     PairLaunch l(c->stream, 2 * p.B, CHIP_THREADS, g.total);   // two blocks an image
-    CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, k, xc, gates, merge, merge_bf16, yc, hid, (long long)p.plane, g));
+    CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, k, xc, gates, gw, gb, merge, merge_bf16, yc, hid, (long long)p.plane,
+                                  g));
 }
 
 template <typename T, int CC>
@@ -732,12 +775,12 @@ bool img_fits(const CudaCtx *c, const Plan &p, bool bwd, bool adds_dgates, const
 }
 
 template <typename T>
-void fwd_img(CudaCtx *c, const Plan &p, const T *xc, const T *gates, const void *merge, int merge_bf16,
-             T *yc, float *hid) {
+void fwd_img(CudaCtx *c, const Plan &p, const T *xc, const T *gates, const T *gw, const T *gb, const void *merge,
+             int merge_bf16, T *yc, float *hid) {
     switch (p.Cc) {
-    case 1: fwd_chip<T, 1>(c, p, xc, gates, merge, merge_bf16, yc, hid); break;
-    case 2: fwd_chip<T, 2>(c, p, xc, gates, merge, merge_bf16, yc, hid); break;
-    default: fwd_chip<T, 4>(c, p, xc, gates, merge, merge_bf16, yc, hid); break;
+    case 1: fwd_chip<T, 1>(c, p, xc, gates, gw, gb, merge, merge_bf16, yc, hid); break;
+    case 2: fwd_chip<T, 2>(c, p, xc, gates, gw, gb, merge, merge_bf16, yc, hid); break;
+    default: fwd_chip<T, 4>(c, p, xc, gates, gw, gb, merge, merge_bf16, yc, hid); break;
     }
 }
 
@@ -753,8 +796,8 @@ void bwd_img(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gate
 
 #define GSPN_IMG_INSTANCES(T)                                                                  \
     template bool img_fits<T>(const CudaCtx *, const Plan &, bool, bool, const void *const *, int); \
-    template void fwd_img<T>(CudaCtx *, const Plan &, const T *, const T *, const void *, int, T *, \
-                             float *);                                                           \
+    template void fwd_img<T>(CudaCtx *, const Plan &, const T *, const T *, const T *, const T *,    \
+                             const void *, int, T *, float *);                                   \
     template void bwd_img<T>(CudaCtx *, const Plan &, const T *, const T *, const T *, const float *, \
                              const void *, int, T *, T *, double *, bool);
 GSPN_IMG_INSTANCES(float)

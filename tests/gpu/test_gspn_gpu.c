@@ -1,7 +1,8 @@
 // C-GSPN propagation on the GPU (kernels/cuda/gspn_scan.cu) against the CPU reference
 // (kernels/cpu/gspn_scan.c): forward (yc, hidden) and backward (dxc, dgates, dmerge), fp32 and
 // bf16, per-channel and shared weights, on shapes that hit the edges of the kernels' tiling:
-// H != W, H = 1, W = 1, W not a multiple of 32, Cc in {1, 3, 64} (vector and scalar paths).
+// H != W, H = 1, W = 1, W not a multiple of 32, Cc in {1, 3, 64} (vector and scalar paths); and
+// gspn_scan_proj_fwd against linear_fwd then gspn_scan_fwd on the GPU.
 #include "gpulib.h"
 
 enum { DIRS = 4 };
@@ -298,6 +299,55 @@ static void test_gspn_gpu_tunings_match_cpu(void **state) {
     assert_int_equal(fails, 0);
 }
 
+// gspn_scan_proj_fwd equals linear_fwd into the gates, then gspn_scan_fwd without hidden, to the
+// bit (the on-chip kernels make each gate by linear_fwd's narrow formula and rounding), fp32 and
+// bf16: gspn_hier's four latents, an odd grid, no gate bias, Cc of 1 and 4, and past the chip (a
+// 70-lane line, per-channel weights: the two ops themselves). yc starts as NaN bytes.
+static void test_gspn_gpu_scan_proj_equals_the_two_ops(void **state) {
+    GPU_TEST_REQUIRE_DEVICE();
+    const Shape shapes[] = {{2, 56, 56, 2}, {3, 28, 28, 2}, {4, 14, 14, 2}, {5, 7, 7, 2},
+                            {2, 13, 9, 2},  {2, 11, 6, 1},  {1, 13, 10, 4}, {2, 9, 70, 2}, {2, 6, 5, 3}};
+    const int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
+    int fails = 0;
+    for (int dti = 0; dti < 2; dti++) {
+        const DType dt = dti ? DTYPE_BF16 : DTYPE_F32;
+        Ctx g = cuda_ctx_create(0, dt);
+        for (int i = 0; i < nshapes; i++) {
+            const Shape *s = &shapes[i];
+            const int shared_w = i < nshapes - 1, G = gate_width(s->Cc, shared_w), bias = i != 4;
+            Tensor *xc = test_tensor(4, s->B, s->H, s->W, s->Cc), *gw = test_tensor(2, G, s->Cc);
+            Tensor *gb = test_tensor(1, G), *merge = test_tensor(1, DIRS);
+            test_fill(xc, 700 + i, -1.0f, 1.0f);
+            test_fill(gw, 710 + i, -1.0f, 1.0f);
+            test_fill(gb, 720 + i, -1.0f, 1.0f);
+            test_fill(merge, 730 + i, -1.0f, 1.0f);
+            Tensor *gx = gpu_from(&g, xc, dt), *gwd = gpu_from(&g, gw, dt), *gbd = gpu_from(&g, gb, dt);
+            Tensor *gm = gpu_from(&g, merge, DTYPE_F32);
+            Tensor *gates = gpu_poisoned(4, (int[]){s->B, s->H, s->W, G}, dt);
+            Tensor *y2 = gpu_poisoned(4, xc->shape, dt), *y1 = gpu_poisoned(4, xc->shape, dt);
+            cuda_linear_fwd(&g, gx, gwd, bias ? gbd : NULL, NULL, gates);
+            cuda_gspn_scan_fwd(&g, gx, gates, gm, shared_w, y2, NULL);
+            cuda_gspn_scan_proj_fwd(&g, gx, gwd, bias ? gbd : NULL, gm, shared_w, y1);
+            float *h1 = tensor_to_host_f32(&g, y1), *h2 = tensor_to_host_f32(&g, y2);
+            size_t off = 0;
+            for (size_t e = 0; e < xc->numel; e++) off += memcmp(&h1[e], &h2[e], sizeof(float)) != 0 || isnan(h1[e]);
+            if (off) {
+                printf("  %s (%d,%d,%d,%d)%s: %zu of %zu yc elements differ from the two ops\n",
+                       dti ? "bf16" : "fp32", s->B, s->H, s->W, s->Cc, shared_w ? " shared" : "", off, xc->numel);
+                fails++;
+            }
+            free(h1);
+            free(h2);
+            Tensor *cpu_all[] = {xc, gw, gb, merge};
+            for (size_t k = 0; k < sizeof cpu_all / sizeof cpu_all[0]; k++) test_tensor_free(cpu_all[k]);
+            Tensor *gpu_all[] = {gx, gwd, gbd, gm, gates, y1, y2};
+            for (size_t k = 0; k < sizeof gpu_all / sizeof gpu_all[0]; k++) gpu_test_free(gpu_all[k]);
+        }
+        cuda_ctx_destroy(&g);
+    }
+    assert_int_equal(fails, 0);
+}
+
 // Two backward calls on the same inputs give bitwise the same gradients: no float atomics, all
 // reductions in a fixed order. The second shape with shared weights takes the on-chip image path
 // (the writing op; the accumulating one takes the staged kernels, as per-channel weights do).
@@ -358,6 +408,7 @@ int main(void) {
         cmocka_unit_test(test_gspn_gpu_shared_w_images_on_chip_match_cpu),
         cmocka_unit_test(test_gspn_gpu_shared_w_long_rows_match_cpu),
         cmocka_unit_test(test_gspn_gpu_tunings_match_cpu),
+        cmocka_unit_test(test_gspn_gpu_scan_proj_equals_the_two_ops),
         cmocka_unit_test(test_gspn_gpu_backward_is_bitwise_deterministic),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
