@@ -109,16 +109,6 @@ void cpu_gspn_scan_fwd(Ctx *ctx, const Tensor *xc, const Tensor *gates, const Te
     if (!hidden) free(h);
 }
 
-// The two ops through a buffer of the gates: the reference the fused backends are held to.
-void cpu_gspn_scan_proj_fwd(Ctx *ctx, const Tensor *xc, const Tensor *gw, const Tensor *gb,
-                            const Tensor *merge, int shared_w, Tensor *yc) {
-    Tensor gates = gspn_scan_proj_gates("gspn_scan_proj_fwd", xc, gw, gb, shared_w);
-    gates.data = cg_malloc(gates.numel * sizeof(float));
-    cpu_linear_fwd(ctx, xc, gw, gb, NULL, &gates);
-    cpu_gspn_scan_fwd(ctx, xc, &gates, merge, shared_w, yc, NULL);
-    free(gates.data);
-}
-
 // The backward, accumulating; op names the caller in messages.
 static void scan_bwd(const char *op, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
                      const Tensor *merge, int shared_w, const Tensor *hidden, Tensor *dxc,

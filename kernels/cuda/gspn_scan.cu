@@ -84,8 +84,9 @@
 // instead of 16 read, so saving is the fast path and recompute the memory-saving one).
 //
 // Files: gspn_scan_common.cuh (what the passes share), gspn_scan_fwd.cu and gspn_scan_bwd.cu
-// (each pass's kernels, launches and entry), and this one: the plan of a call (tuning, channel
-// groups, geometry, shared memory, pipeline depth) and the C entry points.
+// (each pass's kernels, launches and entry), gspn_proj.cu (gspn_scan_proj_fwd: the gates made
+// from xc on chip; outside libcgspn.so, which has no linear ops), and this one: the plan of a
+// call (tuning, channel groups, geometry, shared memory, pipeline depth) and the C entry points.
 #include "gspn_scan_common.cuh"
 #include "../gspn_scan_shape.h"
 
@@ -336,18 +337,9 @@ void *scratch_alloc(CudaCtx *c, size_t bytes) {
 
 }  // namespace gspn
 
-// The default tuning: channel group and vector width by auto_tuning, pipeline depth by occupancy,
-// no L2 prefetch (it helped in some runs and hurt in others), all four directions.
-static const gspn::Tuning GSPN_TUNING_DEFAULT = {0, 0, 0, 0, 15};
-
 extern "C" void cuda_gspn_scan_fwd(Ctx *ctx, const Tensor *xc, const Tensor *gates,
                                    const Tensor *merge, int shared_w, Tensor *yc, Tensor *hidden) {
-    gspn::gspn_fwd_impl(ctx, xc, gates, merge, shared_w, yc, hidden, GSPN_TUNING_DEFAULT);
-}
-
-extern "C" void cuda_gspn_scan_proj_fwd(Ctx *ctx, const Tensor *xc, const Tensor *gw, const Tensor *gb,
-                                        const Tensor *merge, int shared_w, Tensor *yc) {
-    gspn::gspn_fwd_proj_impl(ctx, xc, gw, gb, merge, shared_w, yc, GSPN_TUNING_DEFAULT);
+    gspn::gspn_fwd_impl(ctx, xc, gates, merge, shared_w, yc, hidden, gspn::TUNING_DEFAULT);
 }
 
 // GSPN_SCAN_WRITE_GRADS: dxc and dgates written, dgates never read back or zeroed.
@@ -356,7 +348,7 @@ extern "C" void cuda_gspn_scan_bwd(Ctx *ctx, const Tensor *dyc, const Tensor *xc
                                    const Tensor *hidden, int flags, Tensor *dxc, Tensor *dgates,
                                    Tensor *dmerge) {
     gspn::gspn_bwd_impl(ctx, dyc, xc, gates, merge, shared_w, hidden, dxc, dgates, dmerge,
-                        GSPN_TUNING_DEFAULT, (flags & GSPN_SCAN_WRITE_GRADS) != 0);
+                        gspn::TUNING_DEFAULT, (flags & GSPN_SCAN_WRITE_GRADS) != 0);
 }
 
 // For the benchmark (bench/cuda/gspn_bench.cu): the same ops with another tuning.

@@ -564,6 +564,9 @@ struct Tuning {
     int cg_bytes, vec_bytes, stages, prefetch;
     int dir_mask;   // benchmark diagnostics only: run these directions of the pipelined kernels
 };
+// The default tuning: channel group and vector width by auto_tuning, pipeline depth by occupancy,
+// no L2 prefetch (it helped in some runs and hurt in others), all four directions.
+constexpr Tuning TUNING_DEFAULT = {0, 0, 0, 0, 15};
 
 // The plan of a call and the launch geometry (gspn_scan.cu, each described there).
 Plan make_plan(const char *op, const Tensor *xc, const Tensor *gates, const Tensor *merge, int shared_w,
@@ -675,8 +678,6 @@ void bwd_img(CudaCtx *c, const Plan &p, const T *dyc, const T *xc, const T *gate
 // The two passes with a tuning (gspn_scan_fwd.cu, gspn_scan_bwd.cu); gspn_scan.cu's C entries.
 void gspn_fwd_impl(Ctx *ctx, const Tensor *xc, const Tensor *gates, const Tensor *merge,
                    int shared_w, Tensor *yc, Tensor *hidden, Tuning tu);
-void gspn_fwd_proj_impl(Ctx *ctx, const Tensor *xc, const Tensor *gw, const Tensor *gb, const Tensor *merge,
-                        int shared_w, Tensor *yc, Tuning tu);
 void gspn_bwd_impl(Ctx *ctx, const Tensor *dyc, const Tensor *xc, const Tensor *gates,
                    const Tensor *merge, int shared_w, const Tensor *hidden, Tensor *dxc,
                    Tensor *dgates, Tensor *dmerge, Tuning tu, bool write);
