@@ -111,8 +111,8 @@ conv2d_stem_kernel(const TX *__restrict__ x, const TW *__restrict__ w, const TW 
 // A warp takes 16 output pixels at a time: their windows are the A operand of m16n8k16 products
 // (KS steps of 16 window values, zero past C k^2), w^T the B operand, built once per thread for all
 // Cout / 8 column tiles and the whole sweep. A lane gathers its 16 window values per step
-// straight from the image (rows g and g + 8 of the tile, values 2 t4, 2 t4 + 1, + 8, + 9),
-// rounded to bf16 as the columns hold them. Each output: the fp32 products' sum in the tensor
+// straight from the image (rows g and g + 8 of the tile, values 2 t4, 2 t4 + 1, + 8, + 9) at
+// offsets it fixes once (its window slots), rounded to bf16 as the columns hold them. Each output: the fp32 products' sum in the tensor
 // cores' order, + bias, rounded once. 27 FMAs an output took the CUDA-core kernel above to its
 // instruction limit (2,700 instructions a pixel); here a 16-pixel tile is 12 MMAs and 16 loads a
 // lane.
@@ -152,11 +152,18 @@ __device__ __forceinline__ void stem_norm_gelu_rows(const bf16 *stage, const Ste
         load_v<8>(post.w + c, vw);
         load_v<8>(post.b + c, vb);
         #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            out[j] = (v[k][j] - m) * rs * vw[j] + vb[j];
-            if (GELU) out[j] = gelu_value<GELU_ERF, true>(round_bf16(out[j]));
+        for (int j = 0; j < 8; j++) out[j] = (v[k][j] - m) * rs * vw[j] + vb[j];
+        unsigned packed[4];   // bf16 pairs, each rounded once (F2FP: round_bf16_pair)
+        #pragma unroll
+        for (int q = 0; q < 4; q++) {
+            if (GELU) {
+                round_bf16_pair(out[2 * q], out[2 * q + 1]);
+                out[2 * q] = gelu_value<GELU_ERF, true>(out[2 * q]);
+                out[2 * q + 1] = gelu_value<GELU_ERF, true>(out[2 * q + 1]);
+            }
+            packed[q] = round_bf16_pair(out[2 * q], out[2 * q + 1]);
         }
-        store_v<8>(y + (row0 + r) * cout + c, out);
+        *reinterpret_cast<uint4 *>(y + (row0 + r) * cout + c) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
     }
 }
 
@@ -185,20 +192,50 @@ conv2d_stem_mma_kernel(const TX *__restrict__ x, const bf16 *__restrict__ w, con
         #pragma unroll
         for (int i = 0; i < 2; i++) bv[nt][i] = bias ? (float)bias[nt * 8 + 2 * t4 + i] : 0.0f;
     }
+    // The lane's window values j = ks 16 + 2 t4 + 8 h + e (the A fragment's columns), fixed for the
+    // whole sweep: (c, ky, kx) as the element offset c sc + ky W + kx from a window's top-left
+    // pixel, shifted left by 4 above the tap ky K + kx (15: past C k^2, always zero). A tile then
+    // spends an add and a mask test on each value, not the index arithmetic of stem_window.
+    int slot[KS][2][2];
+    #pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+        #pragma unroll
+        for (int h = 0; h < 2; h++)
+            #pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int j = ks * 16 + 2 * t4 + 8 * h + e, c = j / (K * K), ky = j / K % K, kx = j % K;
+                slot[ks][h][e] = j < KK ? (int)((c * g.sc + (long long)ky * g.W + kx) << 4) | (ky * K + kx) : 15;
+            }
+    const double inv_wo = 1.0 / g.Wo, inv_ho = 1.0 / g.Ho;
     const size_t tiles = (g.rows + 15) / 16, warps = STEM_MMA_THREADS / 32;
     for (size_t tile = blockIdx.x * warps + threadIdx.x / 32; tile < tiles; tile += gridDim.x * warps) {
         const size_t r[2] = {tile * 16 + g4, tile * 16 + g4 + 8};
         unsigned a[KS][4];   // rows g4, g4 + 8 at values 2 t4 (a[0], a[1]) and 2 t4 + 8 (a[2], a[3])
         #pragma unroll
         for (int i = 0; i < 2; i++) {
-            const StemPixel px = stem_pixel(g, r[i] < g.rows ? r[i] : g.rows - 1);
+            // the pixel's image, row and column: floor((t + 1/2) / n) in fp64 is exact for t < 2^31
+            // (stem_mma_fits), its error far below the 1 / (2 n) margin
+            const unsigned t = (unsigned)(r[i] < g.rows ? r[i] : g.rows - 1);
+            const unsigned bh = (unsigned)(((double)t + 0.5) * inv_wo), b = (unsigned)(((double)bh + 0.5) * inv_ho);
+            const int h0 = (int)(bh - b * (unsigned)g.Ho) * g.s - g.p, w0 = (int)(t - bh * (unsigned)g.Wo) * g.s - g.p;
+            unsigned live = 0;   // bit ky K + kx: the tap lies in the image
+            #pragma unroll
+            for (int ky = 0; ky < K; ky++)
+                #pragma unroll
+                for (int kx = 0; kx < K; kx++)
+                    live |= (unsigned)(h0 + ky >= 0 && h0 + ky < g.H && w0 + kx >= 0 && w0 + kx < g.W) << (ky * K + kx);
+            const TX *corner = x + (long long)b * g.sb + (long long)h0 * g.W + w0;
             #pragma unroll
             for (int ks = 0; ks < KS; ks++)
                 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const int j = ks * 16 + 2 * t4 + 8 * h;
-                    a[ks][2 * h + i] = Vec<bf16, 8>::pair(j < KK ? stem_window<K, TX, bf16>(x, g, px, j) : 0.0f,
-                                                          j + 1 < KK ? stem_window<K, TX, bf16>(x, g, px, j + 1) : 0.0f);
+                    float v[2];
+                    #pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int sl = slot[ks][h][e];
+                        v[e] = live >> (sl & 15) & 1 ? (float)corner[sl >> 4] : 0.0f;
+                    }
+                    a[ks][2 * h + i] = round_bf16_pair(v[0], v[1]);   // as the columns hold them
                 }
         }
         #pragma unroll
@@ -227,6 +264,13 @@ conv2d_stem_mma_kernel(const TX *__restrict__ x, const bf16 *__restrict__ w, con
     }
 }
 
+// The tensor-core kernel's index ranges: pixels counted in 32 bits, a window value's offset from its
+// corner in 27 (its slot, shifted left by 4), the NCHW image dense along rows and columns.
+static bool stem_mma_fits(const Conv2dShape &g) {
+    const long long span = (g.C - 1) * g.sc + 2LL * g.W + 2;
+    return g.rows < (1ull << 31) && span < (1LL << 27) && g.sh == g.W && g.sw == 1;
+}
+
 template <int C, typename TX>
 static void launch_stem_mma(Ctx *ctx, const Conv2dShape &g, const TX *x, const bf16 *w, const bf16 *b, bf16 *y,
                             const StemNormGelu *post) {
@@ -243,7 +287,7 @@ template <int C, typename TX, typename TW>
 static void launch_stem(Ctx *ctx, const Conv2dShape &g, const TX *x, const TW *w, const TW *b, TW *y,
                         TW *cols, const StemNormGelu *post) {
     if constexpr (std::is_same<TW, bf16>::value) {
-        if (!cols) {
+        if (!cols && stem_mma_fits(g)) {
             launch_stem_mma<C>(ctx, g, x, w, b, y, post);
             return;
         }
@@ -268,7 +312,7 @@ static bool stem_covers(const Conv2dShape &g, int nchw) {
 bool cuda_conv2d_stem(Ctx *ctx, const Conv2dShape &g, int nchw, const Tensor *x, const Tensor *w,
                       const Tensor *b, const StemNormGelu *post, Tensor *cols, Tensor *y) {
     if (!stem_covers(g, nchw) || !aligned16(y->data)) return false;
-    if (post && (cols || w->dtype != DTYPE_BF16 || !aligned16(post->w) || !aligned16(post->b)))
+    if (post && (cols || w->dtype != DTYPE_BF16 || !aligned16(post->w) || !aligned16(post->b) || !stem_mma_fits(g)))
         return false;   // the norm and GELU follow the tensor-core kernel alone
     dispatch_dtype2(x->dtype, w->dtype, [&](auto tx, auto tw) {
         using TX = TAG_T(tx);
