@@ -112,10 +112,10 @@ conv2d_stem_kernel(const TX *__restrict__ x, const TW *__restrict__ w, const TW 
 // (KS steps of 16 window values, zero past C k^2), w^T the B operand, built once per thread for all
 // Cout / 8 column tiles and the whole sweep. A lane gathers its 16 window values per step
 // straight from the image (rows g and g + 8 of the tile, values 2 t4, 2 t4 + 1, + 8, + 9) at
-// offsets it fixes once (its window slots), rounded to bf16 as the columns hold them. Each output: the fp32 products' sum in the tensor
-// cores' order, + bias, rounded once. 27 FMAs an output took the CUDA-core kernel above to its
-// instruction limit (2,700 instructions a pixel); here a 16-pixel tile is 12 MMAs and 16 loads a
-// lane.
+// offsets it fixes once (its window slots), rounded to bf16 as the columns hold them. Each
+// output: the fp32 products' sum in the tensor cores' order, + bias, rounded once. 27 FMAs an
+// output took the CUDA-core kernel above to its instruction limit (2,700 instructions a pixel);
+// here a 16-pixel tile is 12 MMAs and 16 loads a lane.
 enum { STEM_MMA_THREADS = 128, STEM_MMA_MAX_NT = 8 };
 
 // A warp's 16 rows of y as conv2d_fwd writes them (bf16), staged (row pitch 72 elements: the
