@@ -16,6 +16,9 @@ typedef struct GspnScanDims {
     size_t plane;   // elements of xc, B*H*W*Cc
 } GspnScanDims;
 
+// Gates a direction: lam (Cc) | u (Cc) | wt (3 shared, or 3 Cc per channel).
+static inline int gspn_scan_gate_block(int Cc, int shared_w) { return shared_w ? 2 * Cc + 3 : 5 * Cc; }
+
 static inline GspnScanDims gspn_scan_dims(const char *op, const Tensor *xc, const Tensor *gates,
                                           const Tensor *merge, int shared_w) {
     char a[64], b[64];
@@ -23,7 +26,7 @@ static inline GspnScanDims gspn_scan_dims(const char *op, const Tensor *xc, cons
     CG_CHECK(xc->ndim == 4, "", "op %s: xc has shape %s, expected (B, H, W, Cc)", op,
              tensor_shape_str(xc, a, sizeof a));
     GspnScanDims d = {xc->shape[0], xc->shape[1], xc->shape[2], xc->shape[3], 0, 0, xc->numel};
-    d.block = shared_w ? 2 * d.Cc + 3 : 5 * d.Cc;
+    d.block = gspn_scan_gate_block(d.Cc, shared_w);
     d.G = GSPN_SCAN_DIRS * d.block;
     CG_CHECK(gates->ndim == 4 && gates->shape[0] == d.B && gates->shape[1] == d.H &&
                  gates->shape[2] == d.W && gates->shape[3] == d.G,
@@ -43,7 +46,7 @@ static inline Tensor gspn_scan_proj_gates(const char *op, const Tensor *xc, cons
     CG_CHECK(xc && gw, "", "op %s: xc and gw are required", op);
     CG_CHECK(xc->ndim == 4, "", "op %s: xc has shape %s, expected (B, H, W, Cc)", op,
              tensor_shape_str(xc, a, sizeof a));
-    const int Cc = xc->shape[3], G = GSPN_SCAN_DIRS * (shared_w ? 2 * Cc + 3 : 5 * Cc);
+    const int Cc = xc->shape[3], G = GSPN_SCAN_DIRS * gspn_scan_gate_block(Cc, shared_w);
     CG_CHECK(gw->ndim == 2 && gw->shape[0] == G && gw->shape[1] == Cc,
              shared_w ? "gspn_shared_w = 1 expects G = 4*(2*Cc+3)" : "gspn_shared_w = 0 expects G = 20*Cc",
              "op %s: gw has shape %s, expected (%d, %d)", op, tensor_shape_str(gw, a, sizeof a), G, Cc);

@@ -3,6 +3,19 @@
 #include "gspn_scan_common.cuh"
 #include "../gspn_scan_shape.h"
 
+namespace {
+// The on-chip kernels with the gates made from the staged xc, where they take the call.
+template <typename T>
+bool proj_on_chip(CudaCtx *c, const gspn::Plan &p, const Tensor *xc, const Tensor *gw, const Tensor *gb,
+                  const Tensor *merge, Tensor *yc, const void *const *ptrs, int nptrs) {
+    if (!gspn::img_fits<T>(c, p, false, false, ptrs, nptrs)) return false;
+    gspn::fwd_img<T>(c, p, static_cast<const T *>(xc->data), nullptr, static_cast<const T *>(gw->data),
+                     gb ? static_cast<const T *>(gb->data) : nullptr, merge->data, merge->dtype == DTYPE_BF16,
+                     static_cast<T *>(yc->data), nullptr);
+    return true;
+}
+}  // namespace
+
 // gspn_scan_proj_fwd: on chip the gates are made from the staged xc (fwd_img with gw); elsewhere
 // linear_fwd writes them into a buffer that the scan then reads.
 extern "C" void cuda_gspn_scan_proj_fwd(Ctx *ctx, const Tensor *xc, const Tensor *gw, const Tensor *gb,
@@ -16,19 +29,9 @@ extern "C" void cuda_gspn_scan_proj_fwd(Ctx *ctx, const Tensor *xc, const Tensor
     check_like(op, "yc", yc, "xc", xc);
     if (p.plane == 0) return;
     CudaCtx *c = cuda_ctx_of(ctx);
-    const int merge_bf16 = merge->dtype == DTYPE_BF16;
-    if (p.bf16 && img_fits<__nv_bfloat16>(c, p, false, false, ptrs, 2)) {
-        using T = __nv_bfloat16;
-        fwd_img<T>(c, p, static_cast<const T *>(xc->data), nullptr, static_cast<const T *>(gw->data),
-                   gb ? static_cast<const T *>(gb->data) : nullptr, merge->data, merge_bf16,
-                   static_cast<T *>(yc->data), nullptr);
+    if (p.bf16 ? proj_on_chip<__nv_bfloat16>(c, p, xc, gw, gb, merge, yc, ptrs, 2)
+               : proj_on_chip<float>(c, p, xc, gw, gb, merge, yc, ptrs, 2))
         return;
-    }
-    if (!p.bf16 && img_fits<float>(c, p, false, false, ptrs, 2)) {
-        fwd_img<float>(c, p, tensor_f32(xc), nullptr, tensor_f32(gw), gb ? tensor_f32(gb) : nullptr, merge->data,
-                       merge_bf16, tensor_f32(yc), nullptr);
-        return;
-    }
     gates.data = cuda_temp_alloc(ctx, gates.numel * dtype_size(gates.dtype));
     cuda_linear_fwd(ctx, xc, gw, gb, nullptr, &gates);
     gspn_fwd_impl(ctx, xc, &gates, merge, shared_w, yc, nullptr, TUNING_DEFAULT);

@@ -663,8 +663,9 @@ void fwd_scans(CudaCtx *c, const Plan &p, const T *xc, const T *gates, float *hi
 // The shared-weight scans on images that fit on chip (gspn_scan_image.cu): img_fits says whether
 // the path applies to the device, the plan and pointers (NULL ones skipped; adds_dgates: a
 // backward that adds into dgates, which it does not take); fwd_img writes yc and hid (or not,
-// NULL), its gates made from xc by gw and gb where gw is set (gates unused then); bwd_img writes (write) or adds dxc, writes dgates (either NULL: skipped), h from hid or
-// recomputed when NULL, and dmpart (4, B) fp64 partials of dmerge (NULL: skipped).
+// NULL), its gates made from xc by gw and gb where gw is set (gates unused then); bwd_img writes
+// (write) or adds dxc, writes dgates (either NULL: skipped), h from hid or recomputed when NULL,
+// and dmpart (4, B) fp64 partials of dmerge (NULL: skipped).
 template <typename T>
 bool img_fits(const CudaCtx *c, const Plan &p, bool bwd, bool adds_dgates, const void *const *ptrs,
               int nptrs);

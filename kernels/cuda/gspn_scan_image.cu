@@ -17,8 +17,9 @@
 // a per-warp scratch, writing every direction's slots into its own or its peer's shared memory),
 // then xc in their layout; or, given the gate projection (gspn_scan_proj_fwd), xc first and each
 // token's gates made from it into the slots, as linear_fwd's narrow kernel makes them (the gates
-// never in memory). Once a step has read a slot, the slot keeps that token's h (fp32) and u. After a cluster barrier each block merges yc = m0 y0 + m1 y1 + m2 y2 + m3 y3 with y_d = u_d
-// h_d (the staged kernels' order) for its half of the tokens, reading the peer's planes through
+// never in memory). Once a step has read a slot, the slot keeps that token's h (fp32) and u.
+// After a cluster barrier each block merges yc = m0 y0 + m1 y1 + m2 y2 + m3 y3 with y_d = u_d h_d
+// (the staged kernels' order) for its half of the tokens, reading the peer's planes through
 // distributed shared memory, and writes its two directions' h to `hid` as whole rows.
 // Backward: xc, dyc and h (from hid, or recomputed on chip) staged likewise; the reverse scan runs
 // only the chain of dL/dh into a plane; then all eight warps form, token by token, the gate
