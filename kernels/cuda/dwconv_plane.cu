@@ -28,19 +28,31 @@ enum { DWP_K = 7, DWP_THREADS = 256 };
 
 __host__ __device__ static size_t dwp_align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
 
+// Pixels first, first + step, ... of an image W columns wide as (row, column), without a division
+// a pixel: the first's and the step's rows and columns are worked out once.
+struct DwpWalk {
+    int px, r, x, dr, dc;
+    const int step;
+    __device__ __forceinline__ DwpWalk(int first, int step_, int W)
+        : px(first), r(first / W), x(first - first / W * W), dr(step_ / W), dc(step_ - step_ / W * W), step(step_) {}
+    __device__ __forceinline__ void next(int W) {
+        px += step, r += dr, x += dc;
+        if (x >= W) x -= W, r++;
+    }
+};
+
 // Starts copying one image's CG channels (img: the image at its first channel) into plane (H, sw,
 // CG), input column x at staged column x + off (16-byte cp.async; the caller commits and waits).
-// Staged columns outside the image are left as they are.
+// Staged columns outside the image are left as they are. blockDim.x is a multiple of the vectors
+// a pixel (every block here is CG threads a column or a channel pair).
 template <int CG, typename T>
 __device__ __forceinline__ void dwp_stage(const T *__restrict__ img, const DwconvShape &d, int sw, int off,
                                           T *__restrict__ plane) {
     constexpr int EPV = 16 / sizeof(T), VPP = CG / EPV;   // elements a vector, vectors a pixel
-    const int total = d.H * d.W * VPP;
-    for (int e = threadIdx.x; e < total; e += blockDim.x) {
-        const int px = e / VPP, r = px / d.W, xx = px - r * d.W, part = e - px * VPP;
-        cp_async<16>(plane + ((size_t)r * sw + xx + off) * CG + part * EPV,
-                     img + ((size_t)r * d.W + xx) * d.C + part * EPV);
-    }
+    const int part = threadIdx.x % VPP;
+    for (DwpWalk p(threadIdx.x / VPP, blockDim.x / VPP, d.W); p.px < d.H * d.W; p.next(d.W))
+        cp_async<16>(plane + ((size_t)p.r * sw + p.x + off) * CG + part * EPV,
+                     img + (size_t)p.px * d.C + part * EPV);
 }
 
 // Starts copying one image's u (n elements, KU a pixel) into us, a pixel a copy (the caller
@@ -67,12 +79,14 @@ template <int N, typename F> __device__ __forceinline__ void dwp_unroll(F &&f) {
 // ---- y and dx -----------------------------------------------------------------------------------
 // Block (C / CG, image blocks), CG * ceil(W / CW) threads: thread t is channel t % CG of columns
 // (t / CG) CW .. + CW - 1; the block takes images blockIdx.y, + gridDim.y, ... through two staged
-// planes. Output row y takes input rows y - P .. y + P through tap rows 0 .. K - 1; its sums sit
+// planes, copying image b + 2 gridDim.y into the plane image b leaves while image b + gridDim.y is
+// computed. Output row y takes input rows y - P .. y + P through tap rows 0 .. K - 1; its sums sit
 // in ring slot y mod K. The step loop unrolls K times, so every slot is a constant.
 // KU = DW_ADDED_K: dwconv_fwd's added input (DwAdded, fp32 in). Each image's u is staged beside
 // its plane (KU values a pixel, one copy each); a thread adds u uw^T + ub to the window pixels it
 // reads that lie in the image, keeps its own columns of x' as a ring of K rows for the residual,
-// and writes them to mid. KU = 0: none.
+// and writes them to mid. KU = 0: none. (x' made once a pixel in the plane by a pass of its own
+// before the sweep took longer: gspn_b's 14^2 calls 0.057 -> 0.065 ms.)
 template <int K, int CG, int CW, int KU, typename T, typename TW>
 __global__ void __launch_bounds__(DWP_THREADS, K >= 5 ? 2 : 3)
 dwconv_plane_kernel(const T *__restrict__ in, const TW *__restrict__ w, const TW *__restrict__ bias,
@@ -87,10 +101,14 @@ dwconv_plane_kernel(const T *__restrict__ in, const TW *__restrict__ w, const TW
     TW *us = reinterpret_cast<TW *>(ws + KK * CG);                     // 2 x (H, W, KU)
     const int c0 = blockIdx.x * CG;
     const size_t img = (size_t)d.H * d.W * d.C;
-    if (blockIdx.y < (unsigned)d.B) {
-        dwp_stage<CG>(in + blockIdx.y * img + c0, d, sw, P, planes);
-        if constexpr (KU > 0) dwp_stage_u<KU>(add.u + (size_t)blockIdx.y * uimg, uimg, us);
-    }
+    auto stage = [&](unsigned b, int buf) {
+        if (b >= (unsigned)d.B) return;
+        dwp_stage<CG>(in + b * img + c0, d, sw, P, planes + buf * plane_elems);
+        if constexpr (KU > 0) dwp_stage_u<KU>(add.u + (size_t)b * uimg, uimg, us + buf * uimg);
+    };
+    stage(blockIdx.y, 0);
+    cp_async_commit();
+    stage(blockIdx.y + gridDim.y, 1);
     cp_async_commit();
     for (int e = threadIdx.x; e < 2 * d.H * 2 * P * VPP; e += blockDim.x) {   // the zero columns
         const int v = e % VPP, col = e / VPP % (2 * P), r = e / VPP / (2 * P) % d.H, buf = e / VPP / (2 * P) / d.H;
@@ -101,29 +119,22 @@ dwconv_plane_kernel(const T *__restrict__ in, const TW *__restrict__ w, const TW
         const int c = e / KK, tap = e - c * KK;
         ws[(flags & DW_FLIP ? KK - 1 - tap : tap) * CG + c] = load_or(w, (size_t)c0 * KK + e, 0.0f);
     }
-    __syncthreads();
     const int c = threadIdx.x % CG, x0 = threadIdx.x / CG * CW;
     const bool live = x0 < d.W;
-    float tap[KK];
-    #pragma unroll
-    for (int t = 0; t < KK; t++) tap[t] = ws[t * CG + c];
-    const float bv = load_or(bias, (size_t)(c0 + c), 0.0f);
     float aw[KU > 0 ? KU : 1], ab = 0.0f;   // the added input's weights for channel c0 + c
     if constexpr (KU > 0) {
         #pragma unroll
         for (int k = 0; k < KU; k++) aw[k] = load_or(add.w, (size_t)(c0 + c) * KU + k, 0.0f);
         ab = load_or(add.b, (size_t)(c0 + c), 0.0f);
     }
+    cp_async_wait<1>();
+    __syncthreads();   // the first image, the zero columns and the taps in shared memory
+    float tap[KK];
+    #pragma unroll
+    for (int t = 0; t < KK; t++) tap[t] = ws[t * CG + c];
+    const float bv = load_or(bias, (size_t)(c0 + c), 0.0f);
     int buf = 0;
     for (unsigned b = blockIdx.y; b < (unsigned)d.B; b += gridDim.y, buf ^= 1) {
-        const unsigned nb = b + gridDim.y;
-        if (nb < (unsigned)d.B) {
-            dwp_stage<CG>(in + nb * img + c0, d, sw, P, planes + (buf ^ 1) * plane_elems);
-            if constexpr (KU > 0) dwp_stage_u<KU>(add.u + (size_t)nb * uimg, uimg, us + (buf ^ 1) * uimg);
-        }
-        cp_async_commit();
-        cp_async_wait<1>();   // image b's copies are in
-        __syncthreads();
         if (live) {
             const T *pc = planes + buf * plane_elems + x0 * CG + c;   // pixel (r, x0 + q): pc[(r sw + q) CG]
             const TW *uc0 = us + buf * uimg + (x0 - P) * KU;          // u of pixel (r, x0 - P + q)
@@ -196,7 +207,10 @@ dwconv_plane_kernel(const T *__restrict__ in, const TW *__restrict__ w, const TW
                 if (t0 + decltype(uc)::value < steps) step(t0 + decltype(uc)::value, uc, std::false_type{});
             });
         }
-        __syncthreads();   // plane buf is free for the image after next
+        cp_async_wait<0>();   // image b + gridDim.y's copies are in
+        __syncthreads();      // and every thread is done with plane buf: one barrier an image
+        stage(b + 2 * gridDim.y, buf);
+        cp_async_commit();
     }
 }
 
