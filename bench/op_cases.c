@@ -691,8 +691,8 @@ static void conv2d_stem2_cases(OpCaseList *l) {
     conv2d_cases_of(l, cases, (int)(sizeof cases / sizeof cases[0]));
 }
 
-// gspn_s's and gspn_b's second stem convolution (56 -> 112 and 64 -> 128, channels-last, bf16,
-// no kept columns: kernels/cuda/conv2d_taps.cu), forward only: tiles of 128 output pixels with a
+// The second stem convolution at widths 112 and 128 (56 -> 112; 64 -> 128, gspn_s's and gspn_b's;
+// channels-last, bf16, no kept columns: kernels/cuda/conv2d_taps.cu), forward only: tiles of 128 output pixels with a
 // partial last one, and (4 x 130 x 134) more tiles than an H100 has SMs, so that blocks take a
 // second tile. Built after the cases before, so that theirs keep their seeds.
 static void conv2d_stem2_wide_cases(OpCaseList *l) {

@@ -1,7 +1,7 @@
 // A channels-last bf16 3x3 stride-2 convolution as nine tap products on warpgroup MMAs, without the
 // column matrix (kernels/cuda/conv2d_taps.cu): conv2d_fwd where no backward follows (cols NULL), of
-// at most 64 input channels (a multiple of 8) into 96, 112 or 128 outputs: gspn_s's and gspn_b's
-// second stem convolution (56 -> 112, 64 -> 128). kernels/cuda/conv2d.cu calls it before its
+// at most 64 input channels (a multiple of 8) into 96, 112 or 128 outputs: the second stem
+// convolution at widths 112 and 128 (56 -> 112; 64 -> 128, gspn_s's and gspn_b's). kernels/cuda/conv2d.cu calls it before its
 // column matrix and GEMM; it returns false, launching nothing, where it does not apply (another
 // shape, an unaligned pointer, a GPU other than sm_90, a build without CUTLASS).
 #pragma once
