@@ -692,9 +692,9 @@ static void conv2d_stem2_cases(OpCaseList *l) {
 }
 
 // The second stem convolution at widths 112 and 128 (56 -> 112; 64 -> 128, gspn_s's and gspn_b's;
-// channels-last, bf16, no kept columns: kernels/cuda/conv2d_taps.cu), forward only: tiles of 128 output pixels with a
-// partial last one, and (4 x 130 x 134) more tiles than an H100 has SMs, so that blocks take a
-// second tile. Built after the cases before, so that theirs keep their seeds.
+// channels-last, bf16, no kept columns: kernels/cuda/conv2d_taps.cu), forward only: tiles of 128
+// output pixels with a partial last one, and (4 x 130 x 134) more tiles than an H100 has SMs, so
+// that blocks take a second tile. Built after the cases before, so that theirs keep their seeds.
 static void conv2d_stem2_wide_cases(OpCaseList *l) {
     static const int cases[][5] = {{1, 64, 30, 26, 128}, {2, 56, 23, 40, 112}, {4, 64, 130, 134, 128}};   // B C H W Cout
     for (int ci = 0; ci < (int)(sizeof cases / sizeof cases[0]); ci++) {

@@ -34,7 +34,8 @@ struct DwpWalk {
     int px, r, x, dr, dc;
     const int step;
     __device__ __forceinline__ DwpWalk(int first, int step_, int W)
-        : px(first), r(first / W), x(first - first / W * W), dr(step_ / W), dc(step_ - step_ / W * W), step(step_) {}
+        : px(first), r(first / W), x(first - first / W * W), dr(step_ / W), dc(step_ - step_ / W * W),
+          step(step_) {}
     __device__ __forceinline__ void next(int W) {
         px += step, r += dr, x += dc;
         if (x >= W) x -= W, r++;
