@@ -486,9 +486,10 @@ static void bwd_dwconv(Ctx *ctx, Tensor *const *t, const OpCase *c) {
 // 16x16x40), and so does 3x3 on fp32 activations up to 16 x 16; larger bf16 7x7 grids with C a
 // multiple of 8 take dwconv_mma.cu. Modes: fp32, bf16, and fp32 x with bf16 weights (the LPUs
 // on the residual stream: fp32 arithmetic on the same rounded weights, fp32's bound). The flags
-// take turns: none, DWCONV_RESIDUAL, and that with DWCONV_WRITE_DX (dx written over NaN).
-static void dwconv_cases_of(OpCaseList *l, const int (*shapes)[5], int n) {
-    const int flag_sets[3] = {0, DWCONV_RESIDUAL, DWCONV_RESIDUAL | DWCONV_WRITE_DX};
+// take turns: none, DWCONV_RESIDUAL, and that with DWCONV_WRITE_DX (dx written over NaN), unless
+// the caller names three others.
+static const int dwconv_flag_turns[3] = {0, DWCONV_RESIDUAL, DWCONV_RESIDUAL | DWCONV_WRITE_DX};
+static void dwconv_cases_of(OpCaseList *l, const int (*shapes)[5], int n, const int *flag_sets) {
     for (int s = 0; s < n; s++)
         for (int m = 0; m < 2; m++) {
             const int B = shapes[s][0], H = shapes[s][1], W = shapes[s][2], C = shapes[s][3],
@@ -529,7 +530,7 @@ static void dwconv_cases(OpCaseList *l) {
                                     {2, 11, 16, 32, 7}, {1, 16, 15, 56, 7}, {2, 16, 16, 48, 3},
                                     {3, 5, 12, 40, 3},  {2, 14, 14, 32, 3}, {3, 2, 2, 64, 7},
                                     {2, 1, 1, 32, 7},   {2, 3, 2, 48, 3},   {2, 16, 16, 40, 7}};   // B H W C k
-    dwconv_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]));
+    dwconv_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]), dwconv_flag_turns);
 
     // The added input x' = x + u uw^T + ub (the mixer's up projection onto the stream, then the
     // LPU) on the fp32 stream, fp32 or bf16 weights: gspn_t's four LPU grids at its widths, a
@@ -632,7 +633,18 @@ static void dwconv_stage_cases(OpCaseList *l) {
     static const int shapes[][5] = {{1, 56, 56, 144, 7}, {1, 50, 53, 48, 7}, {2, 28, 28, 288, 7},
                                     {3, 14, 14, 40, 7},  {5, 7, 7, 40, 7},   {2, 7, 7, 96, 7},
                                     {3, 7, 7, 64, 7}};   // B H W C k
-    dwconv_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]));
+    dwconv_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]), dwconv_flag_turns);
+}
+
+// The 7x7's backward in one pass over dy and x where dx is written (dwconv_plane_mma.cu, images of 9
+// to 16 columns): 14 x 14 at 16 channels a block (the model's shape, dx alone and with the
+// residual), at 8 (24 channels), and 9 x 13 on a run-time side. Built after the cases before, so
+// that theirs keep their seeds.
+static void dwconv_bwd_one_pass_cases(OpCaseList *l) {
+    static const int shapes[][5] = {{3, 14, 14, 48, 7}, {2, 14, 14, 32, 7}, {2, 14, 14, 24, 7},
+                                    {3, 9, 13, 16, 7}};   // B H W C k
+    static const int flag_sets[3] = {DWCONV_WRITE_DX, DWCONV_RESIDUAL | DWCONV_WRITE_DX, DWCONV_WRITE_DX};
+    dwconv_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]), flag_sets);
 }
 
 // The mixer's convolution, SiLU and down projection as one op (dwconv_silu_proj_fwd): the fused
@@ -1364,6 +1376,7 @@ void op_cases_build(OpCaseList *l, CaseSet set) {
     conv2d_stem2_wide_cases(l);
     dwconv_silu_proj_odd_cases(l);
     scan_proj_cases(l);
+    dwconv_bwd_one_pass_cases(l);
 }
 
 void op_cases_free(OpCaseList *l) {

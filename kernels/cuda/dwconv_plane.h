@@ -64,6 +64,12 @@ bool cuda_dwconv_image7(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bia
 bool cuda_dwconv_image7_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
                            float *db);
 
+// The backward in one pass over dy and in, for the same shapes: dx = the mirrored taps of dy (flags:
+// DW_FLIP, DW_RESID; written, not added to), dw and db as above. Returns false, launching nothing,
+// when the shape or flags are not covered.
+bool cuda_dwconv_plane_mma_bwd(Ctx *ctx, const bf16 *dy, const bf16 *in, const bf16 *w, bf16 *dx,
+                               const DwconvShape &d, int flags, float *dw, float *db);
+
 // dw (+)= the 7 x 7 taps' gradient, db (+)= dy's sums (either NULL: skipped), bf16 dy and in;
 // deterministic. Returns false, launching nothing, when the shape is not covered.
 bool cuda_dwconv_plane_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d,

@@ -17,7 +17,10 @@
 // over the image's staged pixels, which the next image's replace (the zero border stays); with
 // DW_ACCUM the fp32 sums are staged channel-major (dwconv_mma.h) and finished as they go out with
 // the prior value. Either way the results go out along channels (16-byte stores). The dw
-// pass below is dwconv_mma.cu's dw product on the same resident blocks.
+// pass below is dwconv_mma.cu's dw product on the same resident blocks; where dx is written (not
+// added to), it makes dx too from the dy it stages, so that the backward reads dy once (H100, 14 x
+// 14 x 576: 0.081 ms for the one pass against 0.091 for the two; 128 registers, two blocks an SM,
+// where held to three it spills 352 bytes).
 #include "dwconv_plane.h"
 
 enum {
@@ -97,6 +100,72 @@ __device__ __forceinline__ void dpm_each_image(int B, Load &&load, Store &&store
     }
 }
 
+// The y / dx product of a warp's two channels over their staged planes: tw is the first
+// channel's, the second's PLANE words on, input row -P at row 0 (rows DPM_WORDS words long) and
+// input columns -P, 1 - P at word 0. A_i's fragment: rows g and g + 8 (staged rows + i), the words
+// of column pairs 2 t4 and 2 t4 + 8 of the tile. Four independent chains: 2 channels x 2 tiles.
+template <int PLANE>
+__device__ __forceinline__ void dpm_band_mma(const unsigned *tw, const unsigned (&bfrag)[2][DPM_K][2], int g,
+                                             int t4, float (&acc)[2][2][4]) {
+    #pragma unroll
+    for (int i = 0; i < DPM_K; i++)
+        #pragma unroll
+        for (int cc = 0; cc < 2; cc++)
+            #pragma unroll
+            for (int jt = 0; jt < 2; jt++) {
+                const unsigned *r0 = tw + cc * PLANE + (g + i) * DPM_WORDS + jt * 4 + t4, *r8 = r0 + 8 * DPM_WORDS;
+                mma_16816_bf16(acc[cc][jt], r0[0], r8[0], r0[4], r8[4], bfrag[cc][i][0], bfrag[cc][i][1]);
+            }
+}
+
+// The product's outputs finished in registers (+ bv, + the staged input pixel with DW_RESID, SiLU
+// with DW_SILU, rounded once to bf16) and written over their own staged pixels, which only this
+// warp's products read (the zero border stays): output (m, x), m = g + 8 (e / 2), x = jt * 8 + 2 t4
+// + e % 2, at halfword 2 (cc PLANE + m DPM_WORDS) + x of t16 (the first channel's image pixel
+// (0, 0)).
+template <int PLANE>
+__device__ __forceinline__ void dpm_finish_in_place(unsigned short *t16, const float (&acc)[2][2][4],
+                                                    const float (&bv)[2], int flags, int H, int W, int g, int t4) {
+    float v[2][2][4];
+    #pragma unroll
+    for (int cc = 0; cc < 2; cc++)
+        #pragma unroll
+        for (int jt = 0; jt < 2; jt++)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int at = 2 * (cc * PLANE + (g + 8 * (e / 2)) * DPM_WORDS) + jt * 8 + 2 * t4 + e % 2;
+                v[cc][jt][e] = acc[cc][jt][e] + bv[cc];
+                if (flags & DW_RESID) v[cc][jt][e] += __uint_as_float((unsigned)t16[at] << 16);
+                if (flags & DW_SILU) v[cc][jt][e] = dw_silu<bf16>(v[cc][jt][e]);
+            }
+    __syncwarp();
+    #pragma unroll
+    for (int cc = 0; cc < 2; cc++)
+        #pragma unroll
+        for (int jt = 0; jt < 2; jt++)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int m = g + 8 * (e / 2), x = jt * 8 + 2 * t4 + e % 2;
+                if (m < H && x < W)
+                    t16[2 * (cc * PLANE + m * DPM_WORDS) + x] = __bfloat16_as_ushort(__float2bfloat16_rn(v[cc][jt][e]));
+            }
+}
+
+// The block's finished outputs out along channels (o: the image's first pixel at the block's first
+// channel): a thread per 8 channels of an output pixel, from halfword 2 (c PLANE + r DPM_WORDS) + xx
+// of t16 (as dpm_finish_in_place left them).
+template <int PLANE, int THREADS, int VPP>
+__device__ __forceinline__ void dpm_write_out(const unsigned short *t16, bf16 *o, int H, int W, int C) {
+    for (int e = threadIdx.x; e < H * W * VPP; e += THREADS) {
+        const int pix = e / VPP, v8 = 8 * (e - pix * VPP), r = pix / W, xx = pix - r * W;
+        const unsigned short *staged = t16 + 2 * (v8 * PLANE + r * DPM_WORDS) + xx;
+        unsigned word[4];
+        #pragma unroll
+        for (int h = 0; h < 4; h++) word[h] = staged[4 * h * PLANE] | (unsigned)staged[2 * (2 * h + 1) * PLANE] << 16;
+        *reinterpret_cast<uint4 *>(o + ((size_t)r * W + xx) * C + v8) = make_uint4(word[0], word[1], word[2], word[3]);
+    }
+}
+
 // The image side both plane kernels take as a constant: gspn's 14 x 14 stage at 224 px (then the
 // write-out's division by the width and the dw pass's row loop are constants; other sides: S = 0).
 enum { DPM_SIDE = 14 };
@@ -113,7 +182,7 @@ __global__ void __launch_bounds__(16 * CG, PROJ ? 2 : 0)
 dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const bf16 *__restrict__ bias,
                         bf16 *__restrict__ out, DwconvShape d, int flags, DwProj proj) {
     static_assert(!(SUMS && PROJ), "the projection reads the results from the staged planes");
-    constexpr int K = DPM_K, P = DPM_P, KK = K * K, TX = 2;
+    constexpr int K = DPM_K, P = DPM_P, KK = K * K;
     constexpr int THREADS = 16 * CG, VPP = CG / 8;   // VPP: 16-byte vectors a pixel
     constexpr int PLANE = dw_stage_plane(DPM_ROWS * DPM_WORDS);   // words a channel's staged plane
     constexpr int RS = dw_sum_row(16), PS = dw_sum_plane(DPM_TH, 16);
@@ -154,53 +223,17 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
     };
     auto store = [&]() { dpm_store(tile, un, px, PLANE, PLANE); };
     dpm_each_image(d.B, load, store, [&](unsigned b) {
-        // A_i's fragment: rows g and g + 8 (staged rows + i), the words of column pairs 2 t4 and
-        // 2 t4 + 8 of the tile. Four independent chains: 2 channels x TX tiles.
-        float acc[2][TX][4] = {};
-        #pragma unroll
-        for (int i = 0; i < K; i++)
-            #pragma unroll
-            for (int cc = 0; cc < 2; cc++) {
-                const unsigned *tw = tile + (2 * warp + cc) * PLANE;
-                #pragma unroll
-                for (int jt = 0; jt < TX; jt++) {
-                    const int wd = jt * 4 + t4;
-                    const unsigned a0 = tw[(g + i) * DPM_WORDS + wd], a1 = tw[(g + 8 + i) * DPM_WORDS + wd];
-                    const unsigned a2 = tw[(g + i) * DPM_WORDS + wd + 4], a3 = tw[(g + 8 + i) * DPM_WORDS + wd + 4];
-                    mma_16816_bf16(acc[cc][jt], a0, a1, a2, a3, bfrag[cc][i][0], bfrag[cc][i][1]);
-                }
-            }
+        float acc[2][2][4] = {};
+        dpm_band_mma<PLANE>(tile + 2 * warp * PLANE, bfrag, g, t4, acc);
         if constexpr (SUMS) {
             #pragma unroll
             for (int cc = 0; cc < 2; cc++)
                 #pragma unroll
-                for (int jt = 0; jt < TX; jt++)   // D: rows g, g + 8; columns jt * 8 + 2 t4, + 1
+                for (int jt = 0; jt < 2; jt++)   // D: rows g, g + 8; columns jt * 8 + 2 t4, + 1
                     dw_put_sums(sums, 2 * warp + cc, PS, RS, g, jt * 8 + 2 * t4, acc[cc][jt]);
         } else {
-            // Output (m, x), m = g + 8 (e / 2), x = jt * 8 + 2 t4 + e % 2, is staged pixel (m + P,
-            // x + P) (element `at` of the planes): its residual is read there, and its result goes
-            // there once the warp's products have read every pixel.
-            auto each_output = [&](auto &&f) {
-                #pragma unroll
-                for (int cc = 0; cc < 2; cc++)
-                    #pragma unroll
-                    for (int jt = 0; jt < TX; jt++)
-                        #pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const int m = g + 8 * (e / 2), x = jt * 8 + 2 * t4 + e % 2;
-                            f(cc, jt, e, m < H && x < W, 2 * ((2 * warp + cc) * PLANE + (m + P) * DPM_WORDS) + x + P);
-                        }
-            };
-            float v[2][TX][4];
-            each_output([&](int cc, int jt, int e, bool, int at) {
-                v[cc][jt][e] = acc[cc][jt][e] + bv[cc];
-                if (flags & DW_RESID) v[cc][jt][e] += __uint_as_float((unsigned)tile16[at] << 16);
-                if (flags & DW_SILU) v[cc][jt][e] = dw_silu<bf16>(v[cc][jt][e]);
-            });
-            __syncwarp();
-            each_output([&](int cc, int jt, int e, bool in_image, int at) {   // the zero border stays
-                if (in_image) tile16[at] = __bfloat16_as_ushort(__float2bfloat16_rn(v[cc][jt][e]));
-            });
+            // output (m, x) is staged pixel (m + P, x + P)
+            dpm_finish_in_place<PLANE>(tile16 + 2 * (2 * warp * PLANE + P * DPM_WORDS) + P, acc, bv, flags, H, W, g, t4);
         }
         __syncthreads();
         if constexpr (PROJ) {
@@ -236,22 +269,18 @@ dwconv_plane_mma_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w,
             }
             return;
         }
-        // Out along channels: a thread per 8 channels of an output pixel, from staged (r + P, xx + P).
+        // Out along channels, from staged (r + P, xx + P).
         bf16 *o = out + b * img + c0;
-        for (int e = threadIdx.x; e < H * W * VPP; e += THREADS) {
-            const int pix = e / VPP, v8 = 8 * (e - pix * VPP), r = pix / W, xx = pix - r * W;
-            const unsigned short *staged = tile16 + 2 * (v8 * PLANE + (r + P) * DPM_WORDS) + xx + P;
-            bf16 *p = o + ((size_t)r * W + xx) * d.C + v8;
-            if constexpr (SUMS) {
-                dw_store_out8(p, sums + v8 * PS + r * RS + xx, PS, bias ? bias + c0 + v8 : nullptr, flags,
+        if constexpr (SUMS) {
+            for (int e = threadIdx.x; e < H * W * VPP; e += THREADS) {
+                const int pix = e / VPP, v8 = 8 * (e - pix * VPP), r = pix / W, xx = pix - r * W;
+                const unsigned short *staged = tile16 + 2 * (v8 * PLANE + (r + P) * DPM_WORDS) + xx + P;
+                dw_store_out8(o + ((size_t)r * W + xx) * d.C + v8, sums + v8 * PS + r * RS + xx, PS,
+                              bias ? bias + c0 + v8 : nullptr, flags,
                               [&](int c) { return __uint_as_float((unsigned)staged[2 * c * PLANE] << 16); });
-            } else {
-                unsigned word[4];
-                #pragma unroll
-                for (int h = 0; h < 4; h++)
-                    word[h] = staged[4 * h * PLANE] | (unsigned)staged[2 * (2 * h + 1) * PLANE] << 16;
-                *reinterpret_cast<uint4 *>(p) = make_uint4(word[0], word[1], word[2], word[3]);
             }
+        } else {
+            dpm_write_out<PLANE, THREADS, VPP>(tile16 + 2 * P * DPM_WORDS + P, o, H, W, d.C);
         }
     });
 }
@@ -290,7 +319,7 @@ bool cuda_dwconv_plane_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *
     return true;
 }
 
-// ---- dw and db ----------------------------------------------------------------------------------
+// ---- dw and db, and the backward in one pass ----------------------------------------------------
 // dwconv_mma.cu's dw product on the same resident blocks: per channel and dy row y,
 //   D (16 x 8) += A (16 x 16) B (16 x 8),  A[j][q] = dy[y][q - j + P],  B[q][i] = in[y + i - P][q],
 // so that D[j][i] = dw[i][j] (j, i < K) summed over the row's 16 columns (every pair with both in
@@ -298,31 +327,42 @@ bool cuda_dwconv_plane_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *
 // 8 - 15 against B's eighth column (dw_grad_mma2, dwconv_mma.h), and a second MMA of the same A
 // against ones for the bias gradient: 7 pairs for a 14 x 14 image.
 // Per image the block stages its channels' x rows (input column x at staged column x) and dy rows
-// (dy column c at staged column c + DPD_OFF, so that A's column pairs are words for even j and two
-// words' halves for odd j), the next image's pixels loaded into registers meanwhile. Four MMA
-// chains a warp (2 channels x even and odd rows) sum over the block's images; each block's sums
-// are one row of the partial matrix (image blocks, C k^2 + C), added in a fixed order.
-// A staged dy row is 13 words: A's reach from word (2 t4 - g + 8) / 2 is 5 words on (the last
-// one read but unused at even g). Every lane reads the same dy row, so its width sets no banks.
-enum { DPD_OFF = 5, DPD_DY_ROWS = DWP_MAX_SIDE, DPD_WORDS = 13 };
+// (dy row r at staged row r + P, dy column c at staged column c + DPD_OFF, so that A's column
+// pairs are words for even j and two words' halves for odd j), the next image's pixels loaded into
+// registers meanwhile. Four MMA chains a warp (2 channels x even and odd rows) sum over the
+// block's images; each block's sums are one row of the partial matrix (image blocks, C k^2 + C),
+// added in a fixed order.
+// A's reach from word (2 t4 - g + 8) / 2 is 5 words on, to word 12 (read but unused at even g):
+// that word is the next row's word 0, dy columns -5 and -4, always zero (the planes' last row has
+// its two padding words behind it). So a staged dy row is DPM_WORDS long, as the y / dx pass's
+// rows: with DX the same planes are the dx product's input (zero rows P above and below, dy
+// column -P in word 1), and dx goes out as the y / dx pass's output does. Every lane of the dw
+// product reads the same dy row, so its width sets no banks there.
+enum { DPD_OFF = 5 };
 static_assert(3 * 128 >= (int)DWP_MAX_SIDE * ((DWP_MAX_SIDE + 1) / 2 + (DWP_MAX_SIDE + 2) / 2),
               "three units a thread stage a 16 x 16 image's x and dy");
 static_assert((DPM_P + DPD_OFF) % 2 == 0, "A's pairs are words for even j");
+static_assert((DPD_OFF - DPM_P) % 2 == 0, "the dx product's pairs are words");
+static_assert(2 * (1 + (DWP_MAX_SIDE + 2) / 2) + 1 < 2 * DPM_WORDS,
+              "the dy pairs (the last one's word 1 + (W + 2) / 2) lie in a row");
+static_assert(dw_stage_plane(DPM_ROWS * DPM_WORDS) > DPM_ROWS * DPM_WORDS, "a word behind the last row");
 
 // U: units a thread loads an image (x pairs, then dy pairs, CG / 8 vectors each). S > 0: the
-// images are S x S.
-template <int CG, int U, int S>
+// images are S x S. DX: dx = the mirrored taps of dy (w, flags: DW_FLIP, DW_RESID as for the y /
+// dx pass; no DW_ACCUM) goes out too.
+template <int CG, int U, int S, bool DX>
 __global__ void __launch_bounds__(16 * CG)
 dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, DwconvShape d,
-                           float *__restrict__ partial) {
+                           float *__restrict__ partial, const bf16 *__restrict__ w, bf16 *__restrict__ dx,
+                           int flags) {
     constexpr int K = DPM_K, P = DPM_P, KK = K * K, THREADS = 16 * CG, VPP = CG / 8;
-    constexpr int XPLANE = dw_stage_plane(DPM_ROWS * DPM_WORDS), DPLANE = dw_stage_plane(DPD_DY_ROWS * DPD_WORDS);
-    __shared__ __align__(16) unsigned stage[CG * (XPLANE + DPLANE)];
-    unsigned *xs = stage;                 // (CG, ROWS, SW): input row r - P, column s
-    unsigned *ds = stage + CG * XPLANE;   // (CG, 16, 26): dy row r, column s - DPD_OFF
+    constexpr int PLANE = dw_stage_plane(DPM_ROWS * DPM_WORDS);
+    __shared__ __align__(16) unsigned stage[2 * CG * PLANE];
+    unsigned *xs = stage;                // (CG, ROWS, SW): input row r - P, column s
+    unsigned *ds = stage + CG * PLANE;   // (CG, ROWS, SW): dy row r - P, column s - DPD_OFF
     const int c0 = blockIdx.x * CG, H = dpm_side<S>(d.H), W = dpm_side<S>(d.W);
     const size_t img = (size_t)H * W * d.C;
-    for (int e = threadIdx.x; e < CG * (XPLANE + DPLANE); e += THREADS) stage[e] = 0u;
+    for (int e = threadIdx.x; e < 2 * CG * PLANE; e += THREADS) stage[e] = 0u;
 
     // Units, VPP a pair: x pair p is word p % nx of input row p / nx (columns 2m, 2m + 1); dy
     // pair p (after the x pairs) word 2 + p % nd of dy row p / nd (columns 2m - 5, 2m - 4).
@@ -335,16 +375,14 @@ dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__
         const int q = is_dy ? p - xpairs : p, n = is_dy ? nd : nx, r = q / n;
         const int m = q - r * n + (is_dy ? 2 : 0), col = is_dy ? 2 * m - DPD_OFF : 2 * m;
         un[u].src = (r * W + col) * d.C + c0 + 8 * v;
-        un[u].dst = e >= units ? -1
-                    : is_dy ? CG * XPLANE + 8 * v * DPLANE + r * DPD_WORDS + m
-                            : 8 * v * XPLANE + (r + P) * DPM_WORDS + m;
+        un[u].dst = e >= units ? -1 : (is_dy ? CG * PLANE : 0) + 8 * v * PLANE + (r + P) * DPM_WORDS + m;
         un[u].flags = (col >= 0 ? DPM_LO : 0) | (col + 1 < W ? DPM_HI : 0) | (is_dy ? DPM_DY : 0);
     }
     uint4 px[U][2];
     auto load = [&](unsigned b) {
         if (b < (unsigned)d.B) dpm_load(in + b * img, dy + b * img, un, d.C, px);
     };
-    auto store = [&]() { dpm_store(stage, un, px, XPLANE, DPLANE); };
+    auto store = [&]() { dpm_store(stage, un, px, PLANE, PLANE); };
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
     const unsigned ones = Vec<bf16, 8>::pair(1.0f, 1.0f);
     const unsigned sel = g & 1 ? 0x5432u : 0x3210u;      // A's pair: one word, or the halves of two
@@ -354,49 +392,77 @@ dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__
     const unsigned *drow0[2], *xrow0[2];
     #pragma unroll
     for (int cc = 0; cc < 2; cc++) {
-        drow0[cc] = ds + (2 * warp + cc) * DPLANE + w0;
-        xrow0[cc] = xs + (2 * warp + cc) * XPLANE + g * DPM_WORDS + t4;
+        drow0[cc] = ds + (2 * warp + cc) * PLANE + P * DPM_WORDS + w0;
+        xrow0[cc] = xs + (2 * warp + cc) * PLANE + g * DPM_WORDS + t4;
     }
+    // DX: the warp's two channels' B fragments of the mirrored taps, for every image
+    unsigned bfrag[2][DX ? K : 1][2];
+    if constexpr (DX)
+        #pragma unroll
+        for (int cc = 0; cc < 2; cc++) dw_band_fragments<K>(w + (size_t)(c0 + 2 * warp + cc) * KK, flags, g, t4, bfrag[cc]);
+    unsigned short *ds16 = reinterpret_cast<unsigned short *>(ds);
     float acc[2][2][4] = {}, acc_db[2][2][4] = {};        // per channel, per row pair parity
-    dpm_each_image(d.B, load, store, [&](unsigned) {
+    dpm_each_image(d.B, load, store, [&](unsigned b) {
         // dy rows y and y + 1 (past the image: the staged zeros; their input rows reach staged row
         // 21, the last, past the image zeros too)
         auto rows2 = [&](int y, int h) {   // h = y / 2 % 2, a constant at each call
             #pragma unroll
             for (int cc = 0; cc < 2; cc++) {
-                const unsigned *drow = drow0[cc] + y * DPD_WORDS;
-                dw_grad_mma2(acc[cc][h], acc_db[cc][h], drow, drow + DPD_WORDS, xrow0[cc] + y * DPM_WORDS, sel, ones);
+                const unsigned *drow = drow0[cc] + y * DPM_WORDS;
+                dw_grad_mma2(acc[cc][h], acc_db[cc][h], drow, drow + DPM_WORDS, xrow0[cc] + y * DPM_WORDS, sel, ones);
             }
         };
         dw_each_with_parity<(S + 1) / 2>((H + 1) / 2, [&](int p, int h) { rows2(2 * p, h); });
+        if constexpr (DX) {
+            // dy column -P is word 1 of a staged row; dx (m, x) goes over staged dy (m + P, x + DPD_OFF)
+            float dacc[2][2][4] = {};
+            const float none[2] = {0.0f, 0.0f};
+            dpm_band_mma<PLANE>(ds + 2 * warp * PLANE + (DPD_OFF - P) / 2, bfrag, g, t4, dacc);
+            unsigned short *t16 = ds16 + 2 * (2 * warp * PLANE + P * DPM_WORDS) + DPD_OFF;
+            dpm_finish_in_place<PLANE>(t16, dacc, none, flags, H, W, g, t4);
+            __syncthreads();
+            dpm_write_out<PLANE, THREADS, VPP>(ds16 + 2 * P * DPM_WORDS + DPD_OFF, dx + b * img + c0, H, W, d.C);
+        }
     });
     float *row = partial + (size_t)blockIdx.y * ((size_t)d.C * KK + d.C);
     #pragma unroll
     for (int cc = 0; cc < 2; cc++) dw_put_partial2<K>(row, d.C, c0 + 2 * warp + cc, g, t4, acc[cc], acc_db[cc]);
 }
 
-template <int CG>
+template <int CG, bool DX>
 static void dpm_launch_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
-                          float *db) {
+                          float *db, const bf16 *w, bf16 *dx, int flags) {
     const int units = d.H * ((d.W + 1) / 2 + (d.W + 2) / 2) * (CG / 8), threads = 16 * CG;
     const bool side = d.H == DPM_SIDE && d.W == DPM_SIDE;   // 14 x 14: 210 pairs, two units a thread
-    auto kernel = side && units <= 2 * threads ? dwconv_plane_mma_dw_kernel<CG, 2, DPM_SIDE>
-                : units <= 2 * threads ? dwconv_plane_mma_dw_kernel<CG, 2, 0> : dwconv_plane_mma_dw_kernel<CG, 3, 0>;
+    auto kernel = side && units <= 2 * threads ? dwconv_plane_mma_dw_kernel<CG, 2, DPM_SIDE, DX>
+                : units <= 2 * threads ? dwconv_plane_mma_dw_kernel<CG, 2, 0, DX>
+                                       : dwconv_plane_mma_dw_kernel<CG, 3, 0, DX>;
     const int groups = d.C / CG;
     const unsigned blocks = dwp_image_blocks(ctx, kernel, threads, 0, groups, d.B);
     const size_t width = (size_t)d.C * DPM_K * DPM_K + d.C;
     float *partial = (float *)cuda_scratch(ctx, (size_t)blocks * width * sizeof(float));
-    kernel<<<dim3((unsigned)groups, blocks), threads, 0, cuda_stream_of(ctx)>>>(dy, in, d, partial);
+    kernel<<<dim3((unsigned)groups, blocks), threads, 0, cuda_stream_of(ctx)>>>(dy, in, d, partial, w, dx, flags);
     CUDA_CHECK_LAUNCH();
     cuda_sum_partials(ctx, partial, blocks, width, (size_t)d.C * DPM_K * DPM_K, dw, db);
 }
 
+static bool dpm_dw_covers(const bf16 *dy, const bf16 *in, const DwconvShape &d) {
+    return d.k == DPM_K && d.C % 8 == 0 && d.H <= DWP_MAX_SIDE && d.W <= DWP_MAX_SIDE && d.W > 8 && d.B > 0 &&
+           aligned16(dy) && aligned16(in);
+}
+
 bool cuda_dwconv_plane_mma_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
                               float *db) {
-    if (d.k != DPM_K || d.C % 8 != 0 || d.H > DWP_MAX_SIDE || d.W > DWP_MAX_SIDE || d.W <= 8 ||
-        d.B == 0 || !aligned16(dy) || !aligned16(in))
-        return false;
-    if (d.C % 16 == 0) dpm_launch_dw<16>(ctx, dy, in, d, dw, db);
-    else dpm_launch_dw<8>(ctx, dy, in, d, dw, db);
+    if (!dpm_dw_covers(dy, in, d)) return false;
+    if (d.C % 16 == 0) dpm_launch_dw<16, false>(ctx, dy, in, d, dw, db, nullptr, nullptr, 0);
+    else dpm_launch_dw<8, false>(ctx, dy, in, d, dw, db, nullptr, nullptr, 0);
+    return true;
+}
+
+bool cuda_dwconv_plane_mma_bwd(Ctx *ctx, const bf16 *dy, const bf16 *in, const bf16 *w, bf16 *dx,
+                               const DwconvShape &d, int flags, float *dw, float *db) {
+    if (!dpm_dw_covers(dy, in, d) || (flags & (DW_ACCUM | DW_SILU)) || !aligned16(dx)) return false;
+    if (d.C % 16 == 0) dpm_launch_dw<16, true>(ctx, dy, in, d, dw, db, w, dx, flags);
+    else dpm_launch_dw<8, true>(ctx, dy, in, d, dw, db, w, dx, flags);
     return true;
 }
