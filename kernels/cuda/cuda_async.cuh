@@ -72,3 +72,19 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// A staging loop's walk over i = first, first + step, ... as (q, r) = divmod(i, div), without a
+// division per element: the step's own quotient and remainder are worked out once.
+struct DivWalk {
+    int q, r, dq, dr;
+    __device__ __forceinline__ DivWalk(int first, int step, int div)
+        : q(first / div), r(first - first / div * div), dq(step / div), dr(step - step / div * div) {}
+    __device__ __forceinline__ void next(int div) {
+        q += dq;
+        r += dr;
+        if (r >= div) {
+            r -= div;
+            q++;
+        }
+    }
+};

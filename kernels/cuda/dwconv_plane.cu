@@ -28,20 +28,6 @@ enum { DWP_K = 7, DWP_THREADS = 256 };
 
 __host__ __device__ static size_t dwp_align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
 
-// Pixels first, first + step, ... of an image W columns wide as (row, column), without a division
-// a pixel: the first's and the step's rows and columns are worked out once.
-struct DwpWalk {
-    int px, r, x, dr, dc;
-    const int step;
-    __device__ __forceinline__ DwpWalk(int first, int step_, int W)
-        : px(first), r(first / W), x(first - first / W * W), dr(step_ / W), dc(step_ - step_ / W * W),
-          step(step_) {}
-    __device__ __forceinline__ void next(int W) {
-        px += step, r += dr, x += dc;
-        if (x >= W) x -= W, r++;
-    }
-};
-
 // Starts copying one image's CG channels (img: the image at its first channel) into plane (H, sw,
 // CG), input column x at staged column x + off (16-byte cp.async; the caller commits and waits).
 // Staged columns outside the image are left as they are. blockDim.x is a multiple of the vectors
@@ -51,9 +37,10 @@ __device__ __forceinline__ void dwp_stage(const T *__restrict__ img, const Dwcon
                                           T *__restrict__ plane) {
     constexpr int EPV = 16 / sizeof(T), VPP = CG / EPV;   // elements a vector, vectors a pixel
     const int part = threadIdx.x % VPP;
-    for (DwpWalk p(threadIdx.x / VPP, blockDim.x / VPP, d.W); p.px < d.H * d.W; p.next(d.W))
-        cp_async<16>(plane + ((size_t)p.r * sw + p.x + off) * CG + part * EPV,
-                     img + (size_t)p.px * d.C + part * EPV);
+    DivWalk p(threadIdx.x / VPP, blockDim.x / VPP, d.W);   // pixel px's row and column
+    for (int px = threadIdx.x / VPP; px < d.H * d.W; px += blockDim.x / VPP, p.next(d.W))
+        cp_async<16>(plane + ((size_t)p.q * sw + p.r + off) * CG + part * EPV,
+                     img + (size_t)px * d.C + part * EPV);
 }
 
 // Starts copying one image's u (n elements, KU a pixel) into us, a pixel a copy (the caller

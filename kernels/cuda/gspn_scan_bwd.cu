@@ -441,16 +441,16 @@ gspn_bwd_sh_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
             const long long gb0 = (ts * g.G + g.goff) * (long long)sizeof(T);
             const long long gstep = g.lstride * g.G * (long long)sizeof(T);
             const long long hw0 = (ts - g.sstride) * Cc, hstep = g.lstride * Cc;
-            LaneWalk lw(per);
+            DivWalk lw(threadIdx.x, blockDim.x, per);   // f as (lane, word)
             for (int f = threadIdx.x; f < N * per; f += blockDim.x, lw.next(per)) {
-                const int w = lw.w;
+                const int w = lw.r;
                 const uint32_t *src = nullptr;
                 if (w < 2 * a.nw) {
-                    const long long cw = (gb0 + lw.l * gstep) >> 2;
+                    const long long cw = (gb0 + lw.q * gstep) >> 2;
                     if (w < a.nw) src = gw + cw + w;
                     else if (dgates) src = dgw + cw + (w - a.nw);
                 } else if (w >= hoff && s > 0) {
-                    src = hw + hw0 + lw.l * hstep + (w - hoff);   // h[s-1] of lane l
+                    src = hw + hw0 + lw.q * hstep + (w - hoff);   // h[s-1] of lane l
                 }
                 if (src) cp_async<4>(stg + f, src);
                 else stg[f] = 0u;
@@ -542,13 +542,13 @@ gspn_bwd_sh_kernel(const T *__restrict__ dyc, const T *__restrict__ xc,
             const int nq = s > 0 ? CH : 2 * Cc;
             // lane l's chunk starts at element e0 + l * estep of dgates
             const long long e0 = ts * g.G + g.goff, estep = g.lstride * g.G;
-            LaneWalk lw(nq);
+            DivWalk lw(threadIdx.x, blockDim.x, nq);   // f as (lane, word)
             for (int f = threadIdx.x; f < N * nq; f += blockDim.x, lw.next(nq)) {
-                const long long el = e0 + lw.l * estep;
+                const long long el = e0 + lw.q * estep;
                 const int off = (int)((el * (long long)sizeof(T)) & 3);
                 const unsigned char *dgc =
-                    reinterpret_cast<const unsigned char *>(stg + (size_t)lw.l * per + a.nw) + off;
-                dgates[el + lw.w] = *reinterpret_cast<const T *>(dgc + lw.w * (int)sizeof(T));
+                    reinterpret_cast<const unsigned char *>(stg + (size_t)lw.q * per + a.nw) + off;
+                dgates[el + lw.r] = *reinterpret_cast<const T *>(dgc + lw.r * (int)sizeof(T));
             }
         }
     }

@@ -383,26 +383,6 @@ __device__ __forceinline__ void l2_prefetch_line(const void *p) {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
-// Walks f = threadIdx.x, threadIdx.x + blockDim.x, ... < n as (lane, word) = divmod(f, per)
-// without a division per element.
-struct LaneWalk {
-    int l, w, dl, dw;
-    __device__ LaneWalk(int per) {
-        l = threadIdx.x / per;
-        w = threadIdx.x - l * per;
-        dl = blockDim.x / per;
-        dw = blockDim.x - dl * per;
-    }
-    __device__ void next(int per) {
-        l += dl;
-        w += dw;
-        if (w >= per) {
-            w -= per;
-            l++;
-        }
-    }
-};
-
 struct ShArgs {
     DirGeom g[DIRS];
     int lanes_max;   // lanes of the longer line

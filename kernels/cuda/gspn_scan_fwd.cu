@@ -252,10 +252,10 @@ gspn_fwd_sh_kernel(const T *__restrict__ xc, const T *__restrict__ gates,
             const long long gb0 = (ts * g.G + g.goff) * (long long)sizeof(T);
             const long long gstep = g.lstride * g.G * (long long)sizeof(T);
             const long long xw0 = ts * a.xtw + grp * a.xw, xstep = g.lstride * a.xtw;
-            LaneWalk lw(per);
+            DivWalk lw(threadIdx.x, blockDim.x, per);   // f as (lane, word)
             for (int f = threadIdx.x; f < N * per; f += blockDim.x, lw.next(per)) {
-                const uint32_t *src = lw.w < a.nw ? gw + ((gb0 + lw.l * gstep) >> 2) + lw.w
-                                                  : xw + xw0 + lw.l * xstep + (lw.w - a.nw);
+                const uint32_t *src = lw.r < a.nw ? gw + ((gb0 + lw.q * gstep) >> 2) + lw.r
+                                                  : xw + xw0 + lw.q * xstep + (lw.r - a.nw);
                 cp_async<4>(st + f, src);
             }
         }
