@@ -636,13 +636,16 @@ static void dwconv_stage_cases(OpCaseList *l) {
     dwconv_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]), dwconv_flag_turns);
 }
 
-// The 7x7's backward in one pass over dy and x where dx is written (dwconv_plane_mma.cu, images of 9
-// to 16 columns): 14 x 14 at 16 channels a block (the model's shape, dx alone and with the
-// residual), at 8 (24 channels), and 9 x 13 on a run-time side. Built after the cases before, so
-// that theirs keep their seeds.
+// The 7x7's backward in one pass over dy and x where dx is written: dwconv_plane_mma.cu's on
+// images of 9 to 16 columns (14 x 14 at 16 channels a block, the model's shape, dx alone and with
+// the residual; at 8, 24 channels; 9 x 13 on a run-time side) and dwconv_mma.cu's on rows of at
+// most 32 columns (28 x 28 with its constant offsets, with the residual; 20 x 30 on run-time ones;
+// 17 x 32, a last row block of one row). Built after the cases before, so that theirs keep their
+// seeds.
 static void dwconv_bwd_one_pass_cases(OpCaseList *l) {
     static const int shapes[][5] = {{3, 14, 14, 48, 7}, {2, 14, 14, 32, 7}, {2, 14, 14, 24, 7},
-                                    {3, 9, 13, 16, 7}};   // B H W C k
+                                    {3, 9, 13, 16, 7},  {1, 28, 28, 48, 7}, {2, 20, 30, 32, 7},
+                                    {1, 17, 32, 16, 7}};   // B H W C k
     static const int flag_sets[3] = {DWCONV_WRITE_DX, DWCONV_RESIDUAL | DWCONV_WRITE_DX, DWCONV_WRITE_DX};
     dwconv_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]), flag_sets);
 }

@@ -827,10 +827,13 @@ void cuda_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *
         return;
     }
     if (dx && (dw || db) && x->dtype == DTYPE_BF16 && w->dtype == DTYPE_BF16 &&
-        cuda_dwconv_plane_mma_bwd(ctx, (const bf16 *)dy->data, (const bf16 *)x->data, (const bf16 *)w->data,
-                                  (bf16 *)dx->data, d, dx_flags, dw ? tensor_f32(dw) : nullptr,
-                                  db ? tensor_f32(db) : nullptr))
-        return;   // the 7x7 on 9 to 16 columns: one pass over dy and x
+        (cuda_dwconv_plane_mma_bwd(ctx, (const bf16 *)dy->data, (const bf16 *)x->data, (const bf16 *)w->data,
+                                   (bf16 *)dx->data, d, dx_flags, dw ? tensor_f32(dw) : nullptr,
+                                   db ? tensor_f32(db) : nullptr) ||
+         cuda_dwconv_mma_bwd(ctx, (const bf16 *)dy->data, (const bf16 *)x->data, (const bf16 *)w->data,
+                             (bf16 *)dx->data, d, dx_flags, dw ? tensor_f32(dw) : nullptr,
+                             db ? tensor_f32(db) : nullptr)))
+        return;   // the 7x7 on 9 to 16 columns, and on tensor cores: one pass over dy and x
     if (dx)
         dispatch_dtype2(x->dtype, w->dtype, [&](auto tx, auto tw) {
             using T = TAG_T(tx);

@@ -20,7 +20,8 @@
 //
 // The dw pass is the same product with the roles turned (dwconv_mma_dw_kernel below): the taps
 // become the 7 x 8 result of one MMA per dy row and 16 columns, summed in registers over a run
-// of images.
+// of images. Where dx is written and rows are at most 32 columns, that kernel makes dx too from
+// the dy it stages (the backward in one pass, below).
 #include "dwconv_mma.h"
 
 enum { MMA_TH = 16, MMA_CG = 8, MMA_K = 7 };   // MMA_CG: the smallest channel group
@@ -125,6 +126,88 @@ __global__ void dw_band_frag_kernel(const bf16 *__restrict__ w, int C, int flags
 // The y / dx pass's staged row width (bf16 elements) for tiles_x column tiles: their reach.
 __host__ __device__ constexpr int mma_tile_width(int tiles_x) { return mma_row_width(tiles_x * 8 + 8); }
 
+// The y / dx product of one channel over every column tile, from its staged planes ts (staged
+// pixel (r, s): input (y0 - P + r, s - P); rows sw bf16 wide), its B fragments at fc (frag's words
+// of the channel for this lane, dw_band_frag_kernel). bv: the bias, added where the tile is
+// finished in registers. SUMS: the sums go to the staged fp32 sums (channel c, planes ps, rows rs);
+// else each tile is finished (bias, residual, SiLU, rounded once) and written as bf16 to staged
+// (m, x), a column no later tile reads. TWO: two chains of MMAs (tap rows 0 .. K / 2 and the
+// rest) issued in turn, where the registers allow (more than 64 a thread): one chain of K
+// dependent MMAs left each warp waiting on the previous MMA's sums between MMAs.
+template <int K, int TX, bool SUMS, bool TWO>
+__device__ __forceinline__ void mma_channel_tiles(unsigned short *ts, int sw, int tiles_x, const unsigned *__restrict__ fc,
+                                                  float bv, int flags, float *sums, int c, int ps, int rs, int g, int t4) {
+    constexpr int P = K / 2;
+    unsigned bfrag[K][2];
+    #pragma unroll
+    for (int i = 0; i < K; i++) bfrag[i][0] = __ldg(fc + 64 * i), bfrag[i][1] = __ldg(fc + 64 * i + 32);
+    unsigned *tw = reinterpret_cast<unsigned *>(ts);
+    const int half = sw / 2;   // 32-bit words per staged row
+    // A_i's fragment: rows g and g + 8 (staged rows + i), the words of column pairs 2 t4 and
+    // 2 t4 + 8 of the tile. A tile's second word is the next tile's first: each is read once.
+    unsigned a_lo[K][2];
+    #pragma unroll
+    for (int i = 0; i < K; i++) a_lo[i][0] = tw[(g + i) * half + t4], a_lo[i][1] = tw[(g + 8 + i) * half + t4];
+    auto column_tile = [&](int jt) {
+        constexpr int KH = TWO ? (K + 1) / 2 : K;
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const int wcol = jt * 4 + t4;   // the word of columns jt * 8 + 2 t4, + 1
+        #pragma unroll
+        for (int n = 0; n < K; n++) {
+            const int i = !TWO ? n : n % 2 ? KH + n / 2 : n / 2;
+            const unsigned a2 = tw[(g + i) * half + wcol + 4], a3 = tw[(g + 8 + i) * half + wcol + 4];
+            mma_16816_bf16(TWO && n % 2 ? acc2 : acc, a_lo[i][0], a_lo[i][1], a2, a3, bfrag[i][0], bfrag[i][1]);
+            a_lo[i][0] = a2, a_lo[i][1] = a3;
+        }
+        if constexpr (TWO)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) acc[e] += acc2[e];
+        if constexpr (SUMS) {
+            dw_put_sums(sums, c, ps, rs, g, jt * 8 + 2 * t4, acc);   // D: rows g, g + 8; columns 2 t4, + 1
+        } else {
+            // Output (m, x) for m = g, g + 8 and x = jt * 8 + 2 t4, + 1: its residual is staged
+            // (m + P, x + P), which other lanes' results of this tile overwrite; its result goes
+            // to staged (m, x), a column no later tile reads (their A starts at column jt * 8 + 8).
+            float v[4];
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                v[e] = acc[e] + bv;
+                if (flags & DW_RESID)
+                    v[e] += __uint_as_float((unsigned)ts[(g + 8 * (e / 2) + P) * sw + jt * 8 + 2 * t4 + e % 2 + P] << 16);
+                if (flags & DW_SILU) v[e] = dw_silu<bf16>(v[e]);
+            }
+            __syncwarp();
+            tw[g * half + wcol] = Vec<bf16, 8>::pair(v[0], v[1]);
+            tw[(g + 8) * half + wcol] = Vec<bf16, 8>::pair(v[2], v[3]);
+        }
+    };
+    if constexpr (TX > 0) {
+        #pragma unroll
+        for (int jt = 0; jt < TX; jt++) column_tile(jt);
+    } else {
+        #pragma unroll 1
+        for (int jt = 0; jt < tiles_x; jt++) column_tile(jt);
+    }
+}
+
+// The block's finished rows y0 .. (at most MMA_TH) out along channels, a thread per 8 channels of
+// an output pixel, from staged (r, xx) of tile (CG channels tplane apart, rows sw wide; o: the
+// image at the block's first channel).
+template <int THREADS, int VPP>
+__device__ __forceinline__ void mma_write_out(const unsigned short *tile, int tplane, int sw, bf16 *o,
+                                              const DwconvShape &d, int y0) {
+    const float inv_w = 1.0f / d.W;
+    for (int e = threadIdx.x; e < MMA_TH * d.W * VPP; e += THREADS) {
+        const int pix = e / VPP, v8 = 8 * (e - pix * VPP), r = mma_div(pix, inv_w), xx = pix - r * d.W, yy = y0 + r;
+        if (yy >= d.H) break;   // e grows with r
+        const unsigned short *res = tile + (size_t)v8 * tplane + r * sw + xx;
+        unsigned word[4];
+        #pragma unroll
+        for (int h = 0; h < 4; h++) word[h] = res[2 * h * tplane] | (unsigned)res[(2 * h + 1) * tplane] << 16;
+        *reinterpret_cast<uint4 *>(o + ((size_t)yy * d.W + xx) * d.C + v8) = make_uint4(word[0], word[1], word[2], word[3]);
+    }
+}
+
 // TX > 0: tiles_x is TX, so every shared-memory offset below is a constant and the tile loop
 // unrolls (at 56 x 56, index arithmetic was 40 of the loop's 62 instructions a tile); TX = 0: the
 // arguments' tiles_x and sw. SUMS: the fp32 sums staged (see above). PROJ: the down projection's
@@ -151,65 +234,10 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
     mma_stage<CG, THREADS>(in + b * plane + c0, d, y0 - P, ROWS, sw, P, tile, (size_t)tplane);
     __syncthreads();
     const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-    for (int c = threadIdx.x / 32; c < CG; c += THREADS / 32) {
-        unsigned bfrag[K][2];
-        const unsigned *fc = frag + (size_t)(c0 + c) * K * 2 * 32 + lane;
-        #pragma unroll
-        for (int i = 0; i < K; i++) bfrag[i][0] = __ldg(fc + 64 * i), bfrag[i][1] = __ldg(fc + 64 * i + 32);
-        unsigned short *ts = tile + (size_t)c * tplane;
-        unsigned *tw = reinterpret_cast<unsigned *>(ts);
-        const int half = sw / 2;   // 32-bit words per staged row
-        const float bv = !SUMS && bias ? __bfloat162float(bias[c0 + c]) : 0.0f;
-        // A_i's fragment: rows g and g + 8 (staged rows + i), the words of column pairs 2 t4 and
-        // 2 t4 + 8 of the tile. A tile's second word is the next tile's first: each is read once.
-        unsigned a_lo[K][2];
-        #pragma unroll
-        for (int i = 0; i < K; i++) a_lo[i][0] = tw[(g + i) * half + t4], a_lo[i][1] = tw[(g + 8 + i) * half + t4];
-        auto column_tile = [&](int jt) {
-            // Two chains of MMAs, tap rows 0 .. K / 2 and the rest, issued in turn, where the
-            // registers allow (more than 64 a thread): one chain of K dependent MMAs left each warp
-            // waiting on the previous MMA's sums between MMAs.
-            constexpr bool TWO = 65536 / (THREADS * mma_blocks_per_sm(SUMS)) > 64;
-            constexpr int KH = TWO ? (K + 1) / 2 : K;
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            const int wcol = jt * 4 + t4;   // the word of columns jt * 8 + 2 t4, + 1
-            #pragma unroll
-            for (int n = 0; n < K; n++) {
-                const int i = !TWO ? n : n % 2 ? KH + n / 2 : n / 2;
-                const unsigned a2 = tw[(g + i) * half + wcol + 4], a3 = tw[(g + 8 + i) * half + wcol + 4];
-                mma_16816_bf16(TWO && n % 2 ? acc2 : acc, a_lo[i][0], a_lo[i][1], a2, a3, bfrag[i][0], bfrag[i][1]);
-                a_lo[i][0] = a2, a_lo[i][1] = a3;
-            }
-            if constexpr (TWO)
-                #pragma unroll
-                for (int e = 0; e < 4; e++) acc[e] += acc2[e];
-            if constexpr (SUMS) {
-                dw_put_sums(sums, c, ps, rs, g, jt * 8 + 2 * t4, acc);   // D: rows g, g + 8; columns 2 t4, + 1
-            } else {
-                // Output (m, x) for m = g, g + 8 and x = jt * 8 + 2 t4, + 1: its residual is staged
-                // (m + P, x + P), which other lanes' results of this tile overwrite; its result goes
-                // to staged (m, x), a column no later tile reads (their A starts at column jt * 8 + 8).
-                float v[4];
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    v[e] = acc[e] + bv;
-                    if (flags & DW_RESID)
-                        v[e] += __uint_as_float((unsigned)ts[(g + 8 * (e / 2) + P) * sw + jt * 8 + 2 * t4 + e % 2 + P] << 16);
-                    if (flags & DW_SILU) v[e] = dw_silu<bf16>(v[e]);
-                }
-                __syncwarp();
-                tw[g * half + wcol] = Vec<bf16, 8>::pair(v[0], v[1]);
-                tw[(g + 8) * half + wcol] = Vec<bf16, 8>::pair(v[2], v[3]);
-            }
-        };
-        if constexpr (TX > 0) {
-            #pragma unroll
-            for (int jt = 0; jt < TX; jt++) column_tile(jt);
-        } else {
-            #pragma unroll 1
-            for (int jt = 0; jt < tiles_x; jt++) column_tile(jt);
-        }
-    }
+    for (int c = threadIdx.x / 32; c < CG; c += THREADS / 32)
+        mma_channel_tiles<K, TX, SUMS, (65536 / (THREADS * mma_blocks_per_sm(SUMS)) > 64)>(
+            tile + (size_t)c * tplane, sw, tiles_x, frag + (size_t)(c0 + c) * K * 2 * 32 + lane,
+            !SUMS && bias ? __bfloat162float(bias[c0 + c]) : 0.0f, flags, sums, c, ps, rs, g, t4);
     __syncthreads();
     if constexpr (PROJ) {
         // A thread per pair of output pixels (xx, xx + 1) of the block's rows: their CG results
@@ -253,24 +281,20 @@ dwconv_mma_kernel(const bf16 *__restrict__ in, const unsigned *__restrict__ frag
         }
         return;
     }
-    const float inv_w = 1.0f / d.W;
     // Out along channels: a thread per 8 channels of an output pixel of the block's rows.
     bf16 *o = out + b * plane + c0;
+    if constexpr (!SUMS) {
+        mma_write_out<THREADS, VPP>(tile, tplane, sw, o, d, y0);   // the results at staged (r, xx)
+        return;
+    }
+    const float inv_w = 1.0f / d.W;
     for (int e = threadIdx.x; e < MMA_TH * d.W * VPP; e += THREADS) {
         const int pix = e / VPP, v8 = 8 * (e - pix * VPP), r = mma_div(pix, inv_w), xx = pix - r * d.W, yy = y0 + r;
         if (yy >= d.H) break;   // e grows with r
-        bf16 *p = o + ((size_t)yy * d.W + xx) * d.C + v8;
-        if constexpr (SUMS) {
-            const unsigned short *resid = tile + (size_t)v8 * tplane + (r + P) * sw + xx + P;   // staged (r + P, xx + P)
-            dw_store_out8(p, sums + v8 * ps + r * rs + xx, ps, bias ? bias + c0 + v8 : nullptr, flags,
-                          [&](int c) { return __uint_as_float((unsigned)resid[c * tplane] << 16); });
-        } else {
-            const unsigned short *res = tile + (size_t)v8 * tplane + r * sw + xx;   // staged (r, xx): the result
-            unsigned word[4];
-            #pragma unroll
-            for (int h = 0; h < 4; h++) word[h] = res[2 * h * tplane] | (unsigned)res[(2 * h + 1) * tplane] << 16;
-            *reinterpret_cast<uint4 *>(p) = make_uint4(word[0], word[1], word[2], word[3]);
-        }
+        const unsigned short *resid = tile + (size_t)v8 * tplane + (r + P) * sw + xx + P;   // staged (r + P, xx + P)
+        dw_store_out8(o + ((size_t)yy * d.W + xx) * d.C + v8, sums + v8 * ps + r * rs + xx, ps,
+                      bias ? bias + c0 + v8 : nullptr, flags,
+                      [&](int c) { return __uint_as_float((unsigned)resid[c * tplane] << 16); });
     }
 }
 
@@ -353,19 +377,45 @@ __host__ __device__ constexpr int mma_dw_threads(int cg) { return 32 * cg / DWM_
 // with the shift (tiles * 16 + 10), even.
 __host__ __device__ constexpr int mma_dw_dy_width(int tiles_x) { return tiles_x * 16 + 16; }
 
-// TX > 0: tiles_x is TX (the tile loop unrolls, its offsets constants); TX = 0: the argument.
-template <int K, int CG, int TX>
-__global__ void __launch_bounds__(mma_dw_threads(CG), 4)
+// The backward in one pass, where dx is written (not added to): the same kernel with DX makes dx
+// too from one staging of dy. It then stages dy rows y0 - P .. y0 + TH + P - 1 (zeros past the
+// image), mma_bwd_dy_width wide: the dw product reads dy rows y0 .. (staged rows P ..), and the
+// dx product (the y / dx pass's, mma_channel_tiles) reads the same planes one word in, where
+// staged pixel (r, s) is dy (y0 - P + r, s - P) as the y / dx pass stages its input. Each warp
+// runs its two channels' dw products first, then their dx tiles over the same planes (whose
+// results go over columns no later tile reads), and the block writes dx out as the y / dx pass
+// writes y. At 16 channels a block the planes take 68 KB at 28 columns (two blocks of 8 warps an
+// SM) and 113 KB at 56; there (H100, one call against the two passes: `bench dwconv` backward
+// 56 x 56 x 144 0.371 -> 0.391 ms, x 192 0.499 -> 0.554) the one pass loses what the dw pass's
+// four blocks an SM overlap, and at 28 it gains (28 x 28 x 288 0.196 -> 0.182, x 384 0.253 ->
+// 0.241); at 8 channels a block it lost at both (0.553 and 0.225 at 144 and 288). So it runs
+// on rows of at most 32 columns at 16 channels a block.
+enum { MMA_BWD_MAX_W = 32, MMA_BWD_CG = 16, MMA_BWD_BLOCKS = 2 };
+
+// Staged dy row width of the one pass: the dw product's reach (mma_dw_dy_width) and the dx
+// product's (mma_tile_width's, two columns on), 8 modulo 16 for the dx product's fragment loads.
+__host__ __device__ constexpr int mma_bwd_dy_width(int tiles16, int tiles8) {
+    return mma_row_width(mma_dw_dy_width(tiles16) > tiles8 * 8 + 16 ? mma_dw_dy_width(tiles16) : tiles8 * 8 + 16);
+}
+static_assert((DWM_OFF - MMA_K / 2) % 2 == 0, "the dx product's staged input starts on a word");
+
+// TX16 > 0: the dw product's 16-column tiles (the tile loop unrolls, its offsets constants); TX8
+// (DX): the dx product's 8-column tiles; 0: the arguments. DX: frag holds the mirrored taps' B
+// fragments (dw_band_frag_kernel with DW_FLIP), flags DW_FLIP (and DW_RESID) for dx.
+template <int K, int CG, int TX16, int TX8, bool DX>
+__global__ void __launch_bounds__(mma_dw_threads(CG), DX ? MMA_BWD_BLOCKS : 4)
 dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, DwconvShape d,
-                     int tiles_x_arg, int swx_arg, int swd_arg, int per, float *__restrict__ partial) {
-    constexpr int P = K / 2, ROWS = MMA_TH + K - 1, KK = K * K;
+                     int tiles_x_arg, int swx_arg, int swd_arg, int per, float *__restrict__ partial,
+                     const unsigned *__restrict__ frag, bf16 *__restrict__ dx, int flags, int tiles8_arg) {
+    constexpr int P = K / 2, ROWS = MMA_TH + K - 1, KK = K * K, THREADS = mma_dw_threads(CG), VPP = CG / 8;
     static_assert((P + DWM_OFF) % 2 == 0, "dy's staging offset must make A's pairs even for j even");
-    const int tiles_x = TX ? TX : tiles_x_arg, swx = TX ? mma_row_width(TX * 16) : swx_arg,
-              swd = TX ? mma_dw_dy_width(TX) : swd_arg;
+    const int tiles_x = TX16 ? TX16 : tiles_x_arg, swx = TX16 ? mma_row_width(TX16 * 16) : swx_arg,
+              swd = !TX16 ? swd_arg : DX ? mma_bwd_dy_width(TX16, TX8) : mma_dw_dy_width(TX16);
+    constexpr int DROW0 = DX ? P : 0, DROWS = DX ? ROWS : MMA_TH;   // dy row y0's staged row; staged rows
     extern __shared__ __align__(16) unsigned char mma_smem[];
-    const int xplane = mma_plane(ROWS, swx), dplane = mma_plane(MMA_TH, swd);
+    const int xplane = mma_plane(ROWS, swx), dplane = mma_plane(DROWS, swd);
     unsigned short *xs = reinterpret_cast<unsigned short *>(mma_smem);   // (CG, ROWS, swx) bf16 bits
-    unsigned short *ds = xs + (size_t)CG * xplane;                       // (CG, TH, swd)
+    unsigned short *ds = xs + (size_t)CG * xplane;                       // (CG, DROWS, swd)
     const int c0 = blockIdx.x * CG, y0 = blockIdx.y * MMA_TH;
     const int b0 = blockIdx.z * per, b1 = min(d.B, b0 + per);
     const size_t plane = (size_t)d.H * d.W * d.C;
@@ -373,25 +423,27 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
     const int rows = min(MMA_TH, d.H - y0);
     const unsigned ones = Vec<bf16, 8>::pair(1.0f, 1.0f);
     const unsigned sel = g & 1 ? 0x5432u : 0x3210u;   // A's pair: one word, or the halves of two
-    // Per channel of the warp, the words of staged row 0 this lane reads for tile 0: dy's A[g][2 t4]
+    // Per channel of the warp, the words of dy row y0 this lane reads for tile 0: dy's A[g][2 t4]
     // (word (jt 16 + 2 t4 - g + P + DWM_OFF) / 2 of a row, the sum never negative) and B's column
     // i = g, input row y + g - P, staged row r + g.
     const unsigned *drow0[DWM_CPW], *xrow0[DWM_CPW];
     #pragma unroll
     for (int cc = 0; cc < DWM_CPW; cc++) {
         const int c = warp * DWM_CPW + cc;
-        drow0[cc] = reinterpret_cast<const unsigned *>(ds + (size_t)c * dplane) + ((2 * t4 - g + P + DWM_OFF) >> 1);
+        drow0[cc] = reinterpret_cast<const unsigned *>(ds + (size_t)c * dplane + DROW0 * swd) +
+                    ((2 * t4 - g + P + DWM_OFF) >> 1);
         xrow0[cc] = reinterpret_cast<const unsigned *>(xs + (size_t)c * xplane + g * swx) + t4;
     }
     float acc[DWM_CPW][2][4] = {}, acc_db[DWM_CPW][2][4] = {};   // per channel, per tile parity
     // Rows in pairs: an odd count stages one more (zero) dy row and the input row it reaches.
     const int pair_rows = rows + (rows & 1);
     for (int b = b0; b < b1; b++) {
-        // Input rows y0 - P .. y0 + TH + P - 1 (xs), dy rows y0 .. y0 + TH - 1 from column -DWM_OFF (ds).
-        // (only the rows the block's dy rows reach: fewer in a short image; rows past the image
-        // are zeros)
-        mma_stage<CG, mma_dw_threads(CG)>(in + b * plane + c0, d, y0 - P, pair_rows + K - 1, swx, 0, xs, (size_t)xplane);
-        mma_stage<CG, mma_dw_threads(CG)>(dy + b * plane + c0, d, y0, pair_rows, swd, DWM_OFF, ds, (size_t)dplane);
+        // Input rows y0 - P .. y0 + TH + P - 1 (xs), dy rows y0 .. y0 + TH - 1 from column -DWM_OFF (ds;
+        // with DX from row y0 - P, every row the dx tiles reach). (only the rows the block's dy rows
+        // reach: fewer in a short image; rows past the image are zeros)
+        mma_stage<CG, THREADS>(in + b * plane + c0, d, y0 - P, pair_rows + K - 1, swx, 0, xs, (size_t)xplane);
+        mma_stage<CG, THREADS>(dy + b * plane + c0, d, y0 - DROW0, DX ? ROWS : pair_rows, swd, DWM_OFF, ds,
+                               (size_t)dplane);
         __syncthreads();
         for (int r = 0; r < rows; r += 2) {
             // 2 channels x 2 tile parities (h = jt % 2, a constant at each call): 8 MMA chains
@@ -403,7 +455,19 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
                                  xrow0[cc] + r * (swx / 2) + jt * 8, sel, ones);
                 }
             };
-            dw_each_with_parity<TX>(tiles_x, tile);
+            dw_each_with_parity<TX16>(tiles_x, tile);
+        }
+        if constexpr (DX) {
+            #pragma unroll 1
+            for (int cc = 0; cc < DWM_CPW; cc++) {
+                const int c = warp * DWM_CPW + cc;
+                mma_channel_tiles<K, TX8, false, true>(ds + (size_t)c * dplane + (DWM_OFF - P), swd,
+                                                       TX8 ? TX8 : tiles8_arg,
+                                                       frag + (size_t)(c0 + c) * K * 2 * 32 + lane, 0.0f, flags,
+                                                       nullptr, c, 0, 0, g, t4);
+            }
+            __syncthreads();
+            mma_write_out<THREADS, VPP>(ds + (DWM_OFF - P), dplane, swd, dx + b * plane + c0, d, y0);
         }
         __syncthreads();
     }
@@ -413,35 +477,66 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
         dw_put_partial2<K>(row, d.C, c0 + warp * DWM_CPW + cc, g, t4, acc[cc], acc_db[cc]);
 }
 
-bool cuda_dwconv_mma_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
-                        float *db) {
-    // 8 channels a block: 16 (two blocks an SM) took the same time on an H100 (56 x 56 x 144
-    // backward 0.540 against 0.536 ms).
-    constexpr int CG = MMA_CG;
-    if (d.k != MMA_K || d.C % CG != 0 || !aligned16(dy) || !aligned16(in)) return false;
-    const int tiles_x = (d.W + 15) / 16, swx = mma_row_width(tiles_x * 16),
-              swd = mma_dw_dy_width(tiles_x);
-    const size_t smem = (size_t)CG * (mma_plane(MMA_TH + MMA_K - 1, swx) + mma_plane(MMA_TH, swd)) * 2;
-    const int hblocks = (d.H + MMA_TH - 1) / MMA_TH, groups = d.C / CG;
-    if (smem > 100 * 1024 || hblocks > 65535) return false;
+// The dw pass (DX false: w, dx and flags unused) or the backward in one pass.
+template <int CG, bool DX>
+static bool mma_launch_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw, float *db,
+                          const bf16 *w, bf16 *dx, int flags) {
+    const int tiles_x = (d.W + 15) / 16, tiles8 = (d.W + 7) / 8, swx = mma_row_width(tiles_x * 16),
+              swd = DX ? mma_bwd_dy_width(tiles_x, tiles8) : mma_dw_dy_width(tiles_x);
+    const size_t smem = (size_t)CG * (mma_plane(MMA_TH + MMA_K - 1, swx) + mma_plane(DX ? MMA_TH + MMA_K - 1 : MMA_TH, swd)) * 2;
+    const int hblocks = (d.H + MMA_TH - 1) / MMA_TH, groups = d.C / CG, threads = mma_dw_threads(CG);
+    // DX: the blocks an SM the kernel is built for (228 KB of shared memory an SM, 1 KB of each block the system's)
+    if (smem > (DX ? (size_t)(228 / MMA_BWD_BLOCKS - 1) * 1024 : (size_t)100 * 1024) || hblocks > 65535) return false;
     // Runs of images: two blocks for every one an SM holds at once (shared memory, 2048 threads),
     // each summing as many images as that leaves.
-    const size_t per_sm = std::min<size_t>(2048 / mma_dw_threads(CG), (size_t)227 * 1024 / smem);
+    const size_t per_sm = std::min<size_t>(2048 / threads, DX ? (size_t)MMA_BWD_BLOCKS : (size_t)227 * 1024 / smem);
     const size_t want = (size_t)cuda_ctx_of(ctx)->sm_count * per_sm * 2, base = (size_t)groups * hblocks;
     int runs = (int)((want + base - 1) / base);
     if (runs > d.B) runs = d.B;
     const int per = (d.B + runs - 1) / runs;
     runs = (d.B + per - 1) / per;
     if (runs > 65535) return false;
-    const size_t width = (size_t)d.C * MMA_K * MMA_K + d.C, parts = (size_t)runs * hblocks;
-    float *partial = (float *)cuda_scratch(ctx, parts * width * sizeof(float));
-    auto kernel = tiles_x == 4 ? dwconv_mma_dw_kernel<MMA_K, CG, 4>
-                : tiles_x == 2 ? dwconv_mma_dw_kernel<MMA_K, CG, 2> : dwconv_mma_dw_kernel<MMA_K, CG, 0>;
+    auto pick = [&]() {   // the grids of gspn's stages at 224 px with constant offsets
+        if constexpr (DX)
+            return tiles_x == 2 && tiles8 == 4 ? dwconv_mma_dw_kernel<MMA_K, CG, 2, 4, DX>
+                                               : dwconv_mma_dw_kernel<MMA_K, CG, 0, 0, DX>;
+        else
+            return tiles_x == 4   ? dwconv_mma_dw_kernel<MMA_K, CG, 4, 0, DX>
+                   : tiles_x == 2 ? dwconv_mma_dw_kernel<MMA_K, CG, 2, 0, DX>
+                                  : dwconv_mma_dw_kernel<MMA_K, CG, 0, 0, DX>;
+    };
+    auto kernel = pick();
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    unsigned *frag = nullptr;
+    if (DX) {
+        frag = (unsigned *)cuda_temp_alloc(ctx, (size_t)d.C * MMA_K * 2 * 32 * sizeof(unsigned));
+        dw_band_frag_kernel<MMA_K><<<(unsigned)((d.C * 32 + 255) / 256), 256, 0, cuda_stream_of(ctx)>>>(w, d.C, flags, frag);
+        CUDA_CHECK_LAUNCH();
+    }
+    const size_t width = (size_t)d.C * MMA_K * MMA_K + d.C, parts = (size_t)runs * hblocks;
+    float *partial = (float *)cuda_scratch(ctx, parts * width * sizeof(float));
     dim3 grid((unsigned)groups, (unsigned)hblocks, (unsigned)runs);
-    kernel<<<grid, mma_dw_threads(CG), smem, cuda_stream_of(ctx)>>>(dy, in, d, tiles_x, swx, swd, per, partial);
+    kernel<<<grid, threads, smem, cuda_stream_of(ctx)>>>(dy, in, d, tiles_x, swx, swd, per, partial, frag, dx, flags,
+                                                        tiles8);
     CUDA_CHECK_LAUNCH();
+    if (frag) cuda_temp_free(ctx, frag);
     cuda_sum_partials(ctx, partial, (unsigned)parts, width, (size_t)d.C * MMA_K * MMA_K, dw, db);
     return true;
+}
+
+bool cuda_dwconv_mma_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
+                        float *db) {
+    // 8 channels a block: 16 (two blocks an SM) took the same time on an H100 (56 x 56 x 144
+    // backward 0.540 against 0.536 ms).
+    if (d.k != MMA_K || d.C % MMA_CG != 0 || !aligned16(dy) || !aligned16(in)) return false;
+    return mma_launch_dw<MMA_CG, false>(ctx, dy, in, d, dw, db, nullptr, nullptr, 0);
+}
+
+bool cuda_dwconv_mma_bwd(Ctx *ctx, const bf16 *dy, const bf16 *in, const bf16 *w, bf16 *dx,
+                         const DwconvShape &d, int flags, float *dw, float *db) {
+    if (d.k != MMA_K || d.C % MMA_BWD_CG != 0 || d.H < 14 || d.W < 14 || d.W > MMA_BWD_MAX_W ||
+        (flags & (DW_ACCUM | DW_SILU)) || !aligned16(dy) || !aligned16(in) || !aligned16(dx))
+        return false;
+    return mma_launch_dw<MMA_BWD_CG, true>(ctx, dy, in, d, dw, db, w, dx, flags);
 }

@@ -156,6 +156,12 @@ struct DwProj {
 bool cuda_dwconv_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
                      const DwconvShape &d, int flags, DwProj *proj = nullptr);
 
+// The backward in one pass over dy and in, where dx is written: dx = the mirrored taps of dy (flags:
+// DW_FLIP, DW_RESID; not DW_ACCUM), dw (+)= and db (+)= as cuda_dwconv_mma_dw. Returns false,
+// launching nothing, when the shape or flags are not covered.
+bool cuda_dwconv_mma_bwd(Ctx *ctx, const bf16 *dy, const bf16 *in, const bf16 *w, bf16 *dx,
+                         const DwconvShape &d, int flags, float *dw, float *db);
+
 // dw (+)= the k x k taps' gradient, db (+)= dy's sums (either NULL: skipped), from dy and in (B, H,
 // W, C) bf16; deterministic. Returns false, launching nothing, when the shape is not covered.
 bool cuda_dwconv_mma_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
