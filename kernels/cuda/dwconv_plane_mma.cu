@@ -126,29 +126,27 @@ __device__ __forceinline__ void dpm_band_mma(const unsigned *tw, const unsigned 
 template <int PLANE>
 __device__ __forceinline__ void dpm_finish_in_place(unsigned short *t16, const float (&acc)[2][2][4],
                                                     const float (&bv)[2], int flags, int H, int W, int g, int t4) {
+    auto each_output = [&](auto &&f) {
+        #pragma unroll
+        for (int cc = 0; cc < 2; cc++)
+            #pragma unroll
+            for (int jt = 0; jt < 2; jt++)
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int m = g + 8 * (e / 2), x = jt * 8 + 2 * t4 + e % 2;
+                    f(cc, jt, e, m < H && x < W, 2 * (cc * PLANE + m * DPM_WORDS) + x);
+                }
+    };
     float v[2][2][4];
-    #pragma unroll
-    for (int cc = 0; cc < 2; cc++)
-        #pragma unroll
-        for (int jt = 0; jt < 2; jt++)
-            #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int at = 2 * (cc * PLANE + (g + 8 * (e / 2)) * DPM_WORDS) + jt * 8 + 2 * t4 + e % 2;
-                v[cc][jt][e] = acc[cc][jt][e] + bv[cc];
-                if (flags & DW_RESID) v[cc][jt][e] += __uint_as_float((unsigned)t16[at] << 16);
-                if (flags & DW_SILU) v[cc][jt][e] = dw_silu<bf16>(v[cc][jt][e]);
-            }
+    each_output([&](int cc, int jt, int e, bool, int at) {
+        v[cc][jt][e] = acc[cc][jt][e] + bv[cc];
+        if (flags & DW_RESID) v[cc][jt][e] += __uint_as_float((unsigned)t16[at] << 16);
+        if (flags & DW_SILU) v[cc][jt][e] = dw_silu<bf16>(v[cc][jt][e]);
+    });
     __syncwarp();
-    #pragma unroll
-    for (int cc = 0; cc < 2; cc++)
-        #pragma unroll
-        for (int jt = 0; jt < 2; jt++)
-            #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int m = g + 8 * (e / 2), x = jt * 8 + 2 * t4 + e % 2;
-                if (m < H && x < W)
-                    t16[2 * (cc * PLANE + m * DPM_WORDS) + x] = __bfloat16_as_ushort(__float2bfloat16_rn(v[cc][jt][e]));
-            }
+    each_output([&](int cc, int jt, int e, bool in_image, int at) {   // the zero border stays
+        if (in_image) t16[at] = __bfloat16_as_ushort(__float2bfloat16_rn(v[cc][jt][e]));
+    });
 }
 
 // The block's finished outputs out along channels (o: the image's first pixel at the block's first
