@@ -650,6 +650,16 @@ static void dwconv_bwd_one_pass_cases(OpCaseList *l) {
     dwconv_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]), flag_sets);
 }
 
+// The LPU's 3x3 backward on fp32 activations in tiles of rows (dwconv_plane.cu): 28 x 28 in two
+// tiles, 56 x 56 in four, 37 rows in tiles of 10 (a partial last one), 20 x 17 at 32 channels in
+// two, and 128 columns, the widest, in tiles of 6 (a partial last one). The fp32-x mode takes it;
+// bf16 x keeps dwconv.cu's kernel. Built after the cases before, so that theirs keep their seeds.
+static void dwconv_lpu_tile_cases(OpCaseList *l) {
+    static const int shapes[][5] = {{2, 28, 28, 48, 3}, {1, 56, 56, 24, 3}, {2, 37, 40, 16, 3},
+                                    {3, 20, 17, 32, 3}, {1, 23, 128, 8, 3}};   // B H W C k
+    dwconv_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]), dwconv_flag_turns);
+}
+
 // The mixer's convolution, SiLU and down projection as one op (dwconv_silu_proj_fwd): the fused
 // path of dwconv_mma.cu at 16 channels a block (28 x 28) and at 8 (20 x 30, a partial column
 // tile, one output, no projection bias; 56 x 40, where the pass keeps its staged fp32 sums), and
@@ -1380,6 +1390,7 @@ void op_cases_build(OpCaseList *l, CaseSet set) {
     dwconv_silu_proj_odd_cases(l);
     scan_proj_cases(l);
     dwconv_bwd_one_pass_cases(l);
+    dwconv_lpu_tile_cases(l);
 }
 
 void op_cases_free(OpCaseList *l) {

@@ -777,7 +777,7 @@ static void launch_dw(Ctx *ctx, const T *dy, const T *x, DwDims d, float *dw, fl
 template <typename T, typename TW>
 static void launch_bwd_fused(Ctx *ctx, const T *dy, const T *x, const TW *w, T *dx, DwDims d,
                              int flags, float *dw, float *db) {
-    if (cuda_dwconv_plane_bwd(ctx, dy, x, w, dx, d, flags, dw, db)) return;   // small images
+    if (cuda_dwconv_plane_bwd(ctx, dy, x, w, dx, d, flags, dw, db)) return;   // fp32, rows of <= 128
     DwGrid g = dw_grid(d, 1, dw_strip(d, true));
     DwRuns r = dw_runs(ctx, d, g);
     dim3 grid((unsigned)(g.groups * g.sgroups), (unsigned)g.chunks, (unsigned)r.runs);

@@ -17,6 +17,9 @@
 // dy times the 7 input pixels of row y + i - 3 that its taps meet, the window sliding along the
 // row (one new word a pixel, both channels in it). Its 14 sums run over the block's images, then
 // a fixed-order reduction over blocks (kernels/cuda/reduce.cu). Deterministic.
+//
+// The LPU's 3x3 on the fp32 stream takes the same staged planes: its forward on small images,
+// its backward (dx, dw and db in one pass) on tiles of rows at every gspn_hier stage.
 #include "dwconv_plane.h"
 #include "cuda_async.cuh"
 #include "narrow_dot.cuh"
@@ -25,6 +28,12 @@
 #include <utility>
 
 enum { DWP_K = 7, DWP_THREADS = 256 };
+// The 3x3 backward: CG * W threads a block (8 channels at DWP_BWD_MAX_W columns), its four planes
+// within DWP_BWD_SMEM bytes: one large block an SM, tiles of many rows. H100, bench dwconv's LPU
+// backward (gspn_t, gspn_b): at most 256 threads and 72 KB (three blocks an SM) 0.219 / 0.337 ms
+// at 56^2 and 0.113 / 0.152 at 28^2; at most 1024 threads and 150 KB 0.188 / 0.255 and 0.088 /
+// 0.113 (a tile's halo rows are fewer, and the block's barriers hold up fewer rows of work).
+enum { DWP_BWD_THREADS = 8 * DWP_BWD_MAX_W, DWP_BWD_SMEM = 150 * 1024 };
 
 __host__ __device__ static size_t dwp_align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
 
@@ -259,80 +268,113 @@ template bool cuda_dwconv_plane(Ctx *, const float *, const float *, const float
                                 const DwAdded<float> &);
 
 // ---- dx, dw and db in one pass (3x3 on the fp32 stream) -----------------------------------------
-// Block (C / CG, image blocks), CG * W threads: thread t is channel t % CG of column t / CG. The x
-// and dy planes are staged with P zero rows and columns around the image, so that
+// Block (C / CG, item blocks), CG * W threads: thread t is channel t % CG of column t / CG. An item
+// is a tile of at most TH rows of one image (ceil(H / TH) tiles an image, the last one partial).
+// The block stages a tile's x and dy rows with P rows either side (zeros past the image) and P
+// zero columns either side, so that
 //   dx[y][x]  = sum_{i,j} w[i][j] dy[y - i + P][x - j + P]  (+ dy[y][x]) (+ dx's prior value)
 //   dw[i][j] += dy[y][x] in[y + i - P][x + j - P],   db += dy[y][x]
-// read them without a branch. A thread's dw and db sums run over the block's images, then add in
-// column order (shared memory) into the block's row of the partial matrix (image blocks, C k^2 + C).
+// read them without a branch. A thread sweeps its column down the tile with its window's K staged
+// rows of dy and x as a ring in registers (staged row s in slot s mod K): a new row of each a
+// step, 2K shared loads an output where the whole window was 2K^2 (the step loop unrolls K times,
+// so every slot is a constant). Blocks stay resident and take items in turn, staging the next
+// while they compute the current one. A thread's dw and db sums run over the block's items, then
+// add in column order (shared memory) into the block's row of the partial matrix (item blocks,
+// C k^2 + C).
 template <int K, int CG, typename T, typename TW>
-__global__ void __launch_bounds__(DWP_THREADS, 3)
+__global__ void __launch_bounds__(DWP_BWD_THREADS)
 dwconv_plane_bwd_kernel(const T *__restrict__ dy, const T *__restrict__ in, const TW *__restrict__ w,
-                        T *__restrict__ dx, DwconvShape d, int flags, float *__restrict__ partial) {
-    constexpr int P = K / 2, KK = K * K;
+                        T *__restrict__ dx, DwconvShape d, int TH, int flags, float *__restrict__ partial) {
+    constexpr int P = K / 2, KK = K * K, VPP = CG * (int)sizeof(T) / 16;
     extern __shared__ __align__(16) unsigned char dwp_smem[];
-    const int sw = d.W + 2 * P;
-    const size_t plane_elems = dwp_align16((size_t)(d.H + 2 * P) * sw * CG * sizeof(T)) / sizeof(T);
-    T *planes = reinterpret_cast<T *>(dwp_smem);   // 2 x [in, dy] (H + 2P, sw, CG)
+    const int sw = d.W + 2 * P, tiles = (d.H + TH - 1) / TH;
+    const unsigned items = (unsigned)d.B * tiles;
+    const size_t plane_elems = dwp_align16((size_t)(TH + 2 * P) * sw * CG * sizeof(T)) / sizeof(T);
+    T *planes = reinterpret_cast<T *>(dwp_smem);   // 2 x [in, dy] (TH + 2P, sw, CG)
     const int c0 = blockIdx.x * CG, c = threadIdx.x % CG, xx = threadIdx.x / CG;
     const size_t img = (size_t)d.H * d.W * d.C;
     for (size_t e = threadIdx.x; e < 4 * plane_elems * sizeof(T) / 16; e += blockDim.x)
         reinterpret_cast<uint4 *>(dwp_smem)[e] = make_uint4(0, 0, 0, 0);   // the zero border, once
     __syncthreads();
-    auto stage = [&](unsigned b, int set) {
-        T *xs = planes + 2 * set * plane_elems + (size_t)P * sw * CG;   // image row 0 at staged row P
-        dwp_stage<CG>(in + b * img + c0, d, sw, P, xs);
-        dwp_stage<CG>(dy + b * img + c0, d, sw, P, xs + plane_elems);
+    // Item it into set: image rows y0 - P .. y0 + TH + P - 1 at staged rows 0 .., those past the
+    // image as zeros (rewritten only where an image has several tiles: one tile's stay from the
+    // start).
+    auto stage = [&](unsigned it, int set) {
+        const int b = it / tiles, y0 = (it - b * tiles) * TH;
+        const int r0 = max(y0 - P, 0), r1 = min(y0 + TH + P, d.H);
+        T *xs = planes + 2 * set * plane_elems, *gs = xs + plane_elems;
+        DwconvShape rows = d;
+        rows.H = r1 - r0;
+        const size_t src = b * img + (size_t)r0 * d.W * d.C + c0, dst = (size_t)(r0 - y0 + P) * sw * CG;
+        dwp_stage<CG>(in + src, rows, sw, P, xs + dst);
+        dwp_stage<CG>(dy + src, rows, sw, P, gs + dst);
+        if (tiles == 1) return;
+        const int top = P - (y0 - r0 + P), bottom = y0 + TH + P - r1;   // zero rows above, below
+        for (int e = threadIdx.x; e < (top + bottom) * d.W * VPP; e += blockDim.x) {
+            const int v = e % VPP, px = e / VPP, zr = px / d.W, s = zr < top ? zr : TH + 2 * P - bottom + zr - top;
+            const size_t at = ((size_t)s * sw + px - zr * d.W + P) * CG;
+            reinterpret_cast<uint4 *>(xs + at)[v] = make_uint4(0, 0, 0, 0);
+            reinterpret_cast<uint4 *>(gs + at)[v] = make_uint4(0, 0, 0, 0);
+        }
     };
-    if (blockIdx.y < (unsigned)d.B) stage(blockIdx.y, 0);
+    if (blockIdx.y < items) stage(blockIdx.y, 0);
     cp_async_commit();
     float wr[KK], acc[KK], accb = 0.0f;
     #pragma unroll
     for (int t = 0; t < KK; t++) wr[t] = load_or(w, (size_t)(c0 + c) * KK + t, 0.0f), acc[t] = 0.0f;
     int buf = 0;
-    for (unsigned b = blockIdx.y; b < (unsigned)d.B; b += gridDim.y, buf ^= 1) {
-        const unsigned nb = b + gridDim.y;
-        if (nb < (unsigned)d.B) stage(nb, buf ^ 1);
+    for (unsigned it = blockIdx.y; it < items; it += gridDim.y, buf ^= 1) {
+        const unsigned nt = it + gridDim.y;
+        if (nt < items) stage(nt, buf ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        if (xx < d.W) {
-            // Staged (r, s) is image pixel (r - P, s - P): rows y .. y + 2P, columns xx .. xx + 2P
-            // are the window around (y, xx).
-            const T *xs = planes + 2 * buf * plane_elems + (size_t)xx * CG + c, *gs = xs + plane_elems;
-            T *o = dx + b * img + c0 + c + (size_t)xx * d.C;
-            for (int y = 0; y < d.H; y++) {
-                float g[K][K], xv[K][K];
-                #pragma unroll
-                for (int i = 0; i < K; i++)
-                    #pragma unroll
-                    for (int j = 0; j < K; j++) {
-                        g[i][j] = dwp_f(gs[((size_t)(y + i) * sw + j) * CG]);
-                        xv[i][j] = dwp_f(xs[((size_t)(y + i) * sw + j) * CG]);
-                    }
-                float sum = 0.0f;
-                #pragma unroll
-                for (int i = 0; i < K; i++)
-                    #pragma unroll
-                    for (int j = 0; j < K; j++) sum = fmaf(wr[i * K + j], g[K - 1 - i][K - 1 - j], sum);
-                const float gc = g[P][P];
-                if (flags & DW_RESID) sum += gc;
-                T *p = o + (size_t)y * d.W * d.C;
-                if (flags & DW_ACCUM) sum += dwp_f(*p);
-                store_v<1>(p, &sum);
-                #pragma unroll
-                for (int t = 0; t < KK; t++) acc[t] = fmaf(gc, xv[t / K][t % K], acc[t]);
-                accb += gc;
+        const int b = it / tiles, y0 = (it - b * tiles) * TH, rows = min(TH, d.H - y0);
+        // Staged (s, xx + j) is image pixel (y0 + s - P, xx + j - P): rows y .. y + 2P, columns
+        // xx .. xx + 2P are the window around (y0 + y, xx).
+        const T *xs = planes + 2 * buf * plane_elems + (size_t)xx * CG + c, *gs = xs + plane_elems;
+        T *o = dx + b * img + ((size_t)y0 * d.W + xx) * d.C + c0 + c;
+        float g[K][K], xv[K][K];   // staged row s of dy and x in slot s mod K
+        auto row_in = [&](int s, auto slot) {
+            constexpr int S = decltype(slot)::value;
+            #pragma unroll
+            for (int j = 0; j < K; j++) {
+                g[S][j] = dwp_f(gs[((size_t)s * sw + j) * CG]);
+                xv[S][j] = dwp_f(xs[((size_t)s * sw + j) * CG]);
             }
-        }
+        };
+        dwp_unroll<K - 1>([&](auto sc) { row_in(decltype(sc)::value, sc); });
+        auto step = [&](int y, auto uc) {   // U = y mod K
+            constexpr int U = decltype(uc)::value % K;
+            row_in(y + K - 1, std::integral_constant<int, (U + K - 1) % K>{});
+            float sum = 0.0f;
+            #pragma unroll
+            for (int i = 0; i < K; i++)   // dy's image row y - i + P: staged row y + K - 1 - i
+                #pragma unroll
+                for (int j = 0; j < K; j++) sum = fmaf(wr[i * K + j], g[(U + K - 1 - i) % K][K - 1 - j], sum);
+            const float gc = g[(U + P) % K][P];
+            if (flags & DW_RESID) sum += gc;
+            T *p = o + (size_t)y * d.W * d.C;
+            if (flags & DW_ACCUM) sum += dwp_f(*p);
+            store_v<1>(p, &sum);
+            #pragma unroll
+            for (int i = 0; i < K; i++)
+                #pragma unroll
+                for (int j = 0; j < K; j++) acc[i * K + j] = fmaf(gc, xv[(U + i) % K][j], acc[i * K + j]);
+            accb += gc;
+        };
+        int y = 0;
+        for (; y + K <= rows; y += K)   // whole rounds of K rows: no branch on y
+            dwp_unroll<K>([&](auto uc) { step(y + decltype(uc)::value, uc); });
+        dwp_unroll<K - 1>([&](auto uc) {
+            if (y + decltype(uc)::value < rows) step(y + decltype(uc)::value, uc);
+        });
         __syncthreads();
     }
     float *red = reinterpret_cast<float *>(dwp_smem);   // (W, KK + 1, CG), over the planes
-    if (xx < d.W) {
-        #pragma unroll
-        for (int t = 0; t < KK; t++) red[((size_t)xx * (KK + 1) + t) * CG + c] = acc[t];
-        red[((size_t)xx * (KK + 1) + KK) * CG + c] = accb;
-    }
+    #pragma unroll
+    for (int t = 0; t < KK; t++) red[((size_t)xx * (KK + 1) + t) * CG + c] = acc[t];
+    red[((size_t)xx * (KK + 1) + KK) * CG + c] = accb;
     __syncthreads();
     float *row = partial + (size_t)blockIdx.y * ((size_t)d.C * KK + d.C);
     for (int e = threadIdx.x; e < (KK + 1) * CG; e += blockDim.x) {
@@ -343,18 +385,28 @@ dwconv_plane_bwd_kernel(const T *__restrict__ dy, const T *__restrict__ in, cons
     }
 }
 
+// Shared memory a block's four planes at TH rows a tile.
+template <typename T> static size_t dwp_bwd_planes(const DwconvShape &d, int CG, int TH) {
+    return 4 * dwp_align16((size_t)(TH + d.k - 1) * (d.W + d.k - 1) * CG * sizeof(T));
+}
+
 template <int CG, typename T, typename TW>
 static void dwp_launch_bwd(Ctx *ctx, const T *dy, const T *in, const TW *w, T *dx, const DwconvShape &d,
                            int flags, float *dw, float *db) {
     constexpr int K = 3;
-    const int threads = CG * d.W, groups = d.C / CG;
-    const size_t planes = 4 * dwp_align16((size_t)(d.H + K - 1) * (d.W + K - 1) * CG * sizeof(T));
-    const size_t smem = std::max(planes, (size_t)d.W * (K * K + 1) * CG * sizeof(float));
+    // Rows a tile: the fewest tiles an image whose planes fit DWP_BWD_SMEM (gspn_t: a whole 14 x 14
+    // image at 32 channels, 28 x 28 at 32 in tiles of 7 rows, 56 x 56 at 16 in tiles of 8).
+    int tiles = 1;
+    while (tiles < d.H && dwp_bwd_planes<T>(d, CG, (d.H + tiles - 1) / tiles) > DWP_BWD_SMEM) tiles++;
+    const int TH = (d.H + tiles - 1) / tiles, threads = CG * d.W, groups = d.C / CG;
+    const size_t smem = std::max(dwp_bwd_planes<T>(d, CG, TH), (size_t)d.W * (K * K + 1) * CG * sizeof(float));
     auto kernel = dwconv_plane_bwd_kernel<K, CG, T, TW>;
-    const unsigned blocks = dwp_image_blocks(ctx, kernel, threads, smem, groups, d.B);
+    const int per_image = (d.H + TH - 1) / TH;
+    const unsigned blocks = dwp_image_blocks(ctx, kernel, threads, smem, groups, d.B * per_image);
     const size_t width = (size_t)d.C * K * K + d.C;
     float *partial = (float *)cuda_scratch(ctx, (size_t)blocks * width * sizeof(float));
-    kernel<<<dim3((unsigned)groups, blocks), threads, smem, cuda_stream_of(ctx)>>>(dy, in, w, dx, d, flags, partial);
+    kernel<<<dim3((unsigned)groups, blocks), threads, smem, cuda_stream_of(ctx)>>>(dy, in, w, dx, d, TH, flags,
+                                                                                    partial);
     CUDA_CHECK_LAUNCH();
     cuda_sum_partials(ctx, partial, blocks, width, (size_t)d.C * K * K, dw, db);
 }
@@ -363,12 +415,11 @@ template <typename T, typename TW>
 bool cuda_dwconv_plane_bwd(Ctx *ctx, const T *dy, const T *in, const TW *w, T *dx, const DwconvShape &d,
                            int flags, float *dw, float *db) {
     if constexpr (std::is_same<T, float>::value) {   // the LPU on the fp32 stream
-        if (d.k != 3 || d.C % 8 != 0 || d.H > DWP_MAX_SIDE || d.W > DWP_MAX_SIDE || d.B == 0 ||
-            !aligned16(dy) || !aligned16(in))
+        if (d.k != 3 || d.C % 8 != 0 || d.W > DWP_BWD_MAX_W || d.B == 0 || !aligned16(dy) || !aligned16(in))
             return false;
-        // Channels a block: the widest group dividing C that keeps CG * W within DWP_THREADS.
-        if (d.C % 32 == 0 && 32 * d.W <= DWP_THREADS) dwp_launch_bwd<32>(ctx, dy, in, w, dx, d, flags, dw, db);
-        else if (d.C % 16 == 0) dwp_launch_bwd<16>(ctx, dy, in, w, dx, d, flags, dw, db);
+        // Channels a block: the widest group dividing C that keeps CG * W within DWP_BWD_THREADS.
+        if (d.C % 32 == 0 && 32 * d.W <= DWP_BWD_THREADS) dwp_launch_bwd<32>(ctx, dy, in, w, dx, d, flags, dw, db);
+        else if (d.C % 16 == 0 && 16 * d.W <= DWP_BWD_THREADS) dwp_launch_bwd<16>(ctx, dy, in, w, dx, d, flags, dw, db);
         else dwp_launch_bwd<8>(ctx, dy, in, w, dx, d, flags, dw, db);
         return true;
     }

@@ -1,12 +1,15 @@
 // The depthwise convolution on small images (kernels/cuda/dwconv_plane.cu), images of at most
 // DWP_MAX_SIDE rows and columns (gspn_hier's 14 x 14 and 7 x 7 stages), C a multiple of 8: the
 // mixer's 7x7 (bf16 activations and weights) and the LPU's 3x3 (fp32 activations). A block stages
-// a whole image's channel group in shared memory once and every thread works from there.
+// a whole image's channel group in shared memory once and every thread works from there; the
+// LPU's backward stages tiles of rows the same way, on images of any height.
 // kernels/cuda/dwconv.cu calls these before the tensor-core pass and its own kernels.
 #pragma once
 #include "dwconv_mma.h"   // the DW_* flags and dw_silu
 
 enum { DWP_MAX_SIDE = 16 };
+// The 3x3 backward's widest rows: it stages tiles of rows (any height), a thread a column.
+enum { DWP_BWD_MAX_W = 128 };
 
 // dwconv_fwd's added input as the fp32 kernels read it (dwconv.cu's rows kernel and the plane
 // kernel below): the input is x' = x + u uw^T + ub (narrow_dot.cuh: linear_fwd's bits onto res),
@@ -75,9 +78,10 @@ bool cuda_dwconv_plane_mma_bwd(Ctx *ctx, const bf16 *dy, const bf16 *in, const b
 bool cuda_dwconv_plane_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d,
                           float *dw, float *db);
 
-// The 3x3 backward in one pass over dy and in (fp32): dx (= or += with DW_ACCUM; + dy with
-// DW_RESID), dw += and db += (either NULL: skipped); deterministic. Returns false, launching
-// nothing, when the shape or dtypes are not covered.
+// The 3x3 backward in one pass over dy and in (fp32), on rows of at most DWP_BWD_MAX_W columns
+// (gspn_hier's LPUs at every stage): dx (= or += with DW_ACCUM; + dy with DW_RESID), dw += and
+// db += (either NULL: skipped); deterministic. Returns false, launching nothing, when the shape or
+// dtypes are not covered.
 template <typename T, typename TW>
 bool cuda_dwconv_plane_bwd(Ctx *ctx, const T *dy, const T *in, const TW *w, T *dx, const DwconvShape &d,
                            int flags, float *dw, float *db);
