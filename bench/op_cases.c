@@ -660,6 +660,24 @@ static void dwconv_lpu_tile_cases(OpCaseList *l) {
     dwconv_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]), dwconv_flag_turns);
 }
 
+// The mixer's 7x7 without a bias (its dw passes then leave out the bias gradient's MMAs): the
+// one pass of dwconv_plane_mma.cu (14 x 14, 9 x 13) and of dwconv_mma.cu (28 x 28, 20 x 30), and
+// where dx is added to, both files' dw passes alone (56 x 56 with its constant offsets, 14 x 14).
+// Built after the cases before, so that theirs keep their seeds.
+static void dwconv_no_bias_cases(OpCaseList *l) {
+    static const int shapes[][5] = {{2, 14, 14, 48, 7}, {1, 56, 56, 16, 7}, {1, 28, 28, 32, 7},
+                                    {2, 9, 13, 16, 7},  {2, 14, 14, 32, 7}, {1, 20, 30, 16, 7}};   // B H W C k
+    static const int flag_sets[3] = {DWCONV_WRITE_DX, 0, DWCONV_RESIDUAL | DWCONV_WRITE_DX};
+    const int first = l->n;
+    dwconv_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]), flag_sets);
+    for (int i = first; i < l->n; i++) {
+        OpCase *c = &l->cases[i];
+        drop(c, DW_B), drop(c, DW_DB);
+        const size_t n = strlen(c->title);
+        snprintf(c->title + n, sizeof c->title - n, ", no bias");
+    }
+}
+
 // The mixer's convolution, SiLU and down projection as one op (dwconv_silu_proj_fwd): the fused
 // path of dwconv_mma.cu at 16 channels a block (28 x 28) and at 8 (20 x 30, a partial column
 // tile, one output, no projection bias; 56 x 40, where the pass keeps its staged fp32 sums), and
@@ -1391,6 +1409,7 @@ void op_cases_build(OpCaseList *l, CaseSet set) {
     scan_proj_cases(l);
     dwconv_bwd_one_pass_cases(l);
     dwconv_lpu_tile_cases(l);
+    dwconv_no_bias_cases(l);
 }
 
 void op_cases_free(OpCaseList *l) {

@@ -361,9 +361,9 @@ bool cuda_dwconv_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, 
 //                                          B[q][i] = in[y + i - P][x0 + q],
 // so that D[j][i] = dw[i][j] (j, i < K); every (dy, input) pair with both in the image is counted
 // once, the others meet zeros. A's rows 8 .. 15 take the next dy row, against B's eighth column
-// (dw_grad_mma2, kernels/cuda/dwconv_mma.h: one MMA for two dy rows, and one against ones for the
-// bias gradient). A block owns MMA_CG channels and MMA_TH dy rows of a run of images; per
-// image it stages those dy rows and their TH + K - 1 input rows channel-major, and each warp adds
+// (dw_grad_mma2, kernels/cuda/dwconv_mma.h: one MMA for two dy rows, and where db is wanted one
+// against ones for the bias gradient). A block owns MMA_CG channels and MMA_TH dy rows of a run of
+// images; per image it stages those dy rows and their TH + K - 1 input rows channel-major, and each warp adds
 // MMA_CG / 4 channels' products into registers. Its sums are then one row of the partial matrix
 // (runs * row blocks, C k^2 + C) that dwconv.cu's dw kernels write, added in a fixed order.
 // dy is staged from column x - DWM_OFF, so that (P + DWM_OFF) is even: A's column pairs are
@@ -401,8 +401,8 @@ static_assert((DWM_OFF - MMA_K / 2) % 2 == 0, "the dx product's staged input sta
 
 // TX16 > 0: the dw product's 16-column tiles (the tile loop unrolls, its offsets constants); TX8
 // (DX): the dx product's 8-column tiles; 0: the arguments. DX: frag holds the mirrored taps' B
-// fragments (dw_band_frag_kernel with DW_FLIP), flags DW_FLIP (and DW_RESID) for dx.
-template <int K, int CG, int TX16, int TX8, bool DX>
+// fragments (dw_band_frag_kernel with DW_FLIP), flags DW_FLIP (and DW_RESID) for dx. DB: db wanted.
+template <int K, int CG, int TX16, int TX8, bool DX, bool DB>
 __global__ void __launch_bounds__(mma_dw_threads(CG), DX ? MMA_BWD_BLOCKS : 4)
 dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, DwconvShape d,
                      int tiles_x_arg, int swx_arg, int swd_arg, int per, float *__restrict__ partial,
@@ -451,7 +451,7 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
                 #pragma unroll
                 for (int cc = 0; cc < DWM_CPW; cc++) {
                     const unsigned *drow = drow0[cc] + r * (swd / 2) + jt * 8;
-                    dw_grad_mma2(acc[cc][h], acc_db[cc][h], drow, drow + swd / 2,
+                    dw_grad_mma2<DB>(acc[cc][h], acc_db[cc][h], drow, drow + swd / 2,
                                  xrow0[cc] + r * (swx / 2) + jt * 8, sel, ones);
                 }
             };
@@ -474,7 +474,7 @@ dwconv_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__ in, D
     float *row = partial + ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * ((size_t)d.C * KK + d.C);
     #pragma unroll
     for (int cc = 0; cc < DWM_CPW; cc++)
-        dw_put_partial2<K>(row, d.C, c0 + warp * DWM_CPW + cc, g, t4, acc[cc], acc_db[cc]);
+        dw_put_partial2<K, DB>(row, d.C, c0 + warp * DWM_CPW + cc, g, t4, acc[cc], acc_db[cc]);
 }
 
 // The dw pass (DX false: w, dx and flags unused) or the backward in one pass.
@@ -496,16 +496,17 @@ static bool mma_launch_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const Dwconv
     const int per = (d.B + runs - 1) / runs;
     runs = (d.B + per - 1) / per;
     if (runs > 65535) return false;
-    auto pick = [&]() {   // the grids of gspn's stages at 224 px with constant offsets
+    auto pick = [&](auto dbc) {   // the grids of gspn's stages at 224 px with constant offsets
+        constexpr bool DB = decltype(dbc)::value;
         if constexpr (DX)
-            return tiles_x == 2 && tiles8 == 4 ? dwconv_mma_dw_kernel<MMA_K, CG, 2, 4, DX>
-                                               : dwconv_mma_dw_kernel<MMA_K, CG, 0, 0, DX>;
+            return tiles_x == 2 && tiles8 == 4 ? dwconv_mma_dw_kernel<MMA_K, CG, 2, 4, DX, DB>
+                                               : dwconv_mma_dw_kernel<MMA_K, CG, 0, 0, DX, DB>;
         else
-            return tiles_x == 4   ? dwconv_mma_dw_kernel<MMA_K, CG, 4, 0, DX>
-                   : tiles_x == 2 ? dwconv_mma_dw_kernel<MMA_K, CG, 2, 0, DX>
-                                  : dwconv_mma_dw_kernel<MMA_K, CG, 0, 0, DX>;
+            return tiles_x == 4   ? dwconv_mma_dw_kernel<MMA_K, CG, 4, 0, DX, DB>
+                   : tiles_x == 2 ? dwconv_mma_dw_kernel<MMA_K, CG, 2, 0, DX, DB>
+                                  : dwconv_mma_dw_kernel<MMA_K, CG, 0, 0, DX, DB>;
     };
-    auto kernel = pick();
+    auto kernel = db ? pick(std::true_type{}) : pick(std::false_type{});
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     unsigned *frag = nullptr;

@@ -88,14 +88,16 @@ __device__ __forceinline__ void dw_store_out8(bf16 *p, const float *sums, int ps
 // i = g from input row y + i - P's staged words xrow[0] and [4]. D[j][i] then adds dw[i][j] of
 // row y (i < K) and D[8 + j][i] dw[i - 1][j] of row y + 1 (i >= 1): one MMA for two rows, B's
 // eight columns all used (input rows y - P .. y + P + 1). A second MMA against ones adds both
-// rows' dy into Db[P][.] and Db[8 + P][.] (A's row P is dy unshifted): the bias gradient.
+// rows' dy into Db[P][.] and Db[8 + P][.] (A's row P is dy unshifted): the bias gradient, where
+// DB (the mixer's 7x7 has no bias: then neither the MMA nor its sums).
+template <bool DB>
 __device__ __forceinline__ void dw_grad_mma2(float (&acc)[4], float (&acc_db)[4], const unsigned *drow,
                                              const unsigned *drow2, const unsigned *xrow, unsigned sel,
                                              unsigned ones) {
     const unsigned a0 = __byte_perm(drow[0], drow[1], sel), a2 = __byte_perm(drow[4], drow[5], sel);
     const unsigned a1 = __byte_perm(drow2[0], drow2[1], sel), a3 = __byte_perm(drow2[4], drow2[5], sel);
     mma_16816_bf16(acc, a0, a1, a2, a3, xrow[0], xrow[4]);
-    mma_16816_bf16(acc_db, a0, a1, a2, a3, ones, ones);
+    if constexpr (DB) mma_16816_bf16(acc_db, a0, a1, a2, a3, ones, ones);
 }
 
 // f(i, i % 2) for i = 0 .. n - 1, the parity a constant at each call (it picks one of two MMA
@@ -118,7 +120,7 @@ __device__ __forceinline__ void dw_each_with_parity(int n, F &&f) {
 // D[g][2 t4 + 1], D[g + 8][2 t4], D[g + 8][2 t4 + 1]), into one row of the partial matrix
 // (C k^2 + C): dw[i][j] = D[j][i] + D[8 + j][i + 1], whose second term for i = 2 t4 + 1 the next
 // lane holds. Every lane of the warp calls it (a shuffle).
-template <int K>
+template <int K, bool DB>
 __device__ __forceinline__ void dw_put_partial2(float *row, int C, int c, int g, int t4,
                                                 const float (&acc)[2][4], const float (&acc_db)[2][4]) {
     constexpr int P = K / 2, KK = K * K;
@@ -127,7 +129,8 @@ __device__ __forceinline__ void dw_put_partial2(float *row, int C, int c, int g,
     #pragma unroll
     for (int e = 0; e < 4; e++) s[e] = acc[0][e] + acc[1][e];
     const float next = __shfl_down_sync(0xffffffffu, s[2], 1);   // D[g + 8][2 t4 + 2] (t4 < 3)
-    const float db = (acc_db[0][0] + acc_db[1][0]) + (acc_db[0][2] + acc_db[1][2]);   // Db[P][.] + Db[8 + P][.]
+    // Db[P][.] + Db[8 + P][.]; without DB a zero, so that the partial matrix is written everywhere
+    const float db = DB ? (acc_db[0][0] + acc_db[1][0]) + (acc_db[0][2] + acc_db[1][2]) : 0.0f;
     if (g < K) {
         row[(size_t)c * KK + i * K + g] = s[0] + s[3];
         if (i + 1 < K) row[(size_t)c * KK + (i + 1) * K + g] = s[1] + next;
