@@ -90,14 +90,19 @@ __device__ __forceinline__ void dw_store_out8(bf16 *p, const float *sums, int ps
 // eight columns all used (input rows y - P .. y + P + 1). A second MMA against ones adds both
 // rows' dy into Db[P][.] and Db[8 + P][.] (A's row P is dy unshifted): the bias gradient, where
 // DB (the mixer's 7x7 has no bias: then neither the MMA nor its sums).
+// dw_grad_mma2_a: the same from A's registers, however the caller made them.
+template <bool DB>
+__device__ __forceinline__ void dw_grad_mma2_a(float (&acc)[4], float (&acc_db)[4], unsigned a0, unsigned a1,
+                                               unsigned a2, unsigned a3, const unsigned *xrow, unsigned ones) {
+    mma_16816_bf16(acc, a0, a1, a2, a3, xrow[0], xrow[4]);
+    if constexpr (DB) mma_16816_bf16(acc_db, a0, a1, a2, a3, ones, ones);
+}
 template <bool DB>
 __device__ __forceinline__ void dw_grad_mma2(float (&acc)[4], float (&acc_db)[4], const unsigned *drow,
                                              const unsigned *drow2, const unsigned *xrow, unsigned sel,
                                              unsigned ones) {
-    const unsigned a0 = __byte_perm(drow[0], drow[1], sel), a2 = __byte_perm(drow[4], drow[5], sel);
-    const unsigned a1 = __byte_perm(drow2[0], drow2[1], sel), a3 = __byte_perm(drow2[4], drow2[5], sel);
-    mma_16816_bf16(acc, a0, a1, a2, a3, xrow[0], xrow[4]);
-    if constexpr (DB) mma_16816_bf16(acc_db, a0, a1, a2, a3, ones, ones);
+    dw_grad_mma2_a<DB>(acc, acc_db, __byte_perm(drow[0], drow[1], sel), __byte_perm(drow2[0], drow2[1], sel),
+                       __byte_perm(drow[4], drow[5], sel), __byte_perm(drow2[4], drow2[5], sel), xrow, ones);
 }
 
 // f(i, i % 2) for i = 0 .. n - 1, the parity a constant at each call (it picks one of two MMA

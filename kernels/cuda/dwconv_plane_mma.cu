@@ -49,6 +49,7 @@ struct DpmUnit {
     int src;          // the first pixel's element offset in its image, its first channel included
     int dst;          // the staged word of its first channel; -1: no unit
     unsigned flags;   // bit 0, 1: the first, second pixel lies in the image; bit 2: a dy unit
+    int dst2;         // dy units of the dw pass: the first pixel's halfword in the shifted copy
 };
 enum { DPM_LO = 1, DPM_HI = 2, DPM_DY = 4 };
 
@@ -80,6 +81,26 @@ __device__ __forceinline__ void dpm_store(unsigned *__restrict__ stage, const Dp
         #pragma unroll
         for (int c = 0; c < 8; c++)
             dst[c * stride] = __byte_perm(lo[c / 2], hi[c / 2], c % 2 ? 0x7632u : 0x5410u);
+    }
+}
+
+// The dy units' pixels, channel c at halfword dst2 + 2 c plane2 (and the second pixel one on), of
+// the dw pass's shifted copy of dy (staged one element later than its word pairs).
+template <int U>
+__device__ __forceinline__ void dpm_store_shifted(unsigned short *__restrict__ dy2, const DpmUnit (&un)[U],
+                                                  const uint4 (&px)[U][2], int plane2) {
+    #pragma unroll
+    for (int u = 0; u < U; u++) {
+        if (un[u].dst < 0 || !(un[u].flags & DPM_DY)) continue;
+        const unsigned lo[4] = {px[u][0].x, px[u][0].y, px[u][0].z, px[u][0].w};
+        const unsigned hi[4] = {px[u][1].x, px[u][1].y, px[u][1].z, px[u][1].w};
+        unsigned short *dst = dy2 + un[u].dst2;
+        #pragma unroll
+        for (int c = 0; c < 8; c++) {
+            const int sh = c % 2 ? 16 : 0;
+            dst[2 * c * plane2] = (unsigned short)(lo[c / 2] >> sh);
+            dst[2 * c * plane2 + 1] = (unsigned short)(hi[c / 2] >> sh);
+        }
     }
 }
 
@@ -331,12 +352,16 @@ bool cuda_dwconv_plane_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *
 // registers meanwhile. Four MMA chains a warp (2 channels x even and odd rows) sum over the
 // block's images; each block's sums are one row of the partial matrix (image blocks, C k^2 + C),
 // added in a fixed order.
-// A's reach from word (2 t4 - g + 8) / 2 is 5 words on, to word 12 (read but unused at even g):
-// that word is the next row's word 0, dy columns -5 and -4, always zero (the planes' last row has
-// its two padding words behind it). So a staged dy row is DPM_WORDS long, as the y / dx pass's
-// rows: with DX the same planes are the dx product's input (zero rows P above and below, dy
-// column -P in word 1), and dx goes out as the y / dx pass's output does. Every lane of the dw
-// product reads the same dy row, so its width sets no banks there.
+// A's pair for lane (g, t4), dy columns 2 t4 - g + P and one on, starts at staged column 2 t4 - g +
+// 8: a word for even g. For odd g the block keeps a second copy of dy's rows staged one element
+// later (dy column c at element c + DPD_OFF + 1 of a row, rows 0 .., no halo), where the pair is
+// a word too: one shared load an A register, no permutes (the pairs from two words each and a
+// byte permute took 10 loads an MMA, and the one pass at 14 x 14 was bound by its shared loads,
+// H100). The copy's planes are the staged planes' size modulo 32 words and start so that a
+// warp's words of the two copies (words 1 .. 7 of a row in each) lie on different banks. A staged
+// dy row is DPM_WORDS long, as the y / dx pass's rows: with DX the same planes are the dx
+// product's input (zero rows P above and below, dy column -P in word 1), and dx goes out as the
+// y / dx pass's output does.
 enum { DPD_OFF = 5 };
 static_assert(3 * 128 >= (int)DWP_MAX_SIDE * ((DWP_MAX_SIDE + 1) / 2 + (DWP_MAX_SIDE + 2) / 2),
               "three units a thread stage a 16 x 16 image's x and dy");
@@ -356,12 +381,18 @@ dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__
                            int flags) {
     constexpr int K = DPM_K, P = DPM_P, KK = K * K, THREADS = 16 * CG, VPP = CG / 8;
     constexpr int PLANE = dw_stage_plane(DPM_ROWS * DPM_WORDS);
-    __shared__ __align__(16) unsigned stage[2 * CG * PLANE];
+    // The shifted copy: DPM_TH rows a plane, PLANE modulo 32 words; its first plane starts PAD
+    // words on, 16 banks from the first copy's row P.
+    constexpr int PLANE2 = PLANE - (PLANE - DPM_TH * DPM_WORDS) / 32 * 32;
+    constexpr int PAD = ((P * DPM_WORDS - CG * PLANE - 16) % 32 + 32) % 32;
+    constexpr int WORDS = 2 * CG * PLANE + PAD + CG * PLANE2;
+    __shared__ __align__(16) unsigned stage[WORDS];
     unsigned *xs = stage;                // (CG, ROWS, SW): input row r - P, column s
     unsigned *ds = stage + CG * PLANE;   // (CG, ROWS, SW): dy row r - P, column s - DPD_OFF
+    unsigned *ds2 = ds + CG * PLANE + PAD;   // (CG, TH, SW): dy row r, column s - DPD_OFF - 1
     const int c0 = blockIdx.x * CG, H = dpm_side<S>(d.H), W = dpm_side<S>(d.W);
     const size_t img = (size_t)H * W * d.C;
-    for (int e = threadIdx.x; e < 2 * CG * PLANE; e += THREADS) stage[e] = 0u;
+    for (int e = threadIdx.x; e < WORDS; e += THREADS) stage[e] = 0u;
 
     // Units, VPP a pair: x pair p is word p % nx of input row p / nx (columns 2m, 2m + 1); dy
     // pair p (after the x pairs) word 2 + p % nd of dy row p / nd (columns 2m - 5, 2m - 4).
@@ -376,23 +407,27 @@ dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__
         un[u].src = (r * W + col) * d.C + c0 + 8 * v;
         un[u].dst = e >= units ? -1 : (is_dy ? CG * PLANE : 0) + 8 * v * PLANE + (r + P) * DPM_WORDS + m;
         un[u].flags = (col >= 0 ? DPM_LO : 0) | (col + 1 < W ? DPM_HI : 0) | (is_dy ? DPM_DY : 0);
+        un[u].dst2 = 2 * (8 * v * PLANE2 + r * DPM_WORDS) + col + DPD_OFF + 1;
     }
     uint4 px[U][2];
     auto load = [&](unsigned b) {
         if (b < (unsigned)d.B) dpm_load(in + b * img, dy + b * img, un, d.C, px);
     };
-    auto store = [&]() { dpm_store(stage, un, px, PLANE, PLANE); };
+    auto store = [&]() {
+        dpm_store(stage, un, px, PLANE, PLANE);
+        dpm_store_shifted(reinterpret_cast<unsigned short *>(ds2), un, px, PLANE2);
+    };
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
     const unsigned ones = Vec<bf16, 8>::pair(1.0f, 1.0f);
-    const unsigned sel = g & 1 ? 0x5432u : 0x3210u;      // A's pair: one word, or the halves of two
-    const int w0 = (2 * t4 - g + P + DPD_OFF) >> 1;        // A[g][2 t4]'s word in a staged dy row
-    // Per channel of the warp, this lane's words of dy row 0 and of x row g (B's column i = g:
+    // Per channel of the warp, this lane's word of dy row 0 holding A[g][2 t4] and A[g][2 t4 + 1]
+    // (the first copy at even g, the shifted one at odd g) and of x row g (B's column i = g:
     // staged x row y + g), worked out once.
     const unsigned *drow0[2], *xrow0[2];
     #pragma unroll
     for (int cc = 0; cc < 2; cc++) {
-        drow0[cc] = ds + (2 * warp + cc) * PLANE + P * DPM_WORDS + w0;
-        xrow0[cc] = xs + (2 * warp + cc) * PLANE + g * DPM_WORDS + t4;
+        const int ch = 2 * warp + cc, at = 2 * t4 - g + P + DPD_OFF;
+        drow0[cc] = g & 1 ? ds2 + ch * PLANE2 + (at + 1) / 2 : ds + ch * PLANE + P * DPM_WORDS + at / 2;
+        xrow0[cc] = xs + ch * PLANE + g * DPM_WORDS + t4;
     }
     // DX: the warp's two channels' B fragments of the mirrored taps, for every image
     unsigned bfrag[2][DX ? K : 1][2];
@@ -408,7 +443,8 @@ dwconv_plane_mma_dw_kernel(const bf16 *__restrict__ dy, const bf16 *__restrict__
             #pragma unroll
             for (int cc = 0; cc < 2; cc++) {
                 const unsigned *drow = drow0[cc] + y * DPM_WORDS;
-                dw_grad_mma2<DB>(acc[cc][h], acc_db[cc][h], drow, drow + DPM_WORDS, xrow0[cc] + y * DPM_WORDS, sel, ones);
+                dw_grad_mma2_a<DB>(acc[cc][h], acc_db[cc][h], drow[0], drow[DPM_WORDS], drow[4], drow[DPM_WORDS + 4],
+                                   xrow0[cc] + y * DPM_WORDS, ones);
             }
         };
         dw_each_with_parity<(S + 1) / 2>((H + 1) / 2, [&](int p, int h) { rows2(2 * p, h); });
