@@ -653,10 +653,15 @@ static void dwconv_bwd_one_pass_cases(OpCaseList *l) {
 // The LPU's 3x3 backward on fp32 activations in tiles of rows (dwconv_plane.cu): 28 x 28 in two
 // tiles, 56 x 56 in four, 37 rows in tiles of 10 (a partial last one), 20 x 17 at 32 channels in
 // two, and 128 columns, the widest, in tiles of 6 (a partial last one). The fp32-x mode takes it;
-// bf16 x keeps dwconv.cu's kernel. Built after the cases before, so that theirs keep their seeds.
+// bf16 x keeps dwconv.cu's kernel. Last, 23 x 20 in three tiles (8, 8, 7 rows) at 66 groups of
+// 32 channels: one block an SM leaves a group one or two blocks (up to 197 SMs), each taking
+// items through its two staging buffers so that a first tile follows another tile in the same
+// buffer and must have its zero rows above written again (with no more items than blocks, as in
+// the cases before, no buffer is reused). Built after the cases before, so that theirs keep
+// their seeds.
 static void dwconv_lpu_tile_cases(OpCaseList *l) {
     static const int shapes[][5] = {{2, 28, 28, 48, 3}, {1, 56, 56, 24, 3}, {2, 37, 40, 16, 3},
-                                    {3, 20, 17, 32, 3}, {1, 23, 128, 8, 3}};   // B H W C k
+                                    {3, 20, 17, 32, 3}, {1, 23, 128, 8, 3}, {3, 23, 20, 2112, 3}};   // B H W C k
     dwconv_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]), dwconv_flag_turns);
 }
 

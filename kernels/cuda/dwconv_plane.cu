@@ -309,7 +309,7 @@ dwconv_plane_bwd_kernel(const T *__restrict__ dy, const T *__restrict__ in, cons
         dwp_stage<CG>(in + src, rows, sw, P, xs + dst);
         dwp_stage<CG>(dy + src, rows, sw, P, gs + dst);
         if (tiles == 1) return;
-        const int top = P - (y0 - r0 + P), bottom = y0 + TH + P - r1;   // zero rows above, below
+        const int top = r0 - (y0 - P), bottom = y0 + TH + P - r1;   // zero rows above, below
         for (int e = threadIdx.x; e < (top + bottom) * d.W * VPP; e += blockDim.x) {
             const int v = e % VPP, px = e / VPP, zr = px / d.W, s = zr < top ? zr : TH + 2 * P - bottom + zr - top;
             const size_t at = ((size_t)s * sw + px - zr * d.W + P) * CG;
