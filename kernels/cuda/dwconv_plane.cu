@@ -21,6 +21,7 @@
 // The LPU's 3x3 on the fp32 stream takes the same staged planes: its forward on small images,
 // its backward (dx, dw and db in one pass) on tiles of rows at every gspn_hier stage.
 #include "dwconv_plane.h"
+#include "../dwconv_tile_rows.h"
 #include "cuda_async.cuh"
 #include "narrow_dot.cuh"
 #include <algorithm>
@@ -296,23 +297,22 @@ dwconv_plane_bwd_kernel(const T *__restrict__ dy, const T *__restrict__ in, cons
     for (size_t e = threadIdx.x; e < 4 * plane_elems * sizeof(T) / 16; e += blockDim.x)
         reinterpret_cast<uint4 *>(dwp_smem)[e] = make_uint4(0, 0, 0, 0);   // the zero border, once
     __syncthreads();
-    // Item it into set: image rows y0 - P .. y0 + TH + P - 1 at staged rows 0 .., those past the
-    // image as zeros (rewritten only where an image has several tiles: one tile's stay from the
-    // start).
+    // Item it into set as kernels/dwconv_tile_rows.h plans it: image rows y0 - P .. y0 + TH + P - 1
+    // at staged rows 0 .., those past the image as zeros (written only where an image has several
+    // tiles: one tile's stay from the start).
     auto stage = [&](unsigned it, int set) {
         const int b = it / tiles, y0 = (it - b * tiles) * TH;
-        const int r0 = max(y0 - P, 0), r1 = min(y0 + TH + P, d.H);
+        const DwTileRows tr = dw_tile_rows(y0, TH, P, d.H);
         T *xs = planes + 2 * set * plane_elems, *gs = xs + plane_elems;
         DwconvShape rows = d;
-        rows.H = r1 - r0;
-        const size_t src = b * img + (size_t)r0 * d.W * d.C + c0, dst = (size_t)(r0 - y0 + P) * sw * CG;
+        rows.H = tr.r1 - tr.r0;
+        const size_t src = b * img + (size_t)tr.r0 * d.W * d.C + c0, dst = (size_t)tr.dst * sw * CG;
         dwp_stage<CG>(in + src, rows, sw, P, xs + dst);
         dwp_stage<CG>(dy + src, rows, sw, P, gs + dst);
         if (tiles == 1) return;
-        const int top = r0 - (y0 - P), bottom = y0 + TH + P - r1;   // zero rows above, below
-        for (int e = threadIdx.x; e < (top + bottom) * d.W * VPP; e += blockDim.x) {
-            const int v = e % VPP, px = e / VPP, zr = px / d.W, s = zr < top ? zr : TH + 2 * P - bottom + zr - top;
-            const size_t at = ((size_t)s * sw + px - zr * d.W + P) * CG;
+        for (int e = threadIdx.x; e < (tr.top + tr.bottom) * d.W * VPP; e += blockDim.x) {
+            const int v = e % VPP, px = e / VPP, zr = px / d.W;
+            const size_t at = ((size_t)dw_tile_zero_row(tr, TH, P, zr) * sw + px - zr * d.W + P) * CG;
             reinterpret_cast<uint4 *>(xs + at)[v] = make_uint4(0, 0, 0, 0);
             reinterpret_cast<uint4 *>(gs + at)[v] = make_uint4(0, 0, 0, 0);
         }
