@@ -348,8 +348,8 @@ bool cuda_dwconv_plane_mma(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *
 // 7x7 has no bias; without those MMAs, H100: 14 x 14 x 576 backward 0.083 -> 0.081 ms.)
 // Per image the block stages its channels' x rows (input column x at staged column x) and dy rows
 // (dy row r at staged row r + P, dy column c at staged column c + DPD_OFF, so that A's column
-// pairs are words for even j and two words' halves for odd j), the next image's pixels loaded into
-// registers meanwhile. Four MMA chains a warp (2 channels x even and odd rows) sum over the
+// pairs are words for even j; odd j's come from the copy below), the next image's pixels loaded
+// into registers meanwhile. Four MMA chains a warp (2 channels x even and odd rows) sum over the
 // block's images; each block's sums are one row of the partial matrix (image blocks, C k^2 + C),
 // added in a fixed order.
 // A's pair for lane (g, t4), dy columns 2 t4 - g + P and one on, starts at staged column 2 t4 - g +
@@ -369,7 +369,6 @@ static_assert((DPM_P + DPD_OFF) % 2 == 0, "A's pairs are words for even j");
 static_assert((DPD_OFF - DPM_P) % 2 == 0, "the dx product's pairs are words");
 static_assert(2 * (1 + (DWP_MAX_SIDE + 2) / 2) + 1 < 2 * DPM_WORDS,
               "the dy pairs (the last one's word 1 + (W + 2) / 2) lie in a row");
-static_assert(dw_stage_plane(DPM_ROWS * DPM_WORDS) > DPM_ROWS * DPM_WORDS, "a word behind the last row");
 
 // U: units a thread loads an image (x pairs, then dy pairs, CG / 8 vectors each). S > 0: the
 // images are S x S. DX: dx = the mirrored taps of dy (w, flags: DW_FLIP, DW_RESID as for the y /
