@@ -686,9 +686,9 @@ static void dwconv_no_bias_cases(OpCaseList *l) {
 // The mixer's convolution, SiLU and down projection as one op (dwconv_silu_proj_fwd): the fused
 // path of dwconv_mma.cu at 16 channels a block (28 x 28) and at 8 (20 x 30, a partial column
 // tile, one output, no projection bias; 56 x 40, where the pass keeps its staged fp32 sums), and
-// of dwconv_plane_mma.cu (14 x 14 at 16 channels a block; 9 x 13); the two ops on 7 x 7 images
-// and past the fused passes' two outputs (17 x 33 with 4 and no convolution bias; 11 x 16 with
-// 3). bf16: the convolution's output and SiLU's each rounded as
+// of dwconv_plane_mma.cu (14 x 14 at 16 channels a block; 9 x 13); of dwconv_image7.cu on 7 x 7
+// images; the two ops past the fused passes' two outputs (17 x 33 with 4 and no convolution bias;
+// 11 x 16 with 3). bf16: the convolution's output and SiLU's each rounded as
 // the two ops store them, then the projection's sum once more; its terms add their rounding
 // errors in quadrature, so norm-wise the result stays within the twice-rounded bound.
 enum { DP_X, DP_W, DP_B, DP_PW, DP_PB, DP_Y };
@@ -727,6 +727,14 @@ static void dwconv_silu_proj_cases(OpCaseList *l) {
 static void dwconv_silu_proj_odd_cases(OpCaseList *l) {
     static const int shapes[][5] = {{1, 17, 33, 32, 2}, {1, 15, 37, 40, 2}, {2, 20, 31, 24, 1},
                                     {2, 9, 15, 16, 2}};   // B H W C M
+    dwconv_silu_proj_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]));
+}
+
+// dwconv_image7.cu's projection: two groups of 32 channels and one output; 48 channels (not a
+// multiple of 32: the two ops) without the convolution's bias; three groups without the
+// projection's bias. Built last, so that the cases before keep their seeds.
+static void dwconv_silu_proj_image7_cases(OpCaseList *l) {
+    static const int shapes[][5] = {{3, 7, 7, 64, 1}, {2, 7, 7, 48, 2}, {5, 7, 7, 96, 2}};   // B H W C M
     dwconv_silu_proj_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]));
 }
 
@@ -1415,6 +1423,7 @@ void op_cases_build(OpCaseList *l, CaseSet set) {
     dwconv_bwd_one_pass_cases(l);
     dwconv_lpu_tile_cases(l);
     dwconv_no_bias_cases(l);
+    dwconv_silu_proj_image7_cases(l);
 }
 
 void op_cases_free(OpCaseList *l) {

@@ -682,7 +682,7 @@ __global__ void dw_proj_sum_kernel(const float *__restrict__ part, int groups, s
 
 // Inference's mixer: the projection from the 7x7 pass's staged results (dwconv_mma.cu's tiled
 // pass: bf16, or its fp32 sums at 8 channels and more than 32 columns; dwconv_plane_mma.cu's on
-// images of 9 to 16 columns), so silu(conv(x)), 1.5 C_s
+// images of 9 to 16 columns; dwconv_image7.cu's on 7 x 7 images), so silu(conv(x)), 1.5 C_s
 // channels a pixel, is never written and read back; elsewhere (and for more than DW_PROJ_M
 // outputs) the two ops.
 void cuda_dwconv_silu_proj_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
@@ -703,7 +703,8 @@ void cuda_dwconv_silu_proj_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const
         DwProj proj{(const bf16 *)pw->data, m, (float *)cuda_temp_alloc(ctx, (size_t)(d.C / 8) * n * sizeof(float)), 0};
         const bf16 *xb = (const bf16 *)x->data, *wb = (const bf16 *)w->data, *bb = b ? (const bf16 *)b->data : nullptr;
         const bool whole = d.H <= DWP_MAX_SIDE && d.W <= DWP_MAX_SIDE;   // the whole-image kernels' grids
-        const bool fused = whole ? cuda_dwconv_plane_mma(ctx, xb, wb, bb, nullptr, d, DW_SILU, &proj)
+        const bool fused = whole ? cuda_dwconv_plane_mma(ctx, xb, wb, bb, nullptr, d, DW_SILU, &proj) ||
+                                       cuda_dwconv_image7(ctx, xb, wb, bb, nullptr, d, DW_SILU, &proj)
                                  : cuda_dwconv_mma(ctx, xb, wb, bb, nullptr, d, DW_SILU, &proj);
         if (fused) {
             dw_proj_sum_kernel<<<grid_stride_blocks(ctx, n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream_of(ctx)>>>(

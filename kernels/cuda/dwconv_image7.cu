@@ -9,7 +9,11 @@
 // image slots; each thread walks images slot, slot + slots, ... of its block's run.
 // - y / dx: the block's taps (32 x 49, contiguous) come through shared memory once; the thread's
 //   image in, then its 49 outputs (bias, residual, prior value, SiLU as the DW_* flags ask,
-//   rounded once).
+//   rounded once). With the down projection (dwconv_silu_proj_fwd, DwProj): the outputs, rounded
+//   as the pass would store them, go into the warp's image tile in shared memory (a row of 32
+//   channels a pixel), and each lane then takes pixels lane and lane + 32 and adds their 32
+//   channels against the projection's rows, in channel order: one partial sum a pixel and group
+//   of 32 channels, where the two ops wrote and read back the 1.5 C_s channels.
 // - dw / db: the thread adds dy[y][x] in[y + i - P][x + j - P] into its 49 sums (and dy into
 //   db) over its images; the block's slots are added in slot order in shared memory into one row
 //   of the partial matrix (runs, C k^2 + C), which cuda_sum_partials adds in run order.
@@ -51,20 +55,34 @@ template <typename F> __device__ __forceinline__ void dwi_each_tap(int y, int xo
     }
 }
 
+// The projecting kernel's image tile of a warp: pixel p's 32 channels (bf16 bits) at row p, rows
+// DWI_TILE_ROW halfwords apart (80 bytes: eight lanes' 16-byte loads of eight rows meet every bank
+// once).
+enum { DWI_TILE_ROW = 40 };
+
 // Block (ceil(C / 32), runs), (32, DWI_SLOTS): out (+)= bias + the taps of in (mirrored with
-// DW_FLIP) (+ in with DW_RESID), SiLU with DW_SILU (dwconv_mma.h's flags).
+// DW_FLIP) (+ in with DW_RESID), SiLU with DW_SILU (dwconv_mma.h's flags). PROJ: the partial sums
+// of proj instead of out, group blockIdx.x (C a multiple of 32).
+template <bool PROJ>
 __global__ void __launch_bounds__(DWI_THREADS)
 dwconv_image7_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, const bf16 *__restrict__ bias,
-                     bf16 *__restrict__ out, int B, int C, int per_run, int flags) {
+                     bf16 *__restrict__ out, int B, int C, int per_run, int flags, DwProj proj) {
     constexpr int K = DWI_K;
     __shared__ float ws[DWI_KK][DWI_LANES];   // tap t of the block's channel c at ws[t][c]
+    // PROJ: the block's columns of proj.w (DW_PROJ_M, 32), and each warp's image tile
+    __shared__ __align__(16) float pws[PROJ ? DW_PROJ_M : 1][DWI_LANES];
+    __shared__ __align__(16) unsigned short vt[PROJ ? DWI_SLOTS : 1][PROJ ? DWI_N * DWI_TILE_ROW : 1];
     const int c0 = blockIdx.x * DWI_LANES, c = c0 + threadIdx.x;
     for (int e = threadIdx.y * DWI_LANES + threadIdx.x; e < DWI_LANES * DWI_KK; e += DWI_THREADS) {
         const int cc = e / DWI_KK, t = e - cc * DWI_KK;   // w's rows are contiguous: coalesced
         ws[flags & DW_FLIP ? DWI_KK - 1 - t : t][cc] = c0 + cc < C ? __bfloat162float(w[(size_t)c0 * DWI_KK + e]) : 0.0f;
     }
+    if constexpr (PROJ)
+        for (int e = threadIdx.y * DWI_LANES + threadIdx.x; e < DW_PROJ_M * DWI_LANES; e += DWI_THREADS)
+            pws[e / DWI_LANES][e % DWI_LANES] =
+                e / DWI_LANES < proj.m ? __bfloat162float(proj.w[(size_t)(e / DWI_LANES) * C + c0 + e % DWI_LANES]) : 0.0f;
     __syncthreads();
-    if (c >= C) return;
+    if (!PROJ && c >= C) return;
     float tap[K][K];
     #pragma unroll
     for (int i = 0; i < K; i++)
@@ -82,13 +100,42 @@ dwconv_image7_kernel(const bf16 *__restrict__ in, const bf16 *__restrict__ w, co
             for (int xo = 0; xo < DWI_S; xo++) {
                 float sum = 0.0f;
                 dwi_each_tap(y, xo, [&](int i, int j, int r, int q) { sum = fmaf(tap[i][j], x[r][q], sum); });
-                bf16 *p = out + at + (size_t)(y * DWI_S + xo) * C;
                 float v = sum + bv;
                 if (flags & DW_RESID) v += x[y][xo];
+                if constexpr (PROJ) {
+                    if (flags & DW_SILU) v = dw_silu<bf16>(v);
+                    vt[threadIdx.y][(y * DWI_S + xo) * DWI_TILE_ROW + threadIdx.x] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+                    continue;
+                }
+                bf16 *p = out + at + (size_t)(y * DWI_S + xo) * C;
                 if (flags & DW_ACCUM) v += __bfloat162float(*p);
                 if (flags & DW_SILU) v = dw_silu<bf16>(v);
                 *p = __float2bfloat16_rn(v);
             }
+        if constexpr (PROJ) {
+            __syncwarp();
+            // pixel p = lane (+ 32): its 32 channels against the projection's rows, in channel order
+            float *part = proj.part + ((size_t)blockIdx.x * B + b) * DWI_N * proj.m;
+            for (int p = threadIdx.x; p < DWI_N; p += DWI_LANES) {
+                const uint4 *row = reinterpret_cast<const uint4 *>(&vt[threadIdx.y][p * DWI_TILE_ROW]);
+                float s[DW_PROJ_M] = {};
+                #pragma unroll
+                for (int q = 0; q < DWI_LANES / 8; q++) {
+                    const uint4 u = row[q];
+                    const unsigned wd[4] = {u.x, u.y, u.z, u.w};
+                    #pragma unroll
+                    for (int h = 0; h < 8; h++) {
+                        const float v = __uint_as_float(h % 2 ? wd[h / 2] & 0xffff0000u : wd[h / 2] << 16);
+                        #pragma unroll
+                        for (int o = 0; o < DW_PROJ_M; o++) s[o] = fmaf(v, pws[o][8 * q + h], s[o]);
+                    }
+                }
+                #pragma unroll
+                for (int o = 0; o < DW_PROJ_M; o++)
+                    if (o < proj.m) part[p * proj.m + o] = s[o];
+            }
+            __syncwarp();   // the tile is free for the warp's next image
+        }
     }
 }
 
@@ -146,13 +193,16 @@ template <typename Kern> static int dwi_per_run(Ctx *ctx, Kern kernel, const Dwc
 static bool dwi_covers(const DwconvShape &d) { return d.k == DWI_K && d.H == DWI_S && d.W == DWI_S && d.B > 0 && d.C > 0; }
 
 bool cuda_dwconv_image7(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
-                        const DwconvShape &d, int flags) {
-    if (!dwi_covers(d)) return false;
-    const int per_run = dwi_per_run(ctx, dwconv_image7_kernel, d);
+                        const DwconvShape &d, int flags, DwProj *proj) {
+    if (!dwi_covers(d) || (proj && (d.C % DWI_LANES != 0 || proj->m > DW_PROJ_M || (flags & DW_ACCUM))))
+        return false;
+    auto kernel = proj ? dwconv_image7_kernel<true> : dwconv_image7_kernel<false>;
+    const int per_run = dwi_per_run(ctx, kernel, d);
     dim3 grid((unsigned)((d.C + DWI_LANES - 1) / DWI_LANES), (unsigned)((d.B + per_run - 1) / per_run));
-    dwconv_image7_kernel<<<grid, dim3(DWI_LANES, DWI_SLOTS), 0, cuda_stream_of(ctx)>>>(in, w, bias, out, d.B, d.C,
-                                                                                       per_run, flags);
+    kernel<<<grid, dim3(DWI_LANES, DWI_SLOTS), 0, cuda_stream_of(ctx)>>>(in, w, bias, out, d.B, d.C, per_run, flags,
+                                                                         proj ? *proj : DwProj{});
     CUDA_CHECK_LAUNCH();
+    if (proj) proj->groups = d.C / DWI_LANES;
     return true;
 }
 

@@ -59,11 +59,12 @@ bool cuda_dwconv_plane_mma_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const Dw
                               float *db);
 
 // The mixer's 7x7 on 7 x 7 images, a thread per channel and image (kernels/cuda/dwconv_image7.cu):
-// bf16 in, w and bias, any C, flags as for cuda_dwconv_mma; and its dw and db, as
+// bf16 in, w and bias, any C, flags as for cuda_dwconv_mma (with proj, as cuda_dwconv_mma's:
+// its partial sums instead of out, C a multiple of 32, no DW_ACCUM); and its dw and db, as
 // cuda_dwconv_plane_dw. They return false, launching nothing, on other shapes (cuda_dwconv_plane
 // and cuda_dwconv_plane_dw call them first).
 bool cuda_dwconv_image7(Ctx *ctx, const bf16 *in, const bf16 *w, const bf16 *bias, bf16 *out,
-                        const DwconvShape &d, int flags);
+                        const DwconvShape &d, int flags, DwProj *proj = nullptr);
 bool cuda_dwconv_image7_dw(Ctx *ctx, const bf16 *dy, const bf16 *in, const DwconvShape &d, float *dw,
                            float *db);
 
