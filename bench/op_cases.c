@@ -738,6 +738,37 @@ static void dwconv_silu_proj_image7_cases(OpCaseList *l) {
     dwconv_silu_proj_cases_of(l, shapes, (int)(sizeof shapes / sizeof shapes[0]));
 }
 
+// The LPU and the LayerNorm after it as one op (dwconv_layernorm_fwd) on the fp32 stream: every
+// lane layout of kernels/cuda/dwconv_norm.cu (96: 8 lanes a pixel, 3 chunks; 192: 16 and 3, a
+// partial band; 128: 32 and 1, taps in registers; 256, 384, 512, 768, 1024), no convolution bias,
+// no norm weights, runs of several rows a block (6 x 100 x 70: halo rows across runs), and 40
+// channels (the two ops). h: fp32 arithmetic on the same values (fused multiply-adds); y rounded
+// once from the fp32 norm. Built last, so that the cases before keep their seeds.
+enum { DN_X, DN_W, DN_B, DN_LNW, DN_LNB, DN_H, DN_Y };
+static void fwd_dwconv_layernorm(Ctx *ctx, Tensor *const *t, const OpCase *c) {
+    op_dwconv_layernorm_fwd(ctx, T(DN_X), T(DN_W), T(DN_B), T(DN_LNW), T(DN_LNB), c->f[0], T(DN_H), T(DN_Y));
+}
+static void dwconv_layernorm_cases(OpCaseList *l) {
+    static const int shapes[][4] = {{2, 9, 11, 96},   {1, 20, 40, 192}, {2, 7, 9, 128},   {1, 14, 14, 256},
+                                    {2, 6, 5, 384},   {1, 5, 7, 512},   {1, 4, 3, 768},   {1, 3, 4, 1024},
+                                    {6, 100, 70, 32}, {2, 5, 6, 40}};   // B H W C
+    for (int s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++) {
+        const int B = shapes[s][0], H = shapes[s][1], W = shapes[s][2], C = shapes[s][3];
+        OpCase *c = case_new(l, fwd_dwconv_layernorm, NULL, "dwconv and layernorm (%d,%d,%d,%d)", B, H, W, C);
+        case_ops(c, "dwconv_layernorm_fwd", NULL);
+        c->f[0] = 1e-5f;
+        in32(c, DN_X, "x", -1, 3, SHAPE(B, H, W, C));   // off zero, as layernorm's cases
+        in(c, DN_W, "w", -1, 1, SHAPE(C, 1, 3, 3));
+        in(c, DN_B, "b", -1, 1, SHAPE(C));
+        in32(c, DN_LNW, "ln_w", 0.5f, 1.5f, SHAPE(C));
+        in32(c, DN_LNB, "ln_b", -0.5f, 0.5f, SHAPE(C));
+        out32(c, DN_H, "h", TOL_F32, SHAPE(B, H, W, C));
+        out(c, DN_Y, "y", TOL_ROUNDED, SHAPE(B, H, W, C));
+        if (s == 1) drop(c, DN_B);
+        if (s == 2) drop(c, DN_LNW), drop(c, DN_LNB);
+    }
+}
+
 // gspn_t's second stem convolution (48 -> 96, channels-last: kernels/cuda/conv2d_rows.cu where no
 // columns are kept) on an odd output height, odd sizes, its 112^2 image and more row pairs than
 // an H100 has SMs. Built last, so that the cases before keep their seeds.
@@ -1424,6 +1455,7 @@ void op_cases_build(OpCaseList *l, CaseSet set) {
     dwconv_lpu_tile_cases(l);
     dwconv_no_bias_cases(l);
     dwconv_silu_proj_image7_cases(l);
+    dwconv_layernorm_cases(l);
 }
 
 void op_cases_free(OpCaseList *l) {

@@ -76,3 +76,22 @@ static inline int dwconv_proj_check(const char *op, const DwconvShape *s, const 
              tensor_shape_str(y, ys, sizeof ys), s->B, s->H, s->W, m);
     return m;
 }
+
+// dwconv_layernorm_fwd's arguments: x and w as dwconv_fwd's, b, ln_w and ln_b (C) or NULL, h x's
+// shape and dtype, y x's shape, neither aliasing x nor each other. Returns the geometry.
+static inline DwconvShape dwconv_layernorm_check(const char *op, const Tensor *x, const Tensor *w,
+                                                 const Tensor *b, const Tensor *ln_w,
+                                                 const Tensor *ln_b, float eps, const Tensor *h,
+                                                 const Tensor *y) {
+    DwconvShape s = dwconv_shape(op, x, w);
+    const size_t C = (size_t)s.C;
+    CG_CHECK(h->numel == x->numel && h->dtype == x->dtype && y->numel == x->numel &&
+                 h->data != x->data && y->data != x->data && y->data != h->data, "",
+             "op %s: h (x's shape and dtype) and y (x's shape) must alias neither x nor each other",
+             op);
+    CG_CHECK((!b || b->numel == C) && (!ln_w || ln_w->numel == C) && (!ln_b || ln_b->numel == C),
+             "", "op %s: b, ln_w and ln_b have one value a channel (%d)", op, s.C);
+    CG_CHECK(eps >= 0.0f, "layernorm eps is usually 1e-6 (timm ViT) or 1e-5",
+             "op %s: eps = %g is negative", op, eps);
+    return s;
+}

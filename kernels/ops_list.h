@@ -205,6 +205,14 @@ OP(dwconv_fwd, (Ctx *ctx, const Tensor *x, const Tensor *u, const Tensor *uw, co
 OP(dwconv_silu_proj_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
        const Tensor *pw, const Tensor *pb, Tensor *y),
    (ctx, x, w, b, pw, pb, y))
+// The LPU and the LayerNorm that reads its output, where nothing is recorded: h =
+// dwconv_fwd(x, w, b, DWCONV_RESIDUAL) (x's dtype, the residual stream) and y =
+// layernorm_fwd(h, ln_w, ln_b, eps) (y's dtype; ln_w, ln_b (C) or NULL), in one pass over the
+// stream where the backend fuses them (the norm's read of h is gone); equal to the two ops up to
+// the order of the sums.
+OP(dwconv_layernorm_fwd, (Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
+       const Tensor *ln_w, const Tensor *ln_b, float eps, Tensor *h, Tensor *y),
+   (ctx, x, w, b, ln_w, ln_b, eps, h, y))
 // dx (x's dtype) += dL/dx, dw and db (fp32) += theirs; any of them NULL: skipped. flags:
 // DWCONV_RESIDUAL: dL/dx includes dy itself; DWCONV_WRITE_DX: dx = dL/dx (every element
 // written, its prior values never read). dx is not dy (the taps read neighbours of what they

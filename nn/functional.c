@@ -742,6 +742,17 @@ Tensor *nn_dwconv_silu_linear(Tape *t, Tensor *x, Tensor *cw, Tensor *cb, Tensor
 Tensor *nn_dwconv_residual(Tape *t, Tensor *x, Tensor *w, Tensor *b) {
     return dwconv_flags(t, x, w, b, DWCONV_RESIDUAL);
 }
+Tensor *nn_dwconv_residual_layernorm(Tape *t, Tensor *x, Tensor *w, Tensor *b, Tensor *ln_w,
+                                     Tensor *ln_b, float eps, Tensor **stream) {
+    if (tape_would_track(t, x, w, b) || tape_would_track(t, ln_w, ln_b, NULL)) {
+        *stream = nn_dwconv_residual(t, x, w, b);
+        return nn_layernorm(t, *stream, ln_w, ln_b, eps);
+    }
+    Tensor *h = tape_tensor_like(t, x), *y = tape_tensor(t, x->ndim, x->shape, false);
+    op_dwconv_layernorm_fwd(t->ctx, x, w, b, ln_w, ln_b, eps, h, y);
+    *stream = h;
+    return y;
+}
 // One pass makes the stream between the two residuals (mid) and the LPU's output; recorded, mid
 // is kept and the two records are those of nn_linear_residual and nn_dwconv_residual.
 Tensor *nn_linear_residual_dwconv(Tape *t, Tensor *res, Tensor *u, Tensor *uw, Tensor *ub,

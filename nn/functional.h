@@ -62,6 +62,11 @@ Tensor *nn_linear_residual_dwconv(Tape *t, Tensor *res, Tensor *u, Tensor *uw, T
 // nn_silu(nn_dwconv(x, w, b)) (gspn_hier's mixer): one pass (DWCONV_SILU) when nothing is
 // recorded, as in inference; the two ops otherwise.
 Tensor *nn_dwconv_silu(Tape *t, Tensor *x, Tensor *w, Tensor *b);
+// nn_layernorm(nn_dwconv_residual(x, w, b), ln_w, ln_b, eps) (gspn_hier's first LPU and the norm
+// after it): the norm's output, and the LPU's (the stream) in *stream; one op
+// (dwconv_layernorm_fwd: the stream not read back) where nothing is recorded, the two otherwise.
+Tensor *nn_dwconv_residual_layernorm(Tape *t, Tensor *x, Tensor *w, Tensor *b, Tensor *ln_w,
+                                     Tensor *ln_b, float eps, Tensor **stream);
 // nn_linear(nn_silu(nn_dwconv(x, cw, cb)), w, b) (the mixer's convolution, SiLU and down
 // projection): recorded, the convolution's output is kept and the linear applies SiLU on the fly
 // (nn_silu_linear); with nothing recorded and at most DWCONV_PROJ_MAX outputs, one op

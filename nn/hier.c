@@ -139,10 +139,14 @@ static Tensor *drop(Tape *t, HierDrop d, int i, int branch, Tensor *x) {
 static Tensor *block_forward(Tape *t, const HierEncoder *e, HierDrop d, int i, Tensor *x,
                              Tensor **pp) {
     const HierBlock *b = &e->blocks[i];
-    x = nn_dwconv_residual(t, x, b->lpu1.w, b->lpu1.b);
-    Tensor *h = op_dtype(t, e, HIER_OP_NORM1) == DTYPE_F32
-                    ? layernorm_f32(t, &b->norm1, x)
-                    : layernorm(t, &b->norm1, x);
+    Tensor *h;
+    if (op_dtype(t, e, HIER_OP_NORM1) == DTYPE_F32) {
+        x = nn_dwconv_residual(t, x, b->lpu1.w, b->lpu1.b);
+        h = layernorm_f32(t, &b->norm1, x);
+    } else {   // the LPU and the norm in one pass where nothing is recorded
+        h = nn_dwconv_residual_layernorm(t, x, b->lpu1.w, b->lpu1.b, b->norm1.w, b->norm1.b,
+                                         b->norm1.eps, &x);
+    }
     Tensor *v = linear_as(t, &b->in_proj, h, op_dtype(t, e, HIER_OP_IN_PROJ));   // (B,H,W,Ci)
     DType dt = op_dtype(t, e, HIER_OP_CONV);
     const Conv2d *mc = &b->mixer_conv;

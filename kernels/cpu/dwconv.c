@@ -82,6 +82,14 @@ void cpu_dwconv_silu_proj_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const 
     free(v.data);
 }
 
+// The two ops: the reference the fused backends are held to.
+void cpu_dwconv_layernorm_fwd(Ctx *ctx, const Tensor *x, const Tensor *w, const Tensor *b,
+                              const Tensor *ln_w, const Tensor *ln_b, float eps, Tensor *h, Tensor *y) {
+    dwconv_layernorm_check("dwconv_layernorm_fwd", x, w, b, ln_w, ln_b, eps, h, y);
+    cpu_dwconv_fwd(ctx, x, NULL, NULL, NULL, w, b, DWCONV_RESIDUAL, NULL, h);
+    cpu_layernorm_fwd(ctx, h, NULL, ln_w, ln_b, eps, NULL, y, NULL, NULL);
+}
+
 void cpu_dwconv_bwd(Ctx *ctx, const Tensor *dy, const Tensor *x, const Tensor *w, int flags,
                     Tensor *dx, Tensor *dw, Tensor *db) {
     (void)ctx;
