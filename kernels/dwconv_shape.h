@@ -6,6 +6,7 @@
 #include "tensor.h"
 #include "error.h"
 #include "ops.h"
+#include "layernorm_shape.h"
 
 #define DWCONV_MAX_K 7
 
@@ -77,21 +78,19 @@ static inline int dwconv_proj_check(const char *op, const DwconvShape *s, const 
     return m;
 }
 
-// dwconv_layernorm_fwd's arguments: x and w as dwconv_fwd's, b, ln_w and ln_b (C) or NULL, h x's
-// shape and dtype, y x's shape, neither aliasing x nor each other. Returns the geometry.
+// dwconv_layernorm_fwd's arguments: x and w as dwconv_fwd's, b (C) or NULL, h x's shape and dtype,
+// aliasing neither x nor y, and the norm's (ln_w, ln_b, eps, y) as layernorm_fwd takes them for
+// h. Returns the geometry.
 static inline DwconvShape dwconv_layernorm_check(const char *op, const Tensor *x, const Tensor *w,
                                                  const Tensor *b, const Tensor *ln_w,
                                                  const Tensor *ln_b, float eps, const Tensor *h,
                                                  const Tensor *y) {
     DwconvShape s = dwconv_shape(op, x, w);
-    const size_t C = (size_t)s.C;
-    CG_CHECK(h->numel == x->numel && h->dtype == x->dtype && y->numel == x->numel &&
-                 h->data != x->data && y->data != x->data && y->data != h->data, "",
-             "op %s: h (x's shape and dtype) and y (x's shape) must alias neither x nor each other",
-             op);
-    CG_CHECK((!b || b->numel == C) && (!ln_w || ln_w->numel == C) && (!ln_b || ln_b->numel == C),
-             "", "op %s: b, ln_w and ln_b have one value a channel (%d)", op, s.C);
-    CG_CHECK(eps >= 0.0f, "layernorm eps is usually 1e-6 (timm ViT) or 1e-5",
-             "op %s: eps = %g is negative", op, eps);
+    CG_CHECK(h->numel == x->numel && h->dtype == x->dtype && h->data != x->data &&
+                 y->data != x->data && y->data != h->data, "",
+             "op %s: h (x's shape and dtype) and y must alias neither x nor each other", op);
+    CG_CHECK(!b || b->numel == (size_t)s.C, "", "op %s: b has %zu values for %d channels", op,
+             b ? b->numel : 0, s.C);
+    layernorm_fwd_dims(op, h, NULL, ln_w, ln_b, eps, NULL, y, NULL, NULL);
     return s;
 }
