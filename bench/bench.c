@@ -64,6 +64,8 @@ static void bench_usage(FILE *f) {
                "       cgspn bench gspn --config=B,H,W,Cc,shared,cg,vec,stages,prefetch,dirs,reps\n"
                "         (one bf16 scan configuration; reps 0: forward and backward once, untimed, for a\n"
                "         profiler; cg vec stages prefetch 0 0 0 0 and dirs 15 are the defaults)\n"
+               "       cgspn bench classify [--only=LABEL] [--config=LABEL:PATH]\n"
+               "         (one of gspn_t, gspn_s, gspn_b alone; a model read from another config file)\n"
                "       cgspn bench ops --op=NAME [--case=TEXT]\n"
                "         (every test case of bench/op_cases.c that runs op NAME of kernels/ops_list.h,\n"
                "         with TEXT in its title if given, fp32 and bf16)\n"
@@ -93,6 +95,8 @@ int cmd_bench(int argc, char **argv) {
         return bench_dwconv_list(stdout);
     if (strcmp(argv[2], "gspn") == 0 && argc > 3 && strncmp(argv[3], "--config=", 9) == 0)
         return bench_gspn_config(argv[3] + 9);
+    if (strcmp(argv[2], "classify") == 0 && argc > 3 && strncmp(argv[3], "--", 2) == 0)
+        return bench_classify_cmd(argc, argv, 3);
     if (strcmp(argv[2], "ops") == 0 && argc > 3 && strncmp(argv[3], "--op=", 5) == 0) {
         CG_CHECK(argc == 4 || (argc == 5 && strncmp(argv[4], "--case=", 7) == 0 && argv[4][7]),
                  "cgspn bench ops --op=NAME [--case=TEXT]", "bench ops: unexpected argument '%s'",

@@ -434,7 +434,48 @@ static const char *const CLASSIFY_PEER[] = {"convnext_tiny", "convnext_small", "
 // width that runs off the fast paths shows as a cliff.
 #define CLASSIFY_MS_PER_GMAC_SPREAD 0.25
 
-int bench_classify_run(FILE *out) {
+enum { CLASSIFY_N = sizeof CLASSIFY_CASES / sizeof CLASSIFY_CASES[0] };
+
+// The index of the classify model labelled `label`; fails naming the labels otherwise.
+static int classify_index(const char *opt, const char *label) {
+    for (int i = 0; i < CLASSIFY_N; i++)
+        if (strcmp(CLASSIFY_CASES[i].label, label) == 0) return i;
+    CG_FAIL("the models are gspn_t, gspn_s and gspn_b", "bench classify: %s names no model '%s'", opt, label);
+}
+
+int bench_classify_cmd(int argc, char **argv, int first) {
+    ClassifyOptions o = {0};
+    static char model[16];
+    for (int i = first; i < argc; i++) {
+        if (strncmp(argv[i], "--only=", 7) == 0) {
+            o.only = CLASSIFY_CASES[classify_index("--only", argv[i] + 7)].label;
+        } else if (strncmp(argv[i], "--config=", 9) == 0) {
+            const char *spec = argv[i] + 9, *colon = strchr(spec, ':');
+            CG_CHECK(colon && colon > spec && colon[1] && (size_t)(colon - spec) < sizeof model,
+                     "for example --config=gspn_b:/tmp/gspn_b_3_7_11_5.cfg",
+                     "bench classify: --config=%s is not LABEL:PATH", spec);
+            memcpy(model, spec, (size_t)(colon - spec));
+            model[colon - spec] = '\0';
+            o.model = CLASSIFY_CASES[classify_index("--config", model)].label;
+            o.config = colon + 1;
+            FILE *f = fopen(o.config, "r");
+            CG_CHECK(f != NULL, "give a config file's path", "bench classify: cannot open %s", o.config);
+            fclose(f);
+        } else {
+            CG_FAIL("cgspn bench classify [--only=LABEL] [--config=LABEL:PATH]",
+                    "bench classify: unexpected argument '%s'", argv[i]);
+        }
+    }
+    printf("== cgspn bench classify");
+    for (int i = first; i < argc; i++) printf(" %s", argv[i]);
+    printf("\n");
+    fflush(stdout);
+    return bench_classify(stdout, &o);
+}
+
+int bench_classify_run(FILE *out) { return bench_classify(out, &(ClassifyOptions){0}); }
+
+int bench_classify(FILE *out, const ClassifyOptions *o) {
     if (device_gpu_count() == 0) {
         fprintf(out, "bench classify: no CUDA device visible\n");
         return 1;
@@ -443,7 +484,19 @@ int bench_classify_run(FILE *out) {
     fprintf(out, "train step = forward + cross-entropy + backward + AdamW (clip 1.0); inference = "
                  "forward + head without gradients; median of %d after %d warm-up (CUDA events)\n",
             VIT_STEPS, VIT_WARMUP);
-    enum { N = sizeof CLASSIFY_CASES / sizeof CLASSIFY_CASES[0] };
+    enum { N = CLASSIFY_N };
+    VitCase cases[N];
+    bool on[N];
+    int active = 0;
+    for (int i = 0; i < N; i++) {
+        cases[i] = CLASSIFY_CASES[i];
+        on[i] = !o->only || strcmp(o->only, cases[i].label) == 0;
+        active += on[i];
+        if (o->model && strcmp(o->model, cases[i].label) == 0) {
+            cases[i].config = o->config;
+            fprintf(out, "%s from %s\n", cases[i].label, o->config);
+        }
+    }
     VitRow rows[N];
     memset(rows, 0, sizeof rows);
     char *profile_text = NULL;
@@ -451,16 +504,18 @@ int bench_classify_run(FILE *out) {
     FILE *prof = open_memstream(&profile_text, &profile_len);
     CG_CHECK(prof != NULL, "", "bench classify: open_memstream failed");
     for (int i = 0; i < N; i++) {
-        fprintf(stderr, "bench classify: %s ...\n", CLASSIFY_CASES[i].label);
-        bench_one_vit(prof, &CLASSIFY_CASES[i], 0, &rows[i], true, true);
+        if (!on[i]) continue;
+        fprintf(stderr, "bench classify: %s ...\n", cases[i].label);
+        bench_one_vit(prof, &cases[i], 0, &rows[i], true, true);
     }
     fclose(prof);
     fprintf(out, "\n%-8s %4s %5s %8s %9s %8s %9s %8s %7s %8s %8s\n", "model", "img", "batch",
             "step ms", "train/s", "infer ms", "infer/s", "GMACs", "GPU GiB", "step g", "infer g");
     for (int i = 0; i < N; i++) {
+        if (!on[i]) continue;
         const VitRow *r = &rows[i];
         fprintf(out, "%-8s %4d %5d %8.2f %9.0f %8.2f %9.0f %8.3f %7.2f %8.2f %8.2f\n",
-                CLASSIFY_CASES[i].label, r->img, r->batch, r->step_ms, r->batch / (r->step_ms * 1e-3),
+                cases[i].label, r->img, r->batch, r->step_ms, r->batch / (r->step_ms * 1e-3),
                 r->infer_ms, r->batch / (r->infer_ms * 1e-3), r->flops / 3.0 / r->batch / 2e9,
                 r->gpu_gib, r->step_graph_ms, r->infer_graph_ms);
     }
@@ -481,6 +536,7 @@ int bench_classify_run(FILE *out) {
             fprintf(out, "%-14s %10.0f %10.0f %10.0f %10.0f\n", k, v[0], v[1], v[2], v[3]);
         }
         for (int i = 0; i < N; i++) {
+            if (!on[i]) continue;
             const char *peer = CLASSIFY_PEER[i];
             double p_train = timm_json_numberf(json, "classify/%s/compiled/step_img_per_s", peer);
             double p_infer = timm_json_numberf(json, "classify/%s/compiled/infer_img_per_s", peer);
@@ -490,7 +546,7 @@ int bench_classify_run(FILE *out) {
             double infer_ms = r->infer_graph_ms > 0 ? r->infer_graph_ms : r->infer_ms;
             double train = r->batch / (step_ms * 1e-3), infer = r->batch / (infer_ms * 1e-3);
             fprintf(out, "%s / %s compiled: inference %.2fx (target %.1fx), training step %.2fx "
-                         "(target %.1fx)\n", CLASSIFY_CASES[i].label, peer,
+                         "(target %.1fx)\n", cases[i].label, peer,
                     p_infer > 0 ? infer / p_infer : 0, CLASSIFY_TARGET_INFER,
                     p_train > 0 ? train / p_train : 0, CLASSIFY_TARGET_TRAIN);
         }
@@ -502,14 +558,18 @@ int bench_classify_run(FILE *out) {
     double lo = 0, hi = 0;
     fprintf(out, "training step ms per GMAC (batch x GMACs per image):");
     for (int i = 0; i < N; i++) {
+        if (!on[i]) continue;
         const VitRow *r = &rows[i];
         double per = r->step_ms / (r->flops / 3.0 / 2e9);
-        fprintf(out, " %s %.4f", CLASSIFY_CASES[i].label, per);
-        if (i == 0 || per < lo) lo = per;
-        if (i == 0 || per > hi) hi = per;
+        fprintf(out, " %s %.4f", cases[i].label, per);
+        if (lo == 0 || per < lo) lo = per;
+        if (per > hi) hi = per;
     }
-    fprintf(out, "; spread %.0f%% (target: at most %.0f%%)\n", lo > 0 ? 100.0 * (hi / lo - 1) : 0,
-            100.0 * CLASSIFY_MS_PER_GMAC_SPREAD);
+    if (active == N)
+        fprintf(out, "; spread %.0f%% (target: at most %.0f%%)\n", lo > 0 ? 100.0 * (hi / lo - 1) : 0,
+                100.0 * CLASSIFY_MS_PER_GMAC_SPREAD);
+    else
+        fprintf(out, " (the spread needs the three models)\n");
     if (profile_text) {
         fputs(profile_text, out);
         free(profile_text);

@@ -16,6 +16,15 @@ int bench_vit_run(FILE *out);
 // step's ms per GMAC of each and their spread; a per-op profile of one training step of each
 // (time, GB/s over the ops' tensor bytes, percent of the copy bandwidth).
 int bench_classify_run(FILE *out);
+// `cgspn bench classify` with options: only, when set, the one model of that label (gspn_t, gspn_s
+// or gspn_b) with its peer's ratios and no spread; model (a label) read from config instead of
+// configs/<label>.cfg (its label and peer kept, and the file named in the output).
+typedef struct ClassifyOptions {
+    const char *only, *model, *config;
+} ClassifyOptions;
+int bench_classify(FILE *out, const ClassifyOptions *o);
+// Parses `--only=LABEL` and `--config=LABEL:PATH` from argv[first..] and runs bench_classify.
+int bench_classify_cmd(int argc, char **argv, int first);
 // One so14-width block (B = 32, C = 1152, MLP 4304) at 1036 px (74x74 tokens) and 2058 px
 // (147x147): C-GSPN (Cc = 64) against cgspn's attention block and timm's SDPA block (compiled).
 int bench_block_run(FILE *out);
