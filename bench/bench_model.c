@@ -445,7 +445,7 @@ static int classify_index(const char *opt, const char *label) {
 
 int bench_classify_cmd(int argc, char **argv, int first) {
     ClassifyOptions o = {0};
-    static char model[16];
+    char model[16];
     for (int i = first; i < argc; i++) {
         if (strncmp(argv[i], "--only=", 7) == 0) {
             o.only = CLASSIFY_CASES[classify_index("--only", argv[i] + 7)].label;
@@ -466,6 +466,8 @@ int bench_classify_cmd(int argc, char **argv, int first) {
                     "bench classify: unexpected argument '%s'", argv[i]);
         }
     }
+    CG_CHECK(!o.only || !o.model || strcmp(o.only, o.model) == 0, "name the same model in both",
+             "bench classify: --config reads %s, which --only=%s leaves out", o.model, o.only);
     printf("== cgspn bench classify");
     for (int i = first; i < argc; i++) printf(" %s", argv[i]);
     printf("\n");

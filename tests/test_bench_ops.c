@@ -2,7 +2,8 @@
 // `cgspn bench classify --only=LABEL --config=LABEL:PATH` (bench/bench_model.c), the real binary on
 // any machine, before a GPU is looked for: a title that no case of the op holds is refused by name
 // with exit status 2, an empty TEXT or an argument past it with the usage hint; a label that names
-// no model, a config that is not LABEL:PATH or not a file, and an unknown option, each by name.
+// no model, a config that is not LABEL:PATH or not a file or of a model --only leaves out, and an
+// unknown option, each by name.
 #include "testlib.h"
 
 static char g_dir[256];
@@ -49,6 +50,8 @@ static void test_classify_options_are_refused_by_name(void **state) {
     REFUSED("classify --config=gspn_b", 1, "--config=gspn_b is not LABEL:PATH");
     REFUSED("classify --config=gspn_q:configs/gspn_b.cfg", 1, "--config names no model 'gspn_q'");
     REFUSED("classify --config=gspn_b:no/such.cfg", 1, "cannot open no/such.cfg");
+    REFUSED("classify --only=gspn_t --config=gspn_b:configs/gspn_b.cfg", 1,
+            "--config reads gspn_b, which --only=gspn_t leaves out");
     REFUSED("classify --only=gspn_b --fast", 1, "unexpected argument '--fast'",
             "cgspn bench classify [--only=LABEL] [--config=LABEL:PATH]");
 }
